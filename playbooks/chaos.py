@@ -1,0 +1,51 @@
+"""§9 Chaos: delete one Ray TPU worker pod while a job trains, as the
+tutorial does (find it by label, delete it)."""
+from __future__ import annotations
+
+from typing import Any
+
+from . import tutorial as T
+from .clients import fact, text_value
+from .cluster import credentials_step
+from .core.command import Command, placeholder
+from .core.errors import ProbeFailed
+from .core.inventory import Env
+from .core.runner import ABSENT, Completed
+from .core.step import Step, change, fail
+from .gke import kube
+from . import local
+
+
+def first_worker_fact(env: Env):
+    c = kube(env, "get", "pods", "-l", T.WORKER_SELECTOR, "--namespace", env.namespace,
+             "-o", "jsonpath={.items[0].metadata.name}")
+    c = Command(c.argv, binds="POD")
+
+    def parse(r: Completed) -> Any:
+        if r.ok:
+            return r.stdout.strip() or ABSENT
+        if "array index out of bounds" in r.stderr:
+            return ABSENT  # the list came back empty: no worker pod
+        raise ProbeFailed("worker pod", r.line, r.rc, r.stdout, r.stderr,
+                          why=f"could not look: {r.first_error_line()}")
+
+    return fact("a Ray TPU worker pod", c, parse, assumed=placeholder("POD"))
+
+
+def delete_step(env: Env) -> Step:
+    probe = first_worker_fact(env)
+
+    def decide(look):
+        pod = look(probe)
+        if pod is ABSENT:
+            return fail(f"no pod labelled {T.WORKER_SELECTOR} in namespace {env.namespace}: is the RayCluster up?")
+        return change(kube(env, "delete", "pod", pod, "--namespace", env.namespace), reason=f"deleted pod {pod}")
+
+    return Step("chaos", "delete one Ray TPU worker pod", decide, idempotent=False, id="chaos:delete")
+
+
+def steps(env: Env, restore_after: float = 60.0) -> list[Step]:
+    if env.kind == "local":
+        return local.chaos_steps(env, restore_after)
+    # KubeRay recreates the deleted pod itself: nothing to restore.
+    return [credentials_step(env, "chaos"), delete_step(env)]

@@ -1,0 +1,217 @@
+"""Runs steps: in list order, or concurrently along their ``after`` edges.
+
+A failure stops new work: steps already running finish (their operations are
+not abandoned half-way), the rest are named in the recap as not run.
+"""
+from __future__ import annotations
+
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from .command import Command
+from .errors import PlaybookError
+from .recap import CHANGED, FAILED, OK, SKIPPED, Recap, Reporter, StepResult, banner
+from .runner import Action, Completed, Fact, Mode, Runner, StepLog
+from .step import CHANGE, DRIFT, FAIL, OK as D_OK, WAIT, Broken, Step, poll
+
+
+class StepContext:
+    """What a step may do: look at facts, act, stream, note."""
+
+    def __init__(self, runner: Runner, step: Step, log: StepLog, sleep: Callable[[float], None] = time.sleep):
+        self.runner, self.step, self.log, self.sleep = runner, step, log, sleep
+
+    @property
+    def mode(self) -> Mode:
+        return self.runner.mode
+
+    @property
+    def acting(self) -> bool:
+        return self.runner.acting
+
+    def look(self, fact: Fact, fresh: bool = False) -> Any:
+        return self.runner.look(fact, self.log, self.step.title, fresh=fresh)
+
+    def act(self, what: Command | Action) -> Completed | None:
+        return self.runner.act(what, self.log, self.step.title)
+
+    def stream(self, command: Command, on_line: Callable[[str], None]) -> Completed | None:
+        return self.runner.stream(command, self.log, self.step.title, on_line)
+
+    def spawn(self, command: Command) -> int | None:
+        return self.runner.spawn(command, self.log, self.step.title)
+
+    def note(self, text: str) -> None:
+        self.log.emit("note", text)
+
+    def echo(self, line: str) -> None:
+        self.log.raw(line)
+
+
+@dataclass
+class Outcome:
+    outcome: str
+    reason: str = ""
+
+
+def verify(ctx: StepContext, step: Step) -> str | None:
+    """Look at the verify fact until its check passes; None means proven."""
+    v = step.verify
+    if v is None:
+        return None
+    if ctx.mode is Mode.DRY:
+        ctx.log.emit("verify", v.fact.line())
+        return None
+    if ctx.mode is Mode.CHECK:
+        return None
+    last: list[str | None] = [None]
+
+    def once() -> str | None:
+        value = ctx.runner.look(v.fact, _Quiet(ctx.log, last), step.title, fresh=True, label="verify")
+        try:
+            why = v.check(value)
+        except Broken as e:
+            ctx.log.emit("verify", f"{v.fact.line()}  => {e}")
+            raise _Stop(str(e)) from None
+        if why != last[0]:
+            ctx.log.emit("verify", f"{v.fact.line()}  => {why or 'ok'}")
+            last[0] = why
+        return why
+
+    try:
+        return poll(once, v.timeout, v.interval, sleep=ctx.sleep)
+    except _Stop as e:
+        return str(e)
+
+
+class _Stop(Exception):
+    pass
+
+
+class _Quiet(StepLog):
+    """Swallows the runner's own probe line during polling (the verify loop
+    prints one line per change of state instead)."""
+
+    def __init__(self, log: StepLog, last: list):
+        super().__init__(None, True)
+        self._log = log
+
+    def emit(self, kind: str, text: str) -> None:
+        if kind == "retry":
+            self._log.emit(kind, text)
+
+
+def execute(step: Step, ctx: StepContext) -> Outcome:
+    if step.skip:
+        return Outcome(SKIPPED, step.skip)
+    if step.run is not None:
+        return step.run(ctx)
+    decision = step.decide(ctx.look)
+    if decision.kind == D_OK:
+        return Outcome(OK, decision.reason)
+    if decision.kind == DRIFT:
+        return Outcome(FAILED, f"drift: {decision.reason}")
+    if decision.kind == FAIL:
+        return Outcome(FAILED, decision.reason)
+    if decision.kind == CHANGE:
+        for c in decision.commands:
+            ctx.act(c)
+        if ctx.mode is Mode.CHECK:
+            return Outcome(CHANGED, f"would change: {decision.reason}" if decision.reason else "would change")
+        why = verify(ctx, step)
+        if why is not None:
+            return Outcome(FAILED, f"not verified after the change: {why}")
+        return Outcome(CHANGED, decision.reason)
+    if decision.kind == WAIT:
+        ctx.note(decision.reason)
+        if ctx.mode is Mode.CHECK:
+            return Outcome(OK, decision.reason)
+        why = verify(ctx, step)
+        if why is not None:
+            return Outcome(FAILED, f"{decision.reason}; still not ready: {why}")
+        return Outcome(OK, decision.reason)
+    raise AssertionError(f"unknown decision {decision.kind}")
+
+
+class Playbook:
+    """Runs a list of steps against a runner and returns the recap."""
+
+    def __init__(self, runner: Runner, reporter: Reporter | None = None, workers: int = 1,
+                 sleep: Callable[[float], None] = time.sleep, timed: bool | None = None):
+        self.runner = runner
+        self.reporter = reporter or Reporter()
+        self.workers = max(1, workers if runner.mode is not Mode.DRY else 1)
+        self.sleep = sleep
+        self.timed = (runner.mode is not Mode.DRY) if timed is None else timed
+
+    def _one(self, step: Step, buffered: bool) -> StepResult:
+        log = StepLog(self.reporter.line, buffered)
+        head = banner("TASK", step.title)
+        if buffered:
+            self.reporter.line(f"{head.split(' *')[0]} started")
+        else:
+            self.reporter.line(head)
+        ctx = StepContext(self.runner, step, log, self.sleep)
+        start = time.monotonic()
+        try:
+            out = execute(step, ctx)
+        except PlaybookError as e:
+            out = Outcome(FAILED, str(e))
+        except KeyboardInterrupt:
+            raise
+        seconds = time.monotonic() - start
+        end = f"{out.outcome}: [{step.title}]" + (f" {out.reason}" if out.reason else "")
+        if out.outcome == FAILED:
+            end = f"failed: [{step.title}]\n" + "\n".join("  " + l for l in out.reason.splitlines())
+        if buffered:
+            self.reporter.block([head] + log.lines + [end])
+        else:
+            self.reporter.line(end)
+        return StepResult(step.id, step.title, out.outcome, out.reason.splitlines()[0] if out.reason else "",
+                          seconds, log.lines)
+
+    def run(self, name: str, steps: Sequence[Step]) -> Recap:
+        recap = Recap(name, timed=self.timed)
+        start = time.monotonic()
+        if self.workers == 1:
+            for i, step in enumerate(steps):
+                r = self._one(step, buffered=False)
+                recap.results.append(r)
+                if r.outcome == FAILED:
+                    recap.not_run = [s.title for s in steps[i + 1:]]
+                    break
+        else:
+            self._run_parallel(steps, recap)
+        recap.wall = time.monotonic() - start
+        self.reporter.block([""] + recap.render())
+        return recap
+
+    def _run_parallel(self, steps: Sequence[Step], recap: Recap) -> None:
+        ids = {s.id for s in steps}
+        pending = list(steps)
+        done: dict[str, str] = {}
+        running: dict[Future, Step] = {}
+        stopped = False
+        with ThreadPoolExecutor(max_workers=self.workers) as pool:
+            while pending or running:
+                if not stopped:
+                    for s in list(pending):
+                        deps = [d for d in s.after if d in ids]
+                        if all(d in done for d in deps):
+                            pending.remove(s)
+                            running[pool.submit(self._one, s, True)] = s
+                if not running:
+                    break
+                finished, _ = wait(list(running), return_when=FIRST_COMPLETED)
+                for f in finished:
+                    s = running.pop(f)
+                    r = f.result()
+                    recap.results.append(r)
+                    done[s.id] = r.outcome
+                    if r.outcome == FAILED:
+                        stopped = True
+        order = {s.id: i for i, s in enumerate(steps)}
+        recap.results.sort(key=lambda r: order[r.step_id])
+        recap.not_run = [s.title for s in pending]

@@ -1,0 +1,123 @@
+"""Background processes this project started: pid files, liveness, and
+stopping a whole process tree by pid (never by name, never ``ray stop``)."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Iterable
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _state(pid: int) -> str:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
+
+
+def alive(pid: int, marker: str = "") -> bool:
+    """The process exists, is not a zombie, and its command line holds
+    ``marker`` (so a recycled pid is not mistaken for ours)."""
+    if pid <= 0 or _state(pid) in ("", "Z", "X"):
+        return False
+    return marker in _cmdline(pid) if marker else True
+
+
+def children_map() -> dict[int, list[int]]:
+    out: dict[int, list[int]] = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        out.setdefault(ppid, []).append(int(d.name))
+    return out
+
+
+def tree(pid: int) -> list[int]:
+    """pid and all its descendants, parents first (a snapshot)."""
+    kids = children_map()
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop(0)
+        out.append(p)
+        todo.extend(kids.get(p, []))
+    return out
+
+
+def terminate(pids: Iterable[int], grace: float = 10.0, poll: float = 0.2) -> list[int]:
+    """SIGTERM these processes, SIGKILL what is left after ``grace`` seconds.
+    Returns the pids that had to be killed."""
+    pids = [p for p in pids if _state(p) not in ("", "Z", "X")]
+    for p in pids:
+        try:
+            os.kill(p, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and any(_state(p) not in ("", "Z", "X") for p in pids):
+        time.sleep(poll)
+    killed = []
+    for p in pids:
+        if _state(p) not in ("", "Z", "X"):
+            try:
+                os.kill(p, signal.SIGKILL)
+                killed.append(p)
+            except ProcessLookupError:
+                pass
+    return killed
+
+
+def kill_now(pids: Iterable[int]) -> None:
+    """SIGKILL at once: a host lost without warning (preemption)."""
+    for p in pids:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+class PidFile:
+    """``<dir>/<name>.pid`` holding JSON: pid, the command line marker, when."""
+
+    def __init__(self, directory: Path, name: str, marker: str):
+        self.path = Path(directory) / f"{name}.pid"
+        self.name = name
+        self.marker = marker
+
+    def read(self) -> dict | None:
+        try:
+            return json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return None
+
+    def pid(self) -> int | None:
+        d = self.read()
+        return int(d["pid"]) if d and "pid" in d else None
+
+    def alive(self) -> bool:
+        pid = self.pid()
+        return bool(pid) and alive(pid, self.marker)
+
+    def write(self, pid: int, **extra) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text(json.dumps({"pid": pid, "marker": self.marker, "started": time.time(), **extra}))
+
+    def remove(self) -> None:
+        try:
+            self.path.unlink()
+        except FileNotFoundError:
+            pass

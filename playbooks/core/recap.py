@@ -1,0 +1,80 @@
+"""Ansible-like output: a banner per step, its probe/apply/verify lines, its
+outcome, and a recap with disjoint counters (ok, changed, failed, skipped)."""
+from __future__ import annotations
+
+import sys
+import threading
+from dataclasses import dataclass, field
+from typing import Callable
+
+OK, CHANGED, FAILED, SKIPPED = "ok", "changed", "failed", "skipped"
+
+
+@dataclass
+class StepResult:
+    step_id: str
+    title: str
+    outcome: str
+    reason: str = ""
+    seconds: float = 0.0
+    lines: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Recap:
+    name: str
+    timed: bool = True
+    results: list[StepResult] = field(default_factory=list)
+    wall: float = 0.0
+    not_run: list[str] = field(default_factory=list)
+
+    def count(self, outcome: str) -> int:
+        return sum(1 for r in self.results if r.outcome == outcome)
+
+    @property
+    def failed(self) -> bool:
+        return self.count(FAILED) > 0
+
+    def counters(self) -> str:
+        return (f"ok={self.count(OK)} changed={self.count(CHANGED)} "
+                f"failed={self.count(FAILED)} skipped={self.count(SKIPPED)}")
+
+    def merge(self, other: "Recap") -> None:
+        self.results.extend(other.results)
+        self.not_run.extend(other.not_run)
+        self.wall += other.wall
+
+    def render(self) -> list[str]:
+        out = [f"PLAY RECAP [{self.name}] " + "*" * 20]
+        width = max((len(r.title) for r in self.results), default=10)
+        for r in self.results:
+            t = f"  {r.seconds:7.1f}s" if self.timed else ""
+            why = f"  {r.reason}" if r.reason and r.outcome in (FAILED, SKIPPED) else ""
+            out.append(f"  {r.title:<{width}}  {r.outcome:<8}{t}{why}".rstrip())
+        for title in self.not_run:
+            out.append(f"  {title:<{width}}  not run (stopped after a failure)")
+        wall = f"  wall {self.wall:.1f}s" if self.timed else ""
+        out.append(f"{self.name}: {self.counters()}{wall}")
+        return out
+
+
+class Reporter:
+    """Prints lines whole, one writer at a time."""
+
+    def __init__(self, write: Callable[[str], None] | None = None):
+        self._write = write or (lambda s: (sys.stdout.write(s + "\n"), sys.stdout.flush()))
+        self._lock = threading.Lock()
+
+    def line(self, text: str) -> None:
+        with self._lock:
+            self._write(text)
+
+    def block(self, lines: list[str]) -> None:
+        with self._lock:
+            for text in lines:
+                self._write(text)
+
+
+def banner(kind: str, title: str) -> str:
+    head = f"{kind} [{title}] "
+    return head + "*" * max(3, 72 - len(head))

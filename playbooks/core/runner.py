@@ -1,0 +1,462 @@
+"""The one place where processes start, and the modes that decide whether they do.
+
+``Executor`` is the only code in the project that touches ``subprocess``.
+``Runner`` decides, per mode, what a probe answers and whether an action runs:
+
+- apply: probes run for real; actions run; results are verified.
+- check: probes run for real; actions are only printed.
+- dry:   nothing starts at all; every probe answers its ``assumed`` value
+         (by default: absent) and every action is printed.
+
+A fixture mode (``Runner(facts=...)``) answers probes from declared facts, for
+tests; a probe the fixture did not declare is an error, never a default.
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from .command import Command, shown
+from .errors import CommandFailed, PlaybookError, ProbeFailed
+
+
+class Mode(str, enum.Enum):
+    APPLY = "apply"
+    CHECK = "check"
+    DRY = "dry-run"
+
+
+class _Absent:
+    _inst = None
+
+    def __new__(cls):
+        if cls._inst is None:
+            cls._inst = super().__new__(cls)
+        return cls._inst
+
+    def __repr__(self) -> str:
+        return "ABSENT"
+
+    def __bool__(self) -> bool:
+        return False
+
+
+ABSENT = _Absent()
+
+
+@dataclass
+class Completed:
+    line: str
+    rc: int
+    stdout: str
+    stderr: str
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.rc == 0
+
+    def first_error_line(self) -> str:
+        for text in (self.stderr, self.stdout):
+            for line in text.splitlines():
+                if line.strip():
+                    return line.strip()
+        return ""
+
+
+@dataclass(frozen=True)
+class Fact:
+    """A read-only question about the world.
+
+    Either ``command`` (a process, its output given to ``parse``) or ``python``
+    (an in-process look, e.g. an HTTP GET or a pid file, shown as ``display``).
+    ``parse`` returns the value, ``ABSENT`` only when the output proves the
+    thing does not exist, and raises ``ProbeFailed`` when it cannot tell.
+    ``assumed`` is the answer in a dry run.
+    """
+
+    name: str
+    command: Command | None = None
+    parse: Callable[[Completed], Any] | None = None
+    python: Callable[[], Any] | None = None
+    display: str | None = None
+    assumed: Any = ABSENT
+    describe: Callable[[Any], str] | None = None
+
+    @property
+    def key(self) -> str:
+        return self.line()
+
+    def line(self) -> str:
+        if self.command is not None:
+            return self.command.line()
+        return self.display or self.name
+
+    def summary(self, value: Any) -> str:
+        if value is ABSENT:
+            return "absent"
+        if self.describe:
+            return self.describe(value)
+        if isinstance(value, (list, tuple, dict)):
+            return f"{len(value)} item(s)"
+        text = shown(str(value))
+        return text if len(text) < 80 else text[:77] + "..."
+
+
+@dataclass(frozen=True)
+class Action:
+    """An in-process change (kill a pid, write a state file), shown as ``line``."""
+
+    line: str
+    fn: Callable[[], Any]
+
+    def __str__(self) -> str:
+        return self.line
+
+
+@dataclass
+class RetryPolicy:
+    """Bounded exponential backoff for transient failures."""
+
+    attempts: int = 5
+    base: float = 1.0
+    cap: float = 30.0
+    is_transient: Callable[[Completed], bool] = lambda c: False
+    sleep: Callable[[float], None] = time.sleep
+
+    def delays(self) -> Iterable[float]:
+        d = self.base
+        for _ in range(self.attempts - 1):
+            yield min(d, self.cap)
+            d *= 2
+
+
+class Executor:
+    """Starts processes. The only user of ``subprocess`` in the project."""
+
+    def __init__(self, env: dict[str, str] | None = None, logdir: Path | None = None):
+        self.env = env
+        self.logdir = logdir
+        self._n = 0
+        self._lock = threading.Lock()
+        self.started = 0  # processes started, for benchmarks and tests
+
+    def _environ(self, command: Command) -> dict[str, str]:
+        env = dict(self.env if self.env is not None else os.environ)
+        env.update(dict(command.env))
+        return env
+
+    def _log(self, label: str, c: Completed) -> None:
+        if not self.logdir:
+            return
+        with self._lock:
+            self._n += 1
+            n = self._n
+        safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in label)[:60]
+        path = self.logdir / f"{n:03d}-{safe}.log"
+        path.write_text(
+            f"$ {c.line}\n# exit {c.rc} after {c.seconds:.1f}s\n"
+            f"--- stdout\n{c.stdout}\n--- stderr\n{c.stderr}\n"
+        )
+
+    def run(self, command: Command, label: str = "", input: str | None = None) -> Completed:
+        start = time.monotonic()
+        if command.pipe_from is not None:
+            first = self.run(command.pipe_from, label)
+            if not first.ok:
+                return Completed(command.line(), first.rc, first.stdout, first.stderr, first.seconds)
+            input = first.stdout
+            if command.pipe_check is not None:
+                why = command.pipe_check(input)
+                if why:
+                    return Completed(command.line(), 3, "", why, first.seconds)
+        stdin = None
+        if command.stdin_file is not None:
+            try:
+                input = Path(command.stdin_file).read_text()
+            except OSError as e:
+                return Completed(command.line(), 127, "", f"cannot read {command.stdin_file}: {e}", 0.0)
+        with self._lock:
+            self.started += 1
+        try:
+            proc = subprocess.run(
+                list(command.argv),
+                input=input,
+                stdin=stdin if input is None else None,
+                capture_output=True,
+                text=True,
+                env=self._environ(command),
+                cwd=command.cwd,
+                timeout=command.timeout,
+            )
+            c = Completed(command.line(), proc.returncode, proc.stdout, proc.stderr, time.monotonic() - start)
+        except FileNotFoundError as e:
+            c = Completed(command.line(), 127, "", f"{command.program}: command not found ({e})", 0.0)
+        except subprocess.TimeoutExpired as e:
+            out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+            err = e.stderr.decode() if isinstance(e.stderr, bytes) else (e.stderr or "")
+            c = Completed(command.line(), 124, out, err + f"\ntimed out after {command.timeout:.0f}s", time.monotonic() - start)
+        self._log(label or command.program, c)
+        return c
+
+    def stream(self, command: Command, on_line: Callable[[str], None], label: str = "") -> Completed:
+        """Run, handing each output line (stdout and stderr merged) to ``on_line``."""
+        start = time.monotonic()
+        with self._lock:
+            self.started += 1
+        lines: list[str] = []
+        try:
+            proc = subprocess.Popen(
+                list(command.argv),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                text=True,
+                bufsize=1,
+                env=self._environ(command),
+                cwd=command.cwd,
+            )
+        except FileNotFoundError as e:
+            return Completed(command.line(), 127, "", f"{command.program}: command not found ({e})", 0.0)
+        try:
+            assert proc.stdout is not None
+            for raw in proc.stdout:
+                line = raw.rstrip("\n")
+                lines.append(line)
+                on_line(line)
+            rc = proc.wait()
+        except KeyboardInterrupt:
+            proc.send_signal(signal.SIGINT)
+            proc.wait()
+            raise
+        c = Completed(command.line(), rc, "\n".join(lines), "", time.monotonic() - start)
+        self._log(label or command.program, c)
+        return c
+
+    def spawn(self, command: Command) -> int:
+        """Start a background process in its own session; return its pid."""
+        with self._lock:
+            self.started += 1
+        log = Path(command.log) if command.log else None
+        if log:
+            log.parent.mkdir(parents=True, exist_ok=True)
+        out = open(log, "ab") if log else subprocess.DEVNULL
+        try:
+            proc = subprocess.Popen(
+                list(command.argv),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=self._environ(command),
+                cwd=command.cwd,
+                start_new_session=True,
+            )
+        except FileNotFoundError as e:
+            raise CommandFailed("spawn", command.line(), 127, "", f"{command.program}: command not found ({e})")
+        finally:
+            if log:
+                out.close()
+        return proc.pid
+
+
+class StepLog:
+    """The lines one step prints; buffered so parallel steps never interleave."""
+
+    def __init__(self, sink: Callable[[str], None] | None, buffered: bool):
+        self.sink = sink
+        self.buffered = buffered
+        self.lines: list[str] = []
+
+    def emit(self, kind: str, text: str) -> None:
+        line = f"  {kind:<7}{text}"
+        self.lines.append(line)
+        if not self.buffered and self.sink:
+            self.sink(line)
+
+    def raw(self, line: str) -> None:
+        self.lines.append(line)
+        if not self.buffered and self.sink:
+            self.sink(line)
+
+
+class UndeclaredFact(PlaybookError):
+    pass
+
+
+class _Assumed:
+    """The dry-run answer: the fact's own ``assumed`` value."""
+
+
+@dataclass
+class _Value:
+    value: Any
+
+
+class Answers:
+    """Fixture answers given in turn (the last one repeats): the state before
+    a change, then after it."""
+
+    def __init__(self, *values: Any):
+        self.values = list(values)
+        self.i = 0
+
+    def next(self) -> Any:
+        v = self.values[min(self.i, len(self.values) - 1)]
+        self.i += 1
+        return v
+
+
+class Runner:
+    """Answers probes and runs actions according to the mode."""
+
+    def __init__(
+        self,
+        mode: Mode = Mode.APPLY,
+        executor: Executor | None = None,
+        retry: RetryPolicy | None = None,
+        facts: dict[str, Any] | None = None,
+        probe_timeout: float = 180.0,
+    ):
+        self.mode = Mode(mode)
+        self.executor = executor if executor is not None else (None if self.mode is Mode.DRY else Executor())
+        self.retry = retry or RetryPolicy()
+        self.declared = facts  # fixture mode when not None
+        self.probe_timeout = probe_timeout
+        self._cache: dict[str, Any] = {}
+        self._locks: dict[str, threading.Lock] = {}
+        self._cache_lock = threading.Lock()
+        self.probes_run = 0
+        self.looked: list[str] = []
+
+    # -- probes ---------------------------------------------------------
+    def _fact_lock(self, key: str) -> threading.Lock:
+        with self._cache_lock:
+            return self._locks.setdefault(key, threading.Lock())
+
+    def look(self, fact: Fact, log: StepLog, step: str, fresh: bool = False, label: str = "probe") -> Any:
+        """Answer a fact. Outputs are cached per command line, so one list
+        call answers every fact built on it; ``fresh`` looks again."""
+        key = fact.key
+        with self._fact_lock(key):
+            cached = not fresh and key in self._cache
+            if cached:
+                raw = self._cache[key]
+                note = " (cached)"
+            else:
+                raw, note = self._answer(fact, log, step)
+                self._cache[key] = raw
+        value = self._parse(fact, raw)
+        log.emit(label, f"{fact.line()}  => {fact.summary(value)}{note}")
+        return value
+
+    def forget(self, fact: Fact) -> None:
+        with self._cache_lock:
+            self._cache.pop(fact.key, None)
+
+    @staticmethod
+    def _parse(fact: Fact, raw: Any) -> Any:
+        if isinstance(raw, _Assumed):
+            return fact.assumed
+        if isinstance(raw, _Value):
+            return raw.value
+        assert isinstance(raw, Completed)
+        assert fact.parse is not None
+        return fact.parse(raw)
+
+    def _answer(self, fact: Fact, log: StepLog, step: str) -> tuple[Any, str]:
+        self.looked.append(fact.key)
+        if self.declared is not None:
+            if fact.key not in self.declared:
+                raise UndeclaredFact(f"step {step!r}: probe not declared by the fixture: {fact.key}")
+            value = self.declared[fact.key]
+            if isinstance(value, Answers):
+                value = value.next()
+            if isinstance(value, Exception):
+                raise value
+            if isinstance(value, Completed):
+                return value, ""
+            if fact.python is not None:
+                return _Value(value), ""
+            if isinstance(value, str):
+                return Completed(fact.line(), 0, value, ""), ""
+            return Completed(fact.line(), 0, json.dumps(value), ""), ""
+        if self.mode is Mode.DRY:
+            return _Assumed(), " (assumed)"
+        self.probes_run += 1
+        if fact.python is not None:
+            return _Value(fact.python()), ""
+        assert fact.command is not None and fact.parse is not None
+        command = fact.command
+        if command.timeout is None:
+            command = dataclasses.replace(command, timeout=self.probe_timeout)
+        return self._run_with_retry(command, log, step), ""
+
+    def _run_with_retry(self, command: Command, log: StepLog, step: str) -> Completed:
+        assert self.executor is not None, "no process may start in a dry run"
+        delays = iter(self.retry.delays())
+        attempt = 1
+        while True:
+            c = self.executor.run(command, label=step)
+            if c.ok or not self.retry.is_transient(c):
+                return c
+            delay = next(delays, None)
+            if delay is None:
+                return c
+            log.emit("retry", f"attempt {attempt} of {self.retry.attempts} failed "
+                              f"({c.first_error_line()}); again in {delay:.1f}s")
+            self.retry.sleep(delay)
+            attempt += 1
+
+    # -- actions --------------------------------------------------------
+    def act(self, what: Command | Action, log: StepLog, step: str) -> Completed | None:
+        if isinstance(what, Action):
+            log.emit("apply", what.line)
+            if self.mode is Mode.APPLY and self.declared is None:
+                what.fn()
+            return None
+        if what.background:
+            log.emit("apply", what.line())
+            if self.mode is Mode.APPLY and self.declared is None:
+                assert self.executor is not None
+                self.executor.spawn(what)
+            return None
+        log.emit("apply", what.line())
+        if self.mode is not Mode.APPLY or self.declared is not None:
+            return None
+        c = self._run_with_retry(what, log, step)
+        if not c.ok:
+            raise CommandFailed(step, what.line(), c.rc, c.stdout, c.stderr)
+        return c
+
+    def stream(self, command: Command, log: StepLog, step: str, on_line: Callable[[str], None]) -> Completed | None:
+        log.emit("apply", command.line())
+        if self.mode is not Mode.APPLY or self.declared is not None:
+            return None
+        assert self.executor is not None
+        return self.executor.stream(command, on_line, label=step)
+
+    def spawn(self, command: Command, log: StepLog, step: str) -> int | None:
+        log.emit("apply", command.line())
+        if self.mode is not Mode.APPLY or self.declared is not None:
+            return None
+        assert self.executor is not None
+        return self.executor.spawn(command)
+
+    @property
+    def acting(self) -> bool:
+        """True when actions really run (apply mode, not a fixture)."""
+        return self.mode is Mode.APPLY and self.declared is None
+
+    @property
+    def probing(self) -> bool:
+        """True when probes really run (apply or check mode, not a fixture)."""
+        return self.mode is not Mode.DRY and self.declared is None

@@ -1,0 +1,119 @@
+"""Steps: probe -> decide -> act -> verify.
+
+A step's ``decide`` looks at facts (through ``look``) and returns a Decision:
+
+- ``ok(reason)``: the world already is as asked; nothing runs.
+- ``change(*commands, reason=...)``: these commands bring it there.
+- ``drift(reason)``: it exists with another shape than asked; a failure,
+  never silently passed or overwritten.
+- ``fail(reason)``: it cannot go on (a broken resource, a missing parent),
+  with what to do about it.
+- ``wait(reason)``: it is being made by someone else (an operation still
+  running); nothing runs, the verify step waits for it.
+
+After a change (or a wait) the ``verify`` fact is looked up again, fresh,
+until its check passes or the timeout ends.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from .command import Command
+from .runner import Action, Fact
+
+OK, CHANGE, DRIFT, FAIL, WAIT = "ok", "change", "drift", "fail", "wait"
+
+
+@dataclass(frozen=True)
+class Decision:
+    kind: str
+    reason: str = ""
+    commands: tuple[Command | Action, ...] = ()
+
+
+def ok(reason: str = "") -> Decision:
+    return Decision(OK, reason)
+
+
+def change(*commands: Command | Action, reason: str = "") -> Decision:
+    return Decision(CHANGE, reason, tuple(commands))
+
+
+def drift(reason: str) -> Decision:
+    return Decision(DRIFT, reason)
+
+
+def fail(reason: str) -> Decision:
+    return Decision(FAIL, reason)
+
+
+def wait(reason: str) -> Decision:
+    return Decision(WAIT, reason)
+
+
+Look = Callable[[Fact], Any]
+
+
+class Broken(Exception):
+    """Raised by a verify check when the state is final and wrong (a node pool
+    in ERROR): waiting longer cannot help."""
+
+
+@dataclass(frozen=True)
+class Verify:
+    """Proof that a change took: ``check(value)`` returns None when satisfied,
+    else a short text saying what is not yet right."""
+
+    fact: Fact
+    check: Callable[[Any], str | None]
+    timeout: float = 0.0
+    interval: float = 5.0
+
+
+@dataclass
+class Step:
+    play: str
+    name: str
+    decide: Callable[[Look], Decision]
+    verify: Verify | None = None
+    skip: str | None = None
+    after: tuple[str, ...] = ()
+    idempotent: bool = True
+    id: str = ""
+    run: Callable[..., Any] | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.id:
+            self.id = f"{self.play}:{self.name}"
+
+    @property
+    def title(self) -> str:
+        return f"{self.play} : {self.name}"
+
+
+def always(*commands: Command | Action, reason: str = "") -> Callable[[Look], Decision]:
+    """A decide function for non-idempotent actions: always run."""
+
+    def decide(look: Look) -> Decision:
+        return change(*commands, reason=reason)
+
+    return decide
+
+
+def poll(check_once: Callable[[], str | None], timeout: float, interval: float,
+         sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic) -> str | None:
+    """Call ``check_once`` until it returns None or ``timeout`` passes; return
+    the last complaint (None on success). Uses a monotonic clock."""
+    deadline = clock() + timeout
+    while True:
+        why = check_once()
+        if why is None:
+            return None
+        if clock() + interval > deadline:
+            return why
+        sleep(interval)
+
+
+Steps = Sequence[Step]

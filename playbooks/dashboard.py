@@ -1,0 +1,112 @@
+"""The Ray dashboard: a port-forward to the head service (GKE), then the
+check that the cluster has its head and every TPU worker."""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from . import tutorial as T
+from .clients import fact
+from .cluster import credentials_step
+from .core.command import Command, quote
+from .core.errors import ProbeFailed
+from .core.inventory import Env
+from .core.procs import PidFile
+from .core.runner import ABSENT, Action, Completed, Fact
+from .core.step import Step, Verify, change, fail, ok
+from .gke import kube, workers
+from .rayapi import version_fact
+from .settings import ROOT
+
+PLAY = "dashboard"
+
+
+def address(env: Env) -> str:
+    if env.kind == "local":
+        return f"http://{env.ray_ip}:{env.dashboard_port}"
+    return f"http://localhost:{env.dashboard_port}"
+
+
+def forward_pidfile(env: Env) -> PidFile:
+    return PidFile(ROOT / ".state" / env.name, "port-forward", marker="port-forward")
+
+
+def forward_command(env: Env) -> Command:
+    return Command(kube(env, "port-forward", f"svc/{T.HEAD_SERVICE}", f"{env.dashboard_port}:{T.DASHBOARD_PORT}",
+                        "--namespace", env.namespace).argv,
+                   background=True, log=f".state/{env.name}/port-forward.log")
+
+
+def forward_step(env: Env) -> Step:
+    version = version_fact(address(env))
+    pf = forward_pidfile(env)
+
+    def run(ctx):
+        from .core.play import Outcome
+        from .core.recap import CHANGED, FAILED, OK
+        v = ctx.look(version)
+        if v is not ABSENT:
+            if isinstance(v, dict) and v.get("ray_version"):
+                return Outcome(OK, f"Ray {v['ray_version']} dashboard at {address(env)}")
+            return Outcome(FAILED, f"{address(env)} answers, but not as a Ray dashboard: free port "
+                                   f"{env.dashboard_port} or set dashboard_port in the inventory")
+        pid = ctx.spawn(forward_command(env))
+        ctx.act(Action(f"echo $! > {quote(str(pf.path.relative_to(ROOT)))}", lambda: pf.write(pid)))
+        if not ctx.acting:
+            ctx.log.emit("verify", version.line())
+            return Outcome(CHANGED, "port-forward started")
+        from .core.step import poll
+        why = poll(lambda: None if ctx.look(version, fresh=True) is not ABSENT else "not answering", 30, 1,
+                   sleep=ctx.sleep)
+        if why:
+            return Outcome(FAILED, f"port-forward did not answer in 30s; see .state/{env.name}/port-forward.log")
+        return Outcome(CHANGED, f"port-forward started ({address(env)})")
+
+    return Step(PLAY, f"port-forward {address(env)}", lambda look: None, run=run, id="dashboard:forward",
+                after=("raycluster:apply", "kube:credentials"))
+
+
+def _ray_nodes(c: Completed) -> Any:
+    if not c.ok:
+        raise ProbeFailed("ray list nodes", c.line, c.rc, c.stdout, c.stderr,
+                          why=f"could not list the Ray nodes: {c.first_error_line()}")
+    start = c.stdout.find("[")
+    try:
+        return json.loads(c.stdout[start:]) if start >= 0 else []
+    except json.JSONDecodeError:
+        raise ProbeFailed("ray list nodes", c.line, c.rc, c.stdout, c.stderr, why="output is not JSON") from None
+
+
+def nodes_fact(env: Env) -> Fact:
+    return fact("ray nodes", Command(("ray", "list", "nodes", "--address", address(env), "--format=json",
+                                      "--limit=10000")), _ray_nodes,
+                describe=lambda ns: f"{sum(1 for n in ns if n.get('state') == 'ALIVE')} alive node(s)")
+
+
+def count(nodes: Any) -> tuple[int, int]:
+    alive = [n for n in nodes or [] if n.get("state") == "ALIVE"]
+    heads = sum(1 for n in alive if n.get("is_head_node"))
+    tpus = sum(1 for n in alive if (n.get("resources_total") or {}).get("TPU"))
+    return heads, tpus
+
+
+def nodes_step(env: Env) -> Step:
+    probe = nodes_fact(env)
+    want = workers(env)
+
+    def decide(look):
+        nodes = look(probe)
+        if nodes is ABSENT:
+            return ok(f"would check: 1 head + {want} TPU workers")
+        heads, tpus = count(nodes)
+        if heads == 1 and tpus == want:
+            return ok(f"1 head + {tpus} TPU workers alive")
+        return fail(f"want 1 head + {want} TPU workers, found {heads} head(s) + {tpus} TPU worker(s) alive")
+
+    return Step(PLAY, "Ray nodes", decide, id="dashboard:nodes", after=("dashboard:forward",))
+
+
+def steps(env: Env) -> list[Step]:
+    if env.kind == "local":
+        return [nodes_step(env)]
+    return [credentials_step(env, PLAY), forward_step(env), nodes_step(env)]

@@ -1,0 +1,106 @@
+"""Names and facts shared by the GKE plays: where things live, how each kind
+of resource is listed (one list call answers for every resource of a kind)."""
+from __future__ import annotations
+
+from typing import Any
+
+from . import tutorial as T
+from .clients import by_name, fact, gcloud, json_list, kube_object, kubectl
+from .core.command import Command
+from .core.inventory import Env
+from .core.runner import ABSENT, Fact
+
+
+def location(env: Env) -> str:
+    """Autopilot clusters are regional, the tutorial's Standard cluster zonal."""
+    return env.region if env.mode == "autopilot" else env.zone
+
+
+def kube_context(env: Env) -> str:
+    """The kubeconfig context ``get-credentials`` writes for this cluster."""
+    return f"gke_{env.project_id}_{location(env)}_{env.cluster_name}"
+
+
+def network_name(env: Env, i: int) -> str:
+    return f"{env.cluster_name}-{T.SUBNETS[i][0]}"
+
+
+def subnet_name(i: int) -> str:
+    return T.SUBNETS[i][1]
+
+
+def subnet_range(env: Env, i: int) -> str:
+    return env[f"subnet_{i + 1}_range"]
+
+
+def nodepool_name(env: Env, i: int) -> str:
+    from .settings import chips
+    return f"v6e-{chips(env.topology)}-{i}"
+
+
+def workers(env: Env) -> int:
+    return env.slices * env.hosts_per_slice
+
+
+def kube(env: Env, *args: str) -> Command:
+    return kubectl(*args, context=kube_context(env))
+
+
+# -- facts: one list per kind ----------------------------------------------
+def _names(items: Any) -> str:
+    return ", ".join(str(i.get("name", "?")).rsplit("/", 1)[-1] for i in items) or "none"
+
+
+def networks_fact(env: Env, name: str) -> Fact:
+    return fact(f"network {name}",
+                gcloud("compute", "networks", "list", "--format=json", project=env.project_id),
+                json_list(by_name(name)), describe=_describe_network)
+
+
+def _describe_network(n: Any) -> str:
+    return f"present (mtu {n.get('mtu', '?')}, {'auto' if n.get('autoCreateSubnetworks') else 'custom'} subnets)"
+
+
+def subnets_fact(env: Env, name: str) -> Fact:
+    return fact(f"subnet {name}",
+                gcloud("compute", "networks", "subnets", "list", f"--regions={env.region}", "--format=json",
+                       project=env.project_id),
+                json_list(by_name(name)),
+                describe=lambda s: f"present ({s.get('ipCidrRange')} on {str(s.get('network', '')).rsplit('/', 1)[-1]})")
+
+
+def clusters_fact(env: Env) -> Fact:
+    return fact(f"cluster {env.cluster_name}",
+                gcloud("container", "clusters", "list", "--format=json", project=env.project_id),
+                json_list(by_name(env.cluster_name)),
+                describe=lambda c: f"present ({c.get('status')}, {c.get('location')}"
+                                   f"{', autopilot' if (c.get('autopilot') or {}).get('enabled') else ''})")
+
+
+def nodepools_fact(env: Env, name: str) -> Fact:
+    return fact(f"node pool {name}",
+                gcloud("container", "node-pools", "list", f"--cluster={env.cluster_name}",
+                       f"--location={location(env)}", "--format=json", project=env.project_id),
+                json_list(by_name(name)),
+                describe=lambda p: f"present ({p.get('status')}, "
+                                   f"{(p.get('placementPolicy') or {}).get('tpuTopology', '?')}, "
+                                   f"{p.get('initialNodeCount', '?')} nodes)")
+
+
+def kube_get(env: Env, kind: str, name: str, namespace: str | None = None) -> Fact:
+    args = ["get", kind, name]
+    if namespace:
+        args += ["--namespace", namespace]
+    args += ["--ignore-not-found", "--output=json"]
+    return fact(f"{kind} {name}", kube(env, *args), kube_object())
+
+
+def raycluster_fact(env: Env) -> Fact:
+    f = kube_get(env, "raycluster", T.RAYCLUSTER_NAME, env.namespace)
+    return Fact(name=f.name, command=f.command, parse=f.parse, describe=_describe_raycluster)
+
+
+def _describe_raycluster(rc: Any) -> str:
+    st = rc.get("status") or {}
+    return (f"present (state {st.get('state', 'unknown')}, "
+            f"{st.get('availableWorkerReplicas', 0)}/{st.get('desiredWorkerReplicas', '?')} workers available)")

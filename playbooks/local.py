@@ -1,0 +1,232 @@
+"""The local environment: a Ray cluster on this machine, a head plus
+simulated TPU hosts, the local twin of the RayCluster on GKE.
+
+A simulated host is a Ray node started with the env vars GKE's TPU webhook
+sets on a TPU pod (TPU_NAME, TPU_WORKER_ID, TPU_ACCELERATOR_TYPE,
+TPU_TOPOLOGY) and a ``TPU`` resource, so Ray Train's real TPU path
+(use_tpu=True, topology, accelerator type, slice placement groups) runs, with
+JAX on CPU. Each node runs under ``ray start --block`` in its own session; its
+pid is kept in a pid file, and only those pids are ever stopped.
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from . import tutorial as T
+from .core.command import Command, quote
+from .core.http import get_json, port_open
+from .core.inventory import Env
+from .core.play import Outcome, StepContext
+from .core.procs import PidFile, kill_now, terminate, tree
+from .core.recap import CHANGED, FAILED, OK
+from .core.runner import ABSENT, Action, Fact
+from .core.step import Step, poll
+from .rayapi import alive, labels, list_nodes, nodes_fact, version_fact
+from .settings import ROOT, chips
+
+PLAY = "local"
+HEAD = "head"
+START_TIMEOUT = 90.0
+
+
+def state_dir(env: Env) -> Path:
+    return ROOT / ".state" / env.name
+
+
+def rel(p: Path) -> str:
+    try:
+        return str(p.relative_to(ROOT))
+    except ValueError:
+        return str(p)
+
+
+def address(env: Env) -> str:
+    return f"http://{env.ray_ip}:{env.dashboard_port}"
+
+
+def host_names(env: Env) -> list[tuple[str, int, int]]:
+    """(name, slice, worker id): pod-like names, as KubeRay names TPU pods."""
+    return [(f"{T.TPU_WORKER_GROUP}-{s}-{w}", s, w) for s in range(env.slices) for w in range(env.hosts_per_slice)]
+
+
+def pidfile(env: Env, name: str) -> PidFile:
+    marker = "ray start --head" if name == HEAD else "ray start --address"
+    return PidFile(state_dir(env) / "nodes", name, marker)
+
+
+def _log(env: Env, name: str) -> str:
+    return rel(state_dir(env) / "logs" / f"{name}.log")
+
+
+def head_command(env: Env) -> Command:
+    return Command(("ray", "start", "--head", "--block", f"--node-ip-address={env.ray_ip}", f"--port={env.gcs_port}",
+                    f"--dashboard-host={env.ray_ip}", f"--dashboard-port={env.dashboard_port}", "--num-cpus=1",
+                    "--disable-usage-stats"),
+                   background=True, log=_log(env, HEAD))
+
+
+def pod_type(env: Env) -> str:
+    return f"v6e-{chips(env.topology)}"
+
+
+def host_command(env: Env, name: str, slice_: int, worker: int) -> Command:
+    # One log monitor (the head's) forwards every node's logs on this machine;
+    # a second one would print each line twice.
+    return Command(("ray", "start", f"--address={env.ray_ip}:{env.gcs_port}", "--block",
+                    f"--node-ip-address={env.ray_ip}", "--num-cpus=1",
+                    "--resources=" + json.dumps({"TPU": env.chips_per_host}), "--include-log-monitor=false",
+                    "--disable-usage-stats"),
+                   env=(("TPU_NAME", f"{T.TPU_WORKER_GROUP}-{slice_}"), ("TPU_WORKER_ID", str(worker)),
+                        ("TPU_ACCELERATOR_TYPE", pod_type(env)), ("TPU_TOPOLOGY", env.topology)),
+                   background=True, log=_log(env, name))
+
+
+def pid_fact(env: Env, name: str) -> Fact:
+    pf = pidfile(env, name)
+    return Fact(name=f"{name} process", python=pf.alive, display=f"kill -0 $(cat {quote(rel(pf.path))})",
+                assumed=False, describe=lambda a: "running" if a else "not running")
+
+
+def registered(nodes, slice_: int, worker: int) -> bool:
+    for n in alive(nodes):
+        lb = labels(n)
+        if lb.get("ray.io/tpu-slice-name") == f"{T.TPU_WORKER_GROUP}-{slice_}" and \
+                lb.get("ray.io/tpu-worker-id") == str(worker):
+            return True
+    return False
+
+
+def _spawn(ctx: StepContext, env: Env, name: str, command: Command) -> None:
+    pf = pidfile(env, name)
+    pid = ctx.spawn(command)
+    ctx.act(Action(f"echo $! > {quote(rel(pf.path))}", lambda: pf.write(pid, node=name)))
+
+
+def _wait(ctx: StepContext, what: str, check, timeout: float = START_TIMEOUT, interval: float = 2.0) -> str | None:
+    """Poll ``check`` (None = done) in apply mode; print the wait otherwise."""
+    if not ctx.acting:
+        ctx.log.emit("verify", what)
+        return None
+    why = poll(check, timeout, interval, sleep=ctx.sleep)
+    ctx.log.emit("verify", f"{what}  => {why or 'ok'}")
+    return why
+
+
+def head_step(env: Env) -> Step:
+    pidf, version = pid_fact(env, HEAD), version_fact(address(env))
+
+    def run(ctx: StepContext) -> Outcome:
+        running = ctx.look(pidf)
+        answering = ctx.look(version)
+        if running and answering is not ABSENT:
+            return Outcome(OK, f"Ray head running at {address(env)} (Ray {answering.get('ray_version')})")
+        if not running:
+            if answering is not ABSENT or (ctx.runner.probing and port_open(env.ray_ip, env.gcs_port)):
+                return Outcome(FAILED, f"{address(env)} or port {env.gcs_port} is taken by a process this project "
+                                       f"did not start (pid file {rel(pidfile(env, HEAD).path)}): stop it, or set "
+                                       f"dashboard_port/gcs_port in the inventory")
+            _spawn(ctx, env, HEAD, head_command(env))
+
+        def up():
+            v = get_json(f"{address(env)}/api/version", timeout=3)
+            return None if v is not ABSENT else "dashboard not answering yet"
+
+        why = _wait(ctx, f"curl -fsS {address(env)}/api/version", up)
+        if why:
+            return Outcome(FAILED, f"the Ray head did not come up in {START_TIMEOUT:.0f}s ({why}); "
+                                   f"see {_log(env, HEAD)}")
+        return Outcome(CHANGED if not running else OK, f"Ray head started at {address(env)}")
+
+    return Step(PLAY, f"Ray head {address(env)}", lambda look: None, run=run, id="local:head")
+
+
+def host_step(env: Env, name: str, slice_: int, worker: int, play: str = PLAY) -> Step:
+    pidf, nodes = pid_fact(env, name), nodes_fact(address(env))
+
+    def run(ctx: StepContext) -> Outcome:
+        running = ctx.look(pidf)
+        listed = ctx.look(nodes)
+        if listed is ABSENT:
+            return Outcome(FAILED, f"no Ray head answers at {address(env)}: run `invoke up` first")
+        is_up = registered(listed, slice_, worker)
+        if running and is_up:
+            return Outcome(OK, f"TPU host {name} is in the cluster")
+        if not running:
+            if is_up and ctx.acting:
+                # The node of a killed host stays ALIVE until Ray notices; wait,
+                # or the new node would stand beside a ghost of itself.
+                _wait(ctx, f"ray list nodes --address {address(env)}  (old {name} gone)",
+                      lambda: None if not registered(_nodes(env), slice_, worker) else "still listed", 60)
+            _spawn(ctx, env, name, host_command(env, name, slice_, worker))
+
+        why = _wait(ctx, f"ray list nodes --address {address(env)}  ({name} ALIVE)",
+                    lambda: None if registered(_nodes(env), slice_, worker) else f"{name} not registered yet")
+        if why:
+            return Outcome(FAILED, f"TPU host {name} did not join in {START_TIMEOUT:.0f}s; see {_log(env, name)}")
+        return Outcome(CHANGED if not running else OK, f"TPU host {name} joined ({pod_type(env)}, "
+                                                       f"{env.chips_per_host} chips)")
+
+    return Step(play, f"TPU host {name}", lambda look: None, run=run, id=f"local:{name}", after=("local:head",))
+
+
+def _nodes(env: Env) -> list:
+    nodes = list_nodes(address(env))
+    return [] if nodes is ABSENT else nodes
+
+
+def steps(env: Env) -> list[Step]:
+    """Bring the local cluster up (a running one is reused)."""
+    return [head_step(env)] + [host_step(env, n, s, w) for n, s, w in host_names(env)]
+
+
+def stop_step(env: Env, name: str, play: str = "teardown") -> Step:
+    pidf = pid_fact(env, name)
+    pf = pidfile(env, name)
+
+    def decide(look):
+        from .core.step import change, ok
+        if not look(pidf):
+            return ok(f"{name} is not running")
+        return change(Action(f"kill -TERM $(cat {quote(rel(pf.path))}) and its child processes",
+                             lambda: (terminate(tree(pf.pid() or -1)), pf.remove())),
+                      reason=f"stopped {name}")
+
+    from .core.step import Verify
+    return Step(play, f"stop {name}", decide, id=f"{play}:stop-{name}",
+                verify=Verify(pidf, lambda a: "still running" if a else None, timeout=30, interval=1))
+
+
+def stop_steps(env: Env, play: str = "teardown") -> list[Step]:
+    return [stop_step(env, n, play) for n, _, _ in reversed(host_names(env))] + [stop_step(env, HEAD, play)]
+
+
+def chaos_steps(env: Env, restore_after: float) -> list[Step]:
+    """Kill one simulated TPU host at once, as a preempted VM dies; bring it
+    back after ``restore_after`` seconds (0: leave it down)."""
+    hosts = host_names(env)
+    facts = {n: pid_fact(env, n) for n, _, _ in hosts}
+    chosen: dict[str, tuple[str, int, int]] = {}
+
+    def run_kill(ctx: StepContext) -> Outcome:
+        for n, s, w in hosts:
+            if ctx.look(facts[n]) or ctx.mode.value == "dry-run":
+                chosen["host"] = (n, s, w)
+                pf = pidfile(env, n)
+                ctx.act(Action(f"kill -KILL $(cat {quote(rel(pf.path))}) and its child processes",
+                               lambda pf=pf: kill_now(tree(pf.pid() or -1))))
+                return Outcome(CHANGED, f"killed TPU host {n}")
+        return Outcome(FAILED, "no simulated TPU host is running: run `invoke up` first")
+
+    out = [Step("chaos", "kill one TPU host", lambda look: None, run=run_kill, idempotent=False,
+                id="chaos:kill")]
+    if restore_after > 0:
+        def run_restore(ctx: StepContext) -> Outcome:
+            n, s, w = chosen.get("host", hosts[0])
+            ctx.act(Action(f"sleep {restore_after:g}", lambda: time.sleep(restore_after)))
+            return host_step(env, n, s, w, play="chaos").run(ctx)
+
+        out.append(Step("chaos", "bring the TPU host back", lambda look: None, run=run_restore,
+                        idempotent=False, id="chaos:restore", after=("chaos:kill",)))
+    return out

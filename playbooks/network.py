@@ -1,0 +1,68 @@
+"""§2 Networking for multislice (DCN): two VPCs with MTU 8896, a subnet each."""
+from __future__ import annotations
+
+from typing import Any
+
+from . import tutorial as T
+from .clients import gcloud
+from .core.inventory import Env
+from .core.runner import ABSENT
+from .core.step import Step, Verify, change, drift, ok
+from .gke import network_name, networks_fact, subnet_name, subnet_range, subnets_fact
+
+PLAY = "network"
+
+
+def _last(url: Any) -> str:
+    return str(url or "").rsplit("/", 1)[-1]
+
+
+def network_step(env: Env, i: int) -> Step:
+    name = network_name(env, i)
+    probe = networks_fact(env, name)
+
+    def decide(look):
+        net = look(probe)
+        if net is ABSENT:
+            return change(gcloud("compute", "networks", "create", name, "--subnet-mode=custom",
+                                 f"--mtu={T.NETWORK_MTU}", project=env.project_id), reason="created")
+        diffs = []
+        if net.get("mtu") != T.NETWORK_MTU:
+            diffs.append(f"mtu is {net.get('mtu')}, want {T.NETWORK_MTU}")
+        if net.get("autoCreateSubnetworks"):
+            diffs.append("subnet mode is auto, want custom")
+        if diffs:
+            return drift(f"network {name}: " + "; ".join(diffs))
+        return ok(f"network {name} exists (mtu {T.NETWORK_MTU}, custom subnets)")
+
+    return Step(PLAY, f"VPC {name}", decide, id=f"network:{name}",
+                verify=Verify(probe, lambda n: None if n is not ABSENT and n.get("mtu") == T.NETWORK_MTU
+                              else "network not found" if n is ABSENT else f"mtu is {n.get('mtu')}"))
+
+
+def subnet_step(env: Env, i: int) -> Step:
+    name, net, rng = subnet_name(i), network_name(env, i), subnet_range(env, i)
+    probe = subnets_fact(env, name)
+
+    def decide(look):
+        sub = look(probe)
+        if sub is ABSENT:
+            return change(gcloud("compute", "networks", "subnets", "create", name, f"--network={net}",
+                                 f"--region={env.region}", f"--range={rng}", project=env.project_id),
+                          reason="created")
+        diffs = []
+        if _last(sub.get("network")) != net:
+            diffs.append(f"it is on network {_last(sub.get('network'))!r}, want {net!r}")
+        if sub.get("ipCidrRange") != rng:
+            diffs.append(f"range is {sub.get('ipCidrRange')}, want {rng}")
+        if diffs:
+            return drift(f"subnet {name}: " + "; ".join(diffs))
+        return ok(f"subnet {name} exists ({rng} on {net})")
+
+    return Step(PLAY, f"subnet {name}", decide, id=f"network:{name}", after=(f"network:{net}",),
+                verify=Verify(probe, lambda s: None if s is not ABSENT and s.get("ipCidrRange") == rng
+                              else "subnet not found" if s is ABSENT else f"range is {s.get('ipCidrRange')}"))
+
+
+def steps(env: Env) -> list[Step]:
+    return [network_step(env, 0), network_step(env, 1), subnet_step(env, 0), subnet_step(env, 1)]

@@ -1,0 +1,104 @@
+"""§4 TPU node pools: one multi-host v6e slice per pool (Standard only)."""
+from __future__ import annotations
+
+from typing import Any
+
+from . import tutorial as T
+from .clients import gcloud
+from .core.inventory import Env
+from .core.runner import ABSENT
+from .core.step import Broken, Step, Verify, change, drift, fail, ok, wait
+from .gke import location, network_name, nodepool_name, nodepools_fact, subnet_name
+
+PLAY = "nodepools"
+CREATE_TIMEOUT = 60 * 60
+BROKEN = ("ERROR", "RUNNING_WITH_ERROR")
+AUTOPILOT_SKIP = ("Autopilot has no node pools to create: it provisions the TPU slices from the "
+                  "RayCluster's TPU requests and node selectors")
+
+
+def create_command(env: Env, name: str):
+    return gcloud(
+        "container", "node-pools", "create", name,
+        f"--location={env.zone}", f"--cluster={env.cluster_name}", f"--machine-type={env.machine_type}",
+        f"--threads-per-core={T.TPU_THREADS_PER_CORE}", f"--tpu-topology={env.topology}",
+        f"--num-nodes={env.hosts_per_slice}",
+        f"--additional-node-network=network={network_name(env, 0)},subnetwork={subnet_name(0)}",
+        f"--additional-node-network=network={network_name(env, 1)},subnetwork={subnet_name(1)}",
+        f"--node-labels={T.TPU_NODE_LABEL}", "--enable-gvnic", f"--scopes={T.TPU_SCOPES}",
+        project=env.project_id)
+
+
+def delete_command(env: Env, name: str):
+    return gcloud("container", "node-pools", "delete", name, f"--location={location(env)}",
+                  f"--cluster={env.cluster_name}", project=env.project_id, quiet=True)
+
+
+def _last(v: Any) -> str:
+    return str(v or "").rsplit("/", 1)[-1]
+
+
+def shape_diffs(env: Env, p: Any) -> list[str]:
+    diffs = []
+    cfg = p.get("config") or {}
+    if cfg.get("machineType") != env.machine_type:
+        diffs.append(f"machine type is {cfg.get('machineType')}, want {env.machine_type}")
+    top = (p.get("placementPolicy") or {}).get("tpuTopology")
+    if top != env.topology:
+        diffs.append(f"TPU topology is {top}, want {env.topology}")
+    nodes = p.get("initialNodeCount")
+    if nodes is not None and nodes != env.hosts_per_slice:
+        diffs.append(f"{nodes} nodes, want {env.hosts_per_slice}")
+    want_nets = {(network_name(env, i), subnet_name(i)) for i in (0, 1)}
+    have_nets = {(_last(n.get("network")), _last(n.get("subnetwork")))
+                 for n in (p.get("networkConfig") or {}).get("additionalNodeNetworkConfigs") or []}
+    if have_nets != want_nets:
+        diffs.append(f"additional networks are {sorted(have_nets) or 'none'}, want {sorted(want_nets)}")
+    key, val = T.TPU_NODE_LABEL.split("=")
+    if (cfg.get("labels") or {}).get(key) != val:
+        diffs.append(f"node label {T.TPU_NODE_LABEL} is missing")
+    return diffs
+
+
+def pool_step(env: Env, i: int) -> Step:
+    name = nodepool_name(env, i)
+    probe = nodepools_fact(env, name)
+
+    def decide(look):
+        p = look(probe)
+        if p is ABSENT:
+            return change(create_command(env, name), reason=f"created ({env.topology}, {env.hosts_per_slice} nodes)")
+        diffs = shape_diffs(env, p)
+        if diffs:
+            return drift(f"node pool {name}: " + "; ".join(diffs))
+        status = p.get("status")
+        if status == "RUNNING":
+            return ok(f"node pool {name} is RUNNING")
+        if status in ("PROVISIONING", "RECONCILING"):
+            return wait(f"node pool {name} is {status} (another operation is making it)")
+        if status in BROKEN:
+            # A pool left in ERROR (e.g. GCE_STOCKOUT: no TPU capacity in the
+            # zone) holds no usable slice: replace it rather than count it done.
+            return change(delete_command(env, name), create_command(env, name),
+                          reason=f"replaced a broken pool (was {status}: {p.get('statusMessage') or 'no message'})")
+        if status == "STOPPING":
+            return fail(f"node pool {name} is being deleted; wait for it to go, then re-run")
+        return fail(f"node pool {name} is {status}: {p.get('statusMessage') or 'no message'}")
+
+    def running(p):
+        if p is ABSENT:
+            return "node pool not found"
+        if p.get("status") in BROKEN:
+            raise Broken(f"node pool {name} is {p.get('status')}: {p.get('statusMessage') or 'no message'}; "
+                         "re-run to replace it (or choose a zone with TPU v6e capacity)")
+        return None if p.get("status") == "RUNNING" else f"status {p.get('status')}"
+
+    return Step(PLAY, f"TPU node pool {name}", decide, id=f"nodepools:{name}",
+                after=("cluster:cluster", "network:" + subnet_name(0), "network:" + subnet_name(1)),
+                verify=Verify(probe, running, timeout=CREATE_TIMEOUT, interval=15))
+
+
+def steps(env: Env) -> list[Step]:
+    if env.mode == "autopilot":
+        return [Step(PLAY, "TPU node pools", lambda look: ok(), skip=AUTOPILOT_SKIP, id="nodepools:all")]
+    return [pool_step(env, i) for i in range(env.slices)]

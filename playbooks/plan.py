@@ -1,0 +1,74 @@
+"""Which steps each task runs, for an environment: pure functions, no I/O."""
+from __future__ import annotations
+
+from typing import Callable
+
+from . import chaos, cluster, dashboard, local, network, nodepools, prereqs, raycluster, storage, teardown, train
+from .core.inventory import Env
+from .core.step import Step, ok
+
+GKE_ONLY = ("prereqs", "network", "cluster", "nodepools", "storage")
+UP = ("prereqs", "network", "cluster", "nodepools", "storage", "raycluster", "dashboard")
+
+_GKE: dict[str, Callable[[Env], list[Step]]] = {
+    "prereqs": prereqs.steps,
+    "network": network.steps,
+    "cluster": cluster.steps,
+    "nodepools": nodepools.steps,
+    "storage": storage.steps,
+    "raycluster": raycluster.steps,
+    "dashboard": dashboard.steps,
+}
+
+
+def _not_local(play: str) -> list[Step]:
+    return [Step(play, play, lambda look: ok(), id=f"{play}:local",
+                 skip="a local environment has no cloud resources of this kind (its twin: the local Ray cluster)")]
+
+
+def play_steps(env: Env, play: str) -> list[Step]:
+    if env.kind == "local":
+        if play in GKE_ONLY:
+            return _not_local(play)
+        if play == "raycluster":
+            return local.steps(env)
+        if play == "dashboard":
+            return dashboard.steps(env)
+        raise KeyError(play)
+    return _GKE[play](env)
+
+
+def dedupe(steps: list[Step]) -> list[Step]:
+    """Steps shared by several plays (kubectl credentials) run once."""
+    seen, out = set(), []
+    for s in steps:
+        if s.id in seen:
+            continue
+        seen.add(s.id)
+        out.append(s)
+    return out
+
+
+def up_steps(env: Env) -> list[Step]:
+    if env.kind == "local":
+        return local.steps(env) + dashboard.steps(env)
+    return dedupe([s for p in UP for s in play_steps(env, p)])
+
+
+def cluster_ready_steps(env: Env) -> list[Step]:
+    """What a job needs before it is submitted: a reachable Ray dashboard."""
+    if env.kind == "local":
+        return local.steps(env)
+    return [cluster.credentials_step(env, "train"), dashboard.forward_step(env)]
+
+
+def train_steps(env: Env, job: train.Job, state: dict, log_file=None) -> list[Step]:
+    return cluster_ready_steps(env) + [train.checkpoint_step(job, state), train.job_step(job, state, log_file)]
+
+
+def chaos_steps(env: Env, restore_after: float) -> list[Step]:
+    return chaos.steps(env, restore_after)
+
+
+def teardown_steps(env: Env) -> list[Step]:
+    return teardown.steps(env)

@@ -1,0 +1,76 @@
+"""§1 Project prerequisites: the APIs and the user's three IAM roles."""
+from __future__ import annotations
+
+from typing import Any
+
+from . import tutorial as T
+from .clients import fact, gcloud, json_list, json_object
+from .core.inventory import Env
+from .core.runner import ABSENT
+from .core.step import Step, Verify, change, ok
+
+PLAY = "prereqs"
+
+
+def _enabled_services(items: list) -> set[str]:
+    out = set()
+    for s in items:
+        name = (s.get("config") or {}).get("name") or str(s.get("name", "")).rsplit("/", 1)[-1]
+        if s.get("state", "ENABLED") == "ENABLED":
+            out.add(name)
+    return out
+
+
+def services_fact(env: Env):
+    return fact("enabled services",
+                gcloud("services", "list", "--enabled", "--format=json", project=env.project_id),
+                json_list(_enabled_services), assumed=set(),
+                describe=lambda s: "enabled: " + (", ".join(x for x in T.SERVICES if x in s) or "none of the needed"))
+
+
+def policy_fact(env: Env):
+    return fact(f"IAM policy of {env.project_id}",
+                gcloud("projects", "get-iam-policy", env.project_id, "--format=json"),
+                json_object(), assumed={"bindings": []},
+                describe=lambda p: f"{len(p.get('bindings', []))} binding(s)")
+
+
+def has_binding(policy: Any, role: str, member: str) -> bool:
+    for b in (policy or {}).get("bindings", []):
+        if b.get("role") == role and member in b.get("members", []) and not b.get("condition"):
+            return True
+    return False
+
+
+def steps(env: Env) -> list[Step]:
+    out: list[Step] = []
+    svc = services_fact(env)
+
+    def decide_services(look):
+        enabled = look(svc)
+        missing = [s for s in T.SERVICES if s not in enabled]
+        if not missing:
+            return ok("already enabled")
+        return change(gcloud("services", "enable", *T.SERVICES, project=env.project_id),
+                      reason="enabled " + ", ".join(missing))
+
+    out.append(Step(PLAY, "APIs " + " ".join(T.SERVICES), decide_services,
+                    verify=Verify(svc, lambda e: None if set(T.SERVICES) <= e else
+                                  "not enabled yet: " + ", ".join(sorted(set(T.SERVICES) - e)),
+                                  timeout=120, interval=10),
+                    id="prereqs:apis"))
+    pol = policy_fact(env)
+    member = f"user:{env.user_identifier}"
+    for role in T.USER_ROLES:
+        def decide(look, role=role):
+            if has_binding(look(pol), role, member):
+                return ok(f"{member} already has {role}")
+            return change(gcloud("projects", "add-iam-policy-binding", env.project_id,
+                                 f"--member={member}", f"--role={role}"),
+                          reason=f"granted {role}")
+
+        out.append(Step(PLAY, f"role {role}", decide,
+                        verify=Verify(pol, lambda p, role=role: None if has_binding(p, role, member)
+                                      else f"{member} lacks {role}", timeout=60, interval=5),
+                        id=f"prereqs:{role}"))
+    return out

@@ -1,0 +1,57 @@
+"""Facts read from a Ray dashboard's REST API (version, nodes, jobs), shown
+in transcripts as the equivalent curl line."""
+from __future__ import annotations
+
+from typing import Any
+
+from .core.http import get_json
+from .core.command import quote
+from .core.runner import ABSENT, Fact
+
+
+def version_fact(address: str) -> Fact:
+    url = f"{address}/api/version"
+    return Fact(name="ray dashboard", python=lambda: get_json(url, timeout=5), display=f"curl -fsS {url}",
+                describe=lambda v: f"Ray {v.get('ray_version')} answering" if isinstance(v, dict) else str(v))
+
+
+def nodes_url(address: str) -> str:
+    return f"{address}/api/v0/nodes?limit=10000&detail=true"
+
+
+def list_nodes(address: str) -> Any:
+    d = get_json(nodes_url(address), timeout=10)
+    if d is ABSENT:
+        return ABSENT
+    return ((d or {}).get("data") or {}).get("result", {}).get("result", [])
+
+
+def nodes_fact(address: str) -> Fact:
+    return Fact(name="ray nodes", python=lambda: list_nodes(address), assumed=[],
+                display=f"curl -fsS {quote(nodes_url(address))}",
+                describe=lambda ns: f"{len(alive(ns))} alive node(s)" if isinstance(ns, list) else "no cluster")
+
+
+def alive(nodes: Any) -> list[dict]:
+    return [n for n in nodes or [] if n.get("state") == "ALIVE"]
+
+
+def tpu_hosts(nodes: Any) -> list[dict]:
+    return [n for n in alive(nodes) if (n.get("resources_total") or {}).get("TPU")]
+
+
+def labels(n: dict) -> dict:
+    return n.get("labels") or {}
+
+
+def jobs_fact(address: str) -> Fact:
+    url = f"{address}/api/jobs/"
+    return Fact(name="ray jobs", python=lambda: get_json(url, timeout=10), display=f"curl -fsS {url}",
+                assumed=[], describe=lambda js: f"{len(js)} job(s)" if isinstance(js, list) else "no cluster")
+
+
+def job_fact(address: str, submission_id: str) -> Fact:
+    url = f"{address}/api/jobs/{submission_id}"
+    return Fact(name=f"ray job {submission_id}", python=lambda: get_json(url, timeout=10),
+                display=f"curl -fsS {url}", assumed=None,
+                describe=lambda j: j.get("status", "?") if isinstance(j, dict) else "its final status")

@@ -1,0 +1,134 @@
+"""§7 The RayCluster: DRANET NIC claims and one TPU worker group of
+``slices`` replicas x ``hosts_per_slice`` hosts; applied, then waited for."""
+from __future__ import annotations
+
+import re
+from importlib import metadata
+from typing import Any
+
+from . import tutorial as T
+from .cluster import credentials_step
+from .core.command import Command
+from .core.inventory import Env
+from .core.render import envsubst, leftover
+from .core.runner import ABSENT
+from .core.step import Step, Verify, change, drift, ok, wait
+from .gke import kube, kube_get, raycluster_fact, workers
+from .settings import ROOT
+
+PLAY = "raycluster"
+READY_TIMEOUT = 30 * 60
+CLAIM_TEMPLATE = "two-netdev"
+
+
+def manifest_values(env: Env) -> dict[str, str]:
+    return {
+        "NAMESPACE": env.namespace,
+        "KSA_NAME": env.ksa_name,
+        "GS_BUCKET": env.gs_bucket,
+        "RAY_IMAGE": env.ray_image,
+        "SLICES": str(env.slices),
+        "HOSTS_PER_SLICE": str(env.hosts_per_slice),
+        "CHIPS_PER_HOST": str(env.chips_per_host),
+        "TOPOLOGY": env.topology,
+    }
+
+
+def apply_command(env: Env) -> Command:
+    """``envsubst < manifest | kubectl apply -f -``, as the tutorial writes it,
+    with envsubst limited to the manifest's variables and its output checked."""
+    render = envsubst(T.RAYCLUSTER_MANIFEST, manifest_values(env), root=ROOT)
+    apply = kube(env, "apply", "-f", "-")
+    return Command(apply.argv, pipe_from=render, pipe_check=leftover)
+
+
+def image_version(image: str) -> str | None:
+    m = re.search(r":(\d+\.\d+\.\d+)", image)
+    return m.group(1) if m else None
+
+
+def skew_warning(image: str) -> str | None:
+    """The Ray in the image should be the Ray this machine submits jobs with."""
+    try:
+        local = metadata.version("ray")
+    except metadata.PackageNotFoundError:
+        return None
+    have = image_version(image)
+    if have is None:
+        return f"warning: cannot tell the Ray version of image {image}; this machine runs Ray {local}"
+    if have != local:
+        return f"warning: image {image} runs Ray {have}, this machine Ray {local}: jobs may fail to submit or run"
+    return None
+
+
+def _worker_group(rc: Any) -> dict:
+    for g in ((rc or {}).get("spec") or {}).get("workerGroupSpecs") or []:
+        if g.get("groupName") == T.TPU_WORKER_GROUP:
+            return g
+    return {}
+
+
+def shape_diffs(env: Env, rc: Any) -> list[str]:
+    g = _worker_group(rc)
+    if not g:
+        return [f"no worker group {T.TPU_WORKER_GROUP!r}"]
+    diffs = []
+    if g.get("replicas") != env.slices:
+        diffs.append(f"{g.get('replicas')} slice replicas, want {env.slices}")
+    if g.get("numOfHosts") != env.hosts_per_slice:
+        diffs.append(f"numOfHosts {g.get('numOfHosts')}, want {env.hosts_per_slice}")
+    spec = (g.get("template") or {}).get("spec") or {}
+    sel = spec.get("nodeSelector") or {}
+    if sel.get("cloud.google.com/gke-tpu-topology") != env.topology:
+        diffs.append(f"topology {sel.get('cloud.google.com/gke-tpu-topology')}, want {env.topology}")
+    for c in spec.get("containers") or []:
+        if c.get("image") != env.ray_image:
+            diffs.append(f"image {c.get('image')}, want {env.ray_image}")
+        envs = {e.get("name"): e.get("value") for e in c.get("env") or []}
+        if envs.get("MEGASCALE_NUM_SLICES") != str(env.slices):
+            diffs.append(f"MEGASCALE_NUM_SLICES {envs.get('MEGASCALE_NUM_SLICES')}, want {env.slices}")
+    return diffs
+
+
+def ready(env: Env, rc: Any) -> str | None:
+    if rc is ABSENT:
+        return "RayCluster not found"
+    st = rc.get("status") or {}
+    want = workers(env)
+    have = st.get("availableWorkerReplicas", 0)
+    if st.get("state") == "ready" and have >= want:
+        return None
+    return f"state {st.get('state', 'pending')}, {have}/{want} TPU workers available"
+
+
+def apply_step(env: Env) -> Step:
+    probe = raycluster_fact(env)
+    claims = kube_get(env, "resourceclaimtemplate", CLAIM_TEMPLATE, env.namespace)
+
+    def decide(look):
+        rc, claim = look(probe), look(claims)
+        if rc is ABSENT or claim is ABSENT:
+            return change(apply_command(env), reason=f"applied ({env.slices} x {env.hosts_per_slice} TPU workers)")
+        diffs = shape_diffs(env, rc)
+        if diffs:
+            return drift(f"RayCluster {T.RAYCLUSTER_NAME}: " + "; ".join(diffs))
+        why = ready(env, rc)
+        if why:
+            return wait(f"RayCluster {T.RAYCLUSTER_NAME} exists, not ready yet ({why})")
+        return ok(f"RayCluster {T.RAYCLUSTER_NAME} ready with {workers(env)} TPU workers")
+
+    return Step(PLAY, f"RayCluster {T.RAYCLUSTER_NAME}", decide, id="raycluster:apply",
+                after=("kube:credentials", "storage:ksa", "storage:binding", "storage:bucket"),
+                verify=Verify(probe, lambda rc: ready(env, rc), timeout=READY_TIMEOUT, interval=15))
+
+
+def image_step(env: Env) -> Step:
+    """Not a change: says whether the image's Ray matches this machine's."""
+    def decide(look):
+        warning = skew_warning(env.ray_image)
+        return ok(warning or f"image {env.ray_image} matches this machine's Ray")
+    return Step(PLAY, "Ray version skew", decide, id="raycluster:skew")
+
+
+def steps(env: Env) -> list[Step]:
+    return [credentials_step(env, PLAY), image_step(env), apply_step(env)]

@@ -1,0 +1,299 @@
+"""The inventory schema: which keys an environment has, and the rules GCP,
+Kubernetes and TPU hardware impose on their values."""
+from __future__ import annotations
+
+import ipaddress
+import re
+from pathlib import Path
+from typing import Any, Mapping
+
+from . import tutorial as T
+from .core.inventory import Inventory, Key, Schema, load
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_INVENTORY = ROOT / "inventory.yaml"
+
+# -- rules ------------------------------------------------------------------
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_GCE_NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_PROJECT = re.compile(r"^[a-z][-a-z0-9]{4,28}[a-z0-9]$")
+_REGION = re.compile(r"^[a-z]+-[a-z]+[0-9]+$")
+_ZONE = re.compile(r"^([a-z]+-[a-z]+[0-9]+)-[a-z]$")
+_VERSION = re.compile(r"^(\d+)\.(\d+)\.(\d+)-gke\.(\d+)$")
+_EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
+_TOPOLOGY = re.compile(r"^[1-9][0-9]*x[1-9][0-9]*$")
+
+
+def chips(topology: str) -> int:
+    a, b = topology.split("x")
+    return int(a) * int(b)
+
+
+def project_id(v: str, env: Mapping) -> str | None:
+    if not _PROJECT.match(v):
+        return "is not a valid project ID (6-30 characters: lowercase letters, digits, hyphens; starts with a letter, does not end with a hyphen)"
+    return None
+
+
+def region(v: str, env: Mapping) -> str | None:
+    return None if _REGION.match(v) else "is not a region name like us-central1"
+
+
+def zone(v: str, env: Mapping) -> str | None:
+    m = _ZONE.match(v)
+    if not m:
+        return "is not a zone name like us-central1-b"
+    if m.group(1) != env.get("region"):
+        return f"is outside region {env.get('region')!r} (a zone is <region>-<letter>)"
+    return None
+
+
+def gke_cluster_name(v: str, env: Mapping) -> str | None:
+    if len(v) > 40 or not _GCE_NAME.match(v):
+        return ("is not a valid GKE cluster name (1-40 characters: lowercase letters, digits, hyphens; "
+                "starts with a letter, ends with a letter or digit)")
+    return None
+
+
+def version_tuple(v: str) -> tuple[int, ...]:
+    m = _VERSION.match(v)
+    assert m, v
+    return tuple(int(x) for x in m.groups())
+
+
+def cluster_version(v: str, env: Mapping) -> str | None:
+    if not _VERSION.match(v):
+        return "is not a GKE version like 1.35.2-gke.1842000"
+    mode = env.get("mode")
+    need = T.DRANET_MIN_VERSION.get(mode)
+    if need and version_tuple(v) < version_tuple(need):
+        return f"is older than {need}, the first {mode} version with managed DRANET"
+    return None
+
+
+def mode(v: str, env: Mapping) -> str | None:
+    return None if v in ("standard", "autopilot") else "is not allowed (allowed: standard, autopilot)"
+
+
+def bucket(v: str, env: Mapping) -> str | None:
+    rule = ("is not a valid Cloud Storage bucket name (3-63 characters: lowercase letters, digits, '-', '_', '.'; "
+            "starts and ends with a letter or digit; not an IP address; no 'goog' prefix)")
+    if v.startswith("gs://"):
+        return "must be the bucket name alone, without gs://"
+    parts = v.split(".")
+    if not (3 <= len(v) <= (222 if len(parts) > 1 else 63)):
+        return rule
+    if not re.match(r"^[a-z0-9][-a-z0-9_.]*[a-z0-9]$", v) or ".." in v:
+        return rule
+    if any(len(p) > 63 or not p for p in parts):
+        return rule
+    if v.startswith("goog") or "google" in v or "g00gle" in v:
+        return rule
+    try:
+        ipaddress.ip_address(v)
+        return rule
+    except ValueError:
+        return None
+
+
+def dns_label(what: str):
+    def rule(v: str, env: Mapping) -> str | None:
+        if len(v) > 63 or not _DNS_LABEL.match(v):
+            return (f"is not a valid {what} (a DNS-1123 label: at most 63 characters, lowercase letters, "
+                    "digits and '-', starting and ending with a letter or digit)")
+        return None
+    return rule
+
+
+def dns_subdomain(what: str):
+    def rule(v: str, env: Mapping) -> str | None:
+        if len(v) > 253 or not _DNS_SUBDOMAIN.match(v):
+            return (f"is not a valid {what} (a DNS-1123 subdomain: at most 253 characters, lowercase letters, "
+                    "digits, '-' and '.', starting and ending with a letter or digit)")
+        return None
+    return rule
+
+
+def email(v: str, env: Mapping) -> str | None:
+    return None if _EMAIL.match(v) else "is not an email address (the user account to grant roles to)"
+
+
+def at_least(n: int):
+    def rule(v: int, env: Mapping) -> str | None:
+        return None if v >= n else f"must be at least {n}"
+    return rule
+
+
+def port(v: int, env: Mapping) -> str | None:
+    return None if 1024 <= v <= 65535 else "must be a port between 1024 and 65535"
+
+
+def machine_type(v: str, env: Mapping) -> str | None:
+    if v not in T.V6E_MACHINE_TYPES:
+        return f"is not a TPU v6e machine type (allowed: {', '.join(T.V6E_MACHINE_TYPES)})"
+    return None
+
+
+def gke_topology(v: str, env: Mapping) -> str | None:
+    if not _TOPOLOGY.match(v):
+        return "is not a topology like 4x4"
+    mt = env.get("machine_type")
+    if mt in T.V6E_MACHINE_TYPES and v not in T.V6E_MACHINE_TYPES[mt][1]:
+        return f"cannot be formed by machine type {mt!r} (it forms: {', '.join(T.V6E_MACHINE_TYPES[mt][1])})"
+    return None
+
+
+def subnet_range(v: str, env: Mapping) -> str | None:
+    try:
+        net = ipaddress.ip_network(v, strict=True)
+    except ValueError:
+        return "is not a CIDR range like 10.50.0.0/16 (with no host bits set)"
+    if net.version != 4 or not net.is_private:
+        return "must be a private IPv4 range (RFC 1918)"
+    if not (8 <= net.prefixlen <= 29):
+        return "must have a prefix length between /8 and /29"
+    return None
+
+
+def apart_from_subnet_1(v: str, env: Mapping) -> str | None:
+    try:
+        a = ipaddress.ip_network(env["subnet_1_range"], strict=False)
+        b = ipaddress.ip_network(v, strict=False)
+    except ValueError:
+        return None
+    if a.overlaps(b):
+        return f"overlaps subnet_1_range {env['subnet_1_range']!r} (the two subnets must not overlap)"
+    return None
+
+
+def network_names(v: str, env: Mapping) -> str | None:
+    longest = f"{v}-net-2"
+    if len(longest) > 63:
+        return f"makes the network name {longest!r} longer than 63 characters"
+    return None
+
+
+def ray_image(v: str, env: Mapping) -> str | None:
+    if not re.match(r"^[a-z0-9][a-z0-9._/-]*(:[A-Za-z0-9._-]+)?(@sha256:[0-9a-f]{64})?$", v):
+        return "is not a container image reference like rayproject/ray:2.60.0-py312-tpu"
+    return None
+
+
+def loopback(v: str, env: Mapping) -> str | None:
+    try:
+        ip = ipaddress.ip_address(v)
+    except ValueError:
+        return "is not an IP address"
+    if not ip.is_loopback:
+        return "must be a loopback address (127.x.x.x); 127.0.0.2 keeps Ray off eth0"
+    return None
+
+
+def local_topology(v: str, env: Mapping) -> str | None:
+    if not _TOPOLOGY.match(v):
+        return "is not a topology like 2x2"
+    return None
+
+
+def chips_per_host(v: int, env: Mapping) -> str | None:
+    top = env.get("topology", "")
+    if v < 1:
+        return "must be at least 1"
+    if _TOPOLOGY.match(top) and chips(top) % v:
+        return f"does not divide the {chips(top)} chips of topology {top!r}"
+    return None
+
+
+def overrides(v: Mapping, env: Mapping) -> str | None:
+    for k, val in v.items():
+        if not isinstance(k, str) or not re.match(r"^[a-z_][a-z0-9_]*$", k):
+            return f"has key {k!r}, which is not a MaxText config key"
+        if isinstance(val, (dict, list)):
+            return f"has {k}={val!r}; values must be scalars"
+    return None
+
+
+# -- derived values ---------------------------------------------------------
+def ray_version() -> str:
+    """Ray's version, as pinned in the lock (no import of ray)."""
+    lock = ROOT / "requirements.lock"
+    for line in lock.read_text().splitlines():
+        if line.lower().startswith("ray=="):
+            return line.split("==", 1)[1].strip()
+    raise RuntimeError("requirements.lock pins no ray version")
+
+
+def default_ray_image(env: Mapping) -> str:
+    return f"rayproject/ray:{ray_version()}-py312-tpu"
+
+
+def default_chips_per_host(env: Mapping) -> int:
+    if env.get("kind") == "local":
+        # Ray's rule for v6e: single-host topologies (<= 8 chips) are one VM.
+        top = env.get("topology", "")
+        n = chips(top) if _TOPOLOGY.match(top) else 4
+        return n if n <= 8 else 4
+    return T.V6E_MACHINE_TYPES.get(env.get("machine_type"), (4, ()))[0]
+
+
+def hosts_per_slice(env: Mapping) -> int:
+    return max(1, chips(env["topology"]) // env["chips_per_host"])
+
+
+# -- schema -----------------------------------------------------------------
+COMMON = (
+    Key("kind", str, rules=(lambda v, e: None if v in ("gke", "local") else "is not allowed (allowed: gke, local)",),
+        doc="gke (default) or local"),
+    Key("slices", int, default=2, rules=(at_least(1),), doc="TPU slices (one node pool each)"),
+)
+
+GKE = COMMON + (
+    Key("project_id", required=True, rules=(project_id,), doc="the Google Cloud project ID"),
+    Key("region", required=True, rules=(region,), doc="a region with TPU v6e capacity"),
+    Key("zone", required=True, rules=(zone,), doc="a zone of that region with TPU v6e capacity"),
+    Key("cluster_name", required=True, rules=(gke_cluster_name, network_names), doc="the GKE cluster name"),
+    Key("cluster_version", required=True, rules=(cluster_version,), doc="the GKE version, e.g. 1.35.2-gke.1842000"),
+    Key("mode", required=True, rules=(mode,), doc="standard or autopilot"),
+    Key("gs_bucket", required=True, rules=(bucket,), doc="the checkpoint bucket name"),
+    Key("ksa_name", required=True, rules=(dns_subdomain("Kubernetes service account name"),),
+        doc="the Kubernetes service account name"),
+    Key("namespace", required=True, rules=(dns_label("Kubernetes namespace"),), doc="the Kubernetes namespace"),
+    Key("user_identifier", required=True, rules=(email,), doc="your user account, e.g. me@example.com"),
+    Key("machine_type", default="ct6e-standard-4t", rules=(machine_type,)),
+    Key("topology", default="4x4", rules=(gke_topology,)),
+    Key("chips_per_host", int, derive=default_chips_per_host,
+        rules=(lambda v, e: None if v == T.V6E_MACHINE_TYPES.get(e["machine_type"], (v,))[0]
+               else f"does not match machine type {e['machine_type']!r}",)),
+    Key("hosts_per_slice", int, derive=hosts_per_slice,
+        rules=(lambda v, e: None if v == hosts_per_slice(e) else
+               f"does not match topology {e['topology']!r} with {e['chips_per_host']} chips per host",)),
+    Key("subnet_1_range", default=T.SUBNETS[0][2], rules=(subnet_range,)),
+    Key("subnet_2_range", default=T.SUBNETS[1][2], rules=(subnet_range, apart_from_subnet_1)),
+    Key("ray_image", derive=default_ray_image, rules=(ray_image,),
+        doc="the Ray image for head and workers; defaults to the Ray version in requirements.lock"),
+    Key("dashboard_port", int, default=T.DASHBOARD_PORT, rules=(port,)),
+    Key("train_overrides", dict, default={}, rules=(overrides,)),
+)
+
+LOCAL = COMMON + (
+    Key("topology", default="2x2", rules=(local_topology,)),
+    Key("chips_per_host", int, derive=default_chips_per_host, rules=(chips_per_host,)),
+    Key("hosts_per_slice", int, derive=hosts_per_slice,
+        rules=(lambda v, e: None if v == hosts_per_slice(e) else
+               f"does not match topology {e['topology']!r} with {e['chips_per_host']} chips per host",)),
+    Key("devices_per_host", int, default=4, rules=(at_least(1),),
+        doc="CPU devices each simulated TPU host gives JAX"),
+    Key("ray_ip", default="127.0.0.2", rules=(loopback,)),
+    Key("gcs_port", int, default=6390, rules=(port,)),
+    Key("dashboard_port", int, default=8265,
+        rules=(port, lambda v, e: "must differ from gcs_port" if v == e["gcs_port"] else None)),
+    Key("state_dir", default=".local"),
+    Key("train_overrides", dict, default={}, rules=(overrides,)),
+)
+
+SCHEMA = Schema({"gke": GKE, "local": LOCAL}, default_kind="gke")
+
+
+def load_inventory(path: str | Path | None = None) -> Inventory:
+    return load(path or DEFAULT_INVENTORY, SCHEMA)

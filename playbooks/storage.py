@@ -1,0 +1,126 @@
+"""§5 Storage and identity: the checkpoint bucket, the Kubernetes service
+account, and the workload-identity binding that lets it use the bucket."""
+from __future__ import annotations
+
+from typing import Any
+
+from . import tutorial as T
+from .clients import fact, gcloud, gcs_describe, json_object, text_value
+from .cluster import credentials_step
+from .core.command import Command, placeholder
+from .core.inventory import Env
+from .core.runner import ABSENT
+from .core.step import Step, Verify, change, drift, ok
+from .gke import kube, kube_get
+
+PLAY = "storage"
+
+
+def bucket_fact(env: Env):
+    return fact(f"bucket {env.gs_bucket}",
+                gcloud("storage", "buckets", "describe", f"gs://{env.gs_bucket}", "--format=json"),
+                gcs_describe(),
+                describe=lambda b: f"present ({b.get('location')}, {b.get('default_storage_class') or b.get('storageClass')})")
+
+
+def project_number_fact(env: Env):
+    c = gcloud("projects", "describe", env.project_id, "--format=value(projectNumber)")
+    c = Command(c.argv, binds="PROJECT_NUMBER")
+    return fact("project number", c, text_value(), assumed=placeholder("PROJECT_NUMBER"))
+
+
+def bucket_policy_fact(env: Env):
+    return fact(f"IAM policy of gs://{env.gs_bucket}",
+                gcloud("storage", "buckets", "get-iam-policy", f"gs://{env.gs_bucket}", "--format=json"),
+                json_object(), assumed={"bindings": []},
+                describe=lambda p: f"{len(p.get('bindings', []))} binding(s)")
+
+
+def principal(env: Env, project_number: str) -> str:
+    return (f"principal://iam.googleapis.com/projects/{project_number}/locations/global/workloadIdentityPools/"
+            f"{env.project_id}.svc.id.goog/subject/ns/{env.namespace}/sa/{env.ksa_name}")
+
+
+def has_member(policy: Any, role: str, member: str) -> bool:
+    return any(b.get("role") == role and member in (b.get("members") or [])
+               for b in (policy or {}).get("bindings") or [])
+
+
+def bucket_step(env: Env) -> Step:
+    probe = bucket_fact(env)
+
+    def decide(look):
+        b = look(probe)
+        if b is ABSENT:
+            return change(Command(("gsutil", "mb", "-p", env.project_id, "-c", T.BUCKET_STORAGE_CLASS,
+                                   "-l", env.region, f"gs://{env.gs_bucket}")), reason="created")
+        diffs = []
+        loc = str(b.get("location", "")).lower()
+        if loc != env.region.lower():
+            diffs.append(f"location is {b.get('location')}, want {env.region.upper()}")
+        cls = b.get("default_storage_class") or b.get("storageClass")
+        if cls and cls.upper() != T.BUCKET_STORAGE_CLASS:
+            diffs.append(f"storage class is {cls}, want {T.BUCKET_STORAGE_CLASS}")
+        if diffs:
+            return drift(f"bucket {env.gs_bucket}: " + "; ".join(diffs))
+        return ok(f"bucket gs://{env.gs_bucket} exists")
+
+    return Step(PLAY, f"bucket gs://{env.gs_bucket}", decide, id="storage:bucket",
+                verify=Verify(probe, lambda b: "bucket not found" if b is ABSENT else None, timeout=60, interval=5))
+
+
+def namespace_step(env: Env) -> Step:
+    probe = kube_get(env, "namespace", env.namespace)
+
+    def decide(look):
+        if look(probe) is ABSENT:
+            return change(kube(env, "create", "namespace", env.namespace), reason="created")
+        return ok(f"namespace {env.namespace} exists")
+
+    return Step(PLAY, f"namespace {env.namespace}", decide, id="storage:namespace", after=("kube:credentials",),
+                verify=Verify(probe, lambda n: "namespace not found" if n is ABSENT else None))
+
+
+def ksa_step(env: Env) -> Step:
+    probe = kube_get(env, "serviceaccount", env.ksa_name, env.namespace)
+
+    def decide(look):
+        if look(probe) is ABSENT:
+            return change(kube(env, "create", "serviceaccount", env.ksa_name, "--namespace", env.namespace),
+                          reason="created")
+        return ok(f"service account {env.namespace}/{env.ksa_name} exists")
+
+    return Step(PLAY, f"Kubernetes service account {env.ksa_name}", decide, id="storage:ksa",
+                after=("kube:credentials", "storage:namespace"),
+                verify=Verify(probe, lambda s: "service account not found" if s is ABSENT else None))
+
+
+def binding_step(env: Env) -> Step:
+    number = project_number_fact(env)
+    policy = bucket_policy_fact(env)
+
+    def decide(look):
+        member = principal(env, look(number))
+        if has_member(look(policy), T.BUCKET_ROLE, member):
+            return ok(f"{T.BUCKET_ROLE} already granted to {env.namespace}/{env.ksa_name}")
+        return change(gcloud("storage", "buckets", "add-iam-policy-binding", f"gs://{env.gs_bucket}",
+                             "--member", member, "--role", T.BUCKET_ROLE),
+                      reason=f"granted {T.BUCKET_ROLE} to {env.namespace}/{env.ksa_name}")
+
+    def granted(p):
+        # The member holds the project number, which the decide step looked up
+        # (cached); in a dry run nothing is verified.
+        return None if any(T.BUCKET_ROLE == b.get("role") and any(
+            m.endswith(f"/subject/ns/{env.namespace}/sa/{env.ksa_name}") for m in b.get("members") or [])
+            for b in (p or {}).get("bindings") or []) else f"{T.BUCKET_ROLE} not granted yet"
+
+    return Step(PLAY, f"workload identity binding {T.BUCKET_ROLE}", decide, id="storage:binding",
+                after=("storage:bucket",), verify=Verify(policy, granted, timeout=60, interval=5))
+
+
+def steps(env: Env) -> list[Step]:
+    out = [bucket_step(env), credentials_step(env, PLAY)]
+    if env.namespace != "default":
+        out.append(namespace_step(env))
+    out += [ksa_step(env), binding_step(env)]
+    return out

@@ -1,0 +1,145 @@
+"""§10 Cleanup, complete: the RayCluster, the port-forward, the cluster, the
+bucket, then the subnets and networks the tutorial leaves behind, in
+dependency order. Each step deletes only what it finds; a second run is a
+no-op. The user's IAM roles and the enabled APIs are left as they are."""
+from __future__ import annotations
+
+from typing import Any
+
+from . import tutorial as T
+from .clients import gcloud
+from .cluster import kubeconfig_fact, has_context
+from .core.command import Command, quote
+from .core.inventory import Env
+from .core.procs import terminate, tree
+from .core.runner import ABSENT, Action
+from .core.step import Step, Verify, change, ok
+from .dashboard import forward_pidfile
+from .gke import (clusters_fact, kube, kube_context, location, network_name, networks_fact, raycluster_fact,
+                  subnet_name, subnets_fact)
+from .settings import ROOT
+from . import local
+
+PLAY = "teardown"
+DELETE_TIMEOUT = 30 * 60
+
+
+def gone(what: str):
+    return lambda v: None if v is ABSENT else f"{what} still exists"
+
+
+def raycluster_step(env: Env) -> Step:
+    clusters, kubeconfig, probe = clusters_fact(env), kubeconfig_fact(env), raycluster_fact(env)
+
+    def decide(look):
+        if look(clusters) is ABSENT:
+            return ok(f"cluster {env.cluster_name} is gone, and its RayCluster with it")
+        if not has_context(look(kubeconfig), kube_context(env)):
+            # Without credentials kubectl cannot look; the cluster delete that
+            # follows removes the RayCluster anyway.
+            return ok(f"no kubeconfig context {kube_context(env)}: the cluster delete removes the RayCluster")
+        if look(probe) is ABSENT:
+            return ok(f"RayCluster {T.RAYCLUSTER_NAME} is not there")
+        return change(kube(env, "delete", "raycluster", T.RAYCLUSTER_NAME, "--namespace", env.namespace),
+                      reason="deleted")
+
+    return Step(PLAY, f"RayCluster {T.RAYCLUSTER_NAME}", decide, id="teardown:raycluster",
+                verify=Verify(probe, gone("RayCluster"), timeout=300, interval=5))
+
+
+def forward_step(env: Env) -> Step:
+    pf = forward_pidfile(env)
+
+    def decide(look):
+        if not pf.alive():
+            return ok("no port-forward running")
+        return change(Action(f"kill -TERM $(cat {quote(str(pf.path.relative_to(ROOT)))})",
+                             lambda: (terminate(tree(pf.pid() or -1)), pf.remove())), reason="stopped")
+
+    return Step(PLAY, "port-forward", decide, id="teardown:forward")
+
+
+def cluster_step(env: Env) -> Step:
+    probe = clusters_fact(env)
+
+    def decide(look):
+        c = look(probe)
+        if c is ABSENT:
+            return ok(f"cluster {env.cluster_name} is not there")
+        if c.get("status") == "STOPPING":
+            from .core.step import wait
+            return wait(f"cluster {env.cluster_name} is already being deleted")
+        # The tutorial writes --zone=$ZONE (its Standard cluster); an
+        # Autopilot cluster is regional, so it is named by --location.
+        where = f"--zone={env.zone}" if env.mode == "standard" else f"--location={env.region}"
+        return change(gcloud("container", "clusters", "delete", env.cluster_name, where,
+                             project=env.project_id, quiet=True), reason="deleted")
+
+    return Step(PLAY, f"GKE cluster {env.cluster_name}", decide, id="teardown:cluster",
+                after=("teardown:raycluster",),
+                verify=Verify(probe, gone("cluster"), timeout=DELETE_TIMEOUT, interval=15))
+
+
+def bucket_step(env: Env) -> Step:
+    from .storage import bucket_fact
+    probe = bucket_fact(env)
+
+    def decide(look):
+        if look(probe) is ABSENT:
+            return ok(f"bucket gs://{env.gs_bucket} is not there")
+        return change(Command(("gsutil", "rm", "-r", f"gs://{env.gs_bucket}")), reason="deleted with its objects")
+
+    return Step(PLAY, f"bucket gs://{env.gs_bucket}", decide, id="teardown:bucket",
+                verify=Verify(probe, gone("bucket"), timeout=120, interval=5))
+
+
+def _last(v: Any) -> str:
+    return str(v or "").rsplit("/", 1)[-1]
+
+
+def subnet_step(env: Env, i: int) -> Step:
+    name, net = subnet_name(i), network_name(env, i)
+    probe = subnets_fact(env, name)
+
+    def decide(look):
+        s = look(probe)
+        if s is ABSENT:
+            return ok(f"subnet {name} is not there")
+        if _last(s.get("network")) != net:
+            return ok(f"subnet {name} belongs to network {_last(s.get('network'))}, not {net}: left alone")
+        return change(gcloud("compute", "networks", "subnets", "delete", name, f"--region={env.region}",
+                             project=env.project_id, quiet=True), reason="deleted")
+
+    return Step(PLAY, f"subnet {name}", decide, id=f"teardown:{name}", after=("teardown:cluster",),
+                verify=Verify(probe, gone("subnet"), timeout=300, interval=5))
+
+
+def network_step(env: Env, i: int) -> Step:
+    name = network_name(env, i)
+    probe = networks_fact(env, name)
+
+    def decide(look):
+        if look(probe) is ABSENT:
+            return ok(f"network {name} is not there")
+        return change(gcloud("compute", "networks", "delete", name, project=env.project_id, quiet=True),
+                      reason="deleted")
+
+    return Step(PLAY, f"VPC {name}", decide, id=f"teardown:{name}",
+                after=(f"teardown:{subnet_name(i)}", "teardown:cluster"),
+                verify=Verify(probe, gone("network"), timeout=300, interval=5))
+
+
+def steps(env: Env) -> list[Step]:
+    if env.kind == "local":
+        return local.stop_steps(env, PLAY)
+    return [raycluster_step(env), forward_step(env), cluster_step(env), bucket_step(env),
+            subnet_step(env, 0), subnet_step(env, 1), network_step(env, 0), network_step(env, 1)]
+
+
+def summary(env: Env) -> str:
+    """What teardown deletes, for the confirmation prompt."""
+    if env.kind == "local":
+        return f"the local Ray cluster of environment {env.name!r} (only the processes this project started)"
+    return (f"in project {env.project_id}: RayCluster {T.RAYCLUSTER_NAME}, GKE cluster {env.cluster_name} "
+            f"({location(env)}), bucket gs://{env.gs_bucket} and everything in it, subnets "
+            f"{subnet_name(0)}/{subnet_name(1)} and networks {network_name(env, 0)}/{network_name(env, 1)}")

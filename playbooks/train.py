@@ -1,0 +1,291 @@
+"""§8-9 Training jobs: the tutorial's `ray job submit`, followed to the end,
+its final status read from the Ray Jobs API, and a summary."""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from . import tutorial as T
+from .clients import fact, gcloud
+from .core.command import Command, quote
+from .core.errors import InputError, ProbeFailed
+from .core.inventory import Env
+from .core.play import Outcome, StepContext
+from .core.recap import CHANGED, FAILED, OK, SKIPPED
+from .core.runner import ABSENT, Action, Completed, Fact
+from .core.step import Step, change, ok
+from .dashboard import address
+from .rayapi import job_fact, jobs_fact
+from .settings import ROOT
+from .trainlog import HIDE, SHOW, Summary, clean
+
+PLAY = "train"
+KEY = re.compile(r"^[a-z_][a-z0-9_]*$")
+MODELS = tuple(T.TRAIN_ARGS)
+WORKING_DIR = "trainer"
+
+
+@dataclass
+class Job:
+    model: str
+    elastic: bool
+    trainer: str
+    args: list[tuple[str, str]]
+    env_vars: dict[str, str]
+    address: str
+    fresh: bool = False
+    log: Path | None = None
+    local_data: Path | None = None
+    bucket: str | None = None
+
+    def arg(self, key: str) -> str | None:
+        for k, v in self.args:
+            if k == key:
+                return v
+        return None
+
+    @property
+    def run_name(self) -> str:
+        return self.arg("run_name") or "run"
+
+    @property
+    def steps(self) -> int:
+        return int(self.arg("steps") or 0)
+
+    def argv(self) -> list[str]:
+        return ["python", self.trainer, T.BASE_CONFIG] + [f"{k}={v}" for k, v in self.args]
+
+
+def _set(args: list[tuple[str, str]], key: str, value: str) -> None:
+    for i, (k, _) in enumerate(args):
+        if k == key:
+            args[i] = (k, value)
+            return
+    args.append((key, value))
+
+
+def parse_sets(sets: list[str] | tuple[str, ...]) -> list[tuple[str, str]]:
+    out = []
+    for s in sets or ():
+        if "=" not in s:
+            raise InputError(f"--set {s!r}: must be key=value (a MaxText config key and its value)")
+        k, v = s.split("=", 1)
+        if not KEY.match(k):
+            raise InputError(f"--set {s!r}: key {k!r} is not a MaxText config key (lowercase letters, digits, _)")
+        if v == "":
+            raise InputError(f"--set {s!r}: value is empty")
+        if k == "model_name":
+            raise InputError(f"--set {s!r}: choose the model with --model (allowed: {', '.join(MODELS)})")
+        out.append((k, v))
+    return out
+
+
+def local_paths(env: Env) -> dict[str, str]:
+    """Where a local job writes: all of it under .state/<env>/ (MaxText and
+    libtpu otherwise write to ~/jax_cache and /tmp)."""
+    base = ROOT / ".state" / env.name
+    return {"data": f"{base}/data/", "jax_cache": f"{base}/jax_cache", "xla_dump": f"{base}/xla_dump/",
+            "tpu_logs": f"{base}/tpu_logs", "ray_results": f"{base}/ray_results"}
+
+
+def build_job(env: Env, model: str, elastic: bool = False, steps: int | None = None,
+              sets: list[str] | tuple[str, ...] = (), fresh: bool = False) -> Job:
+    if model not in T.TRAIN_ARGS:
+        raise InputError(f"--model {model!r} is not allowed (allowed: {', '.join(MODELS)})")
+    if steps is not None and steps < 1:
+        raise InputError(f"--steps {steps} must be at least 1")
+    extra = parse_sets(sets)
+    args = list(T.TRAIN_ARGS[model])
+    if elastic:
+        _set(args, "run_name", T.ELASTIC_RUN_NAME[model])
+    env_vars = {
+        "TRAINER_SLICES": str(env.slices),
+        "TRAINER_HOSTS_PER_SLICE": str(env.hosts_per_slice),
+        "TRAINER_TOPOLOGY": env.topology,
+        "TRAINER_CHIPS_PER_HOST": str(env.chips_per_host),
+        "TRAINER_ACCELERATOR_TYPE": T.ACCELERATOR_TYPE,
+    }
+    job = Job(model, elastic, T.ELASTIC_TRAINER if elastic else T.TRAINER, args, env_vars, address(env), fresh)
+    if env.kind == "local":
+        p = local_paths(env)
+        _set(args, "base_output_directory", p["data"])
+        _set(args, "jax_cache_dir", p["jax_cache"])
+        _set(args, "dump_hlo_local_dir", p["xla_dump"])
+        env_vars.update({
+            "JAX_PLATFORMS": "cpu",
+            "XLA_FLAGS": f"--xla_force_host_platform_device_count={env.devices_per_host}",
+            "TPU_LOG_DIR": p["tpu_logs"],
+            "TRAINER_STORAGE_PATH": p["ray_results"],
+            # Every step line, not one per worker group ("repeated Nx").
+            "RAY_DEDUP_LOGS": "0",
+            # A lost simulated host is noticed sooner than the 60 s default.
+            "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "30",
+        })
+        job.local_data = Path(p["data"])
+    else:
+        env_vars["TRAINER_WORKER_REQUIREMENTS"] = "requirements.txt"
+        job.bucket = env.gs_bucket
+    for k, v in (env.train_overrides or {}).items():
+        _set(args, k, str(v).lower() if isinstance(v, bool) else str(v))
+    if steps is not None:
+        _set(args, "steps", str(steps))
+    for k, v in extra:
+        _set(args, k, v)
+    if elastic:
+        check_elastic(job)
+    return job
+
+
+def check_elastic(job: Job) -> None:
+    """Elastic training changes the slice count: a fixed DCN split cannot follow."""
+    for k, v in job.args:
+        if k.startswith("dcn_") and k.endswith("_parallelism") and v not in ("1", "-1"):
+            raise InputError(f"--elastic: {k}={v} fixes the slice count, but elastic training runs on 1 to "
+                             f"N slices; use --set {k}=-1 (fill from the slices present)")
+
+
+def runtime_env(job: Job) -> str:
+    return json.dumps({"excludes": list(T.RUNTIME_EXCLUDES), "env_vars": job.env_vars})
+
+
+def submit_command(job: Job, submission_id: str) -> Command:
+    return Command(("ray", "job", "submit", "--address", job.address, "--working-dir", WORKING_DIR,
+                    "--runtime-env-json", runtime_env(job), f"--submission-id={submission_id}", "--",
+                    *job.argv()))
+
+
+def attach_command(job: Job, submission_id: str) -> Command:
+    return Command(("ray", "job", "logs", "--follow", "--address", job.address, submission_id))
+
+
+def _ours(job: Job, jobs: Any) -> list[dict]:
+    prefix = f"{job.run_name}-"
+    out = [j for j in jobs or [] if str(j.get("submission_id") or "").startswith(prefix)
+           and str(j["submission_id"])[len(prefix):].isdigit()]
+    return sorted(out, key=lambda j: int(str(j["submission_id"])[len(prefix):]))
+
+
+# -- checkpoints of the run ------------------------------------------------
+def _steps_in(names: list[str]) -> list[int]:
+    return sorted(int(n) for n in names if n.isdigit())
+
+
+def checkpoints_fact(job: Job) -> Fact:
+    if job.local_data is not None:
+        path = job.local_data / job.run_name / "checkpoints"
+
+        def look():
+            if not path.is_dir():
+                return ABSENT
+            return _steps_in([p.name for p in path.iterdir() if p.is_dir()])
+
+        shown = str(path)
+        return Fact(name="checkpoints", python=look, display=f"ls {quote(shown)}",
+                    describe=lambda s: f"checkpoint steps {s}" if s else "none")
+
+    url = f"gs://{job.bucket}/{job.run_name}/checkpoints/"
+
+    def parse(c: Completed) -> Any:
+        if c.ok:
+            return _steps_in([line.rstrip("/").rsplit("/", 1)[-1] for line in c.stdout.split()])
+        if "matched no objects" in c.stderr:
+            return ABSENT
+        raise ProbeFailed("checkpoints", c.line, c.rc, c.stdout, c.stderr,
+                          why=f"could not look: {c.first_error_line()}")
+
+    return fact("checkpoints", gcloud("storage", "ls", url), parse,
+                describe=lambda s: f"checkpoint steps {s}" if s else "none")
+
+
+def checkpoint_step(job: Job, state: dict) -> Step:
+    probe = checkpoints_fact(job)
+
+    def remove():
+        if job.local_data is not None:
+            return Action(f"rm -rf {quote(str(job.local_data / job.run_name))}",
+                          lambda: shutil.rmtree(job.local_data / job.run_name, ignore_errors=True))
+        return gcloud("storage", "rm", "--recursive", f"gs://{job.bucket}/{job.run_name}/")
+
+    def decide(look):
+        have = look(probe)
+        done = bool(have) and max(have) >= job.steps - 1
+        if job.fresh and have:
+            return change(remove(), reason=f"removed the checkpoints of run {job.run_name} (--fresh)")
+        if done:
+            state["done"] = max(have)
+            return ok(f"run {job.run_name} already trained to step {max(have)} of {job.steps}: nothing to do "
+                      f"(--fresh starts it over, --set run_name=NAME starts another)")
+        if have:
+            return ok(f"run {job.run_name} resumes from checkpoint step {max(have)}")
+        return ok(f"run {job.run_name} starts from step 0")
+
+    return Step(PLAY, f"checkpoints of {job.run_name}", decide, id="train:checkpoints")
+
+
+# -- the job ----------------------------------------------------------------
+def job_step(job: Job, state: dict, log_file: Path | None = None,
+             echo: Callable[[str], None] | None = None) -> Step:
+    jobs = jobs_fact(job.address)
+
+    def run(ctx: StepContext) -> Outcome:
+        if "done" in state:
+            return Outcome(SKIPPED, f"run {job.run_name} is already complete")
+        listed = ctx.look(jobs)
+        if listed is ABSENT:
+            return Outcome(FAILED, f"no Ray dashboard answers at {job.address}: run `invoke up` (or `invoke dashboard`)")
+        mine = _ours(job, listed)
+        active = [j for j in mine if j.get("status") in ("PENDING", "RUNNING")]
+        if active:
+            sid = active[-1]["submission_id"]
+            ctx.note(f"job {sid} of run {job.run_name} is already {active[-1]['status']}: following it, "
+                     f"not submitting another")
+            command = attach_command(job, sid)
+        else:
+            sid = f"{job.run_name}-{len(mine) + 1}"
+            command = submit_command(job, sid)
+        summary = Summary()
+        out = open(log_file, "a") if (log_file and ctx.acting) else None
+
+        def on_line(line: str) -> None:
+            summary.feed(line)
+            if out:
+                out.write(line + "\n")
+            text = clean(line)
+            if SHOW.search(text) and not HIDE.search(text):
+                ctx.echo(text)
+
+        try:
+            done = ctx.stream(command, on_line)
+        except KeyboardInterrupt:
+            ctx.echo(f"interrupted: job {sid} goes on in the cluster; `invoke train` again follows it, "
+                     f"`ray job stop --address {job.address} {sid}` stops it")
+            raise
+        finally:
+            if out:
+                out.close()
+        final = ctx.look(job_fact(job.address, sid), fresh=True)
+        if done is None:  # not acting: nothing ran
+            return Outcome(CHANGED, f"would run job {sid}")
+        status = final.get("status") if isinstance(final, dict) else "UNKNOWN"
+        state["summary"] = summary
+        state["submission_id"] = sid
+        for line in summary.lines():
+            ctx.echo(f"  {line}")
+        mismatch = summary.params_mismatch()
+        if status != "SUCCEEDED":
+            msg = (final or {}).get("message") if isinstance(final, dict) else ""
+            return Outcome(FAILED, f"job {sid} {status}: {msg or 'see the log'}"
+                                   + (f" (log: {log_file})" if log_file else ""))
+        if mismatch:
+            return Outcome(FAILED, f"job {sid} SUCCEEDED, but {mismatch}")
+        if not summary.steps:
+            return Outcome(FAILED, f"job {sid} SUCCEEDED without a single training step in its log")
+        return Outcome(CHANGED, f"job {sid} SUCCEEDED: {len(summary.steps)} steps, "
+                                f"final loss {summary.final_loss:.3f}")
+
+    return Step(PLAY, f"job {job.run_name} ({job.model}{', elastic' if job.elastic else ''})",
+                lambda look: None, run=run, idempotent=False, id="train:job", after=("train:checkpoints",))

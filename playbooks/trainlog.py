@@ -1,0 +1,131 @@
+"""Reading a training job's log: MaxText's step lines, Ray Train's resizes
+and MaxText's checkpoint restores, into a summary."""
+from __future__ import annotations
+
+import re
+import statistics
+from dataclasses import dataclass, field
+
+STEP = re.compile(r"completed step: (\d+), seconds: ([\d.]+), TFLOP/s/device: ([\d.]+), "
+                  r"Tokens/s/device: ([\d.]+), total_weights: (\d+), loss: ([\d.]+|nan|inf)")
+WORKER = re.compile(r"\((?:RayTrainWorker|pid=)[^)]*?pid=(\d+)[^)]*\)|\(RayTrainWorker pid=(\d+)")
+GROUP = re.compile(r"Started training worker group of size (\d+)")
+RESIZE = re.compile(r"resize the worker group from (\d+) -> (\d+) workers")
+RESTORE = re.compile(r"restoring from this run's directory step (\d+)")
+PARAMS = re.compile(r"number parameters: ([\d.]+) billion")
+EXPECTED = re.compile(r"model check: (\S+) applied, ([\d.]+) billion parameters expected")
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+# What the console shows of a job's log (all of it goes to the run's log file).
+SHOW = re.compile(
+    r"(completed step:|TrainController|restoring from|number parameters|model check|simulated TPU|"
+    r"Training complete|Job '|Error|error:|Traceback|Exception|FAILED|SUCCEEDED|failed|succeeded|"
+    r"Tailing logs|Running entrypoint|No existing checkpoints)")
+HIDE = re.compile(r"(Config param |Created BasePyTreeCheckpointHandler|^\s*$)")
+
+
+def clean(line: str) -> str:
+    return ANSI.sub("", line)
+
+
+@dataclass
+class Summary:
+    records: list[tuple[int, int, float, float, float]] = field(default_factory=list)  # group, step, s, tok/s, loss
+    groups: list[int] = field(default_factory=list)
+    resizes: list[tuple[int, int]] = field(default_factory=list)
+    restores: list[int] = field(default_factory=list)
+    params: float | None = None
+    expected_params: float | None = None
+    model: str | None = None
+    _seen: set = field(default_factory=set)
+    _first: dict[int, int] = field(default_factory=dict)
+
+    def feed(self, raw: str) -> None:
+        line = clean(raw)
+        m = STEP.search(line)
+        if m:
+            w = WORKER.search(line)
+            who = (w.group(1) or w.group(2)) if w else "0"
+            step = int(m.group(1))
+            if (who, step, len(self.groups)) in self._seen:
+                return
+            self._seen.add((who, step, len(self.groups)))
+            group = len(self.groups)
+            self._first.setdefault(group, step)
+            self.records.append((group, step, float(m.group(2)), float(m.group(4)), float(m.group(6))))
+            return
+        if (m := GROUP.search(line)):
+            self.groups.append(int(m.group(1)))
+        elif (m := RESIZE.search(line)):
+            self.resizes.append((int(m.group(1)), int(m.group(2))))
+        elif (m := RESTORE.search(line)):
+            step = int(m.group(1))
+            if not self.restores or self.restores[-1] != step:
+                self.restores.append(step)
+        elif (m := PARAMS.search(line)):
+            self.params = float(m.group(1))
+        elif (m := EXPECTED.search(line)):
+            self.model, self.expected_params = m.group(1), float(m.group(2))
+
+    @property
+    def steps(self) -> set[int]:
+        return {r[1] for r in self.records}
+
+    @property
+    def last_step(self) -> int | None:
+        return max(self.steps) if self.records else None
+
+    @property
+    def final_loss(self) -> float | None:
+        if not self.records:
+            return None
+        return [r for r in self.records if r[1] == self.last_step][-1][4]
+
+    def _warm(self) -> list[tuple]:
+        """Step records past the first two of each worker group (those include compilation)."""
+        return [r for r in self.records if r[1] - self._first[r[0]] >= 2]
+
+    @property
+    def median_step_seconds(self) -> float | None:
+        vals = [r[2] for r in self._warm()]
+        return statistics.median(vals) if vals else None
+
+    @property
+    def median_tokens_per_device(self) -> float | None:
+        vals = [r[3] for r in self._warm()]
+        return statistics.median(vals) if vals else None
+
+    @property
+    def world_sizes(self) -> list[int]:
+        """Worker-group sizes in the order they started, repeats collapsed."""
+        out: list[int] = []
+        for g in self.groups:
+            if not out or out[-1] != g:
+                out.append(g)
+        return out
+
+    def params_mismatch(self) -> str | None:
+        if self.params is None or self.expected_params is None:
+            return None
+        if abs(self.params - self.expected_params) > 0.0015:
+            return (f"MaxText built {self.params:.3f} billion parameters, but {self.model} should have "
+                    f"{self.expected_params:.3f} billion: the model config was not applied")
+        return None
+
+    def lines(self) -> list[str]:
+        def f(v, fmt):
+            return format(v, fmt) if v is not None else "n/a"
+        out = [
+            f"steps: {len(self.steps)} (last step {f(self.last_step, 'd')})",
+            f"final loss: {f(self.final_loss, '.3f')}",
+            f"median step time: {f(self.median_step_seconds, '.3f')} s",
+            f"tokens/s/device (median): {f(self.median_tokens_per_device, '.1f')}",
+        ]
+        if self.params is not None:
+            out.append(f"parameters: {self.params:.3f} billion"
+                       + (f" ({self.model}: {self.expected_params:.3f} expected)" if self.expected_params else ""))
+        if len(self.world_sizes) > 1 or self.resizes:
+            out.append("worker group sizes: " + " -> ".join(map(str, self.world_sizes)))
+        if self.restores:
+            out.append("restored from checkpoint step(s): " + ", ".join(map(str, self.restores)))
+        return out

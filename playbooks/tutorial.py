@@ -1,0 +1,84 @@
+"""The tutorial's constants, in one place, as it writes them.
+
+"Train Llama 3 70B with MaxText, Ray Train and multislice Trillium (TPU v6e)
+on GKE with KubeRay and DRANET". Every value here is quoted from it; the
+plays build their commands from these and from the inventory.
+"""
+from __future__ import annotations
+
+# §1 Project prerequisites
+SERVICES = ("container.googleapis.com", "cloudbuild.googleapis.com")
+USER_ROLES = ("roles/container.admin", "roles/iam.serviceAccountAdmin", "roles/cloudbuild.builds.editor")
+
+# §2 Networking for multislice (DCN)
+NETWORK_MTU = 8896
+SUBNETS = (  # (network suffix, subnet name, default range)
+    ("net-1", "tpu-subnet-1", "10.50.0.0/16"),
+    ("net-2", "tpu-subnet-2", "10.60.0.0/16"),
+)
+
+# §3 GKE cluster
+CLUSTER_MACHINE_TYPE = "n1-standard-16"
+STANDARD_ADDONS = "RayOperator,GcsFuseCsiDriver"
+# Managed DRANET needs at least these versions.
+DRANET_MIN_VERSION = {"autopilot": "1.35.2-gke.1842000", "standard": "1.34.1-gke.1829001"}
+CLUSTER_VERSION = "1.35.2-gke.1842000"
+
+# §4 TPU node pools
+TPU_NODE_LABEL = "cloud.google.com/gke-networking-dra-driver=true"
+TPU_SCOPES = "https://www.googleapis.com/auth/cloud-platform"
+TPU_THREADS_PER_CORE = 1
+# v6e (Trillium) machine types: chips per VM and the topologies each can form.
+V6E_MACHINE_TYPES = {
+    "ct6e-standard-1t": (1, ("1x1",)),
+    "ct6e-standard-4t": (4, ("2x2", "4x4", "4x8", "8x8", "8x16", "16x16")),
+    "ct6e-standard-8t": (8, ("2x4",)),
+}
+
+# §5 Storage and identity
+BUCKET_STORAGE_CLASS = "STANDARD"
+BUCKET_ROLE = "roles/storage.objectUser"
+
+# §7 RayCluster
+RAYCLUSTER_NAME = "maxtext-tpu-cluster"
+RAYCLUSTER_MANIFEST = "manifests/ray-cluster.tpu-multi-slice.yaml"
+HEAD_SERVICE = "maxtext-tpu-cluster-head-svc"
+DASHBOARD_PORT = 8265
+WORKER_SELECTOR = "ray.io/node-type=worker"
+TPU_WORKER_GROUP = "tpu-group"
+ACCELERATOR_TYPE = "TPU-V6E"
+
+# §8 Training jobs: the MaxText arguments, in the tutorial's order, per model.
+TRAIN_ARGS = {
+    "llama3-8b": (
+        ("base_output_directory", "/data/"),
+        ("dataset_type", "synthetic"),
+        ("per_device_batch_size", "4"),
+        ("max_target_length", "4096"),
+        ("model_name", "llama3-8b"),
+        ("steps", "100"),
+        ("ici_fsdp_parallelism", "4"),
+        ("ici_tensor_parallelism", "4"),
+        ("run_name", "rayjob-multi-slice"),
+    ),
+    "llama3-70b": (
+        ("base_output_directory", "/data/"),
+        ("dataset_type", "synthetic"),
+        ("per_device_batch_size", "2"),
+        ("max_target_length", "4096"),
+        ("model_name", "llama3-70b"),
+        ("steps", "100"),
+        ("ici_tensor_parallelism", "4"),
+        ("ici_fsdp_parallelism", "4"),
+        ("dcn_fsdp_parallelism", "2"),
+        ("dcn_data_parallelism", "1"),
+        ("remat_policy", "full"),
+        ("run_name", "rayjob-multi-slice-70b-fsdp"),
+    ),
+}
+# §9 Elastic training: the same job through the elastic trainer, its own run_name.
+ELASTIC_RUN_NAME = {"llama3-8b": "rayjob-elastic-8b", "llama3-70b": "rayjob-elastic-70b-fsdp"}
+TRAINER = "maxtext_multi_slice_trainer.py"
+ELASTIC_TRAINER = "maxtext_elastic_trainer.py"
+BASE_CONFIG = "base.yml"
+RUNTIME_EXCLUDES = ("ray-env", ".git")

@@ -1,0 +1,133 @@
+"""Tasks: the tutorial "Train Llama 3 70B with MaxText, Ray Train and
+multislice Trillium on GKE with KubeRay and DRANET", as idempotent, checked
+playbooks. `invoke --list` for the tasks, `invoke --help TASK` for one.
+
+Environment: config key playbook.env (INVOKE_PLAYBOOK_ENV), default from the
+inventory. Inventory: playbook.inventory (INVOKE_PLAYBOOK_INVENTORY).
+Modes: apply (default), check (playbook.mode=check), dry run (invoke --dry).
+"""
+from invoke import Collection, task
+
+# Only light modules here: `invoke --list` must stay instant.
+from playbooks.session import clean_errors, open_session
+
+
+def _play(c, name):
+    from playbooks import plan
+
+    with clean_errors():
+        s = open_session(c.config, name)
+        s.run(name, plan.play_steps(s.env, name))
+
+
+@task
+def prereqs(c):
+    """§1 Enable the APIs; grant your user its three IAM roles."""
+    _play(c, "prereqs")
+
+
+@task
+def network(c):
+    """§2 The two DCN VPC networks (MTU 8896) and their subnets."""
+    _play(c, "network")
+
+
+@task
+def cluster(c):
+    """§3 The GKE cluster (Standard or Autopilot, from the inventory) and kubectl credentials."""
+    _play(c, "cluster")
+
+
+@task
+def nodepools(c):
+    """§4 One multi-host TPU v6e node pool per slice (Standard; skipped on Autopilot)."""
+    _play(c, "nodepools")
+
+
+@task
+def storage(c):
+    """§5 The checkpoint bucket, the Kubernetes service account, its workload-identity binding."""
+    _play(c, "storage")
+
+
+@task
+def raycluster(c):
+    """§7 Apply the RayCluster (with DRANET NICs) and wait until every TPU worker is ready."""
+    _play(c, "raycluster")
+
+
+@task
+def dashboard(c):
+    """Port-forward the Ray dashboard (8265) and check 1 head + every TPU worker."""
+    _play(c, "dashboard")
+
+
+@task
+def up(c):
+    """Everything above, in the tutorial's order (local: start the local Ray cluster)."""
+    from playbooks import plan
+
+    with clean_errors():
+        s = open_session(c.config, "up")
+        s.run("up", plan.up_steps(s.env))
+
+
+@task(
+    iterable=["set_"],
+    help={
+        "model": "llama3-8b (default) or llama3-70b: the tutorial's job for that model",
+        "elastic": "run the elastic trainer (goes on with fewer slices, grows back)",
+        "steps": "training steps (0: the job's own, 100 in the tutorial)",
+        "set": "key=value: a MaxText setting added to or replacing the job's (repeatable)",
+        "fresh": "delete the run's checkpoints first, so it starts from step 0",
+    },
+)
+def train(c, model="llama3-8b", elastic=False, steps=0, set_=None, fresh=False):
+    """§8-9 Submit the tutorial's training job with `ray job submit`, follow it, exit with its status."""
+    from playbooks import plan, train as tr
+
+    with clean_errors():
+        s = open_session(c.config, "train")
+        job = tr.build_job(s.env, model, elastic, steps or None, set_ or [], fresh)
+        log = (s.logdir / "job.log") if s.logdir else None
+        s.run("train", plan.train_steps(s.env, job, {}, log))
+
+
+@task(help={"restore_after": "local only: seconds before the killed host comes back (0: never)"})
+def delete_worker(c, restore_after=60):
+    """§9 Delete one Ray TPU worker pod (local: kill one simulated TPU host), as a preemption would."""
+    from playbooks import plan
+
+    with clean_errors():
+        s = open_session(c.config, "chaos")
+        s.run("chaos", plan.chaos_steps(s.env, float(restore_after)))
+
+
+@task(help={"yes": "do not ask for confirmation"})
+def teardown(c, yes=False):
+    """§10 Delete the RayCluster, the cluster, the bucket, the subnets and networks (a second run is a no-op)."""
+    import sys
+
+    from playbooks import plan, teardown as td
+    from playbooks.core.runner import Mode
+
+    with clean_errors():
+        s = open_session(c.config, "teardown")
+        if s.mode is Mode.APPLY and not yes:
+            what = td.summary(s.env)
+            if not sys.stdin.isatty():
+                from playbooks.core.errors import InputError
+                raise InputError(f"teardown deletes {what}; confirm with --yes (stdin is not a terminal)")
+            answer = input(f"Delete {what}? Type the environment name ({s.env.name}) to confirm: ")
+            if answer.strip() != s.env.name:
+                from invoke.exceptions import Exit
+                raise Exit("teardown cancelled", code=1)
+        s.run("teardown", plan.teardown_steps(s.env))
+
+
+chaos = Collection("chaos")
+chaos.add_task(delete_worker)
+
+ns = Collection(prereqs, network, cluster, nodepools, storage, raycluster, dashboard, up, train, teardown)
+ns.add_collection(chaos)
+ns.configure({"playbook": {"env": None, "inventory": None, "mode": "apply", "parallel": 1}})

@@ -1,0 +1,223 @@
+"""What both trainer scripts share: the job's layout, MaxText's entry point,
+and the checks that make a wrong job fail loudly.
+
+Shipped to the Ray cluster with the trainers (the job's working directory).
+Everything that differs between GKE and this machine (worker counts,
+topology, platform) comes from the job's environment, set by the playbook;
+without it the tutorial's values apply: 2 slices of v6e 4x4, 4 hosts each.
+"""
+from __future__ import annotations
+
+import os
+import re
+import sys
+from dataclasses import dataclass
+
+import yaml
+
+# Set by the playbook in the job's runtime environment.
+ENV_SLICES = "TRAINER_SLICES"
+ENV_HOSTS_PER_SLICE = "TRAINER_HOSTS_PER_SLICE"
+ENV_TOPOLOGY = "TRAINER_TOPOLOGY"
+ENV_CHIPS_PER_HOST = "TRAINER_CHIPS_PER_HOST"
+ENV_ACCELERATOR = "TRAINER_ACCELERATOR_TYPE"
+ENV_WORKER_REQUIREMENTS = "TRAINER_WORKER_REQUIREMENTS"
+ENV_STORAGE_PATH = "TRAINER_STORAGE_PATH"
+ENV_EXPECTED_MODEL = "TRAINER_EXPECTED_MODEL"
+
+MODEL_KEYS = ("base_emb_dim", "base_num_query_heads", "base_num_kv_heads", "base_num_decoder_layers",
+              "base_mlp_dim", "head_dim", "vocab_size")
+
+
+@dataclass(frozen=True)
+class Layout:
+    slices: int = 2
+    hosts_per_slice: int = 4
+    topology: str = "4x4"
+    chips_per_host: int = 4
+    accelerator_type: str = "TPU-V6E"
+
+    @classmethod
+    def from_env(cls, environ=os.environ) -> "Layout":
+        d = cls()
+        return cls(
+            slices=int(environ.get(ENV_SLICES, d.slices)),
+            hosts_per_slice=int(environ.get(ENV_HOSTS_PER_SLICE, d.hosts_per_slice)),
+            topology=environ.get(ENV_TOPOLOGY, d.topology),
+            chips_per_host=int(environ.get(ENV_CHIPS_PER_HOST, d.chips_per_host)),
+            accelerator_type=environ.get(ENV_ACCELERATOR, d.accelerator_type),
+        )
+
+    @property
+    def workers(self) -> int:
+        return self.slices * self.hosts_per_slice
+
+
+def scaling_config(layout: Layout, elastic: bool):
+    from ray.train.v2.api.config import ScalingConfig
+
+    workers = (layout.hosts_per_slice, layout.workers) if elastic else layout.workers
+    return ScalingConfig(
+        use_tpu=True,
+        num_workers=workers,
+        topology=layout.topology,
+        accelerator_type=layout.accelerator_type,
+        resources_per_worker={"TPU": layout.chips_per_host},
+        placement_strategy="SPREAD",
+    )
+
+
+def worker_runtime_env() -> dict | None:
+    """The pinned MaxText for the TPU workers (a requirements file in the
+    working directory), or None where the workers already have it."""
+    req = os.environ.get(ENV_WORKER_REQUIREMENTS)
+    if not req:
+        return None
+    return {"pip": {"packages": _requirements(req)}}
+
+
+def _requirements(path: str) -> list[str]:
+    lines = []
+    for line in open(path):
+        line = line.split("#", 1)[0].strip()
+        if line:
+            lines.append(line)
+    return lines
+
+
+def absolute_config(argv: list[str]) -> list[str]:
+    """argv[1] is MaxText's config file; workers run elsewhere, so make it absolute."""
+    argv = list(argv)
+    if len(argv) > 1 and argv[1].endswith(".yml"):
+        argv[1] = os.path.abspath(argv[1])
+    return argv
+
+
+def overrides(argv: list[str]) -> dict[str, str]:
+    out = {}
+    for a in argv[2:]:
+        if "=" in a:
+            k, v = a.split("=", 1)
+            out[k] = v
+    return out
+
+
+class ConfigError(SystemExit):
+    pass
+
+
+def check_model_config(argv: list[str]) -> dict:
+    """Refuse a job whose model config MaxText would not find: it would only
+    log a WARNING and train its default model instead."""
+    if len(argv) < 2 or not argv[1].endswith(".yml"):
+        raise ConfigError("usage: python <trainer> base.yml key=value ...")
+    base = argv[1]
+    if not os.path.isfile(base):
+        raise ConfigError(f"MaxText config {base} not found")
+    model = overrides(argv).get("model_name")
+    if not model:
+        with open(base) as f:
+            model = (yaml.safe_load(f) or {}).get("model_name", "default")
+    if model == "default":
+        return {}
+    path = os.path.join(os.path.dirname(base), "models", f"{model}.yml")
+    if not os.path.isfile(path):
+        raise ConfigError(
+            f"model config {path} not found beside {base}: MaxText would train its default model "
+            f"instead of {model}. Ship models/{model}.yml with base.yml.")
+    with open(path) as f:
+        return yaml.safe_load(f) or {}
+
+
+def expected_model(argv: list[str]) -> dict:
+    """The model dimensions the job asks for: the model config, then the
+    command-line overrides (when override_model_config=true)."""
+    model = check_model_config(argv)
+    ov = overrides(argv)
+    dims = {k: model.get(k) for k in MODEL_KEYS}
+    if ov.get("override_model_config", "").lower() == "true":
+        for k in MODEL_KEYS:
+            if k in ov:
+                dims[k] = int(ov[k])
+    return dims
+
+
+def assert_model_applied(config, expected: dict) -> None:
+    """After MaxText read its config: its dimensions must be the model's."""
+    wrong = []
+    for k, want in expected.items():
+        if want is None:
+            continue
+        have = getattr(config, k, None)
+        if have != want:
+            wrong.append(f"{k}={have} (want {want})")
+    if wrong:
+        raise ConfigError(
+            f"MaxText did not apply the config of model {getattr(config, 'model_name', '?')}: "
+            + ", ".join(wrong))
+
+
+def llama_params(d: dict) -> int:
+    """Parameters of a llama-style decoder with these dimensions."""
+    e, q, kv, layers, mlp, hd, vocab = (int(d[k]) for k in MODEL_KEYS)
+    attn = e * q * hd + 2 * e * kv * hd + q * hd * e
+    per_layer = attn + 3 * e * mlp + 2 * e
+    return 2 * vocab * e + layers * per_layer + e
+
+
+# -- CPU simulation of multi-slice --------------------------------------------
+def _simulated() -> bool:
+    return os.environ.get("JAX_PLATFORMS", "").split(",")[0] == "cpu"
+
+
+def patch_hybrid_mesh(processes_per_slice: int) -> None:
+    """On CPU every device reports slice_index 0, so JAX's hybrid mesh sees
+    one slice. Ray ranks workers slice by slice, so a slice is
+    ``process_index // processes_per_slice``: build the mesh from that."""
+    import numpy as np
+    from jax.experimental import mesh_utils
+
+    original = mesh_utils.create_hybrid_device_mesh
+    if getattr(original, "_simulated_slices", False):
+        return
+
+    def hybrid(mesh_shape, dcn_mesh_shape, devices=None, **kw):
+        import jax
+
+        devices = list(devices if devices is not None else jax.devices())
+        want = int(np.prod(dcn_mesh_shape))
+        have = len({getattr(d, "slice_index", 0) for d in devices})
+        if have == want:
+            return original(mesh_shape, dcn_mesh_shape, devices, **kw)
+        groups: dict[int, list] = {}
+        for d in sorted(devices, key=lambda d: (d.process_index, d.id)):
+            groups.setdefault(d.process_index // processes_per_slice, []).append(d)
+        if len(groups) != want:
+            raise ValueError(f"{len(groups)} simulated slices, but the DCN mesh {dcn_mesh_shape} needs {want}")
+        per_slice = [np.array(g).reshape(mesh_shape) for _, g in sorted(groups.items())]
+        index = np.arange(want).reshape(dcn_mesh_shape)
+        blocks = np.vectorize(lambda i: per_slice[i], otypes=[object])(index)
+        return np.block(blocks.tolist())
+
+    hybrid._simulated_slices = True
+    mesh_utils.create_hybrid_device_mesh = hybrid
+
+
+def run_maxtext(argv: list[str], layout: Layout, world_size: int) -> None:
+    """The body of ``train_loop_per_worker``: MaxText's pre-training main."""
+    argv = list(argv)
+    if _simulated():
+        slices = max(1, world_size // layout.hosts_per_slice)
+        argv = [a for a in argv if not a.startswith("num_slices=")] + [f"num_slices={slices}"]
+        patch_hybrid_mesh(layout.hosts_per_slice)
+        print(f"simulated TPU: {world_size} host(s) = {slices} slice(s) of {layout.hosts_per_slice}", flush=True)
+    expected = expected_model(argv)
+    from maxtext.configs import pyconfig
+    from maxtext.trainers.pre_train.train import main as maxtext_main
+
+    config = pyconfig.initialize(argv)
+    assert_model_applied(config, expected)
+    if all(v is not None for v in expected.values()):
+        print(f"model check: {getattr(config, 'model_name', '?')} applied, "
+              f"{llama_params(expected) / 1e9:.3f} billion parameters expected", flush=True)
+    maxtext_main(argv)
