@@ -6,7 +6,12 @@ Environment: config key playbook.env (INVOKE_PLAYBOOK_ENV), default from the
 inventory. Inventory: playbook.inventory (INVOKE_PLAYBOOK_INVENTORY).
 Modes: apply (default), check (playbook.mode=check), dry run (invoke --dry).
 """
+import signal
+
 from invoke import Collection, task
+
+# Output piped into `head` ends quietly, like any command-line tool.
+signal.signal(signal.SIGPIPE, signal.SIG_DFL)
 
 # Only light modules here: `invoke --list` must stay instant.
 from playbooks.session import clean_errors, open_session

@@ -66,7 +66,8 @@ def subnets_fact(env: Env, name: str) -> Fact:
                 gcloud("compute", "networks", "subnets", "list", f"--regions={env.region}", "--format=json",
                        project=env.project_id),
                 json_list(by_name(name)),
-                describe=lambda s: f"present ({s.get('ipCidrRange')} on {str(s.get('network', '')).rsplit('/', 1)[-1]})")
+                describe=lambda s: f"present ({s.get('ipCidrRange') or 'some range'} on "
+                                   f"{str(s.get('network', '')).rsplit('/', 1)[-1]})")
 
 
 def clusters_fact(env: Env) -> Fact:
@@ -102,5 +103,7 @@ def raycluster_fact(env: Env) -> Fact:
 
 def _describe_raycluster(rc: Any) -> str:
     st = rc.get("status") or {}
+    if not st:
+        return "present"
     return (f"present (state {st.get('state', 'unknown')}, "
             f"{st.get('availableWorkerReplicas', 0)}/{st.get('desiredWorkerReplicas', '?')} workers available)")

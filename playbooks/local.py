@@ -21,7 +21,7 @@ from .core.inventory import Env
 from .core.play import Outcome, StepContext
 from .core.procs import PidFile, kill_now, terminate, tree
 from .core.recap import CHANGED, FAILED, OK
-from .core.runner import ABSENT, Action, Fact
+from .core.runner import ABSENT, Action, Fact, assume
 from .core.step import Step, poll
 from .rayapi import alive, labels, list_nodes, nodes_fact, version_fact
 from .settings import ROOT, chips
@@ -182,14 +182,14 @@ def steps(env: Env) -> list[Step]:
 
 
 def stop_step(env: Env, name: str, play: str = "teardown") -> Step:
-    pidf = pid_fact(env, name)
+    pidf = assume(pid_fact(env, name), True)
     pf = pidfile(env, name)
 
     def decide(look):
         from .core.step import change, ok
         if not look(pidf):
             return ok(f"{name} is not running")
-        return change(Action(f"kill -TERM $(cat {quote(rel(pf.path))}) and its child processes",
+        return change(Action(f"kill -TERM $(cat {quote(rel(pf.path))})  # with its child processes",
                              lambda: (terminate(tree(pf.pid() or -1)), pf.remove())),
                       reason=f"stopped {name}")
 
@@ -214,7 +214,7 @@ def chaos_steps(env: Env, restore_after: float) -> list[Step]:
             if ctx.look(facts[n]) or ctx.mode.value == "dry-run":
                 chosen["host"] = (n, s, w)
                 pf = pidfile(env, n)
-                ctx.act(Action(f"kill -KILL $(cat {quote(rel(pf.path))}) and its child processes",
+                ctx.act(Action(f"kill -KILL $(cat {quote(rel(pf.path))})  # with its child processes",
                                lambda pf=pf: kill_now(tree(pf.pid() or -1))))
                 return Outcome(CHANGED, f"killed TPU host {n}")
         return Outcome(FAILED, "no simulated TPU host is running: run `invoke up` first")

@@ -12,7 +12,7 @@ from .cluster import kubeconfig_fact, has_context
 from .core.command import Command, quote
 from .core.inventory import Env
 from .core.procs import terminate, tree
-from .core.runner import ABSENT, Action
+from .core.runner import ABSENT, Action, Fact, assume
 from .core.step import Step, Verify, change, ok
 from .dashboard import forward_pidfile
 from .gke import (clusters_fact, kube, kube_context, location, network_name, networks_fact, raycluster_fact,
@@ -28,8 +28,15 @@ def gone(what: str):
     return lambda v: None if v is ABSENT else f"{what} still exists"
 
 
+# A dry run of teardown assumes everything exists, to show every delete.
+def _cluster(env: Env) -> Fact:
+    return assume(clusters_fact(env), {"name": env.cluster_name, "status": "RUNNING", "location": location(env)})
+
+
 def raycluster_step(env: Env) -> Step:
-    clusters, kubeconfig, probe = clusters_fact(env), kubeconfig_fact(env), raycluster_fact(env)
+    clusters = _cluster(env)
+    kubeconfig = assume(kubeconfig_fact(env), {"contexts": [{"name": kube_context(env)}]})
+    probe = assume(raycluster_fact(env), {"metadata": {"name": T.RAYCLUSTER_NAME}})
 
     def decide(look):
         if look(clusters) is ABSENT:
@@ -49,9 +56,12 @@ def raycluster_step(env: Env) -> Step:
 
 def forward_step(env: Env) -> Step:
     pf = forward_pidfile(env)
+    running = Fact(name="port-forward process", python=pf.alive,
+                   display=f"kill -0 $(cat {quote(str(pf.path.relative_to(ROOT)))})", assumed=True,
+                   describe=lambda a: "running" if a else "not running")
 
     def decide(look):
-        if not pf.alive():
+        if not look(running):
             return ok("no port-forward running")
         return change(Action(f"kill -TERM $(cat {quote(str(pf.path.relative_to(ROOT)))})",
                              lambda: (terminate(tree(pf.pid() or -1)), pf.remove())), reason="stopped")
@@ -60,7 +70,7 @@ def forward_step(env: Env) -> Step:
 
 
 def cluster_step(env: Env) -> Step:
-    probe = clusters_fact(env)
+    probe = _cluster(env)
 
     def decide(look):
         c = look(probe)
@@ -82,7 +92,7 @@ def cluster_step(env: Env) -> Step:
 
 def bucket_step(env: Env) -> Step:
     from .storage import bucket_fact
-    probe = bucket_fact(env)
+    probe = assume(bucket_fact(env), {"name": env.gs_bucket})
 
     def decide(look):
         if look(probe) is ABSENT:
@@ -99,7 +109,7 @@ def _last(v: Any) -> str:
 
 def subnet_step(env: Env, i: int) -> Step:
     name, net = subnet_name(i), network_name(env, i)
-    probe = subnets_fact(env, name)
+    probe = assume(subnets_fact(env, name), {"name": name, "network": f"networks/{net}"})
 
     def decide(look):
         s = look(probe)
@@ -116,7 +126,7 @@ def subnet_step(env: Env, i: int) -> Step:
 
 def network_step(env: Env, i: int) -> Step:
     name = network_name(env, i)
-    probe = networks_fact(env, name)
+    probe = assume(networks_fact(env, name), {"name": name})
 
     def decide(look):
         if look(probe) is ABSENT:

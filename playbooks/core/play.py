@@ -10,7 +10,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from .command import Command
+from .command import Command, shown
 from .errors import PlaybookError
 from .recap import CHANGED, FAILED, OK, SKIPPED, Recap, Reporter, StepResult, banner
 from .runner import Action, Completed, Fact, Mode, Runner, StepLog
@@ -66,7 +66,7 @@ def verify(ctx: StepContext, step: Step) -> str | None:
         return None
     if ctx.mode is Mode.CHECK:
         return None
-    last: list[str | None] = [None]
+    last: list = [_UNSEEN]
 
     def once() -> str | None:
         value = ctx.runner.look(v.fact, _Quiet(ctx.log, last), step.title, fresh=True, label="verify")
@@ -88,6 +88,9 @@ def verify(ctx: StepContext, step: Step) -> str | None:
 
 class _Stop(Exception):
     pass
+
+
+_UNSEEN = object()
 
 
 class _Quiet(StepLog):
@@ -162,6 +165,7 @@ class Playbook:
         except KeyboardInterrupt:
             raise
         seconds = time.monotonic() - start
+        out = Outcome(out.outcome, shown(out.reason))
         end = f"{out.outcome}: [{step.title}]" + (f" {out.reason}" if out.reason else "")
         if out.outcome == FAILED:
             end = f"failed: [{step.title}]\n" + "\n".join("  " + l for l in out.reason.splitlines())

@@ -94,7 +94,11 @@ class Fact:
 
     @property
     def key(self) -> str:
-        return self.line()
+        """What identifies the probe: its command line (without a ``NAME=$()``
+        binding), so facts on one command share one answer."""
+        if self.command is not None:
+            return dataclasses.replace(self.command, binds=None).line()
+        return self.display or self.name
 
     def line(self) -> str:
         if self.command is not None:
@@ -110,6 +114,12 @@ class Fact:
             return f"{len(value)} item(s)"
         text = shown(str(value))
         return text if len(text) < 80 else text[:77] + "..."
+
+
+def assume(fact: Fact, value: Any) -> Fact:
+    """The same fact, answering ``value`` in a dry run (teardown assumes
+    everything exists, so its dry run shows every delete)."""
+    return dataclasses.replace(fact, assumed=value)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,61 @@
+"""Shared test helpers: environments from the shipped inventory, a hermetic
+process environment, and running plays against declared facts."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from playbooks.core.play import Playbook  # noqa: E402
+from playbooks.core.recap import Reporter  # noqa: E402
+from playbooks.core.runner import Mode, Runner  # noqa: E402
+from playbooks.settings import load_inventory  # noqa: E402
+
+INVOKE = str(Path(sys.executable).parent / "invoke")
+
+
+def env(name: str = "dev", **changes):
+    """An environment of the shipped inventory, with changed keys."""
+    inv = load_inventory()
+    if changes:
+        raw = dict(inv.raw[name])
+        raw.update(changes)
+        from playbooks.core.inventory import resolve
+        return resolve(inv.path, name, raw, inv.schema)
+    return inv.env(name)
+
+
+class Transcript(list):
+    def text(self) -> str:
+        return "\n".join(self)
+
+
+def run_with_facts(steps, facts, mode=Mode.APPLY):
+    """Run steps with every probe answered by ``facts`` (keyed by the probe's
+    command line); an undeclared probe fails the step. Nothing starts."""
+    out = Transcript()
+    runner = Runner(mode, executor=None, facts=facts)
+    book = Playbook(runner, Reporter(out.append), workers=1, sleep=lambda s: None)
+    recap = book.run("test", steps)
+    return recap, out
+
+
+@pytest.fixture
+def hermetic(tmp_path):
+    """Environment for client processes that touches nothing of the user's."""
+    e = {k: v for k, v in os.environ.items() if not k.startswith(("CLOUDSDK_", "INVOKE_", "KUBECONFIG"))}
+    home = tmp_path / "home"
+    home.mkdir()
+    e.update({
+        "HOME": str(home),
+        "CLOUDSDK_CONFIG": str(tmp_path / "gcloud"),
+        "CLOUDSDK_METRICS_ENVIRONMENT": "playbook-tests",
+        "CLOUDSDK_CORE_DISABLE_PROMPTS": "1",
+        "KUBECONFIG": str(tmp_path / "kubeconfig"),
+    })
+    return e

@@ -1,0 +1,84 @@
+"""Golden transcripts of `invoke --dry <task>` for every environment of the
+shipped inventory. `make goldens` (python -m tests.goldens) rewrites them;
+tests/test_goldens.py compares them line by line."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+GOLDENS = ROOT / "tests" / "goldens"
+INVOKE = str(Path(sys.executable).parent / "invoke")
+
+TASKS = {
+    "prereqs": ["prereqs"],
+    "network": ["network"],
+    "cluster": ["cluster"],
+    "nodepools": ["nodepools"],
+    "storage": ["storage"],
+    "raycluster": ["raycluster"],
+    "dashboard": ["dashboard"],
+    "up": ["up"],
+    "train-llama3-8b": ["train"],
+    "train-llama3-70b": ["train", "--model=llama3-70b"],
+    "train-elastic": ["train", "--elastic"],
+    "chaos": ["chaos.delete-worker"],
+    "teardown": ["teardown"],
+}
+
+
+def environments() -> list[str]:
+    return list(yaml.safe_load((ROOT / "inventory.yaml").read_text())["environments"])
+
+
+def dry_run(env: str, args: list[str], inventory: Path | None = None) -> tuple[int, str, str]:
+    """Run `invoke --dry ...` with process creation disabled in the child."""
+    with tempfile.TemporaryDirectory() as tmp:
+        log = Path(tmp) / "procs.log"
+        e = dict(os.environ)
+        e.update({
+            "INVOKE_PLAYBOOK_ENV": env,
+            "PYTHONPATH": str(ROOT / "tests" / "noproc"),
+            "NOPROC_LOG": str(log),
+            "HOME": tmp,
+        })
+        if inventory:
+            e["INVOKE_PLAYBOOK_INVENTORY"] = str(inventory)
+        else:
+            e.pop("INVOKE_PLAYBOOK_INVENTORY", None)
+        r = subprocess.run([INVOKE, "--dry", *args], cwd=ROOT, env=e, capture_output=True, text=True, timeout=120)
+        started = log.read_text() if log.exists() else ""
+    return r.returncode, normalize(r.stdout), r.stderr + (f"\nPROCESSES STARTED:\n{started}" if started else "")
+
+
+def normalize(text: str) -> str:
+    return text.replace(str(ROOT), "<repo>")
+
+
+def golden_path(env: str, name: str) -> Path:
+    return GOLDENS / env / f"{name}.txt"
+
+
+def main() -> int:
+    failed = 0
+    for env in environments():
+        for name, args in TASKS.items():
+            rc, out, err = dry_run(env, args)
+            if rc != 0 or "PROCESSES STARTED" in err:
+                print(f"{env} {name}: exit {rc}\n{err}", file=sys.stderr)
+                failed += 1
+                continue
+            p = golden_path(env, name)
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_text(out)
+            print(f"wrote {p.relative_to(ROOT)} ({len(out.splitlines())} lines)")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

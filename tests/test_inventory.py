@@ -1,0 +1,131 @@
+"""Every inventory rule: invalid input fails before any command, in one line
+naming the environment, the key, the value and the rule."""
+import subprocess
+
+import pytest
+import yaml
+
+from tests.conftest import INVOKE, ROOT
+from playbooks.core.errors import InputError
+from playbooks.settings import load_inventory
+
+MINIMAL = {  # only the tutorial's variables, lower-cased
+    "project_id": "my-proj-1", "region": "us-east5", "zone": "us-east5-b", "cluster_name": "demo",
+    "cluster_version": "1.35.2-gke.1842000", "mode": "standard", "gs_bucket": "demo-ckpt",
+    "ksa_name": "demo-ksa", "namespace": "default", "user_identifier": "me@example.com",
+}
+
+
+def write(tmp_path, env: dict, name="t"):
+    p = tmp_path / "inventory.yaml"
+    p.write_text(yaml.safe_dump({"default": name, "environments": {name: env}}))
+    return p
+
+
+def resolve(tmp_path, **changes):
+    env = {**MINIMAL, **changes}
+    env = {k: v for k, v in env.items() if v is not None}
+    return load_inventory(write(tmp_path, env)).env()
+
+
+def error(tmp_path, **changes) -> str:
+    with pytest.raises(InputError) as e:
+        resolve(tmp_path, **changes)
+    msg = str(e.value)
+    assert "\n" not in msg
+    assert "environment 't'" in msg
+    return msg
+
+
+def test_minimal_environment_gets_the_tutorials_defaults(tmp_path):
+    e = resolve(tmp_path)
+    assert (e.kind, e.slices, e.topology, e.machine_type) == ("gke", 2, "4x4", "ct6e-standard-4t")
+    assert (e.chips_per_host, e.hosts_per_slice) == (4, 4)
+    assert (e.subnet_1_range, e.subnet_2_range) == ("10.50.0.0/16", "10.60.0.0/16")
+    assert e.ray_image.startswith("rayproject/ray:2.60.0")
+
+
+def test_shipped_inventory_is_valid_with_both_cluster_modes():
+    inv = load_inventory()
+    modes = {inv.env(n).get("mode") for n in inv.names if inv.env(n).kind == "gke"}
+    assert modes == {"standard", "autopilot"}
+    assert inv.env().kind == "local"
+
+
+@pytest.mark.parametrize("changes, words", [
+    ({"colour": "blue"}, ["unknown key 'colour'", "allowed:"]),
+    ({"zone": None}, ["missing key 'zone'"]),
+    ({"cluster_name": "Demo_Cluster"}, ["'cluster_name' = 'Demo_Cluster'", "not a valid GKE cluster name"]),
+    ({"cluster_name": "a" * 41}, ["not a valid GKE cluster name"]),
+    ({"gs_bucket": "My_Bucket"}, ["'gs_bucket' = 'My_Bucket'", "Cloud Storage bucket name"]),
+    ({"gs_bucket": "goog-ckpt"}, ["'goog' prefix"]),
+    ({"gs_bucket": "192.168.1.1"}, ["not an IP address"]),
+    ({"gs_bucket": "gs://demo"}, ["without gs://"]),
+    ({"namespace": "Team_A"}, ["'namespace' = 'Team_A'", "DNS-1123 label"]),
+    ({"ksa_name": "KSA!"}, ["'ksa_name' = 'KSA!'", "DNS-1123 subdomain"]),
+    ({"zone": "us-central1-a"}, ["'zone' = 'us-central1-a'", "outside region 'us-east5'"]),
+    ({"zone": "nowhere"}, ["not a zone name"]),
+    ({"topology": "2x4"}, ["'topology' = '2x4'", "cannot be formed by machine type 'ct6e-standard-4t'"]),
+    ({"machine_type": "ct6e-standard-8t"}, ["'topology' = '4x4'", "ct6e-standard-8t"]),
+    ({"machine_type": "n2-standard-8"}, ["not a TPU v6e machine type"]),
+    ({"slices": 0}, ["'slices' = 0", "at least 1"]),
+    ({"slices": "two"}, ["'slices' = 'two'", "must be an integer"]),
+    ({"subnet_2_range": "10.50.128.0/17"}, ["'subnet_2_range' = '10.50.128.0/17'", "overlaps subnet_1_range"]),
+    ({"subnet_1_range": "10.0.0.0/8"}, ["'subnet_2_range' = '10.60.0.0/16'", "overlaps subnet_1_range '10.0.0.0/8'"]),
+    ({"subnet_1_range": "10.50.0.1/16"}, ["not a CIDR range"]),
+    ({"mode": "serverless"}, ["'mode' = 'serverless'", "standard, autopilot"]),
+    ({"cluster_version": "1.33.5-gke.100"}, ["older than 1.34.1-gke.1829001"]),
+    ({"mode": "autopilot", "cluster_version": "1.34.1-gke.1829001"}, ["older than 1.35.2-gke.1842000"]),
+    ({"project_id": "P"}, ["not a valid project ID"]),
+    ({"user_identifier": "me"}, ["not an email address"]),
+    ({"kind": "aws"}, ["'kind' = 'aws'", "allowed: gke, local"]),
+])
+def test_rule(tmp_path, changes, words):
+    msg = error(tmp_path, **changes)
+    for w in words:
+        assert w in msg, msg
+
+
+def test_unknown_environment_and_bad_file(tmp_path):
+    inv = load_inventory(write(tmp_path, MINIMAL))
+    with pytest.raises(InputError, match="environment 'prod' is not defined"):
+        inv.env("prod")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("default: x\nenvironments: [1, 2\n")
+    with pytest.raises(InputError, match="not valid YAML"):
+        load_inventory(bad)
+    with pytest.raises(InputError, match="inventory file not found"):
+        load_inventory(tmp_path / "missing.yaml")
+
+
+def test_local_rules(tmp_path):
+    p = write(tmp_path, {"kind": "local", "ray_ip": "10.0.0.5"})
+    with pytest.raises(InputError, match="'ray_ip' = '10.0.0.5' must be a loopback address"):
+        load_inventory(p).env()
+    p = write(tmp_path, {"kind": "local", "topology": "4x4", "chips_per_host": 3})
+    with pytest.raises(InputError, match="'chips_per_host' = 3 does not divide the 16 chips"):
+        load_inventory(p).env()
+    p = write(tmp_path, {"kind": "local", "project_id": "x"})
+    with pytest.raises(InputError, match="unknown key 'project_id' for kind 'local'"):
+        load_inventory(p).env()
+
+
+def test_invoke_reports_one_line_and_exit_2_before_any_command(tmp_path, hermetic):
+    p = write(tmp_path, {**MINIMAL, "zone": "europe-west4-a"})
+    r = subprocess.run([INVOKE, "network"], cwd=ROOT, capture_output=True, text=True,
+                       env={**hermetic, "INVOKE_PLAYBOOK_INVENTORY": str(p), "PATH": "/nonexistent"})
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [
+        f"error: {p}: environment 't': key 'zone' = 'europe-west4-a' is outside region 'us-east5' "
+        "(a zone is <region>-<letter>)"]
+    assert "Traceback" not in r.stderr and r.stdout == ""
+
+
+def test_bad_task_argument_is_one_line(hermetic):
+    r = subprocess.run([INVOKE, "--dry", "train", "--model=llama2-7b"], cwd=ROOT, capture_output=True, text=True,
+                       env=hermetic)
+    assert r.returncode == 2
+    assert r.stderr.strip() == "error: --model 'llama2-7b' is not allowed (allowed: llama3-8b, llama3-70b)"
+    r = subprocess.run([INVOKE, "--dry", "train", "--set", "steps"], cwd=ROOT, capture_output=True, text=True,
+                       env=hermetic)
+    assert r.returncode == 2 and "--set 'steps': must be key=value" in r.stderr

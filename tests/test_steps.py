@@ -1,0 +1,160 @@
+"""Step outcomes from declared facts (pyinfra-style): each probe's answer is
+declared by its command line; an undeclared probe is an error, never a
+default. Nothing starts: these run the real plays with a fixture runner."""
+import json
+
+from playbooks import cluster, network, nodepools, storage, teardown
+from playbooks.core.errors import ProbeFailed
+from playbooks.core.runner import Answers, Completed
+from tests.conftest import env, run_with_facts
+
+DEV = env("dev")
+NETS = "gcloud compute networks list --format=json --project=my-tpu-project"
+POOLS = ("gcloud container node-pools list --cluster=maxtext-multislice --location=us-east5-b --format=json "
+         "--project=my-tpu-project")
+CLUSTERS = "gcloud container clusters list --format=json --project=my-tpu-project"
+
+
+def net(name, mtu=8896, auto=False):
+    return {"name": name, "mtu": mtu, "autoCreateSubnetworks": auto}
+
+
+def applied(lines):
+    return [l.split("apply  ", 1)[1] for l in lines if l.startswith("  apply")]
+
+
+def test_absent_network_is_created_then_verified():
+    steps = network.steps(DEV)[:1]
+    after = [net("maxtext-multislice-net-1")]
+    recap, out = run_with_facts(steps, {NETS: Answers([], after)})
+    assert recap.counters() == "ok=0 changed=1 failed=0 skipped=0"
+    assert applied(out) == ["gcloud compute networks create maxtext-multislice-net-1 --subnet-mode=custom "
+                            "--mtu=8896 --project=my-tpu-project"]
+    assert any(l.startswith("  verify") and l.endswith("=> ok") for l in out)
+
+
+def test_present_network_is_ok_with_no_command():
+    recap, out = run_with_facts(network.steps(DEV)[:2], {NETS: [net("maxtext-multislice-net-1"),
+                                                               net("maxtext-multislice-net-2")]})
+    assert recap.counters() == "ok=2 changed=0 failed=0 skipped=0"
+    assert applied(out) == []
+
+
+def test_network_with_another_mtu_is_drift_with_both_values():
+    recap, out = run_with_facts(network.steps(DEV)[:1], {NETS: [net("maxtext-multislice-net-1", mtu=1460)]})
+    assert recap.counters() == "ok=0 changed=0 failed=1 skipped=0"
+    assert "drift: network maxtext-multislice-net-1: mtu is 1460, want 8896" in out.text()
+    assert applied(out) == []
+
+
+def test_probe_error_stops_the_run_and_is_not_absent():
+    denied = Completed(NETS, 1, "", "ERROR: (gcloud.compute.networks.list) Some requests did not succeed:\n"
+                                    " - Required 'compute.networks.list' permission for 'projects/my-tpu-project'")
+    recap, out = run_with_facts(network.steps(DEV), {NETS: denied})
+    assert recap.counters() == "ok=0 changed=0 failed=1 skipped=0"
+    assert recap.not_run == ["network : VPC maxtext-multislice-net-2", "network : subnet tpu-subnet-1",
+                             "network : subnet tpu-subnet-2"]
+    assert "could not look (exit code 1)" in out.text() and "Required 'compute.networks.list'" in out.text()
+    assert applied(out) == []
+
+
+def test_undeclared_probe_is_an_error():
+    recap, out = run_with_facts(network.steps(DEV)[2:3], {NETS: []})
+    assert recap.failed
+    assert "probe not declared by the fixture: gcloud compute networks subnets list" in out.text()
+
+
+def test_subnet_on_another_network_is_drift():
+    subs = ("gcloud compute networks subnets list --regions=us-east5 --format=json --project=my-tpu-project")
+    other = {"name": "tpu-subnet-1", "network": "https://x/projects/p/global/networks/other-net",
+             "ipCidrRange": "10.51.0.0/16"}
+    recap, out = run_with_facts(network.steps(DEV)[2:3], {subs: [other]})
+    assert "drift: subnet tpu-subnet-1: it is on network 'other-net', want 'maxtext-multislice-net-1'; " \
+           "range is 10.51.0.0/16, want 10.50.0.0/16" in out.text()
+
+
+def pool(name, status="RUNNING", topology="4x4", nodes=4):
+    return {"name": name, "status": status, "initialNodeCount": nodes,
+            "config": {"machineType": "ct6e-standard-4t",
+                       "labels": {"cloud.google.com/gke-networking-dra-driver": "true"}},
+            "placementPolicy": {"tpuTopology": topology},
+            "networkConfig": {"additionalNodeNetworkConfigs": [
+                {"network": "maxtext-multislice-net-1", "subnetwork": "tpu-subnet-1"},
+                {"network": "maxtext-multislice-net-2", "subnetwork": "tpu-subnet-2"}]}}
+
+
+def test_node_pool_with_another_topology_is_drift():
+    recap, out = run_with_facts(nodepools.steps(DEV)[:1], {POOLS: [pool("v6e-16-0", topology="2x4")]})
+    assert "drift: node pool v6e-16-0: TPU topology is 2x4, want 4x4" in out.text()
+
+
+def test_broken_node_pool_is_replaced_not_counted_done():
+    broken = pool("v6e-16-0", status="ERROR")
+    broken["statusMessage"] = "GCE_STOCKOUT: no ct6e-standard-4t capacity in us-east5-b"
+    recap, out = run_with_facts(nodepools.steps(DEV)[:1], {POOLS: Answers([broken], [pool("v6e-16-0")])})
+    cmds = applied(out)
+    assert cmds[0].startswith("gcloud container node-pools delete v6e-16-0 --location=us-east5-b")
+    assert cmds[1].startswith("gcloud container node-pools create v6e-16-0")
+    assert "replaced a broken pool (was ERROR: GCE_STOCKOUT" in out.text()
+    assert recap.counters() == "ok=0 changed=1 failed=0 skipped=0"
+
+
+def test_pool_that_fails_while_waiting_stops_at_once():
+    broken = pool("v6e-16-0", status="ERROR")
+    broken["statusMessage"] = "GCE_STOCKOUT"
+    recap, out = run_with_facts(nodepools.steps(DEV)[:1], {POOLS: Answers([], broken)})
+    assert recap.failed
+    assert "node pool v6e-16-0 is ERROR: GCE_STOCKOUT; re-run to replace it" in out.text()
+
+
+def test_autopilot_skips_node_pools_with_its_reason():
+    recap, out = run_with_facts(nodepools.steps(env("dev-autopilot")), {})
+    assert recap.counters() == "ok=0 changed=0 failed=0 skipped=1"
+    assert "Autopilot has no node pools to create" in out.text()
+
+
+def test_cluster_being_created_elsewhere_is_waited_for_not_created_again():
+    c = {"name": "maxtext-multislice", "status": "PROVISIONING", "location": "us-east5-b",
+         "addonsConfig": {"rayOperatorConfig": {"enabled": True}},
+         "workloadIdentityConfig": {"workloadPool": "my-tpu-project.svc.id.goog"}}
+    recap, out = run_with_facts(cluster.steps(DEV)[:1], {CLUSTERS: Answers([c], [{**c, "status": "RUNNING"}])})
+    assert applied(out) == []
+    assert recap.counters() == "ok=1 changed=0 failed=0 skipped=0"
+
+
+def test_autopilot_cluster_found_where_standard_is_asked_is_drift():
+    c = {"name": "maxtext-multislice", "status": "RUNNING", "location": "us-east5", "autopilot": {"enabled": True},
+         "addonsConfig": {"rayOperatorConfig": {"enabled": True}}}
+    recap, out = run_with_facts(cluster.steps(DEV)[:1], {CLUSTERS: [c]})
+    assert "it is in us-east5, want us-east5-b; it is Autopilot, want Standard" in out.text()
+
+
+def test_binding_uses_the_looked_up_project_number():
+    number = "gcloud projects describe my-tpu-project '--format=value(projectNumber)'"
+    policy = "gcloud storage buckets get-iam-policy gs://my-tpu-project-maxtext-ckpt --format=json"
+    member = ("principal://iam.googleapis.com/projects/123456789/locations/global/workloadIdentityPools/"
+              "my-tpu-project.svc.id.goog/subject/ns/default/sa/maxtext-ksa")
+    granted = {"bindings": [{"role": "roles/storage.objectUser", "members": [member]}]}
+    step = [s for s in storage.steps(DEV) if s.id == "storage:binding"]
+    recap, out = run_with_facts(step, {number: "123456789\n", policy: Answers({"bindings": []}, granted)})
+    assert applied(out) == ["gcloud storage buckets add-iam-policy-binding gs://my-tpu-project-maxtext-ckpt "
+                            f"--member {member} --role roles/storage.objectUser"]
+    recap, out = run_with_facts(step, {number: "123456789\n", policy: granted})
+    assert applied(out) == [] and recap.counters() == "ok=1 changed=0 failed=0 skipped=0"
+
+
+def test_teardown_leaves_a_subnet_of_another_network_alone():
+    subs = "gcloud compute networks subnets list --regions=us-east5 --format=json --project=my-tpu-project"
+    other = {"name": "tpu-subnet-1", "network": "projects/p/global/networks/someone-else"}
+    step = [s for s in teardown.steps(DEV) if s.id == "teardown:tpu-subnet-1"]
+    recap, out = run_with_facts(step, {subs: [other]})
+    assert applied(out) == []
+    assert "belongs to network someone-else, not maxtext-multislice-net-1: left alone" in out.text()
+
+
+def test_check_mode_prints_but_does_not_verify():
+    from playbooks.core.runner import Mode
+    recap, out = run_with_facts(network.steps(DEV)[:1], {NETS: []}, mode=Mode.CHECK)
+    assert recap.counters() == "ok=0 changed=1 failed=0 skipped=0"
+    assert "would change: created" in out.text()
+    assert not any(l.startswith("  verify") for l in out)

@@ -1,0 +1,138 @@
+"""Against an inventory the goldens never saw: every command of the tutorial
+appears in the dry run, with this inventory's values, to the flag (our only
+additions: --project=, --quiet on deletes, kubectl's --context=)."""
+import pytest
+import yaml
+
+from tests.goldens import dry_run
+
+P, R, Z, C, B, K, NS, U = ("acme-ml-prod", "europe-west4", "europe-west4-a", "llm-train", "acme-llm-ckpt",
+                           "trainer-sa", "ml", "ops@acme.io")
+CTX = f"--context=gke_{P}_{Z}_{C}"
+ENV = {"kind": "gke", "mode": "standard", "project_id": P, "region": R, "zone": Z, "cluster_name": C,
+       "cluster_version": "1.35.2-gke.1842000", "gs_bucket": B, "ksa_name": K, "namespace": NS,
+       "user_identifier": U, "slices": 3}
+
+
+@pytest.fixture(scope="module")
+def transcripts(tmp_path_factory):
+    d = tmp_path_factory.mktemp("inv")
+    inv = d / "inventory.yaml"
+    auto = {**ENV, "mode": "autopilot", "cluster_name": "llm-auto"}
+    inv.write_text(yaml.safe_dump({"default": "acme", "environments": {"acme": ENV, "acme-auto": auto}}))
+    out = {}
+    for name, args in {"up": ["up"], "train": ["train"], "train70": ["train", "--model=llama3-70b"],
+                       "elastic": ["train", "--elastic", "--steps=50"], "chaos": ["chaos.delete-worker"],
+                       "teardown": ["teardown"]}.items():
+        rc, text, err = dry_run("acme", args, inventory=inv)
+        assert rc == 0 and "PROCESSES STARTED" not in err, err
+        out[name] = text
+    rc, out["auto"], err = dry_run("acme-auto", ["up"], inventory=inv)
+    assert rc == 0, err
+    rc, out["auto-teardown"], err = dry_run("acme-auto", ["teardown"], inventory=inv)
+    assert rc == 0, err
+    return out
+
+
+def lines(text):
+    return [l.split("apply  ", 1)[1] for l in text.splitlines() if l.startswith("  apply")]
+
+
+def test_provisioning_commands(transcripts):
+    up = lines(transcripts["up"])
+    expected = [
+        f"gcloud services enable container.googleapis.com cloudbuild.googleapis.com --project={P}",
+        *[f"gcloud projects add-iam-policy-binding {P} --member=user:{U} --role={r}"
+          for r in ("roles/container.admin", "roles/iam.serviceAccountAdmin", "roles/cloudbuild.builds.editor")],
+        f"gcloud compute networks create {C}-net-1 --subnet-mode=custom --mtu=8896 --project={P}",
+        f"gcloud compute networks create {C}-net-2 --subnet-mode=custom --mtu=8896 --project={P}",
+        f"gcloud compute networks subnets create tpu-subnet-1 --network={C}-net-1 --region={R} --range=10.50.0.0/16 --project={P}",
+        f"gcloud compute networks subnets create tpu-subnet-2 --network={C}-net-2 --region={R} --range=10.60.0.0/16 --project={P}",
+        f"gcloud container clusters create {C} --addons=RayOperator,GcsFuseCsiDriver --machine-type=n1-standard-16 "
+        f"--enable-dataplane-v2 --workload-pool={P}.svc.id.goog --location={Z} --cluster-version=1.35.2-gke.1842000 --project={P}",
+        f"gcloud container clusters get-credentials {C} --location={Z} --project={P}",
+        *[f"gcloud container node-pools create v6e-16-{i} --location={Z} --cluster={C} --machine-type=ct6e-standard-4t "
+          f"--threads-per-core=1 --tpu-topology=4x4 --num-nodes=4 "
+          f"--additional-node-network=network={C}-net-1,subnetwork=tpu-subnet-1 "
+          f"--additional-node-network=network={C}-net-2,subnetwork=tpu-subnet-2 "
+          f"--node-labels=cloud.google.com/gke-networking-dra-driver=true --enable-gvnic "
+          f"--scopes=https://www.googleapis.com/auth/cloud-platform --project={P}" for i in range(3)],
+        f"gsutil mb -p {P} -c STANDARD -l {R} gs://{B}",
+        f"kubectl create namespace {NS} {CTX}",
+        f"kubectl create serviceaccount {K} --namespace {NS} {CTX}",
+        f"gcloud storage buckets add-iam-policy-binding gs://{B} --member \"principal://iam.googleapis.com/projects/"
+        f"${{PROJECT_NUMBER}}/locations/global/workloadIdentityPools/{P}.svc.id.goog/subject/ns/{NS}/sa/{K}\" "
+        f"--role roles/storage.objectUser",
+    ]
+    for e in expected:
+        assert e in up, f"missing: {e}"
+    assert f"PROJECT_NUMBER=$(gcloud projects describe {P} '--format=value(projectNumber)')" in transcripts["up"]
+    apply = [l for l in up if "kubectl apply -f -" in l]
+    assert len(apply) == 1
+    assert apply[0].endswith(f"< manifests/ray-cluster.tpu-multi-slice.yaml | kubectl apply -f - {CTX}")
+    for v in (f"KSA_NAME={K}", f"GS_BUCKET={B}", "SLICES=3", "HOSTS_PER_SLICE=4", "CHIPS_PER_HOST=4",
+              "TOPOLOGY=4x4", f"NAMESPACE={NS}"):
+        assert v in apply[0]
+    assert f"kubectl port-forward svc/maxtext-tpu-cluster-head-svc 8265:8265 --namespace {NS} {CTX}" in \
+           transcripts["up"]
+    assert "ray list nodes --address http://localhost:8265" in transcripts["up"]
+    assert "would check: 1 head + 12 TPU workers" in transcripts["up"]
+
+
+def test_autopilot_cluster_command(transcripts):
+    up = lines(transcripts["auto"])
+    assert (f"gcloud container clusters create-auto llm-auto --enable-ray-operator --location={R} "
+            f"--cluster-version=1.35.2-gke.1842000 --project={P}") in up
+    assert f"gcloud container clusters get-credentials llm-auto --location={R} --project={P}" in up
+    assert not any("node-pools create" in l for l in up)
+    assert "skipped: [nodepools : TPU node pools] Autopilot has no node pools" in transcripts["auto"]
+
+
+def _submit(text):
+    s = [l for l in lines(text) if l.startswith("ray job submit")]
+    assert len(s) == 1
+    head, job = s[0].split(" -- ", 1)
+    assert head.startswith("ray job submit --address http://localhost:8265 --working-dir trainer "
+                           "--runtime-env-json '{\"excludes\": [\"ray-env\", \".git\"], ")
+    return job
+
+
+def test_training_jobs_are_the_tutorials(transcripts):
+    assert _submit(transcripts["train"]) == (
+        "python maxtext_multi_slice_trainer.py base.yml base_output_directory=/data/ dataset_type=synthetic "
+        "per_device_batch_size=4 max_target_length=4096 model_name=llama3-8b steps=100 ici_fsdp_parallelism=4 "
+        "ici_tensor_parallelism=4 run_name=rayjob-multi-slice")
+    assert _submit(transcripts["train70"]) == (
+        "python maxtext_multi_slice_trainer.py base.yml base_output_directory=/data/ dataset_type=synthetic "
+        "per_device_batch_size=2 max_target_length=4096 model_name=llama3-70b steps=100 ici_tensor_parallelism=4 "
+        "ici_fsdp_parallelism=4 dcn_fsdp_parallelism=2 dcn_data_parallelism=1 remat_policy=full "
+        "run_name=rayjob-multi-slice-70b-fsdp")
+    assert _submit(transcripts["elastic"]) == (
+        "python maxtext_elastic_trainer.py base.yml base_output_directory=/data/ dataset_type=synthetic "
+        "per_device_batch_size=4 max_target_length=4096 model_name=llama3-8b steps=50 ici_fsdp_parallelism=4 "
+        "ici_tensor_parallelism=4 run_name=rayjob-elastic-8b")
+    assert '"TRAINER_SLICES": "3"' in transcripts["train"]
+
+
+def test_chaos_is_the_tutorials_find_then_delete(transcripts):
+    t = transcripts["chaos"]
+    assert (f"POD=$(kubectl get pods -l ray.io/node-type=worker --namespace {NS} "
+            f"-o 'jsonpath={{.items[0].metadata.name}}' {CTX})") in t
+    assert f'kubectl delete pod "${{POD}}" --namespace {NS} {CTX}' in lines(t)
+
+
+def test_teardown_deletes_in_dependency_order(transcripts):
+    got = lines(transcripts["teardown"])
+    expected = [
+        f"kubectl delete raycluster maxtext-tpu-cluster --namespace {NS} {CTX}",
+        "kill -TERM $(cat .state/acme/port-forward.pid)",
+        f"gcloud container clusters delete {C} --zone={Z} --project={P} --quiet",
+        f"gsutil rm -r gs://{B}",
+        f"gcloud compute networks subnets delete tpu-subnet-1 --region={R} --project={P} --quiet",
+        f"gcloud compute networks subnets delete tpu-subnet-2 --region={R} --project={P} --quiet",
+        f"gcloud compute networks delete {C}-net-1 --project={P} --quiet",
+        f"gcloud compute networks delete {C}-net-2 --project={P} --quiet",
+    ]
+    assert got == expected
+    assert f"gcloud container clusters delete llm-auto --location={R} --project={P} --quiet" in \
+           lines(transcripts["auto-teardown"])
