@@ -17,7 +17,11 @@ _TRANSIENT = re.compile(
     r"\b429\b.*(Too Many Requests|rate)|\b503\b.*(Service Unavailable|unavailable)|"
     r"rateLimitExceeded|Rate Limit Exceeded|RATE_LIMIT_EXCEEDED|backendError|"
     r"currently unable to handle the request|ServiceUnavailable|"
-    r"incompatible operation|operation .* is currently running|Please wait and try again)",
+    r"incompatible operation|operation .* is currently running|Please wait and try again|"
+    # gcloud compute and gcloud storage print only the server's message, no
+    # status code: a 503's "The service is currently unavailable." and a 429
+    # rate quota's "Quota exceeded for quota metric 'X' and limit 'X per minute'".
+    r"The service is currently unavailable|Quota exceeded for quota metric .* per (minute|100 seconds|second))",
     re.IGNORECASE,
 )
 
@@ -47,11 +51,16 @@ def _fail(c: Completed, what: str) -> ProbeFailed:
                        why=f"could not look (exit code {c.rc}): {c.first_error_line() or 'no message'}")
 
 
+# A gcloud list that lost some of its requests but exited 0 (see
+# gke.STRICT_COMPUTE_LISTS): what it printed is not the whole list.
+_PARTIAL = re.compile(r"^WARNING: Some requests did not succeed", re.M)
+
+
 def json_list(select: Callable[[list], Any] | None = None, what: str = "probe") -> Callable[[Completed], Any]:
     """A successful list is proof: what it does not hold does not exist."""
 
     def parse(c: Completed) -> Any:
-        if not c.ok:
+        if not c.ok or _PARTIAL.search(c.stderr):
             raise _fail(c, what)
         try:
             items = json.loads(c.stdout or "[]")

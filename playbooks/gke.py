@@ -61,10 +61,17 @@ def _describe_network(n: Any) -> str:
     return f"present (mtu {n.get('mtu', '?')}, {'auto' if n.get('autoCreateSubnetworks') else 'custom'} subnets)"
 
 
+# gcloud's regional (and aggregated) compute lists report a region that
+# failed (403, 429, 503) as a WARNING and exit 0 with what they got: "[]".
+# With this hidden property false they exit 1, so a denied or throttled list
+# is never read as "no subnets" and a transient one is retried.
+STRICT_COMPUTE_LISTS = (("CLOUDSDK_COMPUTE_ALLOW_PARTIAL_ERROR", "false"),)
+
+
 def subnets_fact(env: Env, name: str) -> Fact:
-    return fact(f"subnet {name}",
-                gcloud("compute", "networks", "subnets", "list", f"--regions={env.region}", "--format=json",
-                       project=env.project_id),
+    c = gcloud("compute", "networks", "subnets", "list", f"--regions={env.region}", "--format=json",
+               project=env.project_id)
+    return fact(f"subnet {name}", Command(c.argv, env=STRICT_COMPUTE_LISTS),
                 json_list(by_name(name)),
                 describe=lambda s: f"present ({s.get('ipCidrRange') or 'some range'} on "
                                    f"{str(s.get('network', '')).rsplit('/', 1)[-1]})")

@@ -60,9 +60,24 @@ def _log(env: Env, name: str) -> str:
     return rel(state_dir(env) / "logs" / f"{name}.log")
 
 
+def node_ports(env: Env, k: int) -> tuple[str, ...]:
+    """Ports of node k (0: the head) that Ray would otherwise take from fixed
+    defaults (the agent's 52365, the client server's 10001): explicit and
+    distinct, so two local clusters (or a user's own Ray) can coexist."""
+    p = port_range(env)[0] + 10 + 4 * k
+    return (f"--dashboard-agent-listen-port={p}", f"--dashboard-agent-grpc-port={p + 1}",
+            f"--runtime-env-agent-port={p + 2}", f"--metrics-export-port={p + 3}")
+
+
+def port_range(env: Env) -> tuple[int, int]:
+    """The ports a local cluster uses besides the dashboard: gcs_port and up."""
+    return env.gcs_port, env.gcs_port + 10 + 4 * (1 + env.slices * env.hosts_per_slice)
+
+
 def head_command(env: Env) -> Command:
     return Command(("ray", "start", "--head", "--block", f"--node-ip-address={env.ray_ip}", f"--port={env.gcs_port}",
-                    f"--dashboard-host={env.ray_ip}", f"--dashboard-port={env.dashboard_port}", "--num-cpus=1",
+                    f"--dashboard-host={env.ray_ip}", f"--dashboard-port={env.dashboard_port}",
+                    f"--ray-client-server-port={env.gcs_port + 1}", *node_ports(env, 0), "--num-cpus=1",
                     "--disable-usage-stats"),
                    background=True, log=_log(env, HEAD))
 
@@ -72,12 +87,13 @@ def pod_type(env: Env) -> str:
 
 
 def host_command(env: Env, name: str, slice_: int, worker: int) -> Command:
+    k = 1 + slice_ * env.hosts_per_slice + worker
     # One log monitor (the head's) forwards every node's logs on this machine;
     # a second one would print each line twice.
     return Command(("ray", "start", f"--address={env.ray_ip}:{env.gcs_port}", "--block",
                     f"--node-ip-address={env.ray_ip}", "--num-cpus=1",
-                    "--resources=" + json.dumps({"TPU": env.chips_per_host}), "--include-log-monitor=false",
-                    "--disable-usage-stats"),
+                    "--resources=" + json.dumps({"TPU": env.chips_per_host}), *node_ports(env, k),
+                    "--include-log-monitor=false", "--disable-usage-stats"),
                    env=(("TPU_NAME", f"{T.TPU_WORKER_GROUP}-{slice_}"), ("TPU_WORKER_ID", str(worker)),
                         ("TPU_ACCELERATOR_TYPE", pod_type(env)), ("TPU_TOPOLOGY", env.topology)),
                    background=True, log=_log(env, name))
@@ -131,9 +147,13 @@ def head_step(env: Env) -> Step:
 
         def up():
             v = get_json(f"{address(env)}/api/version", timeout=3)
-            return None if v is not ABSENT else "dashboard not answering yet"
+            if v is ABSENT:
+                return "dashboard not answering yet"
+            if not any(n.get("is_head_node") for n in alive(_nodes(env))):
+                return "head node not registered yet"
+            return None
 
-        why = _wait(ctx, f"curl -fsS {address(env)}/api/version", up)
+        why = _wait(ctx, f"curl -fsS {address(env)}/api/version  (and the head node ALIVE)", up)
         if why:
             return Outcome(FAILED, f"the Ray head did not come up in {START_TIMEOUT:.0f}s ({why}); "
                                    f"see {_log(env, HEAD)}")

@@ -190,6 +190,19 @@ def loopback(v: str, env: Mapping) -> str | None:
     return None
 
 
+def local_ports(v: int, env: Mapping) -> str | None:
+    """A local cluster takes gcs_port .. gcs_port + 10 + 4 x nodes."""
+    try:
+        top = 10 + 4 * (1 + env["slices"] * hosts_per_slice(env))
+    except (KeyError, ValueError, ZeroDivisionError):
+        return None
+    if v + top > 65535:
+        return f"leaves no room for the {top} ports after it that the local nodes use"
+    if v <= env.get("dashboard_port", 0) <= v + top:
+        return f"makes the node ports {v}..{v + top} overlap dashboard_port {env['dashboard_port']}"
+    return None
+
+
 def local_topology(v: str, env: Mapping) -> str | None:
     if not _TOPOLOGY.match(v):
         return "is not a topology like 2x2"
@@ -285,7 +298,7 @@ LOCAL = COMMON + (
     Key("devices_per_host", int, default=4, rules=(at_least(1),),
         doc="CPU devices each simulated TPU host gives JAX"),
     Key("ray_ip", default="127.0.0.2", rules=(loopback,)),
-    Key("gcs_port", int, default=6390, rules=(port,)),
+    Key("gcs_port", int, default=6390, rules=(port, local_ports)),
     Key("dashboard_port", int, default=8265,
         rules=(port, lambda v, e: "must differ from gcs_port" if v == e["gcs_port"] else None)),
     Key("state_dir", default=".local"),

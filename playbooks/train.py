@@ -24,6 +24,9 @@ from .settings import ROOT
 from .trainlog import HIDE, SHOW, Summary, clean
 
 PLAY = "train"
+SUBMIT_ATTEMPTS = 5
+SUBMIT_DELAY = 5.0
+NOT_READY = re.compile(r"No available agent to submit job|please try again later")
 KEY = re.compile(r"^[a-z_][a-z0-9_]*$")
 MODELS = tuple(T.TRAIN_ARGS)
 WORKING_DIR = "trainer"
@@ -259,7 +262,15 @@ def job_step(job: Job, state: dict, log_file: Path | None = None,
                 ctx.echo(text)
 
         try:
-            done = ctx.stream(command, on_line)
+            for attempt in range(1, SUBMIT_ATTEMPTS + 1):
+                done = ctx.stream(command, on_line)
+                if done is None or done.ok or not NOT_READY.search(done.stdout) or attempt == SUBMIT_ATTEMPTS:
+                    break
+                # The dashboard answers before the head's job agent is up:
+                # the job was not created, so submitting again is safe.
+                ctx.log.emit("retry", f"the Ray head is not ready for jobs yet; submitting again in "
+                                      f"{SUBMIT_DELAY:.0f}s ({attempt}/{SUBMIT_ATTEMPTS})")
+                ctx.sleep(SUBMIT_DELAY)
         except KeyboardInterrupt:
             ctx.echo(f"interrupted: job {sid} goes on in the cluster; `invoke train` again follows it, "
                      f"`ray job stop --address {job.address} {sid}` stops it")
@@ -268,6 +279,10 @@ def job_step(job: Job, state: dict, log_file: Path | None = None,
             if out:
                 out.close()
         final = ctx.look(job_fact(job.address, sid), fresh=True)
+        if done is not None and not done.ok and not isinstance(final, dict):
+            last = [l for l in done.stdout.splitlines() if l.strip()][-1:] or ["no output"]
+            return Outcome(FAILED, f"`ray job submit` failed (exit code {done.rc}) and no job {sid} exists: "
+                                   f"{clean(last[0])}")
         if done is None:  # not acting: nothing ran
             return Outcome(CHANGED, f"would run job {sid}")
         status = final.get("status") if isinstance(final, dict) else "UNKNOWN"

@@ -33,7 +33,7 @@ class Summary:
     records: list[tuple[int, int, float, float, float]] = field(default_factory=list)  # group, step, s, tok/s, loss
     groups: list[int] = field(default_factory=list)
     resizes: list[tuple[int, int]] = field(default_factory=list)
-    restores: list[int] = field(default_factory=list)
+    _restores: dict[int, int] = field(default_factory=dict)  # worker group -> step restored
     params: float | None = None
     expected_params: float | None = None
     model: str | None = None
@@ -59,13 +59,16 @@ class Summary:
         elif (m := RESIZE.search(line)):
             self.resizes.append((int(m.group(1)), int(m.group(2))))
         elif (m := RESTORE.search(line)):
-            step = int(m.group(1))
-            if not self.restores or self.restores[-1] != step:
-                self.restores.append(step)
+            self._restores.setdefault(len(self.groups), int(m.group(1)))
         elif (m := PARAMS.search(line)):
             self.params = float(m.group(1))
         elif (m := EXPECTED.search(line)):
             self.model, self.expected_params = m.group(1), float(m.group(2))
+
+    @property
+    def restores(self) -> list[int]:
+        """The checkpoint step each (re)started worker group restored from."""
+        return [self._restores[g] for g in sorted(self._restores)]
 
     @property
     def steps(self) -> set[int]:

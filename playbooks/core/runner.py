@@ -427,21 +427,29 @@ class Runner:
             attempt += 1
 
     # -- actions --------------------------------------------------------
+    def changed(self) -> None:
+        """The world changed: answers looked up before may be stale now."""
+        with self._cache_lock:
+            self._cache.clear()
+
     def act(self, what: Command | Action, log: StepLog, step: str) -> Completed | None:
         if isinstance(what, Action):
             log.emit("apply", what.line)
-            if self.mode is Mode.APPLY and self.declared is None:
+            if self.acting:
+                self.changed()
                 what.fn()
             return None
         if what.background:
             log.emit("apply", what.line())
-            if self.mode is Mode.APPLY and self.declared is None:
+            if self.acting:
                 assert self.executor is not None
+                self.changed()
                 self.executor.spawn(what)
             return None
         log.emit("apply", what.line())
-        if self.mode is not Mode.APPLY or self.declared is not None:
+        if not self.acting:
             return None
+        self.changed()
         c = self._run_with_retry(what, log, step)
         if not c.ok:
             raise CommandFailed(step, what.line(), c.rc, c.stdout, c.stderr)
@@ -456,9 +464,10 @@ class Runner:
 
     def spawn(self, command: Command, log: StepLog, step: str) -> int | None:
         log.emit("apply", command.line())
-        if self.mode is not Mode.APPLY or self.declared is not None:
+        if not self.acting:
             return None
         assert self.executor is not None
+        self.changed()
         return self.executor.spawn(command)
 
     @property

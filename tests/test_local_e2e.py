@@ -1,0 +1,144 @@
+"""The real thing on this machine: a local Ray cluster of simulated TPU
+hosts, MaxText training on CPU through Ray Train's JaxTrainer, elastic
+training through a lost and restored host, and a teardown that stops only
+this project's processes. Minutes, not seconds."""
+import os
+import re
+import signal
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import INVOKE, ROOT
+
+pytestmark = pytest.mark.e2e
+ENV = "e2e-local"
+
+
+@pytest.fixture(scope="module")
+def local(tmp_path_factory):
+    """A local environment of its own (ports, state folder), torn down after."""
+    d = tmp_path_factory.mktemp("e2e")
+    base = yaml.safe_load((ROOT / "inventory.yaml").read_text())["environments"]["local"]
+    env = {**base, "gcs_port": 6395, "dashboard_port": 8275, "ray_ip": "127.0.0.3"}
+    inv = d / "inventory.yaml"
+    inv.write_text(yaml.safe_dump({"default": ENV, "environments": {ENV: env}}))
+    shutil.rmtree(ROOT / ".state" / ENV, ignore_errors=True)
+    e = {k: v for k, v in os.environ.items() if not k.startswith("INVOKE_")}
+    e.update({"INVOKE_PLAYBOOK_INVENTORY": str(inv), "HOME": str(d), "RAY_USAGE_STATS_ENABLED": "0"})
+
+    def invoke(*args, timeout=900):
+        r = subprocess.run([INVOKE, *args], cwd=ROOT, env=e, capture_output=True, text=True, timeout=timeout)
+        return r.returncode, r.stdout + r.stderr
+
+    invoke.env = e
+    yield invoke
+    invoke("teardown", "--yes", timeout=120)
+
+
+def summary_value(out: str, key: str) -> str:
+    m = re.search(rf"^\s+{re.escape(key)}: (.+)$", out, re.M)
+    assert m, f"no {key!r} in the summary:\n{out[-3000:]}"
+    return m.group(1)
+
+
+def pids(name_glob: str) -> list[int]:
+    out = []
+    for p in (ROOT / ".state" / ENV / "nodes").glob(name_glob):
+        import json
+        out.append(json.loads(p.read_text())["pid"])
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
+
+
+def test_train_locally_to_succeeded(local):
+    rc, out = local("train", "--fresh")
+    assert rc == 0, out[-5000:]
+    assert re.search(r"Job 'rayjob-multi-slice-\d+' succeeded", out)
+    assert summary_value(out, "steps") == "20 (last step 19)"
+    loss = float(summary_value(out, "final loss"))
+    assert 0 < loss < 7.5  # it learned: step 0 is ~7.5 for a 1024-token vocabulary
+    assert 0 < float(summary_value(out, "median step time").split()[0]) < 10
+    assert float(summary_value(out, "tokens/s/device (median)")) > 0
+    assert summary_value(out, "parameters").startswith("0.002 billion (llama3-8b: 0.002 expected)")
+    assert "simulated TPU: 2 host(s) = 2 slice(s) of 1" in out
+    assert "changed: [train : job rayjob-multi-slice (llama3-8b)] job rayjob-multi-slice-1 SUCCEEDED" in out
+
+    # Converged: the cluster is reused, nothing changes.
+    rc, out = local("up")
+    assert rc == 0 and re.search(r"ok=\d+ changed=0 failed=0", out), out
+    # The run is complete: a second `invoke train` does not resubmit it.
+    rc, out = local("train")
+    assert rc == 0, out
+    assert "already trained to step 19 of 20: nothing to do" in out
+    assert "ray job submit" not in out
+
+
+def test_elastic_training_survives_a_lost_host(local):
+    """Kill a simulated TPU host mid-run (chaos.delete-worker); once the job
+    went on with fewer workers, start the host again (`invoke up`, the
+    idempotent bring-up) and see the job grow back and succeed."""
+    env = local.env
+    job = subprocess.Popen([INVOKE, "train", "--elastic", "--fresh", "--steps=100"], cwd=ROOT, env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen: list[str] = []
+
+    def wait_for(pattern: str, minutes: float = 10) -> None:
+        deadline = time.monotonic() + minutes * 60
+        for line in job.stdout:
+            seen.append(line)
+            if re.search(pattern, line):
+                return
+            assert time.monotonic() < deadline, f"no {pattern!r} within {minutes} minutes"
+        pytest.fail(f"the job ended before {pattern!r}:\n{''.join(seen)[-4000:]}")
+
+    try:
+        wait_for(r"completed step: 1[2-9]")
+        rc, chaos = local("chaos.delete-worker", "--restore-after=0", timeout=300)
+        assert rc == 0, chaos
+        assert "changed: [chaos : kill one TPU host] killed TPU host tpu-group-0-0" in chaos
+        wait_for(r"Started training worker group of size 1")
+        rc, up = local("up", timeout=300)
+        assert rc == 0, up
+        assert "changed: [local : TPU host tpu-group-0-0] TPU host tpu-group-0-0 joined" in up
+        rest, _ = job.communicate(timeout=900)
+        seen.append(rest)
+    finally:
+        if job.poll() is None:
+            job.send_signal(signal.SIGINT)
+            job.wait(30)
+    out = "".join(seen)
+    assert job.returncode == 0, out[-6000:]
+    assert summary_value(out, "worker group sizes") == "2 -> 1 -> 2"
+    restored = [int(x) for x in summary_value(out, "restored from checkpoint step(s)").split(", ")]
+    assert len(restored) >= 2 and all(s > 0 for s in restored), restored
+    assert "resize the worker group from 1 -> 2 workers" in out
+    assert summary_value(out, "steps").endswith("(last step 99)")
+
+
+def test_teardown_stops_only_this_projects_processes(local, tmp_path):
+    decoy_bin = tmp_path / "raylet"  # what `ray stop` would kill by name
+    shutil.copy("/bin/sleep", decoy_bin)
+    decoy = subprocess.Popen([str(decoy_bin), "300"])
+    try:
+        ours = pids("*.pid")
+        assert ours and all(alive(p) for p in ours)
+        rc, out = local("teardown", "--yes")
+        assert rc == 0, out
+        assert all(not alive(p) for p in ours)
+        assert decoy.poll() is None, "teardown killed a process it did not start"
+        rc, out = local("teardown", "--yes")
+        assert rc == 0 and re.search(r"ok=3 changed=0 failed=0", out), out
+    finally:
+        decoy.kill()
