@@ -130,9 +130,19 @@ def teardown(c, yes=False):
         s.run("teardown", plan.teardown_steps(s.env))
 
 
+@task
+def doctor(c):
+    """Check the installed gcloud, kubectl, ray and maxtext, and that every gcloud command of the plan parses."""
+    from playbooks import doctor as dr
+
+    with clean_errors():
+        s = open_session(c.config, "doctor")
+        s.run("doctor", dr.steps(s.env))
+
+
 chaos = Collection("chaos")
 chaos.add_task(delete_worker)
 
-ns = Collection(prereqs, network, cluster, nodepools, storage, raycluster, dashboard, up, train, teardown)
+ns = Collection(prereqs, network, cluster, nodepools, storage, raycluster, dashboard, up, train, teardown, doctor)
 ns.add_collection(chaos)
 ns.configure({"playbook": {"env": None, "inventory": None, "mode": "apply", "parallel": 1}})

@@ -72,3 +72,34 @@ def chaos_steps(env: Env, restore_after: float) -> list[Step]:
 
 def teardown_steps(env: Env) -> list[Step]:
     return teardown.steps(env)
+
+
+def all_commands(env: Env) -> list:
+    """Every command the tasks can run for this environment: each task's dry
+    run (nothing starts), plus the commands only a particular state brings
+    out (a broken node pool replaced, a run's checkpoints removed)."""
+    from .core.play import Playbook
+    from .core.recap import Reporter
+    from .core.runner import Mode, Runner
+    from .clients import gcloud
+
+    runner = Runner(Mode.DRY)
+    book = Playbook(runner, Reporter(lambda line: None))
+    book.run("up", up_steps(env))
+    for model in train.MODELS:
+        for elastic in (False, True):
+            sets = ["dcn_fsdp_parallelism=-1"] if elastic and model == "llama3-70b" else []
+            book.run("train", train_steps(env, train.build_job(env, model, elastic, sets=sets), {}))
+    book.run("chaos", chaos_steps(env, 0))
+    book.run("teardown", teardown_steps(env))
+    out = list(runner.recorded)
+    if env.kind != "local":
+        for i in range(env.slices if env.mode == "standard" else 0):
+            out.append(nodepools.delete_command(env, nodepools.nodepool_name(env, i)))
+        out.append(gcloud("storage", "rm", "--recursive", f"gs://{env.gs_bucket}/rayjob-multi-slice/"))
+    seen, unique = set(), []
+    for c in out:
+        if c.line() not in seen:
+            seen.add(c.line())
+            unique.append(c)
+    return unique

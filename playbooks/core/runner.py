@@ -346,6 +346,7 @@ class Runner:
         self._cache_lock = threading.Lock()
         self.probes_run = 0
         self.looked: list[str] = []
+        self.recorded: list[Command] = []  # every command probed or acted, in order
 
     # -- probes ---------------------------------------------------------
     def _fact_lock(self, key: str) -> threading.Lock:
@@ -382,8 +383,14 @@ class Runner:
         assert fact.parse is not None
         return fact.parse(raw)
 
+    def _record(self, command: Command | None) -> None:
+        while command is not None:
+            self.recorded.append(command)
+            command = command.pipe_from
+
     def _answer(self, fact: Fact, log: StepLog, step: str) -> tuple[Any, str]:
         self.looked.append(fact.key)
+        self._record(fact.command)
         if self.declared is not None:
             if fact.key not in self.declared:
                 raise UndeclaredFact(f"step {step!r}: probe not declared by the fixture: {fact.key}")
@@ -439,6 +446,7 @@ class Runner:
                 self.changed()
                 what.fn()
             return None
+        self._record(what)
         if what.background:
             log.emit("apply", what.line())
             if self.acting:
@@ -456,6 +464,7 @@ class Runner:
         return c
 
     def stream(self, command: Command, log: StepLog, step: str, on_line: Callable[[str], None]) -> Completed | None:
+        self._record(command)
         log.emit("apply", command.line())
         if self.mode is not Mode.APPLY or self.declared is not None:
             return None
@@ -463,6 +472,7 @@ class Runner:
         return self.executor.stream(command, on_line, label=step)
 
     def spawn(self, command: Command, log: StepLog, step: str) -> int | None:
+        self._record(command)
         log.emit("apply", command.line())
         if not self.acting:
             return None

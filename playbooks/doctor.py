@@ -1,0 +1,175 @@
+"""`invoke doctor`: are the tools here, at which versions, and does every
+gcloud command of this environment's plan parse with this machine's gcloud?
+
+The parse check runs gcloud's own argument parser (calliope) in gcloud's
+bundled Python, without running a command: ~20 lines in ~3 s where the CLI
+takes ~1.3 s a line. It relies on gcloud internals, so a known-good and a
+known-bad canary line ride along; if either answers wrong, the check falls
+back to the CLI itself (exit 2 = parse error; anything else got past the
+parser)."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from .clients import fact
+from .core.command import Command, PLACEHOLDER
+from .core.errors import ProbeFailed
+from .core.inventory import Env
+from .core.play import Outcome, StepContext
+from .core.recap import FAILED, OK
+from .core.runner import ABSENT, Action, Completed
+from .core.step import Step, fail, ok
+from .settings import ROOT, ray_version
+
+PLAY = "doctor"
+GOOD = ["compute", "networks", "list", "--format=json"]
+BAD = ["compute", "networks", "create", "doctor-canary", "--subnet-mode=nonsense"]
+
+
+def _version(pattern: str):
+    def parse(c: Completed) -> Any:
+        if c.rc == 127:
+            return ABSENT
+        m = re.search(pattern, c.stdout + c.stderr)
+        if not m:
+            raise ProbeFailed("version", c.line, c.rc, c.stdout, c.stderr, why="no version in its output")
+        return m.group(1)
+    return parse
+
+
+TOOLS = {  # name: (argv, version pattern, needed for)
+    "gcloud": (("gcloud", "version", "--format=json"), r'"Google Cloud SDK":\s*"([\d.]+)"', "gke"),
+    "gsutil": (("gsutil", "version"), r"gsutil version:?\s*([\d.]+)", "gke"),
+    "kubectl": (("kubectl", "version", "--client", "--output=json"), r'"gitVersion":\s*"v?([^"]+)"', "gke"),
+    "gke-gcloud-auth-plugin": (("gke-gcloud-auth-plugin", "--version"), r"([\d]+\.[\d.]+)", "gke"),
+    "envsubst": (("envsubst", "--version"), r"envsubst \(GNU gettext-runtime\) ([\d.]+)", "gke"),
+    "ray": (("ray", "--version"), r"ray, version ([\w.]+)", "all"),
+}
+
+
+def tool_step(env: Env, name: str) -> Step:
+    argv, pattern, need = TOOLS[name]
+    probe = fact(f"{name} version", Command(argv), _version(pattern), assumed="?")
+    if need == "gke" and env.kind == "local":
+        return Step(PLAY, name, lambda look: ok(), skip="not used by a local environment", id=f"doctor:{name}")
+
+    def decide(look):
+        v = look(probe)
+        if v is ABSENT:
+            return fail(f"{name} is not installed (or not on PATH)")
+        if name == "ray" and v not in ("?", ray_version()):
+            return fail(f"ray {v} on PATH, but requirements.lock pins {ray_version()}: run scripts/bootstrap")
+        return ok(f"{name} {v}")
+
+    return Step(PLAY, name, decide, id=f"doctor:{name}")
+
+
+def maxtext_step() -> Step:
+    def decide(look):
+        try:
+            v = metadata.version("maxtext")
+        except metadata.PackageNotFoundError:
+            return fail("maxtext is not installed in this Python: run scripts/bootstrap")
+        pinned = [l.split("==")[1] for l in (ROOT / "requirements.lock").read_text().splitlines()
+                  if l.startswith("maxtext==")]
+        if pinned and v != pinned[0]:
+            return fail(f"maxtext {v} installed, requirements.lock pins {pinned[0]}: run scripts/bootstrap")
+        return ok(f"maxtext {v}, jax {metadata.version('jax')}, libtpu {_libtpu()}")
+
+    return Step(PLAY, "maxtext", decide, id="doctor:maxtext")
+
+
+def _libtpu() -> str:
+    try:
+        return metadata.version("libtpu")
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def sdk_root() -> Path | None:
+    exe = shutil.which("gcloud")
+    if not exe:
+        return None
+    root = Path(os.path.realpath(exe)).parent.parent
+    return root if (root / "lib" / "googlecloudsdk").is_dir() else None
+
+
+def gcloud_lines(env: Env) -> list[list[str]]:
+    """The gcloud argv (without "gcloud") of every command of the plan,
+    placeholders given sample values."""
+    from .plan import all_commands
+    out = []
+    for c in all_commands(env):
+        if c.argv and c.argv[0] == "gcloud":
+            out.append([PLACEHOLDER.sub("123456789", a) for a in c.argv[1:]])
+    return out
+
+
+def parse_command(root: Path, lines_file: str) -> Command:
+    return Command((str(root / "platform" / "bundledpythonunix" / "bin" / "python3"),
+                    "playbooks/gcloud_parse.py", str(root)), stdin_file=lines_file)
+
+
+def parse_results(c: Completed) -> list[dict]:
+    if not c.ok:
+        raise ProbeFailed("gcloud parse", c.line, c.rc, c.stdout, c.stderr,
+                          why=f"gcloud's parser could not run: {c.first_error_line()}")
+    return [json.loads(l) for l in c.stdout.splitlines() if l.strip()]
+
+
+def parse_step(env: Env) -> Step:
+    lines = gcloud_lines(env)
+    path = ROOT / ".state" / env.name / "gcloud-lines.jsonl"
+    rel = str(path.relative_to(ROOT))
+
+    def run(ctx: StepContext) -> Outcome:
+        root = sdk_root()
+        if root is None and ctx.runner.probing:
+            return Outcome(FAILED, "gcloud is not installed (or not on PATH)")
+        root = root or Path("/usr/lib/google-cloud-sdk")
+
+        def write():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("".join(json.dumps(l) + "\n" for l in [GOOD, BAD, *lines]))
+
+        if ctx.runner.probing:
+            write()
+        else:
+            ctx.act(Action(f"# write the {len(lines)} gcloud command lines of the plan to {rel}", write))
+        results = ctx.look(fact("gcloud parse", parse_command(root, rel), parse_results, assumed=[],
+                                describe=lambda rs: f"{len(rs)} line(s) parsed"))
+        if not results:
+            return Outcome(OK, f"would parse {len(lines)} gcloud command lines")
+        good, bad, rest = results[0], results[1], results[2:]
+        if not good["ok"] or bad["ok"] or len(rest) != len(lines):
+            ctx.note("gcloud's parser answered a canary wrong: checking with the gcloud CLI itself")
+            rest = [cli_parse(ctx, l) for l in lines]
+        rejected = [r for r in rest if not r["ok"]]
+        for r in rejected:
+            ctx.echo(f"  rejected: gcloud {' '.join(r['argv'])}\n    {r['error']}")
+        if rejected:
+            return Outcome(FAILED, f"{len(rejected)} of {len(lines)} gcloud command lines do not parse with this gcloud")
+        return Outcome(OK, f"all {len(lines)} gcloud command lines of the plan parse with this gcloud")
+
+    return Step(PLAY, "gcloud commands parse", lambda look: None, run=run, id="doctor:parse",
+                skip="a local environment runs no gcloud command" if env.kind == "local" else None)
+
+
+def cli_parse(ctx: StepContext, argv: list[str]) -> dict:
+    """The CLI's own verdict: exit code 2 is a parse error."""
+    def parse(c: Completed) -> dict:
+        first = c.first_error_line()
+        return {"argv": argv, "ok": c.rc != 2, "error": first if c.rc == 2 else ""}
+    env = (("CLOUDSDK_CORE_DISABLE_PROMPTS", "1"),)
+    return ctx.look(fact("gcloud CLI parse", Command(("gcloud", *argv), env=env), parse,
+                         assumed={"argv": argv, "ok": True, "error": ""}))
+
+
+def steps(env: Env) -> list[Step]:
+    return [tool_step(env, n) for n in TOOLS] + [maxtext_step(), parse_step(env)]

@@ -1,0 +1,83 @@
+"""Every gcloud command the playbooks can emit (every task, every environment
+of the inventory, both cluster modes) is accepted by the installed gcloud's
+own argument parser; the parser agrees with the gcloud CLI."""
+import json
+import subprocess
+
+import pytest
+
+from playbooks.doctor import BAD, GOOD, gcloud_lines, sdk_root
+from playbooks.settings import load_inventory
+from tests.conftest import INVOKE, ROOT, env
+
+ROOT_SDK = sdk_root()
+pytestmark = pytest.mark.skipif(ROOT_SDK is None, reason="gcloud is not installed here")
+
+
+def parse(lines, hermetic):
+    py = ROOT_SDK / "platform" / "bundledpythonunix" / "bin" / "python3"
+    r = subprocess.run([str(py), str(ROOT / "playbooks" / "gcloud_parse.py"), str(ROOT_SDK)],
+                       input="".join(json.dumps(l) + "\n" for l in lines), capture_output=True, text=True,
+                       env=hermetic, timeout=300)
+    assert r.returncode == 0, r.stderr
+    return [json.loads(l) for l in r.stdout.splitlines()]
+
+
+def all_lines():
+    inv = load_inventory()
+    lines = []
+    for name in inv.names:
+        lines += gcloud_lines(inv.env(name))
+    # Both modes, more slices, another namespace: every branch of the plays.
+    lines += gcloud_lines(env("dev", slices=3, namespace="ml"))
+    lines += gcloud_lines(env("dev-autopilot", namespace="default"))
+    seen, out = set(), []
+    for l in lines:
+        if json.dumps(l) not in seen:
+            seen.add(json.dumps(l))
+            out.append(l)
+    return out
+
+
+def test_every_gcloud_command_of_every_plan_parses(hermetic):
+    lines = all_lines()
+    assert len(lines) > 40
+    results = parse([GOOD, BAD] + lines, hermetic)
+    assert results[0]["ok"] and not results[1]["ok"], "canaries: gcloud's parser is not usable as assumed"
+    assert "Invalid choice: 'nonsense'" in results[1]["error"]
+    rejected = [f"gcloud {' '.join(r['argv'])}: {r['error']}" for r in results[2:] if not r["ok"]]
+    assert rejected == []
+    kinds = {" ".join(l[:3]) for l in lines}
+    for must in ("container clusters create", "container clusters create-auto", "container node-pools create",
+                 "compute networks create", "storage buckets add-iam-policy-binding", "container clusters delete"):
+        assert must in kinds
+
+
+def test_parser_agrees_with_the_cli(hermetic):
+    """Known-good and known-bad lines through both: the CLI exits 2 on a parse
+    error and 1 ("no active account") once parsed."""
+    sample = [l for l in all_lines() if l[:2] in (["container", "node-pools"], ["container", "clusters"])][:4]
+    sample += [
+        ["container", "clusters", "create-auto", "c", "--enable-ray-operator", "--machine-type=n1-standard-16",
+         "--location=us-east5", "--cluster-version=1.35.2-gke.1842000"],  # why the tutorial's flag is left out
+        ["compute", "networks", "create", "n", "--subnet-mode=custom", "--mtu=lots"],
+        BAD,
+    ]
+    parsed = parse(sample, hermetic)
+    for line, p in zip(sample, parsed):
+        r = subprocess.run(["gcloud", *line], capture_output=True, text=True, env=hermetic, timeout=120)
+        assert (r.returncode != 2) == p["ok"], (line, r.returncode, r.stderr[:300], p)
+        if p["ok"]:
+            assert r.returncode == 1 and "do not currently have an active account" in r.stderr
+        else:
+            assert r.stderr.splitlines()[0].startswith("ERROR: (gcloud.")
+    assert [p["ok"] for p in parsed[-3:]] == [False, False, False]
+    assert "unrecognized arguments: --machine-type=n1-standard-16" in parsed[-3]["error"]
+
+
+def test_invoke_doctor_checks_the_plan(hermetic):
+    r = subprocess.run([INVOKE, "doctor"], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                       env={**hermetic, "INVOKE_PLAYBOOK_ENV": "dev"})
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "gcloud command lines of the plan parse with this gcloud" in r.stdout
+    assert "maxtext 0.2.5" in r.stdout
