@@ -61,11 +61,13 @@ def test_probe_error_stops_the_run_and_is_not_absent():
 def test_undeclared_probe_is_an_error():
     recap, out = run_with_facts(network.steps(DEV)[2:3], {NETS: []})
     assert recap.failed
-    assert "probe not declared by the fixture: gcloud compute networks subnets list" in out.text()
+    assert ("probe not declared by the fixture: CLOUDSDK_COMPUTE_ALLOW_PARTIAL_ERROR=false "
+            "gcloud compute networks subnets list") in out.text()
 
 
 def test_subnet_on_another_network_is_drift():
-    subs = ("gcloud compute networks subnets list --regions=us-east5 --format=json --project=my-tpu-project")
+    subs = ("CLOUDSDK_COMPUTE_ALLOW_PARTIAL_ERROR=false "
+            "gcloud compute networks subnets list --regions=us-east5 --format=json --project=my-tpu-project")
     other = {"name": "tpu-subnet-1", "network": "https://x/projects/p/global/networks/other-net",
              "ipCidrRange": "10.51.0.0/16"}
     recap, out = run_with_facts(network.steps(DEV)[2:3], {subs: [other]})
@@ -144,7 +146,8 @@ def test_binding_uses_the_looked_up_project_number():
 
 
 def test_teardown_leaves_a_subnet_of_another_network_alone():
-    subs = "gcloud compute networks subnets list --regions=us-east5 --format=json --project=my-tpu-project"
+    subs = ("CLOUDSDK_COMPUTE_ALLOW_PARTIAL_ERROR=false "
+            "gcloud compute networks subnets list --regions=us-east5 --format=json --project=my-tpu-project")
     other = {"name": "tpu-subnet-1", "network": "projects/p/global/networks/someone-else"}
     step = [s for s in teardown.steps(DEV) if s.id == "teardown:tpu-subnet-1"]
     recap, out = run_with_facts(step, {subs: [other]})
