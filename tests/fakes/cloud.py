@@ -1,0 +1,368 @@
+"""The harness: the fakes (GCP, the cluster's Kubernetes API, a Ray
+dashboard) on 127.0.0.1, a hermetic environment for the real clients, and
+``invoke`` run as a user would run it.
+
+Every client process gets a fresh HOME, CLOUDSDK_CONFIG and KUBECONFIG,
+endpoint overrides pointing at the fakes, the fakes' CA certificates, an
+access-token file for gcloud (and, through ``gcloud config config-helper``,
+for gke-gcloud-auth-plugin and so kubectl), and a boto config for gsutil
+(JSON API host/port and an OAuth refresh token the fake's token endpoint
+exchanges for the same access token). HTTP(S)_PROXY points at a sink on
+127.0.0.1 that records any request meant for somewhere else, so a stray call
+to a real Google host fails fast and is seen (``Cloud.stray``).
+
+``cloud_session`` is a module-scoped pytest fixture; ``cloud`` gives each
+test empty fakes and fresh client folders.
+"""
+from __future__ import annotations
+
+import re
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+import yaml
+
+from .dashboard import FakeDashboard
+from .gcp import FakeGcp, KubeLink, changes
+from .kube import FakeKube
+from .server import Request
+from .tls import make_pki
+
+ROOT = Path(__file__).resolve().parents[2]
+VENV_BIN = ROOT / ".venv" / "bin"
+INVOKE = VENV_BIN / "invoke"
+TOKEN = "ya29.fake-access-token-for-tests"
+PROJECT = "fake-tpu-project"
+PROJECT_NUMBER = "123456789012"
+USER = "tester@example.com"
+
+# Environment names unique to these tests (the tool keeps .state/<env>/).
+STANDARD = "clients-test-standard"
+AUTOPILOT = "clients-test-autopilot"
+
+RECAP = re.compile(r"^(?P<play>\S+) (?P<env>\S+): ok=(?P<ok>\d+) changed=(?P<changed>\d+) "
+                   r"failed=(?P<failed>\d+) skipped=(?P<skipped>\d+)", re.M)
+
+
+def inventory(dashboard_port: int) -> dict:
+    """Two GKE environments with the tutorial's shape: Standard (zonal, node
+    pools) and Autopilot (regional, its own namespace)."""
+    common = {"kind": "gke", "project_id": PROJECT, "region": "us-east5", "zone": "us-east5-b",
+              "cluster_version": "1.35.2-gke.1842000", "ksa_name": "maxtext-ksa", "user_identifier": USER,
+              "dashboard_port": dashboard_port}
+    return {"default": STANDARD, "environments": {
+        STANDARD: dict(common, mode="standard", cluster_name="maxtext-multislice", gs_bucket=f"{PROJECT}-ckpt",
+                       namespace="default", slices=2, topology="4x4", machine_type="ct6e-standard-4t"),
+        AUTOPILOT: dict(common, mode="autopilot", cluster_name="maxtext-autopilot",
+                        gs_bucket=f"{PROJECT}-autopilot", namespace="maxtext"),
+    }}
+
+
+class StraySink:
+    """A proxy that proxies nothing: it records the first line of each
+    request (``CONNECT host:443``, ``GET http://metadata...``) and refuses."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.port = self.sock.getsockname()[1]
+        self._stop = False
+        threading.Thread(target=self._loop, name="stray-sink", daemon=True).start()
+
+    def _loop(self) -> None:
+        while not self._stop:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                conn.settimeout(2)
+                try:
+                    line = conn.recv(4096).split(b"\r\n", 1)[0].decode(errors="replace")
+                except OSError:
+                    line = "(no request line)"
+                self.lines.append(line)
+                try:
+                    conn.sendall(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self._stop = True
+        self.sock.close()
+
+
+@dataclass
+class Run:
+    """One ``invoke`` run: its exit code, its output, and what the fakes
+    received while it ran."""
+
+    args: tuple[str, ...]
+    rc: int
+    out: str
+    gcp: list[Request]
+    kube: list[Request]
+    seconds: float
+
+    @property
+    def requests(self) -> list[Request]:
+        return sorted(self.gcp + self.kube, key=lambda r: r.at)
+
+    @property
+    def changes(self) -> list[Request]:
+        """Requests that can change state, at both fakes."""
+        return [r for r in self.requests if changes(r)]
+
+    def recaps(self) -> list[dict[str, Any]]:
+        return [{k: (int(v) if v.isdigit() else v) for k, v in m.groupdict().items()}
+                for m in RECAP.finditer(self.out)]
+
+    def calls(self, method: str, pattern: str) -> list[Request]:
+        return [r for r in self.requests if r.method == method and re.search(pattern, r.path)]
+
+    def __str__(self) -> str:
+        reqs = "\n".join(f"  {r.method} {r.path} -> {r.status}" for r in self.requests)
+        return f"$ invoke {' '.join(self.args)}  (exit {self.rc}, {self.seconds:.1f}s)\n{self.out}\nrequests:\n{reqs}"
+
+
+@dataclass
+class Cloud:
+    """The fakes, the client environment and the runner."""
+
+    base: Path
+    gcp: FakeGcp
+    kube: FakeKube
+    dashboard: FakeDashboard
+    sink: StraySink
+    inventory_path: Path
+    clients: Path = field(init=False)
+    runs: list[Run] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.clients = self.base / "clients-0"
+        self._n = 0
+
+    # -- client environment ------------------------------------------------------
+    def fresh_clients(self) -> None:
+        """New, empty HOME / CLOUDSDK_CONFIG / KUBECONFIG for the next runs."""
+        self._n += 1
+        self.clients = self.base / f"clients-{self._n}"
+        for d in ("home", "gcloud", "kube"):
+            (self.clients / d).mkdir(parents=True, exist_ok=True)
+        (self.clients / "token").write_text(TOKEN + "\n")
+        (self.clients / "boto.cfg").write_text(
+            "[Credentials]\n"
+            "gs_json_host = 127.0.0.1\n"
+            f"gs_json_port = {self.gcp.server.port}\n"
+            "gs_oauth2_refresh_token = fake-refresh-token\n"
+            "[OAuth2]\n"
+            f"provider_token_uri = {self.gcp.url}/oauth2/token\n"
+            "client_id = fake-client-id\n"
+            "client_secret = fake-client-secret\n"
+            "[GSUtil]\n"
+            "software_update_check_period = 0\n")
+
+    def env(self, env_name: str = STANDARD, **extra: str) -> dict[str, str]:
+        """The whole environment of a client process: nothing inherited but
+        the system PATH's tools and a locale."""
+        c = self.clients
+        env = {
+            "PATH": f"{VENV_BIN}:/usr/local/bin:/usr/bin:/bin",
+            "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "TMPDIR": str(self.base / "tmp"),
+            "HOME": str(c / "home"),
+            "CLOUDSDK_CONFIG": str(c / "gcloud"),
+            "KUBECONFIG": str(c / "kube" / "config"),
+            "BOTO_CONFIG": str(c / "boto.cfg"),
+            "CLOUDSDK_AUTH_ACCESS_TOKEN_FILE": str(c / "token"),
+            "CLOUDSDK_CORE_CUSTOM_CA_CERTS_FILE": str(self.gcp.server.pki.ca_file),
+            "CLOUDSDK_METRICS_ENVIRONMENT": "playbook-client-tests",
+            "CLOUDSDK_CORE_DISABLE_PROMPTS": "1",
+            "CLOUDSDK_CORE_DISABLE_USAGE_REPORTING": "true",
+            "CLOUDSDK_CORE_CHECK_GCE_METADATA": "false",
+            "CLOUDSDK_COMPONENT_MANAGER_DISABLE_UPDATE_CHECK": "true",
+            "CLOUDSDK_SURVEY_DISABLE_PROMPTS": "true",
+            "NO_GCE_CHECK": "True",
+            "GCE_METADATA_HOST": f"127.0.0.1:{self.sink.port}",
+            "GCE_METADATA_IP": f"127.0.0.1:{self.sink.port}",
+            "HTTPS_PROXY": f"http://127.0.0.1:{self.sink.port}",
+            "HTTP_PROXY": f"http://127.0.0.1:{self.sink.port}",
+            "https_proxy": f"http://127.0.0.1:{self.sink.port}",
+            "http_proxy": f"http://127.0.0.1:{self.sink.port}",
+            "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost",
+            "RAY_USAGE_STATS_ENABLED": "0",
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "INVOKE_PLAYBOOK_INVENTORY": str(self.inventory_path),
+            "INVOKE_PLAYBOOK_ENV": env_name,
+        }
+        for api, url in self.gcp.endpoints().items():
+            env[f"CLOUDSDK_API_ENDPOINT_OVERRIDES_{api}"] = url
+        (self.base / "tmp").mkdir(exist_ok=True)
+        env.update(extra)
+        return env
+
+    # -- running -------------------------------------------------------------------
+    def invoke(self, *args: str, env_name: str = STANDARD, timeout: float = 600, **extra: str) -> Run:
+        g, k = self.gcp.server.mark(), self.kube.server.mark()
+        start = time.monotonic()
+        p = subprocess.run([str(INVOKE), *args], env=self.env(env_name, **extra), cwd=ROOT,
+                           stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True, timeout=timeout)
+        run = Run(tuple(args), p.returncode, p.stdout, self.gcp.server.since(g), self.kube.server.since(k),
+                  time.monotonic() - start)
+        self.runs.append(run)
+        return run
+
+    def client(self, *argv: str, env_name: str = STANDARD) -> subprocess.CompletedProcess:
+        """One client command (gcloud, kubectl) in the same environment."""
+        return subprocess.run(list(argv), env=self.env(env_name), cwd=ROOT, stdin=subprocess.DEVNULL,
+                              capture_output=True, text=True, timeout=120)
+
+    # -- state -----------------------------------------------------------------------
+    def reset(self) -> None:
+        self.gcp.reset()
+        self.kube.reset()
+        self.sink.lines.clear()
+        self.fresh_clients()
+
+    def envdata(self, name: str = STANDARD):
+        """The environment as the playbooks see it (validated, with derived keys)."""
+        from playbooks.settings import load_inventory
+        return load_inventory(self.inventory_path).env(name)
+
+    # Seeds: put the fakes in the state a finished `invoke up` leaves, piece by
+    # piece, without running clients (fast); shapes as the real API shows them.
+    def seed_project(self) -> None:
+        g = self.gcp
+        g.st.services |= {"container.googleapis.com", "cloudbuild.googleapis.com"}
+        policy = g._policy()
+        for role in ("roles/container.admin", "roles/iam.serviceAccountAdmin", "roles/cloudbuild.builds.editor"):
+            policy["bindings"].append({"role": role, "members": [f"user:{USER}"]})
+
+    def seed_networks(self, mtu: int = 8896, env_name: str = STANDARD) -> None:
+        e = self.envdata(env_name)
+        for i, cidr in ((1, e.subnet_1_range), (2, e.subnet_2_range)):
+            self.gcp.add_network(f"{e.cluster_name}-net-{i}", mtu=mtu)
+            self.gcp.add_subnet(e.region, f"tpu-subnet-{i}", f"{e.cluster_name}-net-{i}", cidr)
+
+    def seed_cluster(self, env_name: str = STANDARD) -> dict:
+        e = self.envdata(env_name)
+        spec: dict[str, Any] = {"name": e.cluster_name, "initialClusterVersion": e.cluster_version,
+                                "addonsConfig": {"rayOperatorConfig": {"enabled": True}}}
+        if e.mode == "autopilot":
+            spec["autopilot"] = {"enabled": True}
+            return self.gcp.add_cluster(e.region, spec)
+        spec["addonsConfig"]["gcsFuseCsiDriverConfig"] = {"enabled": True}
+        spec["workloadIdentityConfig"] = {"workloadPool": f"{PROJECT}.svc.id.goog"}
+        spec["networkConfig"] = {"datapathProvider": "ADVANCED_DATAPATH"}
+        spec["nodePools"] = [{"name": "default-pool", "initialNodeCount": 3,
+                              "config": {"machineType": "n1-standard-16"}}]
+        return self.gcp.add_cluster(e.zone, spec)
+
+    def pool_spec(self, name: str, topology: str = "4x4", nodes: int = 4, env_name: str = STANDARD) -> dict:
+        """A TPU node pool as `gcloud container node-pools create` asks for it."""
+        e = self.envdata(env_name)
+        return {"name": name, "initialNodeCount": nodes,
+                "config": {"machineType": e.machine_type, "gvnic": {"enabled": True},
+                           "advancedMachineFeatures": {"threadsPerCore": "1"},
+                           "labels": {"cloud.google.com/gke-networking-dra-driver": "true"},
+                           "oauthScopes": ["https://www.googleapis.com/auth/cloud-platform"]},
+                "placementPolicy": {"tpuTopology": topology, "type": "COMPACT"},
+                "networkConfig": {"additionalNodeNetworkConfigs": [
+                    {"network": f"{e.cluster_name}-net-1", "subnetwork": "tpu-subnet-1"},
+                    {"network": f"{e.cluster_name}-net-2", "subnetwork": "tpu-subnet-2"}]}}
+
+    def seed_pools(self, topology: str = "4x4", env_name: str = STANDARD) -> None:
+        e = self.envdata(env_name)
+        for i in range(e.slices):
+            self.gcp.add_pool(e.zone, e.cluster_name, self.pool_spec(f"v6e-16-{i}", topology, env_name=env_name))
+
+    def seed_bucket(self, objects: tuple[str, ...] = (), env_name: str = STANDARD) -> None:
+        e = self.envdata(env_name)
+        self.gcp.add_bucket(e.gs_bucket, e.region)
+        for o in objects:
+            self.gcp.add_object(e.gs_bucket, o)
+        member = (f"principal://iam.googleapis.com/projects/{PROJECT_NUMBER}/locations/global/workloadIdentityPools/"
+                  f"{PROJECT}.svc.id.goog/subject/ns/{e.namespace}/sa/{e.ksa_name}")
+        self.gcp.st.bucket_iam[e.gs_bucket]["bindings"].append({"role": "roles/storage.objectUser",
+                                                                "members": [member]})
+
+    def seed_kube(self, env_name: str = STANDARD) -> None:
+        """The KSA, the DRANET claim template and a ready RayCluster with its pods,
+        from the repository's manifest rendered with the environment's values."""
+        e = self.envdata(env_name)
+        from playbooks import raycluster, tutorial
+        from playbooks.core.render import render
+        if e.namespace != "default":
+            self.kube.create("namespaces", {"metadata": {"name": e.namespace}})
+        self.kube.create("serviceaccounts", {"metadata": {"name": e.ksa_name, "namespace": e.namespace}})
+        text = render((ROOT / tutorial.RAYCLUSTER_MANIFEST).read_text(), raycluster.manifest_values(e))
+        for doc in yaml.safe_load_all(text):
+            plural = {"RayCluster": "rayclusters", "ResourceClaimTemplate": "resourceclaimtemplates"}[doc["kind"]]
+            self.kube.create(plural, doc)
+
+    def seed_full(self, env_name: str = STANDARD) -> None:
+        self.seed_project()
+        self.seed_networks(env_name=env_name)
+        self.seed_cluster(env_name)
+        if self.envdata(env_name).mode == "standard":
+            self.seed_pools(env_name=env_name)
+        self.seed_bucket(("rayjob-elastic-8b/checkpoints/10/state", "rayjob-elastic-8b/checkpoints/10/meta",
+                          "notes.txt"), env_name=env_name)
+        self.seed_kube(env_name)
+
+    def get_credentials(self, env_name: str = STANDARD) -> None:
+        """The real `gcloud container clusters get-credentials`, so kubectl can
+        reach the fake cluster (as after `invoke up`)."""
+        e = self.envdata(env_name)
+        loc = e.region if e.mode == "autopilot" else e.zone
+        p = self.client("gcloud", "container", "clusters", "get-credentials", e.cluster_name,
+                        f"--location={loc}", f"--project={PROJECT}", env_name=env_name)
+        assert p.returncode == 0, p.stderr
+
+
+@pytest.fixture(scope="module")
+def cloud_session(tmp_path_factory, request) -> Iterator[Cloud]:
+    base = tmp_path_factory.mktemp("fakecloud")
+    kube_pki = make_pki(base / "pki", "kube")
+    gcp_pki = make_pki(base / "pki", "gcp")
+    kube = FakeKube(kube_pki, TOKEN).start()
+    gcp = FakeGcp(gcp_pki, PROJECT, PROJECT_NUMBER, TOKEN,
+                  kube=KubeLink(kube.endpoint, kube_pki.ca_pem, on_delete=lambda c: kube.reset()))
+    gcp.start()
+    def ray_pods() -> list[dict]:
+        return [p for p in kube.list("pods") if (p["metadata"].get("labels") or {}).get("ray.io/is-ray-node")]
+
+    dash = FakeDashboard(ray_pods).start()
+    sink = StraySink()
+    inv = base / "inventory.yaml"
+    inv.write_text(yaml.safe_dump(inventory(dash.port), sort_keys=False))
+    for name in (STANDARD, AUTOPILOT):
+        shutil.rmtree(ROOT / ".state" / name, ignore_errors=True)
+    cloud = Cloud(base, gcp, kube, dash, sink, inv)
+    cloud.fresh_clients()
+    try:
+        yield cloud
+    finally:
+        for s in (gcp, kube, dash):
+            s.stop()
+        sink.close()
+        if not request.session.testsfailed:
+            for name in (STANDARD, AUTOPILOT):
+                shutil.rmtree(ROOT / ".state" / name, ignore_errors=True)
+
+
+@pytest.fixture
+def cloud(cloud_session: Cloud) -> Iterator[Cloud]:
+    """Empty fakes and fresh client folders for each test; no stray traffic."""
+    cloud_session.reset()
+    yield cloud_session
+    assert not cloud_session.sink.lines, f"requests left 127.0.0.1: {cloud_session.sink.lines}"

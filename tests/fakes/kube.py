@@ -1,0 +1,461 @@
+"""A small fake of a GKE cluster's Kubernetes API server, over HTTPS with its
+own CA, enough for kubectl: /version, legacy discovery, namespaced CRUD with
+label and field selectors, client-side ``kubectl apply`` (GET, then POST or
+PATCH), and a stand-in for KubeRay that makes a RayCluster ready and gives it
+pods (one head, ``replicas x numOfHosts`` workers labelled
+``ray.io/node-type=worker``), recreating a worker pod that is deleted.
+"""
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+import re
+import threading
+import time
+import uuid
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+from .server import FakeServer, HttpError, Request, Response
+from .tls import Pki
+
+VERSION = {"major": "1", "minor": "35", "gitVersion": "v1.35.2-gke.1842000",
+           "gitCommit": "0000000000000000000000000000000000000000", "gitTreeState": "clean",
+           "buildDate": "2025-01-01T00:00:00Z", "goVersion": "go1.24.4", "compiler": "gc",
+           "platform": "linux/amd64"}
+
+_VERBS = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
+
+
+@dataclass(frozen=True)
+class Kind:
+    group: str          # "" for the core group
+    version: str
+    plural: str
+    kind: str
+    namespaced: bool = True
+    short: tuple[str, ...] = ()
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    @property
+    def prefix(self) -> str:
+        return f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
+
+    def resource(self) -> dict:
+        return {"name": self.plural, "singularName": self.kind.lower(), "namespaced": self.namespaced,
+                "kind": self.kind, "verbs": _VERBS, **({"shortNames": list(self.short)} if self.short else {})}
+
+
+KINDS = (
+    Kind("", "v1", "namespaces", "Namespace", namespaced=False, short=("ns",)),
+    Kind("", "v1", "serviceaccounts", "ServiceAccount", short=("sa",)),
+    Kind("", "v1", "pods", "Pod", short=("po",)),
+    Kind("", "v1", "services", "Service", short=("svc",)),
+    Kind("ray.io", "v1", "rayclusters", "RayCluster"),
+    Kind("ray.io", "v1", "rayjobs", "RayJob"),
+    Kind("resource.k8s.io", "v1", "resourceclaimtemplates", "ResourceClaimTemplate"),
+    Kind("resource.k8s.io", "v1", "resourceclaims", "ResourceClaim"),
+    Kind("resource.k8s.io", "v1", "deviceclasses", "DeviceClass", namespaced=False),
+)
+
+
+def status(code: int, reason: str, message: str, **details: Any) -> dict:
+    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": message,
+            "reason": reason, "details": details, "code": code}
+
+
+def not_found(kind: Kind, name: str) -> HttpError:
+    what = f"{kind.plural}.{kind.group}" if kind.group else kind.plural
+    return HttpError(404, status(404, "NotFound", f'{what} "{name}" not found', name=name, kind=kind.plural,
+                                 **({"group": kind.group} if kind.group else {})))
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch (also used, approximately, for strategic
+    merge patches: lists are replaced, directives dropped)."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    out = dict(target) if isinstance(target, dict) else {}
+    for k, v in patch.items():
+        if k.startswith("$"):
+            continue
+        if v is None:
+            out.pop(k, None)
+        else:
+            out[k] = merge_patch(out.get(k), v)
+    return out
+
+
+def _matches(labels: dict, selector: str) -> bool:
+    for term in filter(None, (t.strip() for t in selector.split(","))):
+        m = re.match(r"^([^!=\s]+)\s*(==|=|!=)\s*(.*)$", term)
+        if m:
+            k, op, v = m.groups()
+            if (labels.get(k) == v) != (op != "!="):
+                return False
+        elif term.startswith("!"):
+            if term[1:] in labels:
+                return False
+        elif term not in labels:
+            return False
+    return True
+
+
+def _field_matches(obj: dict, selector: str) -> bool:
+    for term in filter(None, (t.strip() for t in selector.split(","))):
+        k, _, v = term.partition("=")
+        k, v = k.rstrip("="), v.lstrip("=")
+        path = {"metadata.name": obj["metadata"].get("name"),
+                "metadata.namespace": obj["metadata"].get("namespace")}.get(k)
+        if path != v:
+            return False
+    return True
+
+
+# -- protobuf: kubectl sends built-in objects (``kubectl create sa``) as
+# application/vnd.kubernetes.protobuf. The fake reads the envelope and the
+# ObjectMeta (field 1 of every top-level object); other fields are dropped.
+def _varint(buf: bytes, i: int) -> tuple[int, int]:
+    shift = n = 0
+    while True:
+        b = buf[i]
+        i += 1
+        n |= (b & 0x7F) << shift
+        shift += 7
+        if not b & 0x80:
+            return n, i
+
+
+def _fields(buf: bytes) -> list[tuple[int, Any]]:
+    out, i = [], 0
+    while i < len(buf):
+        key, i = _varint(buf, i)
+        num, wire = key >> 3, key & 7
+        if wire == 0:
+            v, i = _varint(buf, i)
+        elif wire == 2:
+            n, i = _varint(buf, i)
+            v, i = buf[i:i + n], i + n
+        elif wire == 1:
+            v, i = buf[i:i + 8], i + 8
+        elif wire == 5:
+            v, i = buf[i:i + 4], i + 4
+        else:
+            raise ValueError(f"protobuf wire type {wire}")
+        out.append((num, v))
+    return out
+
+
+def _object_meta(buf: bytes) -> dict:
+    md: dict[str, Any] = {}
+    names = {1: "name", 2: "generateName", 3: "namespace"}
+    for num, v in _fields(buf):
+        if num in names:
+            md[names[num]] = v.decode()
+        elif num in (11, 12):
+            entry = dict(_fields(v))
+            md.setdefault("labels" if num == 11 else "annotations", {})[entry.get(1, b"").decode()] = \
+                entry.get(2, b"").decode()
+    return md
+
+
+def decode_protobuf(data: bytes) -> dict:
+    if not data.startswith(b"k8s\x00"):
+        raise ValueError("not a Kubernetes protobuf envelope")
+    env = dict(_fields(data[4:]))
+    tm = dict(_fields(env.get(1, b"")))
+    obj = {"apiVersion": tm.get(1, b"").decode(), "kind": tm.get(2, b"").decode()}
+    for num, v in _fields(env.get(2, b"")):
+        if num == 1:
+            obj["metadata"] = _object_meta(v)
+    return obj
+
+
+def openapi_v3_root() -> dict:
+    gvs = sorted({k.prefix.lstrip("/") for k in KINDS})
+    return {"paths": {gv: {"serverRelativeURL": f"/openapi/v3/{gv}?hash={zlib.crc32(gv.encode()):08X}"} for gv in gvs}}
+
+
+def openapi_v3_doc(gv_path: str) -> dict | None:
+    """Just enough OpenAPI v3 for kubectl to see that the server validates
+    fields itself (a PATCH with a fieldValidation query parameter per kind),
+    so that it sends fieldValidation=Strict rather than validating locally."""
+    kinds = [k for k in KINDS if k.prefix.lstrip("/") == gv_path]
+    if not kinds:
+        return None
+    paths = {}
+    for k in kinds:
+        ns = "/namespaces/{namespace}" if k.namespaced else ""
+        paths[f"{k.prefix}{ns}/{k.plural}/{{name}}"] = {"patch": {
+            "operationId": f"patch{k.kind}",
+            "x-kubernetes-action": "patch",
+            "x-kubernetes-group-version-kind": {"group": k.group, "version": k.version, "kind": k.kind},
+            "parameters": [{"name": "fieldValidation", "in": "query", "schema": {"type": "string"}},
+                           {"name": "fieldManager", "in": "query", "schema": {"type": "string"}}],
+            "responses": {"200": {"description": "OK"}}}}
+    return {"openapi": "3.0.0", "info": {"title": "Kubernetes", "version": VERSION["gitVersion"]},
+            "paths": paths, "components": {"schemas": {}}}
+
+
+class FakeKube:
+    """The cluster's API server and its controllers (KubeRay's part)."""
+
+    def __init__(self, pki: Pki, token: str):
+        self.pki, self.token = pki, token
+        self.lock = threading.RLock()
+        self._rv = itertools.count(1000)
+        self.objects: dict[tuple[str, str, str], dict] = {}   # (plural, namespace, name) -> object
+        self.ray_ready = True       # KubeRay makes a RayCluster ready at once
+        self.server = FakeServer("kube", pki, self.handle, self.check_auth)
+        self.url = self.server.url
+        self.endpoint = self.url.split("://", 1)[1]
+        self.reset()
+
+    def start(self) -> "FakeKube":
+        self.server.start()
+        return self
+
+    def stop(self) -> None:
+        self.server.stop()
+
+    def reset(self) -> None:
+        """A new, empty cluster: its built-in namespaces and default service accounts."""
+        with self.lock:
+            self.objects.clear()
+            for ns in ("default", "kube-system", "kube-public"):
+                self._put(KIND["namespaces"], {"metadata": {"name": ns}, "spec": {"finalizers": ["kubernetes"]},
+                                               "status": {"phase": "Active"}})
+                self._put(KIND["serviceaccounts"], {"metadata": {"name": "default", "namespace": ns}})
+            self._put(KIND["deviceclasses"], {"metadata": {"name": "netdev.google.com"}, "spec": {}})
+        self.server.clear_faults()
+
+    @property
+    def requests(self) -> list[Request]:
+        return self.server.since(0)
+
+    # -- store ----------------------------------------------------------------
+    def _put(self, kind: Kind, obj: dict) -> dict:
+        obj = copy.deepcopy(obj)
+        md = obj.setdefault("metadata", {})
+        obj["apiVersion"], obj["kind"] = kind.api_version, kind.kind
+        if not kind.namespaced:
+            md.pop("namespace", None)
+        key = (kind.plural, md.get("namespace", "") if kind.namespaced else "", md["name"])
+        old = self.objects.get(key)
+        md.setdefault("uid", old["metadata"]["uid"] if old else str(uuid.uuid4()))
+        md.setdefault("creationTimestamp", old["metadata"]["creationTimestamp"] if old else
+                      time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+        md["resourceVersion"] = str(next(self._rv))
+        if old is None or old.get("spec") != obj.get("spec"):
+            md["generation"] = (old["metadata"].get("generation", 0) if old else 0) + 1
+        else:
+            md["generation"] = old["metadata"].get("generation", 1)
+        self.objects[key] = obj
+        return obj
+
+    def get(self, plural: str, name: str, namespace: str = "") -> dict | None:
+        return self.objects.get((plural, namespace if KIND[plural].namespaced else "", name))
+
+    def list(self, plural: str, namespace: str | None = None, selector: str = "") -> list[dict]:
+        return [o for (p, ns, _), o in sorted(self.objects.items())
+                if p == plural and (namespace is None or ns == namespace)
+                and _matches(o["metadata"].get("labels") or {}, selector)]
+
+    def create(self, plural: str, obj: dict) -> dict:
+        """Create as the API server would, then let the controllers react."""
+        with self.lock:
+            kind = KIND[plural]
+            out = self._put(kind, obj)
+            self._react(kind, out)
+            return out
+
+    def delete(self, plural: str, name: str, namespace: str = "") -> dict | None:
+        with self.lock:
+            kind = KIND[plural]
+            obj = self.objects.pop((plural, namespace if kind.namespaced else "", name), None)
+            if obj is not None:
+                self._reacted_delete(kind, obj)
+            return obj
+
+    # -- HTTP -------------------------------------------------------------------
+    def check_auth(self, req: Request) -> None:
+        if req.headers.get("authorization") != f"Bearer {self.token}":
+            raise HttpError(401, status(401, "Unauthorized", "Unauthorized"))
+
+    def handle(self, req: Request) -> Response:
+        path = req.path.rstrip("/") or "/"
+        if path == "/version":
+            return Response(200, VERSION)
+        if path == "/openapi/v3":
+            return Response(200, openapi_v3_root())
+        if path.startswith("/openapi/v3/"):
+            doc = openapi_v3_doc(path[len("/openapi/v3/"):])
+            if doc is not None:
+                return Response(200, doc)
+        if path == "/api":
+            return Response(200, {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": [
+                {"clientCIDR": "0.0.0.0/0", "serverAddress": self.endpoint}]})
+        if path == "/apis":
+            return Response(200, {"kind": "APIGroupList", "apiVersion": "v1", "groups": [
+                {"name": g, "versions": [{"groupVersion": f"{g}/{v}", "version": v}],
+                 "preferredVersion": {"groupVersion": f"{g}/{v}", "version": v}}
+                for g, v in sorted({(k.group, k.version) for k in KINDS if k.group})]})
+        for gv_path in {k.prefix for k in KINDS}:
+            if path == gv_path:
+                kinds = [k for k in KINDS if k.prefix == gv_path]
+                resources = [k.resource() for k in kinds]
+                for k in kinds:
+                    if k.plural in ("rayclusters", "pods"):
+                        resources.append({"name": f"{k.plural}/status", "singularName": "", "namespaced": True,
+                                          "kind": k.kind, "verbs": ["get", "patch", "update"]})
+                return Response(200, {"kind": "APIResourceList", "apiVersion": "v1",
+                                      "groupVersion": kinds[0].api_version, "resources": resources})
+        m = re.match(r"^(/api/v1|/apis/[^/]+/[^/]+)(?:/namespaces/([^/]+))?/([^/]+)(?:/([^/]+))?(?:/(status))?$",
+                     path)
+        if not m:
+            raise HttpError(404, status(404, "NotFound", "the server could not find the requested resource"))
+        prefix, ns, plural, name, sub = m.groups()
+        kind = KIND.get(plural)
+        if kind is None or kind.prefix != prefix or (ns is not None and not kind.namespaced):
+            raise HttpError(404, status(404, "NotFound", "the server could not find the requested resource"))
+        with self.lock:
+            return self._crud(req, kind, ns or "", name, sub)
+
+    @staticmethod
+    def body(req: Request) -> Any:
+        """A request's body, JSON or (kubectl create) protobuf, as a dict."""
+        if "protobuf" in req.headers.get("content-type", ""):
+            return decode_protobuf(req.raw)
+        return req.body
+
+    def _crud(self, req: Request, kind: Kind, ns: str, name: str | None, sub: str | None) -> Response:
+        if kind.namespaced and ns and self.get("namespaces", ns) is None and req.method != "GET":
+            raise HttpError(404, status(404, "NotFound", f'namespaces "{ns}" not found', name=ns, kind="namespaces"))
+        if name is None:
+            if req.method == "GET":
+                items = [o for o in self.list(kind.plural, ns if kind.namespaced and ns else None,
+                                              req.query.get("labelSelector", ""))
+                         if _field_matches(o, req.query.get("fieldSelector", ""))]
+                if req.query.get("watch") in ("true", "1"):
+                    # One event per object, then the stream ends (kubectl lists first anyway).
+                    body = "".join(json.dumps({"type": "ADDED", "object": o}) + "\n" for o in items)
+                    return Response(200, body.encode(), {"Content-Type": "application/json"})
+                return Response(200, {"kind": f"{kind.kind}List", "apiVersion": kind.api_version,
+                                      "metadata": {"resourceVersion": str(next(self._rv))}, "items": items})
+            if req.method == "POST":
+                obj = self.body(req)
+                if not isinstance(obj, dict) or not (obj.get("metadata") or {}).get("name"):
+                    raise HttpError(422, status(422, "Invalid", f"{kind.kind} is invalid: metadata.name: Required value"))
+                if kind.namespaced:
+                    obj["metadata"]["namespace"] = obj["metadata"].get("namespace") or ns
+                if self.get(kind.plural, obj["metadata"]["name"], ns) is not None:
+                    what = f"{kind.plural}.{kind.group}" if kind.group else kind.plural
+                    raise HttpError(409, status(409, "AlreadyExists", f'{what} "{obj["metadata"]["name"]}" already exists',
+                                                name=obj["metadata"]["name"], kind=kind.plural))
+                obj.pop("status", None)
+                return Response(201, self.create(kind.plural, obj))
+            raise HttpError(405, status(405, "MethodNotAllowed", "method not allowed"))
+        cur = self.get(kind.plural, name, ns)
+        if req.method == "GET":
+            if cur is None:
+                raise not_found(kind, name)
+            return Response(200, cur)
+        if cur is None:
+            raise not_found(kind, name)
+        if req.method == "DELETE":
+            return Response(200, self.delete(kind.plural, name, ns))
+        if req.method in ("PATCH", "PUT"):
+            body = self.body(req)
+            if req.method == "PUT":
+                new = body
+            elif "json-patch" in req.headers.get("content-type", ""):
+                raise HttpError(415, status(415, "UnsupportedMediaType", "json-patch is not supported by the fake"))
+            else:
+                new = merge_patch(cur, body)
+            new = copy.deepcopy(new)
+            new["metadata"] = dict(new.get("metadata") or {}, name=name)
+            if kind.namespaced:
+                new["metadata"]["namespace"] = ns
+            if sub != "status":
+                new["status"] = cur.get("status")          # status is a subresource
+            else:
+                new["spec"] = cur.get("spec")
+            for k in ("uid", "creationTimestamp"):
+                new["metadata"][k] = cur["metadata"][k]
+            out = self._put(kind, new)
+            if sub != "status":
+                self._react(kind, out)
+            return Response(200, self.get(kind.plural, name, ns))
+        raise HttpError(405, status(405, "MethodNotAllowed", "method not allowed"))
+
+    # -- controllers --------------------------------------------------------------
+    def _react(self, kind: Kind, obj: dict) -> None:
+        if kind.plural == "rayclusters" and self.ray_ready:
+            self._reconcile_ray(obj)
+
+    def _reacted_delete(self, kind: Kind, obj: dict) -> None:
+        md = obj["metadata"]
+        if kind.plural == "rayclusters":
+            for pod in self.list("pods", md.get("namespace"), f"ray.io/cluster={md['name']}"):
+                self.objects.pop(("pods", md.get("namespace"), pod["metadata"]["name"]), None)
+        if kind.plural == "namespaces":
+            for key in [k for k in self.objects if k[1] == md["name"]]:
+                del self.objects[key]
+        if kind.plural == "pods":
+            labels = md.get("labels") or {}
+            rc = self.get("rayclusters", labels.get("ray.io/cluster", ""), md.get("namespace", ""))
+            if rc is not None and labels.get("ray.io/node-type") == "worker":
+                # KubeRay replaces a lost worker.
+                self._pod(rc, "worker", labels.get("ray.io/group", ""))
+
+    def _pod(self, rc: dict, node_type: str, group: str = "") -> dict:
+        md = rc["metadata"]
+        suffix = uuid.uuid4().hex[:5]
+        name = f"{md['name']}-head-{suffix}" if node_type == "head" else f"{md['name']}-{group}-worker-{suffix}"
+        labels = {"ray.io/cluster": md["name"], "ray.io/node-type": node_type, "ray.io/is-ray-node": "yes",
+                  "ray.io/group": group or "headgroup", "app.kubernetes.io/created-by": "kuberay-operator"}
+        pod = {"metadata": {"name": name, "namespace": md["namespace"], "labels": labels,
+                            "ownerReferences": [{"apiVersion": "ray.io/v1", "kind": "RayCluster",
+                                                 "name": md["name"], "uid": md["uid"], "controller": True}]},
+               "spec": {"containers": [{"name": f"ray-{node_type}", "image": "rayproject/ray"}]},
+               "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}}
+        return self._put(KIND["pods"], pod)
+
+    def _reconcile_ray(self, rc: dict) -> None:
+        md, spec = rc["metadata"], rc.get("spec") or {}
+        ns, name = md["namespace"], md["name"]
+        pods = self.list("pods", ns, f"ray.io/cluster={name}")
+        if not any((p["metadata"]["labels"] or {}).get("ray.io/node-type") == "head" for p in pods):
+            self._pod(rc, "head")
+        desired = 0
+        for g in spec.get("workerGroupSpecs") or []:
+            group = g.get("groupName", "")
+            want = int(g.get("replicas") or 0) * int(g.get("numOfHosts") or 1)
+            desired += want
+            have = [p for p in self.list("pods", ns, f"ray.io/cluster={name},ray.io/group={group},"
+                                                     f"ray.io/node-type=worker")]
+            for _ in range(want - len(have)):
+                self._pod(rc, "worker", group)
+            for p in have[want:]:
+                self.objects.pop(("pods", ns, p["metadata"]["name"]), None)
+        cur = self.objects[("rayclusters", ns, name)]
+        cur["status"] = {"state": "ready", "desiredWorkerReplicas": desired, "availableWorkerReplicas": desired,
+                         "readyWorkerReplicas": desired, "minWorkerReplicas": 0, "maxWorkerReplicas": desired,
+                         "desiredTPU": str(desired * 4), "observedGeneration": md.get("generation", 1),
+                         "head": {"podName": f"{name}-head", "serviceName": f"{name}-head-svc"},
+                         "conditions": [{"type": "RayClusterProvisioned", "status": "True", "reason": "AllPodRunningAndReadyFirstTime"},
+                                        {"type": "HeadPodReady", "status": "True", "reason": "HeadPodRunningAndReady"}],
+                         "lastUpdateTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        cur["metadata"]["resourceVersion"] = str(next(self._rv))
+
+    # -- views for tests ------------------------------------------------------------
+    def worker_pods(self, namespace: str) -> list[str]:
+        return [p["metadata"]["name"] for p in self.list("pods", namespace, "ray.io/node-type=worker")]
+
+
+KIND = {k.plural: k for k in KINDS}

@@ -1,0 +1,348 @@
+"""The playbooks driven through the REAL gcloud, gsutil, kubectl (with
+gke-gcloud-auth-plugin) and ray CLIs, against loopback fakes of GCP, the GKE
+cluster's Kubernetes API and the Ray dashboard (tests/fakes/).
+
+Each test runs ``invoke`` as a user would (a subprocess, a temp inventory,
+apply mode) and asserts on what the fakes received. "Changing requests" are
+POST/PUT/PATCH/DELETE, minus the RPCs that are POSTs by protocol but change
+nothing (getIamPolicy, compute operations/wait, the OAuth token endpoint).
+
+The dashboard play is included in `invoke up`: the fake dashboard answers on
+the inventory's dashboard_port (as the port-forward would), so the play
+finds it and `ray list nodes` reads the fake cluster's Ray pods from it.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.fakes import gcp as G
+from tests.fakes.cloud import AUTOPILOT, PROJECT, PROJECT_NUMBER, TOKEN, USER, Cloud, Run, cloud, cloud_session
+
+pytestmark = pytest.mark.clients
+
+__all__ = ["cloud", "cloud_session"]  # fixtures, used by name
+
+NET1, NET2 = "maxtext-multislice-net-1", "maxtext-multislice-net-2"
+CLUSTER = "maxtext-multislice"
+BUCKET = f"{PROJECT}-ckpt"
+ZONE_PATH = f"/container/v1/projects/{PROJECT}/locations/us-east5-b"
+WORKLOAD_PRINCIPAL = (f"principal://iam.googleapis.com/projects/{PROJECT_NUMBER}/locations/global/"
+                      f"workloadIdentityPools/{PROJECT}.svc.id.goog/subject/ns/default/sa/maxtext-ksa")
+
+
+def bodies(run: Run, method: str, pattern: str) -> list[dict]:
+    return [r.body for r in run.calls(method, pattern)]
+
+
+def recap(run: Run, play: str) -> dict:
+    found = [r for r in run.recaps() if r["play"] == play]
+    assert found, f"no recap for {play}\n{run}"
+    return found[-1]
+
+
+def ok_run(run: Run) -> Run:
+    assert run.rc == 0, str(run)
+    return run
+
+
+def failed_run(run: Run) -> Run:
+    assert run.rc != 0, str(run)
+    return run
+
+
+# -- 1. up from empty, then up again -------------------------------------------------
+def test_up_from_empty_creates_the_tutorial_then_second_run_changes_nothing(cloud: Cloud):
+    first = ok_run(cloud.invoke("up"))
+    r = recap(first, "up")
+    assert (r["changed"], r["failed"]) == (15, 0), first.out
+
+    # §1 the APIs and the user's three roles
+    assert bodies(first, "POST", r"/services:batchEnable$") == [
+        {"serviceIds": ["container.googleapis.com", "cloudbuild.googleapis.com"]}]
+    policy = cloud.gcp.st.iam
+    for role in ("roles/container.admin", "roles/iam.serviceAccountAdmin", "roles/cloudbuild.builds.editor"):
+        assert any(b["role"] == role and f"user:{USER}" in b["members"] for b in policy["bindings"]), role
+    assert len(first.calls("POST", r":setIamPolicy$")) == 3
+
+    # §2 two custom-mode VPCs with MTU 8896, one subnet each with its range
+    nets = bodies(first, "POST", r"/global/networks$")
+    assert sorted((n["name"], n["mtu"], n["autoCreateSubnetworks"]) for n in nets) == [
+        (NET1, 8896, False), (NET2, 8896, False)]
+    subs = {s["name"]: s for s in bodies(first, "POST", r"/regions/us-east5/subnetworks$")}
+    assert subs["tpu-subnet-1"]["ipCidrRange"] == "10.50.0.0/16"
+    assert subs["tpu-subnet-1"]["network"].endswith(f"/global/networks/{NET1}")
+    assert subs["tpu-subnet-2"]["ipCidrRange"] == "10.60.0.0/16"
+    assert subs["tpu-subnet-2"]["network"].endswith(f"/global/networks/{NET2}")
+
+    # §3 the Standard cluster, zonal, with the tutorial's flags
+    [create] = first.calls("POST", ZONE_PATH + "/clusters$")
+    c = create.body["cluster"]
+    assert c["name"] == CLUSTER and c["initialClusterVersion"] == "1.35.2-gke.1842000"
+    assert c["addonsConfig"]["rayOperatorConfig"] == {"enabled": True}
+    assert c["addonsConfig"]["gcsFuseCsiDriverConfig"] == {"enabled": True}
+    assert c["networkConfig"]["datapathProvider"] == "ADVANCED_DATAPATH"        # --enable-dataplane-v2
+    assert c["workloadIdentityConfig"] == {"workloadPool": f"{PROJECT}.svc.id.goog"}
+    assert c["nodePools"][0]["config"]["machineType"] == "n1-standard-16"
+    assert "autopilot" not in c
+
+    # ... whose endpoint and CA the real get-credentials wrote, with the auth plugin
+    kubeconfig = json.loads(cloud.client("kubectl", "config", "view", "--raw", "--output=json").stdout)
+    ctx = f"gke_{PROJECT}_us-east5-b_{CLUSTER}"
+    [kc] = [x["cluster"] for x in kubeconfig["clusters"] if x["name"] == ctx]
+    assert kc["server"] == cloud.kube.url and kc.get("certificate-authority-data")
+    [user] = [u["user"] for u in kubeconfig["users"] if u["name"] == ctx]
+    assert user["exec"]["command"] == "gke-gcloud-auth-plugin"
+    assert first.kube and all(r.headers.get("authorization") == f"Bearer {TOKEN}" for r in first.kube)
+
+    # §4 two TPU v6e node pools, one 4x4 slice of 4 hosts each, on both DCN networks, DRANET label
+    pools = {p["nodePool"]["name"]: p["nodePool"] for p in bodies(first, "POST", r"/nodePools$")}
+    assert sorted(pools) == ["v6e-16-0", "v6e-16-1"]
+    for p in pools.values():
+        assert p["config"]["machineType"] == "ct6e-standard-4t"
+        assert p["placementPolicy"]["tpuTopology"] == "4x4"
+        assert p["initialNodeCount"] == 4
+        assert p["config"]["labels"] == {"cloud.google.com/gke-networking-dra-driver": "true"}
+        assert p["config"]["gvnic"] == {"enabled": True}
+        assert p["config"]["advancedMachineFeatures"]["threadsPerCore"] == "1"
+        assert p["config"]["oauthScopes"] == ["https://www.googleapis.com/auth/cloud-platform"]
+        nets = [(n["network"].rsplit("/", 1)[-1], n["subnetwork"].rsplit("/", 1)[-1])
+                for n in p["networkConfig"]["additionalNodeNetworkConfigs"]]
+        assert nets == [(NET1, "tpu-subnet-1"), (NET2, "tpu-subnet-2")]
+
+    # §5 the bucket (gsutil mb), the KSA, the workload-identity binding
+    [mb] = first.calls("POST", r"^/storage/v1/b$")
+    assert mb.query["project"] == PROJECT
+    assert (mb.body["name"], mb.body["location"].lower(), mb.body["storageClass"].upper()) == (
+        BUCKET, "us-east5", "STANDARD")
+    assert first.calls("POST", r"^/oauth2/token$"), "gsutil authenticated through the fake token endpoint"
+    bucket_policy = cloud.gcp.st.bucket_iam[BUCKET]
+    assert {"role": "roles/storage.objectUser", "members": [WORKLOAD_PRINCIPAL]} in bucket_policy["bindings"]
+    assert [cloud.kube.body(r)["metadata"]["name"] for r in first.calls("POST", r"/default/serviceaccounts$")] == [
+        "maxtext-ksa"]
+
+    # §7 the DRANET claim template and the RayCluster, applied; it became ready
+    [claim] = bodies(first, "POST", r"/resourceclaimtemplates$")
+    req = claim["spec"]["spec"]["devices"]["requests"][0]["exactly"]
+    assert (claim["metadata"]["name"], req["deviceClassName"], req["count"]) == ("two-netdev", "netdev.google.com", 2)
+    [rc] = bodies(first, "POST", r"/rayclusters$")
+    [group] = rc["spec"]["workerGroupSpecs"]
+    assert (rc["metadata"]["name"], group["replicas"], group["numOfHosts"]) == ("maxtext-tpu-cluster", 2, 4)
+    assert group["template"]["spec"]["nodeSelector"]["cloud.google.com/gke-tpu-topology"] == "4x4"
+    assert "1 head + 8 TPU workers alive" in first.out
+
+    # Second run: every step ok, nothing sent that could change anything.
+    second = ok_run(cloud.invoke("up"))
+    r2 = recap(second, "up")
+    assert (r2["ok"], r2["changed"], r2["failed"], r2["skipped"]) == (19, 0, 0, 0), second.out
+    assert second.changes == [], second.changes
+
+
+# -- 2. a run that fails halfway, then a re-run ------------------------------------
+def test_failed_create_halfway_then_rerun_converges_without_duplicates(cloud: Cloud):
+    cloud.seed_project()
+    cloud.seed_networks()
+    quota = G.gerror(403, "Insufficient regional quota to satisfy request: resource \"TPUS_V6E_PER_PROJECT\": "
+                          "request requires '16.0' and is short '16.0'.", "PERMISSION_DENIED", "quotaExceeded")
+    cloud.gcp.server.fail("POST", r"/nodePools$", 403, quota, skip=1)   # the second pool's create
+
+    first = failed_run(cloud.invoke("cluster", "nodepools"))
+    assert "Insufficient regional quota" in first.out
+    assert recap(first, "cluster")["changed"] == 1
+    np = recap(first, "nodepools")
+    assert (np["changed"], np["failed"]) == (1, 1)
+    assert [r.status for r in first.calls("POST", r"/nodePools$")] == [200, 403]
+
+    second = ok_run(cloud.invoke("cluster", "nodepools"))
+    c = recap(second, "cluster")
+    assert (c["ok"], c["changed"], c["failed"]) == (2, 0, 0)
+    np2 = recap(second, "nodepools")
+    assert (np2["ok"], np2["changed"], np2["failed"]) == (1, 1, 0)
+    assert [r.body["nodePool"]["name"] for r in second.calls("POST", r"/nodePools$")] == ["v6e-16-1"]
+    assert [r.path for r in second.changes] == [ZONE_PATH + f"/clusters/{CLUSTER}/nodePools"]
+
+    both = first.requests + second.requests
+    assert not [r for r in both if r.status == 409], "no create of something that exists"
+    created = [r.body.get("cluster", r.body.get("nodePool", {})).get("name")
+               for r in both if r.method == "POST" and r.status == 200 and G.changes(r)]
+    assert sorted(created) == [CLUSTER, "v6e-16-0", "v6e-16-1"]
+    st = cloud.gcp.st
+    assert len(st.clusters) == 1
+    pools = st.clusters[("us-east5-b", CLUSTER)]["nodePools"]
+    assert sorted(p["name"] for p in pools) == ["default-pool", "v6e-16-0", "v6e-16-1"]
+    assert all(p["status"] == "RUNNING" for p in pools)
+
+
+# -- 3. drift: the resource exists with another shape -------------------------------
+def test_network_with_another_mtu_is_drift(cloud: Cloud):
+    cloud.seed_networks(mtu=1460)
+    run = failed_run(cloud.invoke("network"))
+    assert f"drift: network {NET1}: mtu is 1460, want 8896" in run.out
+    assert recap(run, "network")["failed"] == 1
+    assert run.changes == []
+    assert cloud.gcp.st.networks[NET1]["mtu"] == 1460     # never overwritten
+
+
+def test_node_pool_with_another_topology_is_drift(cloud: Cloud):
+    cloud.seed_project()
+    cloud.seed_networks()
+    cloud.seed_cluster()
+    cloud.seed_pools(topology="2x2")
+    run = failed_run(cloud.invoke("nodepools"))
+    assert "drift: node pool v6e-16-0: TPU topology is 2x2, want 4x4" in run.out
+    assert run.changes == []
+
+
+# -- 4. 401/403 on a probe ----------------------------------------------------------
+@pytest.mark.parametrize("case", ["compute-403", "subnets-403", "storage-401", "kube-403"])
+def test_denied_probe_stops_the_run_and_is_never_read_as_absent(cloud: Cloud, case: str):
+    cloud.seed_project()
+    if case == "compute-403":
+        denied = G.forbidden("compute.networks.list", f"projects/{PROJECT}")
+        cloud.gcp.server.fail("GET", r"/global/networks$", 403, denied, times=99)
+        run = failed_run(cloud.invoke("network"))
+        message, create = "Required 'compute.networks.list' permission", r"/global/networks$"
+    elif case == "subnets-403":
+        # gcloud's regional list exits 0 on this unless told not to (gke.STRICT_COMPUTE_LISTS)
+        cloud.gcp.add_network(NET1)
+        cloud.gcp.add_network(NET2)
+        denied = G.forbidden("compute.subnetworks.list", f"projects/{PROJECT}")
+        cloud.gcp.server.fail("GET", r"/subnetworks$", 403, denied, times=99)
+        run = failed_run(cloud.invoke("network"))
+        message, create = "Required 'compute.subnetworks.list' permission", r"/subnetworks$"
+    elif case == "storage-401":
+        cloud.gcp.server.fail("GET", rf"^/storage/v1/b/{BUCKET}$", 401, G.unauthenticated(), times=99)
+        run = failed_run(cloud.invoke("storage"))
+        message, create = "UNAUTHENTICATED: Request had invalid authentication credentials", r"^/storage/v1/b$"
+    else:
+        cloud.seed_networks()
+        cloud.seed_cluster()
+        cloud.seed_bucket()
+        denied = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Forbidden", "code": 403,
+                  "message": 'serviceaccounts "maxtext-ksa" is forbidden: User "tester@example.com" cannot get '
+                             'resource "serviceaccounts" in API group "" in the namespace "default"'}
+        cloud.kube.server.fail("GET", r"/serviceaccounts/maxtext-ksa$", 403, denied, times=99)
+        run = failed_run(cloud.invoke("storage"))
+        message, create = 'serviceaccounts "maxtext-ksa" is forbidden', r"/serviceaccounts$"
+    assert "could not look" in run.out and message in run.out, run.out
+    assert run.calls("POST", create) == [], "a denied probe was read as absent"
+    assert run.changes == [], run.changes
+    assert "=> absent" not in run.out
+
+
+# -- 5. transient errors --------------------------------------------------------------
+def test_transient_errors_are_retried_with_backoff_then_succeed(cloud: Cloud):
+    cloud.seed_networks()
+    cloud.gcp.server.fail("GET", r"/global/networks$", 503, G.unavailable(), times=2)
+    cloud.gcp.server.fail("GET", r"/regions/us-east5/subnetworks$", 429, G.rate_limited(), times=1)
+    run = ok_run(cloud.invoke("network"))
+    retries = [line for line in run.out.splitlines() if line.strip().startswith("retry")]
+    assert len(retries) == 3, run.out
+    assert "attempt 1 of 5 failed (ERROR: (gcloud.compute.networks.list)" in retries[0]
+    assert "again in 1.0s" in retries[0] and "attempt 2 of 5" in retries[1] and "again in 2.0s" in retries[1]
+    assert "(gcloud.compute.networks.subnets.list)" in retries[2] and "again in 1.0s" in retries[2]
+    assert len(run.calls("GET", r"/global/networks$")) == 3
+    r = recap(run, "network")
+    assert (r["ok"], r["changed"], r["failed"]) == (4, 0, 0)
+
+
+def test_transient_errors_that_do_not_pass_stop_after_the_bounded_retries(cloud: Cloud):
+    cloud.gcp.server.fail("GET", r"/global/networks$", 503, G.unavailable(), times=99)
+    run = failed_run(cloud.invoke("network"))
+    assert len([l for l in run.out.splitlines() if l.strip().startswith("retry")]) == 4
+    assert len(run.calls("GET", r"/global/networks$")) == 5                 # RetryPolicy.attempts
+    assert "could not look" in run.out
+    assert run.calls("POST", r"/global/networks$") == []
+
+
+# -- 6. a node pool left in ERROR (GCE_STOCKOUT) ----------------------------------------
+def test_stockout_is_reported_and_the_broken_pool_is_replaced_on_rerun(cloud: Cloud):
+    cloud.seed_project()
+    cloud.seed_networks()
+    cloud.seed_cluster()
+    cloud.gcp.stockouts.append(G.Stockout("v6e-16-0", op_fails=True))
+    first = failed_run(cloud.invoke("nodepools"))
+    assert "GCE_STOCKOUT" in first.out and "does not have enough resources" in first.out
+    pools = {p["name"]: p for p in cloud.gcp.st.clusters[("us-east5-b", CLUSTER)]["nodePools"]}
+    assert pools["v6e-16-0"]["status"] == "ERROR"
+
+    # The re-run replaces the broken pool; this time v6e-16-1's create succeeds
+    # but the pool breaks afterwards: found by the verify, never counted done.
+    cloud.gcp.stockouts.append(G.Stockout("v6e-16-1", op_fails=False))
+    second = failed_run(cloud.invoke("nodepools"))
+    assert "replaced a broken pool (was ERROR: GCE_STOCKOUT" in second.out
+    assert [(r.method, r.path.rsplit("/", 1)[-1]) for r in second.calls("DELETE", r"/nodePools/")] == [
+        ("DELETE", "v6e-16-0")]
+    assert [r.body["nodePool"]["name"] for r in second.calls("POST", r"/nodePools$")] == ["v6e-16-0", "v6e-16-1"]
+    delete_at = second.calls("DELETE", r"/nodePools/v6e-16-0$")[0].at
+    assert delete_at < second.calls("POST", r"/nodePools$")[0].at
+    assert "node pool v6e-16-1 is ERROR: GCE_STOCKOUT" in second.out and "re-run to replace it" in second.out
+    np = recap(second, "nodepools")
+    assert (np["changed"], np["failed"]) == (1, 1)
+
+    third = ok_run(cloud.invoke("nodepools"))
+    assert [r.path.rsplit("/", 1)[-1] for r in third.calls("DELETE", r"/nodePools/")] == ["v6e-16-1"]
+    np = recap(third, "nodepools")
+    assert (np["ok"], np["changed"], np["failed"]) == (1, 1, 0)
+    pools = cloud.gcp.st.clusters[("us-east5-b", CLUSTER)]["nodePools"]
+    assert sorted((p["name"], p["status"]) for p in pools) == [
+        ("default-pool", "RUNNING"), ("v6e-16-0", "RUNNING"), ("v6e-16-1", "RUNNING")]
+
+
+# -- 7. teardown ----------------------------------------------------------------------
+def test_teardown_deletes_everything_networks_last_and_a_second_run_deletes_nothing(cloud: Cloud):
+    cloud.seed_full()
+    cloud.get_credentials()
+    run = ok_run(cloud.invoke("teardown", "--yes"))
+    deletes = [(r.path.split("/")[-2], r.path.rsplit("/", 1)[-1]) for r in run.requests if r.method == "DELETE"]
+    assert deletes[:2] == [("rayclusters", "maxtext-tpu-cluster"), ("clusters", CLUSTER)], deletes
+    assert sorted(deletes[2:5]) == [("o", "notes.txt"), ("o", "rayjob-elastic-8b%2Fcheckpoints%2F10%2Fmeta"),
+                                    ("o", "rayjob-elastic-8b%2Fcheckpoints%2F10%2Fstate")], deletes
+    assert deletes[5:] == [("b", BUCKET), ("subnetworks", "tpu-subnet-1"), ("subnetworks", "tpu-subnet-2"),
+                           ("networks", NET1), ("networks", NET2)], deletes
+    assert all(r.status in (200, 204) for r in run.requests if r.method == "DELETE")
+    st = cloud.gcp.st
+    assert not (st.networks or st.subnets or st.clusters or st.buckets)
+    r = recap(run, "teardown")
+    assert (r["changed"], r["failed"]) == (7, 0)
+
+    again = ok_run(cloud.invoke("teardown", "--yes"))
+    assert [r for r in again.requests if r.method == "DELETE"] == []
+    assert again.changes == []
+    r = recap(again, "teardown")
+    assert (r["ok"], r["changed"], r["failed"]) == (8, 0, 0)
+
+
+# -- 8. chaos ------------------------------------------------------------------------
+def test_chaos_deletes_exactly_one_worker_pod_found_by_label(cloud: Cloud):
+    cloud.seed_full()
+    cloud.get_credentials()
+    workers = set(cloud.kube.worker_pods("default"))
+    heads = [p["metadata"]["name"] for p in cloud.kube.list("pods", "default", "ray.io/node-type=head")]
+    assert len(workers) == 8 and len(heads) == 1
+    run = ok_run(cloud.invoke("chaos.delete-worker"))
+    [listed] = run.calls("GET", r"/namespaces/default/pods$")
+    assert listed.query["labelSelector"] == "ray.io/node-type=worker"
+    [deleted] = [r for r in run.requests if r.method == "DELETE"]
+    name = deleted.path.rsplit("/", 1)[-1]
+    assert deleted.path == f"/api/v1/namespaces/default/pods/{name}" and name in workers
+    assert run.changes == [deleted]
+    assert recap(run, "chaos")["changed"] == 1
+    assert name not in cloud.kube.worker_pods("default")       # KubeRay's stand-in replaced it
+    assert len(cloud.kube.worker_pods("default")) == 8
+
+
+# -- 9. Autopilot -------------------------------------------------------------------
+def test_autopilot_cluster_is_regional_with_the_ray_operator_and_has_no_node_pools(cloud: Cloud):
+    cloud.seed_project()
+    run = ok_run(cloud.invoke("cluster", "nodepools", env_name=AUTOPILOT))
+    [create] = run.calls("POST", rf"/container/v1/projects/{PROJECT}/locations/us-east5/clusters$")
+    c = create.body["cluster"]
+    assert c["name"] == "maxtext-autopilot" and c["autopilot"] == {"enabled": True}
+    assert c["addonsConfig"]["rayOperatorConfig"] == {"enabled": True}
+    assert c["initialClusterVersion"] == "1.35.2-gke.1842000"
+    assert run.calls("POST", r"/nodePools$") == []
+    assert recap(run, "nodepools")["skipped"] == 1
+    kubeconfig = json.loads(cloud.client("kubectl", "config", "view", "--output=json").stdout)
+    assert f"gke_{PROJECT}_us-east5_maxtext-autopilot" in [x["name"] for x in kubeconfig["contexts"]]
