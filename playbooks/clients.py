@@ -51,9 +51,10 @@ def _fail(c: Completed, what: str) -> ProbeFailed:
                        why=f"could not look (exit code {c.rc}): {c.first_error_line() or 'no message'}")
 
 
-# A gcloud list that lost some of its requests but exited 0 (see
-# gke.STRICT_COMPUTE_LISTS): what it printed is not the whole list.
-_PARTIAL = re.compile(r"^WARNING: Some requests did not succeed", re.M)
+# A gcloud list that lost some of its requests but exited 0: what it printed
+# is not the whole list. Compute regional lists (see gke.STRICT_COMPUTE_LISTS);
+# `container clusters list` when GKE answers with missingZones.
+_PARTIAL = re.compile(r"^WARNING: (Some requests did not succeed|The following zones did not respond)", re.M)
 
 
 def json_list(select: Callable[[list], Any] | None = None, what: str = "probe") -> Callable[[Completed], Any]:

@@ -194,8 +194,8 @@ def test_node_pool_with_another_topology_is_drift(cloud: Cloud):
     assert run.changes == []
 
 
-# -- 4. 401/403 on a probe ----------------------------------------------------------
-@pytest.mark.parametrize("case", ["compute-403", "subnets-403", "storage-401", "kube-403"])
+# -- 4. 401/403 on a probe (and a list that says it is incomplete) -----------------
+@pytest.mark.parametrize("case", ["compute-403", "subnets-403", "storage-401", "kube-403", "clusters-missing-zone"])
 def test_denied_probe_stops_the_run_and_is_never_read_as_absent(cloud: Cloud, case: str):
     cloud.seed_project()
     if case == "compute-403":
@@ -215,6 +215,13 @@ def test_denied_probe_stops_the_run_and_is_never_read_as_absent(cloud: Cloud, ca
         cloud.gcp.server.fail("GET", rf"^/storage/v1/b/{BUCKET}$", 401, G.unauthenticated(), times=99)
         run = failed_run(cloud.invoke("storage"))
         message, create = "UNAUTHENTICATED: Request had invalid authentication credentials", r"^/storage/v1/b$"
+    elif case == "clusters-missing-zone":
+        # Not a 403: GKE answers 200 but says a zone did not respond; gcloud
+        # warns and exits 0 with a list that may lack the cluster.
+        cloud.gcp.server.fail("GET", r"/locations/-/clusters$", 200, {"clusters": [], "missingZones": ["us-east5-b"]},
+                              times=99)
+        run = failed_run(cloud.invoke("cluster"))
+        message, create = "The following zones did not respond: us-east5-b", r"/clusters$"
     else:
         cloud.seed_networks()
         cloud.seed_cluster()
