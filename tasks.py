@@ -95,7 +95,7 @@ def train(c, model="llama3-8b", elastic=False, steps=0, set_=None, fresh=False):
         s = open_session(c.config, "train")
         job = tr.build_job(s.env, model, elastic, steps or None, set_ or [], fresh)
         log = (s.logdir / "job.log") if s.logdir else None
-        s.run("train", plan.train_steps(s.env, job, {}, log))
+        s.run("train", plan.train_steps(s.env, job, {}, log), parallel=False)
 
 
 @task(help={"restore_after": "local only: seconds before the killed host comes back (0: never)"})
@@ -105,7 +105,7 @@ def delete_worker(c, restore_after=60):
 
     with clean_errors():
         s = open_session(c.config, "chaos")
-        s.run("chaos", plan.chaos_steps(s.env, float(restore_after)))
+        s.run("chaos", plan.chaos_steps(s.env, float(restore_after)), parallel=False)
 
 
 @task(help={"yes": "do not ask for confirmation"})
@@ -137,7 +137,7 @@ def doctor(c):
 
     with clean_errors():
         s = open_session(c.config, "doctor")
-        s.run("doctor", dr.steps(s.env))
+        s.run("doctor", dr.steps(s.env), parallel=False)
 
 
 chaos = Collection("chaos")
@@ -145,4 +145,4 @@ chaos.add_task(delete_worker)
 
 ns = Collection(prereqs, network, cluster, nodepools, storage, raycluster, dashboard, up, train, teardown, doctor)
 ns.add_collection(chaos)
-ns.configure({"playbook": {"env": None, "inventory": None, "mode": "apply", "parallel": 1}})
+ns.configure({"playbook": {"env": None, "inventory": None, "mode": "apply", "parallel": 4}})

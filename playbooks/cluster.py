@@ -71,7 +71,7 @@ def cluster_step(env: Env) -> Step:
             return "cluster not found"
         return None if c.get("status") in ("RUNNING", "RECONCILING") else f"status {c.get('status')}"
 
-    return Step(PLAY, f"GKE cluster {env.cluster_name}", decide, id="cluster:cluster",
+    return Step(PLAY, f"GKE cluster {env.cluster_name}", decide, id="cluster:cluster", after=("prereqs:apis",),
                 verify=Verify(probe, running, timeout=CREATE_TIMEOUT, interval=15))
 
 

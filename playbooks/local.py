@@ -197,8 +197,14 @@ def _nodes(env: Env) -> list:
 
 
 def steps(env: Env) -> list[Step]:
-    """Bring the local cluster up (a running one is reused)."""
-    return [head_step(env)] + [host_step(env, n, s, w) for n, s, w in host_names(env)]
+    """Bring the local cluster up (a running one is reused). Hosts join one
+    after another: Ray nodes starting at once on one machine race for ports."""
+    out = [head_step(env)]
+    for n, s, w in host_names(env):
+        step = host_step(env, n, s, w)
+        step.after = (out[-1].id,)
+        out.append(step)
+    return out
 
 
 def stop_step(env: Env, name: str, play: str = "teardown") -> Step:

@@ -17,8 +17,13 @@ AUTOPILOT_SKIP = ("Autopilot has no node pools to create: it provisions the TPU 
                   "RayCluster's TPU requests and node selectors")
 
 
+# GKE runs one operation per node pool at once, but none while a cluster-level
+# operation (the cluster's own creation or upgrade) runs: wait that out.
+PATIENCE = 30 * 60
+
+
 def create_command(env: Env, name: str):
-    return gcloud(
+    return _patient(gcloud(
         "container", "node-pools", "create", name,
         f"--location={env.zone}", f"--cluster={env.cluster_name}", f"--machine-type={env.machine_type}",
         f"--threads-per-core={T.TPU_THREADS_PER_CORE}", f"--tpu-topology={env.topology}",
@@ -26,12 +31,17 @@ def create_command(env: Env, name: str):
         f"--additional-node-network=network={network_name(env, 0)},subnetwork={subnet_name(0)}",
         f"--additional-node-network=network={network_name(env, 1)},subnetwork={subnet_name(1)}",
         f"--node-labels={T.TPU_NODE_LABEL}", "--enable-gvnic", f"--scopes={T.TPU_SCOPES}",
-        project=env.project_id)
+        project=env.project_id))
+
+
+def _patient(c):
+    import dataclasses
+    return dataclasses.replace(c, patience=PATIENCE)
 
 
 def delete_command(env: Env, name: str):
-    return gcloud("container", "node-pools", "delete", name, f"--location={location(env)}",
-                  f"--cluster={env.cluster_name}", project=env.project_id, quiet=True)
+    return _patient(gcloud("container", "node-pools", "delete", name, f"--location={location(env)}",
+                           f"--cluster={env.cluster_name}", project=env.project_id, quiet=True))
 
 
 def _last(v: Any) -> str:

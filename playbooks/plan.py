@@ -51,7 +51,7 @@ def dedupe(steps: list[Step]) -> list[Step]:
 
 def up_steps(env: Env) -> list[Step]:
     if env.kind == "local":
-        return local.steps(env) + dashboard.steps(env)
+        return _then(local.steps(env), dashboard.steps(env))
     return dedupe([s for p in UP for s in play_steps(env, p)])
 
 
@@ -62,8 +62,17 @@ def cluster_ready_steps(env: Env) -> list[Step]:
     return [cluster.credentials_step(env, "train"), dashboard.forward_step(env)]
 
 
+def _then(first: list[Step], then: list[Step]) -> list[Step]:
+    """``then`` runs after every step of ``first`` (for parallel runs)."""
+    ids = tuple(s.id for s in first)
+    for s in then:
+        s.after = tuple(dict.fromkeys(s.after + ids))
+    return first + then
+
+
 def train_steps(env: Env, job: train.Job, state: dict, log_file=None) -> list[Step]:
-    return cluster_ready_steps(env) + [train.checkpoint_step(job, state), train.job_step(job, state, log_file)]
+    return _then(cluster_ready_steps(env) + [train.checkpoint_step(job, state)],
+                 [train.job_step(job, state, log_file)])
 
 
 def chaos_steps(env: Env, restore_after: float) -> list[Step]:

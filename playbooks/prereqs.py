@@ -61,6 +61,7 @@ def steps(env: Env) -> list[Step]:
                     id="prereqs:apis"))
     pol = policy_fact(env)
     member = f"user:{env.user_identifier}"
+    previous: tuple[str, ...] = ()
     for role in T.USER_ROLES:
         def decide(look, role=role):
             if has_binding(look(pol), role, member):
@@ -72,5 +73,8 @@ def steps(env: Env) -> list[Step]:
         out.append(Step(PLAY, f"role {role}", decide,
                         verify=Verify(pol, lambda p, role=role: None if has_binding(p, role, member)
                                       else f"{member} lacks {role}", timeout=60, interval=5),
-                        id=f"prereqs:{role}"))
+                        id=f"prereqs:{role}", after=previous))
+        # One at a time: each binding rewrites the project's IAM policy
+        # (read, modify, write with an etag), so two at once would race.
+        previous = (f"prereqs:{role}",)
     return out

@@ -39,9 +39,17 @@ class Session:
     book: Playbook
     logdir: Path | None
 
-    def run(self, name: str, steps: list[Step]) -> Recap:
+    def run(self, name: str, steps: list[Step], parallel: bool = True) -> Recap:
+        """Run a play. ``parallel=False`` for plays whose output streams live
+        (a training job's log) or whose order is the point (chaos)."""
         self.book.reporter.line(banner("PLAY", f"{name} | env {self.env.name} ({_what(self.env)}) | {self.mode.value}"))
-        recap = self.book.run(f"{name} {self.env.name}", steps)
+        workers = self.book.workers
+        if not parallel:
+            self.book.workers = 1
+        try:
+            recap = self.book.run(f"{name} {self.env.name}", steps)
+        finally:
+            self.book.workers = workers
         if self.logdir:
             self.book.reporter.line(f"logs: {self.logdir.relative_to(ROOT)}")
         if recap.failed:

@@ -116,7 +116,9 @@ def binding_step(env: Env) -> Step:
             for b in (p or {}).get("bindings") or []) else f"{T.BUCKET_ROLE} not granted yet"
 
     return Step(PLAY, f"workload identity binding {T.BUCKET_ROLE}", decide, id="storage:binding",
-                after=("storage:bucket",), verify=Verify(policy, granted, timeout=60, interval=5))
+                # The workload identity pool (<project>.svc.id.goog) comes
+                # with the cluster's workload identity.
+                after=("storage:bucket", "cluster:cluster"), verify=Verify(policy, granted, timeout=60, interval=5))
 
 
 def steps(env: Env) -> list[Step]:

@@ -59,6 +59,9 @@ class Command:
       its output going to ``log``.
     - ``pipe_check``: checks the piped text before it reaches this command;
       a returned complaint stops the pipe (this command never starts).
+    - ``patience``: seconds a transient refusal may be retried for (an
+      operation of another node pool still running), instead of the
+      runner's default few attempts.
     - ``binds``: the name a probe's output is known by in a transcript
       (``NAME=$(...)``).
     """
@@ -74,6 +77,7 @@ class Command:
     cwd: str | None = None
     secrets: tuple[str, ...] = field(default=(), compare=False)
     pipe_check: "Callable[[str], str | None] | None" = field(default=None, compare=False, repr=False)
+    patience: float | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.argv, list):

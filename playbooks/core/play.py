@@ -149,10 +149,12 @@ class Playbook:
         self.sleep = sleep
         self.timed = (runner.mode is not Mode.DRY) if timed is None else timed
 
-    def _one(self, step: Step, buffered: bool) -> StepResult:
+    def _one(self, step: Step, buffered: bool, announce: bool = False) -> StepResult:
         log = StepLog(self.reporter.line, buffered)
         head = banner("TASK", step.title)
-        if buffered:
+        if buffered and announce:
+            # Others are running: say this one started; its lines come whole
+            # when it ends.
             self.reporter.line(f"{head.split(' *')[0]} started")
         else:
             self.reporter.line(head)
@@ -201,11 +203,11 @@ class Playbook:
         with ThreadPoolExecutor(max_workers=self.workers) as pool:
             while pending or running:
                 if not stopped:
-                    for s in list(pending):
-                        deps = [d for d in s.after if d in ids]
-                        if all(d in done for d in deps):
-                            pending.remove(s)
-                            running[pool.submit(self._one, s, True)] = s
+                    ready = [s for s in pending if all(d in done for d in s.after if d in ids)]
+                    together = len(running) + len(ready) > 1
+                    for s in ready:
+                        pending.remove(s)
+                        running[pool.submit(self._one, s, True, together)] = s
                 if not running:
                     break
                 finished, _ = wait(list(running), return_when=FIRST_COMPLETED)

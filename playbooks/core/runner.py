@@ -143,11 +143,6 @@ class RetryPolicy:
     is_transient: Callable[[Completed], bool] = lambda c: False
     sleep: Callable[[float], None] = time.sleep
 
-    def delays(self) -> Iterable[float]:
-        d = self.base
-        for _ in range(self.attempts - 1):
-            yield min(d, self.cap)
-            d *= 2
 
 
 class Executor:
@@ -418,19 +413,28 @@ class Runner:
         return self._run_with_retry(command, log, step), ""
 
     def _run_with_retry(self, command: Command, log: StepLog, step: str) -> Completed:
+        """Run; a transient failure (the request turned away, not acted on)
+        is tried again with bounded exponential backoff: the policy's
+        attempts, or for ``command.patience`` seconds."""
         assert self.executor is not None, "no process may start in a dry run"
-        delays = iter(self.retry.delays())
+        start = time.monotonic()
+        delay = self.retry.base
         attempt = 1
         while True:
             c = self.executor.run(command, label=step)
             if c.ok or not self.retry.is_transient(c):
                 return c
-            delay = next(delays, None)
-            if delay is None:
-                return c
-            log.emit("retry", f"attempt {attempt} of {self.retry.attempts} failed "
-                              f"({c.first_error_line()}); again in {delay:.1f}s")
+            if command.patience is not None:
+                if time.monotonic() - start + delay > command.patience:
+                    return c
+                limit = "until " + f"{command.patience:.0f}s"
+            else:
+                if attempt >= self.retry.attempts:
+                    return c
+                limit = f"of {self.retry.attempts}"
+            log.emit("retry", f"attempt {attempt} {limit} failed ({c.first_error_line()}); again in {delay:.1f}s")
             self.retry.sleep(delay)
+            delay = min(delay * 2, self.retry.cap)
             attempt += 1
 
     # -- actions --------------------------------------------------------
