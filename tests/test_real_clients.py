@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import json
 
+import re
+
 import pytest
 
 from tests.fakes import gcp as G
@@ -179,7 +181,10 @@ def test_network_with_another_mtu_is_drift(cloud: Cloud):
     cloud.seed_networks(mtu=1460)
     run = failed_run(cloud.invoke("network"))
     assert f"drift: network {NET1}: mtu is 1460, want 8896" in run.out
-    assert recap(run, "network")["failed"] == 1
+    # Both VPCs are probed at once (they are independent): both drifts are
+    # reported; the subnets, which depend on them, are not run.
+    assert recap(run, "network")["failed"] == 2
+    assert re.search(r"network : subnet tpu-subnet-1 +not run", run.out)
     assert run.changes == []
     assert cloud.gcp.st.networks[NET1]["mtu"] == 1460     # never overwritten
 
@@ -272,29 +277,37 @@ def test_stockout_is_reported_and_the_broken_pool_is_replaced_on_rerun(cloud: Cl
     first = failed_run(cloud.invoke("nodepools"))
     assert "GCE_STOCKOUT" in first.out and "does not have enough resources" in first.out
     pools = {p["name"]: p for p in cloud.gcp.st.clusters[("us-east5-b", CLUSTER)]["nodePools"]}
-    assert pools["v6e-16-0"]["status"] == "ERROR"
-
-    # The re-run replaces the broken pool; this time v6e-16-1's create succeeds
-    # but the pool breaks afterwards: found by the verify, never counted done.
-    cloud.gcp.stockouts.append(G.Stockout("v6e-16-1", op_fails=False))
-    second = failed_run(cloud.invoke("nodepools"))
-    assert "replaced a broken pool (was ERROR: GCE_STOCKOUT" in second.out
-    assert [(r.method, r.path.rsplit("/", 1)[-1]) for r in second.calls("DELETE", r"/nodePools/")] == [
-        ("DELETE", "v6e-16-0")]
-    assert [r.body["nodePool"]["name"] for r in second.calls("POST", r"/nodePools$")] == ["v6e-16-0", "v6e-16-1"]
-    delete_at = second.calls("DELETE", r"/nodePools/v6e-16-0$")[0].at
-    assert delete_at < second.calls("POST", r"/nodePools$")[0].at
-    assert "node pool v6e-16-1 is ERROR: GCE_STOCKOUT" in second.out and "re-run to replace it" in second.out
-    np = recap(second, "nodepools")
+    # The two slices are created at once: the other one is there.
+    assert (pools["v6e-16-0"]["status"], pools["v6e-16-1"]["status"]) == ("ERROR", "RUNNING")
+    np = recap(first, "nodepools")
     assert (np["changed"], np["failed"]) == (1, 1)
 
-    third = ok_run(cloud.invoke("nodepools"))
-    assert [r.path.rsplit("/", 1)[-1] for r in third.calls("DELETE", r"/nodePools/")] == ["v6e-16-1"]
-    np = recap(third, "nodepools")
+    # The re-run replaces the broken pool (delete, then create), never counts it done.
+    second = ok_run(cloud.invoke("nodepools"))
+    assert "replaced a broken pool (was ERROR: GCE_STOCKOUT" in second.out
+    assert [r.path.rsplit("/", 1)[-1] for r in second.calls("DELETE", r"/nodePools/")] == ["v6e-16-0"]
+    assert [r.body["nodePool"]["name"] for r in second.calls("POST", r"/nodePools$")] == ["v6e-16-0"]
+    assert second.calls("DELETE", r"/nodePools/v6e-16-0$")[0].at < second.calls("POST", r"/nodePools$")[0].at
+    np = recap(second, "nodepools")
     assert (np["ok"], np["changed"], np["failed"]) == (1, 1, 0)
     pools = cloud.gcp.st.clusters[("us-east5-b", CLUSTER)]["nodePools"]
     assert sorted((p["name"], p["status"]) for p in pools) == [
         ("default-pool", "RUNNING"), ("v6e-16-0", "RUNNING"), ("v6e-16-1", "RUNNING")]
+
+
+def test_pool_that_breaks_after_its_create_is_caught_by_the_verify(cloud: Cloud):
+    cloud.seed_project()
+    cloud.seed_networks()
+    cloud.seed_cluster()
+    cloud.gcp.stockouts.append(G.Stockout("v6e-16-1", op_fails=False))
+    first = failed_run(cloud.invoke("nodepools"))
+    assert "node pool v6e-16-1 is ERROR: GCE_STOCKOUT" in first.out and "re-run to replace it" in first.out
+    np = recap(first, "nodepools")
+    assert (np["changed"], np["failed"]) == (1, 1)
+    second = ok_run(cloud.invoke("nodepools"))
+    assert [r.path.rsplit("/", 1)[-1] for r in second.calls("DELETE", r"/nodePools/")] == ["v6e-16-1"]
+    np = recap(second, "nodepools")
+    assert (np["ok"], np["changed"], np["failed"]) == (1, 1, 0)
 
 
 # -- 7. teardown ----------------------------------------------------------------------
@@ -303,11 +316,22 @@ def test_teardown_deletes_everything_networks_last_and_a_second_run_deletes_noth
     cloud.get_credentials()
     run = ok_run(cloud.invoke("teardown", "--yes"))
     deletes = [(r.path.split("/")[-2], r.path.rsplit("/", 1)[-1]) for r in run.requests if r.method == "DELETE"]
-    assert deletes[:2] == [("rayclusters", "maxtext-tpu-cluster"), ("clusters", CLUSTER)], deletes
-    assert sorted(deletes[2:5]) == [("o", "notes.txt"), ("o", "rayjob-elastic-8b%2Fcheckpoints%2F10%2Fmeta"),
-                                    ("o", "rayjob-elastic-8b%2Fcheckpoints%2F10%2Fstate")], deletes
-    assert deletes[5:] == [("b", BUCKET), ("subnetworks", "tpu-subnet-1"), ("subnetworks", "tpu-subnet-2"),
-                           ("networks", NET1), ("networks", NET2)], deletes
+    order = {d: i for i, d in enumerate(deletes)}
+    # Dependency order (independent branches run at once): the RayCluster
+    # before its cluster; the bucket's objects before the bucket; the subnets
+    # after the cluster; the networks last, after their subnets.
+    assert sorted(deletes) == sorted([
+        ("rayclusters", "maxtext-tpu-cluster"), ("clusters", CLUSTER), ("o", "notes.txt"),
+        ("o", "rayjob-elastic-8b%2Fcheckpoints%2F10%2Fmeta"), ("o", "rayjob-elastic-8b%2Fcheckpoints%2F10%2Fstate"),
+        ("b", BUCKET), ("subnetworks", "tpu-subnet-1"), ("subnetworks", "tpu-subnet-2"),
+        ("networks", NET1), ("networks", NET2)]), deletes
+    assert order[("rayclusters", "maxtext-tpu-cluster")] < order[("clusters", CLUSTER)]
+    assert max(order[d] for d in deletes if d[0] == "o") < order[("b", BUCKET)]
+    assert order[("clusters", CLUSTER)] < min(order[("subnetworks", "tpu-subnet-1")],
+                                              order[("subnetworks", "tpu-subnet-2")])
+    assert deletes[-2:] in ([("networks", NET1), ("networks", NET2)], [("networks", NET2), ("networks", NET1)])
+    assert order[("subnetworks", "tpu-subnet-1")] < order[("networks", NET1)]
+    assert order[("subnetworks", "tpu-subnet-2")] < order[("networks", NET2)]
     assert all(r.status in (200, 204) for r in run.requests if r.method == "DELETE")
     st = cloud.gcp.st
     assert not (st.networks or st.subnets or st.clusters or st.buckets)

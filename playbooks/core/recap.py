@@ -46,7 +46,7 @@ class Recap:
 
     def render(self) -> list[str]:
         out = [f"PLAY RECAP [{self.name}] " + "*" * 20]
-        width = max((len(r.title) for r in self.results), default=10)
+        width = max([len(r.title) for r in self.results] + [len(t) for t in self.not_run] + [10])
         for r in self.results:
             t = f"  {r.seconds:7.1f}s" if self.timed else ""
             why = f"  {r.reason}" if r.reason and r.outcome in (FAILED, SKIPPED) else ""
