@@ -22,6 +22,7 @@ import socket
 import subprocess
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
@@ -329,15 +330,17 @@ class Cloud:
         assert p.returncode == 0, p.stderr
 
 
-@pytest.fixture(scope="module")
-def cloud_session(tmp_path_factory, request) -> Iterator[Cloud]:
-    base = tmp_path_factory.mktemp("fakecloud")
+@contextmanager
+def fake_cloud(base: Path) -> Iterator[Cloud]:
+    """The fakes started on 127.0.0.1, an inventory pointing at them, and a
+    client environment; everything stopped at the end (tests and benchmarks)."""
     kube_pki = make_pki(base / "pki", "kube")
     gcp_pki = make_pki(base / "pki", "gcp")
     kube = FakeKube(kube_pki, TOKEN).start()
     gcp = FakeGcp(gcp_pki, PROJECT, PROJECT_NUMBER, TOKEN,
                   kube=KubeLink(kube.endpoint, kube_pki.ca_pem, on_delete=lambda c: kube.reset()))
     gcp.start()
+
     def ray_pods() -> list[dict]:
         return [p for p in kube.list("pods") if (p["metadata"].get("labels") or {}).get("ray.io/is-ray-node")]
 
@@ -345,8 +348,6 @@ def cloud_session(tmp_path_factory, request) -> Iterator[Cloud]:
     sink = StraySink()
     inv = base / "inventory.yaml"
     inv.write_text(yaml.safe_dump(inventory(dash.port), sort_keys=False))
-    for name in (STANDARD, AUTOPILOT):
-        shutil.rmtree(ROOT / ".state" / name, ignore_errors=True)
     cloud = Cloud(base, gcp, kube, dash, sink, inv)
     cloud.fresh_clients()
     try:
@@ -355,9 +356,17 @@ def cloud_session(tmp_path_factory, request) -> Iterator[Cloud]:
         for s in (gcp, kube, dash):
             s.stop()
         sink.close()
-        if not request.session.testsfailed:
-            for name in (STANDARD, AUTOPILOT):
-                shutil.rmtree(ROOT / ".state" / name, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def cloud_session(tmp_path_factory, request) -> Iterator[Cloud]:
+    for name in (STANDARD, AUTOPILOT):
+        shutil.rmtree(ROOT / ".state" / name, ignore_errors=True)
+    with fake_cloud(tmp_path_factory.mktemp("fakecloud")) as cloud:
+        yield cloud
+    if not request.session.testsfailed:
+        for name in (STANDARD, AUTOPILOT):
+            shutil.rmtree(ROOT / ".state" / name, ignore_errors=True)
 
 
 @pytest.fixture

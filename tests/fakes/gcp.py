@@ -154,6 +154,11 @@ class FakeGcp:
         self.project, self.number, self.token, self.kube = project, number, token, kube
         self.lock = threading.RLock()
         self.op_polls = 0          # GETs of an operation before it is DONE (latency)
+        # Wall-clock latency of operations, in seconds, by kind ("network",
+        # "subnet", "cluster", "nodepool", "delete"): the operation stays
+        # RUNNING (its resource PROVISIONING) that long. For benchmarks.
+        self.latency: dict[str, float] = {}
+        self._pending: list[dict] = []
         self.stockouts: list[Stockout] = []
         self.st = State(project, number)
         self.routes: list[Route] = []
@@ -174,6 +179,8 @@ class FakeGcp:
             self.st = State(self.project, self.number)
             self.stockouts.clear()
             self.op_polls = 0
+            self.latency = {}
+            self._pending = []
         self.server.clear_faults()
 
     # -- views for tests ----------------------------------------------------
@@ -205,9 +212,32 @@ class FakeGcp:
             m = rx.match(req.path)
             if m and method == req.method:
                 with self.lock:
+                    self._tick()
                     out = fn(req, *m.groups())
                 return out if isinstance(out, Response) else Response(200, out)
         raise fail(404, f"fake gcp: no route for {req.method} {req.path}")
+
+    def _later(self, op: dict, key: str, resource: dict | None = None) -> dict:
+        """Leave ``op`` RUNNING (and ``resource`` PROVISIONING) for latency[key] s."""
+        delay = self.latency.get(key, 0.0)
+        if delay > 0:
+            op["status"], op["endTime"] = "RUNNING", None
+            op["_done_at"] = time.monotonic() + delay
+            if resource is not None and resource.get("status") == "RUNNING":
+                resource["status"] = "PROVISIONING"
+            self._pending.append({"op": op, "resource": resource})
+        return op
+
+    def _tick(self) -> None:
+        now = time.monotonic()
+        for item in list(self._pending):
+            op = item["op"]
+            if op["_done_at"] <= now:
+                op["status"], op["endTime"] = "DONE", _now()
+                res = item["resource"]
+                if res is not None and res.get("status") == "PROVISIONING":
+                    res["status"] = "RUNNING"
+                self._pending.remove(item)
 
     def _project(self, p: str) -> None:
         if p not in (self.project, self.number):
@@ -227,10 +257,10 @@ class FakeGcp:
         r("GET", c + "/regions/" + P + "/subnetworks/" + P)(self.subnet_get)
         r("DELETE", c + "/regions/" + P + "/subnetworks/" + P)(self.subnet_delete)
         r("GET", c + "/aggregated/subnetworks")(self.subnets_aggregated)
-        r("POST", c + "/global/operations/" + P + "/wait")(lambda q, p, o: self.compute_op(p, o))
+        r("POST", c + "/global/operations/" + P + "/wait")(lambda q, p, o: self.compute_op(p, o, wait=True))
         r("GET", c + "/global/operations/" + P)(lambda q, p, o: self.compute_op(p, o))
         r("POST", c + "/regions/" + P + "/operations/" + P + "/wait")(
-            lambda q, p, reg, o: self.compute_op(p, o))
+            lambda q, p, reg, o: self.compute_op(p, o, wait=True))
         r("GET", c + "/regions/" + P + "/operations/" + P)(lambda q, p, reg, o: self.compute_op(p, o))
         # container
         k = "/container/v1/projects/" + P + "/locations/" + P
@@ -274,7 +304,7 @@ class FakeGcp:
         return "/".join([f"{self.url}/compute/v1/projects/{p}", *parts])
 
     def _compute_op(self, p: str, kind: str, target: str, region: str | None = None,
-                    error: dict | None = None) -> dict:
+                    error: dict | None = None, latency: str = "") -> dict:
         name = f"operation-{int(time.time() * 1000)}-{_id()[-8:]}"
         where = f"regions/{region}" if region else "global"
         op = {"kind": "compute#operation", "id": _id(), "name": name, "operationType": kind,
@@ -287,14 +317,26 @@ class FakeGcp:
             op["error"] = error
             op["httpErrorStatusCode"] = 400
         self.st.compute_ops[name] = op
+        if latency and not error:
+            self._later(op, latency)
+            return {k: v for k, v in op.items() if not k.startswith("_")}
         return op
 
-    def compute_op(self, p: str, name: str) -> dict:
-        """Get or wait: operations are DONE when they are made."""
+    def compute_op(self, p: str, name: str, wait: bool = False) -> dict:
+        """Get or wait: operations are DONE when made, unless latency is set;
+        a wait blocks until DONE (at most 2 minutes), as the real API's does."""
         op = self.st.compute_ops.get(name)
         if op is None:
             raise fail(404, f"The resource 'projects/{p}/global/operations/{name}' was not found")
-        return op
+        if wait and op.get("status") != "DONE" and "_done_at" in op:
+            left = min(max(0.0, op["_done_at"] - time.monotonic()), 120.0)
+            self.lock.release()
+            try:
+                time.sleep(left)
+            finally:
+                self.lock.acquire()
+            self._tick()
+        return {k: v for k, v in op.items() if not k.startswith("_")}
 
     @staticmethod
     def _list(kind: str, self_link: str, items: list) -> dict:
@@ -332,7 +374,7 @@ class FakeGcp:
             raise fail(409, f"The resource 'projects/{p}/global/networks/{name}' already exists",
                        reason="alreadyExists")
         n = self.add_network(name, int(body.get("mtu") or 1460), bool(body.get("autoCreateSubnetworks")))
-        return self._compute_op(p, "insert", n["selfLink"])
+        return self._compute_op(p, "insert", n["selfLink"], latency="network")
 
     def network_delete(self, req: Request, p: str, name: str) -> dict:
         self._project(p)
@@ -342,7 +384,7 @@ class FakeGcp:
             raise fail(400, f"The network resource 'projects/{p}/global/networks/{name}' is already being used "
                             f"by 'projects/{p}/regions/.../subnetworks/{users[0]}'", reason="resourceInUseByAnotherResource")
         del self.st.networks[name]
-        return self._compute_op(p, "delete", n["selfLink"])
+        return self._compute_op(p, "delete", n["selfLink"], latency="delete")
 
     def subnets_list(self, req: Request, p: str, region: str) -> dict:
         self._project(p)
@@ -391,7 +433,7 @@ class FakeGcp:
             if s["network"].rsplit("/", 1)[-1] == net and s["ipCidrRange"] == cidr:
                 raise fail(400, f"Invalid IPCidrRange: {cidr} conflicts with existing subnetwork '{s['name']}'")
         s = self.add_subnet(region, name, net, cidr)
-        return self._compute_op(p, "insert", s["selfLink"], region=region)
+        return self._compute_op(p, "insert", s["selfLink"], region=region, latency="subnet")
 
     def subnet_delete(self, req: Request, p: str, region: str, name: str) -> dict:
         self._project(p)
@@ -400,13 +442,14 @@ class FakeGcp:
         net = self.st.networks.get(s["network"].rsplit("/", 1)[-1])
         if net and s["selfLink"] in net["subnetworks"]:
             net["subnetworks"].remove(s["selfLink"])
-        return self._compute_op(p, "delete", s["selfLink"], region=region)
+        return self._compute_op(p, "delete", s["selfLink"], region=region, latency="delete")
 
     # == container ============================================================
     def _k(self, p: str, loc: str, *parts: str) -> str:
         return "/".join([f"{self.url}/container/v1/projects/{p}/locations/{loc}", *parts])
 
-    def _container_op(self, p: str, loc: str, kind: str, target: str, error: str | None = None) -> dict:
+    def _container_op(self, p: str, loc: str, kind: str, target: str, error: str | None = None,
+                      latency: str = "", resource: dict | None = None) -> dict:
         name = f"operation-{int(time.time() * 1000)}-{_id()[-8:]}"
         op = {"name": name, "zone": loc, "operationType": kind, "status": "DONE",
               "selfLink": self._k(p, loc, "operations", name), "targetLink": target,
@@ -419,6 +462,8 @@ class FakeGcp:
             op["_polls_left"] = self.op_polls
             op["_final"] = "DONE"
         self.st.container_ops[name] = op
+        if latency and not error:
+            self._later(op, latency, resource)
         return self._public(op)
 
     @staticmethod
@@ -514,7 +559,7 @@ class FakeGcp:
         if (loc, name) in self.st.clusters:
             raise fail(409, f"Already exists: projects/{p}/locations/{loc}/clusters/{name}.")
         c = self.add_cluster(loc, spec)
-        return self._container_op(p, loc, "CREATE_CLUSTER", c["selfLink"])
+        return self._container_op(p, loc, "CREATE_CLUSTER", c["selfLink"], latency="cluster", resource=c)
 
     def cluster_delete(self, req: Request, p: str, loc: str, name: str) -> dict:
         c = self._cluster(p, loc, name)
@@ -574,7 +619,7 @@ class FakeGcp:
             np = self.add_pool(c["location"], cluster, spec, status="ERROR", message=msg)
             return self._container_op(p, loc, "CREATE_NODE_POOL", np["selfLink"], error=msg if so.op_fails else None)
         np = self.add_pool(c["location"], cluster, spec)
-        return self._container_op(p, loc, "CREATE_NODE_POOL", np["selfLink"])
+        return self._container_op(p, loc, "CREATE_NODE_POOL", np["selfLink"], latency="nodepool", resource=np)
 
     def pool_delete(self, req: Request, p: str, loc: str, cluster: str, name: str) -> dict:
         c = self._cluster(p, loc, cluster)

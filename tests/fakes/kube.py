@@ -211,6 +211,11 @@ class FakeKube:
         self._rv = itertools.count(1000)
         self.objects: dict[tuple[str, str, str], dict] = {}   # (plural, namespace, name) -> object
         self.ray_ready = True       # KubeRay makes a RayCluster ready at once
+        # For benchmarks: a RayCluster becomes ready ray_latency s after it is
+        # applied, and only once ray_gate() says its TPU nodes exist.
+        self.ray_latency = 0.0
+        self.ray_gate = lambda: True
+        self._ray_pending: dict[tuple[str, str], float] = {}
         self.server = FakeServer("kube", pki, self.handle, self.check_auth)
         self.url = self.server.url
         self.endpoint = self.url.split("://", 1)[1]
@@ -288,6 +293,8 @@ class FakeKube:
             raise HttpError(401, status(401, "Unauthorized", "Unauthorized"))
 
     def handle(self, req: Request) -> Response:
+        with self.lock:
+            self._tick()
         path = req.path.rstrip("/") or "/"
         if path == "/version":
             return Response(200, VERSION)
@@ -396,7 +403,20 @@ class FakeKube:
     # -- controllers --------------------------------------------------------------
     def _react(self, kind: Kind, obj: dict) -> None:
         if kind.plural == "rayclusters" and self.ray_ready:
+            if self.ray_latency > 0:
+                md = obj["metadata"]
+                self._ray_pending[(md["namespace"], md["name"])] = time.monotonic() + self.ray_latency
+                return
             self._reconcile_ray(obj)
+
+    def _tick(self) -> None:
+        for (ns, name), at in list(self._ray_pending.items()):
+            rc = self.objects.get(("rayclusters", ns, name))
+            if rc is None:
+                del self._ray_pending[(ns, name)]
+            elif at <= time.monotonic() and self.ray_gate():
+                del self._ray_pending[(ns, name)]
+                self._reconcile_ray(rc)
 
     def _reacted_delete(self, kind: Kind, obj: dict) -> None:
         md = obj["metadata"]
