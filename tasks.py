@@ -85,17 +85,39 @@ def up(c):
         "steps": "training steps (0: the job's own, 100 in the tutorial)",
         "set": "key=value: a MaxText setting added to or replacing the job's (repeatable)",
         "fresh": "delete the run's checkpoints first, so it starts from step 0",
+        "preset": "a named set of changes, e.g. --model=llama3-70b --preset=fits (fits 2 x v6e-16)",
+        "skip_preflight": "submit without the static checks and the AOT fit check (GKE runs them by default)",
     },
 )
-def train(c, model="llama3-8b", elastic=False, steps=0, set_=None, fresh=False):
+def train(c, model="llama3-8b", elastic=False, steps=0, set_=None, fresh=False, preset="", skip_preflight=False):
     """§8-9 Submit the tutorial's training job with `ray job submit`, follow it, exit with its status."""
     from playbooks import plan, train as tr
 
     with clean_errors():
         s = open_session(c.config, "train")
-        job = tr.build_job(s.env, model, elastic, steps or None, set_ or [], fresh)
+        job = tr.build_job(s.env, model, elastic, steps or None, set_ or [], fresh, preset)
         log = (s.logdir / "job.log") if s.logdir else None
-        s.run("train", plan.train_steps(s.env, job, {}, log), parallel=False)
+        s.run("train", plan.train_steps(s.env, job, {}, log, preflight=not skip_preflight), parallel=False)
+
+
+@task(
+    iterable=["set_"],
+    help={
+        "model": "llama3-8b (default) or llama3-70b",
+        "elastic": "check the elastic job",
+        "steps": "training steps (0: the job's own)",
+        "set": "key=value: a MaxText setting added to or replacing the job's (repeatable)",
+        "preset": "a named set of changes (llama3-70b: fits)",
+    },
+)
+def preflight(c, model="llama3-8b", elastic=False, steps=0, set_=None, preset=""):
+    """Prove a job fits its TPUs: static checks, then an AOT compile (and, if it does not fit, the smallest change that does)."""
+    from playbooks import plan, train as tr
+
+    with clean_errors():
+        s = open_session(c.config, "preflight")
+        job = tr.build_job(s.env, model, elastic, steps or None, set_ or [], False, preset)
+        s.run("preflight", plan.preflight_steps(s.env, job), parallel=False)
 
 
 @task(help={"restore_after": "local only: seconds before the killed host comes back (0: never)"})
@@ -143,6 +165,7 @@ def doctor(c):
 chaos = Collection("chaos")
 chaos.add_task(delete_worker)
 
-ns = Collection(prereqs, network, cluster, nodepools, storage, raycluster, dashboard, up, train, teardown, doctor)
+ns = Collection(prereqs, network, cluster, nodepools, storage, raycluster, dashboard, up, train, preflight, teardown,
+                doctor)
 ns.add_collection(chaos)
 ns.configure({"playbook": {"env": None, "inventory": None, "mode": "apply", "parallel": 4}})

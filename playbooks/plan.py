@@ -70,9 +70,23 @@ def _then(first: list[Step], then: list[Step]) -> list[Step]:
     return first + then
 
 
-def train_steps(env: Env, job: train.Job, state: dict, log_file=None) -> list[Step]:
-    return _then(cluster_ready_steps(env) + [train.checkpoint_step(job, state)],
+def train_steps(env: Env, job: train.Job, state: dict, log_file=None, preflight: bool = True) -> list[Step]:
+    """Preflight first (nothing is started for a job that cannot fit), then
+    the cluster, the run's checkpoints, the job."""
+    from . import preflight as pf
+    if preflight:
+        checks = pf.steps(env, job, search=False)
+    else:
+        checks = [Step("preflight", "preflight", lambda look: ok(), id="preflight:skipped",
+                       skip="--skip-preflight: no static checks (mesh, hosts, manifest) and no AOT fit check "
+                            "against the TPU HBM")]
+    return _then(checks + cluster_ready_steps(env) + [train.checkpoint_step(job, state)],
                  [train.job_step(job, state, log_file)])
+
+
+def preflight_steps(env: Env, job: train.Job) -> list[Step]:
+    from . import preflight as pf
+    return pf.steps(env, job, search=True)
 
 
 def chaos_steps(env: Env, restore_after: float) -> list[Step]:

@@ -151,3 +151,291 @@ def _version(pkg: str) -> str:
         return metadata.version(pkg)
     except metadata.PackageNotFoundError:
         return "not installed"
+
+
+# -- the fit check: an ahead-of-time compile for the TPU topology --------------
+HBM_V6E_GIB = 31.24  # what libtpu reports for a v6e chip; the compile log says it again
+OOM = re.compile(r"CompileTimeHbmOom: .*?\(([\d.]+)G\) exceeds available HBM \(([\d.]+)G\)")
+MEMORY = re.compile(r"Memory analysis: CompiledMemoryStats\((.*?)\)")
+TOTAL = re.compile(r"Total hbm usage >= ([\d.]+)([KMGT]?)")
+PROGRAM = re.compile(r"XLA::TPU program HBM usage: ([\d.]+)([KMGT]?) / ([\d.]+)([KMGT]?)")
+HOST = re.compile(r"Total host usage >= ([\d.]+)([KMGT]?)")
+UNIT = {"": 1 / GIB, "K": 1 / 1024 ** 2, "M": 1 / 1024, "G": 1.0, "T": 1024.0}
+
+# Changes tried, in this order, when a job does not fit: smallest first.
+CANDIDATES: tuple[tuple[tuple[str, str], ...], ...] = (
+    (("per_device_batch_size", "1"),),
+    (("optimizer_memory_host_offload", "true"),),
+    (("per_device_batch_size", "1"), ("optimizer_memory_host_offload", "true")),
+    (("per_device_batch_size", "1"), ("optimizer_memory_host_offload", "true"),
+     ("parameter_memory_host_offload", "true"), ("param_scan_axis", "0")),
+)
+
+# Proven by `bench/preflight.py` (an AOT compile for 2 x v6e-16): the smallest
+# change of the tutorial's 70B job that fits its 32 chips.
+PRESETS: dict[str, dict[str, tuple[tuple[str, str], ...]]] = {
+    "llama3-70b": {"fits": (("per_device_batch_size", "1"), ("optimizer_memory_host_offload", "true"))},
+}
+
+
+def _gib(value: str, unit: str) -> float:
+    return float(value) * UNIT[unit]
+
+
+@dataclass
+class Fit:
+    fits: bool
+    seconds: float = 0.0
+    arguments: float | None = None   # GiB per chip
+    outputs: float | None = None
+    aliased: float | None = None
+    temporaries: float | None = None
+    total: float | None = None
+    capacity: float = HBM_V6E_GIB
+    host: float | None = None
+    needed: float | None = None      # temporaries asked for, when it does not fit
+    error: str | None = None         # a failure that is not about memory
+    cached: bool = False
+
+    @property
+    def margin(self) -> float | None:
+        return None if self.total is None else self.capacity - self.total
+
+    def lines(self) -> list[str]:
+        if self.error:
+            return [f"the job does not compile: {self.error}"]
+        if not self.fits:
+            return [f"does NOT fit: its temporaries alone need {self.needed:.2f} GiB per chip, the chip has "
+                    f"{self.capacity:.2f} GiB of HBM (short by {self.needed - self.capacity:.2f} GiB)"]
+        out = ["fits, per chip:"]
+        if self.arguments is not None:
+            out.append(f"  arguments {self.arguments:.2f} GiB, outputs {self.outputs:.2f} GiB "
+                       f"({self.aliased:.2f} GiB of them aliased to arguments), temporaries {self.temporaries:.2f} GiB")
+        if self.total is not None:
+            out.append(f"  total {self.total:.2f} GiB of {self.capacity:.2f} GiB HBM: margin {self.margin:.2f} GiB "
+                       f"({100 * self.margin / self.capacity:.1f}%)"
+                       + (f"; host memory {self.host:.2f} GiB (offloaded)" if self.host else ""))
+        return out
+
+    def to_json(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k != "cached"}
+
+
+def parse_compile(text: str, tpu_log: str = "", seconds: float = 0.0) -> Fit:
+    m = OOM.search(text) or OOM.search(tpu_log)
+    if m:
+        return Fit(False, seconds, needed=float(m.group(1)), capacity=float(m.group(2)))
+    mem = MEMORY.search(text)
+    if not mem:
+        errors = [l for l in text.splitlines() if re.search(r"(Error|Exception|error:)", l)
+                  and "E0000" not in l and "unexpected worker hostname" not in l]
+        return Fit(False, seconds, error=(errors[-1].strip() if errors else "no memory analysis in its output"))
+    stats = {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", mem.group(1))}
+    fit = Fit(True, seconds,
+              arguments=stats.get("argument_size_in_bytes", 0) / GIB,
+              outputs=stats.get("output_size_in_bytes", 0) / GIB,
+              aliased=stats.get("alias_size_in_bytes", 0) / GIB,
+              temporaries=stats.get("temp_size_in_bytes", 0) / GIB)
+    # The compiler's own account (libtpu's log) is the one it fits against;
+    # the stats above, summed, overstate it.
+    if (t := TOTAL.search(tpu_log)):
+        fit.total = _gib(*t.groups())
+    else:
+        fit.total = fit.arguments + fit.outputs - fit.aliased + fit.temporaries
+    if (p := PROGRAM.search(tpu_log)):
+        fit.capacity = _gib(p.group(3), p.group(4))
+    if (h := HOST.search(tpu_log)):
+        fit.host = _gib(*h.groups()) or None
+    return fit
+
+
+def compile_args(env: Env, job, extra: tuple[tuple[str, str], ...] = (), slices: int | None = None) -> list[str]:
+    """The job's own arguments, for the TPU topology it would run on (every
+    slice, for an elastic job)."""
+    args = dict(job.args)
+    for k, v in extra:
+        args[k] = v
+    args.update({"compile_topology": f"v6e-{chips(env.topology)}",
+                 "compile_topology_num_slices": str(slices or env.slices)})
+    return [f"{k}={v}" for k, v in args.items()]
+
+
+WORK = ".state/preflight"
+
+
+def with_work_dirs(args: list[str]) -> list[str]:
+    """Where the compile may write: only under .state/preflight/ (not the
+    job's /data/, not ~/jax_cache, not /tmp/xla_dump)."""
+    out = [a for a in args if a.split("=", 1)[0] not in ("base_output_directory", "run_name", "jax_cache_dir",
+                                                         "dump_hlo_local_dir")]
+    return out + [f"base_output_directory={WORK}/out/", "run_name=preflight", f"jax_cache_dir={WORK}/jax_cache",
+                  f"dump_hlo_local_dir={WORK}/xla_dump/"]
+
+
+def versions() -> dict[str, str]:
+    return {p: _version(p) for p in ("maxtext", "jax", "jaxlib", "libtpu")}
+
+
+def cache_key(args: list[str]) -> str:
+    """Everything that changes the compile: the job's arguments (model,
+    settings, topology, slices) and the MaxText, jax and libtpu versions."""
+    keep = [a for a in args if a.split("=", 1)[0] not in ("base_output_directory", "run_name", "jax_cache_dir",
+                                                          "dump_hlo_local_dir")]
+    blob = json.dumps({"args": sorted(keep), "versions": versions()}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def cache_path(key: str) -> Path:
+    return ROOT / ".state" / "preflight" / "cache" / f"{key}.json"
+
+
+def compile_command(args: list[str], key: str) -> Command:
+    return Command(("python", "-m", "maxtext.trainers.pre_train.train_compile", f"trainer/{T.BASE_CONFIG}",
+                    *with_work_dirs(args)), env=(("TPU_LOG_DIR", f"{WORK}/tpu_logs/{key}"),), timeout=3 * 3600)
+
+
+def compile_fact(args: list[str]) -> Fact:
+    key = cache_key(args)
+    command = compile_command(args, key)
+
+    def parse(c) -> Fit:
+        log = ROOT / dict(command.env)["TPU_LOG_DIR"] / "tpu_driver.INFO"
+        err = log.with_name("tpu_driver.ERROR")
+        text = "\n".join(p.read_text(errors="replace") for p in (log, err) if p.exists())
+        fit = parse_compile(c.stdout + "\n" + c.stderr, text, c.seconds)
+        if fit.fits or fit.needed is not None:
+            path = cache_path(key)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(fit.to_json()))
+        return fit
+
+    return Fact(name="fit", command=command, parse=parse, assumed=ABSENT,
+                describe=lambda f: ("fits" if f.fits else "does not fit" if f.needed else "does not compile")
+                if isinstance(f, Fit) else str(f))
+
+
+def cached(args: list[str]) -> Fit | None:
+    p = cache_path(cache_key(args))
+    if not p.exists():
+        return None
+    fit = Fit(**json.loads(p.read_text()))
+    fit.cached = True
+    return fit
+
+
+class _Heartbeat:
+    """Prints the elapsed time while a compile runs (they take minutes)."""
+
+    def __init__(self, ctx: StepContext, what: str, every: float = 30.0):
+        self.ctx, self.what, self.every = ctx, what, every
+        self._stop = threading.Event()
+        self._start = time.monotonic()
+
+    def __enter__(self):
+        if self.ctx.acting or self.ctx.runner.probing:
+            threading.Thread(target=self._beat, daemon=True).start()
+        return self
+
+    def _beat(self):
+        while not self._stop.wait(self.every):
+            self.ctx.echo(f"  ... {self.what}: {time.monotonic() - self._start:.0f}s")
+
+    def __exit__(self, *exc):
+        self._stop.set()
+
+
+def fit(ctx: StepContext, env: Env, job, extra=(), slices: int | None = None) -> Fit | None:
+    """The fit of the job (plus ``extra`` settings), from the cache or a compile."""
+    args = compile_args(env, job, extra, slices)
+    if ctx.runner.probing:
+        hit = cached(args)
+        if hit is not None:
+            ctx.log.emit("probe", f"{compile_command(args, cache_key(args)).line()}  => "
+                                  f"{'fits' if hit.fits else 'does not fit'} (cached {cache_key(args)})")
+            return hit
+    if ctx.runner.probing:
+        # libtpu writes its logs (the compiler's own memory account) only
+        # into a folder that exists.
+        (ROOT / WORK / "tpu_logs" / cache_key(args)).mkdir(parents=True, exist_ok=True)
+    with _Heartbeat(ctx, f"compiling for {slices or env.slices} x v6e-{chips(env.topology)}"):
+        result = ctx.look(compile_fact(args))
+    return result if isinstance(result, Fit) else None
+
+
+# -- steps ----------------------------------------------------------------------
+def static_step(env: Env, job) -> Step:
+    def decide(look):
+        from .core.step import fail, ok
+        problems = static_checks(env, job)
+        if problems:
+            return fail("static checks failed:\n" + "\n".join(f"- {p}" for p in problems))
+        args = dict(job.args)
+        return ok(f"{args.get('model_name')}: mesh, hosts and manifest agree "
+                  f"({slice_devices(env)} devices per slice x {env.slices} slices)")
+
+    return Step(PLAY, "static checks", decide, id="preflight:static")
+
+
+def set_line(extra) -> str:
+    return " ".join(f"--set {k}={v}" for k, v in extra)
+
+
+def ready_command(env: Env, job, extra) -> str:
+    prefix = f"INVOKE_PLAYBOOK_ENV={env.name} " if env.name else ""
+    flags = [f"--model={job.model}"] + (["--elastic"] if job.elastic else [])
+    preset = next((name for name, ov in PRESETS.get(job.model, {}).items() if tuple(ov) == tuple(extra)), None)
+    tail = f"--preset={preset}" if preset else set_line(extra)
+    return f"{prefix}invoke train {' '.join(flags)} {tail}"
+
+
+def fit_step(env: Env, job, search: bool) -> Step:
+    def run(ctx: StepContext) -> Outcome:
+        if env.kind == "local":
+            return Outcome(SKIPPED, "a local environment trains on CPU: the fit check is for TPU HBM")
+        ctx.note(f"MaxText {_version('maxtext')}, jax {_version('jax')}, libtpu {_version('libtpu')} "
+                 f"(the libtpu trainer/requirements.txt installs on the TPU workers)")
+        result = fit(ctx, env, job)
+        if result is None:
+            return Outcome(OK, f"would compile the job for {env.slices} x v6e-{chips(env.topology)}")
+        for line in result.lines():
+            ctx.echo(f"  {line}")
+        if result.error:
+            return Outcome(FAILED, f"the job does not compile for {env.slices} x v6e-{chips(env.topology)}: "
+                                   f"{result.error}")
+        if result.fits:
+            return Outcome(OK, f"fits {env.slices} x v6e-{chips(env.topology)} with "
+                               f"{result.margin:.2f} GiB to spare per chip" + (" (cached)" if result.cached else ""))
+        short = (f"does not fit {env.slices} x v6e-{chips(env.topology)}: needs {result.needed:.2f} GiB of "
+                 f"temporaries per chip, has {result.capacity:.2f} GiB")
+        if not search:
+            preset = PRESETS.get(job.model, {}).get("fits")
+            hint = (f"; a preset that fits: {ready_command(env, job, preset)}" if preset and not job_uses(job, preset)
+                    else f"; `invoke preflight --model={job.model}` searches for a change that fits")
+            return Outcome(FAILED, short + hint)
+        current = dict(job.args)
+        for extra in CANDIDATES:
+            if all(current.get(k) == v for k, v in extra):
+                continue
+            ctx.echo(f"  trying {set_line(extra)}")
+            r = fit(ctx, env, job, extra)
+            if r is None:
+                continue
+            for line in r.lines():
+                ctx.echo(f"    {line}")
+            if r.fits:
+                return Outcome(FAILED, f"{short}. Smallest change that fits ({r.total:.2f} of {r.capacity:.2f} GiB): "
+                                       f"{ready_command(env, job, extra)}")
+        return Outcome(FAILED, short + f"; none of the {len(CANDIDATES)} changes tried fits: more chips needed "
+                                       f"(more slices, or a larger topology)")
+
+    return Step(PLAY, "fits the TPU HBM (ahead-of-time compile)", lambda look: None, run=run, id="preflight:fit",
+                after=("preflight:static",))
+
+
+def job_uses(job, extra) -> bool:
+    args = dict(job.args)
+    return all(args.get(k) == v for k, v in extra)
+
+
+def steps(env: Env, job, search: bool = True) -> list[Step]:
+    return [static_step(env, job), fit_step(env, job, search)]

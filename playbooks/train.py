@@ -96,9 +96,13 @@ def local_paths(env: Env) -> dict[str, str]:
 
 
 def build_job(env: Env, model: str, elastic: bool = False, steps: int | None = None,
-              sets: list[str] | tuple[str, ...] = (), fresh: bool = False) -> Job:
+              sets: list[str] | tuple[str, ...] = (), fresh: bool = False, preset: str = "") -> Job:
+    from .preflight import PRESETS
     if model not in T.TRAIN_ARGS:
         raise InputError(f"--model {model!r} is not allowed (allowed: {', '.join(MODELS)})")
+    if preset and preset not in PRESETS.get(model, {}):
+        have = ", ".join(PRESETS.get(model, {})) or "none"
+        raise InputError(f"--preset {preset!r} is not defined for {model} (defined: {have})")
     if steps is not None and steps < 1:
         raise InputError(f"--steps {steps} must be at least 1")
     extra = parse_sets(sets)
@@ -134,6 +138,8 @@ def build_job(env: Env, model: str, elastic: bool = False, steps: int | None = N
         job.bucket = env.gs_bucket
     for k, v in (env.train_overrides or {}).items():
         _set(args, k, str(v).lower() if isinstance(v, bool) else str(v))
+    for k, v in (PRESETS[model][preset] if preset else ()):
+        _set(args, k, v)
     if steps is not None:
         _set(args, "steps", str(steps))
     for k, v in extra:

@@ -27,6 +27,8 @@ TASKS = {
     "train-llama3-8b": ["train"],
     "train-llama3-70b": ["train", "--model=llama3-70b"],
     "train-elastic": ["train", "--elastic"],
+    "preflight-llama3-70b": ["preflight", "--model=llama3-70b"],
+    "train-llama3-70b-fits": ["train", "--model=llama3-70b", "--preset=fits"],
     "chaos": ["chaos.delete-worker"],
     "teardown": ["teardown"],
 }

@@ -21,12 +21,15 @@ def transcripts(tmp_path_factory):
     auto = {**ENV, "mode": "autopilot", "cluster_name": "llm-auto"}
     inv.write_text(yaml.safe_dump({"default": "acme", "environments": {"acme": ENV, "acme-auto": auto}}))
     out = {}
-    for name, args in {"up": ["up"], "train": ["train"], "train70": ["train", "--model=llama3-70b"],
+    for name, args in {"up": ["up"], "train": ["train"], "train70": ["train", "--model=llama3-70b", "--skip-preflight"],
                        "elastic": ["train", "--elastic", "--steps=50"], "chaos": ["chaos.delete-worker"],
                        "teardown": ["teardown"]}.items():
         rc, text, err = dry_run("acme", args, inventory=inv)
         assert rc == 0 and "PROCESSES STARTED" not in err, err
         out[name] = text
+    # The tutorial's 70B job splits FSDP over 2 slices: on 3, the preflight refuses it.
+    rc, out["train70-3"], err = dry_run("acme", ["train", "--model=llama3-70b"], inventory=inv)
+    assert rc == 1, out["train70-3"]
     rc, out["auto"], err = dry_run("acme-auto", ["up"], inventory=inv)
     assert rc == 0, err
     rc, out["auto-teardown"], err = dry_run("acme-auto", ["teardown"], inventory=inv)
@@ -112,6 +115,10 @@ def test_training_jobs_are_the_tutorials(transcripts):
         "per_device_batch_size=4 max_target_length=4096 model_name=llama3-8b steps=50 ici_fsdp_parallelism=4 "
         "ici_tensor_parallelism=4 run_name=rayjob-elastic-8b")
     assert '"TRAINER_SLICES": "3"' in transcripts["train"]
+    assert "compile_topology=v6e-16 compile_topology_num_slices=3" in transcripts["train"]
+    assert "skipped: [preflight : preflight] --skip-preflight: no static checks" in transcripts["train70"]
+    assert ("DCN parallelism (across slices, 3 slices): dcn_fsdp_parallelism=2 = 2, but there are 3"
+            in transcripts["train70-3"]) and "ray job submit" not in transcripts["train70-3"]
 
 
 def test_chaos_is_the_tutorials_find_then_delete(transcripts):

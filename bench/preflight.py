@@ -1,0 +1,80 @@
+"""Preflight benchmark: the ahead-of-time compiles of the tutorial's jobs for
+2 x v6e-16 (32 chips), each as `invoke preflight` runs it: wall time, peak
+host RSS of the compile, and the per-chip memory the compiler reports.
+
+    .venv/bin/python bench/preflight.py [--only 8b|70b|70b-fits]
+
+No cache: every compile is cold (JAX's compilation cache did not help here).
+Minutes each on a 2-core machine.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from playbooks import preflight as pf, train as tr  # noqa: E402
+from playbooks.settings import load_inventory  # noqa: E402
+
+CASES = {
+    "8b": ("llama3-8b", ""),
+    "70b": ("llama3-70b", ""),
+    "70b-fits": ("llama3-70b", "fits"),
+}
+
+
+def compile_once(env, model: str, preset: str, logs: Path) -> tuple[pf.Fit, float, float]:
+    job = tr.build_job(env, model, preset=preset)
+    args = pf.compile_args(env, job)
+    cmd = pf.compile_command(args, "bench")
+    e = dict(os.environ)
+    e["PATH"] = str(Path(sys.executable).parent) + os.pathsep + e.get("PATH", "")
+    e["TPU_LOG_DIR"] = str(logs)
+    start = time.monotonic()
+    p = subprocess.Popen(list(cmd.argv), cwd=ROOT, env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out = p.stdout.read()
+    _, status, usage = os.wait4(p.pid, 0)
+    wall = time.monotonic() - start
+    text = "\n".join(f.read_text(errors="replace") for f in (logs / "tpu_driver.INFO", logs / "tpu_driver.ERROR")
+                     if f.exists())
+    return pf.parse_compile(out, text, wall), wall, usage.ru_maxrss / 1024 ** 2
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--only", choices=sorted(CASES))
+    a = ap.parse_args()
+    os.chdir(ROOT)
+    env = load_inventory().env("dev")
+    rows = []
+    with tempfile.TemporaryDirectory() as t:
+        for name, (model, preset) in CASES.items():
+            if a.only and name != a.only:
+                continue
+            fit, wall, rss = compile_once(env, model, preset, Path(t) / name)
+            rows.append((name, model, preset, fit, wall, rss))
+            print(f"{name}: {'fits' if fit.fits else 'does not fit'} in {wall:.0f}s", flush=True)
+    print(f"\npreflight compiles for 2 x v6e-16 (maxtext {pf._version('maxtext')}, jax {pf._version('jax')}, "
+          f"libtpu {pf._version('libtpu')}), {os.cpu_count()} CPU cores")
+    print(f"{'job':<28} {'result':<13} {'wall (s)':>8} {'peak RSS':>9}  per chip")
+    for name, model, preset, fit, wall, rss in rows:
+        job = f"{model}" + (f" --preset={preset}" if preset else " (tutorial)")
+        if fit.fits:
+            per = (f"args {fit.arguments:.2f} + out {fit.outputs:.2f} (alias {fit.aliased:.2f}) + temp "
+                   f"{fit.temporaries:.2f} GiB; total {fit.total:.2f} of {fit.capacity:.2f} GiB, margin {fit.margin:.2f}"
+                   + (f"; host {fit.host:.2f} GiB" if fit.host else ""))
+        elif fit.needed is not None:
+            per = f"temporaries need {fit.needed:.2f} GiB of {fit.capacity:.2f} GiB"
+        else:
+            per = f"error: {fit.error}"
+        print(f"{job:<28} {'fits' if fit.fits else 'DOES NOT FIT':<13} {wall:>8.0f} {rss:>7.2f}G  {per}")
+
+
+if __name__ == "__main__":
+    main()

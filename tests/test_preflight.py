@@ -1,0 +1,190 @@
+"""Preflight: each static rule violated once; the compile output read right;
+an ahead-of-time compile of a small model that fits, one that does not (and
+the smallest change that fits), and a cache hit."""
+import os
+import re
+import subprocess
+import time
+
+import pytest
+import yaml
+
+from playbooks import preflight as pf, train as tr
+from playbooks.core.inventory import Env
+from tests.conftest import INVOKE, ROOT, env
+
+OOM_LINE = ("jax.errors.JaxRuntimeError: RESOURCE_EXHAUSTED: E1000: CompileTimeHbmOom: Ran out of memory on HBM, "
+            "the total memory required for HLO temporaries (49.82G) exceeds available HBM (31.24G). "
+            "HLO module: jit_train_step.")
+MEMORY_LINE = ("Memory analysis: CompiledMemoryStats(generated_code_size_in_bytes=183514624, "
+               "argument_size_in_bytes=8820705792, output_size_in_bytes=8820382464, alias_size_in_bytes=8820378112, "
+               "temp_size_in_bytes=26805193056, host_generated_code_size_in_bytes=0, "
+               "host_argument_size_in_bytes=17640736256, host_output_size_in_bytes=17640736256, "
+               "host_alias_size_in_bytes=17640736256, host_temp_size_in_bytes=0)")
+TPU_LOG = """\
+I1130 06:31:18.344219   17068 deepsea_compiler_backend.cc:2249] XLA::TPU program HBM usage: 21.54G / 31.24G
+I1130 06:31:18.344243   17068 deepsea_compiler_backend.cc:2301] Total hbm usage >= 30.01G:
+    reserved        264.01M
+Total host usage >= 16.43G:
+"""
+
+
+def job(e, model="llama3-8b", sets=(), elastic=False):
+    return tr.build_job(e, model, elastic, sets=list(sets))
+
+
+def problems(e, j):
+    return pf.static_checks(e, j)
+
+
+# -- static rules ---------------------------------------------------------------------
+def test_the_tutorials_jobs_pass_the_static_checks():
+    for model in ("llama3-8b", "llama3-70b"):
+        assert problems(env("dev"), job(env("dev"), model)) == []
+    assert problems(env("local"), job(env("local"))) == []
+
+
+def test_ici_product_must_be_the_chips_of_a_slice():
+    p = problems(env("dev"), job(env("dev"), sets=["ici_tensor_parallelism=8"]))
+    assert p == ["ICI parallelism (per slice, 16 chips in a 4x4 slice): ici_fsdp_parallelism=4 x "
+                 "ici_tensor_parallelism=8 = 32, but there are 16"]
+
+
+def test_dcn_product_must_be_the_slices():
+    p = problems(env("dev"), job(env("dev"), "llama3-70b", sets=["dcn_fsdp_parallelism=4"]))
+    assert p == ["DCN parallelism (across slices, 2 slices): dcn_fsdp_parallelism=4 = 4, but there are 2"]
+
+
+def test_only_one_axis_may_be_filled():
+    p = problems(env("dev"), job(env("dev"), sets=["ici_fsdp_parallelism=-1", "ici_data_parallelism=-1"]))
+    assert p and "more than one axis is -1 (ici_data_parallelism, ici_fsdp_parallelism)" in p[0]
+
+
+def test_a_filled_axis_must_divide():
+    p = problems(env("dev"), job(env("dev"), sets=["ici_fsdp_parallelism=-1", "ici_tensor_parallelism=3"]))
+    assert p[0] == ("ICI parallelism (per slice, 16 chips in a 4x4 slice): ici_tensor_parallelism=3 = 3 does not "
+                    "divide the 16 to fill (ici_fsdp_parallelism=-1 gets the rest)")
+
+
+def test_model_config_must_exist_in_the_pinned_maxtext():
+    j = job(env("dev"))
+    j.args = [(k, "llama9-1t" if k == "model_name" else v) for k, v in j.args]
+    assert problems(env("dev"), j)[0].startswith("model config models/llama9-1t.yml is not in the pinned MaxText")
+
+
+def test_hosts_times_chips_must_form_the_topology():
+    e = Env(env("dev"))
+    e.name = "dev"
+    e["hosts_per_slice"] = 2
+    assert "hosts: 2 hosts x 4 chips = 8, but topology 4x4 has 16 chips" in problems(e, job(e))
+
+
+def test_manifest_megascale_must_equal_the_replicas(tmp_path, monkeypatch):
+    text = (ROOT / "manifests" / "ray-cluster.tpu-multi-slice.yaml").read_text()
+    bad = tmp_path / "m.yaml"
+    bad.write_text(text.replace('value: "${SLICES}"', 'value: "1"'))
+    monkeypatch.setattr(pf.T, "RAYCLUSTER_MANIFEST", str(bad))
+    assert "manifest: MEGASCALE_NUM_SLICES=1 but the worker group has 2 slice replicas" in \
+        problems(env("dev"), job(env("dev")))
+
+
+def test_heads_must_split_over_the_tensor_axis():
+    e = env("local")
+    p = problems(e, job(e, sets=["ici_tensor_parallelism=4", "ici_fsdp_parallelism=1", "base_num_kv_heads=3",
+                                 "base_num_query_heads=6"]))
+    assert "attention: 6 query heads do not split over ici_tensor_parallelism=4" in p
+    assert "attention: 3 KV heads and ici_tensor_parallelism=4: neither divides the other" in p
+
+
+def test_elastic_needs_a_dcn_that_follows_the_slices():
+    with pytest.raises(Exception, match="dcn_fsdp_parallelism=2 fixes the slice count"):
+        job(env("dev"), "llama3-70b", elastic=True)
+
+
+# -- reading the compiler ---------------------------------------------------------------
+def test_out_of_memory_is_read_with_its_numbers():
+    f = pf.parse_compile("...\n" + OOM_LINE + "\n")
+    assert (f.fits, f.needed, f.capacity) == (False, 49.82, 31.24)
+    assert f.lines() == ["does NOT fit: its temporaries alone need 49.82 GiB per chip, the chip has 31.24 GiB of "
+                         "HBM (short by 18.58 GiB)"]
+
+
+def test_a_fit_is_read_from_the_stats_and_the_compilers_own_total():
+    f = pf.parse_compile("Jitting and compilation complete!\n" + MEMORY_LINE, TPU_LOG)
+    assert f.fits and round(f.arguments, 2) == 8.21 and round(f.temporaries, 2) == 24.96
+    assert (f.total, f.capacity, f.host) == (30.01, 31.24, 16.43)
+    assert round(f.margin, 2) == 1.23
+    assert "total 30.01 GiB of 31.24 GiB HBM: margin 1.23 GiB (3.9%)" in " ".join(f.lines())
+
+
+def test_another_failure_is_not_read_as_a_fit_or_an_oom():
+    f = pf.parse_compile("E0000 unexpected worker hostname\nValueError: num_kv_heads (2) must be divisible by 4\n")
+    assert not f.fits and f.needed is None and f.error == "ValueError: num_kv_heads (2) must be divisible by 4"
+
+
+def test_the_70b_preset_is_the_proven_change():
+    assert pf.PRESETS["llama3-70b"]["fits"] == (("per_device_batch_size", "1"),
+                                                 ("optimizer_memory_host_offload", "true"))
+    j = tr.build_job(env("dev"), "llama3-70b", preset="fits")
+    assert dict(j.args)["per_device_batch_size"] == "1" and dict(j.args)["optimizer_memory_host_offload"] == "true"
+    with pytest.raises(Exception, match="--preset 'fits' is not defined for llama3-8b"):
+        tr.build_job(env("dev"), "llama3-8b", preset="fits")
+
+
+# -- real AOT compiles (a tiny model; ~40 s each) --------------------------------------------
+TINY = {"override_model_config": True, "base_emb_dim": 256, "base_num_query_heads": 4, "base_num_kv_heads": 4,
+        "base_mlp_dim": 512, "base_num_decoder_layers": 2, "head_dim": 64, "vocab_size": 1024,
+        "max_target_length": 128, "per_device_batch_size": 1}
+GKE = {"kind": "gke", "mode": "standard", "project_id": "pf-project", "region": "us-east5", "zone": "us-east5-b",
+       "cluster_name": "pf", "cluster_version": "1.35.2-gke.1842000", "gs_bucket": "pf-bucket", "ksa_name": "pf",
+       "namespace": "default", "user_identifier": "me@example.com"}
+
+
+@pytest.fixture(scope="module")
+def preflight_env(tmp_path_factory):
+    d = tmp_path_factory.mktemp("pf")
+    inv = d / "inventory.yaml"
+    inv.write_text(yaml.safe_dump({"default": "pf-fits", "environments": {
+        "pf-fits": {**GKE, "train_overrides": TINY},
+        # One v6e-4 slice and logits far over its HBM: 524288 vocabulary x 8192 tokens x 8 sequences.
+        "pf-oom": {**GKE, "slices": 1, "topology": "2x2", "train_overrides": {
+            **TINY, "vocab_size": 524288, "max_target_length": 8192, "per_device_batch_size": 8,
+            "ici_fsdp_parallelism": 4, "ici_tensor_parallelism": 1}},
+    }}))
+    e = {k: v for k, v in os.environ.items() if not k.startswith("INVOKE_")}
+    e.update({"INVOKE_PLAYBOOK_INVENTORY": str(inv), "HOME": str(d)})
+
+    def invoke(name, *args):
+        start = time.monotonic()
+        r = subprocess.run([INVOKE, *args], cwd=ROOT, env={**e, "INVOKE_PLAYBOOK_ENV": name}, capture_output=True,
+                           text=True, timeout=1800)
+        return r.returncode, r.stdout + r.stderr, time.monotonic() - start
+
+    return invoke
+
+
+@pytest.mark.compile
+def test_a_small_model_that_fits_and_then_a_cache_hit(preflight_env):
+    rc, out, seconds = preflight_env("pf-fits", "preflight", "--set", "steps=7")
+    assert rc == 0, out
+    assert re.search(r"total [\d.]+ (M|G)?i?B? ?.*of 31.24 GiB HBM: margin", out) or "of 31.24 GiB HBM: margin" in out
+    assert "fits 2 x v6e-16 with" in out and "libtpu 0.0.50.1" in out
+    rc, out2, seconds2 = preflight_env("pf-fits", "preflight", "--set", "steps=7")
+    assert rc == 0 and "(cached" in out2, out2
+    assert seconds2 < 15 and "train_compile" in out2
+    assert "compiling for" not in out2
+
+
+@pytest.mark.compile
+def test_a_small_model_that_does_not_fit_and_the_smallest_change_that_does(preflight_env):
+    rc, out, _ = preflight_env("pf-oom", "preflight")
+    assert rc == 1, out
+    m = re.search(r"does NOT fit: its temporaries alone need ([\d.]+) GiB per chip, the chip has 31.24 GiB", out)
+    assert m and float(m.group(1)) > 31.24
+    assert "trying --set per_device_batch_size=1" in out
+    assert ("Smallest change that fits" in out and
+            "INVOKE_PLAYBOOK_ENV=pf-oom invoke train --model=llama3-8b --set per_device_batch_size=1" in out), out
+    # `invoke train` refuses it before anything starts (the result is cached).
+    rc, out, seconds = preflight_env("pf-oom", "train")
+    assert rc == 1 and "does not fit 1 x v6e-4" in out and seconds < 20
+    assert "ray job submit" not in out and "get-credentials" not in out
