@@ -77,15 +77,20 @@ def up(c):
         s.run("up", plan.up_steps(s.env))
 
 
+JOB_HELP = {
+    "model": "llama3-8b (default) or llama3-70b: the tutorial's job for that model",
+    "elastic": "the elastic trainer's job (goes on with fewer slices, grows back)",
+    "steps": "training steps (0: the job's own, 100 in the tutorial)",
+    "set": "key=value: a MaxText setting added to or replacing the job's (repeatable)",
+    "preset": "a named set of changes, e.g. --model=llama3-70b --preset=fits (fits 2 x v6e-16)",
+}
+
+
 @task(
     iterable=["set_"],
     help={
-        "model": "llama3-8b (default) or llama3-70b: the tutorial's job for that model",
-        "elastic": "run the elastic trainer (goes on with fewer slices, grows back)",
-        "steps": "training steps (0: the job's own, 100 in the tutorial)",
-        "set": "key=value: a MaxText setting added to or replacing the job's (repeatable)",
+        **JOB_HELP,
         "fresh": "delete the run's checkpoints first, so it starts from step 0",
-        "preset": "a named set of changes, e.g. --model=llama3-70b --preset=fits (fits 2 x v6e-16)",
         "skip_preflight": "submit without the static checks and the AOT fit check (GKE runs them by default)",
     },
 )
@@ -100,16 +105,7 @@ def train(c, model="llama3-8b", elastic=False, steps=0, set_=None, fresh=False, 
         s.run("train", plan.train_steps(s.env, job, {}, log, preflight=not skip_preflight), parallel=False)
 
 
-@task(
-    iterable=["set_"],
-    help={
-        "model": "llama3-8b (default) or llama3-70b",
-        "elastic": "check the elastic job",
-        "steps": "training steps (0: the job's own)",
-        "set": "key=value: a MaxText setting added to or replacing the job's (repeatable)",
-        "preset": "a named set of changes (llama3-70b: fits)",
-    },
-)
+@task(iterable=["set_"], help=JOB_HELP)
 def preflight(c, model="llama3-8b", elastic=False, steps=0, set_=None, preset=""):
     """Prove a job fits its TPUs: static checks, then an AOT compile (and, if it does not fit, the smallest change that does)."""
     from playbooks import plan, train as tr

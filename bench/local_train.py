@@ -34,7 +34,7 @@ ENV = "bench-local"
 
 def local_env() -> dict:
     base = yaml.safe_load((ROOT / "inventory.yaml").read_text())["environments"]["local"]
-    return {**base, "gcs_port": 6420, "dashboard_port": 8285, "ray_ip": "127.0.0.4"}
+    return {**base, "gcs_port": 6600, "dashboard_port": 8285, "ray_ip": "127.0.0.4"}
 
 
 def direct(steps: int, tmp: Path) -> dict:

@@ -139,10 +139,13 @@ def head_step(env: Env) -> Step:
         if running and answering is not ABSENT:
             return Outcome(OK, f"Ray head running at {address(env)} (Ray {answering.get('ray_version')})")
         if not running:
-            if answering is not ABSENT or (ctx.runner.probing and port_open(env.ray_ip, env.gcs_port)):
-                return Outcome(FAILED, f"{address(env)} or port {env.gcs_port} is taken by a process this project "
-                                       f"did not start (pid file {rel(pidfile(env, HEAD).path)}): stop it, or set "
-                                       f"dashboard_port/gcs_port in the inventory")
+            lo, hi = port_range(env)
+            taken = [p for p in range(lo, hi + 1) if ctx.runner.probing and port_open(env.ray_ip, p)]
+            if answering is not ABSENT or taken:
+                what = f"port {taken[0]} (of {lo}-{hi}, the local nodes' ports)" if taken else address(env)
+                return Outcome(FAILED, f"{what} is taken by a process this project did not start (pid file "
+                                       f"{rel(pidfile(env, HEAD).path)}): stop it, or move gcs_port/dashboard_port "
+                                       f"in the inventory")
             _spawn(ctx, env, HEAD, head_command(env))
 
         def up():

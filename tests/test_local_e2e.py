@@ -24,7 +24,7 @@ def local(tmp_path_factory):
     """A local environment of its own (ports, state folder), torn down after."""
     d = tmp_path_factory.mktemp("e2e")
     base = yaml.safe_load((ROOT / "inventory.yaml").read_text())["environments"]["local"]
-    env = {**base, "gcs_port": 6395, "dashboard_port": 8275, "ray_ip": "127.0.0.3"}
+    env = {**base, "gcs_port": 6500, "dashboard_port": 8275, "ray_ip": "127.0.0.3"}
     inv = d / "inventory.yaml"
     inv.write_text(yaml.safe_dump({"default": ENV, "environments": {ENV: env}}))
     shutil.rmtree(ROOT / ".state" / ENV, ignore_errors=True)

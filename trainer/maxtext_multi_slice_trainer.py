@@ -3,45 +3,19 @@
     python maxtext_multi_slice_trainer.py base.yml key=value ...
 
 Ray reserves every slice at once (a SlicePlacementGroup), one worker per TPU
-host; each worker runs MaxText's pre-training main with these arguments.
+host: ScalingConfig(use_tpu=True, num_workers=slices x hosts per slice,
+topology, accelerator_type="TPU-V6E", resources_per_worker={"TPU": chips per
+host}, placement_strategy="SPREAD"). Each worker runs MaxText's pre-training
+main with these arguments. The layout comes from the job's environment
+(TRAINER_*), by default the tutorial's 2 x v6e-16 (see maxtext_ray.py).
 """
-import os
-import sys
-
 from absl import app
 
-import maxtext_ray as mr
-
-
-def train_loop_per_worker(config):
-    import ray.train
-
-    import maxtext_ray
-
-    maxtext_ray.run_maxtext(config["argv"], config["layout"], ray.train.get_context().get_world_size())
+import maxtext_ray
 
 
 def main(argv):
-    import ray
-    from ray.train.v2.api.config import RunConfig
-    from ray.train.v2.jax import JaxTrainer
-
-    argv = mr.absolute_config(argv)
-    mr.check_model_config(argv)
-    layout = mr.Layout.from_env()
-    trainer = JaxTrainer(
-        train_loop_per_worker=train_loop_per_worker,
-        train_loop_config={"argv": argv, "layout": layout},
-        scaling_config=mr.scaling_config(layout, elastic=False),
-        run_config=RunConfig(
-            name="maxtext_jaxtrainer",
-            storage_path=os.environ.get(mr.ENV_STORAGE_PATH),
-            worker_runtime_env=mr.worker_runtime_env(),
-        ),
-    )
-    trainer.fit()
-    print("Training complete!", flush=True)
-    ray.shutdown()
+    maxtext_ray.fit(argv, elastic=False)
 
 
 if __name__ == "__main__":

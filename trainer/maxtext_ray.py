@@ -203,6 +203,40 @@ def patch_hybrid_mesh(processes_per_slice: int) -> None:
     mesh_utils.create_hybrid_device_mesh = hybrid
 
 
+def train_loop_per_worker(config: dict) -> None:
+    """Ray Train's per-worker function: MaxText with the job's argv."""
+    import ray.train
+
+    run_maxtext(config["argv"], config["layout"], ray.train.get_context().get_world_size())
+
+
+def fit(argv: list[str], elastic: bool) -> None:
+    """The trainers' main: a JaxTrainer over TPU slices running MaxText.
+    Elastic: between one slice and all of them, and three retries."""
+    import ray
+    from ray.train.v2.api.config import FailureConfig, RunConfig
+    from ray.train.v2.jax import JaxTrainer
+
+    argv = absolute_config(argv)
+    check_model_config(argv)
+    layout = Layout.from_env()
+    run_config = RunConfig(
+        name="maxtext_jaxtrainer",
+        storage_path=os.environ.get(ENV_STORAGE_PATH),
+        worker_runtime_env=worker_runtime_env(),
+        **({"failure_config": FailureConfig(max_failures=3)} if elastic else {}),
+    )
+    trainer = JaxTrainer(
+        train_loop_per_worker=train_loop_per_worker,
+        train_loop_config={"argv": argv, "layout": layout},
+        scaling_config=scaling_config(layout, elastic=elastic),
+        run_config=run_config,
+    )
+    trainer.fit()
+    print("Training complete!", flush=True)
+    ray.shutdown()
+
+
 def run_maxtext(argv: list[str], layout: Layout, world_size: int) -> None:
     """The body of ``train_loop_per_worker``: MaxText's pre-training main."""
     argv = list(argv)

@@ -14,6 +14,15 @@ class InputError(PlaybookError):
     exit_code = 2
 
 
+def first_line(*texts: str) -> str:
+    """The first non-blank line of the first text that has one."""
+    for text in texts:
+        for line in (text or "").splitlines():
+            if line.strip():
+                return line.strip()
+    return ""
+
+
 def indent(text: str, prefix: str = "    ") -> str:
     text = text.rstrip("\n")
     if not text:
@@ -30,11 +39,7 @@ class CommandFailed(PlaybookError):
         super().__init__(self.render())
 
     def first_error_line(self) -> str:
-        for text in (self.stderr, self.stdout):
-            for line in text.splitlines():
-                if line.strip():
-                    return line.strip()
-        return ""
+        return first_line(self.stderr, self.stdout)
 
     def render(self) -> str:
         parts = [f"step {self.step!r} failed: {self.why}", f"  command: {self.line}"]

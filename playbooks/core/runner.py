@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from .command import Command, shown
-from .errors import CommandFailed, PlaybookError, ProbeFailed
+from .errors import CommandFailed, PlaybookError, ProbeFailed, first_line
 
 
 class Mode(str, enum.Enum):
@@ -66,11 +66,7 @@ class Completed:
         return self.rc == 0
 
     def first_error_line(self) -> str:
-        for text in (self.stderr, self.stdout):
-            for line in text.splitlines():
-                if line.strip():
-                    return line.strip()
-        return ""
+        return first_line(self.stderr, self.stdout)
 
 
 @dataclass(frozen=True)
