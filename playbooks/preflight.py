@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import threading
 import time
@@ -286,7 +287,9 @@ def cache_key(args: list[str]) -> str:
 
 
 def cache_path(key: str) -> Path:
-    return ROOT / ".state" / "preflight" / "cache" / f"{key}.json"
+    """Cached results: .state/preflight/cache/, or $PLAYBOOK_PREFLIGHT_CACHE."""
+    base = os.environ.get("PLAYBOOK_PREFLIGHT_CACHE") or str(ROOT / ".state" / "preflight" / "cache")
+    return Path(base) / f"{key}.json"
 
 
 def compile_command(args: list[str], key: str) -> Command:

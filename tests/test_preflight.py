@@ -152,7 +152,8 @@ def preflight_env(tmp_path_factory):
             "ici_fsdp_parallelism": 4, "ici_tensor_parallelism": 1}},
     }}))
     e = {k: v for k, v in os.environ.items() if not k.startswith("INVOKE_")}
-    e.update({"INVOKE_PLAYBOOK_INVENTORY": str(inv), "HOME": str(d)})
+    e.update({"INVOKE_PLAYBOOK_INVENTORY": str(inv), "HOME": str(d),
+              "PLAYBOOK_PREFLIGHT_CACHE": str(d / "cache")})  # a cold cache: every first run compiles
 
     def invoke(name, *args):
         start = time.monotonic()
@@ -167,6 +168,7 @@ def preflight_env(tmp_path_factory):
 def test_a_small_model_that_fits_and_then_a_cache_hit(preflight_env):
     rc, out, seconds = preflight_env("pf-fits", "preflight", "--set", "steps=7")
     assert rc == 0, out
+    assert "(cached" not in out and "=> fits" in out
     assert re.search(r"total [\d.]+ (M|G)?i?B? ?.*of 31.24 GiB HBM: margin", out) or "of 31.24 GiB HBM: margin" in out
     assert "fits 2 x v6e-16 with" in out and "libtpu 0.0.50.1" in out
     rc, out2, seconds2 = preflight_env("pf-fits", "preflight", "--set", "steps=7")
