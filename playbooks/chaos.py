@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import tutorial as T
-from .clients import fact, text_value
+from .clients import fact
 from .cluster import credentials_step
 from .core.command import Command, placeholder
 from .core.errors import ProbeFailed

@@ -13,7 +13,7 @@ from .core.errors import ProbeFailed
 from .core.inventory import Env
 from .core.procs import PidFile
 from .core.runner import ABSENT, Action, Completed, Fact
-from .core.step import Step, Verify, change, fail, ok
+from .core.step import Step, fail, ok
 from .gke import kube, workers
 from .rayapi import version_fact
 from .settings import ROOT

@@ -8,7 +8,7 @@ from . import tutorial as T
 from .clients import by_name, fact, gcloud, json_list, kube_object, kubectl
 from .core.command import Command
 from .core.inventory import Env
-from .core.runner import ABSENT, Fact
+from .core.runner import Fact
 
 
 def location(env: Env) -> str:

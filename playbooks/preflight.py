@@ -20,18 +20,17 @@ import os
 import re
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Any
 
 import yaml
 
 from . import tutorial as T
-from .core.command import Command, quote
+from .core.command import Command
 from .core.inventory import Env
 from .core.play import Outcome, StepContext
-from .core.recap import CHANGED, FAILED, OK, SKIPPED
+from .core.recap import FAILED, OK, SKIPPED
 from .core.render import render
 from .core.runner import ABSENT, Fact
 from .core.step import Step

@@ -6,7 +6,6 @@ from typing import Any
 from . import tutorial as T
 from .clients import fact, gcloud, json_list, json_object
 from .core.inventory import Env
-from .core.runner import ABSENT
 from .core.step import Step, Verify, change, ok
 
 PLAY = "prereqs"

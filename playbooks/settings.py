@@ -5,7 +5,7 @@ from __future__ import annotations
 import ipaddress
 import re
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Mapping
 
 from . import tutorial as T
 from .core.inventory import Inventory, Key, Schema, load

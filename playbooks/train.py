@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -15,7 +15,7 @@ from .core.command import Command, quote
 from .core.errors import InputError, ProbeFailed
 from .core.inventory import Env
 from .core.play import Outcome, StepContext
-from .core.recap import CHANGED, FAILED, OK, SKIPPED
+from .core.recap import CHANGED, FAILED, SKIPPED
 from .core.runner import ABSENT, Action, Completed, Fact
 from .core.step import Step, change, ok
 from .dashboard import address
@@ -236,8 +236,7 @@ def checkpoint_step(job: Job, state: dict) -> Step:
 
 
 # -- the job ----------------------------------------------------------------
-def job_step(job: Job, state: dict, log_file: Path | None = None,
-             echo: Callable[[str], None] | None = None) -> Step:
+def job_step(job: Job, state: dict, log_file: Path | None = None) -> Step:
     jobs = jobs_fact(job.address)
 
     def run(ctx: StepContext) -> Outcome:

@@ -3,7 +3,6 @@ validates against KubeRay's RayCluster CRD schema (v1.7.0) and Kubernetes'
 resource.k8s.io/v1 schema; rendering never lets a variable go missing."""
 import shutil
 import subprocess
-from pathlib import Path
 
 import jsonschema
 import pytest

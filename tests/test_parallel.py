@@ -4,7 +4,7 @@ import threading
 import time
 
 from playbooks.core.play import Outcome, Playbook
-from playbooks.core.recap import CHANGED, FAILED, OK, Reporter
+from playbooks.core.recap import CHANGED, FAILED, Reporter
 from playbooks.core.runner import Mode, Runner
 from playbooks.core.step import Step
 

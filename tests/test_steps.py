@@ -1,10 +1,9 @@
 """Step outcomes from declared facts (pyinfra-style): each probe's answer is
 declared by its command line; an undeclared probe is an error, never a
 default. Nothing starts: these run the real plays with a fixture runner."""
-import json
 
 from playbooks import cluster, network, nodepools, storage, teardown
-from playbooks.core.errors import ProbeFailed
+
 from playbooks.core.runner import Answers, Completed
 from tests.conftest import env, run_with_facts
 

@@ -9,8 +9,6 @@ without it the tutorial's values apply: 2 slices of v6e 4x4, 4 hosts each.
 from __future__ import annotations
 
 import os
-import re
-import sys
 from dataclasses import dataclass
 
 import yaml

@@ -69,7 +69,7 @@ def verify(ctx: StepContext, step: Step) -> str | None:
     last: list = [_UNSEEN]
 
     def once() -> str | None:
-        value = ctx.runner.look(v.fact, _Quiet(ctx.log, last), step.title, fresh=True, label="verify")
+        value = ctx.runner.look(v.fact, _Quiet(ctx.log), step.title, fresh=True, label="verify")
         try:
             why = v.check(value)
         except Broken as e:
@@ -97,7 +97,7 @@ class _Quiet(StepLog):
     """Swallows the runner's own probe line during polling (the verify loop
     prints one line per change of state instead)."""
 
-    def __init__(self, log: StepLog, last: list):
+    def __init__(self, log: StepLog):
         super().__init__(None, True)
         self._log = log
 

@@ -21,12 +21,12 @@ import signal
 import subprocess
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 from .command import Command, shown
-from .errors import CommandFailed, PlaybookError, ProbeFailed, first_line
+from .errors import CommandFailed, PlaybookError, first_line
 
 
 class Mode(str, enum.Enum):
@@ -149,7 +149,6 @@ class Executor:
         self.logdir = logdir
         self._n = 0
         self._lock = threading.Lock()
-        self.started = 0  # processes started, for benchmarks and tests
 
     def _environ(self, command: Command) -> dict[str, str]:
         env = dict(self.env if self.env is not None else os.environ)
@@ -186,8 +185,6 @@ class Executor:
                 input = Path(command.stdin_file).read_text()
             except OSError as e:
                 return Completed(command.line(), 127, "", f"cannot read {command.stdin_file}: {e}", 0.0)
-        with self._lock:
-            self.started += 1
         try:
             proc = subprocess.run(
                 list(command.argv),
@@ -212,8 +209,6 @@ class Executor:
     def stream(self, command: Command, on_line: Callable[[str], None], label: str = "") -> Completed:
         """Run, handing each output line (stdout and stderr merged) to ``on_line``."""
         start = time.monotonic()
-        with self._lock:
-            self.started += 1
         lines: list[str] = []
         try:
             proc = subprocess.Popen(
@@ -245,8 +240,6 @@ class Executor:
 
     def spawn(self, command: Command) -> int:
         """Start a background process in its own session; return its pid."""
-        with self._lock:
-            self.started += 1
         log = Path(command.log) if command.log else None
         if log:
             log.parent.mkdir(parents=True, exist_ok=True)
@@ -335,8 +328,6 @@ class Runner:
         self._cache: dict[str, Any] = {}
         self._locks: dict[str, threading.Lock] = {}
         self._cache_lock = threading.Lock()
-        self.probes_run = 0
-        self.looked: list[str] = []
         self.recorded: list[Command] = []  # every command probed or acted, in order
 
     # -- probes ---------------------------------------------------------
@@ -360,10 +351,6 @@ class Runner:
         log.emit(label, f"{fact.line()}  => {fact.summary(value)}{note}")
         return value
 
-    def forget(self, fact: Fact) -> None:
-        with self._cache_lock:
-            self._cache.pop(fact.key, None)
-
     @staticmethod
     def _parse(fact: Fact, raw: Any) -> Any:
         if isinstance(raw, _Assumed):
@@ -380,7 +367,6 @@ class Runner:
             command = command.pipe_from
 
     def _answer(self, fact: Fact, log: StepLog, step: str) -> tuple[Any, str]:
-        self.looked.append(fact.key)
         self._record(fact.command)
         if self.declared is not None:
             if fact.key not in self.declared:
@@ -399,7 +385,6 @@ class Runner:
             return Completed(fact.line(), 0, json.dumps(value), ""), ""
         if self.mode is Mode.DRY:
             return _Assumed(), " (assumed)"
-        self.probes_run += 1
         if fact.python is not None:
             return _Value(fact.python()), ""
         assert fact.command is not None and fact.parse is not None

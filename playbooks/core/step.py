@@ -74,6 +74,11 @@ class Verify:
 
 @dataclass
 class Step:
+    """One checked change. ``after``: ids of the steps it needs (for parallel
+    runs). ``idempotent=False`` declares a step that acts on every run (a
+    training job, a chaos kill). ``run`` replaces probe/decide/verify for a
+    step that must stream or wait in its own way."""
+
     play: str
     name: str
     decide: Callable[[Look], Decision]
@@ -91,15 +96,6 @@ class Step:
     @property
     def title(self) -> str:
         return f"{self.play} : {self.name}"
-
-
-def always(*commands: Command | Action, reason: str = "") -> Callable[[Look], Decision]:
-    """A decide function for non-idempotent actions: always run."""
-
-    def decide(look: Look) -> Decision:
-        return change(*commands, reason=reason)
-
-    return decide
 
 
 def poll(check_once: Callable[[], str | None], timeout: float, interval: float,
