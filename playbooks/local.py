@@ -19,7 +19,7 @@ from .core.command import Command, quote
 from .core.http import get_json, port_open
 from .core.inventory import Env
 from .core.play import Outcome, StepContext
-from .core.procs import PidFile, kill_now, terminate, tree
+from .core.procs import PidFile, kill_now, running_fact, terminate, tree
 from .core.recap import CHANGED, FAILED, OK
 from .core.runner import ABSENT, Action, Fact, assume
 from .core.step import Step, poll
@@ -101,8 +101,7 @@ def host_command(env: Env, name: str, slice_: int, worker: int) -> Command:
 
 def pid_fact(env: Env, name: str) -> Fact:
     pf = pidfile(env, name)
-    return Fact(name=f"{name} process", python=pf.alive, display=f"kill -0 $(cat {quote(rel(pf.path))})",
-                assumed=False, describe=lambda a: "running" if a else "not running")
+    return running_fact(pf, rel(pf.path))
 
 
 def registered(nodes, slice_: int, worker: int) -> bool:

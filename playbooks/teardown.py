@@ -11,7 +11,7 @@ from .clients import gcloud
 from .cluster import kubeconfig_fact, has_context
 from .core.command import Command, quote
 from .core.inventory import Env
-from .core.procs import terminate, tree
+from .core.procs import running_fact, terminate, tree
 from .core.runner import ABSENT, Action, Fact, assume
 from .core.step import Step, Verify, change, ok
 from .dashboard import forward_pidfile
@@ -56,9 +56,7 @@ def raycluster_step(env: Env) -> Step:
 
 def forward_step(env: Env) -> Step:
     pf = forward_pidfile(env)
-    running = Fact(name="port-forward process", python=pf.alive,
-                   display=f"kill -0 $(cat {quote(str(pf.path.relative_to(ROOT)))})", assumed=True,
-                   describe=lambda a: "running" if a else "not running")
+    running = assume(running_fact(pf, str(pf.path.relative_to(ROOT))), True)
 
     def decide(look):
         if not look(running):

@@ -90,6 +90,16 @@ def kill_now(pids: Iterable[int]) -> None:
             pass
 
 
+def running_fact(pf: "PidFile", shown: str):
+    """A fact: is the process of this pid file running? Shown as the shell's
+    ``kill -0 $(cat <pid file>)``; a dry run assumes it is not."""
+    from .command import quote
+    from .runner import Fact
+
+    return Fact(name=f"{pf.name} process", python=pf.alive, display=f"kill -0 $(cat {quote(shown)})",
+                assumed=False, describe=lambda a: "running" if a else "not running")
+
+
 class PidFile:
     """``<dir>/<name>.pid`` holding JSON: pid, the command line marker, when."""
 
