@@ -370,7 +370,9 @@ def static_step(env: Env, job) -> Step:
         from .core.step import fail, ok
         problems = static_checks(env, job)
         if problems:
-            return fail("static checks failed:\n" + "\n".join(f"- {p}" for p in problems))
+            n = len(problems)
+            head = f"{n} static check{'s' if n > 1 else ''} failed: {problems[0]}" + (" ..." if n > 1 else "")
+            return fail(head + "\n" + "\n".join(f"- {p}" for p in problems))
         args = dict(job.args)
         return ok(f"{args.get('model_name')}: mesh, hosts and manifest agree "
                   f"({slice_devices(env)} devices per slice x {env.slices} slices)")

@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Mapping
 
 from . import tutorial as T
-from .core.inventory import Inventory, Key, Schema, load
+from . import maxtext_args
+from .core.inventory import Entry, Inventory, Key, Schema, load
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_INVENTORY = ROOT / "inventory.yaml"
@@ -218,12 +219,18 @@ def chips_per_host(v: int, env: Mapping) -> str | None:
     return None
 
 
-def overrides(v: Mapping, env: Mapping) -> str | None:
+def overrides(v: Mapping, env: Mapping) -> str | Entry | None:
+    """MaxText settings for every job: each must be one MaxText accepts."""
     for k, val in v.items():
         if not isinstance(k, str) or not re.match(r"^[a-z_][a-z0-9_]*$", k):
             return f"has key {k!r}, which is not a MaxText config key"
         if isinstance(val, (dict, list)):
-            return f"has {k}={val!r}; values must be scalars"
+            return Entry(k, val, "must be a scalar (it goes on the job's command line as key=value)")
+        if k == "model_name":
+            return Entry(k, val, "is chosen per job with `invoke train --model`")
+        why = maxtext_args.problem(k, maxtext_args.as_text(val))
+        if why:
+            return Entry(k, val, why)
     return None
 
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from . import maxtext_args
 from . import tutorial as T
 from .clients import fact, gcloud
 from .core.command import Command, quote
@@ -83,6 +84,12 @@ def parse_sets(sets: list[str] | tuple[str, ...]) -> list[tuple[str, str]]:
             raise InputError(f"--set {s!r}: value is empty")
         if k == "model_name":
             raise InputError(f"--set {s!r}: choose the model with --model (allowed: {', '.join(MODELS)})")
+        why = maxtext_args.unknown_key(k)
+        if why:
+            raise InputError(f"--set {s!r}: {k!r} {why}")
+        why = maxtext_args.bad_value(k, v)
+        if why:
+            raise InputError(f"--set {s!r}: {v!r} {why}")
         out.append((k, v))
     return out
 
@@ -146,6 +153,10 @@ def build_job(env: Env, model: str, elastic: bool = False, steps: int | None = N
         _set(args, k, v)
     if elastic:
         check_elastic(job)
+    clash = maxtext_args.overridden_model_keys(model, job.args)
+    if clash:
+        raise InputError(f"{model}: the job sets {', '.join(clash)}; MaxText refuses to change a model's own "
+                         f"config unless override_model_config=true (--set override_model_config=true)")
     return job
 
 

@@ -14,14 +14,24 @@ import yaml
 
 from .errors import InputError
 
-Rule = Callable[[Any, Mapping[str, Any]], "str | None"]
+Rule = Callable[[Any, Mapping[str, Any]], "str | Entry | None"]
+
+
+@dataclass(frozen=True)
+class Entry:
+    """What a rule on a mapping returns to name the one entry at fault:
+    the error then reads `key 'name.entry' = value why`."""
+
+    key: str
+    value: Any
+    why: str
 
 
 @dataclass(frozen=True)
 class Key:
     """One inventory key: its type, whether it is required, its default and
     its rules. A rule gets (value, whole environment) and returns None when
-    the value is valid, else the rule it breaks, in words."""
+    the value is valid, else the rule it breaks, in words (or an Entry)."""
 
     name: str
     type: type | tuple[type, ...] = str
@@ -119,6 +129,8 @@ def resolve(path: Path, name: str, raw: Mapping[str, Any], schema: Schema) -> En
     for key in keys.values():
         for rule in key.rules:
             why = rule(env[key.name], env)
+            if isinstance(why, Entry):
+                raise InputError(f"{where}: key '{key.name}.{why.key}' = {why.value!r} {why.why}")
             if why:
                 raise InputError(f"{where}: key {key.name!r} = {env[key.name]!r} {why}")
     return env

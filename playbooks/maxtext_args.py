@@ -1,0 +1,158 @@
+"""MaxText's own rules for `key=value` overrides, checked before anything runs.
+
+A typo in `--set` (an unknown key, `per_device_batch_size=abc`, a value
+outside an enum) would otherwise surface minutes later, inside a TPU job or
+an ahead-of-time compile. The rules are the pinned MaxText's pydantic config
+(MaxTextConfig) as JSON schema, written by scripts/maxtext_schema.py into
+data/maxtext_schema.json, so a check needs no import of maxtext or jax.
+
+Values are read as MaxText reads its command line (OmegaConf.from_cli), then
+validated against the key's schema. A test compares the verdicts with
+MaxText's own pydantic validation."""
+from __future__ import annotations
+
+import difflib
+import json
+from functools import cache
+from pathlib import Path
+from typing import Any, Iterable
+
+SCHEMA = Path(__file__).parent / "data" / "maxtext_schema.json"
+MODELS_DIR = Path(__file__).resolve().parent.parent / "trainer" / "models"
+
+
+@cache
+def schema() -> dict:
+    return json.loads(SCHEMA.read_text())
+
+
+def version() -> str:
+    return schema().get("x-maxtext-version", "?")
+
+
+def parse(text: str) -> Any:
+    """A command-line value as MaxText sees it (OmegaConf.from_cli)."""
+    from omegaconf import OmegaConf
+    cfg = OmegaConf.from_cli([f"v={text}"])
+    return OmegaConf.to_container(cfg, resolve=False)["v"]
+
+
+def _resolve(node: dict) -> dict:
+    ref = node.get("$ref")
+    if ref:
+        return schema()["$defs"][ref.rsplit("/", 1)[1]]
+    return node
+
+
+def expected(node: dict) -> str:
+    """What a schema node accepts, in words: 'an integer >= -1', 'one of: a, b'."""
+    node = _resolve(node)
+    if "anyOf" in node:
+        parts = []
+        for sub in node["anyOf"]:
+            words = expected(sub)
+            if words not in parts:
+                parts.append(words)
+        return " or ".join(parts)
+    if "enum" in node:
+        return "one of: " + ", ".join(str(v) for v in node["enum"])
+    if "const" in node:
+        return repr(node["const"])
+    kind = node.get("type")
+    words = {"integer": "an integer", "number": "a number", "boolean": "true or false",
+             "string": "a string", "null": "null", "array": "a list", "object": "a mapping"}.get(kind, "a value")
+    bounds = [f"{op} {node[key]}" for key, op in (("minimum", ">="), ("exclusiveMinimum", ">"),
+                                                  ("maximum", "<="), ("exclusiveMaximum", "<"))
+              if key in node]
+    return " ".join([words, *bounds]) if bounds else words
+
+
+# MaxText's own conversions before pydantic sees a value (pyconfig._prepare_for_pydantic).
+LIST_KEYS = ("train_data_columns", "eval_data_columns", "trainable_parameters_mask", "adamw_mask")
+
+
+def _as_maxtext_sees(key: str, value: Any) -> Any:
+    if isinstance(value, str) and value.lower() == "none":
+        return None
+    if key in LIST_KEYS and isinstance(value, str):
+        return [value]
+    return value
+
+
+def _valid(node: dict, value: Any) -> bool:
+    from jsonschema import Draft202012Validator
+    sub = dict(node)
+    sub["$defs"] = schema()["$defs"]
+    valid = Draft202012Validator(sub).is_valid
+    # pydantic's lax mode also takes 0/1 for a boolean
+    return valid(value) or (type(value) is int and value in (0, 1) and valid(bool(value)))
+
+
+@cache
+def nested_keys() -> frozenset[str]:
+    """Keys of MaxText's nested config models (dpo, lora, ...): MaxText takes
+    them at the top level too; their values are not checked here."""
+    defs = schema()["$defs"]
+    return frozenset(k for d in defs.values() if d.get("type") == "object" for k in d.get("properties", {}))
+
+
+def unknown_key(key: str) -> str | None:
+    """Why MaxText would refuse `key` (one phrase), None if it knows it."""
+    props = schema()["properties"]
+    if key in props or key in nested_keys():
+        return None
+    close = difflib.get_close_matches(key, list(props), n=3, cutoff=0.75)
+    hint = f"; did you mean {' or '.join(close)}?" if close else ""
+    return f"is not a MaxText {version()} config key{hint}"
+
+
+def bad_value(key: str, text: str) -> str | None:
+    """Why MaxText would refuse the value `text` for a known `key` (one
+    phrase), None if it takes it."""
+    node = schema()["properties"].get(key)
+    if node is None:
+        return None
+    try:
+        value = parse(text)
+    except Exception as e:  # omegaconf's grammar errors
+        return f"cannot be read as a value ({type(e).__name__}: {str(e).splitlines()[0]})"
+    if _valid(node, _as_maxtext_sees(key, value)):
+        return None
+    what = node.get("description", "").strip()
+    wants = f"as MaxText {version()} wants for {key}" + (f" ({what})" if what else "")
+    if not isinstance(value, str) and _valid(node, text):
+        return f"reads as {type(value).__name__} {value!r}, not {expected(node)}, {wants}"
+    return f"is not {expected(node)}, {wants}"
+
+
+def problem(key: str, text: str) -> str | None:
+    return unknown_key(key) or bad_value(key, text)
+
+
+def as_text(value: Any) -> str:
+    """An inventory value as it goes on the job's command line."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+@cache
+def model_config(model: str) -> dict:
+    """The model's config, as MaxText loads it (OmegaConf)."""
+    from omegaconf import OmegaConf
+    path = MODELS_DIR / f"{model}.yml"
+    if not path.is_file():
+        return {}
+    return OmegaConf.to_container(OmegaConf.load(path), resolve=True) or {}
+
+
+def overridden_model_keys(model: str, args: Iterable[tuple[str, str]]) -> list[str]:
+    """Keys of the model's config that the job sets to another value. MaxText
+    refuses them unless override_model_config=true."""
+    args = list(args)
+    if any(k == "override_model_config" and parse(v) is True for k, v in args):
+        return []
+    cfg = model_config(model)
+    out = []
+    for k, v in args:
+        if k in cfg and parse(v) != cfg[k]:
+            out.append(f"{k}={v} (the model sets {cfg[k]})")
+    return out

@@ -1,0 +1,138 @@
+"""MaxText overrides are checked before anything runs (a typo must not cost a
+compile or a TPU job), by MaxText's own rules: the schema shipped in
+playbooks/data is the pinned maxtext's, and the verdicts agree with its
+pydantic validation."""
+import importlib.util
+import subprocess
+from typing import Annotated
+
+import pytest
+
+from tests.conftest import INVOKE, ROOT
+from playbooks import maxtext_args as M
+from playbooks import tutorial as T
+from playbooks.core.errors import InputError
+from playbooks.preflight import CANDIDATES, PRESETS
+from playbooks.settings import load_inventory
+from playbooks.train import build_job
+from tests.test_inventory import resolve
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("maxtext_schema", ROOT / "scripts" / "maxtext_schema.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_shipped_schema_is_the_installed_maxtexts():
+    assert M.SCHEMA.read_text() == _script().render(), \
+        "playbooks/data/maxtext_schema.json is stale: run .venv/bin/python scripts/maxtext_schema.py"
+
+
+CASES = [
+    ("per_device_batch_size", "abc"), ("per_device_batch_size", "1"), ("per_device_batch_size", "0.5"),
+    ("steps", "-5"), ("steps", "3.0"), ("steps", "3.5"), ("steps", "20"),
+    ("learning_rate", "1e-5"), ("learning_rate", "-1"), ("learning_rate", "3.e-5"),
+    ("optimizer_memory_host_offload", "true"), ("optimizer_memory_host_offload", "yes"),
+    ("optimizer_memory_host_offload", "1"), ("optimizer_memory_host_offload", "maybe"),
+    ("run_name", "abc"), ("run_name", "123"), ("run_name", "rayjob-8b"),
+    ("remat_policy", "full"), ("remat_policy", "none"), ("remat_policy", "minimal_offloaded"),
+    ("ici_fsdp_parallelism", "x"), ("ici_fsdp_parallelism", "-1"), ("ici_tensor_parallelism", "4"),
+    ("dataset_type", "synthetic"), ("dataset_type", "synth"),
+    ("dtype", "bfloat16"), ("dtype", "bf16"), ("quantization", "int8"), ("quantization", "int3"),
+    ("train_data_columns", "text"), ("train_data_columns", "[a,b]"),
+    ("tokenizer_path", "none"), ("max_target_length", "2048"), ("base_emb_dim", "1.5"),
+    ("enable_checkpointing", "False"), ("attention", "flash"), ("opt_type", "sgd"),
+    ("compile_topology_num_slices", "two"), ("base_output_directory", "gs://b/x"),
+]
+
+
+@pytest.fixture(scope="module")
+def maxtext_verdict():
+    """MaxText's own answer for one key=value: its command-line parse, its
+    pre-pydantic conversions, then the field's pydantic validation."""
+    from pydantic import TypeAdapter, ValidationError
+    from maxtext.configs import pyconfig, types
+
+    fields = types.MaxTextConfig.model_fields
+
+    def verdict(key, text):
+        raw = M.parse(text)
+        value = pyconfig._prepare_for_pydantic({key: raw}, config_class=types.MaxTextConfig)[key]
+        f = fields[key]
+        adapter = TypeAdapter(Annotated[(f.annotation, *f.metadata)] if f.metadata else f.annotation)
+        try:
+            adapter.validate_python(value)
+            return True
+        except ValidationError:
+            return False
+    return verdict
+
+
+def test_verdicts_agree_with_maxtexts_own_validation(maxtext_verdict):
+    wrong = [(k, v, M.bad_value(k, v)) for k, v in CASES if (M.bad_value(k, v) is None) != maxtext_verdict(k, v)]
+    assert not wrong
+    assert sum(M.bad_value(k, v) is not None for k, v in CASES) >= 12  # the table has teeth
+
+
+def test_messages_name_what_maxtext_wants():
+    assert M.bad_value("per_device_batch_size", "abc") == (
+        "is not an integer or a number, as MaxText 0.2.5 wants for per_device_batch_size (The batch size per device.)")
+    assert M.bad_value("run_name", "123").startswith("reads as int 123, not a string")
+    assert "one of: synthetic, hf, grain" in M.bad_value("dataset_type", "synth")
+    assert M.bad_value("steps", "-5").startswith("is not an integer >= -1")
+    assert M.unknown_key("remat_plicy") == "is not a MaxText 0.2.5 config key; did you mean remat_policy?"
+    assert M.unknown_key("foo_bar") == "is not a MaxText 0.2.5 config key"
+    assert M.unknown_key("lora_rank") is None  # a nested model's key, taken at the top level
+
+
+def test_every_shipped_argument_is_valid():
+    """The tutorial's arguments, the presets and the preflight's candidates."""
+    shipped = [kv for args in T.TRAIN_ARGS.values() for kv in args]
+    shipped += [kv for presets in PRESETS.values() for p in presets.values() for kv in p]
+    shipped += [kv for c in CANDIDATES for kv in c]
+    assert len(shipped) > 20
+    assert [(k, v, M.problem(k, v)) for k, v in shipped if M.problem(k, v)] == []
+
+
+@pytest.mark.parametrize("sets, words", [
+    (["foo_bar=1"], "--set 'foo_bar=1': 'foo_bar' is not a MaxText 0.2.5 config key"),
+    (["per_device_batch_size=abc"], "'abc' is not an integer or a number"),
+    (["remat_plicy=full"], "did you mean remat_policy?"),
+    (["base_num_decoder_layers=4"], "the job sets base_num_decoder_layers=4 (the model sets 32); MaxText refuses"),
+])
+def test_train_refuses_a_bad_set_before_anything_runs(sets, words):
+    env = load_inventory().env("dev")
+    with pytest.raises(InputError) as e:
+        build_job(env, "llama3-8b", sets=sets)
+    assert words in str(e.value)
+
+
+def test_model_keys_may_change_with_override_model_config():
+    env = load_inventory().env("dev")
+    job = build_job(env, "llama3-8b", sets=["override_model_config=true", "base_num_decoder_layers=4"])
+    assert ("base_num_decoder_layers", "4") in job.args
+    # the same value as the model's own is no change
+    build_job(env, "llama3-8b", sets=["vocab_size=128256"])
+
+
+def test_inventory_train_overrides_are_checked(tmp_path):
+    with pytest.raises(InputError) as e:
+        resolve(tmp_path, train_overrides={"per_device_batch_size": 1, "checkpoint_period": "ten"})
+    assert str(e.value).endswith("key 'train_overrides.checkpoint_period' = 'ten' is not an integer, as MaxText "
+                                 "0.2.5 wants for checkpoint_period (The frequency (in steps) at which to save "
+                                 "checkpoints.)")
+    with pytest.raises(InputError, match=r"'train_overrides.remat_plicy' = 'full' is not a MaxText"):
+        resolve(tmp_path, train_overrides={"remat_plicy": "full"})
+    assert resolve(tmp_path, train_overrides={"optimizer_memory_host_offload": True}).train_overrides
+
+
+def test_invoke_dry_train_with_a_typo_is_one_line_and_exit_2(hermetic):
+    r = subprocess.run([INVOKE, "--dry", "train", "--model=llama3-70b", "--set", "per_device_batch_size=one"],
+                       cwd=ROOT, capture_output=True, text=True, env={**hermetic, "INVOKE_PLAYBOOK_ENV": "dev"})
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stdout == ""
+    assert r.stderr.strip().splitlines() == [
+        "error: --set 'per_device_batch_size=one': 'one' is not an integer or a number, as MaxText 0.2.5 wants "
+        "for per_device_batch_size (The batch size per device.)"]
