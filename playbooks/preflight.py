@@ -162,14 +162,20 @@ PROGRAM = re.compile(r"XLA::TPU program HBM usage: ([\d.]+)([KMGT]?) / ([\d.]+)(
 HOST = re.compile(r"Total host usage >= ([\d.]+)([KMGT]?)")
 UNIT = {"": 1 / GIB, "K": 1 / 1024 ** 2, "M": 1 / 1024, "G": 1.0, "T": 1024.0}
 
-# Changes tried, in this order, when a job does not fit: smallest first.
+# Changes tried, in this order, when a job does not fit: smallest first (a
+# change the job already has is not compiled again).
 CANDIDATES: tuple[tuple[tuple[str, str], ...], ...] = (
+    (("remat_policy", "full"),),
     (("per_device_batch_size", "1"),),
     (("optimizer_memory_host_offload", "true"),),
     (("per_device_batch_size", "1"), ("optimizer_memory_host_offload", "true")),
     (("per_device_batch_size", "1"), ("optimizer_memory_host_offload", "true"),
      ("parameter_memory_host_offload", "true"), ("param_scan_axis", "0")),
 )
+
+# When no change of settings fits: more chips, as more slices of the same
+# topology (an inventory change: `slices`), the job's DCN split following them.
+MORE_SLICES = (2, 4)
 
 # Proven by `bench/preflight.py` (an AOT compile for 2 x v6e-16): the smallest
 # change of the tutorial's 70B job that fits its 32 chips.
@@ -416,10 +422,11 @@ def fit_step(env: Env, job, search: bool) -> Step:
             hint = (f"; a preset that fits: {ready_command(env, job, preset)}" if preset and not job_uses(job, preset)
                     else f"; `invoke preflight --model={job.model}` searches for a change that fits")
             return Outcome(FAILED, short + hint)
-        current = dict(job.args)
+        tried = 0
         for extra in CANDIDATES:
-            if all(current.get(k) == v for k, v in extra):
+            if job_uses(job, extra):
                 continue
+            tried += 1
             ctx.echo(f"  trying {set_line(extra)}")
             r = fit(ctx, env, job, extra)
             if r is None:
@@ -429,16 +436,45 @@ def fit_step(env: Env, job, search: bool) -> Step:
             if r.fits:
                 return Outcome(FAILED, f"{short}. Smallest change that fits ({r.total:.2f} of {r.capacity:.2f} GiB): "
                                        f"{ready_command(env, job, extra)}")
-        return Outcome(FAILED, short + f"; none of the {len(CANDIDATES)} changes tried fits: more chips needed "
-                                       f"(more slices, or a larger topology)")
+        extra = dcn_following_slices(job)
+        for factor in MORE_SLICES:
+            n = env.slices * factor
+            ctx.echo(f"  trying {n} x v6e-{chips(env.topology)}" + (f" with {set_line(extra)}" if extra else ""))
+            r = fit(ctx, env, job, extra, slices=n)
+            if r is None:
+                continue
+            for line in r.lines():
+                ctx.echo(f"    {line}")
+            if r.fits:
+                return Outcome(FAILED, f"{short}. No change of settings fits; {n} slices do ({r.total:.2f} of "
+                                       f"{r.capacity:.2f} GiB): set `slices: {n}` for {env.name} in the inventory "
+                                       f"and run `invoke up` ({n} node pools of v6e-{chips(env.topology)}), then "
+                                       f"{ready_command(env, job, extra)}")
+        most = env.slices * MORE_SLICES[-1]
+        return Outcome(FAILED, short + f"; none of the {tried} changes tried fits, nor {most} slices: "
+                                       f"a larger topology is needed")
 
     return Step(PLAY, "fits the TPU HBM (ahead-of-time compile)", lambda look: None, run=run, id="preflight:fit",
                 after=("preflight:static",))
 
 
 def job_uses(job, extra) -> bool:
-    args = dict(job.args)
-    return all(args.get(k) == v for k, v in extra)
+    """Whether the job already has these settings (its own or base.yml's)."""
+    from .maxtext_args import as_text
+    args, base = dict(job.args), _base()
+    return all(args.get(k, as_text(base.get(k))) == v for k, v in extra)
+
+
+def dcn_following_slices(job) -> tuple[tuple[str, str], ...]:
+    """Settings that make the job's DCN split follow the slice count: its
+    largest fixed DCN axis becomes -1 (MaxText fills it from the slices)."""
+    axes = _axes(dict(job.args), _base(), "dcn_")
+    fixed = {k: v for k, v in axes.items() if v not in (1, -1)}
+    filled = [k for k, v in axes.items() if v == -1]
+    if not fixed:
+        return () if filled else (("dcn_data_parallelism", "-1"),)
+    largest = max(fixed, key=lambda k: fixed[k])
+    return ((largest, "-1"),) + tuple((k, "1") for k in filled)
 
 
 def steps(env: Env, job, search: bool = True) -> list[Step]:

@@ -190,3 +190,47 @@ def test_a_small_model_that_does_not_fit_and_the_smallest_change_that_does(prefl
     rc, out, seconds = preflight_env("pf-oom", "train")
     assert rc == 1 and "does not fit 1 x v6e-4" in out and seconds < 20
     assert "ray job submit" not in out and "get-credentials" not in out
+
+
+# -- the search, through `invoke preflight`, on results put in its cache ----------------------
+def _seed(cache, e, j, fits, extra=(), slices=None, total=None):
+    args = pf.compile_args(e, j, extra, slices)
+    f = pf.Fit(fits=fits, seconds=1.0, temporaries=(20.0 if fits else None), total=total,
+               needed=(None if fits else 40.0))
+    path = cache / f"{pf.cache_key(args)}.json"
+    path.write_text(__import__("json").dumps(f.to_json()))
+
+
+def test_when_no_setting_fits_more_slices_are_tried_and_the_inventory_change_named(tmp_path):
+    """No compile: every result the search asks for is in the cache, so this
+    checks its order, what it skips and what it says."""
+    inv = tmp_path / "inventory.yaml"
+    inv.write_text(yaml.safe_dump({"default": "big", "environments": {"big": GKE}}))
+    from playbooks.settings import load_inventory
+    e = load_inventory(inv).env("big")
+    j = tr.build_job(e, "llama3-70b")
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    _seed(cache, e, j, fits=False)
+    tried = [c for c in pf.CANDIDATES if not pf.job_uses(j, c)]
+    assert pf.CANDIDATES[0] == (("remat_policy", "full"),) and pf.CANDIDATES[0] not in tried  # the job has it
+    for c in tried:
+        _seed(cache, e, j, fits=False, extra=c)
+    dcn = pf.dcn_following_slices(j)
+    assert dcn == (("dcn_fsdp_parallelism", "-1"),)
+    _seed(cache, e, j, fits=False, extra=dcn, slices=4)
+    _seed(cache, e, j, fits=True, extra=dcn, slices=8, total=28.5)
+    r = subprocess.run([INVOKE, "preflight", "--model=llama3-70b"], cwd=ROOT, capture_output=True, text=True,
+                       env={**{k: v for k, v in os.environ.items() if not k.startswith("INVOKE_")},
+                            "INVOKE_PLAYBOOK_INVENTORY": str(inv), "HOME": str(tmp_path),
+                            "PLAYBOOK_PREFLIGHT_CACHE": str(cache)}, timeout=120)
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, out
+    assert "compiling for" not in out  # all from the cache
+    assert [l.strip() for l in out.splitlines() if l.strip().startswith("trying")] == [
+        *(f"trying {pf.set_line(c)}" for c in tried),
+        "trying 4 x v6e-16 with --set dcn_fsdp_parallelism=-1",
+        "trying 8 x v6e-16 with --set dcn_fsdp_parallelism=-1"]
+    assert ("No change of settings fits; 8 slices do (28.50 of 31.24 GiB): set `slices: 8` for big in the "
+            "inventory and run `invoke up` (8 node pools of v6e-16), then INVOKE_PLAYBOOK_ENV=big invoke train "
+            "--model=llama3-70b --set dcn_fsdp_parallelism=-1") in out, out
