@@ -422,36 +422,30 @@ def fit_step(env: Env, job, search: bool) -> Step:
             hint = (f"; a preset that fits: {ready_command(env, job, preset)}" if preset and not job_uses(job, preset)
                     else f"; `invoke preflight --model={job.model}` searches for a change that fits")
             return Outcome(FAILED, short + hint)
-        tried = 0
-        for extra in CANDIDATES:
-            if job_uses(job, extra):
-                continue
-            tried += 1
-            ctx.echo(f"  trying {set_line(extra)}")
-            r = fit(ctx, env, job, extra)
-            if r is None:
-                continue
-            for line in r.lines():
+        def attempt(what: str, extra, slices: int | None = None) -> Fit | None:
+            """Compile one change; its fit if it fits."""
+            ctx.echo(f"  trying {what}")
+            r = fit(ctx, env, job, extra, slices)
+            for line in r.lines() if r is not None else ():
                 ctx.echo(f"    {line}")
-            if r.fits:
+            return r if r is not None and r.fits else None
+
+        todo = [extra for extra in CANDIDATES if not job_uses(job, extra)]
+        for extra in todo:
+            r = attempt(set_line(extra), extra)
+            if r:
                 return Outcome(FAILED, f"{short}. Smallest change that fits ({r.total:.2f} of {r.capacity:.2f} GiB): "
                                        f"{ready_command(env, job, extra)}")
         extra = dcn_following_slices(job)
-        for factor in MORE_SLICES:
-            n = env.slices * factor
-            ctx.echo(f"  trying {n} x v6e-{chips(env.topology)}" + (f" with {set_line(extra)}" if extra else ""))
-            r = fit(ctx, env, job, extra, slices=n)
-            if r is None:
-                continue
-            for line in r.lines():
-                ctx.echo(f"    {line}")
-            if r.fits:
+        for n in (env.slices * factor for factor in MORE_SLICES):
+            r = attempt(f"{n} x v6e-{chips(env.topology)}" + (f" with {set_line(extra)}" if extra else ""), extra, n)
+            if r:
                 return Outcome(FAILED, f"{short}. No change of settings fits; {n} slices do ({r.total:.2f} of "
                                        f"{r.capacity:.2f} GiB): set `slices: {n}` for {env.name} in the inventory "
                                        f"and run `invoke up` ({n} node pools of v6e-{chips(env.topology)}), then "
                                        f"{ready_command(env, job, extra)}")
         most = env.slices * MORE_SLICES[-1]
-        return Outcome(FAILED, short + f"; none of the {tried} changes tried fits, nor {most} slices: "
+        return Outcome(FAILED, short + f"; none of the {len(todo)} changes tried fits, nor {most} slices: "
                                        f"a larger topology is needed")
 
     return Step(PLAY, "fits the TPU HBM (ahead-of-time compile)", lambda look: None, run=run, id="preflight:fit",
