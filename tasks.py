@@ -14,7 +14,7 @@ from invoke import Collection, task
 signal.signal(signal.SIGPIPE, signal.SIG_DFL)
 
 # Only light modules here: `invoke --list` must stay instant.
-from playbooks.session import clean_errors, open_session
+from playbooks.session import clean_errors, open_session, seconds, whole_number
 
 
 def _play(c, name):
@@ -80,7 +80,7 @@ def up(c):
 JOB_HELP = {
     "model": "llama3-8b (default) or llama3-70b: the tutorial's job for that model",
     "elastic": "the elastic trainer's job (goes on with fewer slices, grows back)",
-    "steps": "training steps (0: the job's own, 100 in the tutorial)",
+    "steps": "training steps, a whole number >= 1 (default: the job's own, 100 in the tutorial)",
     "set": "key=value: a MaxText setting added to or replacing the job's (repeatable)",
     "preset": "a named set of changes, e.g. --model=llama3-70b --preset=fits (fits 2 x v6e-16)",
 }
@@ -94,36 +94,38 @@ JOB_HELP = {
         "skip_preflight": "submit without the static checks and the AOT fit check (GKE runs them by default)",
     },
 )
-def train(c, model="llama3-8b", elastic=False, steps=0, set_=None, fresh=False, preset="", skip_preflight=False):
+def train(c, model="llama3-8b", elastic=False, steps="", set_=None, fresh=False, preset="", skip_preflight=False):
     """§8-9 Submit the tutorial's training job with `ray job submit`, follow it, exit with its status."""
     from playbooks import plan, train as tr
 
     with clean_errors():
         s = open_session(c.config, "train")
-        job = tr.build_job(s.env, model, elastic, steps or None, set_ or [], fresh, preset)
+        n = whole_number("--steps", steps, 1) if steps != "" else None
+        job = tr.build_job(s.env, model, elastic, n, set_ or [], fresh, preset)
         log = (s.logdir / "job.log") if s.logdir else None
         s.run("train", plan.train_steps(s.env, job, {}, log, preflight=not skip_preflight), parallel=False)
 
 
 @task(iterable=["set_"], help=JOB_HELP)
-def preflight(c, model="llama3-8b", elastic=False, steps=0, set_=None, preset=""):
+def preflight(c, model="llama3-8b", elastic=False, steps="", set_=None, preset=""):
     """Prove a job fits its TPUs: static checks, then an AOT compile (and, if it does not fit, the smallest change that does)."""
     from playbooks import plan, train as tr
 
     with clean_errors():
         s = open_session(c.config, "preflight")
-        job = tr.build_job(s.env, model, elastic, steps or None, set_ or [], False, preset)
+        n = whole_number("--steps", steps, 1) if steps != "" else None
+        job = tr.build_job(s.env, model, elastic, n, set_ or [], False, preset)
         s.run("preflight", plan.preflight_steps(s.env, job), parallel=False)
 
 
-@task(help={"restore_after": "local only: seconds before the killed host comes back (0: never)"})
-def delete_worker(c, restore_after=60):
+@task(help={"restore_after": "local only: seconds before the killed host comes back (default 60; 0: never)"})
+def delete_worker(c, restore_after="60"):
     """§9 Delete one Ray TPU worker pod (local: kill one simulated TPU host), as a preemption would."""
     from playbooks import plan
 
     with clean_errors():
         s = open_session(c.config, "chaos")
-        s.run("chaos", plan.chaos_steps(s.env, float(restore_after)), parallel=False)
+        s.run("chaos", plan.chaos_steps(s.env, seconds("--restore-after", restore_after)), parallel=False)
 
 
 @task(help={"yes": "do not ask for confirmation"})

@@ -61,6 +61,28 @@ def _what(env: Env) -> str:
     return "local" if env.kind == "local" else f"gke {env.mode}"
 
 
+def whole_number(flag: str, text: str, minimum: int) -> int:
+    """A task flag that must be a whole number (Invoke's own int() would
+    end in a traceback)."""
+    try:
+        value = int(str(text).strip())
+    except ValueError:
+        value = None
+    if value is None or value < minimum:
+        raise InputError(f"{flag} {text!r} must be a whole number >= {minimum}")
+    return value
+
+
+def seconds(flag: str, text: str) -> float:
+    try:
+        value = float(str(text).strip())
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < float("inf"):
+        raise InputError(f"{flag} {text!r} must be a number of seconds >= 0")
+    return value
+
+
 def config_value(config, key: str, default=None):
     pb = config.get("playbook", {}) if hasattr(config, "get") else {}
     v = pb.get(key, default) if hasattr(pb, "get") else default

@@ -129,3 +129,15 @@ def test_bad_task_argument_is_one_line(hermetic):
     r = subprocess.run([INVOKE, "--dry", "train", "--set", "steps"], cwd=ROOT, capture_output=True, text=True,
                        env=hermetic)
     assert r.returncode == 2 and "--set 'steps': must be key=value" in r.stderr
+
+
+@pytest.mark.parametrize("args, line", [
+    (["train", "--steps=abc"], "error: --steps 'abc' must be a whole number >= 1"),
+    (["preflight", "--steps=0"], "error: --steps '0' must be a whole number >= 1"),
+    (["chaos.delete-worker", "--restore-after=-5"], "error: --restore-after '-5' must be a number of seconds >= 0"),
+    (["chaos.delete-worker", "--restore-after=soon"],
+     "error: --restore-after 'soon' must be a number of seconds >= 0"),
+])
+def test_a_number_flag_that_is_not_one_is_one_line_not_a_traceback(hermetic, args, line):
+    r = subprocess.run([INVOKE, "--dry", *args], cwd=ROOT, capture_output=True, text=True, env=hermetic)
+    assert (r.returncode, r.stdout, r.stderr.strip()) == (2, "", line)
