@@ -176,6 +176,20 @@ def test_failed_create_halfway_then_rerun_converges_without_duplicates(cloud: Cl
     assert all(p["status"] == "RUNNING" for p in pools)
 
 
+def test_check_mode_from_empty_changes_nothing_and_says_what_it_cannot_check_yet(cloud: Cloud):
+    run = ok_run(cloud.invoke("up", INVOKE_PLAYBOOK_MODE="check"))
+    assert run.changes == []                      # not one mutating request
+    r = recap(run, "up")
+    assert r["failed"] == 0 and r["changed"] >= 8, run.out
+    assert re.search(r"network : subnet tpu-subnet-1 +changed", run.out)   # its probe can answer
+    assert "would change: created" in run.out
+    # What needs the cluster cannot look before it exists: skipped, with why.
+    assert re.search(r"raycluster : RayCluster \S+ +skipped .*cannot be checked before .*cluster : GKE cluster "
+                     r"maxtext-multislice change \(check mode changes nothing\)", run.out), run.out
+    assert re.search(r"nodepools : TPU node pool v6e-16-0 +skipped", run.out)
+    assert cloud.gcp.st.networks == {}
+
+
 # -- 3. drift: the resource exists with another shape -------------------------------
 def test_network_with_another_mtu_is_drift(cloud: Cloud):
     cloud.seed_networks(mtu=1460)

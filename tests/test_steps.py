@@ -160,3 +160,25 @@ def test_check_mode_prints_but_does_not_verify():
     assert recap.counters() == "ok=0 changed=1 failed=0 skipped=0"
     assert "would change: created" in out.text()
     assert not any(l.startswith("  verify") for l in out)
+
+
+def test_check_mode_skips_what_needs_a_change_it_does_not_make_and_fails_the_rest():
+    """A step that needs one which would change cannot look at what it
+    needs: its failure becomes a skip with the reason (transitively). A
+    failure that needs no pending change stays a failure."""
+    from playbooks.core.command import Command
+    from playbooks.core.runner import Mode
+    from playbooks.core.step import Step, change, fail
+    a = Step("t", "a", lambda look: change(Command(("true",)), reason="made"), id="a")
+    b = Step("t", "b", lambda look: fail("a is not there"), id="b", after=("a",))
+    c = Step("t", "c", lambda look: fail("c's own problem"), id="c", after=("b",))
+    recap, out = run_with_facts([a, b, c], {}, mode=Mode.CHECK)
+    assert recap.counters() == "ok=0 changed=1 failed=0 skipped=2"
+    assert "skipped: [t : b] cannot be checked before t : a changes (check mode changes nothing): a is not there" \
+        in out.text()
+    assert "skipped: [t : c] cannot be checked before t : a changes" in out.text()  # the change it waits on
+    d = Step("t", "d", lambda look: fail("denied"), id="d")
+    recap, out = run_with_facts([a, d], {}, mode=Mode.CHECK)
+    assert recap.counters() == "ok=0 changed=1 failed=1 skipped=0"
+    recap, out = run_with_facts([a, b], {}, mode=Mode.APPLY)  # apply mode: no such leniency
+    assert "failed=1" in recap.counters()

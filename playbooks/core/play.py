@@ -167,7 +167,7 @@ class Playbook:
         except KeyboardInterrupt:
             raise
         seconds = time.monotonic() - start
-        out = Outcome(out.outcome, shown(out.reason))
+        out = self._check_mode_dependents(step, Outcome(out.outcome, shown(out.reason)))
         end = f"{out.outcome}: [{step.title}]" + (f" {out.reason}" if out.reason else "")
         if out.outcome == FAILED:
             end = f"failed: [{step.title}]\n" + "\n".join("  " + l for l in out.reason.splitlines())
@@ -178,7 +178,28 @@ class Playbook:
         return StepResult(step.id, step.title, out.outcome, out.reason.splitlines()[0] if out.reason else "",
                           seconds, log.lines)
 
+    def _check_mode_dependents(self, step: Step, out: Outcome) -> Outcome:
+        """Check mode changes nothing, so a step that needs (directly or not)
+        one which would change cannot look at what it needs: its failure
+        then means "not checkable yet", a skip with the reason, not a
+        failure."""
+        if self.runner.mode is not Mode.CHECK:
+            return out
+        roots: list[str] = []
+        for d in step.after:
+            roots += [t for t in self._pending.get(d, ()) if t not in roots]
+        if out.outcome == FAILED and roots:
+            verb = "changes" if len(roots) == 1 else "change"
+            out = Outcome(SKIPPED, f"cannot be checked before {', '.join(roots)} {verb} (check mode changes "
+                                   f"nothing): {out.reason.splitlines()[0]}")
+        if out.outcome == CHANGED:
+            roots = [step.title]
+        if roots:
+            self._pending[step.id] = roots
+        return out
+
     def run(self, name: str, steps: Sequence[Step]) -> Recap:
+        self._pending: dict[str, list[str]] = {}  # check mode: step id -> the changes it waits on
         recap = Recap(name, timed=self.timed)
         start = time.monotonic()
         if self.workers == 1:
