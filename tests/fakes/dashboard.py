@@ -3,50 +3,21 @@ port-forwarded head service: /api/version, and the state API's node list
 built from the fake cluster's Ray pods (head + TPU workers)."""
 from __future__ import annotations
 
-import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
-from urllib.parse import urlsplit
+
+from .server import Fake, FakeServer, Request, Response
 
 RAY_VERSION = "2.60.0"
 
 
-class FakeDashboard:
+class FakeDashboard(Fake):
     def __init__(self, pods: Callable[[], list[dict]]):
         self.pods = pods            # the Ray pods the dashboard would see
-        self.paths: list[str] = []
-        me = self
+        self.server = FakeServer("dashboard", None, self.handle)
+        self.port = self.server.port
 
-        class _H(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *a: Any) -> None:
-                pass
-
-            def do_GET(self) -> None:
-                path = urlsplit(self.path).path
-                me.paths.append(path)
-                status, body = me.answer(path)
-                data = json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), _H)
-        self.httpd.daemon_threads = True
-        self.port = self.httpd.server_address[1]
-        self._thread = threading.Thread(target=self.httpd.serve_forever, name="fake-dashboard", daemon=True)
-
-    def start(self) -> "FakeDashboard":
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+    def handle(self, req: Request) -> Response:
+        return Response(*self.answer(req.path))
 
     def nodes(self) -> list[dict]:
         out = []

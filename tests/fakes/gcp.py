@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 from urllib.parse import unquote
 
-from .server import FakeServer, HttpError, Request, Response
+from .server import Fake, FakeServer, HttpError, Request, Response
 from .tls import Pki
 
 _ids = itertools.count(1000)
@@ -146,7 +146,7 @@ class State:
 Route = tuple[str, re.Pattern, Callable[..., Any]]
 
 
-class FakeGcp:
+class FakeGcp(Fake):
     """The fake's state and its HTTP handlers."""
 
     def __init__(self, pki: Pki, project: str, number: str = "123456789012", token: str = "fake-access-token",
@@ -167,13 +167,6 @@ class FakeGcp:
         self.url = self.server.url
 
     # -- life cycle ---------------------------------------------------------
-    def start(self) -> "FakeGcp":
-        self.server.start()
-        return self
-
-    def stop(self) -> None:
-        self.server.stop()
-
     def reset(self) -> None:
         with self.lock:
             self.st = State(self.project, self.number)

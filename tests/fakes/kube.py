@@ -18,7 +18,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
-from .server import FakeServer, HttpError, Request, Response
+from .server import Fake, FakeServer, HttpError, Request, Response
 from .tls import Pki
 
 VERSION = {"major": "1", "minor": "35", "gitVersion": "v1.35.2-gke.1842000",
@@ -202,7 +202,7 @@ def openapi_v3_doc(gv_path: str) -> dict | None:
             "paths": paths, "components": {"schemas": {}}}
 
 
-class FakeKube:
+class FakeKube(Fake):
     """The cluster's API server and its controllers (KubeRay's part)."""
 
     def __init__(self, pki: Pki, token: str):
@@ -220,13 +220,6 @@ class FakeKube:
         self.url = self.server.url
         self.endpoint = self.url.split("://", 1)[1]
         self.reset()
-
-    def start(self) -> "FakeKube":
-        self.server.start()
-        return self
-
-    def stop(self) -> None:
-        self.server.stop()
 
     def reset(self) -> None:
         """A new, empty cluster: its built-in namespaces and default service accounts."""

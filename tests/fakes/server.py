@@ -1,5 +1,6 @@
-"""A small HTTPS server for the fakes: every request recorded, faults
-injectable, handlers written as plain functions of a ``Request``."""
+"""A small HTTPS (or plain HTTP) server for the fakes: every request
+recorded, faults injectable, handlers written as plain functions of a
+``Request``."""
 from __future__ import annotations
 
 import json
@@ -8,7 +9,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable
+from typing import Any, Callable, Self
 from urllib.parse import parse_qs, urlsplit
 
 from .tls import Pki
@@ -95,10 +96,11 @@ Handler = Callable[[Request], Response]
 
 
 class FakeServer:
-    """HTTPS on 127.0.0.1, an ephemeral port. ``handle`` answers requests;
-    ``check_auth`` may raise HttpError before it."""
+    """HTTPS on 127.0.0.1 (plain HTTP without ``pki``), an ephemeral port.
+    ``handle`` answers requests; ``check_auth`` may raise HttpError before it."""
 
-    def __init__(self, name: str, pki: Pki, handle: Handler, check_auth: Callable[[Request], None] | None = None):
+    def __init__(self, name: str, pki: Pki | None, handle: Handler,
+                 check_auth: Callable[[Request], None] | None = None):
         self.name, self.pki, self._handle, self._check_auth = name, pki, handle, check_auth
         self.requests: list[Request] = []
         self.faults: list[Fault] = []
@@ -118,9 +120,10 @@ class FakeServer:
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), _H)
         self.httpd.daemon_threads = True
-        self.httpd.socket = pki.server_context().wrap_socket(self.httpd.socket, server_side=True)
+        if pki is not None:
+            self.httpd.socket = pki.server_context().wrap_socket(self.httpd.socket, server_side=True)
         self.port = self.httpd.server_address[1]
-        self.url = f"https://127.0.0.1:{self.port}"
+        self.url = f"{'https' if pki is not None else 'http'}://127.0.0.1:{self.port}"
         self._thread = threading.Thread(target=self.httpd.serve_forever, name=f"fake-{name}", daemon=True)
 
     # -- lifecycle --------------------------------------------------------
@@ -186,3 +189,16 @@ class FakeServer:
         h.end_headers()
         if h.command != "HEAD":
             h.wfile.write(data)
+
+
+class Fake:
+    """A fake API: its state and handlers, served by ``self.server``."""
+
+    server: FakeServer
+
+    def start(self) -> Self:
+        self.server.start()
+        return self
+
+    def stop(self) -> None:
+        self.server.stop()
