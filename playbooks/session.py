@@ -43,13 +43,7 @@ class Session:
         """Run a play. ``parallel=False`` for plays whose output streams live
         (a training job's log) or whose order is the point (chaos)."""
         self.book.reporter.line(banner("PLAY", f"{name} | env {self.env.name} ({_what(self.env)}) | {self.mode.value}"))
-        workers = self.book.workers
-        if not parallel:
-            self.book.workers = 1
-        try:
-            recap = self.book.run(f"{name} {self.env.name}", steps)
-        finally:
-            self.book.workers = workers
+        recap = self.book.run(f"{name} {self.env.name}", steps, workers=None if parallel else 1)
         if self.logdir:
             self.book.reporter.line(f"logs: {self.logdir.relative_to(ROOT)}")
         if recap.failed:

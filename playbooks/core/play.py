@@ -198,11 +198,14 @@ class Playbook:
             self._pending[step.id] = roots
         return out
 
-    def run(self, name: str, steps: Sequence[Step]) -> Recap:
+    def run(self, name: str, steps: Sequence[Step], workers: int | None = None) -> Recap:
+        """Run the steps; ``workers`` lowers the playbook's for this run
+        (1: one at a time, in order)."""
         self._pending: dict[str, list[str]] = {}  # check mode: step id -> the changes it waits on
         recap = Recap(name, timed=self.timed)
         start = time.monotonic()
-        if self.workers == 1:
+        workers = self.workers if workers is None else max(1, min(workers, self.workers))
+        if workers == 1:
             for i, step in enumerate(steps):
                 r = self._one(step, buffered=False)
                 recap.results.append(r)
@@ -210,18 +213,18 @@ class Playbook:
                     recap.not_run = [s.title for s in steps[i + 1:]]
                     break
         else:
-            self._run_parallel(steps, recap)
+            self._run_parallel(steps, recap, workers)
         recap.wall = time.monotonic() - start
         self.reporter.block([""] + recap.render())
         return recap
 
-    def _run_parallel(self, steps: Sequence[Step], recap: Recap) -> None:
+    def _run_parallel(self, steps: Sequence[Step], recap: Recap, workers: int) -> None:
         ids = {s.id for s in steps}
         pending = list(steps)
         done: dict[str, str] = {}
         running: dict[Future, Step] = {}
         stopped = False
-        with ThreadPoolExecutor(max_workers=self.workers) as pool:
+        with ThreadPoolExecutor(max_workers=workers) as pool:
             while pending or running:
                 if not stopped:
                     ready = [s for s in pending if all(d in done for d in s.after if d in ids)]

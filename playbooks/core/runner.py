@@ -140,7 +140,6 @@ class RetryPolicy:
     sleep: Callable[[float], None] = time.sleep
 
 
-
 class Executor:
     """Starts processes. The only user of ``subprocess`` in the project."""
 
@@ -451,9 +450,10 @@ class Runner:
     def stream(self, command: Command, log: StepLog, step: str, on_line: Callable[[str], None]) -> Completed | None:
         self._record(command)
         log.emit("apply", command.line())
-        if self.mode is not Mode.APPLY or self.declared is not None:
+        if not self.acting:
             return None
         assert self.executor is not None
+        self.changed()
         return self.executor.stream(command, on_line, label=step)
 
     def spawn(self, command: Command, log: StepLog, step: str) -> int | None:
