@@ -86,6 +86,14 @@ JOB_HELP = {
 }
 
 
+def _job(s, model, elastic, steps, sets, fresh, preset):
+    """The job the flags ask for (a bad flag is one line, exit 2)."""
+    from playbooks import train as tr
+
+    n = whole_number("--steps", steps, 1) if steps != "" else None
+    return tr.build_job(s.env, model, elastic, n, sets or [], fresh, preset)
+
+
 @task(
     iterable=["set_"],
     help={
@@ -96,12 +104,11 @@ JOB_HELP = {
 )
 def train(c, model="llama3-8b", elastic=False, steps="", set_=None, fresh=False, preset="", skip_preflight=False):
     """§8-9 Submit the tutorial's training job with `ray job submit`, follow it, exit with its status."""
-    from playbooks import plan, train as tr
+    from playbooks import plan
 
     with clean_errors():
         s = open_session(c.config, "train")
-        n = whole_number("--steps", steps, 1) if steps != "" else None
-        job = tr.build_job(s.env, model, elastic, n, set_ or [], fresh, preset)
+        job = _job(s, model, elastic, steps, set_, fresh, preset)
         log = (s.logdir / "job.log") if s.logdir else None
         s.run("train", plan.train_steps(s.env, job, {}, log, preflight=not skip_preflight), parallel=False)
 
@@ -109,12 +116,11 @@ def train(c, model="llama3-8b", elastic=False, steps="", set_=None, fresh=False,
 @task(iterable=["set_"], help=JOB_HELP)
 def preflight(c, model="llama3-8b", elastic=False, steps="", set_=None, preset=""):
     """Prove a job fits its TPUs: static checks, then an AOT compile (and, if it does not fit, the smallest change that does)."""
-    from playbooks import plan, train as tr
+    from playbooks import plan
 
     with clean_errors():
         s = open_session(c.config, "preflight")
-        n = whole_number("--steps", steps, 1) if steps != "" else None
-        job = tr.build_job(s.env, model, elastic, n, set_ or [], False, preset)
+        job = _job(s, model, elastic, steps, set_, False, preset)
         s.run("preflight", plan.preflight_steps(s.env, job), parallel=False)
 
 

@@ -60,8 +60,8 @@ def main() -> None:
             fit, wall, rss = compile_once(env, model, preset, Path(t) / name)
             rows.append((name, model, preset, fit, wall, rss))
             print(f"{name}: {'fits' if fit.fits else 'does not fit'} in {wall:.0f}s", flush=True)
-    print(f"\npreflight compiles for 2 x v6e-16 (maxtext {pf._version('maxtext')}, jax {pf._version('jax')}, "
-          f"libtpu {pf._version('libtpu')}), {os.cpu_count()} CPU cores")
+    print(f"\npreflight compiles for 2 x v6e-16 (maxtext {pf.installed('maxtext')}, jax {pf.installed('jax')}, "
+          f"libtpu {pf.installed('libtpu')}), {os.cpu_count()} CPU cores")
     print(f"{'job':<28} {'result':<13} {'wall (s)':>8} {'peak RSS':>9}  per chip")
     for name, model, preset, fit, wall, rss in rows:
         job = f"{model}" + (f" --preset={preset}" if preset else " (tutorial)")

@@ -13,7 +13,6 @@ import json
 import os
 import re
 import shutil
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,7 @@ from .core.play import Outcome, StepContext
 from .core.recap import FAILED, OK
 from .core.runner import ABSENT, Action, Completed
 from .core.step import Step, fail, ok
-from .settings import ROOT, ray_version
+from .settings import ROOT, installed, pinned, ray_version
 
 PLAY = "doctor"
 GOOD = ["compute", "networks", "list", "--format=json"]
@@ -72,24 +71,14 @@ def tool_step(env: Env, name: str) -> Step:
 
 def maxtext_step() -> Step:
     def decide(look):
-        try:
-            v = metadata.version("maxtext")
-        except metadata.PackageNotFoundError:
+        v, pin = installed("maxtext"), pinned("maxtext")
+        if v == "not installed":
             return fail("maxtext is not installed in this Python: run scripts/bootstrap")
-        pinned = [l.split("==")[1] for l in (ROOT / "requirements.lock").read_text().splitlines()
-                  if l.startswith("maxtext==")]
-        if pinned and v != pinned[0]:
-            return fail(f"maxtext {v} installed, requirements.lock pins {pinned[0]}: run scripts/bootstrap")
-        return ok(f"maxtext {v}, jax {metadata.version('jax')}, libtpu {_libtpu()}")
+        if pin and v != pin:
+            return fail(f"maxtext {v} installed, requirements.lock pins {pin}: run scripts/bootstrap")
+        return ok(f"maxtext {v}, jax {installed('jax')}, libtpu {installed('libtpu')}")
 
     return Step(PLAY, "maxtext", decide, id="doctor:maxtext")
-
-
-def _libtpu() -> str:
-    try:
-        return metadata.version("libtpu")
-    except metadata.PackageNotFoundError:
-        return "not installed"
 
 
 def sdk_root() -> Path | None:

@@ -24,7 +24,7 @@ from .core.recap import CHANGED, FAILED, OK
 from .core.runner import ABSENT, Action, Fact, assume
 from .core.step import Step, poll
 from .rayapi import alive, labels, list_nodes, nodes_fact, version_fact
-from .settings import ROOT, chips
+from .settings import LOCAL_PORTS_FIRST_NODE, LOCAL_PORTS_PER_NODE, ROOT, chips, local_port_span
 
 PLAY = "local"
 HEAD = "head"
@@ -64,14 +64,14 @@ def node_ports(env: Env, k: int) -> tuple[str, ...]:
     """Ports of node k (0: the head) that Ray would otherwise take from fixed
     defaults (the agent's 52365, the client server's 10001): explicit and
     distinct, so two local clusters (or a user's own Ray) can coexist."""
-    p = port_range(env)[0] + 10 + 4 * k
+    p = env.gcs_port + LOCAL_PORTS_FIRST_NODE + LOCAL_PORTS_PER_NODE * k
     return (f"--dashboard-agent-listen-port={p}", f"--dashboard-agent-grpc-port={p + 1}",
             f"--runtime-env-agent-port={p + 2}", f"--metrics-export-port={p + 3}")
 
 
 def port_range(env: Env) -> tuple[int, int]:
     """The ports a local cluster uses besides the dashboard: gcs_port and up."""
-    return env.gcs_port, env.gcs_port + 10 + 4 * (1 + env.slices * env.hosts_per_slice)
+    return env.gcs_port, env.gcs_port + local_port_span(env.slices, env.hosts_per_slice)
 
 
 def head_command(env: Env) -> Command:

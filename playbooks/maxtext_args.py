@@ -144,11 +144,17 @@ def model_config(model: str) -> dict:
     return OmegaConf.to_container(OmegaConf.load(path), resolve=True) or {}
 
 
+def overrides_model(args: Iterable[tuple[str, str]]) -> bool:
+    """Whether the job says override_model_config=true (its settings then
+    win over the model's own config)."""
+    return any(k == "override_model_config" and parse(v) is True for k, v in args)
+
+
 def overridden_model_keys(model: str, args: Iterable[tuple[str, str]]) -> list[str]:
     """Keys of the model's config that the job sets to another value. MaxText
     refuses them unless override_model_config=true."""
     args = list(args)
-    if any(k == "override_model_config" and parse(v) is True for k, v in args):
+    if overrides_model(args):
         return []
     cfg = model_config(model)
     out = []

@@ -1,6 +1,7 @@
 """§4 TPU node pools: one multi-host v6e slice per pool (Standard only)."""
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from . import tutorial as T
@@ -35,7 +36,6 @@ def create_command(env: Env, name: str):
 
 
 def _patient(c):
-    import dataclasses
     return dataclasses.replace(c, patience=PATIENCE)
 
 

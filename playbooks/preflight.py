@@ -21,7 +21,7 @@ import re
 import threading
 import time
 from dataclasses import dataclass
-from importlib import metadata
+from functools import cache
 from pathlib import Path
 
 import yaml
@@ -34,19 +34,17 @@ from .core.recap import FAILED, OK, SKIPPED
 from .core.render import render
 from .core.runner import ABSENT, Fact
 from .core.step import Step
-from .settings import ROOT, chips
+from .maxtext_args import as_text, model_config, overrides_model
+from .settings import ROOT, chips, installed
 
 PLAY = "preflight"
 GIB = 1024 ** 3
 
 
+@cache
 def _base() -> dict:
+    """trainer/base.yml, read once (callers only read it)."""
     return yaml.safe_load((ROOT / "trainer" / T.BASE_CONFIG).read_text())
-
-
-def _model(name: str) -> dict | None:
-    p = ROOT / "trainer" / "models" / f"{name}.yml"
-    return yaml.safe_load(p.read_text()) if p.exists() else None
 
 
 def slice_devices(env: Env) -> int:
@@ -88,10 +86,10 @@ def static_checks(env: Env, job) -> list[str]:
     out: list[str] = []
     args = dict(job.args)
     model = args.get("model_name", job.model)
-    cfg = _model(model)
+    cfg = model_config(model) or None
     if cfg is None:
         out.append(f"model config models/{model}.yml is not in the pinned MaxText "
-                   f"(maxtext {_version('maxtext')}: see trainer/models/)")
+                   f"(maxtext {installed('maxtext')}: see trainer/models/)")
         cfg = {}
     base = _base()
     devices = slice_devices(env)
@@ -120,7 +118,7 @@ def static_checks(env: Env, job) -> list[str]:
         why = _megascale(env)
         if why:
             out.append(why)
-    ov = args.get("override_model_config", "").lower() == "true"
+    ov = overrides_model(args.items())
     q = int(args["base_num_query_heads"]) if ov and "base_num_query_heads" in args else cfg.get("base_num_query_heads")
     kv = int(args["base_num_kv_heads"]) if ov and "base_num_kv_heads" in args else cfg.get("base_num_kv_heads")
     tensor = int(args.get("ici_tensor_parallelism", base.get("ici_tensor_parallelism", 1)))
@@ -144,13 +142,6 @@ def _megascale(env: Env) -> str | None:
                     return (f"manifest: MEGASCALE_NUM_SLICES={env_vars.get('MEGASCALE_NUM_SLICES')} but the worker "
                             f"group has {g.get('replicas')} slice replicas")
     return None
-
-
-def _version(pkg: str) -> str:
-    try:
-        return metadata.version(pkg)
-    except metadata.PackageNotFoundError:
-        return "not installed"
 
 
 # -- the fit check: an ahead-of-time compile for the TPU topology --------------
@@ -269,25 +260,29 @@ def compile_args(env: Env, job, extra: tuple[tuple[str, str], ...] = (), slices:
 WORK = ".state/preflight"
 
 
+# Where a job writes: not part of what it compiles to.
+WORK_KEYS = ("base_output_directory", "run_name", "jax_cache_dir", "dump_hlo_local_dir")
+
+
+def _without_work_dirs(args: list[str]) -> list[str]:
+    return [a for a in args if a.split("=", 1)[0] not in WORK_KEYS]
+
+
 def with_work_dirs(args: list[str]) -> list[str]:
     """Where the compile may write: only under .state/preflight/ (not the
     job's /data/, not ~/jax_cache, not /tmp/xla_dump)."""
-    out = [a for a in args if a.split("=", 1)[0] not in ("base_output_directory", "run_name", "jax_cache_dir",
-                                                         "dump_hlo_local_dir")]
-    return out + [f"base_output_directory={WORK}/out/", "run_name=preflight", f"jax_cache_dir={WORK}/jax_cache",
+    return _without_work_dirs(args) + [f"base_output_directory={WORK}/out/", "run_name=preflight", f"jax_cache_dir={WORK}/jax_cache",
                   f"dump_hlo_local_dir={WORK}/xla_dump/"]
 
 
 def versions() -> dict[str, str]:
-    return {p: _version(p) for p in ("maxtext", "jax", "jaxlib", "libtpu")}
+    return {p: installed(p) for p in ("maxtext", "jax", "jaxlib", "libtpu")}
 
 
 def cache_key(args: list[str]) -> str:
     """Everything that changes the compile: the job's arguments (model,
     settings, topology, slices) and the MaxText, jax and libtpu versions."""
-    keep = [a for a in args if a.split("=", 1)[0] not in ("base_output_directory", "run_name", "jax_cache_dir",
-                                                          "dump_hlo_local_dir")]
-    blob = json.dumps({"args": sorted(keep), "versions": versions()}, sort_keys=True)
+    blob = json.dumps({"args": sorted(_without_work_dirs(args)), "versions": versions()}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -402,7 +397,7 @@ def fit_step(env: Env, job, search: bool) -> Step:
     def run(ctx: StepContext) -> Outcome:
         if env.kind == "local":
             return Outcome(SKIPPED, "a local environment trains on CPU: the fit check is for TPU HBM")
-        ctx.note(f"MaxText {_version('maxtext')}, jax {_version('jax')}, libtpu {_version('libtpu')} "
+        ctx.note(f"MaxText {installed('maxtext')}, jax {installed('jax')}, libtpu {installed('libtpu')} "
                  f"(the libtpu trainer/requirements.txt installs on the TPU workers)")
         result = fit(ctx, env, job)
         if result is None:
@@ -454,7 +449,6 @@ def fit_step(env: Env, job, search: bool) -> Step:
 
 def job_uses(job, extra) -> bool:
     """Whether the job already has these settings (its own or base.yml's)."""
-    from .maxtext_args import as_text
     args, base = dict(job.args), _base()
     return all(args.get(k, as_text(base.get(k))) == v for k, v in extra)
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from importlib import metadata
 from typing import Any
 
 from . import tutorial as T
@@ -14,7 +13,7 @@ from .core.render import envsubst, leftover
 from .core.runner import ABSENT
 from .core.step import Step, Verify, change, drift, ok, wait
 from .gke import kube, kube_get, raycluster_fact, workers
-from .settings import ROOT
+from .settings import ROOT, installed
 
 PLAY = "raycluster"
 READY_TIMEOUT = 30 * 60
@@ -49,9 +48,8 @@ def image_version(image: str) -> str | None:
 
 def skew_warning(image: str) -> str | None:
     """The Ray in the image should be the Ray this machine submits jobs with."""
-    try:
-        local = metadata.version("ray")
-    except metadata.PackageNotFoundError:
+    local = installed("ray")
+    if local == "not installed":
         return None
     have = image_version(image)
     if have is None:

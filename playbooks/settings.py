@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from importlib import metadata
 from pathlib import Path
 from typing import Mapping
 
@@ -191,10 +192,21 @@ def loopback(v: str, env: Mapping) -> str | None:
     return None
 
 
+# The ports of a local cluster after gcs_port: the head's first few, then a
+# block per node (0: the head) for the agents Ray would put on fixed ports.
+LOCAL_PORTS_FIRST_NODE = 10
+LOCAL_PORTS_PER_NODE = 4
+
+
+def local_port_span(slices: int, hosts: int) -> int:
+    """How many ports after gcs_port a local cluster of slices x hosts uses."""
+    return LOCAL_PORTS_FIRST_NODE + LOCAL_PORTS_PER_NODE * (1 + slices * hosts)
+
+
 def local_ports(v: int, env: Mapping) -> str | None:
-    """A local cluster takes gcs_port .. gcs_port + 10 + 4 x nodes."""
+    """A local cluster takes gcs_port .. gcs_port + local_port_span."""
     try:
-        top = 10 + 4 * (1 + env["slices"] * hosts_per_slice(env))
+        top = local_port_span(env["slices"], hosts_per_slice(env))
     except (KeyError, ValueError, ZeroDivisionError):
         return None
     if v + top > 65535:
@@ -235,13 +247,29 @@ def overrides(v: Mapping, env: Mapping) -> str | Entry | None:
 
 
 # -- derived values ---------------------------------------------------------
+def pinned(package: str) -> str | None:
+    """A package's version as pinned in requirements.lock (no import of it)."""
+    prefix = f"{package.lower()}=="
+    for line in (ROOT / "requirements.lock").read_text().splitlines():
+        if line.lower().startswith(prefix):
+            return line.split("==", 1)[1].strip()
+    return None
+
+
+def installed(package: str) -> str:
+    """A package's version as installed in this Python (no import of it)."""
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
 def ray_version() -> str:
     """Ray's version, as pinned in the lock (no import of ray)."""
-    lock = ROOT / "requirements.lock"
-    for line in lock.read_text().splitlines():
-        if line.lower().startswith("ray=="):
-            return line.split("==", 1)[1].strip()
-    raise RuntimeError("requirements.lock pins no ray version")
+    v = pinned("ray")
+    if v is None:
+        raise RuntimeError("requirements.lock pins no ray version")
+    return v
 
 
 def default_ray_image(env: Mapping) -> str:

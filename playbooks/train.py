@@ -144,7 +144,7 @@ def build_job(env: Env, model: str, elastic: bool = False, steps: int | None = N
         env_vars["TRAINER_WORKER_REQUIREMENTS"] = "requirements.txt"
         job.bucket = env.gs_bucket
     for k, v in (env.train_overrides or {}).items():
-        _set(args, k, str(v).lower() if isinstance(v, bool) else str(v))
+        _set(args, k, maxtext_args.as_text(v))
     for k, v in (PRESETS[model][preset] if preset else ()):
         _set(args, k, v)
     if steps is not None:
