@@ -1,6 +1,7 @@
 """Preflight: each static rule violated once; the compile output read right;
 an ahead-of-time compile of a small model that fits, one that does not (and
 the smallest change that fits), and a cache hit."""
+import json
 import os
 import re
 import subprocess
@@ -11,6 +12,7 @@ import yaml
 
 from playbooks import preflight as pf, train as tr
 from playbooks.core.inventory import Env
+from playbooks.settings import load_inventory
 from tests.conftest import INVOKE, ROOT, env
 
 OOM_LINE = ("jax.errors.JaxRuntimeError: RESOURCE_EXHAUSTED: E1000: CompileTimeHbmOom: Ran out of memory on HBM, "
@@ -198,7 +200,7 @@ def _seed(cache, e, j, fits, extra=(), slices=None, total=None):
     f = pf.Fit(fits=fits, seconds=1.0, temporaries=(20.0 if fits else None), total=total,
                needed=(None if fits else 40.0))
     path = cache / f"{pf.cache_key(args)}.json"
-    path.write_text(__import__("json").dumps(f.to_json()))
+    path.write_text(json.dumps(f.to_json()))
 
 
 def test_when_no_setting_fits_more_slices_are_tried_and_the_inventory_change_named(tmp_path):
@@ -206,7 +208,6 @@ def test_when_no_setting_fits_more_slices_are_tried_and_the_inventory_change_nam
     checks its order, what it skips and what it says."""
     inv = tmp_path / "inventory.yaml"
     inv.write_text(yaml.safe_dump({"default": "big", "environments": {"big": GKE}}))
-    from playbooks.settings import load_inventory
     e = load_inventory(inv).env("big")
     j = tr.build_job(e, "llama3-70b")
     cache = tmp_path / "cache"
