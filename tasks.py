@@ -14,7 +14,12 @@ from invoke import Collection, task
 signal.signal(signal.SIGPIPE, signal.SIG_DFL)
 
 # Only light modules here: `invoke --list` must stay instant.
-from playbooks.session import clean_errors, open_session, seconds, whole_number
+from playbooks.session import bare_flag, clean_errors, install_last_resort, open_session, seconds, whole_number
+
+# An error Invoke raises reading its config files after this import (a
+# `playbook:` that is not a mapping, a project invoke.yaml that is not YAML)
+# is one line too, not a traceback.
+install_last_resort()
 
 
 def _play(c, name):
@@ -90,7 +95,9 @@ def _job(s, model, elastic, steps, sets, fresh, preset):
     """The job the flags ask for (a bad flag is one line, exit 2)."""
     from playbooks import train as tr
 
-    n = whole_number("--steps", steps, 1) if steps != "" else None
+    # Invoke passes a bare `--set` (no key=value after it) as no --set at all.
+    bare_flag("--set", "-t")
+    n = whole_number("--steps", steps, 1, tr.MAX_STEPS, "the tutorial's jobs run 100") if steps != "" else None
     return tr.build_job(s.env, model, elastic, n, sets or [], fresh, preset)
 
 
@@ -149,7 +156,11 @@ def teardown(c, yes=False):
             if not sys.stdin.isatty():
                 from playbooks.core.errors import InputError
                 raise InputError(f"teardown deletes {what}; confirm with --yes (stdin is not a terminal)")
-            answer = input(f"Delete {what}? Type the environment name ({s.env.name}) to confirm: ")
+            try:
+                answer = input(f"Delete {what}? Type the environment name ({s.env.name}) to confirm: ")
+            except EOFError:  # Ctrl-D: no answer is no
+                answer = ""
+                print()
             if answer.strip() != s.env.name:
                 from invoke.exceptions import Exit
                 raise Exit("teardown cancelled", code=1)
@@ -158,12 +169,12 @@ def teardown(c, yes=False):
 
 @task
 def doctor(c):
-    """Check the installed gcloud, kubectl, ray and maxtext, and that every gcloud command of the plan parses."""
+    """Check what would stop a run: the tools, gcloud's account, the project, the kubectl context, every gcloud command's parse."""
     from playbooks import doctor as dr
 
     with clean_errors():
         s = open_session(c.config, "doctor")
-        s.run("doctor", dr.steps(s.env), parallel=False)
+        s.run("doctor", dr.steps(s.env), parallel=False, keep_going=True)
 
 
 chaos = Collection("chaos")
@@ -172,4 +183,7 @@ chaos.add_task(delete_worker)
 ns = Collection(prereqs, network, cluster, nodepools, storage, raycluster, dashboard, up, train, preflight, teardown,
                 doctor)
 ns.add_collection(chaos)
-ns.configure({"playbook": {"env": None, "inventory": None, "mode": "apply", "parallel": 4}})
+# Defaults of None (not 4, not "apply"): Invoke converts an INVOKE_PLAYBOOK_*
+# variable to its default's type, and int("abc") would be its traceback;
+# playbooks.session checks every value (defaults: apply, 4 steps at once).
+ns.configure({"playbook": {"env": None, "inventory": None, "mode": None, "parallel": None}})

@@ -2,6 +2,7 @@
 tutorial does (find it by label, delete it)."""
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from . import tutorial as T
@@ -19,7 +20,7 @@ from . import local
 def first_worker_fact(env: Env):
     c = kube(env, "get", "pods", "-l", T.WORKER_SELECTOR, "--namespace", env.namespace,
              "-o", "jsonpath={.items[0].metadata.name}")
-    c = Command(c.argv, binds="POD")
+    c = dataclasses.replace(c, binds="POD")
 
     def parse(r: Completed) -> Any:
         if r.ok:
@@ -41,7 +42,8 @@ def delete_step(env: Env) -> Step:
             return fail(f"no pod labelled {T.WORKER_SELECTOR} in namespace {env.namespace}: is the RayCluster up?")
         return change(kube(env, "delete", "pod", pod, "--namespace", env.namespace), reason=f"deleted pod {pod}")
 
-    return Step("chaos", "delete one Ray TPU worker pod", decide, idempotent=False, id="chaos:delete")
+    return Step("chaos", "delete one Ray TPU worker pod", decide, idempotent=False, id="chaos:delete",
+                after=("kube:credentials",))
 
 
 def steps(env: Env, restore_after: float = 60.0) -> list[Step]:

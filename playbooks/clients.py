@@ -11,23 +11,100 @@ from .core.command import Command
 from .core.errors import ProbeFailed
 from .core.runner import ABSENT, Completed, Fact
 
-# Errors worth another try: the request was turned away, not acted on.
-_TRANSIENT = re.compile(
-    r"(HTTPError 429|HTTPError 503|HTTPError 502|code=429|code=503|code=502|"
-    r"\b429\b.*(Too Many Requests|rate)|\b503\b.*(Service Unavailable|unavailable)|"
-    r"rateLimitExceeded|Rate Limit Exceeded|RATE_LIMIT_EXCEEDED|backendError|"
-    r"currently unable to handle the request|ServiceUnavailable|"
-    r"incompatible operation|operation .* is currently running|Please wait and try again|"
-    # gcloud compute and gcloud storage print only the server's message, no
-    # status code: a 503's "The service is currently unavailable." and a 429
-    # rate quota's "Quota exceeded for quota metric 'X' and limit 'X per minute'".
-    r"The service is currently unavailable|Quota exceeded for quota metric .* per (minute|100 seconds|second))",
-    re.IGNORECASE,
+# -- transient or not: from what each client really prints ---------------------
+# The HTTP status of a failed call, as each client shows it:
+_STATUS_FORMS = (
+    re.compile(r"\bcode=(\d{3})\b"),                      # gcloud container: "ResponseError: code=503, ..."
+    re.compile(r"'status': '?(\d{3})'?"),                  # apitools' HttpError (services, projects)
+    re.compile(r"\bHTTP ?Error (\d{3})\b", re.I),          # "HTTPError 503: ..."
+    re.compile(r"\b[A-Z]\w*Exception: (\d{3})\b"),          # gsutil: "ServiceException: 503 ..."
+    # gcloud compute prints only the server's message, but with
+    # core/verbosity=debug it logs every request's status line.
+    re.compile(r'^DEBUG: https?://\S+ "[A-Z]+ [^"]*" (\d{3}) ', re.M),
 )
+# gcloud storage (and other gRPC-style errors) print the status's name.
+_STATUS_NAMES = {"RESOURCE_EXHAUSTED": 429, "UNAVAILABLE": 503, "INTERNAL": 500, "DEADLINE_EXCEEDED": 504,
+                 "PERMISSION_DENIED": 403, "UNAUTHENTICATED": 401, "INVALID_ARGUMENT": 400, "NOT_FOUND": 404,
+                 "ALREADY_EXISTS": 409, "FAILED_PRECONDITION": 400, "ABORTED": 409, "OUT_OF_RANGE": 400,
+                 "UNIMPLEMENTED": 501, "CANCELLED": 499}
+_STATUS_NAME = re.compile(r"\) (" + "|".join(_STATUS_NAMES) + r"): ")
+# kubectl names the reason: "Error from server (ServiceUnavailable): ...".
+_KUBE_REASONS = {"TooManyRequests": 429, "ServiceUnavailable": 503, "InternalError": 500, "Timeout": 504,
+                 "Forbidden": 403, "Unauthorized": 401, "NotFound": 404, "BadRequest": 400, "Conflict": 409,
+                 "Invalid": 422, "AlreadyExists": 409, "MethodNotAllowed": 405, "Gone": 410}
+_KUBE_REASON = re.compile(r"Error from server \((\w+)\)")
+
+TRANSIENT_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+
+# Rate quotas are transient whatever their status (compute answers some with
+# 403 rateLimitExceeded, which Google's docs say to retry with backoff).
+_RATE_LIMITED = re.compile(r"(rateLimitExceeded|Rate Limit Exceeded|RATE_LIMIT_EXCEEDED|"
+                           r"Quota exceeded for quota metric .* per (minute|100 seconds|second))", re.I)
+# GKE refuses a node pool operation while another runs on the cluster (a
+# 400 FAILED_PRECONDITION that means "wait"): retried only by commands
+# given patience for it (node pool creates and deletes).
+_OPERATION_RUNNING = re.compile(r"(incompatible operation|operation .* is currently running|"
+                                r"Please wait and try again)", re.I)
+# No status at all: the request never got an answer.
+_NO_ANSWER = re.compile(r"(Connection reset by peer|Connection aborted|RemoteDisconnected|timed out|"
+                        r"TLS handshake timeout|i/o timeout|the server is currently unable to handle the request|"
+                        r"Unable to connect to the server)", re.I)
 
 
-def is_transient(c: Completed) -> bool:
-    return c.rc not in (0, 2, 127) and bool(_TRANSIENT.search(c.stderr + "\n" + c.stdout))
+def http_status(c: Completed) -> int | None:
+    """The HTTP status of the call that failed, from the client's output:
+    the last error status it shows (4xx/5xx), if it shows one."""
+    text = c.stderr + "\n" + c.stdout
+    found: list[int] = []
+    for form in _STATUS_FORMS:
+        found += [int(m) for m in form.findall(text)]
+    found += [_STATUS_NAMES[m] for m in _STATUS_NAME.findall(text)]
+    found += [_KUBE_REASONS[m] for m in _KUBE_REASON.findall(text) if m in _KUBE_REASONS]
+    errors = [code for code in found if code >= 400]
+    return errors[-1] if errors else None
+
+
+def is_transient(c: Completed, patient: bool = False) -> bool:
+    """Worth another try: turned away (429, 5xx, a rate quota), or never
+    answered. A status that says the request itself is wrong or denied
+    (400, 401, 403, 404, 409) is never retried."""
+    if c.rc in (0, 2, 127):  # success; gcloud's parse error; no such program
+        return False
+    text = c.stderr + "\n" + c.stdout
+    if _RATE_LIMITED.search(text):
+        return True
+    if patient and _OPERATION_RUNNING.search(text):
+        return True
+    status = http_status(c)
+    if status is not None:
+        return status in TRANSIENT_STATUS
+    return bool(_NO_ANSWER.search(text))
+
+
+# gcloud compute hides the HTTP status of a failed call (see _STATUS_FORMS):
+# its commands run with debug verbosity, which logs it; what is shown of
+# their output is the error without the debug log.
+COMPUTE_DEBUG = (("CLOUDSDK_CORE_VERBOSITY", "debug"),)
+_DEBUG_LINE = re.compile(r"^(DEBUG|INFO): ")
+
+
+def without_debug_log(text: str) -> str:
+    """gcloud's stderr without its debug log: from its "ERROR:" line on
+    when there is one, else its other lines (warnings, "Created [...]")."""
+    lines = text.splitlines()
+    errors = [i for i, line in enumerate(lines) if line.startswith("ERROR: ")]
+    if errors:
+        return "\n".join(lines[errors[-1]:])
+    out, in_record = [], False
+    for line in lines:
+        if _DEBUG_LINE.match(line):
+            in_record = True
+            continue
+        if in_record and (line.startswith((" ", "\t", ")")) or not line.strip()):
+            continue  # a debug record's continuation lines
+        in_record = False
+        out.append(line)
+    return "\n".join(out)
 
 
 def gcloud(*args: str, project: str | None = None, quiet: bool = False) -> Command:
@@ -36,6 +113,8 @@ def gcloud(*args: str, project: str | None = None, quiet: bool = False) -> Comma
         argv.append(f"--project={project}")
     if quiet:
         argv.append("--quiet")
+    if args and args[0] == "compute":
+        return Command(tuple(argv), env=COMPUTE_DEBUG, stderr_filter=without_debug_log)
     return Command(tuple(argv))
 
 

@@ -54,7 +54,7 @@ def forward_step(env: Env) -> Step:
         ctx.act(Action(f"echo $! > {quote(str(pf.path.relative_to(ROOT)))}", lambda: pf.write(pid)))
         if not ctx.acting:
             ctx.log.emit("verify", version.line())
-            return Outcome(CHANGED, "port-forward started")
+            return Outcome(CHANGED, f"would start the port-forward to {address(env)}")
         from .core.step import poll
         why = poll(lambda: None if ctx.look(version, fresh=True) is not ABSENT else "not answering", 30, 1,
                    sleep=ctx.sleep)

@@ -16,7 +16,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from .clients import fact
+from .clients import fact, gcloud, json_object, text_value
 from .core.command import Command, PLACEHOLDER
 from .core.errors import ProbeFailed
 from .core.inventory import Env
@@ -160,5 +160,67 @@ def cli_parse(ctx: StepContext, argv: list[str]) -> dict:
                          assumed={"argv": argv, "ok": True, "error": ""}))
 
 
+# -- what will stop a run: credentials, the project, the cluster's context --------
+def account_step(env: Env) -> Step:
+    probe = fact("gcloud credentials", gcloud("config", "list", "--format=json"), json_object(),
+                 assumed={"core": {"account": "${ACCOUNT}"}},
+                 describe=lambda c: ((c.get("core") or {}).get("account") or
+                                     ("an access token file" if (c.get("auth") or {}).get("access_token_file")
+                                      else "no account")))
+
+    def decide(look):
+        cfg = look(probe)
+        account = (cfg.get("core") or {}).get("account")
+        token_file = (cfg.get("auth") or {}).get("access_token_file")
+        if account:
+            return ok(f"gcloud account {account}")
+        if token_file:
+            return ok(f"gcloud authenticates with the access token in {token_file}")
+        return fail("gcloud has no active account: run `gcloud auth login` (every gcloud command would fail)")
+
+    return Step(PLAY, "gcloud account", decide, id="doctor:account",
+                skip="a local environment runs no gcloud command" if env.kind == "local" else None)
+
+
+def project_step(env: Env) -> Step:
+    if env.kind == "local":
+        return Step(PLAY, "project access", lambda look: ok(), id="doctor:project",
+                    skip="a local environment uses no project")
+    probe = fact(f"project {env.project_id}",
+                 gcloud("projects", "describe", env.project_id, "--format=value(projectId)"), text_value(),
+                 assumed=env.project_id)
+
+    def decide(look):
+        return ok(f"project {look(probe)} is readable with these credentials")
+
+    return Step(PLAY, f"project {env.project_id}", decide, id="doctor:project", after=("doctor:account",))
+
+
+def context_step(env: Env) -> Step:
+    if env.kind == "local":
+        return Step(PLAY, "kubectl context", lambda look: ok(), id="doctor:context",
+                    skip="a local environment has no Kubernetes cluster")
+    from .cluster import has_context, kubeconfig_fact
+    from .gke import clusters_fact, kube, kube_context
+    clusters, kubeconfig = clusters_fact(env), kubeconfig_fact(env)
+    name = kube_context(env)
+    server = fact("Kubernetes API", kube(env, "version", "--output=json"), json_object(),
+                  describe=lambda v: f"server {(v.get('serverVersion') or {}).get('gitVersion', '?')}")
+
+    def decide(look):
+        if look(clusters) is ABSENT:
+            return ok(f"cluster {env.cluster_name} does not exist yet: no context to check (`invoke cluster` "
+                      f"makes both)")
+        if not has_context(look(kubeconfig), name):
+            return fail(f"cluster {env.cluster_name} exists, but the kubeconfig has no context {name}: run "
+                        f"`invoke cluster` (gcloud container clusters get-credentials)")
+        v = look(server)
+        return ok(f"context {name} reaches Kubernetes {(v.get('serverVersion') or {}).get('gitVersion', '?')}")
+
+    return Step(PLAY, f"kubectl context {kube_context(env)}", decide, id="doctor:context",
+                after=("doctor:project",))
+
+
 def steps(env: Env) -> list[Step]:
-    return [tool_step(env, n) for n in TOOLS] + [maxtext_step(), parse_step(env)]
+    return ([tool_step(env, n) for n in TOOLS] + [maxtext_step(), account_step(env), project_step(env),
+                                                  context_step(env), parse_step(env)])

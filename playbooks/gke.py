@@ -2,6 +2,7 @@
 of resource is listed (one list call answers for every resource of a kind)."""
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from . import tutorial as T
@@ -25,8 +26,19 @@ def network_name(env: Env, i: int) -> str:
     return f"{env.cluster_name}-{T.SUBNETS[i][0]}"
 
 
-def subnet_name(i: int) -> str:
-    return T.SUBNETS[i][1]
+def subnet_name(env: Env, i: int) -> str:
+    """The inventory's subnet_<i+1>_name (the tutorial's tpu-subnet-1/2)."""
+    return env[f"subnet_{i + 1}_name"]
+
+
+def network_id(i: int) -> str:
+    """Step ids of the two VPCs and their subnets (the names are the
+    inventory's; the ids stay fixed)."""
+    return f"network:net-{i + 1}"
+
+
+def subnet_id(i: int) -> str:
+    return f"network:subnet-{i + 1}"
 
 
 def subnet_range(env: Env, i: int) -> str:
@@ -71,7 +83,7 @@ STRICT_COMPUTE_LISTS = (("CLOUDSDK_COMPUTE_ALLOW_PARTIAL_ERROR", "false"),)
 def subnets_fact(env: Env, name: str) -> Fact:
     c = gcloud("compute", "networks", "subnets", "list", f"--regions={env.region}", "--format=json",
                project=env.project_id)
-    return fact(f"subnet {name}", Command(c.argv, env=STRICT_COMPUTE_LISTS),
+    return fact(f"subnet {name}", dataclasses.replace(c, env=STRICT_COMPUTE_LISTS + c.env),
                 json_list(by_name(name)),
                 describe=lambda s: f"present ({s.get('ipCidrRange') or 'some range'} on "
                                    f"{str(s.get('network', '')).rsplit('/', 1)[-1]})")

@@ -159,6 +159,8 @@ def head_step(env: Env) -> Step:
         if why:
             return Outcome(FAILED, f"the Ray head did not come up in {START_TIMEOUT:.0f}s ({why}); "
                                    f"see {_log(env, HEAD)}")
+        if not running and not ctx.acting:
+            return Outcome(CHANGED, f"would start the Ray head at {address(env)}")
         return Outcome(CHANGED if not running else OK, f"Ray head started at {address(env)}")
 
     return Step(PLAY, f"Ray head {address(env)}", lambda look: None, run=run, id="local:head")
@@ -187,6 +189,8 @@ def host_step(env: Env, name: str, slice_: int, worker: int, play: str = PLAY) -
                     lambda: None if registered(_nodes(env), slice_, worker) else f"{name} not registered yet")
         if why:
             return Outcome(FAILED, f"TPU host {name} did not join in {START_TIMEOUT:.0f}s; see {_log(env, name)}")
+        if not running and not ctx.acting:
+            return Outcome(CHANGED, f"would start TPU host {name} ({pod_type(env)}, {env.chips_per_host} chips)")
         return Outcome(CHANGED if not running else OK, f"TPU host {name} joined ({pod_type(env)}, "
                                                        f"{env.chips_per_host} chips)")
 
@@ -244,7 +248,7 @@ def chaos_steps(env: Env, restore_after: float) -> list[Step]:
                 pf = pidfile(env, n)
                 ctx.act(Action(f"kill -KILL $(cat {quote(rel(pf.path))})  # with its child processes",
                                lambda pf=pf: kill_now(tree(pf.pid() or -1))))
-                return Outcome(CHANGED, f"killed TPU host {n}")
+                return Outcome(CHANGED, f"killed TPU host {n}" if ctx.acting else f"would kill TPU host {n}")
         return Outcome(FAILED, "no simulated TPU host is running: run `invoke up` first")
 
     out = [Step("chaos", "kill one TPU host", lambda look: None, run=run_kill, idempotent=False,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import re
 from functools import cache
 from pathlib import Path
 from typing import Any, Iterable
@@ -125,8 +126,33 @@ def bad_value(key: str, text: str) -> str | None:
     return f"is not {expected(node)}, {wants}"
 
 
+# run_name becomes a folder, a GCS prefix and a Ray submission id; the
+# checkpoints that --fresh deletes are <base_output_directory>/<run_name>/.
+RUN_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
+RUN_NAME_RULE = ("must be 1-63 characters: lowercase letters, digits, '.', '_', '-', starting with a letter or "
+                 "digit, without '..' (it names a folder, a GCS prefix and a Ray job)")
+WILDCARDS = re.compile(r"[*?\[\]]")
+
+
+def run_name_problem(name: str) -> str | None:
+    if not RUN_NAME.match(name) or ".." in name:
+        return RUN_NAME_RULE
+    return None
+
+
+def path_problem(key: str, text: str) -> str | None:
+    """Our own rules for the keys that become paths we delete under."""
+    if key == "run_name":
+        return run_name_problem(text)
+    if key == "base_output_directory":
+        if WILDCARDS.search(text) or ".." in text.split("/") or "\n" in text:
+            return ("holds a wildcard ('*', '?', '['), a '..' or a newline; it is where --fresh deletes a run's "
+                    "checkpoints, so it must name one folder")
+    return None
+
+
 def problem(key: str, text: str) -> str | None:
-    return unknown_key(key) or bad_value(key, text)
+    return unknown_key(key) or bad_value(key, text) or path_problem(key, text)
 
 
 def as_text(value: Any) -> str:

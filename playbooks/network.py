@@ -8,7 +8,7 @@ from .clients import gcloud
 from .core.inventory import Env
 from .core.runner import ABSENT
 from .core.step import Step, Verify, change, drift, ok
-from .gke import network_name, networks_fact, subnet_name, subnet_range, subnets_fact
+from .gke import network_id, network_name, networks_fact, subnet_id, subnet_name, subnet_range, subnets_fact
 
 PLAY = "network"
 
@@ -35,13 +35,13 @@ def network_step(env: Env, i: int) -> Step:
             return drift(f"network {name}: " + "; ".join(diffs))
         return ok(f"network {name} exists (mtu {T.NETWORK_MTU}, custom subnets)")
 
-    return Step(PLAY, f"VPC {name}", decide, id=f"network:{name}",
+    return Step(PLAY, f"VPC {name}", decide, id=network_id(i),
                 verify=Verify(probe, lambda n: None if n is not ABSENT and n.get("mtu") == T.NETWORK_MTU
                               else "network not found" if n is ABSENT else f"mtu is {n.get('mtu')}"))
 
 
 def subnet_step(env: Env, i: int) -> Step:
-    name, net, rng = subnet_name(i), network_name(env, i), subnet_range(env, i)
+    name, net, rng = subnet_name(env, i), network_name(env, i), subnet_range(env, i)
     probe = subnets_fact(env, name)
 
     def decide(look):
@@ -59,7 +59,7 @@ def subnet_step(env: Env, i: int) -> Step:
             return drift(f"subnet {name}: " + "; ".join(diffs))
         return ok(f"subnet {name} exists ({rng} on {net})")
 
-    return Step(PLAY, f"subnet {name}", decide, id=f"network:{name}", after=(f"network:{net}",),
+    return Step(PLAY, f"subnet {name}", decide, id=subnet_id(i), after=(network_id(i),),
                 verify=Verify(probe, lambda s: None if s is not ABSENT and s.get("ipCidrRange") == rng
                               else "subnet not found" if s is ABSENT else f"range is {s.get('ipCidrRange')}"))
 

@@ -9,7 +9,7 @@ from .clients import gcloud
 from .core.inventory import Env
 from .core.runner import ABSENT
 from .core.step import Broken, Step, Verify, change, drift, fail, ok, wait
-from .gke import location, network_name, nodepool_name, nodepools_fact, subnet_name
+from .gke import location, network_name, nodepool_name, nodepools_fact, subnet_id, subnet_name
 
 PLAY = "nodepools"
 CREATE_TIMEOUT = 60 * 60
@@ -29,8 +29,8 @@ def create_command(env: Env, name: str):
         f"--location={env.zone}", f"--cluster={env.cluster_name}", f"--machine-type={env.machine_type}",
         f"--threads-per-core={T.TPU_THREADS_PER_CORE}", f"--tpu-topology={env.topology}",
         f"--num-nodes={env.hosts_per_slice}",
-        f"--additional-node-network=network={network_name(env, 0)},subnetwork={subnet_name(0)}",
-        f"--additional-node-network=network={network_name(env, 1)},subnetwork={subnet_name(1)}",
+        f"--additional-node-network=network={network_name(env, 0)},subnetwork={subnet_name(env, 0)}",
+        f"--additional-node-network=network={network_name(env, 1)},subnetwork={subnet_name(env, 1)}",
         f"--node-labels={T.TPU_NODE_LABEL}", "--enable-gvnic", f"--scopes={T.TPU_SCOPES}",
         project=env.project_id))
 
@@ -59,7 +59,7 @@ def shape_diffs(env: Env, p: Any) -> list[str]:
     nodes = p.get("initialNodeCount")
     if nodes is not None and nodes != env.hosts_per_slice:
         diffs.append(f"{nodes} nodes, want {env.hosts_per_slice}")
-    want_nets = {(network_name(env, i), subnet_name(i)) for i in (0, 1)}
+    want_nets = {(network_name(env, i), subnet_name(env, i)) for i in (0, 1)}
     have_nets = {(_last(n.get("network")), _last(n.get("subnetwork")))
                  for n in (p.get("networkConfig") or {}).get("additionalNodeNetworkConfigs") or []}
     if have_nets != want_nets:
@@ -104,11 +104,27 @@ def pool_step(env: Env, i: int) -> Step:
         return None if p.get("status") == "RUNNING" else f"status {p.get('status')}"
 
     return Step(PLAY, f"TPU node pool {name}", decide, id=f"nodepools:{name}",
-                after=("cluster:cluster", "network:" + subnet_name(0), "network:" + subnet_name(1)),
+                after=("cluster:cluster", subnet_id(0), subnet_id(1)),
                 verify=Verify(probe, running, timeout=CREATE_TIMEOUT, interval=15))
+
+
+# Above this many chips, say how many before any is created.
+CHIPS_TO_SAY = 64
+
+
+def chips_step(env: Env, play: str) -> list[Step]:
+    """A line with the total, before more than CHIPS_TO_SAY chips are made."""
+    from .settings import chips
+    per_slice = chips(env.topology)
+    total = env.slices * per_slice
+    if total <= CHIPS_TO_SAY:
+        return []
+    what = (f"{total} TPU v6e chips: {env.slices} slices of {env.topology} ({per_slice} chips, "
+            f"{env.hosts_per_slice} {env.machine_type} hosts each), more than {CHIPS_TO_SAY}")
+    return [Step(play, "TPU chips", lambda look: ok(f"this environment asks for {what}"), id=f"{play}:chips")]
 
 
 def steps(env: Env) -> list[Step]:
     if env.mode == "autopilot":
         return [Step(PLAY, "TPU node pools", lambda look: ok(), skip=AUTOPILOT_SKIP, id="nodepools:all")]
-    return [pool_step(env, i) for i in range(env.slices)]
+    return chips_step(env, PLAY) + [pool_step(env, i) for i in range(env.slices)]

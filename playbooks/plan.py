@@ -104,8 +104,6 @@ def all_commands(env: Env) -> list:
     from .core.play import Playbook
     from .core.recap import Reporter
     from .core.runner import Mode, Runner
-    from .clients import gcloud
-
     runner = Runner(Mode.DRY)
     book = Playbook(runner, Reporter(lambda line: None))
     book.run("up", up_steps(env))
@@ -119,7 +117,7 @@ def all_commands(env: Env) -> list:
     if env.kind != "local":
         for i in range(env.slices if env.mode == "standard" else 0):
             out.append(nodepools.delete_command(env, nodepools.nodepool_name(env, i)))
-        out.append(gcloud("storage", "rm", "--recursive", f"gs://{env.gs_bucket}/rayjob-multi-slice/"))
+        out.append(train.remove_checkpoints(train.build_job(env, "llama3-8b", fresh=True)))
     seen, unique = set(), []
     for c in out:
         if c.line() not in seen:

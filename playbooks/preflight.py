@@ -29,6 +29,7 @@ import yaml
 from . import tutorial as T
 from .core.command import Command
 from .core.inventory import Env
+from .core.lock import machine_lock
 from .core.play import Outcome, StepContext
 from .core.recap import FAILED, OK, SKIPPED
 from .core.render import render
@@ -146,6 +147,7 @@ def _megascale(env: Env) -> str | None:
 
 # -- the fit check: an ahead-of-time compile for the TPU topology --------------
 HBM_V6E_GIB = 31.24  # what libtpu reports for a v6e chip; the compile log says it again
+LIBTPU_BUSY = re.compile(r"(?:TPU is already in use by (?:a )?process with pid (\d+)|libtpu_lockfile)")
 OOM = re.compile(r"CompileTimeHbmOom: .*?\(([\d.]+)G\) exceeds available HBM \(([\d.]+)G\)")
 MEMORY = re.compile(r"Memory analysis: CompiledMemoryStats\((.*?)\)")
 TOTAL = re.compile(r"Total hbm usage >= ([\d.]+)([KMGT]?)")
@@ -223,6 +225,13 @@ def parse_compile(text: str, tpu_log: str = "", seconds: float = 0.0) -> Fit:
     if m:
         return Fit(False, seconds, needed=float(m.group(1)), capacity=float(m.group(2)))
     mem = MEMORY.search(text)
+    busy = LIBTPU_BUSY.search(text + "\n" + tpu_log)
+    if not mem and busy:
+        # Not libtpu's advice (delete its lock file): the other process
+        # still uses it.
+        who = f"pid {busy.group(1)}" if busy.group(1) else "another process"
+        return Fit(False, seconds, error=f"libtpu is in use by {who} on this machine: wait for it to end and "
+                                         f"run again (do not delete /tmp/libtpu_lockfile while it runs)")
     if not mem:
         errors = [l for l in text.splitlines() if re.search(r"(Error|Exception|error:)", l)
                   and "E0000" not in l and "unexpected worker hostname" not in l]
@@ -347,21 +356,41 @@ class _Heartbeat:
         self._stop.set()
 
 
+# libtpu takes a machine-wide lock (/tmp/libtpu_lockfile) for a compile: a
+# second compile at once fails, and libtpu's message advises deleting the
+# lock file, which would break the first. Compiles take this lock first, so
+# a second one waits, saying which pid it waits for.
+COMPILE_LOCK = Path("/tmp/maxtext-playbooks-compile.lock")
+
+
+def _cache_hit(ctx: StepContext, args: list[str]) -> Fit | None:
+    hit = cached(args)
+    if hit is not None:
+        ctx.log.emit("probe", f"{compile_command(args, cache_key(args)).line()}  => "
+                              f"{'fits' if hit.fits else 'does not fit'} (cached {cache_key(args)})")
+    return hit
+
+
 def fit(ctx: StepContext, env: Env, job, extra=(), slices: int | None = None) -> Fit | None:
     """The fit of the job (plus ``extra`` settings), from the cache or a compile."""
     args = compile_args(env, job, extra, slices)
-    if ctx.runner.probing:
-        hit = cached(args)
+    what = f"compiling for {slices or env.slices} x v6e-{chips(env.topology)}"
+    if not ctx.runner.probing:
+        result = ctx.look(compile_fact(args))
+        return result if isinstance(result, Fit) else None
+    hit = _cache_hit(ctx, args)
+    if hit is not None:
+        return hit
+    with machine_lock(COMPILE_LOCK, "one TPU compile at a time on a machine: libtpu's own lock",
+                      lambda line: ctx.echo(f"  ... {line}")):
+        hit = _cache_hit(ctx, args)  # the compile we waited for may have been this one
         if hit is not None:
-            ctx.log.emit("probe", f"{compile_command(args, cache_key(args)).line()}  => "
-                                  f"{'fits' if hit.fits else 'does not fit'} (cached {cache_key(args)})")
             return hit
-    if ctx.runner.probing:
         # libtpu writes its logs (the compiler's own memory account) only
         # into a folder that exists.
         (ROOT / WORK / "tpu_logs" / cache_key(args)).mkdir(parents=True, exist_ok=True)
-    with _Heartbeat(ctx, f"compiling for {slices or env.slices} x v6e-{chips(env.topology)}"):
-        result = ctx.look(compile_fact(args))
+        with _Heartbeat(ctx, what):
+            result = ctx.look(compile_fact(args))
     return result if isinstance(result, Fit) else None
 
 

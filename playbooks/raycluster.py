@@ -129,4 +129,7 @@ def image_step(env: Env) -> Step:
 
 
 def steps(env: Env) -> list[Step]:
-    return [credentials_step(env, PLAY), image_step(env), apply_step(env)]
+    from .nodepools import chips_step
+    # On Autopilot the RayCluster's TPU requests are what makes the chips.
+    chips = chips_step(env, PLAY) if env.mode == "autopilot" else []
+    return [credentials_step(env, PLAY), image_step(env)] + chips + [apply_step(env)]

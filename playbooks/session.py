@@ -2,18 +2,20 @@
 per-run log folder, and the one place expected errors become clean exits."""
 from __future__ import annotations
 
+import difflib
 import os
+import re
 import sys
 import time
 import traceback
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator, Mapping
 
 from .clients import is_transient
-from .core.errors import InputError, PlaybookError
-from .core.inventory import Env
+from .core.errors import InputError, PlaybookError, shown_value
+from .core.inventory import Env, name_problem
 from .core.play import Playbook
 from .core.recap import Recap, Reporter, banner
 from .core.runner import Executor, Mode, RetryPolicy, Runner
@@ -21,6 +23,19 @@ from .core.step import Step
 from .settings import ROOT, load_inventory
 
 MODES = ("apply", "check")
+# The Invoke config keys under `playbook:` (INVOKE_PLAYBOOK_<KEY>), each with
+# what it is. Anything else there is a typo, refused: a misspelt
+# INVOKE_PLAYBOOK_ENVIRONMENT=dev would otherwise run against the default
+# environment, and `teardown --yes` would tear down the wrong one.
+CONFIG_KEYS = {
+    "env": "the environment of the inventory",
+    "inventory": "the inventory file",
+    "mode": "apply or check",
+    "parallel": "steps run at once",
+}
+ENV_PREFIX = "INVOKE_PLAYBOOK_"
+MAX_PARALLEL = 32  # each running step is one CLI process; more only queue at the APIs' rate limits
+DEFAULT_PARALLEL = 4
 
 
 class Failed(Exception):
@@ -39,11 +54,13 @@ class Session:
     book: Playbook
     logdir: Path | None
 
-    def run(self, name: str, steps: list[Step], parallel: bool = True) -> Recap:
+    def run(self, name: str, steps: list[Step], parallel: bool = True, keep_going: bool = False) -> Recap:
         """Run a play. ``parallel=False`` for plays whose output streams live
-        (a training job's log) or whose order is the point (chaos)."""
+        (a training job's log) or whose order is the point (chaos);
+        ``keep_going`` for independent checks (every problem is listed)."""
         self.book.reporter.line(banner("PLAY", f"{name} | env {self.env.name} ({_what(self.env)}) | {self.mode.value}"))
-        recap = self.book.run(f"{name} {self.env.name}", steps, workers=None if parallel else 1)
+        recap = self.book.run(f"{name} {self.env.name}", steps, workers=None if parallel else 1,
+                              keep_going=keep_going)
         if self.logdir:
             self.book.reporter.line(f"logs: {self.logdir.relative_to(ROOT)}")
         if recap.failed:
@@ -55,32 +72,115 @@ def _what(env: Env) -> str:
     return "local" if env.kind == "local" else f"gke {env.mode}"
 
 
-def whole_number(flag: str, text: str, minimum: int) -> int:
-    """A task flag that must be a whole number (Invoke's own int() would
-    end in a traceback)."""
-    try:
-        value = int(str(text).strip())
-    except ValueError:
-        value = None
+def whole_number(flag: str, text: Any, minimum: int, maximum: int | None = None, why: str = "") -> int:
+    """A flag or setting that must be a whole number (Invoke's own int()
+    would end in a traceback)."""
+    value = None
+    if isinstance(text, int) and not isinstance(text, bool):
+        value = text
+    elif isinstance(text, str) and re.fullmatch(r"[0-9]{1,19}", text.strip()):
+        value = int(text.strip())
     if value is None or value < minimum:
-        raise InputError(f"{flag} {text!r} must be a whole number >= {minimum}")
+        raise InputError(f"{flag} {shown_value(text)} must be a whole number >= {minimum}")
+    if maximum is not None and value > maximum:
+        raise InputError(f"{flag} {shown_value(text)} must be at most {maximum}" + (f" ({why})" if why else ""))
     return value
 
 
-def seconds(flag: str, text: str) -> float:
+MAX_WAIT = 3600.0
+
+
+def seconds(flag: str, text: Any, maximum: float = MAX_WAIT) -> float:
     try:
-        value = float(str(text).strip())
+        value = float(str(text).strip()) if len(str(text)) < 40 else -1.0
     except ValueError:
         value = -1.0
     if not 0 <= value < float("inf"):
-        raise InputError(f"{flag} {text!r} must be a number of seconds >= 0")
+        raise InputError(f"{flag} {shown_value(text)} must be a number of seconds >= 0")
+    if value > maximum:
+        raise InputError(f"{flag} {shown_value(text)} must be at most {maximum:g} seconds")
     return value
 
 
-def config_value(config, key: str, default=None):
-    pb = config.get("playbook", {}) if hasattr(config, "get") else {}
-    v = pb.get(key, default) if hasattr(pb, "get") else default
-    return default if v is None else v
+def bare_flag(*spellings: str) -> None:
+    """Refuse a value flag given with no value (Invoke drops a bare
+    iterable flag silently)."""
+    argv = sys.argv[1:]
+    for i, tok in enumerate(argv):
+        if tok in spellings and (i + 1 == len(argv) or argv[i + 1].startswith("-")):
+            raise InputError(f"{tok} needs key=value after it (a MaxText config key and its value)")
+
+
+def suggest(word: str, options: list[str]) -> str | None:
+    """The option a typo most likely meant: one that starts the word or that
+    the word starts ("environment" -> env), else the closest spelling."""
+    for o in options:
+        if word and (word.startswith(o) or o.startswith(word)):
+            return o
+    close = difflib.get_close_matches(word, options, n=1, cutoff=0.5)
+    return close[0] if close else None
+
+
+def _place(key: str) -> str:
+    return f"playbook.{key} ({ENV_PREFIX}{key.upper()})"
+
+
+def playbook_config(config) -> dict[str, Any]:
+    """The `playbook:` settings, every key known and every value checked;
+    INVOKE_PLAYBOOK_* variables Invoke does not map to a key (a typo) are
+    refused too."""
+    pb = config.get("playbook", None) if hasattr(config, "get") else None
+    if pb is None:
+        pb = {}
+    if not isinstance(pb, Mapping):
+        raise InputError(f"Invoke config key 'playbook' = {shown_value(pb)} must be a mapping of "
+                         f"{', '.join(CONFIG_KEYS)}")
+    for k in pb:
+        if k not in CONFIG_KEYS:
+            close = suggest(str(k), list(CONFIG_KEYS))
+            hint = f"; did you mean playbook.{close}?" if close else f" (known: {', '.join(CONFIG_KEYS)})"
+            raise InputError(f"unknown Invoke config key playbook.{shown_value(k)[1:-1] if isinstance(k, str) else k}"
+                             f"{hint}")
+    known = {ENV_PREFIX + k.upper() for k in CONFIG_KEYS}
+    for var in sorted(os.environ):
+        if var in known:
+            continue
+        near = difflib.get_close_matches(var, sorted(known), n=1, cutoff=0.85)
+        if var.startswith(ENV_PREFIX) or near:
+            close = near[0] if near else suggest(var[len(ENV_PREFIX):].lower(), list(CONFIG_KEYS))
+            if close and not close.startswith(ENV_PREFIX):
+                close = ENV_PREFIX + close.upper()
+            hint = f"; did you mean {close}?" if close else f" (known: {', '.join(sorted(known))})"
+            raise InputError(f"unknown environment variable {var}={shown_value(os.environ[var])}{hint}")
+    out: dict[str, Any] = {}
+    for key in ("env", "inventory"):
+        v = pb.get(key)
+        if v is not None and not isinstance(v, str):
+            raise InputError(f"{_place(key)} = {shown_value(v)} must be text: {CONFIG_KEYS[key]}")
+        if v is not None and not v.strip():
+            raise InputError(f"{_place(key)} = {shown_value(v)} is empty: give {CONFIG_KEYS[key]}, or unset it")
+        out[key] = v
+    if out["env"] is not None and name_problem(out["env"]):
+        raise InputError(f"{_place('env')} = {shown_value(out['env'])}: an environment name "
+                         f"{name_problem(out['env'])}")
+    mode = pb.get("mode") if pb.get("mode") is not None else "apply"
+    if mode not in MODES:
+        raise InputError(f"{_place('mode')} = {shown_value(mode)} is not allowed (allowed: apply, check; "
+                         f"a dry run is Invoke's own --dry)")
+    out["mode"] = mode
+    par = pb.get("parallel")
+    out["parallel"] = DEFAULT_PARALLEL if par is None else whole_number(
+        _place("parallel"), par, 1, MAX_PARALLEL, "each running step is one CLI process")
+    return out
+
+
+def inventory_path(value: str | None) -> Path | None:
+    """The inventory file named by playbook.inventory: a relative path is
+    relative to where the user ran the command, not to this project."""
+    if value is None:
+        return None
+    p = Path(os.path.expanduser(value))
+    return p if p.is_absolute() else Path(os.getcwd()) / p
 
 
 def tool_env() -> dict[str, str]:
@@ -93,21 +193,16 @@ def tool_env() -> dict[str, str]:
 
 
 def open_session(config, task: str, reporter: Reporter | None = None) -> Session:
-    os.chdir(ROOT)
-    inv = load_inventory(config_value(config, "inventory"))
-    env = inv.env(config_value(config, "env"))
+    settings = playbook_config(config)
     dry = bool(config.get("run", {}).get("dry", False)) if hasattr(config, "get") else False
-    mode_name = config_value(config, "mode", "apply")
-    if mode_name not in MODES:
-        raise InputError(f"playbook.mode = {mode_name!r} is not allowed (allowed: apply, check; "
-                         f"a dry run is Invoke's own --dry)")
-    mode = Mode.DRY if dry else Mode(mode_name)
-    try:
-        parallel = int(config_value(config, "parallel", 1))
-    except (TypeError, ValueError):
-        raise InputError(f"playbook.parallel = {config_value(config, 'parallel')!r} must be an integer") from None
-    if parallel < 1:
-        raise InputError(f"playbook.parallel = {parallel} must be at least 1")
+    if dry and settings["mode"] == "check":
+        raise InputError(f"{_place('mode')} = 'check' and Invoke's --dry are two modes at once: choose one")
+    path = inventory_path(settings["inventory"])
+    os.chdir(ROOT)
+    inv = load_inventory(path)
+    env = inv.env(settings["env"])
+    mode = Mode.DRY if dry else Mode(settings["mode"])
+    parallel = settings["parallel"]
     logdir = None
     executor = None
     if mode is not Mode.DRY:
@@ -117,6 +212,54 @@ def open_session(config, task: str, reporter: Reporter | None = None) -> Session
     runner = Runner(mode, executor, RetryPolicy(is_transient=is_transient))
     book = Playbook(runner, reporter or Reporter(), workers=parallel)
     return Session(env, mode, runner, book, logdir)
+
+
+def _config_error(kind: type) -> bool:
+    """Invoke's own errors of reading its config (a file that is not YAML,
+    a `playbook:` that is not a mapping, an env var it cannot convert)."""
+    mod = getattr(kind, "__module__", "")
+    return (mod.startswith(("invoke.vendor.yaml", "yaml")) or kind.__name__ in (
+        "AmbiguousMergeError", "UncastableEnvVar", "AmbiguousEnvVar", "UnknownFileType"))
+
+
+def _last_resort(kind, value, tb) -> None:
+    """What is raised outside every task (Invoke reading its config files,
+    after tasks.py is imported): one line, the traceback kept in a file."""
+    if issubclass(kind, KeyboardInterrupt):
+        sys.stderr.write("interrupted\n")
+        os._exit(130)
+    text = " ".join(str(value).split())
+    if _config_error(kind):
+        files = ", ".join(config_files()) or "none found"
+        sys.stderr.write(f"error: Invoke's config files ({files}): {kind.__name__}: {shown_value(text, 300)[1:-1]}\n")
+        sys.stderr.flush()
+        os._exit(2)
+    path = ROOT / ".state" / "last-error.txt"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(traceback.format_exception(kind, value, tb)))
+        where = f" (traceback in {path.relative_to(ROOT)})"
+    except OSError:
+        where = ""
+    sys.stderr.write(f"internal error: {kind.__name__}: {shown_value(text, 300)[1:-1]}{where}\n")
+    sys.stderr.flush()
+    os._exit(3)
+
+
+def config_files() -> list[str]:
+    """The config files Invoke reads here, that exist (system, user,
+    project, runtime)."""
+    out = []
+    for base in ("/etc/invoke", os.path.expanduser("~/.invoke"), str(ROOT / "invoke")):
+        out += [f"{base}.{ext}" for ext in ("yaml", "yml", "json", "py") if os.path.exists(f"{base}.{ext}")]
+    runtime = os.environ.get("INVOKE_RUNTIME_CONFIG")
+    if runtime:
+        out.append(runtime)
+    return out
+
+
+def install_last_resort() -> None:
+    sys.excepthook = _last_resort
 
 
 @contextmanager
@@ -130,7 +273,8 @@ def clean_errors() -> Iterator[None]:
     except Exit:
         raise
     except InputError as e:
-        raise Exit(f"error: {e}", code=2) from None
+        # One line, whatever the message holds.
+        raise Exit("error: " + " ".join(str(e).split()), code=2) from None
     except Failed as e:
         raise Exit(str(e), code=e.code) from None
     except PlaybookError as e:

@@ -24,12 +24,27 @@ _REGION = re.compile(r"^[a-z]+-[a-z]+[0-9]+$")
 _ZONE = re.compile(r"^([a-z]+-[a-z]+[0-9]+)-[a-z]$")
 _VERSION = re.compile(r"^(\d+)\.(\d+)\.(\d+)-gke\.(\d+)$")
 _EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
-_TOPOLOGY = re.compile(r"^[1-9][0-9]*x[1-9][0-9]*$")
+_TOPOLOGY = re.compile(r"^[1-9][0-9]{0,2}x[1-9][0-9]{0,2}$")
+_TOPOLOGY_3D = re.compile(r"^[0-9]+x[0-9]+x[0-9]+$")
+# Every topology a v6e slice can have (the machine types' own lists).
+V6E_TOPOLOGIES = tuple(dict.fromkeys(t for _, tops in T.V6E_MACHINE_TYPES.values() for t in tops))
 
 
 def chips(topology: str) -> int:
+    """Chips of a 2D topology such as 4x4 (the topology rule ran first)."""
     a, b = topology.split("x")
     return int(a) * int(b)
+
+
+def topology_problem(v: str) -> str | None:
+    """Why ``v`` is not a v6e topology at all (before any machine type)."""
+    if _TOPOLOGY_3D.match(v):
+        return "is a 3D topology; TPU v6e slices are 2D, like 4x4 (3D topologies are v4/v5p)"
+    if not _TOPOLOGY.match(v):
+        return "is not a topology like 4x4 (<chips>x<chips>)"
+    if v not in V6E_TOPOLOGIES:
+        return f"is not a TPU v6e topology (v6e slices are: {', '.join(V6E_TOPOLOGIES)})"
+    return None
 
 
 def project_id(v: str, env: Mapping) -> str | None:
@@ -127,6 +142,36 @@ def at_least(n: int):
     return rule
 
 
+def between(lo: int, hi: int, why: str):
+    """A count with a bound that has a reason."""
+    def rule(v: int, env: Mapping) -> str | None:
+        if v < lo:
+            return f"must be at least {lo}"
+        if v > hi:
+            return f"must be at most {hi} ({why})"
+        return None
+    return rule
+
+
+# Multislice: GKE's guide documents near-linear scaling "up to tens of
+# thousands of TPU chips"; 256 slices of the largest v6e slice (16x16, 256
+# chips) is 65,536 chips. One node pool per slice is made.
+MAX_SLICES = 256
+SLICES_WHY = ("GKE's multislice guide: near-linear scaling up to tens of thousands of TPU chips; "
+              "256 slices of a 16x16 v6e slice are 65,536 chips")
+# Locally, every simulated TPU host is a Ray node process on this machine.
+MAX_LOCAL_HOSTS = 16
+MAX_LOCAL_DEVICES = 64
+
+
+def local_hosts(v: int, env: Mapping) -> str | None:
+    total = env["slices"] * v
+    if total > MAX_LOCAL_HOSTS:
+        return (f"makes {env['slices']} slices x {v} hosts = {total} simulated TPU hosts; at most "
+                f"{MAX_LOCAL_HOSTS} (each is a Ray node process on this machine)")
+    return None
+
+
 def port(v: int, env: Mapping) -> str | None:
     return None if 1024 <= v <= 65535 else "must be a port between 1024 and 65535"
 
@@ -138,8 +183,9 @@ def machine_type(v: str, env: Mapping) -> str | None:
 
 
 def gke_topology(v: str, env: Mapping) -> str | None:
-    if not _TOPOLOGY.match(v):
-        return "is not a topology like 4x4"
+    why = topology_problem(v)
+    if why:
+        return why
     mt = env.get("machine_type")
     if mt in T.V6E_MACHINE_TYPES and v not in T.V6E_MACHINE_TYPES[mt][1]:
         return f"cannot be formed by machine type {mt!r} (it forms: {', '.join(T.V6E_MACHINE_TYPES[mt][1])})"
@@ -174,6 +220,19 @@ def network_names(v: str, env: Mapping) -> str | None:
     if len(longest) > 63:
         return f"makes the network name {longest!r} longer than 63 characters"
     return None
+
+
+def gce_name(what: str):
+    def rule(v: str, env: Mapping) -> str | None:
+        if len(v) > 63 or not _GCE_NAME.match(v):
+            return (f"is not a valid {what} (1-63 characters: lowercase letters, digits, hyphens; starts with a "
+                    "letter, ends with a letter or digit)")
+        return None
+    return rule
+
+
+def apart_from_subnet_1_name(v: str, env: Mapping) -> str | None:
+    return "must differ from subnet_1_name" if v == env["subnet_1_name"] else None
 
 
 def ray_image(v: str, env: Mapping) -> str | None:
@@ -217,16 +276,15 @@ def local_ports(v: int, env: Mapping) -> str | None:
 
 
 def local_topology(v: str, env: Mapping) -> str | None:
-    if not _TOPOLOGY.match(v):
-        return "is not a topology like 2x2"
-    return None
+    # Ray's TPU support knows the real v6e slice shapes only.
+    return topology_problem(v)
 
 
 def chips_per_host(v: int, env: Mapping) -> str | None:
-    top = env.get("topology", "")
-    if v < 1:
-        return "must be at least 1"
-    if _TOPOLOGY.match(top) and chips(top) % v:
+    top = env["topology"]
+    if v not in (1, 4, 8):
+        return "must be 1, 4 or 8 (the chips of a v6e VM: ct6e-standard-1t, -4t, -8t)"
+    if chips(top) % v:
         return f"does not divide the {chips(top)} chips of topology {top!r}"
     return None
 
@@ -279,10 +337,9 @@ def default_ray_image(env: Mapping) -> str:
 def default_chips_per_host(env: Mapping) -> int:
     if env.get("kind") == "local":
         # Ray's rule for v6e: single-host topologies (<= 8 chips) are one VM.
-        top = env.get("topology", "")
-        n = chips(top) if _TOPOLOGY.match(top) else 4
+        n = chips(env["topology"])
         return n if n <= 8 else 4
-    return T.V6E_MACHINE_TYPES.get(env.get("machine_type"), (4, ()))[0]
+    return T.V6E_MACHINE_TYPES[env["machine_type"]][0]
 
 
 def hosts_per_slice(env: Mapping) -> int:
@@ -290,13 +347,12 @@ def hosts_per_slice(env: Mapping) -> int:
 
 
 # -- schema -----------------------------------------------------------------
-COMMON = (
-    Key("kind", str, rules=(lambda v, e: None if v in ("gke", "local") else "is not allowed (allowed: gke, local)",),
-        doc="gke (default) or local"),
-    Key("slices", int, default=2, rules=(at_least(1),), doc="TPU slices (one node pool each)"),
-)
+KIND = Key("kind", str, rules=(lambda v, e: None if v in ("gke", "local") else "is not allowed (allowed: gke, local)",),
+           doc="gke (default) or local")
 
-GKE = COMMON + (
+GKE = (
+    KIND,
+    Key("slices", int, default=2, rules=(between(1, MAX_SLICES, SLICES_WHY),), doc="TPU slices (one node pool each)"),
     Key("project_id", required=True, rules=(project_id,), doc="the Google Cloud project ID"),
     Key("region", required=True, rules=(region,), doc="a region with TPU v6e capacity"),
     Key("zone", required=True, rules=(zone,), doc="a zone of that region with TPU v6e capacity"),
@@ -316,6 +372,10 @@ GKE = COMMON + (
     Key("hosts_per_slice", int, derive=hosts_per_slice,
         rules=(lambda v, e: None if v == hosts_per_slice(e) else
                f"does not match topology {e['topology']!r} with {e['chips_per_host']} chips per host",)),
+    Key("subnet_1_name", default=T.SUBNETS[0][1], rules=(gce_name("subnet name"),),
+        doc="the first DCN subnet (the tutorial's tpu-subnet-1)"),
+    Key("subnet_2_name", default=T.SUBNETS[1][1], rules=(gce_name("subnet name"), apart_from_subnet_1_name),
+        doc="the second DCN subnet (the tutorial's tpu-subnet-2)"),
     Key("subnet_1_range", default=T.SUBNETS[0][2], rules=(subnet_range,)),
     Key("subnet_2_range", default=T.SUBNETS[1][2], rules=(subnet_range, apart_from_subnet_1)),
     Key("ray_image", derive=default_ray_image, rules=(ray_image,),
@@ -324,23 +384,78 @@ GKE = COMMON + (
     Key("train_overrides", dict, default={}, rules=(overrides,)),
 )
 
-LOCAL = COMMON + (
+LOCAL = (
+    KIND,
+    Key("slices", int, default=2, rules=(between(1, MAX_LOCAL_HOSTS, "each slice's hosts are Ray node processes "
+                                                                     "on this machine"),),
+        doc="simulated TPU slices"),
     Key("topology", default="2x2", rules=(local_topology,)),
     Key("chips_per_host", int, derive=default_chips_per_host, rules=(chips_per_host,)),
     Key("hosts_per_slice", int, derive=hosts_per_slice,
         rules=(lambda v, e: None if v == hosts_per_slice(e) else
-               f"does not match topology {e['topology']!r} with {e['chips_per_host']} chips per host",)),
-    Key("devices_per_host", int, default=4, rules=(at_least(1),),
+               f"does not match topology {e['topology']!r} with {e['chips_per_host']} chips per host",
+               local_hosts)),
+    Key("devices_per_host", int, default=4,
+        rules=(between(1, MAX_LOCAL_DEVICES, "CPU devices JAX makes per host process"),),
         doc="CPU devices each simulated TPU host gives JAX"),
     Key("ray_ip", default="127.0.0.2", rules=(loopback,)),
     Key("gcs_port", int, default=6390, rules=(port, local_ports)),
     Key("dashboard_port", int, default=8265,
         rules=(port, lambda v, e: "must differ from gcs_port" if v == e["gcs_port"] else None)),
-    Key("state_dir", default=".local"),
     Key("train_overrides", dict, default={}, rules=(overrides,)),
 )
 
-SCHEMA = Schema({"gke": GKE, "local": LOCAL}, default_kind="gke")
+def owned(env: Mapping) -> list[tuple[str, str, str]]:
+    """What an environment owns, as (what, identity, shown): two
+    environments owning the same identity would fight over it."""
+    if env["kind"] == "local":
+        return []
+    p, loc = env["project_id"], env["zone"] if env["mode"] == "standard" else env["region"]
+    out = [("cluster_name", f"net:{p}/{env['cluster_name']}-{T.SUBNETS[i][0]}",
+            f"network {env['cluster_name']}-{T.SUBNETS[i][0]} of project {p}") for i in (0, 1)]
+    out += [(f"subnet_{i}_name", f"subnet:{p}/{env['region']}/{env[f'subnet_{i}_name']}",
+             f"subnet {env[f'subnet_{i}_name']} of {p} in {env['region']}") for i in (1, 2)]
+    out.append(("gs_bucket", f"bucket:{env['gs_bucket']}", f"bucket gs://{env['gs_bucket']}"))
+    out.append(("cluster_name", f"cluster:{p}/{loc}/{env['cluster_name']}",
+                f"cluster {env['cluster_name']} of {p} in {loc}"))
+    return out
+
+
+def ports(env: Mapping) -> list[tuple[range, str, str]]:
+    """The ports an environment listens on here: (ports, address or "" for
+    every address, its key)."""
+    if env["kind"] == "local":
+        lo = env["gcs_port"]
+        # Ray's GCS and node agents listen on every address, whatever ray_ip says.
+        return [(range(lo, lo + local_port_span(env["slices"], env["hosts_per_slice"]) + 1), "", "gcs_port"),
+                (range(env["dashboard_port"], env["dashboard_port"] + 1), env["ray_ip"], "dashboard_port")]
+    # The port-forward to the Ray dashboard listens on localhost.
+    return [(range(env["dashboard_port"], env["dashboard_port"] + 1), "127.0.0.1", "dashboard_port")]
+
+
+def one_owner(envs: Mapping[str, Mapping]) -> str | None:
+    """No two environments own the same thing: a network or subnet name in
+    one project (and region), a bucket, a cluster, a port on this machine."""
+    seen: dict[str, str] = {}
+    for name, env in envs.items():
+        for key, ident, text in owned(env):
+            if seen.get(ident, name) != name:
+                return (f"environments {seen[ident]!r} and {name!r} would both own the {text}: give one of "
+                        f"them another {key}")
+            seen[ident] = name
+    taken: dict[int, list[tuple[str, str, str]]] = {}  # port -> (address, env, key)
+    for name, env in envs.items():
+        for span, addr, key in ports(env):
+            for port in span:
+                for other_addr, other, other_key in taken.get(port, ()):
+                    if other != name and (not addr or not other_addr or addr == other_addr):
+                        return (f"environments {other!r} ({other_key}) and {name!r} ({key}) would both listen "
+                                f"on port {port}: give one of them another {key}")
+                taken.setdefault(port, []).append((addr, name, key))
+    return None
+
+
+SCHEMA = Schema({"gke": GKE, "local": LOCAL}, default_kind="gke", across=one_owner)
 
 
 def load_inventory(path: str | Path | None = None) -> Inventory:

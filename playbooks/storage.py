@@ -2,6 +2,7 @@
 account, and the workload-identity binding that lets it use the bucket."""
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from . import tutorial as T
@@ -26,7 +27,7 @@ def bucket_fact(env: Env):
 
 def project_number_fact(env: Env):
     c = gcloud("projects", "describe", env.project_id, "--format=value(projectNumber)")
-    c = Command(c.argv, binds="PROJECT_NUMBER")
+    c = dataclasses.replace(c, binds="PROJECT_NUMBER")
     return fact("project number", c, text_value(), assumed=placeholder("PROJECT_NUMBER"))
 
 

@@ -106,7 +106,7 @@ def _last(v: Any) -> str:
 
 
 def subnet_step(env: Env, i: int) -> Step:
-    name, net = subnet_name(i), network_name(env, i)
+    name, net = subnet_name(env, i), network_name(env, i)
     probe = assume(subnets_fact(env, name), {"name": name, "network": f"networks/{net}"})
 
     def decide(look):
@@ -118,7 +118,7 @@ def subnet_step(env: Env, i: int) -> Step:
         return change(gcloud("compute", "networks", "subnets", "delete", name, f"--region={env.region}",
                              project=env.project_id, quiet=True), reason="deleted")
 
-    return Step(PLAY, f"subnet {name}", decide, id=f"teardown:{name}", after=("teardown:cluster",),
+    return Step(PLAY, f"subnet {name}", decide, id=f"teardown:subnet-{i + 1}", after=("teardown:cluster",),
                 verify=Verify(probe, gone("subnet"), timeout=300, interval=5))
 
 
@@ -132,8 +132,8 @@ def network_step(env: Env, i: int) -> Step:
         return change(gcloud("compute", "networks", "delete", name, project=env.project_id, quiet=True),
                       reason="deleted")
 
-    return Step(PLAY, f"VPC {name}", decide, id=f"teardown:{name}",
-                after=(f"teardown:{subnet_name(i)}", "teardown:cluster"),
+    return Step(PLAY, f"VPC {name}", decide, id=f"teardown:net-{i + 1}",
+                after=(f"teardown:subnet-{i + 1}", "teardown:cluster"),
                 verify=Verify(probe, gone("network"), timeout=300, interval=5))
 
 
@@ -150,4 +150,4 @@ def summary(env: Env) -> str:
         return f"the local Ray cluster of environment {env.name!r} (only the processes this project started)"
     return (f"in project {env.project_id}: RayCluster {T.RAYCLUSTER_NAME}, GKE cluster {env.cluster_name} "
             f"({location(env)}), bucket gs://{env.gs_bucket} and everything in it, subnets "
-            f"{subnet_name(0)}/{subnet_name(1)} and networks {network_name(env, 0)}/{network_name(env, 1)}")
+            f"{subnet_name(env, 0)}/{subnet_name(env, 1)} and networks {network_name(env, 0)}/{network_name(env, 1)}")

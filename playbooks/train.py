@@ -10,15 +10,16 @@ from pathlib import Path
 from typing import Any
 
 from . import maxtext_args
+from .maxtext_args import run_name_problem
 from . import tutorial as T
 from .clients import fact, gcloud
 from .core.command import Command, quote
-from .core.errors import InputError, ProbeFailed
+from .core.errors import InputError, ProbeFailed, shown_value
 from .core.inventory import Env
 from .core.play import Outcome, StepContext
 from .core.recap import CHANGED, FAILED, SKIPPED
-from .core.runner import ABSENT, Action, Completed, Fact
-from .core.step import Step, change, ok
+from .core.runner import ABSENT, Action, Completed, Fact, assume
+from .core.step import Step, Verify, change, ok
 from .dashboard import address
 from .rayapi import job_fact, jobs_fact
 from .settings import ROOT
@@ -28,9 +29,11 @@ PLAY = "train"
 SUBMIT_ATTEMPTS = 5
 SUBMIT_DELAY = 5.0
 NOT_READY = re.compile(r"No available agent to submit job|please try again later")
-KEY = re.compile(r"^[a-z_][a-z0-9_]*$")
+KEY = re.compile(r"^[a-z_][a-z0-9_]{0,63}$")
 MODELS = tuple(T.TRAIN_ARGS)
 WORKING_DIR = "trainer"
+MAX_STEPS = 10_000_000
+MAX_VALUE = 1024  # characters of one --set value
 
 
 @dataclass
@@ -73,23 +76,29 @@ def _set(args: list[tuple[str, str]], key: str, value: str) -> None:
 
 
 def parse_sets(sets: list[str] | tuple[str, ...]) -> list[tuple[str, str]]:
-    out = []
+    out: list[tuple[str, str]] = []
     for s in sets or ():
-        if "=" not in s:
-            raise InputError(f"--set {s!r}: must be key=value (a MaxText config key and its value)")
+        shown = shown_value(s)
+        if not isinstance(s, str) or "=" not in s:
+            raise InputError(f"--set {shown}: must be key=value (a MaxText config key and its value)")
         k, v = s.split("=", 1)
         if not KEY.match(k):
-            raise InputError(f"--set {s!r}: key {k!r} is not a MaxText config key (lowercase letters, digits, _)")
+            raise InputError(f"--set {shown}: key {shown_value(k)} is not a MaxText config key (lowercase "
+                             f"letters, digits, _; at most 64)")
         if v == "":
-            raise InputError(f"--set {s!r}: value is empty")
+            raise InputError(f"--set {shown}: value is empty")
+        if len(v) > MAX_VALUE:
+            raise InputError(f"--set {shown}: the value is {len(v)} characters (at most {MAX_VALUE})")
         if k == "model_name":
-            raise InputError(f"--set {s!r}: choose the model with --model (allowed: {', '.join(MODELS)})")
+            raise InputError(f"--set {shown}: choose the model with --model (allowed: {', '.join(MODELS)})")
+        if any(k == have for have, _ in out):
+            raise InputError(f"--set {shown}: {k} is set twice ({k}={dict(out)[k]} before); say it once")
         why = maxtext_args.unknown_key(k)
         if why:
-            raise InputError(f"--set {s!r}: {k!r} {why}")
-        why = maxtext_args.bad_value(k, v)
+            raise InputError(f"--set {shown}: {k!r} {why}")
+        why = maxtext_args.bad_value(k, v) or maxtext_args.path_problem(k, v)
         if why:
-            raise InputError(f"--set {s!r}: {v!r} {why}")
+            raise InputError(f"--set {shown}: {shown_value(v)} {why}")
         out.append((k, v))
     return out
 
@@ -106,13 +115,19 @@ def build_job(env: Env, model: str, elastic: bool = False, steps: int | None = N
               sets: list[str] | tuple[str, ...] = (), fresh: bool = False, preset: str = "") -> Job:
     from .preflight import PRESETS
     if model not in T.TRAIN_ARGS:
-        raise InputError(f"--model {model!r} is not allowed (allowed: {', '.join(MODELS)})")
+        raise InputError(f"--model {shown_value(model)} is not allowed (allowed: {', '.join(MODELS)})")
     if preset and preset not in PRESETS.get(model, {}):
         have = ", ".join(PRESETS.get(model, {})) or "none"
-        raise InputError(f"--preset {preset!r} is not defined for {model} (defined: {have})")
+        raise InputError(f"--preset {shown_value(preset)} is not defined for {model} (defined: {have})")
     if steps is not None and steps < 1:
         raise InputError(f"--steps {steps} must be at least 1")
     extra = parse_sets(sets)
+    given = dict(extra)
+    if steps is not None and "steps" in given:
+        raise InputError(f"--steps {steps} and --set steps={given['steps']} say two things: give one")
+    for k, v in (PRESETS[model][preset] if preset else ()):
+        if k in given and given[k] != v:
+            raise InputError(f"--preset {preset} sets {k}={v}, --set {k}={given[k]} says otherwise: give one")
     args = list(T.TRAIN_ARGS[model])
     if elastic:
         _set(args, "run_name", T.ELASTIC_RUN_NAME[model])
@@ -153,6 +168,9 @@ def build_job(env: Env, model: str, elastic: bool = False, steps: int | None = N
         _set(args, k, v)
     if elastic:
         check_elastic(job)
+    why = run_name_problem(job.run_name)
+    if why:
+        raise InputError(f"run_name {shown_value(job.run_name)} {why}")
     clash = maxtext_args.overridden_model_keys(model, job.args)
     if clash:
         raise InputError(f"{model}: the job sets {', '.join(clash)}; MaxText refuses to change a model's own "
@@ -194,47 +212,94 @@ def _steps_in(names: list[str]) -> list[int]:
     return sorted(int(n) for n in names if n.isdigit())
 
 
-def checkpoints_fact(job: Job) -> Fact:
+class _Some(list):
+    """The dry run's stand-in for checkpoints it cannot list, so that
+    --fresh shows the delete it would make."""
+
+
+def checkpoints_place(job: Job) -> tuple[str, str]:
+    """Where MaxText keeps the run's checkpoints (<base_output_directory>/
+    <run_name>/checkpoints/): ("local", path), ("gcs", gs://...) or
+    ("unseen", why) for a path on the TPU workers this machine cannot see."""
+    base = job.arg("base_output_directory") or ""
     if job.local_data is not None:
-        path = job.local_data / job.run_name / "checkpoints"
+        root = Path(base) if Path(base).is_absolute() else ROOT / base
+        return "local", str(root / job.run_name / "checkpoints")
+    if base.startswith("gs://"):
+        return "gcs", f"{base.rstrip('/')}/{job.run_name}/checkpoints/"
+    mount = T.BUCKET_MOUNT.rstrip("/")
+    if base.rstrip("/") == mount or base.startswith(mount + "/"):
+        # /data is the bucket, mounted by GCS FUSE in every Ray pod.
+        sub = base[len(mount):].strip("/")
+        prefix = f"gs://{job.bucket}/" + (f"{sub}/" if sub else "")
+        return "gcs", f"{prefix}{job.run_name}/checkpoints/"
+    return "unseen", (f"base_output_directory={base} is a path on the TPU workers, not the bucket "
+                      f"({T.BUCKET_MOUNT} or gs://)")
+
+
+def checkpoints_fact(job: Job) -> Fact:
+    kind, where = checkpoints_place(job)
+    describe = (lambda s: "checkpoints, to show what --fresh deletes" if isinstance(s, _Some)
+                else f"checkpoint steps {s}" if s else "none")
+    if kind == "local":
+        path = Path(where)
 
         def look():
             if not path.is_dir():
                 return ABSENT
             return _steps_in([p.name for p in path.iterdir() if p.is_dir()])
 
-        shown = str(path)
-        return Fact(name="checkpoints", python=look, display=f"ls {quote(shown)}",
-                    describe=lambda s: f"checkpoint steps {s}" if s else "none")
+        f = Fact(name="checkpoints", python=look, display=f"ls {quote(rel(path))}", describe=describe)
+    else:
+        def parse(c: Completed) -> Any:
+            if c.ok:
+                return _steps_in([line.rstrip("/").rsplit("/", 1)[-1] for line in c.stdout.split()])
+            if "matched no objects" in c.stderr:
+                return ABSENT
+            raise ProbeFailed("checkpoints", c.line, c.rc, c.stdout, c.stderr,
+                              why=f"could not look: {c.first_error_line()}")
 
-    url = f"gs://{job.bucket}/{job.run_name}/checkpoints/"
+        f = fact("checkpoints", gcloud("storage", "ls", where), parse, describe=describe)
+    return assume(f, _Some([0])) if job.fresh else f
 
-    def parse(c: Completed) -> Any:
-        if c.ok:
-            return _steps_in([line.rstrip("/").rsplit("/", 1)[-1] for line in c.stdout.split()])
-        if "matched no objects" in c.stderr:
-            return ABSENT
-        raise ProbeFailed("checkpoints", c.line, c.rc, c.stdout, c.stderr,
-                          why=f"could not look: {c.first_error_line()}")
 
-    return fact("checkpoints", gcloud("storage", "ls", url), parse,
-                describe=lambda s: f"checkpoint steps {s}" if s else "none")
+def rel(path: Path) -> str:
+    try:
+        return str(path.relative_to(ROOT))
+    except ValueError:
+        return str(path)
+
+
+def remove_checkpoints(job: Job) -> Command | Action:
+    """Exactly the run's checkpoints folder (or prefix): never a wildcard
+    (run_name and base_output_directory hold none), never outside the run."""
+    kind, where = checkpoints_place(job)
+    if kind == "gcs":
+        return gcloud("storage", "rm", "--recursive", where)
+    path = Path(where)
+
+    def rm():
+        if path.is_symlink():
+            raise InputError(f"{path} is a symbolic link: --fresh deletes only a real checkpoints folder")
+        shutil.rmtree(path)
+
+    return Action(f"rm -r {quote(rel(path))}", rm)
 
 
 def checkpoint_step(job: Job, state: dict) -> Step:
+    kind, where = checkpoints_place(job)
+    if kind == "unseen":
+        if job.fresh:
+            raise InputError(f"--fresh cannot delete the checkpoints of run {job.run_name}: {where}")
+        return Step(PLAY, f"checkpoints of {job.run_name}", lambda look: ok(), id="train:checkpoints",
+                    skip=f"not checked: {where}")
     probe = checkpoints_fact(job)
-
-    def remove():
-        if job.local_data is not None:
-            return Action(f"rm -rf {quote(str(job.local_data / job.run_name))}",
-                          lambda: shutil.rmtree(job.local_data / job.run_name, ignore_errors=True))
-        return gcloud("storage", "rm", "--recursive", f"gs://{job.bucket}/{job.run_name}/")
 
     def decide(look):
         have = look(probe)
         done = bool(have) and max(have) >= job.steps - 1
         if job.fresh and have:
-            return change(remove(), reason=f"removed the checkpoints of run {job.run_name} (--fresh)")
+            return change(remove_checkpoints(job), reason=f"removed the checkpoints of run {job.run_name} (--fresh)")
         if done:
             state["done"] = max(have)
             return ok(f"run {job.run_name} already trained to step {max(have)} of {job.steps}: nothing to do "
@@ -243,7 +308,9 @@ def checkpoint_step(job: Job, state: dict) -> Step:
             return ok(f"run {job.run_name} resumes from checkpoint step {max(have)}")
         return ok(f"run {job.run_name} starts from step 0")
 
-    return Step(PLAY, f"checkpoints of {job.run_name}", decide, id="train:checkpoints")
+    verify = Verify(probe, lambda have: None if not have else f"checkpoint steps {have} still there",
+                    timeout=60, interval=5) if job.fresh else None
+    return Step(PLAY, f"checkpoints of {job.run_name}", decide, id="train:checkpoints", verify=verify)
 
 
 # -- the job ----------------------------------------------------------------

@@ -38,6 +38,8 @@ V6E_MACHINE_TYPES = {
 # §5 Storage and identity
 BUCKET_STORAGE_CLASS = "STANDARD"
 BUCKET_ROLE = "roles/storage.objectUser"
+# Where the Ray pods mount the bucket (GCS FUSE), the jobs' base_output_directory.
+BUCKET_MOUNT = "/data/"
 
 # §7 RayCluster
 RAYCLUSTER_NAME = "maxtext-tpu-cluster"

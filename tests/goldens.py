@@ -27,6 +27,7 @@ TASKS = {
     "train-llama3-8b": ["train"],
     "train-llama3-70b": ["train", "--model=llama3-70b"],
     "train-elastic": ["train", "--elastic"],
+    "train-fresh": ["train", "--fresh"],
     "preflight-llama3-70b": ["preflight", "--model=llama3-70b"],
     "train-llama3-70b-fits": ["train", "--model=llama3-70b", "--preset=fits"],
     "chaos": ["chaos.delete-worker"],

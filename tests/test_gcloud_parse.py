@@ -2,6 +2,7 @@
 of the inventory, both cluster modes) is accepted by the installed gcloud's
 own argument parser; the parser agrees with the gcloud CLI."""
 import json
+import re
 import subprocess
 
 import pytest
@@ -75,9 +76,19 @@ def test_parser_agrees_with_the_cli(hermetic):
     assert "unrecognized arguments: --machine-type=n1-standard-16" in parsed[-3]["error"]
 
 
-def test_invoke_doctor_checks_the_plan(hermetic):
+def test_invoke_doctor_checks_the_plan_and_lists_every_problem(hermetic):
+    """No gcloud account here: doctor says so, and that the project cannot be
+    read for that reason (once, for the two checks it stops), and still runs
+    every other check (the parse of the whole plan among them)."""
     r = subprocess.run([INVOKE, "doctor"], cwd=ROOT, capture_output=True, text=True, timeout=300,
                        env={**hermetic, "INVOKE_PLAYBOOK_ENV": "dev"})
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert "gcloud command lines of the plan parse with this gcloud" in r.stdout
-    assert "maxtext 0.2.5" in r.stdout
+    out = r.stdout
+    assert r.returncode == 1, out + r.stderr
+    assert "gcloud command lines of the plan parse with this gcloud" in out
+    assert "maxtext 0.2.5" in out
+    assert re.search(r"doctor : gcloud account +failed .* gcloud has no active account: run `gcloud auth login`", out)
+    assert re.search(r"doctor : project my-tpu-project +failed .*You do not currently have an active account", out)
+    assert re.search(r"doctor : kubectl context \S+ +failed .*the same failure as \[doctor : project", out)
+    assert out.count("to obtain new credentials") == 1, out      # gcloud's long message, printed once
+    assert "one failure stopped 2 steps" in out
+    assert "doctor dev: ok=8 changed=0 failed=3 skipped=0" in out

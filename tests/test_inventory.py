@@ -103,7 +103,10 @@ def test_local_rules(tmp_path):
     with pytest.raises(InputError, match="'ray_ip' = '10.0.0.5' must be a loopback address"):
         load_inventory(p).env()
     p = write(tmp_path, {"kind": "local", "topology": "4x4", "chips_per_host": 3})
-    with pytest.raises(InputError, match="'chips_per_host' = 3 does not divide the 16 chips"):
+    with pytest.raises(InputError, match="'chips_per_host' = 3 must be 1, 4 or 8"):
+        load_inventory(p).env()
+    p = write(tmp_path, {"kind": "local", "topology": "2x2", "chips_per_host": 8})
+    with pytest.raises(InputError, match="'chips_per_host' = 8 does not divide the 4 chips"):
         load_inventory(p).env()
     p = write(tmp_path, {"kind": "local", "project_id": "x"})
     with pytest.raises(InputError, match="unknown key 'project_id' for kind 'local'"):

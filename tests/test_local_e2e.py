@@ -2,6 +2,7 @@
 hosts, MaxText training on CPU through Ray Train's JaxTrainer, elastic
 training through a lost and restored host, and a teardown that stops only
 this project's processes. Minutes, not seconds."""
+import json
 import os
 import re
 import signal
@@ -62,9 +63,38 @@ def alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
-def test_train_locally_to_succeeded(local):
-    rc, out = local("train", "--fresh")
+def hostile(markers: Path) -> dict[str, str]:
+    """Values a shell would act on, for MaxText keys a synthetic-data job
+    does not use: each would make a marker file if it ever reached a shell."""
+    return {
+        "dataset_path": f"x;touch {markers}/semicolon",
+        "hf_path": f"$(touch {markers}/subshell)",
+        "hf_data_dir": f"a`touch {markers}/backtick`",
+        "hf_train_files": f"it's \"quoted\" && touch {markers}/and",
+        "hf_eval_files": f"line1\nline2; touch {markers}/newline",
+        "eval_dataset_name": "  spaced  $HOME  > out",
+    }
+
+
+def test_train_locally_to_succeeded(local, tmp_path):
+    """The tutorial's job, scaled down, to SUCCEEDED, with hostile values
+    among its settings: `ray job submit` joins the entrypoint into one shell
+    command line on the head; nothing of them may reach a shell, and the
+    trainer must see each one as it was given."""
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    values = hostile(markers)
+    sets = [a for k, v in values.items() for a in ("--set", f"{k}={v}")]
+    rc, out = local("train", "--fresh", *sets)
     assert rc == 0, out[-5000:]
+    assert list(markers.iterdir()) == [], "a value reached a shell"
+    [argv] = [json.loads(line.split("trainer argv: ", 1)[1]) for line in out.splitlines() if "trainer argv: " in line]
+    for k, v in values.items():
+        assert f"{k}={v}" in argv, (k, argv)
+    # ... and MaxText's workers read them (those its YAML parse keeps as they are).
+    log = (sorted((ROOT / ".state" / ENV / "runs").glob("*-train"))[-1] / "job.log").read_text()
+    for k in ("dataset_path", "hf_path", "hf_data_dir", "hf_train_files"):
+        assert f"Config param {k}: {values[k]}" in log, k
     assert re.search(r"Job 'rayjob-multi-slice-\d+' succeeded", out)
     assert summary_value(out, "steps") == "20 (last step 19)"
     loss = float(summary_value(out, "final loss"))

@@ -76,3 +76,53 @@ def test_bounded_concurrency():
         running += 1 if kind == "start" else -1
         peak = max(peak, running)
     assert peak == 2
+
+
+def test_a_step_that_runs_alone_prints_its_banner_once_and_its_lines_as_they_come():
+    log = []
+    b, lines = book(4)
+    b.run("t", [step("first", 0.1, log=log), step("second", 0.1, after=("first",), log=log)])
+    for name in ("first", "second"):
+        head = f"TASK [t : {name}] "
+        assert len([l for l in lines if l.startswith(head)]) == 1, lines
+    assert not [l for l in lines if l.endswith(" started")], lines
+
+
+def test_the_same_failure_of_several_steps_is_printed_once_with_the_steps_it_stopped():
+    from playbooks.core.errors import ProbeFailed
+
+    message = ("ERROR: ({}) You do not currently have an active account selected.\nPlease run:\n\n"
+               "  $ gcloud auth login\n\nto obtain new credentials.")
+
+    def denied(name, group):
+        def run(ctx):
+            time.sleep(0.05)
+            raise ProbeFailed(name, f"gcloud {group} list", 1, "", message.format(f"gcloud.{group}.list"),
+                              why="could not look (exit code 1): no account")
+        return Step("t", name, lambda look: None, run=run, id=name)
+
+    b, lines = book(4)
+    recap = b.run("t", [denied("a", "services"), denied("b", "compute.networks"), denied("c", "container")])
+    text = "\n".join(lines)
+    assert text.count("to obtain new credentials") == 1, text       # the message, once
+    assert text.count("]\n  the same failure as [t : a] (above)") == 2, text   # in the two other blocks
+    assert "one failure stopped 3 steps (t : a, t : b, t : c): could not look (exit code 1): no account" in text
+    assert recap.count(FAILED) == 3
+
+
+def test_keep_going_runs_every_independent_check():
+    log = []
+    b, _ = book(4)
+    recap = b.run("t", [step("a", 0.01, outcome=FAILED, log=log), step("b", 0.01, log=log),
+                        step("c", 0.01, outcome=FAILED, log=log)], keep_going=True)
+    assert [n for k, n, _ in log if k == "start"] == ["a", "b", "c"]
+    assert recap.counters() == "ok=0 changed=1 failed=2 skipped=0" and recap.not_run == []
+
+
+def test_check_mode_and_dry_runs_never_say_a_thing_happened():
+    for mode in (Mode.CHECK, Mode.DRY):
+        lines = []
+        b = Playbook(Runner(mode, executor=None), Reporter(lines.append), workers=1)
+        b.run("t", [Step("t", "x", lambda look: None, run=lambda ctx: Outcome(CHANGED, "port-forward started"),
+                         id="x")])
+        assert "changed: [t : x] would change: port-forward started" in lines, lines

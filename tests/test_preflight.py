@@ -149,7 +149,10 @@ def preflight_env(tmp_path_factory):
     inv.write_text(yaml.safe_dump({"default": "pf-fits", "environments": {
         "pf-fits": {**GKE, "train_overrides": TINY},
         # One v6e-4 slice and logits far over its HBM: 524288 vocabulary x 8192 tokens x 8 sequences.
-        "pf-oom": {**GKE, "slices": 1, "topology": "2x2", "train_overrides": {
+        # (its own cluster, bucket, subnets and port: no two environments own one thing)
+        "pf-oom": {**GKE, "cluster_name": "pf-oom", "gs_bucket": "pf-oom-bucket", "subnet_1_name": "pf-oom-1",
+                   "subnet_2_name": "pf-oom-2", "dashboard_port": 8266, "slices": 1, "topology": "2x2",
+                   "train_overrides": {
             **TINY, "vocab_size": 524288, "max_target_length": 8192, "per_device_batch_size": 8,
             "ici_fsdp_parallelism": 4, "ici_tensor_parallelism": 1}},
     }}))

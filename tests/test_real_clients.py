@@ -190,6 +190,14 @@ def test_check_mode_from_empty_changes_nothing_and_says_what_it_cannot_check_yet
     assert cloud.gcp.st.networks == {}
 
 
+def test_check_mode_chaos_before_credentials_is_skipped_not_failed(cloud: Cloud):
+    cloud.seed_full()          # a cluster with its RayCluster, but no kubeconfig context here yet
+    run = ok_run(cloud.invoke("chaos.delete-worker", INVOKE_PLAYBOOK_MODE="check"))
+    assert run.changes == []
+    assert re.search(r"chaos : delete one Ray TPU worker pod +skipped .*cannot be checked before chaos : kubectl "
+                     r"credentials changes", run.out), run.out
+
+
 # -- 3. drift: the resource exists with another shape -------------------------------
 def test_network_with_another_mtu_is_drift(cloud: Cloud):
     cloud.seed_networks(mtu=1460)
@@ -280,6 +288,99 @@ def test_transient_errors_that_do_not_pass_stop_after_the_bounded_retries(cloud:
     assert len(run.calls("GET", r"/global/networks$")) == 5                 # RetryPolicy.attempts
     assert "could not look" in run.out
     assert run.calls("POST", r"/global/networks$") == []
+
+
+# -- 5b. faults with texts the code has never seen, as each client prints them -------
+def unseen(code: int) -> dict:
+    """An error body whose message no rule of the code knows: only the status
+    (as the client prints it, or does not) can tell what it is."""
+    import secrets
+    return G.gerror(code, f"zq-{secrets.token_hex(4)} something nobody wrote a rule for",
+                    {429: "RESOURCE_EXHAUSTED", 503: "UNAVAILABLE", 403: "PERMISSION_DENIED",
+                     400: "INVALID_ARGUMENT"}[code], "somethingNew")
+
+
+def retries(run: Run) -> list[str]:
+    return [line.strip() for line in run.out.splitlines() if line.strip().startswith("retry")]
+
+
+def test_compute_create_answered_503_twice_is_tried_again_after_a_fresh_look(cloud: Cloud):
+    # gcloud compute prints only the server's message: its debug log has the status.
+    cloud.gcp.server.fail("POST", r"/global/networks$", 503, unseen(503), times=2)
+    run = ok_run(cloud.invoke("network"))
+    assert sorted(cloud.gcp.st.networks) == [NET1, NET2]
+    posts = run.calls("POST", r"/global/networks$")
+    assert [r.status for r in posts].count(503) == 2 and len(posts) == 4, [r.status for r in posts]
+    assert len([r for r in retries(run) if "a fresh look shows nothing changed" in r]) == 2, run.out
+    assert "something nobody wrote a rule for" in run.out
+    assert recap(run, "network")["changed"] == 4
+
+
+def test_a_create_whose_answer_was_lost_is_not_made_twice(cloud: Cloud):
+    # The network is created, but the answer is a 503: the fresh look finds it.
+    cloud.gcp.server.fail("POST", r"/global/networks$", 503, unseen(503), times=1, after=True)
+    run = ok_run(cloud.invoke("network"))
+    assert len(run.calls("POST", r"/global/networks$")) == 2       # one per network, none again
+    assert any("but a fresh look shows the change was made" in r for r in retries(run)), run.out
+    assert not [r for r in run.requests if r.status == 409]
+    assert recap(run, "network")["changed"] == 4
+
+
+def test_a_403_or_400_with_an_unseen_text_is_never_retried(cloud: Cloud):
+    cloud.gcp.server.fail("POST", r"/global/networks$", 403, unseen(403), times=99)
+    run = failed_run(cloud.invoke("network"))
+    assert len(run.calls("POST", r"/global/networks$")) == 2        # each network tried once
+    assert retries(run) == [], run.out
+    assert "something nobody wrote a rule for" in run.out
+    cloud.reset()
+    cloud.seed_project()
+    cloud.seed_networks()
+    cloud.seed_cluster()
+    cloud.gcp.server.fail("POST", r"/nodePools$", 400, unseen(400), times=99)
+    run = failed_run(cloud.invoke("nodepools"))
+    assert len(run.calls("POST", r"/nodePools$")) == 2 and retries(run) == [], run.out
+
+
+@pytest.mark.parametrize("case", ["storage-429", "container-503", "compute-429"])
+def test_a_probe_answered_429_or_503_with_an_unseen_text_is_retried(cloud: Cloud, case: str):
+    # (gcloud's apitools commands, `services` and `projects`, retry 5xx
+    # themselves first: tests/test_transient.py reads their output.)
+    cloud.seed_project()
+    task, method, path, code = {
+        "storage-429": ("storage", "GET", rf"^/storage/v1/b/{BUCKET}$", 429),     # gcloud storage: RESOURCE_EXHAUSTED
+        "container-503": ("cluster", "GET", r"/clusters$", 503),                  # gcloud container: code=503
+        "compute-429": ("network", "GET", r"/global/networks$", 429),             # gcloud compute: only its debug log
+    }[case]
+    if task == "storage":
+        cloud.seed_cluster()
+        cloud.get_credentials()
+    cloud.gcp.server.fail(method, path, code, unseen(code), times=1)
+    run = ok_run(cloud.invoke(task))
+    assert len(retries(run)) == 1 and "attempt 1 of 5 failed" in retries(run)[0], run.out
+    assert "something nobody wrote a rule for" in retries(run)[0]
+    assert "could not look" not in run.out, run.out
+    statuses = [r.status for r in run.calls(method, path)]
+    assert statuses[0] == code and statuses[1] != code, statuses
+
+
+# -- 5c. doctor, against the fakes ------------------------------------------------------
+def test_doctor_checks_credentials_project_and_context(cloud: Cloud):
+    run = ok_run(cloud.invoke("doctor"))
+    assert "gcloud authenticates with the access token in" in run.out
+    assert f"project {PROJECT} is readable with these credentials" in run.out
+    assert "does not exist yet: no context to check" in run.out
+    cloud.seed_project()
+    cloud.seed_cluster()
+    run = failed_run(cloud.invoke("doctor"))
+    assert f"but the kubeconfig has no context gke_{PROJECT}_us-east5-b_{CLUSTER}" in run.out
+    assert recap(run, "doctor")["failed"] == 1        # and every other check ran
+    cloud.get_credentials()
+    run = ok_run(cloud.invoke("doctor"))
+    assert f"context gke_{PROJECT}_us-east5-b_{CLUSTER} reaches Kubernetes" in run.out
+    cloud.gcp.server.fail("GET", r"/crm/v1/projects/", 403, G.forbidden("resourcemanager.projects.get",
+                                                                       f"projects/{PROJECT}"), times=99)
+    run = failed_run(cloud.invoke("doctor"))
+    assert "resourcemanager.projects.get" in run.out
 
 
 # -- 6. a node pool left in ERROR (GCE_STOCKOUT) ----------------------------------------

@@ -8,7 +8,7 @@ from playbooks.core.runner import Answers, Completed
 from tests.conftest import env, run_with_facts
 
 DEV = env("dev")
-NETS = "gcloud compute networks list --format=json --project=my-tpu-project"
+NETS = "CLOUDSDK_CORE_VERBOSITY=debug gcloud compute networks list --format=json --project=my-tpu-project"
 POOLS = ("gcloud container node-pools list --cluster=maxtext-multislice --location=us-east5-b --format=json "
          "--project=my-tpu-project")
 CLUSTERS = "gcloud container clusters list --format=json --project=my-tpu-project"
@@ -27,7 +27,7 @@ def test_absent_network_is_created_then_verified():
     after = [net("maxtext-multislice-net-1")]
     recap, out = run_with_facts(steps, {NETS: Answers([], after)})
     assert recap.counters() == "ok=0 changed=1 failed=0 skipped=0"
-    assert applied(out) == ["gcloud compute networks create maxtext-multislice-net-1 --subnet-mode=custom "
+    assert applied(out) == ["CLOUDSDK_CORE_VERBOSITY=debug gcloud compute networks create maxtext-multislice-net-1 --subnet-mode=custom "
                             "--mtu=8896 --project=my-tpu-project"]
     assert any(l.startswith("  verify") and l.endswith("=> ok") for l in out)
 
@@ -61,11 +61,11 @@ def test_undeclared_probe_is_an_error():
     recap, out = run_with_facts(network.steps(DEV)[2:3], {NETS: []})
     assert recap.failed
     assert ("probe not declared by the fixture: CLOUDSDK_COMPUTE_ALLOW_PARTIAL_ERROR=false "
-            "gcloud compute networks subnets list") in out.text()
+            "CLOUDSDK_CORE_VERBOSITY=debug gcloud compute networks subnets list") in out.text()
 
 
 def test_subnet_on_another_network_is_drift():
-    subs = ("CLOUDSDK_COMPUTE_ALLOW_PARTIAL_ERROR=false "
+    subs = ("CLOUDSDK_COMPUTE_ALLOW_PARTIAL_ERROR=false CLOUDSDK_CORE_VERBOSITY=debug "
             "gcloud compute networks subnets list --regions=us-east5 --format=json --project=my-tpu-project")
     other = {"name": "tpu-subnet-1", "network": "https://x/projects/p/global/networks/other-net",
              "ipCidrRange": "10.51.0.0/16"}
@@ -145,10 +145,10 @@ def test_binding_uses_the_looked_up_project_number():
 
 
 def test_teardown_leaves_a_subnet_of_another_network_alone():
-    subs = ("CLOUDSDK_COMPUTE_ALLOW_PARTIAL_ERROR=false "
+    subs = ("CLOUDSDK_COMPUTE_ALLOW_PARTIAL_ERROR=false CLOUDSDK_CORE_VERBOSITY=debug "
             "gcloud compute networks subnets list --regions=us-east5 --format=json --project=my-tpu-project")
     other = {"name": "tpu-subnet-1", "network": "projects/p/global/networks/someone-else"}
-    step = [s for s in teardown.steps(DEV) if s.id == "teardown:tpu-subnet-1"]
+    step = [s for s in teardown.steps(DEV) if s.id == "teardown:subnet-1"]
     recap, out = run_with_facts(step, {subs: [other]})
     assert applied(out) == []
     assert "belongs to network someone-else, not maxtext-multislice-net-1: left alone" in out.text()
@@ -182,3 +182,20 @@ def test_check_mode_skips_what_needs_a_change_it_does_not_make_and_fails_the_res
     assert recap.counters() == "ok=0 changed=1 failed=1 skipped=0"
     recap, out = run_with_facts([a, b], {}, mode=Mode.APPLY)  # apply mode: no such leniency
     assert "failed=1" in recap.counters()
+
+
+def test_more_than_64_chips_are_said_before_any_pool_is_made():
+    big = env("dev", slices=4, topology="8x8")
+    recap, out = run_with_facts(nodepools.steps(big)[:1], {})
+    assert "this environment asks for 256 TPU v6e chips: 4 slices of 8x8 (64 chips, 16 ct6e-standard-4t hosts " \
+           "each), more than 64" in out.text()
+    assert [s.name for s in nodepools.steps(DEV)] == ["TPU node pool v6e-16-0", "TPU node pool v6e-16-1"]
+
+
+def test_check_mode_says_the_port_forward_would_start_not_that_it_started():
+    from playbooks import dashboard
+    from playbooks.core.runner import ABSENT, Mode
+    recap, out = run_with_facts([dashboard.forward_step(DEV)], {"curl -fsS http://localhost:8265/api/version": ABSENT},
+                                mode=Mode.CHECK)
+    assert "would start the port-forward to http://localhost:8265" in out.text()
+    assert "port-forward started" not in out.text()

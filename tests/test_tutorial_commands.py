@@ -9,6 +9,8 @@ from tests.goldens import dry_run
 P, R, Z, C, B, K, NS, U = ("acme-ml-prod", "europe-west4", "europe-west4-a", "llm-train", "acme-llm-ckpt",
                            "trainer-sa", "ml", "ops@acme.io")
 CTX = f"--context=gke_{P}_{Z}_{C}"
+# gcloud compute runs with debug verbosity: its log is where it shows a failed call's HTTP status.
+D = "CLOUDSDK_CORE_VERBOSITY=debug "
 ENV = {"kind": "gke", "mode": "standard", "project_id": P, "region": R, "zone": Z, "cluster_name": C,
        "cluster_version": "1.35.2-gke.1842000", "gs_bucket": B, "ksa_name": K, "namespace": NS,
        "user_identifier": U, "slices": 3}
@@ -18,7 +20,9 @@ ENV = {"kind": "gke", "mode": "standard", "project_id": P, "region": R, "zone": 
 def transcripts(tmp_path_factory):
     d = tmp_path_factory.mktemp("inv")
     inv = d / "inventory.yaml"
-    auto = {**ENV, "mode": "autopilot", "cluster_name": "llm-auto"}
+    # Same project and region: its own subnets and dashboard port (no two environments own one thing).
+    auto = {**ENV, "mode": "autopilot", "cluster_name": "llm-auto", "gs_bucket": "acme-llm-auto",
+            "subnet_1_name": "auto-subnet-1", "subnet_2_name": "auto-subnet-2", "dashboard_port": 8266}
     inv.write_text(yaml.safe_dump({"default": "acme", "environments": {"acme": ENV, "acme-auto": auto}}))
     out = {}
     for name, args in {"up": ["up"], "train": ["train"], "train70": ["train", "--model=llama3-70b", "--skip-preflight"],
@@ -47,10 +51,10 @@ def test_provisioning_commands(transcripts):
         f"gcloud services enable container.googleapis.com cloudbuild.googleapis.com --project={P}",
         *[f"gcloud projects add-iam-policy-binding {P} --member=user:{U} --role={r}"
           for r in ("roles/container.admin", "roles/iam.serviceAccountAdmin", "roles/cloudbuild.builds.editor")],
-        f"gcloud compute networks create {C}-net-1 --subnet-mode=custom --mtu=8896 --project={P}",
-        f"gcloud compute networks create {C}-net-2 --subnet-mode=custom --mtu=8896 --project={P}",
-        f"gcloud compute networks subnets create tpu-subnet-1 --network={C}-net-1 --region={R} --range=10.50.0.0/16 --project={P}",
-        f"gcloud compute networks subnets create tpu-subnet-2 --network={C}-net-2 --region={R} --range=10.60.0.0/16 --project={P}",
+        f"{D}gcloud compute networks create {C}-net-1 --subnet-mode=custom --mtu=8896 --project={P}",
+        f"{D}gcloud compute networks create {C}-net-2 --subnet-mode=custom --mtu=8896 --project={P}",
+        f"{D}gcloud compute networks subnets create tpu-subnet-1 --network={C}-net-1 --region={R} --range=10.50.0.0/16 --project={P}",
+        f"{D}gcloud compute networks subnets create tpu-subnet-2 --network={C}-net-2 --region={R} --range=10.60.0.0/16 --project={P}",
         f"gcloud container clusters create {C} --addons=RayOperator,GcsFuseCsiDriver --machine-type=n1-standard-16 "
         f"--enable-dataplane-v2 --workload-pool={P}.svc.id.goog --location={Z} --cluster-version=1.35.2-gke.1842000 --project={P}",
         f"gcloud container clusters get-credentials {C} --location={Z} --project={P}",
@@ -135,10 +139,10 @@ def test_teardown_deletes_in_dependency_order(transcripts):
         "kill -TERM $(cat .state/acme/port-forward.pid)",
         f"gcloud container clusters delete {C} --zone={Z} --project={P} --quiet",
         f"gsutil rm -r gs://{B}",
-        f"gcloud compute networks subnets delete tpu-subnet-1 --region={R} --project={P} --quiet",
-        f"gcloud compute networks subnets delete tpu-subnet-2 --region={R} --project={P} --quiet",
-        f"gcloud compute networks delete {C}-net-1 --project={P} --quiet",
-        f"gcloud compute networks delete {C}-net-2 --project={P} --quiet",
+        f"{D}gcloud compute networks subnets delete tpu-subnet-1 --region={R} --project={P} --quiet",
+        f"{D}gcloud compute networks subnets delete tpu-subnet-2 --region={R} --project={P} --quiet",
+        f"{D}gcloud compute networks delete {C}-net-1 --project={P} --quiet",
+        f"{D}gcloud compute networks delete {C}-net-2 --project={P} --quiet",
     ]
     assert got == expected
     assert f"gcloud container clusters delete llm-auto --location={R} --project={P} --quiet" in \

@@ -8,6 +8,7 @@ without it the tutorial's values apply: 2 slices of v6e 4x4, 4 hosts each.
 """
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 
@@ -215,6 +216,10 @@ def fit(argv: list[str], elastic: bool) -> None:
     from ray.train.v2.api.config import FailureConfig, RunConfig
     from ray.train.v2.jax import JaxTrainer
 
+    # The arguments as this process received them, one JSON line: `ray job
+    # submit` joins them into a shell command line on the head, so this is
+    # the proof that every value arrived as it was given.
+    print("trainer argv: " + json.dumps(list(argv[1:])), flush=True)
     argv = absolute_config(argv)
     check_model_config(argv)
     layout = Layout.from_env()

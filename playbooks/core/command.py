@@ -64,6 +64,8 @@ class Command:
       runner's default few attempts.
     - ``binds``: the name a probe's output is known by in a transcript
       (``NAME=$(...)``).
+    - ``stderr_filter``: what of the process's stderr is shown (the whole of
+      it is kept in the run's log), e.g. without a debug log.
     """
 
     argv: tuple[str, ...]
@@ -78,6 +80,7 @@ class Command:
     secrets: tuple[str, ...] = field(default=(), compare=False)
     pipe_check: "Callable[[str], str | None] | None" = field(default=None, compare=False, repr=False)
     patience: float | None = field(default=None, compare=False)
+    stderr_filter: "Callable[[str], str] | None" = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.argv, list):

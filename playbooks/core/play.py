@@ -5,13 +5,14 @@ not abandoned half-way), the rest are named in the recap as not run.
 """
 from __future__ import annotations
 
+import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from .command import Command, shown
-from .errors import PlaybookError
+from .errors import PlaybookError, cause_of
 from .recap import CHANGED, FAILED, OK, SKIPPED, Recap, Reporter, StepResult, banner
 from .runner import Action, Completed, Fact, Mode, Runner, StepLog
 from .step import CHANGE, DRIFT, FAIL, OK as D_OK, WAIT, Broken, Step, poll
@@ -34,8 +35,19 @@ class StepContext:
     def look(self, fact: Fact, fresh: bool = False) -> Any:
         return self.runner.look(fact, self.log, self.step.title, fresh=fresh)
 
-    def act(self, what: Command | Action) -> Completed | None:
-        return self.runner.act(what, self.log, self.step.title)
+    def act(self, what: Command | Action, recheck: Callable[[], bool] | None = None) -> Completed | None:
+        return self.runner.act(what, self.log, self.step.title, recheck)
+
+    def made(self) -> bool:
+        """A fresh look at the step's verify fact: is the change there?
+        (after a change that failed transiently, before trying it again)"""
+        v = self.step.verify
+        assert v is not None
+        value = self.runner.look(v.fact, _Quiet(self.log), self.step.title, fresh=True, label="verify")
+        try:
+            return v.check(value) is None
+        except Broken:
+            return False
 
     def stream(self, command: Command, on_line: Callable[[str], None]) -> Completed | None:
         return self.runner.stream(command, self.log, self.step.title, on_line)
@@ -54,6 +66,7 @@ class StepContext:
 class Outcome:
     outcome: str
     reason: str = ""
+    cause: str = ""  # what failed, without where (the same cause met by several steps is one)
 
 
 def verify(ctx: StepContext, step: Step) -> str | None:
@@ -119,10 +132,13 @@ def execute(step: Step, ctx: StepContext) -> Outcome:
     if decision.kind == FAIL:
         return Outcome(FAILED, decision.reason)
     if decision.kind == CHANGE:
+        # One change with a verify: if it fails transiently, a fresh look
+        # decides whether trying it again is safe (nothing was made).
+        recheck = ctx.made if len(decision.commands) == 1 and step.verify is not None else None
         for c in decision.commands:
-            ctx.act(c)
+            ctx.act(c, recheck)
         if ctx.mode is Mode.CHECK:
-            return Outcome(CHANGED, f"would change: {decision.reason}" if decision.reason else "would change")
+            return Outcome(CHANGED, decision.reason)
         why = verify(ctx, step)
         if why is not None:
             return Outcome(FAILED, f"not verified after the change: {why}")
@@ -148,35 +164,47 @@ class Playbook:
         self.workers = max(1, workers if runner.mode is not Mode.DRY else 1)
         self.sleep = sleep
         self.timed = (runner.mode is not Mode.DRY) if timed is None else timed
+        self._causes: dict[str, str] = {}  # a failure's cause -> the step that met it first
+        self._lock = threading.Lock()
 
     def _one(self, step: Step, buffered: bool, announce: bool = False) -> StepResult:
+        """Run one step. ``buffered``: others run at once, so its lines are
+        printed whole when it ends (``announce``: a line says it started)."""
         log = StepLog(self.reporter.line, buffered)
         head = banner("TASK", step.title)
-        if buffered and announce:
-            # Others are running: say this one started; its lines come whole
-            # when it ends.
-            self.reporter.line(f"{head.split(' *')[0]} started")
-        else:
+        if not buffered:
             self.reporter.line(head)
+        elif announce:
+            self.reporter.line(f"{head.split(' *')[0]} started")
         ctx = StepContext(self.runner, step, log, self.sleep)
         start = time.monotonic()
         try:
             out = execute(step, ctx)
         except PlaybookError as e:
-            out = Outcome(FAILED, str(e))
+            out = Outcome(FAILED, str(e), cause=getattr(e, "cause", "") or cause_of(str(e)))
         except KeyboardInterrupt:
             raise
         seconds = time.monotonic() - start
-        out = self._check_mode_dependents(step, Outcome(out.outcome, shown(out.reason)))
+        out = self._check_mode_dependents(step, Outcome(out.outcome, shown(out.reason), out.cause))
+        if out.outcome == CHANGED and not self.runner.acting and not out.reason.startswith("would "):
+            # Check mode and dry runs never say that something happened.
+            out.reason = f"would change: {out.reason}" if out.reason else "would change"
         end = f"{out.outcome}: [{step.title}]" + (f" {out.reason}" if out.reason else "")
+        cause, first = "", None
         if out.outcome == FAILED:
+            cause = out.cause
+            with self._lock:
+                first = self._causes.setdefault(cause, step.title) if cause else None
+            if cause and first != step.title:
+                # Printed once, in full, by the first step that met it.
+                out.reason = f"the same failure as [{first}] (above)"
             end = f"failed: [{step.title}]\n" + "\n".join("  " + l for l in out.reason.splitlines())
         if buffered:
             self.reporter.block([head] + log.lines + [end])
         else:
             self.reporter.line(end)
         return StepResult(step.id, step.title, out.outcome, out.reason.splitlines()[0] if out.reason else "",
-                          seconds, log.lines)
+                          seconds, log.lines, cause)
 
     def _check_mode_dependents(self, step: Step, out: Outcome) -> Outcome:
         """Check mode changes nothing, so a step that needs (directly or not)
@@ -198,18 +226,22 @@ class Playbook:
             self._pending[step.id] = roots
         return out
 
-    def run(self, name: str, steps: Sequence[Step], workers: int | None = None) -> Recap:
+    def run(self, name: str, steps: Sequence[Step], workers: int | None = None,
+            keep_going: bool = False) -> Recap:
         """Run the steps; ``workers`` lowers the playbook's for this run
-        (1: one at a time, in order)."""
+        (1: one at a time, in order). ``keep_going``: a failure does not
+        stop the steps after it (independent checks: every problem is
+        listed, not only the first); the steps then run in order."""
         self._pending: dict[str, list[str]] = {}  # check mode: step id -> the changes it waits on
+        self._causes = {}
         recap = Recap(name, timed=self.timed)
         start = time.monotonic()
         workers = self.workers if workers is None else max(1, min(workers, self.workers))
-        if workers == 1:
+        if workers == 1 or keep_going:
             for i, step in enumerate(steps):
                 r = self._one(step, buffered=False)
                 recap.results.append(r)
-                if r.outcome == FAILED:
+                if r.outcome == FAILED and not keep_going:
                     recap.not_run = [s.title for s in steps[i + 1:]]
                     break
         else:
@@ -228,10 +260,12 @@ class Playbook:
             while pending or running:
                 if not stopped:
                     ready = [s for s in pending if all(d in done for d in s.after if d in ids)]
+                    # A step that runs alone prints its lines as they come;
+                    # nothing else can start before it ends.
                     together = len(running) + len(ready) > 1
                     for s in ready:
                         pending.remove(s)
-                        running[pool.submit(self._one, s, True, together)] = s
+                        running[pool.submit(self._one, s, together, together)] = s
                 if not running:
                     break
                 finished, _ = wait(list(running), return_when=FIRST_COMPLETED)

@@ -18,6 +18,7 @@ class StepResult:
     reason: str = ""
     seconds: float = 0.0
     lines: list[str] = field(default_factory=list)
+    cause: str = ""  # a failure's cause, without the step's own name or command
 
 
 @dataclass
@@ -53,6 +54,14 @@ class Recap:
             out.append(f"  {r.title:<{width}}  {r.outcome:<8}{t}{why}".rstrip())
         for title in self.not_run:
             out.append(f"  {title:<{width}}  not run (stopped after a failure)")
+        by_cause: dict[str, list[StepResult]] = {}
+        for r in self.results:
+            if r.outcome == FAILED and r.cause:
+                by_cause.setdefault(r.cause, []).append(r)
+        for rs in by_cause.values():
+            if len(rs) > 1:
+                out.append(f"  one failure stopped {len(rs)} steps ({', '.join(r.title for r in rs)}): "
+                           f"{rs[0].reason}")
         wall = f"  wall {self.wall:.1f}s" if self.timed else ""
         out.append(f"{self.name}: {self.counters()}{wall}")
         return out

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .command import Command, shown
-from .errors import CommandFailed, PlaybookError, first_line
+from .errors import CommandFailed, PlaybookError, error_line
 
 
 class Mode(str, enum.Enum):
@@ -66,7 +66,7 @@ class Completed:
         return self.rc == 0
 
     def first_error_line(self) -> str:
-        return first_line(self.stderr, self.stdout)
+        return error_line(self.stderr, self.stdout)
 
 
 @dataclass(frozen=True)
@@ -131,12 +131,14 @@ class Action:
 
 @dataclass
 class RetryPolicy:
-    """Bounded exponential backoff for transient failures."""
+    """Bounded exponential backoff for transient failures.
+    ``is_transient(completed, patient)``: ``patient`` for a command given
+    patience (it may also wait out an operation of someone else)."""
 
     attempts: int = 5
     base: float = 1.0
     cap: float = 30.0
-    is_transient: Callable[[Completed], bool] = lambda c: False
+    is_transient: Callable[[Completed, bool], bool] = lambda c, patient: False
     sleep: Callable[[float], None] = time.sleep
 
 
@@ -259,6 +261,13 @@ class Executor:
             if log:
                 out.close()
         return proc.pid
+
+
+def _shown(c: Completed, command: Command) -> Completed:
+    """What is shown of a completed command (its log keeps all of it)."""
+    if command.stderr_filter is None:
+        return c
+    return dataclasses.replace(c, stderr=command.stderr_filter(c.stderr))
 
 
 class StepLog:
@@ -392,27 +401,44 @@ class Runner:
             command = dataclasses.replace(command, timeout=self.probe_timeout)
         return self._run_with_retry(command, log, step), ""
 
-    def _run_with_retry(self, command: Command, log: StepLog, step: str) -> Completed:
-        """Run; a transient failure (the request turned away, not acted on)
-        is tried again with bounded exponential backoff: the policy's
-        attempts, or for ``command.patience`` seconds."""
+    def _run_with_retry(self, command: Command, log: StepLog, step: str,
+                        recheck: Callable[[], bool] | None = None) -> Completed:
+        """Run; a transient failure (the request turned away, or never
+        answered) is tried again with bounded exponential backoff: the
+        policy's attempts, or for ``command.patience`` seconds, each try
+        logged. A change is tried again only after ``recheck`` (a fresh
+        look at the world) shows it was not made after all; if it was, the
+        failure was only in the answer."""
         assert self.executor is not None, "no process may start in a dry run"
         start = time.monotonic()
         delay = self.retry.base
         attempt = 1
         while True:
             c = self.executor.run(command, label=step)
-            if c.ok or not self.retry.is_transient(c):
-                return c
+            if c.ok or not self.retry.is_transient(c, command.patience is not None):
+                return _shown(c, command)
             if command.patience is not None:
                 if time.monotonic() - start + delay > command.patience:
-                    return c
+                    return _shown(c, command)
                 limit = "until " + f"{command.patience:.0f}s"
             else:
                 if attempt >= self.retry.attempts:
-                    return c
+                    return _shown(c, command)
                 limit = f"of {self.retry.attempts}"
-            log.emit("retry", f"attempt {attempt} {limit} failed ({c.first_error_line()}); again in {delay:.1f}s")
+            why = _shown(c, command).first_error_line()
+            if recheck is not None:
+                try:
+                    made = recheck()
+                except PlaybookError as e:
+                    log.emit("retry", f"attempt {attempt} failed ({why}); not tried again: a fresh look could "
+                                      f"not tell whether it changed anything ({str(e).splitlines()[0]})")
+                    return _shown(c, command)
+                if made:
+                    log.emit("retry", f"attempt {attempt} failed ({why}), but a fresh look shows the change "
+                                      f"was made")
+                    return Completed(c.line, 0, c.stdout, _shown(c, command).stderr, c.seconds)
+                why += "; a fresh look shows nothing changed"
+            log.emit("retry", f"attempt {attempt} {limit} failed ({why}); again in {delay:.1f}s")
             self.retry.sleep(delay)
             delay = min(delay * 2, self.retry.cap)
             attempt += 1
@@ -423,7 +449,8 @@ class Runner:
         with self._cache_lock:
             self._cache.clear()
 
-    def act(self, what: Command | Action, log: StepLog, step: str) -> Completed | None:
+    def act(self, what: Command | Action, log: StepLog, step: str,
+            recheck: Callable[[], bool] | None = None) -> Completed | None:
         if isinstance(what, Action):
             log.emit("apply", what.line)
             if self.acting:
@@ -442,7 +469,7 @@ class Runner:
         if not self.acting:
             return None
         self.changed()
-        c = self._run_with_retry(what, log, step)
+        c = self._run_with_retry(what, log, step, recheck)
         if not c.ok:
             raise CommandFailed(step, what.line(), c.rc, c.stdout, c.stderr)
         return c

@@ -52,17 +52,20 @@ RECAP = re.compile(r"^(?P<play>\S+) (?P<env>\S+): ok=(?P<ok>\d+) changed=(?P<cha
                    r"failed=(?P<failed>\d+) skipped=(?P<skipped>\d+)", re.M)
 
 
-def inventory(dashboard_port: int) -> dict:
+def inventory(dashboard_port: int, autopilot_dashboard_port: int) -> dict:
     """Two GKE environments with the tutorial's shape: Standard (zonal, node
-    pools) and Autopilot (regional, its own namespace)."""
+    pools) and Autopilot (regional, its own namespace). One project and
+    region: each has its own subnets and dashboard port (no two
+    environments may own one thing)."""
     common = {"kind": "gke", "project_id": PROJECT, "region": "us-east5", "zone": "us-east5-b",
-              "cluster_version": "1.35.2-gke.1842000", "ksa_name": "maxtext-ksa", "user_identifier": USER,
-              "dashboard_port": dashboard_port}
+              "cluster_version": "1.35.2-gke.1842000", "ksa_name": "maxtext-ksa", "user_identifier": USER}
     return {"default": STANDARD, "environments": {
         STANDARD: dict(common, mode="standard", cluster_name="maxtext-multislice", gs_bucket=f"{PROJECT}-ckpt",
-                       namespace="default", slices=2, topology="4x4", machine_type="ct6e-standard-4t"),
+                       namespace="default", slices=2, topology="4x4", machine_type="ct6e-standard-4t",
+                       dashboard_port=dashboard_port),
         AUTOPILOT: dict(common, mode="autopilot", cluster_name="maxtext-autopilot",
-                        gs_bucket=f"{PROJECT}-autopilot", namespace="maxtext"),
+                        gs_bucket=f"{PROJECT}-autopilot", namespace="maxtext", subnet_1_name="auto-subnet-1",
+                        subnet_2_name="auto-subnet-2", dashboard_port=autopilot_dashboard_port),
     }}
 
 
@@ -252,7 +255,7 @@ class Cloud:
         e = self.envdata(env_name)
         for i, cidr in ((1, e.subnet_1_range), (2, e.subnet_2_range)):
             self.gcp.add_network(f"{e.cluster_name}-net-{i}", mtu=mtu)
-            self.gcp.add_subnet(e.region, f"tpu-subnet-{i}", f"{e.cluster_name}-net-{i}", cidr)
+            self.gcp.add_subnet(e.region, e[f"subnet_{i}_name"], f"{e.cluster_name}-net-{i}", cidr)
 
     def seed_cluster(self, env_name: str = STANDARD) -> dict:
         e = self.envdata(env_name)
@@ -278,8 +281,8 @@ class Cloud:
                            "oauthScopes": ["https://www.googleapis.com/auth/cloud-platform"]},
                 "placementPolicy": {"tpuTopology": topology, "type": "COMPACT"},
                 "networkConfig": {"additionalNodeNetworkConfigs": [
-                    {"network": f"{e.cluster_name}-net-1", "subnetwork": "tpu-subnet-1"},
-                    {"network": f"{e.cluster_name}-net-2", "subnetwork": "tpu-subnet-2"}]}}
+                    {"network": f"{e.cluster_name}-net-1", "subnetwork": e.subnet_1_name},
+                    {"network": f"{e.cluster_name}-net-2", "subnetwork": e.subnet_2_name}]}}
 
     def seed_pools(self, topology: str = "4x4", env_name: str = STANDARD) -> None:
         e = self.envdata(env_name)
@@ -345,15 +348,16 @@ def fake_cloud(base: Path) -> Iterator[Cloud]:
         return [p for p in kube.list("pods") if (p["metadata"].get("labels") or {}).get("ray.io/is-ray-node")]
 
     dash = FakeDashboard(ray_pods).start()
+    dash_auto = FakeDashboard(ray_pods).start()
     sink = StraySink()
     inv = base / "inventory.yaml"
-    inv.write_text(yaml.safe_dump(inventory(dash.port), sort_keys=False))
+    inv.write_text(yaml.safe_dump(inventory(dash.port, dash_auto.port), sort_keys=False))
     cloud = Cloud(base, gcp, kube, dash, sink, inv)
     cloud.fresh_clients()
     try:
         yield cloud
     finally:
-        for s in (gcp, kube, dash):
+        for s in (gcp, kube, dash, dash_auto):
             s.stop()
         sink.close()
 

@@ -70,7 +70,9 @@ class HttpError(Exception):
 class Fault:
     """Answer ``status``/``body`` instead of the handler for requests whose
     method matches and whose path matches ``path`` (a regex, searched), for
-    ``times`` matching requests after skipping the first ``skip``."""
+    ``times`` matching requests after skipping the first ``skip``.
+    ``after``: the handler runs first (the request is acted on), then the
+    answer is the error anyway, as when a reply is lost on its way back."""
 
     method: str
     path: str
@@ -79,6 +81,7 @@ class Fault:
     times: int = 1
     skip: int = 0
     headers: dict[str, str] = field(default_factory=dict)
+    after: bool = False
     hits: int = 0
     seen: int = 0
 
@@ -137,8 +140,8 @@ class FakeServer:
 
     # -- faults and records -----------------------------------------------
     def fail(self, method: str, path: str, status: int, body: Any = None, times: int = 1, skip: int = 0,
-             headers: dict[str, str] | None = None) -> Fault:
-        f = Fault(method, path, status, body, times, skip, headers or {})
+             headers: dict[str, str] | None = None, after: bool = False) -> Fault:
+        f = Fault(method, path, status, body, times, skip, headers or {}, after)
         with self.lock:
             self.faults.append(f)
         return f
@@ -166,7 +169,7 @@ class FakeServer:
         with self.lock:
             self.requests.append(req)
             fault = next((f for f in self.faults if f.take(req)), None)
-        if fault is not None:
+        if fault is not None and not fault.after:
             resp = Response(fault.status, fault.body, dict(fault.headers))
         else:
             try:
@@ -179,6 +182,8 @@ class FakeServer:
                 import traceback
                 traceback.print_exc()
                 resp = Response(500, {"error": {"code": 500, "message": f"fake {self.name} crashed: {e!r}"}})
+            if fault is not None:
+                resp = Response(fault.status, fault.body, dict(fault.headers))
         req.status = resp.status
         data, ctype = resp.encode()
         h.send_response(resp.status)

@@ -1,0 +1,87 @@
+"""One TPU compile at a time on a machine: libtpu's own lock file makes a
+second compile fail (and its message advises deleting the lock, which would
+break the first). The preflight's lock makes the second wait, saying which
+pid holds it; a holder that dies frees it."""
+import subprocess
+import sys
+import textwrap
+import time
+
+from playbooks.core.lock import machine_lock
+from playbooks.preflight import parse_compile
+
+HOLD = textwrap.dedent("""
+    import sys, time
+    sys.path.insert(0, {root!r})
+    from pathlib import Path
+    from playbooks.core.lock import machine_lock
+    with machine_lock(Path({path!r}), "test", lambda line: None):
+        print("held", flush=True)
+        time.sleep(float(sys.argv[1]))
+""")
+
+
+def hold(path, seconds):
+    from tests.conftest import ROOT
+    p = subprocess.Popen([sys.executable, "-c", HOLD.format(root=str(ROOT), path=str(path)), str(seconds)],
+                         stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "held"
+    return p
+
+
+def test_a_second_compile_waits_for_the_first_and_names_its_pid(tmp_path):
+    path = tmp_path / "compile.lock"
+    first = hold(path, 1.5)
+    told = []
+    start = time.monotonic()
+    with machine_lock(path, "one compile at a time", told.append, every=0.5, poll=0.05):
+        waited = time.monotonic() - start
+    first.wait(5)
+    assert waited >= 1.0, waited
+    assert told and f"waiting for pid {first.pid}, which holds {path}" in told[0], told
+    assert len(told) >= 2  # a sign of life while it waits
+
+
+def test_a_holder_that_dies_leaves_no_stale_lock(tmp_path):
+    path = tmp_path / "compile.lock"
+    first = hold(path, 60)
+    first.kill()
+    first.wait(5)
+    told = []
+    with machine_lock(path, "x", told.append, poll=0.05):
+        pass
+    assert told == []
+
+
+def test_libtpus_advice_to_delete_its_lock_is_not_passed_on():
+    text = ("RuntimeError: Unable to initialize backend 'tpu': ABORTED: The TPU is already in use by process with "
+            "pid 4242. Not attempting to load libtpu.so in this process. If you still get this message, run "
+            "\"$ sudo rm /tmp/libtpu_lockfile\".")
+    fit = parse_compile(text)
+    assert fit.error == ("libtpu is in use by pid 4242 on this machine: wait for it to end and run again (do not "
+                         "delete /tmp/libtpu_lockfile while it runs)")
+
+
+def test_the_preflight_compile_takes_the_lock(tmp_path, monkeypatch):
+    from playbooks import preflight, train
+    from playbooks.core.play import StepContext
+    from playbooks.core.runner import Completed, Mode, Runner, StepLog
+    from playbooks.core.step import Step
+    from tests.conftest import env
+
+    class Compiler:  # stands in for the minutes-long compile: it does not fit
+        def run(self, command, label="", input=None):
+            return Completed(command.line(), 1, "", "jax.errors.JaxRuntimeError: RESOURCE_EXHAUSTED: "
+                             "CompileTimeHbmOom: Ran out of memory (40.00G) exceeds available HBM (31.24G)", 0.1)
+
+    monkeypatch.setattr(preflight, "COMPILE_LOCK", tmp_path / "compile.lock")
+    monkeypatch.setenv("PLAYBOOK_PREFLIGHT_CACHE", str(tmp_path / "cache"))
+    first = hold(tmp_path / "compile.lock", 1.0)
+    lines = []
+    ctx = StepContext(Runner(Mode.APPLY, executor=Compiler()), Step("preflight", "fit", lambda look: None),
+                      StepLog(lines.append, False))
+    dev = env("dev")
+    fit = preflight.fit(ctx, dev, train.build_job(dev, "llama3-8b", sets=["per_device_batch_size=3"]))
+    first.wait(5)
+    assert fit is not None and not fit.fits and fit.needed == 40.0
+    assert any(f"waiting for pid {first.pid}" in line for line in lines), lines

@@ -1,0 +1,97 @@
+"""Transient or not, from what each client really prints (outputs captured
+from gcloud 528, gsutil, kubectl and ray against the loopback fakes, with
+messages no rule knows); and the line of an output that says what failed."""
+import pytest
+
+from playbooks.clients import http_status, is_transient, without_debug_log
+from playbooks.core.errors import error_line
+from playbooks.core.runner import Completed
+
+COMPUTE_503 = """DEBUG: Running [gcloud.compute.networks.create] with arguments: [--mtu: "8896", NAME: "n1"]
+INFO: Using access token from file: [/tmp/clients-1/token]
+DEBUG: Starting new HTTPS connection (1): 127.0.0.1:42155
+DEBUG: https://127.0.0.1:42155 "POST /compute/v1/projects/p/global/networks?alt=json HTTP/11" {code} 175
+DEBUG: Chosen display Format:list[title="Could not fetch resource:",always-display-title]
+DEBUG: (gcloud.compute.networks.create) Could not fetch resource:
+ - Backend hiccup zq7
+Traceback (most recent call last):
+  File "/usr/lib/google-cloud-sdk/lib/googlecloudsdk/calliope/cli.py", line 985, in Execute
+googlecloudsdk.calliope.exceptions.ToolException: Could not fetch resource:
+ - Backend hiccup zq7
+
+ERROR: (gcloud.compute.networks.create) Could not fetch resource:
+ - Backend hiccup zq7
+
+"""
+APITOOLS_503 = ("ERROR: (gcloud.services.list) HttpError accessing <https://127.0.0.1:36347/serviceusage/v1/projects/"
+                "p/services?alt=json>: response: <{'server': 'BaseHTTP/0.6', 'content-type': 'application/json', "
+                "'status': 503}>, content <{\"error\": {\"code\": 503, \"message\": \"su hiccup\", \"status\": "
+                "\"UNAVAILABLE\"}}>\nThis may be due to network connectivity issues.")
+
+
+def c(stderr: str, rc: int = 1, stdout: str = "") -> Completed:
+    return Completed("cmd", rc, stdout, stderr)
+
+
+@pytest.mark.parametrize("stderr, status, transient", [
+    (COMPUTE_503.format(code=503), 503, True),          # compute: only its debug log has the status
+    (COMPUTE_503.format(code=429), 429, True),
+    (COMPUTE_503.format(code=403), 403, False),
+    (COMPUTE_503.format(code=400), 400, False),
+    ("ERROR: (gcloud.storage.buckets.describe) RESOURCE_EXHAUSTED: Slow down zz", 429, True),
+    ("ERROR: (gcloud.storage.buckets.describe) UNAVAILABLE: Storage gone yy", 503, True),
+    ("ERROR: (gcloud.storage.buckets.describe) INTERNAL: Storage int", 500, True),
+    ("ERROR: (gcloud.storage.buckets.describe) [None] does not have permission to access b instance [bk]", None,
+     False),
+    ("ERROR: (gcloud.container.clusters.list) ResponseError: code=503, message=GKE hiccup", 503, True),
+    ("ERROR: (gcloud.container.clusters.list) ResponseError: code=403, message=GKE no.", 403, False),
+    (APITOOLS_503, 503, True),
+    ("ERROR: (gcloud.projects.describe) RESOURCE_EXHAUSTED: crm slow", 429, True),
+    ("ServiceException: 503 Backend Error", 503, True),
+    ("AccessDeniedException: 403 tester@example.com does not have storage.buckets.create access", 403, False),
+    ('Error from server (ServiceUnavailable): the server is currently unable to handle the request', 503, True),
+    ('Error from server (Forbidden): pods is forbidden: User "x" cannot list resource "pods"', 403, False),
+    ("Unable to connect to the server: net/http: TLS handshake timeout", None, True),
+    # A 403 for a rate quota is Google's way of saying "slow down".
+    ("ERROR: (gcloud.compute.networks.list) Some requests did not succeed:\n - Quota exceeded for quota metric "
+     "'Queries' and limit 'Queries per minute' of service 'compute.googleapis.com'", None, True),
+    ("Error: Failed to make request to http://localhost:8299/api/v0/nodes. Failed to connect to API server.",
+     None, False),
+])
+def test_status_and_transience_as_the_clients_print_them(stderr, status, transient):
+    assert http_status(c(stderr)) == status
+    assert is_transient(c(stderr)) is transient
+
+
+def test_an_operation_of_someone_else_is_waited_out_only_by_patient_commands():
+    busy = c("ERROR: (gcloud.container.node-pools.create) ResponseError: code=400, message=Cluster is running "
+             "incompatible operation operation-1234.")
+    assert is_transient(busy, patient=True) and not is_transient(busy, patient=False)
+
+
+def test_a_parse_error_or_a_missing_program_is_never_transient():
+    assert not is_transient(c("ERROR: (gcloud) unrecognized arguments: --x  (code=503)", rc=2))
+    assert not is_transient(c("gcloud: command not found", rc=127))
+
+
+def test_the_debug_log_is_kept_out_of_what_is_shown():
+    shown = without_debug_log(COMPUTE_503.format(code=503))
+    assert shown.splitlines() == ["ERROR: (gcloud.compute.networks.create) Could not fetch resource:",
+                                  " - Backend hiccup zq7"]
+    ok = "DEBUG: x\nDEBUG: Chosen display Format:    table(\n      name,\n    )\nCreated [https://x/n1].\nWARNING: y"
+    assert without_debug_log(ok).splitlines() == ["Created [https://x/n1].", "WARNING: y"]
+
+
+@pytest.mark.parametrize("text, line", [
+    ("Usage: ray list [OPTIONS] {actors|jobs|placement-\n                groups|nodes}\nTry 'ray list --help' for "
+     "help.\n\nError: Failed to make request to http://localhost:8299/api/v0/nodes.",
+     "Error: Failed to make request to http://localhost:8299/api/v0/nodes."),
+    ("ERROR: (gcloud.compute.networks.list) Some requests did not succeed:\n - Backend hiccup zq7\n",
+     "ERROR: (gcloud.compute.networks.list) Some requests did not succeed: - Backend hiccup zq7"),
+    ("Traceback (most recent call last):\n  File \"x\", line 1\nValueError: bad thing\n", "ValueError: bad thing"),
+    ("W1201 warming up\nerror: the server doesn't have a resource type \"rayclusters\"",
+     "error: the server doesn't have a resource type \"rayclusters\""),
+    ("just one line", "just one line"),
+])
+def test_the_line_that_says_what_went_wrong(text, line):
+    assert error_line(text) == line
