@@ -31,6 +31,12 @@ def _play(c, name):
 
 
 @task
+def capacity(c):
+    """Read-only, before anything is made: the zone offers the machine type, the GKE version is offered, the TPU quota, the reservation."""
+    _play(c, "capacity")
+
+
+@task
 def prereqs(c):
     """§1 Enable the APIs; grant your user its three IAM roles."""
     _play(c, "prereqs")
@@ -180,8 +186,8 @@ def doctor(c):
 chaos = Collection("chaos")
 chaos.add_task(delete_worker)
 
-ns = Collection(prereqs, network, cluster, nodepools, storage, raycluster, dashboard, up, train, preflight, teardown,
-                doctor)
+ns = Collection(capacity, prereqs, network, cluster, nodepools, storage, raycluster, dashboard, up, train, preflight,
+                teardown, doctor)
 ns.add_collection(chaos)
 # Defaults of None (not 4, not "apply"): Invoke converts an INVOKE_PLAYBOOK_*
 # variable to its default's type, and int("abc") would be its traceback;

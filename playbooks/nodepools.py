@@ -4,8 +4,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from . import capacity as cap
 from . import tutorial as T
 from .clients import gcloud
+from .core.errors import PlaybookError
 from .core.inventory import Env
 from .core.runner import ABSENT
 from .core.step import Broken, Step, Verify, change, drift, fail, ok, wait
@@ -24,15 +26,22 @@ PATIENCE = 30 * 60
 
 
 def create_command(env: Env, name: str):
+    """The tutorial's command, every flag kept, and the capacity's flags
+    (capacity.pool_flags; flex-start starts with 0 nodes and autoscales to
+    one slice). A single-host slice (one VM has all its chips) is created
+    without --tpu-topology: GKE refuses a topology for a single-host TPU slice
+    pool ("TPU topology can't be specified with single-host TPU slice pool",
+    as xpk met it in its PR #825)."""
+    topology = [f"--tpu-topology={env.topology}"] if env.hosts_per_slice > 1 else []
     return _patient(gcloud(
         "container", "node-pools", "create", name,
         f"--location={env.zone}", f"--cluster={env.cluster_name}", f"--machine-type={env.machine_type}",
-        f"--threads-per-core={T.TPU_THREADS_PER_CORE}", f"--tpu-topology={env.topology}",
-        f"--num-nodes={env.hosts_per_slice}",
+        f"--threads-per-core={T.TPU_THREADS_PER_CORE}", *topology,
+        f"--num-nodes={cap.initial_nodes(env)}",
         f"--additional-node-network=network={network_name(env, 0)},subnetwork={subnet_name(env, 0)}",
         f"--additional-node-network=network={network_name(env, 1)},subnetwork={subnet_name(env, 1)}",
         f"--node-labels={T.TPU_NODE_LABEL}", "--enable-gvnic", f"--scopes={T.TPU_SCOPES}",
-        project=env.project_id))
+        *cap.pool_flags(env), project=env.project_id))
 
 
 def _patient(c):
@@ -54,11 +63,14 @@ def shape_diffs(env: Env, p: Any) -> list[str]:
     if cfg.get("machineType") != env.machine_type:
         diffs.append(f"machine type is {cfg.get('machineType')}, want {env.machine_type}")
     top = (p.get("placementPolicy") or {}).get("tpuTopology")
-    if top != env.topology:
+    if top != env.topology and (top or env.hosts_per_slice > 1):
         diffs.append(f"TPU topology is {top}, want {env.topology}")
     nodes = p.get("initialNodeCount")
-    if nodes is not None and nodes != env.hosts_per_slice:
-        diffs.append(f"{nodes} nodes, want {env.hosts_per_slice}")
+    if nodes is not None and nodes != cap.initial_nodes(env):
+        diffs.append(f"{nodes} nodes, want {cap.initial_nodes(env)}")
+    have, want = cap.pool_capacity(p), cap.wanted_capacity(env)
+    if have != want:
+        diffs.append(f"capacity is {have}, want {want}")
     want_nets = {(network_name(env, i), subnet_name(env, i)) for i in (0, 1)}
     have_nets = {(_last(n.get("network")), _last(n.get("subnetwork")))
                  for n in (p.get("networkConfig") or {}).get("additionalNodeNetworkConfigs") or []}
@@ -77,7 +89,10 @@ def pool_step(env: Env, i: int) -> Step:
     def decide(look):
         p = look(probe)
         if p is ABSENT:
-            return change(create_command(env, name), reason=f"created ({env.topology}, {env.hosts_per_slice} nodes)")
+            nodes = (f"0 to {env.hosts_per_slice} nodes as capacity comes" if env.capacity == "flex-start"
+                     else f"{env.hosts_per_slice} nodes")
+            return change(create_command(env, name), reason=f"created ({env.topology}, {nodes}, "
+                                                            f"{cap.wanted_capacity(env)})")
         diffs = shape_diffs(env, p)
         if diffs:
             return drift(f"node pool {name}: " + "; ".join(diffs))
@@ -90,7 +105,7 @@ def pool_step(env: Env, i: int) -> Step:
             # A pool left in ERROR (e.g. GCE_STOCKOUT: no TPU capacity in the
             # zone) holds no usable slice: replace it rather than count it done.
             return change(delete_command(env, name), create_command(env, name),
-                          reason=f"replaced a broken pool (was {status}: {p.get('statusMessage') or 'no message'})")
+                          reason=f"replaced a broken pool (was {status}: {cap.pool_problem(p)})")
         if status == "STOPPING":
             return fail(f"node pool {name} is being deleted; wait for it to go, then re-run")
         return fail(f"node pool {name} is {status}: {p.get('statusMessage') or 'no message'}")
@@ -99,13 +114,29 @@ def pool_step(env: Env, i: int) -> Step:
         if p is ABSENT:
             return "node pool not found"
         if p.get("status") in BROKEN:
-            raise Broken(f"node pool {name} is {p.get('status')}: {p.get('statusMessage') or 'no message'}; "
-                         "re-run to replace it (or choose a zone with TPU v6e capacity)")
+            raise Broken(f"node pool {name} is {p.get('status')}: {cap.pool_problem(p)}")
         return None if p.get("status") == "RUNNING" else f"status {p.get('status')}"
+
+    def explain(look, reason: str) -> str | None:
+        """A create that failed, or a pool left broken: what GKE says, in one
+        line with its class (no capacity, no quota, other) and the options."""
+        try:
+            p = look(probe)
+        except PlaybookError:
+            p = ABSENT
+        broken = p is not ABSENT and p.get("status") in BROKEN
+        text = cap.pool_problem(p) if broken else reason
+        if not broken and cap.classify(text) == "other":
+            return None
+        try:
+            zones = look(cap.machine_types_fact(env))
+        except PlaybookError:
+            zones = None
+        return cap.explain(env, text, zones)
 
     return Step(PLAY, f"TPU node pool {name}", decide, id=f"nodepools:{name}",
                 after=("cluster:cluster", subnet_id(0), subnet_id(1)),
-                verify=Verify(probe, running, timeout=CREATE_TIMEOUT, interval=15))
+                verify=Verify(probe, running, timeout=CREATE_TIMEOUT, interval=15), explain=explain)
 
 
 # Above this many chips, say how many before any is created.

@@ -3,14 +3,15 @@ from __future__ import annotations
 
 from typing import Callable
 
-from . import chaos, cluster, dashboard, local, network, nodepools, prereqs, raycluster, storage, teardown, train
+from . import capacity, chaos, cluster, dashboard, local, network, nodepools, prereqs, raycluster, storage, teardown, train
 from .core.inventory import Env
 from .core.step import Step, ok
 
-GKE_ONLY = ("prereqs", "network", "cluster", "nodepools", "storage")
+GKE_ONLY = ("capacity", "prereqs", "network", "cluster", "nodepools", "storage")
 UP = ("prereqs", "network", "cluster", "nodepools", "storage", "raycluster", "dashboard")
 
 _GKE: dict[str, Callable[[Env], list[Step]]] = {
+    "capacity": capacity.steps,
     "prereqs": prereqs.steps,
     "network": network.steps,
     "cluster": cluster.steps,
@@ -35,6 +36,10 @@ def play_steps(env: Env, play: str) -> list[Step]:
         if play == "dashboard":
             return dashboard.steps(env)
         raise KeyError(play)
+    if play == "nodepools" and env.mode == "standard":
+        # The read-only capacity checks come first: a shortage stops the
+        # play before any pool is made.
+        return _then(capacity.steps(env), nodepools.steps(env))
     return _GKE[play](env)
 
 
@@ -52,7 +57,10 @@ def dedupe(steps: list[Step]) -> list[Step]:
 def up_steps(env: Env) -> list[Step]:
     if env.kind == "local":
         return _then(local.steps(env), dashboard.steps(env))
-    return dedupe([s for p in UP for s in play_steps(env, p)])
+    # The capacity checks first, and everything after them: a proven
+    # shortage stops `up` before it creates anything.
+    rest = dedupe([s for p in UP for s in _GKE[p](env)])
+    return _then(capacity.steps(env), rest)
 
 
 def cluster_ready_steps(env: Env) -> list[Step]:
@@ -80,8 +88,8 @@ def train_steps(env: Env, job: train.Job, state: dict, log_file=None, preflight:
         checks = [Step("preflight", "preflight", lambda look: ok(), id="preflight:skipped",
                        skip="--skip-preflight: no static checks (mesh, hosts, manifest) and no AOT fit check "
                             "against the TPU HBM")]
-    return _then(checks + cluster_ready_steps(env) + [train.checkpoint_step(job, state)],
-                 [train.job_step(job, state, log_file)])
+    return _then(checks + train.preemption_note(env, job) + cluster_ready_steps(env) +
+                 [train.checkpoint_step(job, state)], [train.job_step(job, state, log_file)])
 
 
 def preflight_steps(env: Env, job: train.Job) -> list[Step]:

@@ -2,9 +2,11 @@
 ``slices`` replicas x ``hosts_per_slice`` hosts; applied, then waited for."""
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
+from . import capacity
 from . import tutorial as T
 from .cluster import credentials_step
 from .core.command import Command
@@ -29,7 +31,7 @@ def manifest_values(env: Env) -> dict[str, str]:
         "SLICES": str(env.slices),
         "HOSTS_PER_SLICE": str(env.hosts_per_slice),
         "CHIPS_PER_HOST": str(env.chips_per_host),
-        "TOPOLOGY": env.topology,
+        "WORKER_NODE_SELECTOR": capacity.chosen_selectors(env),
     }
 
 
@@ -79,6 +81,9 @@ def shape_diffs(env: Env, rc: Any) -> list[str]:
     sel = spec.get("nodeSelector") or {}
     if sel.get("cloud.google.com/gke-tpu-topology") != env.topology:
         diffs.append(f"topology {sel.get('cloud.google.com/gke-tpu-topology')}, want {env.topology}")
+    want = json.loads(capacity.chosen_selectors(env))
+    if sel != want and sel.get("cloud.google.com/gke-tpu-topology") == env.topology:
+        diffs.append(f"worker nodeSelector {json.dumps(sel, sort_keys=True)}, want {json.dumps(want, sort_keys=True)}")
     for c in spec.get("containers") or []:
         if c.get("image") != env.ray_image:
             diffs.append(f"image {c.get('image')}, want {env.ray_image}")
@@ -115,9 +120,19 @@ def apply_step(env: Env) -> Step:
             return wait(f"RayCluster {T.RAYCLUSTER_NAME} exists, not ready yet ({why})")
         return ok(f"RayCluster {T.RAYCLUSTER_NAME} ready with {workers(env)} TPU workers")
 
+    # flex-start nodes come when capacity does: the workers wait for them up
+    # to capacity_wait (the pools themselves start empty).
+    timeout = max(READY_TIMEOUT, capacity.wait_seconds(env) or 0)
+
+    def check(rc):
+        why = ready(env, rc)
+        if why and env.capacity == "flex-start":
+            return f"{why} (waiting for flex-start capacity: the nodes come when GKE finds the chips)"
+        return why
+
     return Step(PLAY, f"RayCluster {T.RAYCLUSTER_NAME}", decide, id="raycluster:apply",
                 after=("kube:credentials", "storage:ksa", "storage:binding", "storage:bucket"),
-                verify=Verify(probe, lambda rc: ready(env, rc), timeout=READY_TIMEOUT, interval=15))
+                verify=Verify(probe, check, timeout=timeout, interval=15))
 
 
 def image_step(env: Env) -> Step:

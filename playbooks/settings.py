@@ -164,6 +164,16 @@ MAX_LOCAL_HOSTS = 16
 MAX_LOCAL_DEVICES = 64
 
 
+def multislice_hosts(v: int, env: Mapping) -> str | None:
+    """GKE runs multislice on multi-host slices only ("Multislice only
+    supports multi-host TPU slice node pools", GKE's multislice guide)."""
+    if env["slices"] > 1 and v == 1:
+        return (f"is one host per slice ({env['topology']} on {env['machine_type']}), but {env['slices']} slices need "
+                f"multi-host slices: GKE's multislice supports only multi-host TPU slice node pools (use slices: 1, "
+                f"or a topology of several hosts such as 4x4)")
+    return None
+
+
 def local_hosts(v: int, env: Mapping) -> str | None:
     total = env["slices"] * v
     if total > MAX_LOCAL_HOSTS:
@@ -233,6 +243,50 @@ def gce_name(what: str):
 
 def apart_from_subnet_1_name(v: str, env: Mapping) -> str | None:
     return "must differ from subnet_1_name" if v == env["subnet_1_name"] else None
+
+
+CAPACITIES = ("on-demand", "spot", "reservation", "flex-start")
+_RESERVATION = re.compile(r"^(projects/(?P<project>[a-z][-a-z0-9]{4,28}[a-z0-9])/reservations/)?"
+                          r"(?P<name>[a-z]([-a-z0-9]{0,61}[a-z0-9])?)$")
+FLEX_WAIT_DEFAULT = 3600
+FLEX_WAIT_MAX = 7 * 24 * 3600  # flex-start VMs run at most 7 days
+
+
+def capacity(v: str, env: Mapping) -> str | None:
+    if v not in CAPACITIES:
+        return f"is not allowed (allowed: {', '.join(CAPACITIES)})"
+    if v == "reservation" and env.get("reservation") is None:
+        return "needs reservation: (the reservation's name, or projects/P/reservations/NAME for a shared one)"
+    return None
+
+
+def reservation(v: str | None, env: Mapping) -> str | None:
+    if v is None:
+        return None
+    if env["capacity"] != "reservation":
+        return (f"is set, but capacity is {env['capacity']}: a reservation is used only with capacity: reservation "
+                f"(exactly one capacity option)")
+    if not _RESERVATION.match(v):
+        return "is not a reservation name (1-63 lowercase letters, digits, '-') or projects/P/reservations/NAME"
+    return None
+
+
+def capacity_wait(v: int | None, env: Mapping) -> str | None:
+    if v is None:
+        return None
+    if env["capacity"] != "flex-start":
+        return f"is set, but capacity is {env['capacity']}: only flex-start waits for its capacity"
+    if not 60 <= v <= FLEX_WAIT_MAX:
+        return f"must be between 60 and {FLEX_WAIT_MAX} seconds (flex-start VMs run at most 7 days)"
+    return None
+
+
+def reservation_parts(env: Mapping) -> tuple[str, str]:
+    """(project, name) of the inventory's reservation: a shared one names
+    its owner's project, else it is the environment's own."""
+    m = _RESERVATION.match(env["reservation"])
+    assert m, env["reservation"]
+    return (m.group("project") or env["project_id"]), m.group("name")
 
 
 def ray_image(v: str, env: Mapping) -> str | None:
@@ -371,7 +425,8 @@ GKE = (
                else f"does not match machine type {e['machine_type']!r}",)),
     Key("hosts_per_slice", int, derive=hosts_per_slice,
         rules=(lambda v, e: None if v == hosts_per_slice(e) else
-               f"does not match topology {e['topology']!r} with {e['chips_per_host']} chips per host",)),
+               f"does not match topology {e['topology']!r} with {e['chips_per_host']} chips per host",
+               multislice_hosts)),
     Key("subnet_1_name", default=T.SUBNETS[0][1], rules=(gce_name("subnet name"),),
         doc="the first DCN subnet (the tutorial's tpu-subnet-1)"),
     Key("subnet_2_name", default=T.SUBNETS[1][1], rules=(gce_name("subnet name"), apart_from_subnet_1_name),
@@ -382,6 +437,11 @@ GKE = (
         doc="the Ray image for head and workers; defaults to the Ray version in requirements.lock"),
     Key("dashboard_port", int, default=T.DASHBOARD_PORT, rules=(port,)),
     Key("train_overrides", dict, default={}, rules=(overrides,)),
+    Key("capacity", default="on-demand", rules=(capacity,),
+        doc="on-demand (the tutorial's), spot, reservation or flex-start"),
+    Key("reservation", rules=(reservation,), doc="with capacity: reservation, its name or projects/P/reservations/NAME"),
+    Key("capacity_wait", int, rules=(capacity_wait,),
+        doc="with capacity: flex-start, seconds to wait for the slices' nodes (default 3600)"),
 )
 
 LOCAL = (

@@ -313,6 +313,16 @@ def checkpoint_step(job: Job, state: dict) -> Step:
     return Step(PLAY, f"checkpoints of {job.run_name}", decide, id="train:checkpoints", verify=verify)
 
 
+def preemption_note(env: Env, job: Job) -> list[Step]:
+    """On Spot or flex-start capacity, a job that is not elastic ends with
+    its first lost slice: say so, once, before it starts."""
+    if env.get("capacity") not in ("spot", "flex-start") or job.elastic:
+        return []
+    line = (f"capacity: {env.capacity}: a preemption ends this job (it resumes from its last checkpoint when run "
+            f"again); `invoke train --elastic` goes on with the slices left and grows back")
+    return [Step(PLAY, "preemption", lambda look: ok(line), id="train:preemption")]
+
+
 # -- the job ----------------------------------------------------------------
 def job_step(job: Job, state: dict, log_file: Path | None = None) -> Step:
     jobs = jobs_fact(job.address)

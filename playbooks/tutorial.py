@@ -48,6 +48,7 @@ HEAD_SERVICE = "maxtext-tpu-cluster-head-svc"
 DASHBOARD_PORT = 8265
 WORKER_SELECTOR = "ray.io/node-type=worker"
 TPU_WORKER_GROUP = "tpu-group"
+TPU_ACCELERATOR_LABEL = "tpu-v6e-slice"  # the workers' cloud.google.com/gke-tpu-accelerator
 ACCELERATOR_TYPE = "TPU-V6E"
 
 # §8 Training jobs: the MaxText arguments, in the tutorial's order, per model.

@@ -16,6 +16,7 @@ GOLDENS = ROOT / "tests" / "goldens"
 INVOKE = str(Path(sys.executable).parent / "invoke")
 
 TASKS = {
+    "capacity": ["capacity"],
     "prereqs": ["prereqs"],
     "network": ["network"],
     "cluster": ["cluster"],
@@ -35,8 +36,22 @@ TASKS = {
 }
 
 
+# The capacity options on Standard, from an inventory of their own.
+CAPACITY_INVENTORY = GOLDENS / "capacity-inventory.yaml"
+CAPACITY_TASKS = ("capacity", "nodepools", "up", "raycluster", "train-llama3-8b", "train-elastic", "teardown")
+
+
 def environments() -> list[str]:
     return list(yaml.safe_load((ROOT / "inventory.yaml").read_text())["environments"])
+
+
+def cases() -> list[tuple[str, str, Path | None]]:
+    """(environment, task, inventory): every task of the shipped inventory's
+    environments, and the capacity options' tasks."""
+    out = [(e, t, None) for e in environments() for t in TASKS]
+    for e in yaml.safe_load(CAPACITY_INVENTORY.read_text())["environments"]:
+        out += [(e, t, CAPACITY_INVENTORY) for t in CAPACITY_TASKS]
+    return out
 
 
 def dry_run(env: str, args: list[str], inventory: Path | None = None) -> tuple[int, str, str]:
@@ -69,17 +84,16 @@ def golden_path(env: str, name: str) -> Path:
 
 def main() -> int:
     failed = 0
-    for env in environments():
-        for name, args in TASKS.items():
-            rc, out, err = dry_run(env, args)
-            if rc != 0 or "PROCESSES STARTED" in err:
-                print(f"{env} {name}: exit {rc}\n{err}", file=sys.stderr)
-                failed += 1
-                continue
-            p = golden_path(env, name)
-            p.parent.mkdir(parents=True, exist_ok=True)
-            p.write_text(out)
-            print(f"wrote {p.relative_to(ROOT)} ({len(out.splitlines())} lines)")
+    for env, name, inventory in cases():
+        rc, out, err = dry_run(env, TASKS[name], inventory)
+        if rc != 0 or "PROCESSES STARTED" in err:
+            print(f"{env} {name}: exit {rc}\n{err}", file=sys.stderr)
+            failed += 1
+            continue
+        p = golden_path(env, name)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(out)
+        print(f"wrote {p.relative_to(ROOT)} ({len(out.splitlines())} lines)")
     return 1 if failed else 0
 
 

@@ -10,6 +10,7 @@ import pytest
 from playbooks.doctor import BAD, GOOD, gcloud_lines, sdk_root
 from playbooks.settings import load_inventory
 from tests.conftest import INVOKE, ROOT, env
+from tests.goldens import CAPACITY_INVENTORY
 
 ROOT_SDK = sdk_root()
 pytestmark = pytest.mark.skipif(ROOT_SDK is None, reason="gcloud is not installed here")
@@ -29,9 +30,15 @@ def all_lines():
     lines = []
     for name in inv.names:
         lines += gcloud_lines(inv.env(name))
-    # Both modes, more slices, another namespace: every branch of the plays.
+    # Both modes, more slices, another namespace, every capacity option, a
+    # single-host slice: every branch of the plays.
     lines += gcloud_lines(env("dev", slices=3, namespace="ml"))
     lines += gcloud_lines(env("dev-autopilot", namespace="default"))
+    cap = load_inventory(CAPACITY_INVENTORY)
+    for name in cap.names:
+        lines += gcloud_lines(cap.env(name))
+    lines += gcloud_lines(env("dev", capacity="reservation", reservation="v6e-local"))
+    lines += gcloud_lines(env("dev", slices=1, topology="2x2"))
     seen, out = set(), []
     for l in lines:
         if json.dumps(l) not in seen:
@@ -50,8 +57,13 @@ def test_every_gcloud_command_of_every_plan_parses(hermetic):
     assert rejected == []
     kinds = {" ".join(l[:3]) for l in lines}
     for must in ("container clusters create", "container clusters create-auto", "container node-pools create",
-                 "compute networks create", "storage buckets add-iam-policy-binding", "container clusters delete"):
-        assert must in kinds
+                 "compute networks create", "storage buckets add-iam-policy-binding", "container clusters delete",
+                 "compute machine-types list", "container get-server-config", "beta quotas info",
+                 "compute reservations describe"):
+        assert any(k.startswith(must) for k in kinds), must
+    flags = {a.split("=")[0] for l in lines if l[:3] == ["container", "node-pools", "create"] for a in l}
+    assert {"--spot", "--flex-start", "--reservation-affinity", "--reservation", "--enable-autoscaling",
+            "--location-policy", "--no-enable-autorepair", "--max-nodes", "--min-nodes"} <= flags
 
 
 def test_parser_agrees_with_the_cli(hermetic):

@@ -7,14 +7,14 @@ import difflib
 
 import pytest
 
-from tests.goldens import TASKS, dry_run, environments, golden_path
+from tests.goldens import TASKS, cases, dry_run, golden_path
 
-CASES = [(e, t) for e in environments() for t in TASKS]
+CASES = cases()
 
 
-@pytest.mark.parametrize("env,task", CASES, ids=[f"{e}-{t}" for e, t in CASES])
-def test_dry_run_matches_golden(env, task):
-    rc, out, err = dry_run(env, TASKS[task])
+@pytest.mark.parametrize("env,task,inventory", CASES, ids=[f"{e}-{t}" for e, t, _ in CASES])
+def test_dry_run_matches_golden(env, task, inventory):
+    rc, out, err = dry_run(env, TASKS[task], inventory)
     assert "PROCESSES STARTED" not in err, err
     assert rc == 0, err
     want = golden_path(env, task).read_text()

@@ -126,3 +126,22 @@ def test_check_mode_and_dry_runs_never_say_a_thing_happened():
         b.run("t", [Step("t", "x", lambda look: None, run=lambda ctx: Outcome(CHANGED, "port-forward started"),
                          id="x")])
         assert "changed: [t : x] would change: port-forward started" in lines, lines
+
+
+def test_a_long_wait_says_what_it_waits_for_even_while_others_run(monkeypatch):
+    from playbooks.core import play
+    from playbooks.core.runner import Fact
+    from playbooks.core.step import Verify, change
+
+    monkeypatch.setattr(play, "HEARTBEAT", 0.1)
+    left = iter(["0/8 workers"] * 6 + [None])
+    fact = Fact(name="workers", python=lambda: next(left), display="kubectl get raycluster x")
+    slow = Step("t", "slow", lambda look: change(reason="applied"), id="slow",
+                verify=Verify(fact, lambda v: v, timeout=10, interval=0.05))
+    b, lines = book(4)
+    recap = b.run("t", [slow, step("other", 0.05, log=[])])
+    beats = [l for l in lines if l.startswith("  [t : slow] ") and "0/8 workers" in l]
+    assert beats and "s of at most 10s: 0/8 workers" in beats[0], lines
+    # printed before the step's block (others ran at once: the block comes whole at the end)
+    assert lines.index(beats[0]) < lines.index(next(l for l in lines if l.startswith("TASK [t : slow] *")))
+    assert recap.counters() == "ok=0 changed=2 failed=0 skipped=0"

@@ -137,7 +137,7 @@ def test_up_from_empty_creates_the_tutorial_then_second_run_changes_nothing(clou
     # Second run: every step ok, nothing sent that could change anything.
     second = ok_run(cloud.invoke("up"))
     r2 = recap(second, "up")
-    assert (r2["ok"], r2["changed"], r2["failed"], r2["skipped"]) == (19, 0, 0, 0), second.out
+    assert (r2["ok"], r2["changed"], r2["failed"], r2["skipped"]) == (22, 0, 0, 0), second.out
     assert second.changes == [], second.changes
 
 
@@ -160,7 +160,7 @@ def test_failed_create_halfway_then_rerun_converges_without_duplicates(cloud: Cl
     c = recap(second, "cluster")
     assert (c["ok"], c["changed"], c["failed"]) == (2, 0, 0)
     np2 = recap(second, "nodepools")
-    assert (np2["ok"], np2["changed"], np2["failed"]) == (1, 1, 0)
+    assert (np2["ok"], np2["changed"], np2["failed"]) == (4, 1, 0)     # the 3 capacity checks, the other pool
     assert [r.body["nodePool"]["name"] for r in second.calls("POST", r"/nodePools$")] == ["v6e-16-1"]
     assert [r.path for r in second.changes] == [ZONE_PATH + f"/clusters/{CLUSTER}/nodePools"]
 
@@ -391,6 +391,11 @@ def test_stockout_is_reported_and_the_broken_pool_is_replaced_on_rerun(cloud: Cl
     cloud.gcp.stockouts.append(G.Stockout("v6e-16-0", op_fails=True))
     first = failed_run(cloud.invoke("nodepools"))
     assert "GCE_STOCKOUT" in first.out and "does not have enough resources" in first.out
+    # One line: the class, GKE's message, what to do.
+    assert re.search(r"no TPU capacity: GCE_STOCKOUT: Instance .* does not have enough resources .*Options: re-run "
+                     r"\(`invoke nodepools`\) to replace the broken pool; or set zone: to one of us-east5-a, "
+                     r"us-east5-c \(they offer ct6e-standard-4t\); or another capacity: \(spot, flex-start, "
+                     r"reservation\)", first.out), first.out
     pools = {p["name"]: p for p in cloud.gcp.st.clusters[("us-east5-b", CLUSTER)]["nodePools"]}
     # The two slices are created at once: the other one is there.
     assert (pools["v6e-16-0"]["status"], pools["v6e-16-1"]["status"]) == ("ERROR", "RUNNING")
@@ -404,7 +409,7 @@ def test_stockout_is_reported_and_the_broken_pool_is_replaced_on_rerun(cloud: Cl
     assert [r.body["nodePool"]["name"] for r in second.calls("POST", r"/nodePools$")] == ["v6e-16-0"]
     assert second.calls("DELETE", r"/nodePools/v6e-16-0$")[0].at < second.calls("POST", r"/nodePools$")[0].at
     np = recap(second, "nodepools")
-    assert (np["ok"], np["changed"], np["failed"]) == (1, 1, 0)
+    assert (np["ok"], np["changed"], np["failed"]) == (4, 1, 0)     # the 3 capacity checks, the other pool
     pools = cloud.gcp.st.clusters[("us-east5-b", CLUSTER)]["nodePools"]
     assert sorted((p["name"], p["status"]) for p in pools) == [
         ("default-pool", "RUNNING"), ("v6e-16-0", "RUNNING"), ("v6e-16-1", "RUNNING")]
@@ -416,13 +421,138 @@ def test_pool_that_breaks_after_its_create_is_caught_by_the_verify(cloud: Cloud)
     cloud.seed_cluster()
     cloud.gcp.stockouts.append(G.Stockout("v6e-16-1", op_fails=False))
     first = failed_run(cloud.invoke("nodepools"))
-    assert "node pool v6e-16-1 is ERROR: GCE_STOCKOUT" in first.out and "re-run to replace it" in first.out
+    assert "node pool v6e-16-1 is ERROR: GCE_STOCKOUT" in first.out and "to replace the broken pool" in first.out
+    assert "no TPU capacity: GCE_STOCKOUT" in first.out
     np = recap(first, "nodepools")
     assert (np["changed"], np["failed"]) == (1, 1)
     second = ok_run(cloud.invoke("nodepools"))
     assert [r.path.rsplit("/", 1)[-1] for r in second.calls("DELETE", r"/nodePools/")] == ["v6e-16-1"]
     np = recap(second, "nodepools")
-    assert (np["ok"], np["changed"], np["failed"]) == (1, 1, 0)
+    assert (np["ok"], np["changed"], np["failed"]) == (4, 1, 0)     # the 3 capacity checks, the other pool
+
+
+# -- 6b. capacity: options, the read-only preflight, shortages ---------------------------
+def test_a_quota_shortage_stops_up_before_any_mutating_request(cloud: Cloud):
+    cloud.gcp.set_quota("TPUS-PER-TPU-FAMILY-per-project-region", [({"region": "us-east5", "tpu_family": "CT6E"}, 0),
+                                                                  ({}, 0)])
+    run = failed_run(cloud.invoke("up"))
+    assert run.changes == [], run.changes
+    assert ("quota TPUS-PER-TPU-FAMILY (CT6E) in us-east5 is 0 chips, this inventory needs 32 (2 slices x 16 chips): "
+            "request it, or use capacity: spot or reservation") in run.out
+    assert re.search(r"prereqs : APIs .* +not run", run.out)
+    assert recap(run, "up")["failed"] == 1
+
+
+def test_quota_permits_is_said_and_a_check_that_cannot_look_does_not_stop(cloud: Cloud):
+    run = ok_run(cloud.invoke("capacity"))
+    assert "quota TPUS-PER-TPU-FAMILY (CT6E) in us-east5 permits 64 chips; this inventory needs 32" in run.out
+    assert "zone us-east5-b offers ct6e-standard-4t" in run.out
+    assert "GKE 1.35.2-gke.1842000 is offered in us-east5-b" in run.out
+    cloud.gcp.server.fail("GET", r"/quotaInfos/", 403, G.gerror(403, "Cloud Quotas API has not been used in project "
+                                                              "123456789012 before or it is disabled.",
+                                                              "PERMISSION_DENIED", "accessNotConfigured"), times=99)
+    run = ok_run(cloud.invoke("capacity"))
+    assert re.search(r"capacity : TPU quota for 32 chips +skipped .*not checked: could not look .*Cloud Quotas API "
+                     r"has not been used", run.out), run.out
+
+
+def test_a_zone_without_the_machine_type_is_refused_with_the_zones_that_have_it(cloud: Cloud):
+    cloud.gcp.st.machine_types["us-east5-b"] = ["n1-standard-16"]
+    run = failed_run(cloud.invoke("nodepools"))
+    assert ("zone us-east5-b does not offer ct6e-standard-4t; the zones of us-east5 that do: us-east5-a, us-east5-c "
+            "(set zone:)") in run.out
+    assert run.changes == []
+
+
+def test_a_version_not_offered_is_refused(cloud: Cloud):
+    cloud.change_inventory(cluster_version="1.35.9-gke.9")
+    run = failed_run(cloud.invoke("capacity"))
+    assert "GKE 1.35.9-gke.9 is not offered in us-east5-b (offered: 1.35.2-gke.1842000, 1.34.1-gke.1829001): set " \
+           "cluster_version:" in run.out
+
+
+@pytest.mark.parametrize("case", ["missing", "not-ready", "too-few", "other-machine", "enough-shared"])
+def test_a_reservation_is_checked_before_anything_is_made(cloud: Cloud, case: str):
+    name = "projects/owner-proj/reservations/tpu-res" if case == "enough-shared" else "tpu-res"
+    cloud.change_inventory(capacity="reservation", reservation=name)
+    owner = "owner-proj" if case == "enough-shared" else ""
+    if case != "missing":
+        cloud.gcp.add_reservation("us-east5-b", "tpu-res", count=8, in_use=3 if case == "too-few" else 0,
+                                  status="CREATING" if case == "not-ready" else "READY",
+                                  machine_type="ct5lp-hightpu-4t" if case == "other-machine" else "ct6e-standard-4t",
+                                  project=owner)
+    run = cloud.invoke("up")
+    want = {
+        "missing": f"no reservation tpu-res in zone us-east5-b of project {PROJECT}",
+        "not-ready": "reservation tpu-res is CREATING, not READY",
+        "too-few": "reservation tpu-res has 5 free ct6e-standard-4t hosts (count 8, in use 3); this inventory needs 8 "
+                   "(2 slices x 4 hosts)",
+        "other-machine": "reservation tpu-res holds ct5lp-hightpu-4t machines, this inventory needs ct6e-standard-4t",
+        "enough-shared": "reservation tpu-res is READY with 8 free ct6e-standard-4t hosts; 8 needed",
+    }[case]
+    assert want in run.out, run.out
+    if case != "enough-shared":
+        assert run.rc != 0 and run.changes == [], run.changes
+        return
+    assert run.rc == 0, run.out
+    assert "a pool consuming a reservation needs no TPU quota" in run.out
+    for p in bodies(run, "POST", r"/nodePools$"):
+        aff = p["nodePool"]["config"]["reservationAffinity"]
+        assert aff == {"consumeReservationType": "SPECIFIC_RESERVATION", "key": "compute.googleapis.com/reservation-name",
+                       "values": [name]}, aff
+
+
+def test_spot_and_flex_start_pools_are_made_with_their_flags_and_the_workers_select_them(cloud: Cloud):
+    cloud.change_inventory(capacity="spot")
+    run = ok_run(cloud.invoke("up"))
+    assert "quota PREEMPTIBLE-TPU-V6E in us-east5 permits 64 chips" in run.out
+    assert all(p["nodePool"]["config"]["spot"] is True for p in bodies(run, "POST", r"/nodePools$"))
+    [rc] = bodies(run, "POST", r"/rayclusters$")
+    sel = rc["spec"]["workerGroupSpecs"][0]["template"]["spec"]["nodeSelector"]
+    assert sel["cloud.google.com/gke-spot"] == "true" and sel["cloud.google.com/gke-tpu-topology"] == "4x4"
+    again = ok_run(cloud.invoke("up"))
+    assert again.changes == []
+
+    cloud.reset()
+    cloud.change_inventory(capacity="flex-start", capacity_wait=600)
+    run = ok_run(cloud.invoke("up"))
+    for p in bodies(run, "POST", r"/nodePools$"):
+        np = p["nodePool"]
+        assert np["config"]["flexStart"] is True and np["initialNodeCount"] == 0
+        assert np["autoscaling"] == {"enabled": True, "minNodeCount": 0, "maxNodeCount": 4, "locationPolicy": "ANY"}
+        assert np["management"]["autoRepair"] is False
+        assert np["config"]["reservationAffinity"] == {"consumeReservationType": "NO_RESERVATION"}
+    [rc] = bodies(run, "POST", r"/rayclusters$")
+    assert rc["spec"]["workerGroupSpecs"][0]["template"]["spec"]["nodeSelector"][
+        "cloud.google.com/gke-flex-start"] == "true"
+    assert ok_run(cloud.invoke("up")).changes == []
+    # Not elastic on preemptible capacity: said once, before the job.
+    train = cloud.invoke("--dry", "train", "--skip-preflight")
+    assert "capacity: flex-start: a preemption ends this job" in train.out and "--elastic" in train.out
+
+
+def test_a_spot_pool_where_on_demand_is_asked_is_drift(cloud: Cloud):
+    cloud.seed_project()
+    cloud.seed_networks()
+    cloud.seed_cluster()
+    cloud.seed_pools()
+    pool = cloud.gcp.st.clusters[("us-east5-b", CLUSTER)]["nodePools"][1]
+    pool["config"]["spot"] = True
+    run = failed_run(cloud.invoke("nodepools"))
+    assert "drift: node pool v6e-16-0: capacity is spot, want on-demand" in run.out
+    assert run.changes == []
+
+
+def test_a_quota_error_of_the_create_is_classified(cloud: Cloud):
+    cloud.seed_project()
+    cloud.seed_networks()
+    cloud.seed_cluster()
+    cloud.gcp.stockouts.append(G.Stockout("v6e-16-0", op_fails=True, code="GCE_QUOTA_EXCEEDED",
+                                          message="Instance 'gke-{pool}' creation failed: Quota 'TPUS_PER_TPU_FAMILY' "
+                                                  "exceeded. Limit: 16.0 in region us-east5."))
+    run = failed_run(cloud.invoke("nodepools"))
+    assert re.search(r"not enough quota: GCE_QUOTA_EXCEEDED: .*Quota 'TPUS_PER_TPU_FAMILY' exceeded.*Options: re-run "
+                     r".*; or request the quota", run.out), run.out
 
 
 # -- 7. teardown ----------------------------------------------------------------------

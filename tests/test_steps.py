@@ -105,7 +105,7 @@ def test_pool_that_fails_while_waiting_stops_at_once():
     broken["statusMessage"] = "GCE_STOCKOUT"
     recap, out = run_with_facts(nodepools.steps(DEV)[:1], {POOLS: Answers([], broken)})
     assert recap.failed
-    assert "node pool v6e-16-0 is ERROR: GCE_STOCKOUT; re-run to replace it" in out.text()
+    assert "not verified after the change: node pool v6e-16-0 is ERROR: GCE_STOCKOUT" in out.text()
 
 
 def test_autopilot_skips_node_pools_with_its_reason():

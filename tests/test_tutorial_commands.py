@@ -78,7 +78,7 @@ def test_provisioning_commands(transcripts):
     assert len(apply) == 1
     assert apply[0].endswith(f"< manifests/ray-cluster.tpu-multi-slice.yaml | kubectl apply -f - {CTX}")
     for v in (f"KSA_NAME={K}", f"GS_BUCKET={B}", "SLICES=3", "HOSTS_PER_SLICE=4", "CHIPS_PER_HOST=4",
-              "TOPOLOGY=4x4", f"NAMESPACE={NS}"):
+              "\"cloud.google.com/gke-tpu-topology\": \"4x4\"", f"NAMESPACE={NS}"):
         assert v in apply[0]
     assert f"kubectl port-forward svc/maxtext-tpu-cluster-head-svc 8265:8265 --namespace {NS} {CTX}" in \
            transcripts["up"]

@@ -80,8 +80,10 @@ def verify(ctx: StepContext, step: Step) -> str | None:
     if ctx.mode is Mode.CHECK:
         return None
     last: list = [_UNSEEN]
+    start = beat = time.monotonic()
 
     def once() -> str | None:
+        nonlocal beat
         value = ctx.runner.look(v.fact, _Quiet(ctx.log), step.title, fresh=True, label="verify")
         try:
             why = v.check(value)
@@ -91,12 +93,19 @@ def verify(ctx: StepContext, step: Step) -> str | None:
         if why != last[0]:
             ctx.log.emit("verify", f"{v.fact.line()}  => {why or 'ok'}")
             last[0] = why
+        elif why and time.monotonic() - beat >= HEARTBEAT:
+            beat = time.monotonic()
+            ctx.log.heartbeat(f"{time.monotonic() - start:.0f}s of at most {v.timeout:.0f}s: {why}")
         return why
 
     try:
         return poll(once, v.timeout, v.interval, sleep=ctx.sleep)
     except _Stop as e:
         return str(e)
+
+
+# A wait says what it waits for at least this often (seconds).
+HEARTBEAT = 30.0
 
 
 class _Stop(Exception):
@@ -170,7 +179,7 @@ class Playbook:
     def _one(self, step: Step, buffered: bool, announce: bool = False) -> StepResult:
         """Run one step. ``buffered``: others run at once, so its lines are
         printed whole when it ends (``announce``: a line says it started)."""
-        log = StepLog(self.reporter.line, buffered)
+        log = StepLog(self.reporter.line, buffered, step.title)
         head = banner("TASK", step.title)
         if not buffered:
             self.reporter.line(head)
@@ -184,6 +193,13 @@ class Playbook:
             out = Outcome(FAILED, str(e), cause=getattr(e, "cause", "") or cause_of(str(e)))
         except KeyboardInterrupt:
             raise
+        if out.outcome == FAILED and step.explain is not None and self.runner.acting:
+            try:
+                why = step.explain(lambda f: ctx.look(f, fresh=True), out.reason)
+            except PlaybookError:
+                why = None
+            if why:
+                out = Outcome(FAILED, f"{why}\n{out.reason}", out.cause)
         seconds = time.monotonic() - start
         out = self._check_mode_dependents(step, Outcome(out.outcome, shown(out.reason), out.cause))
         if out.outcome == CHANGED and not self.runner.acting and not out.reason.startswith("would "):

@@ -271,12 +271,21 @@ def _shown(c: Completed, command: Command) -> Completed:
 
 
 class StepLog:
-    """The lines one step prints; buffered so parallel steps never interleave."""
+    """The lines one step prints; buffered so parallel steps never interleave.
+    A heartbeat is printed at once even when buffered (a sign of life in a
+    long wait), named by the step's ``title``."""
 
-    def __init__(self, sink: Callable[[str], None] | None, buffered: bool):
+    def __init__(self, sink: Callable[[str], None] | None, buffered: bool, title: str = ""):
         self.sink = sink
         self.buffered = buffered
+        self.title = title
         self.lines: list[str] = []
+
+    def heartbeat(self, text: str) -> None:
+        line = f"  {'waiting':<7}{text}"
+        self.lines.append(line)
+        if self.sink:
+            self.sink(f"  [{self.title}] {text}" if self.buffered and self.title else line)
 
     def emit(self, kind: str, text: str) -> None:
         line = f"  {kind:<7}{text}"

@@ -88,6 +88,9 @@ class Step:
     idempotent: bool = True
     id: str = ""
     run: Callable[..., Any] | None = field(default=None, repr=False)
+    # After a failure in apply mode: (look, reason) -> one line that says
+    # what it means and what to do (looks are fresh), or None.
+    explain: Callable[[Look, str], str | None] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if not self.id:

@@ -154,6 +154,7 @@ class Cloud:
     def __post_init__(self) -> None:
         self.clients = self.base / "clients-0"
         self._n = 0
+        self._inventory_text = self.inventory_path.read_text()
 
     # -- client environment ------------------------------------------------------
     def fresh_clients(self) -> None:
@@ -236,6 +237,14 @@ class Cloud:
         self.kube.reset()
         self.sink.lines.clear()
         self.fresh_clients()
+        self.inventory_path.write_text(self._inventory_text)
+
+    def change_inventory(self, env_name: str = STANDARD, **changes: Any) -> None:
+        """The inventory with these keys of one environment changed (until
+        the next test: reset() writes it back)."""
+        data = yaml.safe_load(self._inventory_text)
+        data["environments"][env_name].update(changes)
+        self.inventory_path.write_text(yaml.safe_dump(data, sort_keys=False))
 
     def envdata(self, name: str = STANDARD):
         """The environment as the playbooks see it (validated, with derived keys)."""

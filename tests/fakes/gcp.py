@@ -9,6 +9,8 @@ real clients are pointed at it (``CLOUDSDK_API_ENDPOINT_OVERRIDES_*``):
 - ``/serviceusage/v1/...``  services list / batchEnable, operations
 - ``/crm/v1/...``           projects get, getIamPolicy / setIamPolicy
 - ``/storage/v1/...``       buckets, objects, bucket IAM (gsutil and gcloud storage)
+- ``/compute/v1/.../aggregated/machineTypes``, ``.../zones/Z/reservations/R``
+- ``/cloudquotas/v1beta/...`` quota infos (``gcloud beta quotas info describe``)
 - ``/oauth2/token``         the token endpoint gsutil refreshes its access token at
 
 Operations finish at once (``DONE``) unless ``op_polls`` asks for latency.
@@ -111,6 +113,7 @@ class Stockout:
 
     pool: str
     op_fails: bool = True
+    code: str = "GCE_STOCKOUT"
     message: str = ("GCE_STOCKOUT: Instance 'gke-{pool}-xxxx' creation failed: The zone '{zone}' does not have "
                     "enough resources available to fulfill the request. Try a different zone, or try again later.")
 
@@ -139,6 +142,12 @@ class State:
     bucket_iam: dict[str, dict] = field(default_factory=dict)
     objects: dict[str, dict[str, dict]] = field(default_factory=dict)
     compute_ops: dict[str, dict] = field(default_factory=dict)
+    # zone -> machine types it offers; (zone, name) -> reservation; quota id -> QuotaInfo
+    machine_types: dict[str, list[str]] = field(default_factory=lambda: {
+        z: ["ct6e-standard-4t", "n1-standard-16"] for z in ("us-east5-a", "us-east5-b", "us-east5-c")} | {
+        "europe-west4-a": ["ct6e-standard-4t"], "us-central1-b": ["n1-standard-16"]})
+    reservations: dict[tuple[str, str, str], dict] = field(default_factory=dict)  # (project, zone, name)
+    quotas: dict[str, dict] = field(default_factory=dict)
     container_ops: dict[str, dict] = field(default_factory=dict)
     su_ops: dict[str, dict] = field(default_factory=dict)
 
@@ -161,6 +170,7 @@ class FakeGcp(Fake):
         self._pending: list[dict] = []
         self.stockouts: list[Stockout] = []
         self.st = State(project, number)
+        self._default_quotas()
         self.routes: list[Route] = []
         self._routes()
         self.server = FakeServer("gcp", pki, self.handle, self.check_auth)
@@ -170,6 +180,7 @@ class FakeGcp(Fake):
     def reset(self) -> None:
         with self.lock:
             self.st = State(self.project, self.number)
+            self._default_quotas()
             self.stockouts.clear()
             self.op_polls = 0
             self.latency = {}
@@ -185,7 +196,8 @@ class FakeGcp(Fake):
         """CLOUDSDK_API_ENDPOINT_OVERRIDES_* values."""
         u = self.url
         return {"COMPUTE": f"{u}/compute/v1/", "CONTAINER": f"{u}/container/", "STORAGE": f"{u}/storage/v1/",
-                "CLOUDRESOURCEMANAGER": f"{u}/crm/", "SERVICEUSAGE": f"{u}/serviceusage/"}
+                "CLOUDRESOURCEMANAGER": f"{u}/crm/", "SERVICEUSAGE": f"{u}/serviceusage/",
+                "CLOUDQUOTAS": f"{u}/cloudquotas/"}
 
     # -- routing ------------------------------------------------------------
     def check_auth(self, req: Request) -> None:
@@ -250,6 +262,10 @@ class FakeGcp(Fake):
         r("GET", c + "/regions/" + P + "/subnetworks/" + P)(self.subnet_get)
         r("DELETE", c + "/regions/" + P + "/subnetworks/" + P)(self.subnet_delete)
         r("GET", c + "/aggregated/subnetworks")(self.subnets_aggregated)
+        r("GET", c + "/aggregated/machineTypes")(self.machine_types_aggregated)
+        r("GET", c + "/zones/" + P + "/reservations/" + P)(self.reservation_get)
+        r("GET", "/cloudquotas/v1beta/projects/" + P + "/locations/global/services/" + P + "/quotaInfos/" + P)(
+            self.quota_info)
         r("POST", c + "/global/operations/" + P + "/wait")(lambda q, p, o: self.compute_op(p, o, wait=True))
         r("GET", c + "/global/operations/" + P)(lambda q, p, o: self.compute_op(p, o))
         r("POST", c + "/regions/" + P + "/operations/" + P + "/wait")(
@@ -437,6 +453,63 @@ class FakeGcp(Fake):
             net["subnetworks"].remove(s["selfLink"])
         return self._compute_op(p, "delete", s["selfLink"], region=region, latency="delete")
 
+    def machine_types_aggregated(self, req: Request, p: str) -> dict:
+        """Every zone's machine types (gcloud filters them itself)."""
+        self._project(p)
+        items = {}
+        for zone, names in self.st.machine_types.items():
+            items[f"zones/{zone}"] = {"machineTypes": [
+                {"kind": "compute#machineType", "id": _id(), "name": n, "zone": zone, "guestCpus": 180,
+                 "memoryMb": 737280, "selfLink": self._c(p, "zones", zone, "machineTypes", n)} for n in names]}
+        return {"kind": "compute#machineTypeAggregatedList", "items": items,
+                "selfLink": self._c(p, "aggregated/machineTypes")}
+
+    def add_reservation(self, zone: str, name: str, count: int, in_use: int = 0,
+                        machine_type: str = "ct6e-standard-4t", status: str = "READY", project: str = "") -> dict:
+        """A specific reservation (``project``: another project's, shared)."""
+        owner = project or self.project
+        r = {"kind": "compute#reservation", "id": _id(), "name": name, "zone": self._c(owner, "zones", zone),
+             "status": status, "specificReservationRequired": True,
+             "specificReservation": {"count": str(count), "inUseCount": str(in_use), "assuredCount": str(count),
+                                     "instanceProperties": {"machineType": machine_type}},
+             "selfLink": self._c(owner, "zones", zone, "reservations", name)}
+        self.st.reservations[(owner, zone, name)] = r
+        return r
+
+    def reservation_get(self, req: Request, p: str, zone: str, name: str) -> dict:
+        r = self.st.reservations.get((p, zone, name))
+        if r is None:
+            raise fail(404, f"The resource 'projects/{p}/zones/{zone}/reservations/{name}' was not found")
+        return copy.deepcopy(r)
+
+    def _default_quotas(self) -> None:
+        """A project granted v6e quota in us-east5 (64 chips, on-demand and
+        preemptible); 0 elsewhere, as new projects start."""
+        self.set_quota("TPUS-PER-TPU-FAMILY-per-project-region",
+                       [({"region": "us-east5", "tpu_family": "CT6E"}, 64), ({}, 0)])
+        self.set_quota("PREEMPTIBLE-TPU-V6E-per-project-region", [({"region": "us-east5"}, 64), ({}, 0)])
+
+    def set_quota(self, quota_id: str, values: list[tuple[dict, int]]) -> dict:
+        """A QuotaInfo as Cloud Quotas shows it: one entry per dimensions
+        (the empty one is the default for the rest)."""
+        info = {"name": f"projects/{self.number}/locations/global/services/compute.googleapis.com/quotaInfos/"
+                        f"{quota_id}",
+                "quotaId": quota_id, "metric": "compute.googleapis.com/" + quota_id.split("-per-")[0].lower(),
+                "service": "compute.googleapis.com", "isPrecise": True, "refreshInterval": "day",
+                "containerType": "PROJECT", "dimensions": ["region"], "isConcurrent": False,
+                "dimensionsInfos": [{"dimensions": dims, "details": {"value": str(value)},
+                                     "applicableLocations": [dims["region"]] if "region" in dims else ["global"]}
+                                    for dims, value in values]}
+        self.st.quotas[quota_id] = info
+        return info
+
+    def quota_info(self, req: Request, p: str, service: str, quota_id: str) -> dict:
+        self._project(p)
+        info = self.st.quotas.get(quota_id)
+        if info is None:
+            raise fail(404, f"QuotaInfo {quota_id} of service {service} was not found.", "NOT_FOUND")
+        return copy.deepcopy(info)
+
     # == container ============================================================
     def _k(self, p: str, loc: str, *parts: str) -> str:
         return "/".join([f"{self.url}/container/v1/projects/{p}/locations/{loc}", *parts])
@@ -610,6 +683,7 @@ class FakeGcp(Fake):
             self.stockouts.remove(so)
             msg = so.message.format(pool=name, zone=loc)
             np = self.add_pool(c["location"], cluster, spec, status="ERROR", message=msg)
+            np["conditions"] = [{"code": so.code, "message": msg, "canonicalCode": "RESOURCE_EXHAUSTED"}]
             return self._container_op(p, loc, "CREATE_NODE_POOL", np["selfLink"], error=msg if so.op_fails else None)
         np = self.add_pool(c["location"], cluster, spec)
         return self._container_op(p, loc, "CREATE_NODE_POOL", np["selfLink"], latency="nodepool", resource=np)
