@@ -62,18 +62,14 @@ def initial_nodes(env: Env) -> int:
 
 
 def node_selector(env: Env) -> dict[str, str]:
-    """What the TPU workers add to their nodeSelector to land on nodes of
-    this capacity (GKE's node labels); a reservation's pools are the only
-    ones of their shape here, so nothing is added for it."""
+    """What the TPU workers add to their nodeSelector, on Standard, to land on
+    nodes of this capacity (GKE's node labels); a reservation's pools are the
+    only ones of their shape here, so nothing is added for it. (On Autopilot
+    the ComputeClass's priorities carry the capacity: autopilot.priorities.)"""
     if env.capacity == "spot":
         return {"cloud.google.com/gke-spot": "true"}
     if env.capacity == "flex-start":
         return {"cloud.google.com/gke-flex-start": "true"}
-    if env.capacity == "reservation" and env.mode == "autopilot":
-        # Autopilot has no pools of ours: the pods ask for the reservation
-        # (GKE's "Consuming reserved zonal resources", Autopilot).
-        return {"cloud.google.com/reservation-name": reservation_parts(env)[1],
-                "cloud.google.com/reservation-affinity": "specific"}
     return {}
 
 
@@ -194,7 +190,8 @@ def machine_type_step(env: Env) -> Step:
         return Outcome(FAILED, f"no zone of {env.region} offers {env.machine_type}; regions that do: "
                                f"{', '.join(regions) or 'none visible to this project'} (set region: and zone:)")
 
-    return Step(PLAY, f"{env.machine_type} in {env.zone}", lambda look: None, run=run, id="capacity:machine-type")
+    where = env.region if env.mode == "autopilot" else env.zone
+    return Step(PLAY, f"{env.machine_type} in {where}", lambda look: None, run=run, id="capacity:machine-type")
 
 
 def not_checked(e: ProbeFailed) -> Outcome:
@@ -396,14 +393,3 @@ def steps(env: Env) -> list[Step]:
     if env.capacity == "reservation":
         out.append(reservation_step(env))
     return out
-
-
-def chosen_selectors(env: Env) -> str:
-    """The worker nodeSelector as one JSON mapping (the manifest's
-    ${WORKER_NODE_SELECTOR})."""
-    from . import tutorial as T
-    sel = {"iam.gke.io/gke-metadata-server-enabled": "true",
-           "cloud.google.com/gke-tpu-accelerator": T.TPU_ACCELERATOR_LABEL,
-           "cloud.google.com/gke-tpu-topology": env.topology}
-    sel.update(node_selector(env))
-    return json.dumps(sel)

@@ -119,6 +119,9 @@ def static_checks(env: Env, job) -> list[str]:
         why = _megascale(env)
         if why:
             out.append(why)
+        if env.mode == "autopilot":
+            from .autopilot import rendered_docs, violations
+            out += violations(rendered_docs(env))
     ov = overrides_model(args.items())
     q = int(args["base_num_query_heads"]) if ov and "base_num_query_heads" in args else cfg.get("base_num_query_heads")
     kv = int(args["base_num_kv_heads"]) if ov and "base_num_kv_heads" in args else cfg.get("base_num_kv_heads")

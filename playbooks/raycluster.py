@@ -6,7 +6,7 @@ import json
 import re
 from typing import Any
 
-from . import capacity
+from . import autopilot, capacity
 from . import tutorial as T
 from .cluster import credentials_step
 from .core.command import Command
@@ -19,10 +19,36 @@ from .settings import ROOT, installed
 
 PLAY = "raycluster"
 READY_TIMEOUT = 30 * 60
-CLAIM_TEMPLATE = "two-netdev"
+# The NICs each TPU host's pod claims from DRANET (DeviceClass netdev.google.com):
+# Standard, the tutorial's two, on the two DCN networks of the node pools;
+# Autopilot, all that the accelerator network profile gives the node (the
+# claim GKE's sample pairs with it: kubernetes-engine-samples
+# ai-ml/gke-ray/rayserve/llm/tpu/networking/all-netdev-template.yaml).
+CLAIMS = {
+    "standard": ("two-netdev", {"deviceClassName": "netdev.google.com", "allocationMode": "ExactCount", "count": 2}),
+    "autopilot": ("all-netdev", {"deviceClassName": "netdev.google.com", "allocationMode": "All"}),
+}
+
+
+def claim_name(env: Env) -> str:
+    return CLAIMS[env.mode][0]
+
+
+def worker_node_selector(env: Env) -> dict[str, str]:
+    """The tutorial's three labels, then the capacity's (Standard) or the
+    ComputeClass (Autopilot, whose priorities carry the capacity)."""
+    sel = {"iam.gke.io/gke-metadata-server-enabled": "true",
+           "cloud.google.com/gke-tpu-accelerator": T.TPU_ACCELERATOR_LABEL,
+           "cloud.google.com/gke-tpu-topology": env.topology}
+    if env.mode == "autopilot":
+        sel[autopilot.SELECTOR] = autopilot.COMPUTE_CLASS
+    else:
+        sel.update(capacity.node_selector(env))
+    return sel
 
 
 def manifest_values(env: Env) -> dict[str, str]:
+    name, request = CLAIMS[env.mode]
     return {
         "NAMESPACE": env.namespace,
         "KSA_NAME": env.ksa_name,
@@ -31,7 +57,11 @@ def manifest_values(env: Env) -> dict[str, str]:
         "SLICES": str(env.slices),
         "HOSTS_PER_SLICE": str(env.hosts_per_slice),
         "CHIPS_PER_HOST": str(env.chips_per_host),
-        "WORKER_NODE_SELECTOR": capacity.chosen_selectors(env),
+        "WORKER_NODE_SELECTOR": json.dumps(worker_node_selector(env)),
+        "NETDEV_CLAIM": name,
+        "NETDEV_REQUEST": json.dumps(request),
+        # The tutorial's workers are privileged; Autopilot denies that.
+        "WORKER_SECURITY_CONTEXT": json.dumps({} if env.mode == "autopilot" else {"privileged": True}),
     }
 
 
@@ -81,7 +111,7 @@ def shape_diffs(env: Env, rc: Any) -> list[str]:
     sel = spec.get("nodeSelector") or {}
     if sel.get("cloud.google.com/gke-tpu-topology") != env.topology:
         diffs.append(f"topology {sel.get('cloud.google.com/gke-tpu-topology')}, want {env.topology}")
-    want = json.loads(capacity.chosen_selectors(env))
+    want = worker_node_selector(env)
     if sel != want and sel.get("cloud.google.com/gke-tpu-topology") == env.topology:
         diffs.append(f"worker nodeSelector {json.dumps(sel, sort_keys=True)}, want {json.dumps(want, sort_keys=True)}")
     for c in spec.get("containers") or []:
@@ -106,7 +136,7 @@ def ready(env: Env, rc: Any) -> str | None:
 
 def apply_step(env: Env) -> Step:
     probe = raycluster_fact(env)
-    claims = kube_get(env, "resourceclaimtemplate", CLAIM_TEMPLATE, env.namespace)
+    claims = kube_get(env, "resourceclaimtemplate", claim_name(env), env.namespace)
 
     def decide(look):
         rc, claim = look(probe), look(claims)
@@ -130,8 +160,10 @@ def apply_step(env: Env) -> Step:
             return f"{why} (waiting for flex-start capacity: the nodes come when GKE finds the chips)"
         return why
 
-    return Step(PLAY, f"RayCluster {T.RAYCLUSTER_NAME}", decide, id="raycluster:apply",
-                after=("kube:credentials", "storage:ksa", "storage:binding", "storage:bucket"),
+    after = ("kube:credentials", "storage:ksa", "storage:binding", "storage:bucket")
+    if env.mode == "autopilot":
+        after += ("raycluster:autopilot-rules", "raycluster:compute-class")
+    return Step(PLAY, f"RayCluster {T.RAYCLUSTER_NAME}", decide, id="raycluster:apply", after=after,
                 verify=Verify(probe, check, timeout=timeout, interval=15))
 
 
@@ -145,6 +177,8 @@ def image_step(env: Env) -> Step:
 
 def steps(env: Env) -> list[Step]:
     from .nodepools import chips_step
-    # On Autopilot the RayCluster's TPU requests are what makes the chips.
-    chips = chips_step(env, PLAY) if env.mode == "autopilot" else []
-    return [credentials_step(env, PLAY), image_step(env)] + chips + [apply_step(env)]
+    if env.mode == "autopilot":
+        # The RayCluster's TPU requests are what makes the chips; its rules
+        # are checked and its ComputeClass applied first.
+        return [*autopilot.steps(env), image_step(env), *chips_step(env, PLAY), apply_step(env)]
+    return [credentials_step(env, PLAY), image_step(env), apply_step(env)]

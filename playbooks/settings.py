@@ -241,6 +241,14 @@ def gce_name(what: str):
     return rule
 
 
+def standard_only(env: Mapping) -> str | None:
+    """The DCN networks are the tutorial's on Standard; on Autopilot GKE makes
+    them itself (the ComputeClass's accelerator network profile)."""
+    if env.get("mode") == "autopilot":
+        return "on Autopilot GKE makes and manages the TPU nodes' extra networks itself"
+    return None
+
+
 def apart_from_subnet_1_name(v: str, env: Mapping) -> str | None:
     return "must differ from subnet_1_name" if v == env["subnet_1_name"] else None
 
@@ -428,11 +436,11 @@ GKE = (
                f"does not match topology {e['topology']!r} with {e['chips_per_host']} chips per host",
                multislice_hosts)),
     Key("subnet_1_name", default=T.SUBNETS[0][1], rules=(gce_name("subnet name"),),
-        doc="the first DCN subnet (the tutorial's tpu-subnet-1)"),
+        doc="the first DCN subnet (the tutorial's tpu-subnet-1)", unused=standard_only),
     Key("subnet_2_name", default=T.SUBNETS[1][1], rules=(gce_name("subnet name"), apart_from_subnet_1_name),
-        doc="the second DCN subnet (the tutorial's tpu-subnet-2)"),
-    Key("subnet_1_range", default=T.SUBNETS[0][2], rules=(subnet_range,)),
-    Key("subnet_2_range", default=T.SUBNETS[1][2], rules=(subnet_range, apart_from_subnet_1)),
+        doc="the second DCN subnet (the tutorial's tpu-subnet-2)", unused=standard_only),
+    Key("subnet_1_range", default=T.SUBNETS[0][2], rules=(subnet_range,), unused=standard_only),
+    Key("subnet_2_range", default=T.SUBNETS[1][2], rules=(subnet_range, apart_from_subnet_1), unused=standard_only),
     Key("ray_image", derive=default_ray_image, rules=(ray_image,),
         doc="the Ray image for head and workers; defaults to the Ray version in requirements.lock"),
     Key("dashboard_port", int, default=T.DASHBOARD_PORT, rules=(port,)),
@@ -471,10 +479,12 @@ def owned(env: Mapping) -> list[tuple[str, str, str]]:
     if env["kind"] == "local":
         return []
     p, loc = env["project_id"], env["zone"] if env["mode"] == "standard" else env["region"]
-    out = [("cluster_name", f"net:{p}/{env['cluster_name']}-{T.SUBNETS[i][0]}",
-            f"network {env['cluster_name']}-{T.SUBNETS[i][0]} of project {p}") for i in (0, 1)]
-    out += [(f"subnet_{i}_name", f"subnet:{p}/{env['region']}/{env[f'subnet_{i}_name']}",
-             f"subnet {env[f'subnet_{i}_name']} of {p} in {env['region']}") for i in (1, 2)]
+    out = []
+    if env["mode"] == "standard":  # Autopilot makes none of the tutorial's networks
+        out += [("cluster_name", f"net:{p}/{env['cluster_name']}-{T.SUBNETS[i][0]}",
+                 f"network {env['cluster_name']}-{T.SUBNETS[i][0]} of project {p}") for i in (0, 1)]
+        out += [(f"subnet_{i}_name", f"subnet:{p}/{env['region']}/{env[f'subnet_{i}_name']}",
+                 f"subnet {env[f'subnet_{i}_name']} of {p} in {env['region']}") for i in (1, 2)]
     out.append(("gs_bucket", f"bucket:{env['gs_bucket']}", f"bucket gs://{env['gs_bucket']}"))
     out.append(("cluster_name", f"cluster:{p}/{loc}/{env['cluster_name']}",
                 f"cluster {env['cluster_name']} of {p} in {loc}"))

@@ -140,14 +140,19 @@ def network_step(env: Env, i: int) -> Step:
 def steps(env: Env) -> list[Step]:
     if env.kind == "local":
         return local.stop_steps(env, PLAY)
-    return [raycluster_step(env), forward_step(env), cluster_step(env), bucket_step(env),
-            subnet_step(env, 0), subnet_step(env, 1), network_step(env, 0), network_step(env, 1)]
+    out = [raycluster_step(env), forward_step(env), cluster_step(env), bucket_step(env)]
+    if env.mode == "autopilot":
+        return out  # no VPC of ours: GKE made the nodes' networks and removes them with the cluster
+    return out + [subnet_step(env, 0), subnet_step(env, 1), network_step(env, 0), network_step(env, 1)]
 
 
 def summary(env: Env) -> str:
     """What teardown deletes, for the confirmation prompt."""
     if env.kind == "local":
         return f"the local Ray cluster of environment {env.name!r} (only the processes this project started)"
-    return (f"in project {env.project_id}: RayCluster {T.RAYCLUSTER_NAME}, GKE cluster {env.cluster_name} "
-            f"({location(env)}), bucket gs://{env.gs_bucket} and everything in it, subnets "
-            f"{subnet_name(env, 0)}/{subnet_name(env, 1)} and networks {network_name(env, 0)}/{network_name(env, 1)}")
+    what = (f"in project {env.project_id}: RayCluster {T.RAYCLUSTER_NAME}, GKE cluster {env.cluster_name} "
+            f"({location(env)}), bucket gs://{env.gs_bucket} and everything in it")
+    if env.mode == "autopilot":
+        return what
+    return (f"{what}, subnets {subnet_name(env, 0)}/{subnet_name(env, 1)} and networks "
+            f"{network_name(env, 0)}/{network_name(env, 1)}")

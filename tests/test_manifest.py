@@ -37,7 +37,13 @@ def test_raycluster_validates_against_kuberays_crd(name):
     assert worker["resources"]["limits"]["google.com/tpu"] == str(e.chips_per_host)
     envs = {x["name"]: x["value"] for x in worker["env"]}
     assert envs["MEGASCALE_NUM_SLICES"] == str(e.slices)
-    assert group["template"]["spec"]["resourceClaims"][0]["resourceClaimTemplateName"] == "two-netdev"
+    claim = {"standard": "two-netdev", "autopilot": "all-netdev"}[e.mode]
+    assert group["template"]["spec"]["resourceClaims"][0]["resourceClaimTemplateName"] == claim
+    # The tutorial's privileged worker on Standard; none on Autopilot, whose policy denies it.
+    assert worker["securityContext"] == ({"privileged": True} if e.mode == "standard" else {})
+    sel = group["template"]["spec"]["nodeSelector"]
+    assert sel["cloud.google.com/gke-tpu-topology"] == e.topology
+    assert ("cloud.google.com/compute-class" in sel) == (e.mode == "autopilot")
 
 
 def test_a_broken_raycluster_is_caught_by_the_schema():
@@ -108,3 +114,55 @@ def test_apply_pipeline_refuses_leftovers_before_kubectl(tmp_path):
     c = Executor().run(apply)
     assert c.rc == 3 and "still holds ${B} on line 2" in c.stderr
     assert not marker.exists()
+
+
+@pytest.mark.parametrize("capacity, field, value", [
+    ("on-demand", None, None),
+    ("spot", "spot", True),
+    ("flex-start", "flexStart", {"enabled": True}),
+    ("reservation", "reservations", {"affinity": "Specific", "specific": [{"name": "v6e-res", "project": "owner-proj"}]}),
+])
+def test_the_autopilot_compute_class_enables_dranet_and_carries_the_capacity(capacity, field, value):
+    from playbooks import autopilot
+    extra = {"reservation": "projects/owner-proj/reservations/v6e-res"} if capacity == "reservation" else {}
+    e = env("dev-autopilot", capacity=capacity, **extra)
+    cc = autopilot.rendered_compute_class(e)
+    assert (cc["apiVersion"], cc["kind"], cc["metadata"]["name"]) == ("cloud.google.com/v1", "ComputeClass",
+                                                                      autopilot.COMPUTE_CLASS)
+    assert cc["spec"]["nodePoolAutoCreation"] == {"enabled": True}
+    assert cc["spec"]["nodePoolConfig"]["dra"]["networking"]["enabled"] is True
+    [p] = cc["spec"]["priorities"]
+    assert (p["machineType"], p["acceleratorNetworkProfile"]) == ("ct6e-standard-4t", "auto")
+    assert set(p) - {"machineType", "acceleratorNetworkProfile"} == ({field} if field else set())
+    if field:
+        assert p[field] == value
+    rc = next(d for d in docs(e) if d["kind"] == "RayCluster")
+    sel = rc["spec"]["workerGroupSpecs"][0]["template"]["spec"]["nodeSelector"]
+    assert sel["cloud.google.com/compute-class"] == autopilot.COMPUTE_CLASS
+    assert "cloud.google.com/gke-spot" not in sel   # the capacity rides on the ComputeClass
+
+
+def test_autopilots_rules_refuse_the_tutorials_worker_and_pass_ours():
+    from playbooks import autopilot
+    standard = [d for d in docs(env("dev"))]
+    found = autopilot.violations(standard)
+    assert found == ["RayCluster maxtext-tpu-cluster: workerGroupSpecs[0]: containers[ray-worker].securityContext."
+                     "privileged: true is denied on Autopilot (autogke-disallow-privilege)"]
+    assert autopilot.violations(autopilot.rendered_docs(env("dev-autopilot"))) == []
+    rc = next(d for d in docs(env("dev-autopilot")) if d["kind"] == "RayCluster")
+    spec = rc["spec"]["headGroupSpec"]["template"]["spec"]
+    spec["hostNetwork"] = True
+    spec["volumes"].append({"name": "host", "hostPath": {"path": "/"}})
+    assert autopilot.violations([rc]) == [
+        "RayCluster maxtext-tpu-cluster: headGroupSpec: spec.hostNetwork: true is a host namespace, denied on Autopilot",
+        "RayCluster maxtext-tpu-cluster: headGroupSpec: volumes[host].hostPath is denied on Autopilot"]
+
+
+def test_the_autopilot_claim_template_validates_against_kubernetes_1_35():
+    import kubernetes_validate
+
+    rct = next(d for d in docs(env("dev-autopilot")) if d["kind"] == "ResourceClaimTemplate")
+    assert rct["metadata"]["name"] == "all-netdev"
+    assert rct["spec"]["spec"]["devices"]["requests"][0]["exactly"] == {"deviceClassName": "netdev.google.com",
+                                                                         "allocationMode": "All"}
+    kubernetes_validate.validate(rct, "1.35.0", strict=True)

@@ -20,7 +20,7 @@ import re
 import pytest
 
 from tests.fakes import gcp as G
-from tests.fakes.cloud import AUTOPILOT, PROJECT, PROJECT_NUMBER, TOKEN, USER, Cloud, Run, cloud, cloud_session
+from tests.fakes.cloud import AUTOPILOT, PROJECT, PROJECT_NUMBER, ROOT, TOKEN, USER, Cloud, Run, cloud, cloud_session
 
 pytestmark = pytest.mark.clients
 
@@ -622,3 +622,55 @@ def test_autopilot_cluster_is_regional_with_the_ray_operator_and_has_no_node_poo
     assert recap(run, "nodepools")["skipped"] == 1
     kubeconfig = json.loads(cloud.client("kubectl", "config", "view", "--output=json").stdout)
     assert f"gke_{PROJECT}_us-east5_maxtext-autopilot" in [x["name"] for x in kubeconfig["contexts"]]
+
+
+def test_autopilot_up_admits_the_workers_through_its_compute_class_and_makes_no_vpc(cloud: Cloud):
+    """The tutorial's manifest would be refused by Autopilot (a privileged
+    worker); ours has none, selects a ComputeClass with DRA networking that
+    is applied first, and `up` makes no VPC. A second `up` changes nothing."""
+    first = ok_run(cloud.invoke("up", env_name=AUTOPILOT))
+    assert not first.calls("POST", r"/global/networks$") and not first.calls("POST", r"/subnetworks$")
+    assert not [r for r in first.requests if "/compute/v1/" in r.path and r.method != "GET"]
+    assert "skipped: [network : DCN networks] Autopilot: GKE makes and manages" in first.out
+    [cc] = [r for r in first.kube if r.method == "POST" and r.path.endswith("/computeclasses")]
+    [rc] = [r for r in first.kube if r.method == "POST" and r.path.endswith("/rayclusters")]
+    assert cc.at < rc.at                                       # the ComputeClass before the RayCluster
+    body = cloud.kube.body(rc)
+    worker = body["spec"]["workerGroupSpecs"][0]["template"]["spec"]
+    assert worker["containers"][0]["securityContext"] == {}
+    assert worker["nodeSelector"]["cloud.google.com/compute-class"] == "maxtext-tpu-dranet"
+    assert cloud.kube.get("computeclasses", "maxtext-tpu-dranet")["spec"]["nodePoolConfig"] == {
+        "dra": {"networking": {"enabled": True}}}
+    assert len(cloud.kube.worker_pods("maxtext")) == 8          # admitted: every worker runs
+    assert "ok: [raycluster : Autopilot's rules] the rendered manifests keep Autopilot's rules" in first.out
+    second = ok_run(cloud.invoke("up", env_name=AUTOPILOT))
+    assert second.changes == [], second.changes
+    assert recap(second, "up")["changed"] == 0
+
+    # The tutorial's own worker (privileged) on the same Autopilot cluster: refused.
+    from playbooks import raycluster, tutorial
+    from playbooks.core.render import render
+    e = cloud.envdata(AUTOPILOT)
+    values = dict(raycluster.manifest_values(e), WORKER_SECURITY_CONTEXT='{"privileged": true}')
+    text = render((ROOT / tutorial.RAYCLUSTER_MANIFEST).read_text(), values).replace(
+        "name: maxtext-tpu-cluster", "name: tutorial-as-written")
+    path = cloud.base / "tutorial-rc.yaml"
+    path.write_text(text)
+    ctx = f"--context=gke_{PROJECT}_us-east5_maxtext-autopilot"
+    r = cloud.client("kubectl", "apply", "-f", str(path), ctx, env_name=AUTOPILOT)
+    assert r.returncode == 0, r.stderr
+    assert cloud.kube.list("pods", "maxtext", "ray.io/cluster=tutorial-as-written,ray.io/node-type=worker") == []
+    events = [ev["message"] for ev in cloud.kube.list("events", "maxtext")
+              if ev["involvedObject"]["name"] == "tutorial-as-written"]
+    assert events and "[denied by autogke-disallow-privilege]" in events[0] and \
+        "container ray-worker is privileged; not allowed in Autopilot" in events[0]
+
+
+def test_autopilot_teardown_neither_deletes_nor_expects_vpcs(cloud: Cloud):
+    cloud.seed_full(AUTOPILOT)
+    cloud.get_credentials(AUTOPILOT)
+    run = ok_run(cloud.invoke("teardown", "--yes", env_name=AUTOPILOT))
+    assert not [r for r in run.requests if "/compute/v1/" in r.path]
+    assert [r.path.rsplit("/", 1)[-1] for r in run.requests if r.method == "DELETE" and "/clusters/" in r.path] == [
+        "maxtext-autopilot"]
+    assert "subnet" not in run.out.lower().split("play recap")[-1]

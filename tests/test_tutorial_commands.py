@@ -22,7 +22,7 @@ def transcripts(tmp_path_factory):
     inv = d / "inventory.yaml"
     # Same project and region: its own subnets and dashboard port (no two environments own one thing).
     auto = {**ENV, "mode": "autopilot", "cluster_name": "llm-auto", "gs_bucket": "acme-llm-auto",
-            "subnet_1_name": "auto-subnet-1", "subnet_2_name": "auto-subnet-2", "dashboard_port": 8266}
+            "dashboard_port": 8266}
     inv.write_text(yaml.safe_dump({"default": "acme", "environments": {"acme": ENV, "acme-auto": auto}}))
     out = {}
     for name, args in {"up": ["up"], "train": ["train"], "train70": ["train", "--model=llama3-70b", "--skip-preflight"],
@@ -93,6 +93,17 @@ def test_autopilot_cluster_command(transcripts):
     assert f"gcloud container clusters get-credentials llm-auto --location={R} --project={P}" in up
     assert not any("node-pools create" in l for l in up)
     assert "skipped: [nodepools : TPU node pools] Autopilot has no node pools" in transcripts["auto"]
+    # No VPC of ours (GKE makes the networks: the ComputeClass's profile auto), in up or teardown.
+    assert not any("compute networks" in l for l in up + lines(transcripts["auto-teardown"]))
+    assert "skipped: [network : DCN networks] Autopilot: GKE makes and manages" in transcripts["auto"]
+    # The ComputeClass with DRA networking, applied before the RayCluster, which selects it; no privileged.
+    [i] = [n for n, l in enumerate(up) if "< manifests/compute-class.tpu-dranet.yaml" in l]
+    [j] = [n for n, l in enumerate(up) if "< manifests/ray-cluster.tpu-multi-slice.yaml" in l]
+    assert i < j
+    assert "PRIORITIES='[{\"machineType\": \"ct6e-standard-4t\", \"acceleratorNetworkProfile\": \"auto\"}]'" in up[i]
+    assert "WORKER_SECURITY_CONTEXT='{}'" in up[j] and "\"cloud.google.com/compute-class\": \"maxtext-tpu-dranet\"" in up[j]
+    assert "NETDEV_CLAIM=all-netdev" in up[j]
+    assert "ok: [raycluster : Autopilot's rules]" in transcripts["auto"]
 
 
 def _submit(text):

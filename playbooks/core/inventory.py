@@ -60,6 +60,9 @@ class Key:
     rules: tuple[Rule, ...] = ()
     doc: str = ""
     derive: Callable[[Mapping[str, Any]], Any] | None = None
+    # Given where it does nothing, a key is refused: (env) -> why it does not
+    # apply there, or None.
+    unused: Callable[[Mapping[str, Any]], str | None] | None = None
 
 
 @dataclass(frozen=True)
@@ -179,6 +182,10 @@ def resolve(path: Path, name: str, raw: Mapping[str, Any], schema: Schema) -> En
                 raise InputError(f"{where}: key '{key.name}.{why.key}' = {shown_value(why.value)} {why.why}")
             if why:
                 raise InputError(f"{where}: key {key.name!r} = {shown_value(env[key.name])} {why}")
+    for key in keys.values():
+        why = key.unused(env) if key.unused and raw.get(key.name) is not None else None
+        if why:
+            raise InputError(f"{where}: key {key.name!r} = {shown_value(raw[key.name])} is not used: {why}")
     return env
 
 

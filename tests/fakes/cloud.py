@@ -55,8 +55,8 @@ RECAP = re.compile(r"^(?P<play>\S+) (?P<env>\S+): ok=(?P<ok>\d+) changed=(?P<cha
 def inventory(dashboard_port: int, autopilot_dashboard_port: int) -> dict:
     """Two GKE environments with the tutorial's shape: Standard (zonal, node
     pools) and Autopilot (regional, its own namespace). One project and
-    region: each has its own subnets and dashboard port (no two
-    environments may own one thing)."""
+    region: each has its own dashboard port (no two environments may own one
+    thing; Autopilot has no VPCs of ours)."""
     common = {"kind": "gke", "project_id": PROJECT, "region": "us-east5", "zone": "us-east5-b",
               "cluster_version": "1.35.2-gke.1842000", "ksa_name": "maxtext-ksa", "user_identifier": USER}
     return {"default": STANDARD, "environments": {
@@ -64,8 +64,7 @@ def inventory(dashboard_port: int, autopilot_dashboard_port: int) -> dict:
                        namespace="default", slices=2, topology="4x4", machine_type="ct6e-standard-4t",
                        dashboard_port=dashboard_port),
         AUTOPILOT: dict(common, mode="autopilot", cluster_name="maxtext-autopilot",
-                        gs_bucket=f"{PROJECT}-autopilot", namespace="maxtext", subnet_1_name="auto-subnet-1",
-                        subnet_2_name="auto-subnet-2", dashboard_port=autopilot_dashboard_port),
+                        gs_bucket=f"{PROJECT}-autopilot", namespace="maxtext", dashboard_port=autopilot_dashboard_port),
     }}
 
 
@@ -317,6 +316,9 @@ class Cloud:
         if e.namespace != "default":
             self.kube.create("namespaces", {"metadata": {"name": e.namespace}})
         self.kube.create("serviceaccounts", {"metadata": {"name": e.ksa_name, "namespace": e.namespace}})
+        if e.mode == "autopilot":
+            from playbooks import autopilot
+            self.kube.create("computeclasses", autopilot.rendered_compute_class(e))
         text = render((ROOT / tutorial.RAYCLUSTER_MANIFEST).read_text(), raycluster.manifest_values(e))
         for doc in yaml.safe_load_all(text):
             plural = {"RayCluster": "rayclusters", "ResourceClaimTemplate": "resourceclaimtemplates"}[doc["kind"]]
@@ -324,7 +326,8 @@ class Cloud:
 
     def seed_full(self, env_name: str = STANDARD) -> None:
         self.seed_project()
-        self.seed_networks(env_name=env_name)
+        if self.envdata(env_name).mode == "standard":  # Autopilot: no VPCs of ours
+            self.seed_networks(env_name=env_name)
         self.seed_cluster(env_name)
         if self.envdata(env_name).mode == "standard":
             self.seed_pools(env_name=env_name)
@@ -350,7 +353,9 @@ def fake_cloud(base: Path) -> Iterator[Cloud]:
     gcp_pki = make_pki(base / "pki", "gcp")
     kube = FakeKube(kube_pki, TOKEN).start()
     gcp = FakeGcp(gcp_pki, PROJECT, PROJECT_NUMBER, TOKEN,
-                  kube=KubeLink(kube.endpoint, kube_pki.ca_pem, on_delete=lambda c: kube.reset()))
+                  kube=KubeLink(kube.endpoint, kube_pki.ca_pem, on_delete=lambda c: kube.reset(),
+                                on_create=lambda c: setattr(kube, "autopilot",
+                                                            bool((c.get("autopilot") or {}).get("enabled")))))
     gcp.start()
 
     def ray_pods() -> list[dict]:

@@ -61,7 +61,14 @@ KINDS = (
     Kind("resource.k8s.io", "v1", "resourceclaimtemplates", "ResourceClaimTemplate"),
     Kind("resource.k8s.io", "v1", "resourceclaims", "ResourceClaim"),
     Kind("resource.k8s.io", "v1", "deviceclasses", "DeviceClass", namespaced=False),
+    Kind("cloud.google.com", "v1", "computeclasses", "ComputeClass", namespaced=False, short=("cc",)),
+    Kind("", "v1", "events", "Event", short=("ev",)),
 )
+
+# GKE Autopilot's admission webhook, as it refuses a privileged container.
+WARDEN = ('admission webhook "warden-validating.common-webhooks.networking.gke.io" denied the request: GKE Warden '
+          'rejected the request because it violates one or more constraints. Violations details: '
+          '{{"[denied by autogke-disallow-privilege]":["container {name} is privileged; not allowed in Autopilot"]}}')
 
 
 def status(code: int, reason: str, message: str, **details: Any) -> dict:
@@ -216,6 +223,7 @@ class FakeKube(Fake):
         self.ray_latency = 0.0
         self.ray_gate = lambda: True
         self._ray_pending: dict[tuple[str, str], float] = {}
+        self.autopilot = False      # set when the cluster it serves is Autopilot (its rules apply)
         self.server = FakeServer("kube", pki, self.handle, self.check_auth)
         self.url = self.server.url
         self.endpoint = self.url.split("://", 1)[1]
@@ -225,6 +233,7 @@ class FakeKube(Fake):
         """A new, empty cluster: its built-in namespaces and default service accounts."""
         with self.lock:
             self.objects.clear()
+            self.autopilot = False
             for ns in ("default", "kube-system", "kube-public"):
                 self._put(KIND["namespaces"], {"metadata": {"name": ns}, "spec": {"finalizers": ["kubernetes"]},
                                                "status": {"phase": "Active"}})
@@ -426,7 +435,38 @@ class FakeKube(Fake):
                 # KubeRay replaces a lost worker.
                 self._pod(rc, "worker", labels.get("ray.io/group", ""))
 
-    def _pod(self, rc: dict, node_type: str, group: str = "") -> dict:
+    def _admit(self, rc: dict, node_type: str, group: str) -> str | None:
+        """Why the pod of this group would be refused or left Pending (None:
+        it runs): Autopilot's Warden denies privileged containers; a pod
+        that selects a ComputeClass that does not exist gets no node."""
+        spec = (rc.get("spec") or {})
+        if node_type == "head":
+            tpl = ((spec.get("headGroupSpec") or {}).get("template") or {}).get("spec") or {}
+        else:
+            tpl = next(((g.get("template") or {}).get("spec") or {} for g in spec.get("workerGroupSpecs") or []
+                        if g.get("groupName") == group), {})
+        if self.autopilot:
+            for c in tpl.get("containers") or []:
+                if (c.get("securityContext") or {}).get("privileged"):
+                    return WARDEN.format(name=c.get("name"))
+        cc = (tpl.get("nodeSelector") or {}).get("cloud.google.com/compute-class")
+        if cc and self.get("computeclasses", cc) is None:
+            return f'0/3 nodes are available: ComputeClass "{cc}" not found'
+        return None
+
+    def _event(self, obj: dict, reason: str, message: str) -> None:
+        md = obj["metadata"]
+        self._put(KIND["events"], {"metadata": {"name": f"{md['name']}.{uuid.uuid4().hex[:10]}",
+                                                "namespace": md.get("namespace", "default")},
+                                   "involvedObject": {"kind": obj.get("kind"), "name": md["name"],
+                                                      "namespace": md.get("namespace")},
+                                   "reason": reason, "message": message, "type": "Warning"})
+
+    def _pod(self, rc: dict, node_type: str, group: str = "") -> dict | None:
+        why = self._admit(rc, node_type, group)
+        if why is not None:
+            self._event(rc, "FailedCreateWorkerPod" if node_type == "worker" else "FailedCreateHeadPod", why)
+            return None
         md = rc["metadata"]
         suffix = uuid.uuid4().hex[:5]
         name = f"{md['name']}-head-{suffix}" if node_type == "head" else f"{md['name']}-{group}-worker-{suffix}"
@@ -445,7 +485,7 @@ class FakeKube(Fake):
         pods = self.list("pods", ns, f"ray.io/cluster={name}")
         if not any((p["metadata"]["labels"] or {}).get("ray.io/node-type") == "head" for p in pods):
             self._pod(rc, "head")
-        desired = 0
+        desired = made = 0
         for g in spec.get("workerGroupSpecs") or []:
             group = g.get("groupName", "")
             want = int(g.get("replicas") or 0) * int(g.get("numOfHosts") or 1)
@@ -456,9 +496,11 @@ class FakeKube(Fake):
                 self._pod(rc, "worker", group)
             for p in have[want:]:
                 self.objects.pop(("pods", ns, p["metadata"]["name"]), None)
+            made += len(self.list("pods", ns, f"ray.io/cluster={name},ray.io/group={group},ray.io/node-type=worker"))
         cur = self.objects[("rayclusters", ns, name)]
-        cur["status"] = {"state": "ready", "desiredWorkerReplicas": desired, "availableWorkerReplicas": desired,
-                         "readyWorkerReplicas": desired, "minWorkerReplicas": 0, "maxWorkerReplicas": desired,
+        cur["status"] = {"state": "ready" if made == desired else "failed" if not made else "suspended",
+                         "desiredWorkerReplicas": desired, "availableWorkerReplicas": made,
+                         "readyWorkerReplicas": made, "minWorkerReplicas": 0, "maxWorkerReplicas": desired,
                          "desiredTPU": str(desired * 4), "observedGeneration": md.get("generation", 1),
                          "head": {"podName": f"{name}-head", "serviceName": f"{name}-head-svc"},
                          "conditions": [{"type": "RayClusterProvisioned", "status": "True", "reason": "AllPodRunningAndReadyFirstTime"},
