@@ -137,6 +137,41 @@ def preflight(c, model="llama3-8b", elastic=False, steps="", set_=None, preset="
         s.run("preflight", plan.preflight_steps(s.env, job), parallel=False)
 
 
+def _run_flag(run: str) -> str | None:
+    from playbooks.core.errors import InputError
+    from playbooks.maxtext_args import run_name_problem
+
+    if run == "":
+        return None
+    why = run_name_problem(run)
+    if why:
+        raise InputError(f"--run {run!r}: a run name {why}")
+    return run
+
+
+@task(help={"run": "the run (its run_name); default: the newest job of this environment",
+            "follow": "follow the log to the job's end (the exit code is then its outcome)"})
+def logs(c, run="", follow=False):
+    """The driver log of a run's newest job (Ray Jobs SDK); --follow to its end, exiting with its outcome."""
+    from playbooks import jobs, plan
+
+    with clean_errors():
+        s = open_session(c.config, "logs")
+        name = _run_flag(run)
+        steps = [] if s.env.kind == "local" else plan.cluster_ready_steps(s.env)
+        s.run("logs", steps + [jobs.logs_step(s.env, name, follow)], parallel=False)
+
+
+@task(help={"run": "the run (its run_name); default: the newest run with metrics"})
+def metrics(c, run=""):
+    """Draw a run's step metrics (loss, tokens/s per device, step time) into its metrics.png."""
+    from playbooks import jobs
+
+    with clean_errors():
+        s = open_session(c.config, "metrics")
+        s.run("metrics", [jobs.metrics_step(s.env, _run_flag(run))], parallel=False)
+
+
 @task(help={"restore_after": "local only: seconds before the killed host comes back (default 60; 0: never)"})
 def delete_worker(c, restore_after="60"):
     """§9 Delete one Ray TPU worker pod (local: kill one simulated TPU host), as a preemption would."""
@@ -173,6 +208,30 @@ def teardown(c, yes=False):
         s.run("teardown", plan.teardown_steps(s.env))
 
 
+@task(help={"json": "print it as one JSON document (the exit code: 0 when everything is as the inventory asks)"})
+def status(c, json_=False):
+    """Everything the environment owns, as it is, and the first thing not as the inventory asks, and why (read-only)."""
+    from playbooks import status as st
+    from playbooks.core.recap import Reporter
+    from playbooks.core.runner import Mode
+    from playbooks.session import Failed
+
+    with clean_errors():
+        lines: list[str] = []
+        s = open_session(c.config, "status", reporter=Reporter(lines.append), read_only=True)
+        state: dict = {}
+        if s.mode is Mode.DRY:
+            s.book.reporter = Reporter()
+            s.run("status", st.steps(s.env, state))
+            return
+        recap = s.book.run(f"status {s.env.name}", st.steps(s.env, state), workers=max(4, s.book.workers))
+        doc = st.report(s.env, recap, state)
+        doc["logs"] = str(s.logdir.relative_to(s.logdir.parents[3])) if s.logdir else None
+        print(st.render_json(doc) if json_ else "\n".join(st.table(doc)))
+        if not doc["as_asked"]:
+            raise Failed(f"status: not as the inventory asks: {doc['diagnosis']}")
+
+
 @task
 def doctor(c):
     """Check what would stop a run: the tools, gcloud's account, the project, the kubectl context, every gcloud command's parse."""
@@ -186,10 +245,10 @@ def doctor(c):
 chaos = Collection("chaos")
 chaos.add_task(delete_worker)
 
-ns = Collection(capacity, prereqs, network, cluster, nodepools, storage, raycluster, dashboard, up, train, preflight,
-                teardown, doctor)
+ns = Collection(capacity, prereqs, network, cluster, nodepools, storage, raycluster, dashboard, up, status, train,
+                preflight, logs, metrics, teardown, doctor)
 ns.add_collection(chaos)
 # Defaults of None (not 4, not "apply"): Invoke converts an INVOKE_PLAYBOOK_*
 # variable to its default's type, and int("abc") would be its traceback;
 # playbooks.session checks every value (defaults: apply, 4 steps at once).
-ns.configure({"playbook": {"env": None, "inventory": None, "mode": None, "parallel": None}})
+ns.configure({"playbook": {"env": None, "inventory": None, "mode": None, "parallel": None, "heartbeat": None}})

@@ -191,7 +191,8 @@ def machine_type_step(env: Env) -> Step:
                                f"{', '.join(regions) or 'none visible to this project'} (set region: and zone:)")
 
     where = env.region if env.mode == "autopilot" else env.zone
-    return Step(PLAY, f"{env.machine_type} in {where}", lambda look: None, run=run, id="capacity:machine-type")
+    return Step(PLAY, f"{env.machine_type} in {where}", lambda look: None, run=run, id="capacity:machine-type",
+                probes=(probe,))
 
 
 def not_checked(e: ProbeFailed) -> Outcome:
@@ -234,7 +235,7 @@ def version_step(env: Env) -> Step:
                                f"{', ...' if len(versions) > 5 else ''}): set cluster_version:")
 
     return Step(PLAY, f"GKE {env.cluster_version} in {location(env)}", lambda look: None, run=run,
-                id="capacity:version")
+                id="capacity:version", probes=(clusters,))  # the versions only when there is no cluster
 
 
 # Cloud Quotas ids of the Compute Engine quotas GKE's TPU nodes consume (not
@@ -252,7 +253,13 @@ def quota_fact(env: Env, quota: tuple[str, dict]) -> Fact:
                 gcloud("beta", "quotas", "info", "describe", qid, "--service=compute.googleapis.com",
                        f"--project={env.project_id}", "--format=json"),
                 json_object(), assumed={"quotaId": qid, "dimensionsInfos": []},
-                describe=lambda q: f"{len((q or {}).get('dimensionsInfos') or [])} value(s)")
+                describe=lambda q: quota_summary(quota_value(q, env.region, dims), env.region))
+
+
+def quota_summary(value: int | None, region: str) -> str:
+    if value is None:
+        return f"no value for {region}"
+    return f"no limit in {region}" if value < 0 else f"{value} chips in {region}"
 
 
 def quota_value(info: Any, region: str, dims: dict[str, str]) -> int | None:
@@ -313,7 +320,8 @@ def quota_step(env: Env) -> Step:
         return Outcome(FAILED, f"{' and '.join(seen)}, this inventory needs {need} ({env.slices} slices x "
                                f"{chips(env.topology)} chips): request it, or use {alt}")
 
-    return Step(PLAY, f"TPU quota for {need} chips", lambda look: None, run=run, id="capacity:quota")
+    return Step(PLAY, f"TPU quota for {need} chips", lambda look: None, run=run, id="capacity:quota",
+                probes=tuple(quota_fact(env, q) for q in quotas))
 
 
 def reservation_fact(env: Env) -> Fact:
@@ -380,7 +388,8 @@ def reservation_step(env: Env) -> Step:
                                    f"{need} ({env.slices} slices x {env.hosts_per_slice} hosts)")
         return Outcome(OK, f"reservation {name} is READY with {free} free {env.machine_type} hosts; {need} needed")
 
-    return Step(PLAY, f"reservation {name}", lambda look: None, run=run, id="capacity:reservation")
+    return Step(PLAY, f"reservation {name}", lambda look: None, run=run, id="capacity:reservation",
+                probes=(reservation_fact(env),))
 
 
 def steps(env: Env) -> list[Step]:

@@ -189,6 +189,21 @@ def kube_object(what: str = "probe") -> Callable[[Completed], Any]:
     return parse
 
 
+def kube_list(select: Callable[[Any], Any], what: str = "probe") -> Callable[[Completed], Any]:
+    """``kubectl get a/x b/y --ignore-not-found -o json``: a List of what
+    exists (empty output: none of them); ``select`` picks one."""
+    parse_one = kube_object(what)
+
+    def parse(c: Completed) -> Any:
+        got = parse_one(c)
+        if got is ABSENT:
+            got = {"items": []}
+        elif "items" not in got:  # one object found: kubectl prints it alone
+            got = {"items": [got]}
+        return select(got)
+    return parse
+
+
 _GCS_NOT_FOUND = re.compile(r"(not found: 404|HTTPError 404|404.*(bucket|does not exist|Not Found)|NotFoundException)", re.I)
 
 

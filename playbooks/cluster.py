@@ -1,12 +1,17 @@
 """§3 The GKE cluster, Standard or Autopilot, and kubectl credentials."""
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
+import yaml
+
 from . import tutorial as T
-from .clients import fact, gcloud, json_object, kubectl
+from .clients import gcloud
+from .core.errors import ProbeFailed
 from .core.inventory import Env
-from .core.runner import ABSENT
+from .core.runner import ABSENT, Fact
 from .core.step import Step, Verify, change, drift, fail, ok, wait
 from .gke import clusters_fact, kube_context, location
 
@@ -58,7 +63,8 @@ def cluster_step(env: Env) -> Step:
             return drift(f"cluster {env.cluster_name}: " + "; ".join(diffs))
         status = c.get("status")
         if status in ("RUNNING", "RECONCILING"):
-            return ok(f"cluster {env.cluster_name} is {status}")
+            version = c.get("currentMasterVersion")
+            return ok(f"cluster {env.cluster_name} is {status}" + (f" (GKE {version})" if version else ""))
         if status == "PROVISIONING":
             return wait(f"cluster {env.cluster_name} is being created by another operation")
         if status == "STOPPING":
@@ -75,8 +81,34 @@ def cluster_step(env: Env) -> Step:
                 verify=Verify(probe, running, timeout=CREATE_TIMEOUT, interval=15))
 
 
+def kubeconfig_files() -> list[Path]:
+    """The files kubectl reads: $KUBECONFIG's (path-separated), else ~/.kube/config."""
+    listed = [p for p in os.environ.get("KUBECONFIG", "").split(os.pathsep) if p]
+    return [Path(p).expanduser() for p in listed] or [Path("~/.kube/config").expanduser()]
+
+
+def read_kubeconfig() -> dict:
+    """What `kubectl config view` shows of the contexts, read from its files
+    (no kubectl: Cloud SDK's kubectl asks the cluster for its version, and so
+    the auth plugin and gcloud for a token, even for `config view`)."""
+    merged: dict = {"contexts": [], "current-context": None}
+    for path in kubeconfig_files():
+        try:
+            data = yaml.safe_load(path.read_text()) if path.is_file() else None
+        except (OSError, yaml.YAMLError) as e:
+            raise ProbeFailed("kubeconfig", f"kubectl config view  # {path}", None, "", str(e),
+                              why=f"could not read {path}: {type(e).__name__}") from None
+        if not isinstance(data, dict):
+            continue
+        seen = {c.get("name") for c in merged["contexts"]}
+        merged["contexts"] += [c for c in data.get("contexts") or [] if isinstance(c, dict) and c.get("name") not in seen]
+        merged["current-context"] = merged["current-context"] or data.get("current-context")
+    return merged
+
+
 def kubeconfig_fact(env: Env):
-    return fact("kubeconfig", kubectl("config", "view", "--output=json"), json_object(),
+    return Fact(name="kubeconfig", python=read_kubeconfig,
+                display="kubectl config view --output=json  (its files read: $KUBECONFIG, else ~/.kube/config)",
                 describe=lambda k: f"current context {k.get('current-context') or 'none'}")
 
 

@@ -163,7 +163,7 @@ def head_step(env: Env) -> Step:
             return Outcome(CHANGED, f"would start the Ray head at {address(env)}")
         return Outcome(CHANGED if not running else OK, f"Ray head started at {address(env)}")
 
-    return Step(PLAY, f"Ray head {address(env)}", lambda look: None, run=run, id="local:head")
+    return Step(PLAY, f"Ray head {address(env)}", lambda look: None, run=run, id="local:head", probes=(pidf, version))
 
 
 def host_step(env: Env, name: str, slice_: int, worker: int, play: str = PLAY) -> Step:
@@ -194,7 +194,8 @@ def host_step(env: Env, name: str, slice_: int, worker: int, play: str = PLAY) -
         return Outcome(CHANGED if not running else OK, f"TPU host {name} joined ({pod_type(env)}, "
                                                        f"{env.chips_per_host} chips)")
 
-    return Step(play, f"TPU host {name}", lambda look: None, run=run, id=f"local:{name}", after=("local:head",))
+    return Step(play, f"TPU host {name}", lambda look: None, run=run, id=f"local:{name}", after=("local:head",),
+                probes=(pidf, nodes))
 
 
 def _nodes(env: Env) -> list:

@@ -98,7 +98,7 @@ def pool_step(env: Env, i: int) -> Step:
             return drift(f"node pool {name}: " + "; ".join(diffs))
         status = p.get("status")
         if status == "RUNNING":
-            return ok(f"node pool {name} is RUNNING")
+            return ok(f"node pool {name} is RUNNING ({env.topology}, {cap.pool_capacity(p)})")
         if status in ("PROVISIONING", "RECONCILING"):
             return wait(f"node pool {name} is {status} (another operation is making it)")
         if status in BROKEN:

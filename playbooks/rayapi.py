@@ -28,7 +28,7 @@ def list_nodes(address: str) -> Any:
 
 def nodes_fact(address: str) -> Fact:
     return Fact(name="ray nodes", python=lambda: list_nodes(address), assumed=[],
-                display=f"curl -fsS {quote(nodes_url(address))}",
+                display=f"curl -fsS {quote(nodes_url(address))}  # what `ray list nodes --address {address}` reads",
                 describe=lambda ns: f"{len(alive(ns))} alive node(s)" if isinstance(ns, list) else "no cluster")
 
 

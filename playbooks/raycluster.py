@@ -6,10 +6,11 @@ import json
 import re
 from typing import Any
 
-from . import autopilot, capacity
+from . import autopilot, capacity, k8s
 from . import tutorial as T
 from .cluster import credentials_step
 from .core.command import Command
+from .core.errors import PlaybookError
 from .core.inventory import Env
 from .core.render import envsubst, leftover
 from .core.runner import ABSENT
@@ -25,8 +26,9 @@ READY_TIMEOUT = 30 * 60
 # claim GKE's sample pairs with it: kubernetes-engine-samples
 # ai-ml/gke-ray/rayserve/llm/tpu/networking/all-netdev-template.yaml).
 CLAIMS = {
-    "standard": ("two-netdev", {"deviceClassName": "netdev.google.com", "allocationMode": "ExactCount", "count": 2}),
-    "autopilot": ("all-netdev", {"deviceClassName": "netdev.google.com", "allocationMode": "All"}),
+    "standard": (T.NETDEV_CLAIMS["standard"],
+                 {"deviceClassName": "netdev.google.com", "allocationMode": "ExactCount", "count": 2}),
+    "autopilot": (T.NETDEV_CLAIMS["autopilot"], {"deviceClassName": "netdev.google.com", "allocationMode": "All"}),
 }
 
 
@@ -123,15 +125,7 @@ def shape_diffs(env: Env, rc: Any) -> list[str]:
     return diffs
 
 
-def ready(env: Env, rc: Any) -> str | None:
-    if rc is ABSENT:
-        return "RayCluster not found"
-    st = rc.get("status") or {}
-    want = workers(env)
-    have = st.get("availableWorkerReplicas", 0)
-    if st.get("state") == "ready" and have >= want:
-        return None
-    return f"state {st.get('state', 'pending')}, {have}/{want} TPU workers available"
+ready = k8s.ready
 
 
 def apply_step(env: Env) -> Step:
@@ -163,8 +157,18 @@ def apply_step(env: Env) -> Step:
     after = ("kube:credentials", "storage:ksa", "storage:binding", "storage:bucket")
     if env.mode == "autopilot":
         after += ("raycluster:autopilot-rules", "raycluster:compute-class")
+    def explain(look, reason: str) -> str | None:
+        """The wait ended without readiness: why, one line per cause."""
+        try:
+            found = look(k8s.causes_fact(env))
+        except PlaybookError as e:
+            return f"and why could not be read: {str(e).splitlines()[0]}"
+        return ("why: " + "; ".join(found)) if found else None
+
+    # Readiness is watched (the kubernetes client), not polled with kubectl.
     return Step(PLAY, f"RayCluster {T.RAYCLUSTER_NAME}", decide, id="raycluster:apply", after=after,
-                verify=Verify(probe, check, timeout=timeout, interval=15))
+                verify=Verify(k8s.raycluster_watch_fact(env), check, timeout=timeout, interval=1),
+                probes=(claims, probe), explain=explain)
 
 
 def image_step(env: Env) -> Step:

@@ -32,10 +32,12 @@ CONFIG_KEYS = {
     "inventory": "the inventory file",
     "mode": "apply or check",
     "parallel": "steps run at once",
+    "heartbeat": "seconds between signs of life in a long wait",
 }
 ENV_PREFIX = "INVOKE_PLAYBOOK_"
 MAX_PARALLEL = 32  # each running step is one CLI process; more only queue at the APIs' rate limits
 DEFAULT_PARALLEL = 4
+DEFAULT_HEARTBEAT = 30
 
 
 class Failed(Exception):
@@ -59,6 +61,8 @@ class Session:
         (a training job's log) or whose order is the point (chaos);
         ``keep_going`` for independent checks (every problem is listed)."""
         self.book.reporter.line(banner("PLAY", f"{name} | env {self.env.name} ({_what(self.env)}) | {self.mode.value}"))
+        if self.logdir:
+            self.book.reporter.line(f"logs: {self.logdir.relative_to(ROOT)}")
         recap = self.book.run(f"{name} {self.env.name}", steps, workers=None if parallel else 1,
                               keep_going=keep_going)
         if self.logdir:
@@ -171,6 +175,9 @@ def playbook_config(config) -> dict[str, Any]:
     par = pb.get("parallel")
     out["parallel"] = DEFAULT_PARALLEL if par is None else whole_number(
         _place("parallel"), par, 1, MAX_PARALLEL, "each running step is one CLI process")
+    beat = pb.get("heartbeat")
+    out["heartbeat"] = DEFAULT_HEARTBEAT if beat is None else whole_number(
+        _place("heartbeat"), beat, 1, 3600, "a long wait says what it waits for at least this often")
     return out
 
 
@@ -192,7 +199,9 @@ def tool_env() -> dict[str, str]:
     return env
 
 
-def open_session(config, task: str, reporter: Reporter | None = None) -> Session:
+def open_session(config, task: str, reporter: Reporter | None = None, read_only: bool = False) -> Session:
+    """``read_only``: a task that only looks (status) runs in check mode
+    whatever playbook.mode says (its --dry still prints the probes)."""
     settings = playbook_config(config)
     dry = bool(config.get("run", {}).get("dry", False)) if hasattr(config, "get") else False
     if dry and settings["mode"] == "check":
@@ -201,7 +210,7 @@ def open_session(config, task: str, reporter: Reporter | None = None) -> Session
     os.chdir(ROOT)
     inv = load_inventory(path)
     env = inv.env(settings["env"])
-    mode = Mode.DRY if dry else Mode(settings["mode"])
+    mode = Mode.DRY if dry else Mode.CHECK if read_only else Mode(settings["mode"])
     parallel = settings["parallel"]
     logdir = None
     executor = None
@@ -210,7 +219,7 @@ def open_session(config, task: str, reporter: Reporter | None = None) -> Session
         logdir.mkdir(parents=True, exist_ok=True)
         executor = Executor(tool_env(), logdir)
     runner = Runner(mode, executor, RetryPolicy(is_transient=is_transient))
-    book = Playbook(runner, reporter or Reporter(), workers=parallel)
+    book = Playbook(runner, reporter or Reporter(), workers=parallel, heartbeat=settings["heartbeat"])
     return Session(env, mode, runner, book, logdir)
 
 

@@ -119,7 +119,8 @@ def binding_step(env: Env) -> Step:
     return Step(PLAY, f"workload identity binding {T.BUCKET_ROLE}", decide, id="storage:binding",
                 # The workload identity pool (<project>.svc.id.goog) comes
                 # with the cluster's workload identity.
-                after=("storage:bucket", "cluster:cluster"), verify=Verify(policy, granted, timeout=60, interval=5))
+                after=("storage:bucket", "cluster:cluster"), verify=Verify(policy, granted, timeout=60, interval=5),
+                probes=(number,))
 
 
 def steps(env: Env) -> list[Step]:

@@ -2,6 +2,8 @@
 its final status read from the Ray Jobs API, and a summary."""
 from __future__ import annotations
 
+import contextlib
+
 import json
 import re
 import shutil
@@ -9,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import maxtext_args
+from . import jobs, maxtext_args
 from .maxtext_args import run_name_problem
 from . import tutorial as T
 from .clients import fact, gcloud
@@ -48,6 +50,7 @@ class Job:
     log: Path | None = None
     local_data: Path | None = None
     bucket: str | None = None
+    env: Env | None = None
 
     def arg(self, key: str) -> str | None:
         for k, v in self.args:
@@ -138,7 +141,8 @@ def build_job(env: Env, model: str, elastic: bool = False, steps: int | None = N
         "TRAINER_CHIPS_PER_HOST": str(env.chips_per_host),
         "TRAINER_ACCELERATOR_TYPE": T.ACCELERATOR_TYPE,
     }
-    job = Job(model, elastic, T.ELASTIC_TRAINER if elastic else T.TRAINER, args, env_vars, address(env), fresh)
+    job = Job(model, elastic, T.ELASTIC_TRAINER if elastic else T.TRAINER, args, env_vars, address(env), fresh,
+              env=env)
     if env.kind == "local":
         p = local_paths(env)
         _set(args, "base_output_directory", p["data"])
@@ -166,6 +170,11 @@ def build_job(env: Env, model: str, elastic: bool = False, steps: int | None = N
         _set(args, "steps", str(steps))
     for k, v in extra:
         _set(args, k, v)
+    if env.kind == "local" and job.arg("metrics_file") is None:
+        # MaxText's own per-step metrics (each rank its own file; kept as the
+        # run's metrics.jsonl after the job).
+        from . import metrics
+        _set(args, "metrics_file", str(metrics.maxtext_file(env, job.run_name)))
     if elastic:
         check_elastic(job)
     why = run_name_problem(job.run_name)
@@ -196,15 +205,11 @@ def submit_command(job: Job, submission_id: str) -> Command:
                     *job.argv()))
 
 
-def attach_command(job: Job, submission_id: str) -> Command:
-    return Command(("ray", "job", "logs", "--follow", "--address", job.address, submission_id))
-
-
-def _ours(job: Job, jobs: Any) -> list[dict]:
-    prefix = f"{job.run_name}-"
-    out = [j for j in jobs or [] if str(j.get("submission_id") or "").startswith(prefix)
-           and str(j["submission_id"])[len(prefix):].isdigit()]
-    return sorted(out, key=lambda j: int(str(j["submission_id"])[len(prefix):]))
+def follow_line(address: str, submission_id: str) -> str:
+    """How following a job's log reads in a transcript (the CLI line that
+    does the same as the SDK call)."""
+    return (f"ray job logs --follow --address {address} {submission_id}  "
+            f"# through the Ray Jobs SDK: JobSubmissionClient.tail_job_logs")
 
 
 # -- checkpoints of the run ------------------------------------------------
@@ -325,26 +330,35 @@ def preemption_note(env: Env, job: Job) -> list[Step]:
 
 # -- the job ----------------------------------------------------------------
 def job_step(job: Job, state: dict, log_file: Path | None = None) -> Step:
-    jobs = jobs_fact(job.address)
+    listing = jobs_fact(job.address)
 
     def run(ctx: StepContext) -> Outcome:
         if "done" in state:
             return Outcome(SKIPPED, f"run {job.run_name} is already complete")
-        listed = ctx.look(jobs)
+        listed = ctx.look(listing)
         if listed is ABSENT:
             return Outcome(FAILED, f"no Ray dashboard answers at {job.address}: run `invoke up` (or `invoke dashboard`)")
-        mine = _ours(job, listed)
+        mine = jobs.ours(job.run_name, listed)
         active = [j for j in mine if j.get("status") in ("PENDING", "RUNNING")]
-        if active:
+        attach = bool(active)
+        if attach:
             sid = active[-1]["submission_id"]
             ctx.note(f"job {sid} of run {job.run_name} is already {active[-1]['status']}: following it, "
                      f"not submitting another")
-            command = attach_command(job, sid)
         else:
-            sid = f"{job.run_name}-{len(mine) + 1}"
+            sid = f"{job.run_name}-{max((int(j['submission_id'].rpartition('-')[2]) for j in mine), default=0) + 1}"
             command = submit_command(job, sid)
         summary = Summary()
         out = open(log_file, "a") if (log_file and ctx.acting) else None
+
+        def now() -> str:
+            """What a heartbeat says of the job: its status, its last step."""
+            j = ctx.peek(job_fact(job.address, sid))
+            status = j.get("status", "?") if isinstance(j, dict) else "not listed yet"
+            step = f"last step {summary.last_step}" if summary.last_step is not None else "no step yet"
+            return f"status {status}, {step}"
+
+        beat = ctx.beating(f"job {sid}", now)
 
         def on_line(line: str) -> None:
             summary.feed(line)
@@ -353,17 +367,26 @@ def job_step(job: Job, state: dict, log_file: Path | None = None) -> Step:
             text = clean(line)
             if SHOW.search(text) and not HIDE.search(text):
                 ctx.echo(text)
+                beat.touch()
 
         try:
-            for attempt in range(1, SUBMIT_ATTEMPTS + 1):
-                done = ctx.stream(command, on_line)
-                if done is None or done.ok or not NOT_READY.search(done.stdout) or attempt == SUBMIT_ATTEMPTS:
-                    break
-                # The dashboard answers before the head's job agent is up:
-                # the job was not created, so submitting again is safe.
-                ctx.log.emit("retry", f"the Ray head is not ready for jobs yet; submitting again in "
-                                      f"{SUBMIT_DELAY:.0f}s ({attempt}/{SUBMIT_ATTEMPTS})")
-                ctx.sleep(SUBMIT_DELAY)
+            with beat if ctx.acting else contextlib.nullcontext():
+                if attach:
+                    # The same code as `invoke logs --follow`: the Jobs SDK.
+                    line = follow_line(job.address, sid)
+                    ctx.act(Action(line, lambda: jobs.follow(job.address, sid, on_line)))
+                    done = Completed(line, 0, "", "") if ctx.acting else None
+                for attempt in range(1, SUBMIT_ATTEMPTS + 1):
+                    if attach:
+                        break
+                    done = ctx.stream(command, on_line)
+                    if done is None or done.ok or not NOT_READY.search(done.stdout) or attempt == SUBMIT_ATTEMPTS:
+                        break
+                    # The dashboard answers before the head's job agent is up:
+                    # the job was not created, so submitting again is safe.
+                    ctx.log.emit("retry", f"the Ray head is not ready for jobs yet; submitting again in "
+                                          f"{SUBMIT_DELAY:.0f}s ({attempt}/{SUBMIT_ATTEMPTS})")
+                    ctx.sleep(SUBMIT_DELAY)
         except KeyboardInterrupt:
             ctx.echo(f"interrupted: job {sid} goes on in the cluster; `invoke train` again follows it, "
                      f"`ray job stop --address {job.address} {sid}` stops it")
@@ -383,6 +406,12 @@ def job_step(job: Job, state: dict, log_file: Path | None = None) -> Step:
         state["submission_id"] = sid
         for line in summary.lines():
             ctx.echo(f"  {line}")
+        if summary.records or job.local_data is not None:
+            from . import metrics
+            kept = metrics.run_dir(job.env, job.run_name) / metrics.FILE
+            ctx.act(Action(f"# keep the run's step metrics in {rel(kept)}",
+                           lambda: metrics.keep(job.env, job.run_name, summary, sid)))
+            ctx.echo(f"  metrics: {rel(kept)} (`invoke metrics` draws them)")
         mismatch = summary.params_mismatch()
         if status != "SUCCEEDED":
             msg = (final or {}).get("message") if isinstance(final, dict) else ""

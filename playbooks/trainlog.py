@@ -10,7 +10,6 @@ STEP = re.compile(r"completed step: (\d+), seconds: ([\d.]+), TFLOP/s/device: ([
                   r"Tokens/s/device: ([\d.]+), total_weights: (\d+), loss: ([\d.]+|nan|inf)")
 WORKER = re.compile(r"\((?:RayTrainWorker|pid=)[^)]*?pid=(\d+)[^)]*\)|\(RayTrainWorker pid=(\d+)")
 GROUP = re.compile(r"Started training worker group of size (\d+)")
-RESIZE = re.compile(r"resize the worker group from (\d+) -> (\d+) workers")
 RESTORE = re.compile(r"restoring from this run's directory step (\d+)")
 PARAMS = re.compile(r"number parameters: ([\d.]+) billion")
 EXPECTED = re.compile(r"model check: (\S+) applied, ([\d.]+) billion parameters expected")
@@ -28,11 +27,20 @@ def clean(line: str) -> str:
     return ANSI.sub("", line)
 
 
+# Peak bf16 TFLOP/s per chip, for MFU = TFLOP/s/device (MaxText's log) / peak.
+# v6e (Trillium): "Peak compute per chip (bf16) 918 TFLOPs"
+# (https://cloud.google.com/tpu/docs/v6e); the others from Google's TPU pages,
+# as MaxText's own benchmarks/upload_metrics_to_bq.py has them.
+PEAK_TFLOPS = {"v4": 275.0, "v5e": 197.0, "v5p": 459.0, "v6e": 918.0}
+
+
 @dataclass
 class Summary:
-    records: list[tuple[int, int, float, float, float]] = field(default_factory=list)  # group, step, s, tok/s, loss
+    # group, step, seconds, tokens/s/device, loss, TFLOP/s/device
+    records: list[tuple[int, int, float, float, float, float]] = field(default_factory=list)
     groups: list[int] = field(default_factory=list)
     resizes: list[tuple[int, int]] = field(default_factory=list)
+    resize_steps: list[int | None] = field(default_factory=list)  # the last step before each resize
     _restores: dict[int, int] = field(default_factory=dict)  # worker group -> step restored
     params: float | None = None
     expected_params: float | None = None
@@ -52,12 +60,18 @@ class Summary:
             self._seen.add((who, step, len(self.groups)))
             group = len(self.groups)
             self._first.setdefault(group, step)
-            self.records.append((group, step, float(m.group(2)), float(m.group(4)), float(m.group(6))))
+            self.records.append((group, step, float(m.group(2)), float(m.group(4)), float(m.group(6)),
+                                 float(m.group(3))))
             return
         if (m := GROUP.search(line)):
-            self.groups.append(int(m.group(1)))
-        elif (m := RESIZE.search(line)):
-            self.resizes.append((int(m.group(1)), int(m.group(2))))
+            # A resize is a worker group of another size than the one before:
+            # Ray Train logs "resize the worker group" only when it grows one
+            # that runs; after a lost host it starts a smaller one.
+            size = int(m.group(1))
+            if self.groups and self.groups[-1] != size:
+                self.resizes.append((self.groups[-1], size))
+                self.resize_steps.append(self.last_step)
+            self.groups.append(size)
         elif (m := RESTORE.search(line)):
             self._restores.setdefault(len(self.groups), int(m.group(1)))
         elif (m := PARAMS.search(line)):
@@ -98,6 +112,23 @@ class Summary:
         vals = [r[3] for r in self._warm()]
         return statistics.median(vals) if vals else None
 
+    def step_seconds_quantile(self, q: float) -> float | None:
+        vals = sorted(r[2] for r in self._warm())
+        if not vals:
+            return None
+        return vals[min(len(vals) - 1, int(q * len(vals)))] if q < 1 else vals[-1]
+
+    @property
+    def median_tflops_per_device(self) -> float | None:
+        vals = [r[5] for r in self._warm()]
+        return statistics.median(vals) if vals else None
+
+    def mfu(self, chip: str = "v6e") -> float | None:
+        """Model FLOPs utilisation: the median TFLOP/s per device after the
+        first steps, over the chip's bf16 peak."""
+        t = self.median_tflops_per_device
+        return None if t is None else t / PEAK_TFLOPS[chip]
+
     @property
     def world_sizes(self) -> list[int]:
         """Worker-group sizes in the order they started, repeats collapsed."""
@@ -118,17 +149,33 @@ class Summary:
     def lines(self) -> list[str]:
         def f(v, fmt):
             return format(v, fmt) if v is not None else "n/a"
+
+        def pct(v):  # a TPU's tens of percent, or a CPU's small fraction of a TPU's peak
+            return "n/a" if v is None else format(100 * v, ".2f" if 100 * v >= 1 else ".2g")
+        mfu = self.mfu()
         out = [
             f"steps: {len(self.steps)} (last step {f(self.last_step, 'd')})",
             f"final loss: {f(self.final_loss, '.3f')}",
-            f"median step time: {f(self.median_step_seconds, '.3f')} s",
+            f"median step time: {f(self.median_step_seconds, '.3f')} s (p50 {f(self.step_seconds_quantile(0.5), '.3f')}, "
+            f"p90 {f(self.step_seconds_quantile(0.9), '.3f')}, after each group's first 2 steps)",
             f"tokens/s/device (median): {f(self.median_tokens_per_device, '.1f')}",
+            f"MFU: {pct(mfu)}% ({f(self.median_tflops_per_device, '.3g')} "
+            f"TFLOP/s/device of a v6e chip's {PEAK_TFLOPS['v6e']:.0f} bf16 peak)",
         ]
         if self.params is not None:
             out.append(f"parameters: {self.params:.3f} billion"
                        + (f" ({self.model}: {self.expected_params:.3f} expected)" if self.expected_params else ""))
         if len(self.world_sizes) > 1 or self.resizes:
             out.append("worker group sizes: " + " -> ".join(map(str, self.world_sizes)))
+        for (a, b), at in zip(self.resizes, self.resize_steps):
+            out.append(f"resize {a} -> {b} workers after step {f(at, 'd')}")
         if self.restores:
             out.append("restored from checkpoint step(s): " + ", ".join(map(str, self.restores)))
+        return out
+
+    def events(self) -> list[dict]:
+        """Resizes and restores, for the metrics file and its plot."""
+        out: list[dict] = [{"event": "resize", "from": a, "to": b, "after_step": at}
+                           for (a, b), at in zip(self.resizes, self.resize_steps)]
+        out += [{"event": "restore", "step": s} for s in self.restores]
         return out

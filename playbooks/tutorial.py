@@ -48,6 +48,9 @@ HEAD_SERVICE = "maxtext-tpu-cluster-head-svc"
 DASHBOARD_PORT = 8265
 WORKER_SELECTOR = "ray.io/node-type=worker"
 TPU_WORKER_GROUP = "tpu-group"
+# The DRANET NIC claim of a TPU worker: the tutorial's on Standard; on
+# Autopilot the one GKE's sample pairs with the accelerator network profile auto.
+NETDEV_CLAIMS = {"standard": "two-netdev", "autopilot": "all-netdev"}
 TPU_ACCELERATOR_LABEL = "tpu-v6e-slice"  # the workers' cloud.google.com/gke-tpu-accelerator
 ACCELERATOR_TYPE = "TPU-V6E"
 

@@ -30,7 +30,8 @@ def local(tmp_path_factory):
     inv.write_text(yaml.safe_dump({"default": ENV, "environments": {ENV: env}}))
     shutil.rmtree(ROOT / ".state" / ENV, ignore_errors=True)
     e = {k: v for k, v in os.environ.items() if not k.startswith("INVOKE_")}
-    e.update({"INVOKE_PLAYBOOK_INVENTORY": str(inv), "HOME": str(d), "RAY_USAGE_STATS_ENABLED": "0"})
+    e.update({"INVOKE_PLAYBOOK_INVENTORY": str(inv), "HOME": str(d), "RAY_USAGE_STATS_ENABLED": "0",
+              "INVOKE_PLAYBOOK_HEARTBEAT": "3"})
 
     def invoke(*args, timeout=900):
         r = subprocess.run([INVOKE, *args], cwd=ROOT, env=e, capture_output=True, text=True, timeout=timeout)
@@ -104,6 +105,37 @@ def test_train_locally_to_succeeded(local, tmp_path):
     assert summary_value(out, "parameters").startswith("0.002 billion (llama3-8b: 0.002 expected)")
     assert "simulated TPU: 2 host(s) = 2 slice(s) of 1" in out
     assert "changed: [train : job rayjob-multi-slice (llama3-8b)] job rayjob-multi-slice-1 SUCCEEDED" in out
+    # A quiet job (starting, compiling) gives a sign of life: its status and last step.
+    assert re.search(r"^  waiting \d+s: job rayjob-multi-slice-1 still running; status (PENDING|RUNNING), "
+                     r"(no step yet|last step \d+)$", out, re.M), out[-5000:]
+    mfu = re.match(r"([\d.e-]+)% \(([\d.]+) TFLOP/s/device of a v6e chip's 918 bf16 peak\)", summary_value(out, "MFU"))
+    assert mfu and float(mfu.group(1)) > 0 and float(mfu.group(2)) > 0, out[-3000:]
+    assert abs(float(mfu.group(1)) / (100 * float(mfu.group(2)) / 918) - 1) < 0.05  # MFU = TFLOP/s / peak
+
+    # The run's step metrics are kept, from MaxText's own metrics_file.
+    from playbooks import metrics
+    run = summary_value(out, "metrics").split()[0]
+    kept = ROOT / run
+    header, steps, events = metrics.read(kept)
+    assert header["source"] == "metrics_file" and header["job"] == "rayjob-multi-slice-1", header
+    assert [r["step"] for r in steps] == list(range(20))
+    assert all(r["source"] == "metrics_file" and r["loss"] > 0 and r["step_seconds"] > 0 for r in steps)
+    assert abs(steps[-1]["loss"] - loss) < 1e-3  # the same last loss the log printed
+    assert events == []
+    # `invoke metrics` draws them; the panels plot exactly the kept records.
+    rc, out = local("metrics")
+    assert rc == 0, out
+    png = kept.with_name(metrics.PNG)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    _, figure = metrics.plot(kept)
+    drawn = [list(zip(*ax.lines[0].get_data())) for ax in figure.axes]
+    assert drawn == [metrics.series(steps)[key] for key, _ in metrics.SERIES]
+    rc, out = local("metrics")  # converged: the picture is newer than its data
+    assert rc == 0 and "is up to date" in out, out
+    # `invoke logs`: the driver log of the run's newest job, through the Jobs SDK.
+    rc, out = local("logs")
+    assert rc == 0, out
+    assert "completed step: 19" in out and "job rayjob-multi-slice-1 SUCCEEDED" in out
 
     # Converged: the cluster is reused, nothing changes.
     rc, out = local("up")
@@ -154,6 +186,13 @@ def test_elastic_training_survives_a_lost_host(local):
     restored = [int(x) for x in summary_value(out, "restored from checkpoint step(s)").split(", ")]
     assert len(restored) >= 2 and all(s > 0 for s in restored), restored
     assert "resize the worker group from 1 -> 2 workers" in out
+    resized = re.findall(r"^\s+resize (\d) -> (\d) workers after step (\d+)$", out, re.M)
+    assert [(a, b) for a, b, _ in resized] == [("2", "1"), ("1", "2")], resized
+    from playbooks import metrics
+    _, steps, events = metrics.read(ROOT / summary_value(out, "metrics").split()[0])
+    assert [e["event"] for e in events if e["event"] == "resize"] == ["resize", "resize"]
+    assert [e["after_step"] for e in events if e["event"] == "resize"] == [int(s) for _, _, s in resized]
+    assert steps[-1]["step"] == 99
     assert summary_value(out, "steps").endswith("(last step 99)")
 
 

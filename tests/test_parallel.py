@@ -19,14 +19,14 @@ def step(name, seconds=0.2, after=(), outcome=CHANGED, log=None):
     return Step("t", name, lambda look: None, run=run, id=name, after=after)
 
 
-def book(workers):
+def book(workers, heartbeat=30.0):
     lines = []
     lock = threading.Lock()
 
     def write(l):
         with lock:
             lines.append(l)
-    return Playbook(Runner(Mode.APPLY, executor=None), Reporter(write), workers=workers), lines
+    return Playbook(Runner(Mode.APPLY, executor=None), Reporter(write), workers=workers, heartbeat=heartbeat), lines
 
 
 def test_independent_steps_overlap_and_dependencies_wait():
@@ -129,19 +129,35 @@ def test_check_mode_and_dry_runs_never_say_a_thing_happened():
 
 
 def test_a_long_wait_says_what_it_waits_for_even_while_others_run(monkeypatch):
-    from playbooks.core import play
     from playbooks.core.runner import Fact
     from playbooks.core.step import Verify, change
 
-    monkeypatch.setattr(play, "HEARTBEAT", 0.1)
     left = iter(["0/8 workers"] * 6 + [None])
     fact = Fact(name="workers", python=lambda: next(left), display="kubectl get raycluster x")
     slow = Step("t", "slow", lambda look: change(reason="applied"), id="slow",
                 verify=Verify(fact, lambda v: v, timeout=10, interval=0.05))
-    b, lines = book(4)
+    b, lines = book(4, heartbeat=0.1)
     recap = b.run("t", [slow, step("other", 0.05, log=[])])
     beats = [l for l in lines if l.startswith("  [t : slow] ") and "0/8 workers" in l]
     assert beats and "s of at most 10s: 0/8 workers" in beats[0], lines
     # printed before the step's block (others ran at once: the block comes whole at the end)
     assert lines.index(beats[0]) < lines.index(next(l for l in lines if l.startswith("TASK [t : slow] *")))
     assert recap.counters() == "ok=0 changed=2 failed=0 skipped=0"
+
+
+def test_a_long_command_says_how_long_and_what_its_verify_fact_shows(monkeypatch):
+    from playbooks.core.command import Command
+    from playbooks.core.runner import Executor, Fact
+    from playbooks.core.step import Verify, change
+
+    states = iter(["PROVISIONING"] * 20 + ["RUNNING"] * 100)
+    fact = Fact(name="cluster c", python=lambda: next(states), display="gcloud container clusters list")
+    create = Step("t", "cluster", lambda look: change(Command(("sleep", "0.7")), reason="created"), id="c",
+                  verify=Verify(fact, lambda v: None if v == "RUNNING" else f"status {v}", timeout=5, interval=0.05))
+    lines = []
+    b = Playbook(Runner(Mode.APPLY, executor=Executor()), Reporter(lines.append), workers=1, heartbeat=0.15)
+    recap = b.run("t", [create])
+    beats = [l for l in lines if l.startswith("  waiting")]
+    assert beats, lines
+    assert "s: `sleep 0.7 ...` still running; cluster c: PROVISIONING, status PROVISIONING" in beats[0], beats
+    assert recap.counters() == "ok=0 changed=1 failed=0 skipped=0"

@@ -155,13 +155,15 @@ def test_failed_create_halfway_then_rerun_converges_without_duplicates(cloud: Cl
     np = recap(first, "nodepools")
     assert (np["changed"], np["failed"]) == (1, 1)
     assert [r.status for r in first.calls("POST", r"/nodePools$")] == [200, 403]
+    # The pools are created at once: which one's POST came second is a race.
+    refused = [r.body["nodePool"]["name"] for r in first.calls("POST", r"/nodePools$") if r.status == 403]
 
     second = ok_run(cloud.invoke("cluster", "nodepools"))
     c = recap(second, "cluster")
     assert (c["ok"], c["changed"], c["failed"]) == (2, 0, 0)
     np2 = recap(second, "nodepools")
     assert (np2["ok"], np2["changed"], np2["failed"]) == (4, 1, 0)     # the 3 capacity checks, the other pool
-    assert [r.body["nodePool"]["name"] for r in second.calls("POST", r"/nodePools$")] == ["v6e-16-1"]
+    assert [r.body["nodePool"]["name"] for r in second.calls("POST", r"/nodePools$")] == refused
     assert [r.path for r in second.changes] == [ZONE_PATH + f"/clusters/{CLUSTER}/nodePools"]
 
     both = first.requests + second.requests
@@ -515,7 +517,11 @@ def test_spot_and_flex_start_pools_are_made_with_their_flags_and_the_workers_sel
 
     cloud.reset()
     cloud.change_inventory(capacity="flex-start", capacity_wait=600)
-    run = ok_run(cloud.invoke("up"))
+    cloud.seed_project()
+    cloud.seed_networks()
+    cloud.seed_cluster()
+    cloud.get_credentials()
+    run = ok_run(cloud.invoke("nodepools", "raycluster"))
     for p in bodies(run, "POST", r"/nodePools$"):
         np = p["nodePool"]
         assert np["config"]["flexStart"] is True and np["initialNodeCount"] == 0
@@ -525,7 +531,7 @@ def test_spot_and_flex_start_pools_are_made_with_their_flags_and_the_workers_sel
     [rc] = bodies(run, "POST", r"/rayclusters$")
     assert rc["spec"]["workerGroupSpecs"][0]["template"]["spec"]["nodeSelector"][
         "cloud.google.com/gke-flex-start"] == "true"
-    assert ok_run(cloud.invoke("up")).changes == []
+    assert ok_run(cloud.invoke("nodepools", "raycluster")).changes == []
     # Not elastic on preemptible capacity: said once, before the job.
     train = cloud.invoke("--dry", "train", "--skip-preflight")
     assert "capacity: flex-start: a preemption ends this job" in train.out and "--elastic" in train.out
@@ -674,3 +680,83 @@ def test_autopilot_teardown_neither_deletes_nor_expects_vpcs(cloud: Cloud):
     assert [r.path.rsplit("/", 1)[-1] for r in run.requests if r.method == "DELETE" and "/clusters/" in r.path] == [
         "maxtext-autopilot"]
     assert "subnet" not in run.out.lower().split("play recap")[-1]
+
+
+# -- 10. what is there, and why it is stuck --------------------------------------------
+CAUSES = {
+    "no-tpu": (dict(scheduled="0/5 nodes are available: 5 Insufficient google.com/tpu."),
+               "no node with free TPU chips: the scheduler says '0/5 nodes are available: 5 Insufficient google.com/tpu.'"),
+    "selector": (dict(scheduled="0/3 nodes are available: 3 node(s) didn't match Pod's node affinity/selector."),
+                 "no node matches the workers' node selector or compute class"),
+    "claim": (dict(scheduled="0/4 nodes are available: 4 cannot allocate all claims."),
+              "the DRANET NIC claim is not allocated"),
+    "image": (dict(waiting=("ImagePullBackOff", 'Back-off pulling image "rayproject/ray:9.9.9-py312-tpu"')),
+              "cannot pull image rayproject/ray: ImagePullBackOff: Back-off pulling image"),
+    "crash": (dict(phase="Running", waiting=("CrashLoopBackOff", "back-off 5m0s restarting failed container"),
+                   restarts=7, log="starting ray\nImportError: libtpu.so: cannot open shared object file\n"),
+              "container ray-worker keeps crashing (7 restarts); its last lines: starting ray | ImportError: libtpu.so"),
+    "mount": (dict(events=(("FailedMount", 'MountVolume.SetUp failed for volume "gcs-fuse-csi-ephemeral" : rpc error: '
+                                           'code = PermissionDenied desc = failed to get GCS bucket: googleapi: Error '
+                                           '403: Caller does not have storage.objects.list access'),)),
+              f"the GCS FUSE mount of gs://{BUCKET} is refused: the workload-identity binding of default/maxtext-ksa "
+              f"(`invoke storage`)"),
+}
+
+
+@pytest.mark.parametrize("cause", list(CAUSES))
+def test_each_cause_of_a_stuck_worker_is_said_in_one_line_by_the_kubernetes_client(cloud: Cloud, cause: str,
+                                                                                 monkeypatch):
+    """The real `kubernetes` client (its exec plugin: gke-gcloud-auth-plugin)
+    against the fake API server: pods, their states and events."""
+    from playbooks import k8s
+    cloud.seed_full()
+    cloud.get_credentials()
+    kwargs, words = CAUSES[cause]
+    pods = cloud.kube.worker_pods("default")[:2]
+    for p in pods:
+        cloud.kube.break_pod("default", p, **kwargs)
+    for k, v in cloud.env().items():
+        monkeypatch.setenv(k, v)
+    k8s._clients.clear()
+    e = cloud.envdata()
+    rc = cloud.kube.get("rayclusters", "maxtext-tpu-cluster", "default")
+    assert k8s.ready(e, rc) == "head ready, 6 of 8 TPU workers ready"
+    found = k8s.causes(e)
+    assert len(found) == 1, found               # one line per cause, not one per pod
+    assert words in found[0] and f"(2 pods: {pods[0]}, {pods[1]})" in found[0], found
+
+
+def test_status_names_a_pending_workers_cause_and_its_json_parses(cloud: Cloud):
+    cloud.seed_full()
+    cloud.get_credentials()
+    ok = ok_run(cloud.invoke("status"))
+    assert "diagnosis: everything is as the inventory asks" in ok.out, ok.out
+    assert ok.changes == []
+    [pod] = cloud.kube.worker_pods("default")[:1]
+    cloud.kube.break_pod("default", pod, scheduled="0/5 nodes are available: 5 Insufficient google.com/tpu.")
+    run = failed_run(cloud.invoke("status"))
+    assert run.changes == []
+    [line] = [l for l in run.out.splitlines() if l.startswith("diagnosis: ")]
+    assert line.startswith("diagnosis: status : RayCluster workers: head ready, 7 of 8 TPU workers ready; why: no node "
+                           "with free TPU chips: the scheduler says '0/5 nodes are available: 5 Insufficient "
+                           "google.com/tpu.'"), line
+    assert re.search(r"status : jobs +as asked +0 job\(s\): none", run.out), run.out
+    out = cloud.invoke("status", "--json").out      # (its one-line verdict is on stderr, merged here)
+    doc = json.loads(out[out.index("{\n"):out.rindex("\n}") + 2])
+    assert doc["as_asked"] is False and "Insufficient google.com/tpu" in doc["diagnosis"]
+    assert {i["what"] for i in doc["items"]} >= {"cluster : GKE cluster maxtext-multislice", "status : TPU nodes ready",
+                                                  "status : RayCluster workers", "status : jobs"}
+
+
+def test_a_long_create_gives_a_sign_of_life_also_while_other_steps_run(cloud: Cloud):
+    cloud.gcp.latency["network"] = 5.0
+    run = ok_run(cloud.invoke("network", INVOKE_PLAYBOOK_HEARTBEAT="2"))
+    beats = [l for l in run.out.splitlines() if "still running" in l]
+    assert beats, run.out
+    # Both VPCs are made at once, so each step's lines come whole at its end;
+    # its heartbeat comes at once, named by its step.
+    assert re.search(rf"^  \[network : VPC {NET1}\] \d+s: `gcloud compute networks create \.\.\.` still running; "
+                     rf"network {NET1}: present \(mtu 8896", "\n".join(beats), re.M), beats
+    first = next(l for l in beats if NET1 in l)
+    assert run.out.index(first) < run.out.index(f"TASK [network : VPC {NET1}] *")
+    assert run.out.splitlines()[1].startswith("logs: .state/"), run.out[:300]   # where the logs go, at the start

@@ -1,4 +1,5 @@
 """The trainer's own checks, its configs and its pins (no Ray cluster)."""
+import json
 import filecmp
 import os
 import re
@@ -125,8 +126,23 @@ def test_summary_of_a_job_log():
     assert s.last_step == 3 and len(s.steps) == 4
     assert s.final_loss == 6.9
     assert s.median_step_seconds == 0.6  # steps 2 and 3: past each group's first two
-    assert s.world_sizes == [4, 2, 4] and s.resizes == [(2, 4)]
+    assert s.world_sizes == [4, 2, 4] and s.resizes == [(4, 2), (2, 4)]
+    assert s.resize_steps == [3, 3]  # the shrink after step 3; the regrowth after step 3 (run again)
     assert s.restores == [2]
     assert s.params_mismatch() is None
     s.feed("(RayTrainWorker pid=3) number parameters: 1.300 billion")
     assert "the model config was not applied" in s.params_mismatch()
+
+
+def test_maxtext_metrics_file_read_one_record_per_step(tmp_path):
+    """MaxText writes `step` as a float and appends across restarts: a step
+    run again after a restore counts as its last run; other lines are not records."""
+    from playbooks import metrics
+    rows = [{"step": 0.0, "learning/loss": 7.5, "perf/step_time_seconds": 9.0},
+            {"step": 1.0, "learning/loss": 7.4, "perf/step_time_seconds": 0.5},
+            {"step": 1.0, "learning/loss": 7.3, "perf/step_time_seconds": 4.0},  # again, after a restore
+            {"step": 2.5}, {"step": True}, {"step": "3"}, [1, 2]]
+    f = tmp_path / "m.jsonl"
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows) + "not json\n")
+    got = metrics.from_maxtext(f)
+    assert [(r["step"], r["loss"], r["step_seconds"]) for r in got] == [(0, 7.5, 9.0), (1, 7.3, 4.0)]

@@ -82,7 +82,9 @@ def test_provisioning_commands(transcripts):
         assert v in apply[0]
     assert f"kubectl port-forward svc/maxtext-tpu-cluster-head-svc 8265:8265 --namespace {NS} {CTX}" in \
            transcripts["up"]
-    assert "ray list nodes --address http://localhost:8265" in transcripts["up"]
+    # the tutorial's `ray list nodes`, read from the State API endpoint it calls
+    assert ("curl -fsS 'http://localhost:8265/api/v0/nodes?limit=10000&detail=true'  "
+            "# what `ray list nodes --address http://localhost:8265` reads") in transcripts["up"]
     assert "would check: 1 head + 12 TPU workers" in transcripts["up"]
 
 

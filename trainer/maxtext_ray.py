@@ -206,7 +206,8 @@ def train_loop_per_worker(config: dict) -> None:
     """Ray Train's per-worker function: MaxText with the job's argv."""
     import ray.train
 
-    run_maxtext(config["argv"], config["layout"], ray.train.get_context().get_world_size())
+    ctx = ray.train.get_context()
+    run_maxtext(config["argv"], config["layout"], ctx.get_world_size(), ctx.get_world_rank())
 
 
 def fit(argv: list[str], elastic: bool) -> None:
@@ -240,9 +241,22 @@ def fit(argv: list[str], elastic: bool) -> None:
     ray.shutdown()
 
 
-def run_maxtext(argv: list[str], layout: Layout, world_size: int) -> None:
+def per_rank(argv: list[str], rank: int) -> list[str]:
+    """MaxText's metrics_file is written by every process (not only rank 0):
+    one file per rank, <name>.rank<N><ext>."""
+    out = []
+    for a in argv:
+        if a.startswith("metrics_file=") and a != "metrics_file=":
+            root, ext = os.path.splitext(a[len("metrics_file="):])
+            a = f"metrics_file={root}.rank{rank}{ext}"
+            os.makedirs(os.path.dirname(root) or ".", exist_ok=True)
+        out.append(a)
+    return out
+
+
+def run_maxtext(argv: list[str], layout: Layout, world_size: int, rank: int = 0) -> None:
     """The body of ``train_loop_per_worker``: MaxText's pre-training main."""
-    argv = list(argv)
+    argv = per_rank(list(argv), rank)
     if _simulated():
         slices = max(1, world_size // layout.hosts_per_slice)
         argv = [a for a in argv if not a.startswith("num_slices=")] + [f"num_slices={slices}"]

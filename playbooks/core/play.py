@@ -21,8 +21,10 @@ from .step import CHANGE, DRIFT, FAIL, OK as D_OK, WAIT, Broken, Step, poll
 class StepContext:
     """What a step may do: look at facts, act, stream, note."""
 
-    def __init__(self, runner: Runner, step: Step, log: StepLog, sleep: Callable[[float], None] = time.sleep):
+    def __init__(self, runner: Runner, step: Step, log: StepLog, sleep: Callable[[float], None] = time.sleep,
+                 heartbeat: float = 30.0):
         self.runner, self.step, self.log, self.sleep = runner, step, log, sleep
+        self.heartbeat = heartbeat  # a wait says what it waits for at least this often (seconds)
 
     @property
     def mode(self) -> Mode:
@@ -35,8 +37,31 @@ class StepContext:
     def look(self, fact: Fact, fresh: bool = False) -> Any:
         return self.runner.look(fact, self.log, self.step.title, fresh=fresh)
 
+    def peek(self, fact: Fact) -> Any:
+        """A fresh look that prints no probe line (for a heartbeat)."""
+        return self.runner.look(fact, _Quiet(self.log), self.step.title, fresh=True)
+
     def act(self, what: Command | Action, recheck: Callable[[], bool] | None = None) -> Completed | None:
-        return self.runner.act(what, self.log, self.step.title, recheck)
+        if not self.acting or isinstance(what, Action) or what.background:
+            return self.runner.act(what, self.log, self.step.title, recheck)
+        with _Beat(self, f"`{' '.join(what.argv[:4])} ...`", self.state):
+            return self.runner.act(what, self.log, self.step.title, recheck)
+
+    def beating(self, words: str, state: Callable[[], str]) -> "_Beat":
+        """A sign of life while ``words`` runs quietly (see _Beat)."""
+        return _Beat(self, words, state)
+
+    def state(self) -> str:
+        """What the step's verify fact says now (for a heartbeat), looked up
+        fresh; "" when it has none or cannot look."""
+        v = self.step.verify
+        if v is None:
+            return ""
+        try:
+            value = self.runner.look(v.fact, _Quiet(self.log), self.step.title, fresh=True, label="verify")
+            return f"{v.fact.name}: {v.fact.summary(value)}" + (f", {why}" if (why := _check(v, value)) else "")
+        except PlaybookError as e:
+            return f"{v.fact.name}: cannot look ({str(e).splitlines()[0][:100]})"
 
     def made(self) -> bool:
         """A fresh look at the step's verify fact: is the change there?
@@ -93,7 +118,7 @@ def verify(ctx: StepContext, step: Step) -> str | None:
         if why != last[0]:
             ctx.log.emit("verify", f"{v.fact.line()}  => {why or 'ok'}")
             last[0] = why
-        elif why and time.monotonic() - beat >= HEARTBEAT:
+        elif why and time.monotonic() - beat >= ctx.heartbeat:
             beat = time.monotonic()
             ctx.log.heartbeat(f"{time.monotonic() - start:.0f}s of at most {v.timeout:.0f}s: {why}")
         return why
@@ -104,8 +129,49 @@ def verify(ctx: StepContext, step: Step) -> str | None:
         return str(e)
 
 
-# A wait says what it waits for at least this often (seconds).
-HEARTBEAT = 30.0
+
+
+def _check(v, value) -> str | None:
+    try:
+        return v.check(value)
+    except Broken as e:
+        return str(e)
+
+
+class _Beat:
+    """While something long runs (a cluster create: minutes; a job that
+    compiles), say every ``heartbeat`` seconds of silence how long it has
+    run and what ``state()`` shows now (for a command: a fresh look at the
+    step's verify fact). ``touch()``: the step just printed a line."""
+
+    def __init__(self, ctx: "StepContext", words: str, state: Callable[[], str]):
+        self.ctx, self.words, self.state = ctx, words, state
+        self._stop = threading.Event()
+        self._start = self._last = time.monotonic()
+
+    def __enter__(self) -> "_Beat":
+        threading.Thread(target=self._beat, daemon=True, name="heartbeat").start()
+        return self
+
+    def touch(self) -> None:
+        self._last = time.monotonic()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(max(0.05, self._last + self.ctx.heartbeat - time.monotonic())):
+            if time.monotonic() - self._last < self.ctx.heartbeat:
+                continue
+            try:
+                state = self.state()
+            except Exception as e:  # a sign of life must not end the step
+                state = f"cannot look ({str(e).splitlines()[0][:100] if str(e) else type(e).__name__})"
+            if self._stop.is_set():
+                return
+            self.ctx.log.heartbeat(f"{time.monotonic() - self._start:.0f}s: {self.words} still running"
+                                   + (f"; {state}" if state else ""))
+            self._last = time.monotonic()
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
 
 
 class _Stop(Exception):
@@ -167,8 +233,10 @@ class Playbook:
     """Runs a list of steps against a runner and returns the recap."""
 
     def __init__(self, runner: Runner, reporter: Reporter | None = None, workers: int = 1,
-                 sleep: Callable[[float], None] = time.sleep, timed: bool | None = None):
+                 sleep: Callable[[float], None] = time.sleep, timed: bool | None = None,
+                 heartbeat: float = 30.0):
         self.runner = runner
+        self.heartbeat = heartbeat
         self.reporter = reporter or Reporter()
         self.workers = max(1, workers if runner.mode is not Mode.DRY else 1)
         self.sleep = sleep
@@ -185,7 +253,7 @@ class Playbook:
             self.reporter.line(head)
         elif announce:
             self.reporter.line(f"{head.split(' *')[0]} started")
-        ctx = StepContext(self.runner, step, log, self.sleep)
+        ctx = StepContext(self.runner, step, log, self.sleep, self.heartbeat)
         start = time.monotonic()
         try:
             out = execute(step, ctx)
@@ -253,6 +321,8 @@ class Playbook:
         recap = Recap(name, timed=self.timed)
         start = time.monotonic()
         workers = self.workers if workers is None else max(1, min(workers, self.workers))
+        if workers > 1:
+            self.prefetch(steps, workers)
         if workers == 1 or keep_going:
             for i, step in enumerate(steps):
                 r = self._one(step, buffered=False)
@@ -265,6 +335,24 @@ class Playbook:
         recap.wall = time.monotonic() - start
         self.reporter.block([""] + recap.render())
         return recap
+
+    def prefetch(self, steps: Sequence[Step], workers: int) -> float:
+        """Look up every step's first facts at once, before the steps run:
+        probes are read-only, so a converged run's answers are all there
+        when each step asks (the cache is cleared by any change). What a
+        look cannot answer is left to the step, which reports it. Returns
+        the seconds it took."""
+        if not self.runner.probing:
+            return 0.0
+        facts: dict[str, Fact] = {}
+        for s in steps:
+            if s.skip is None:
+                for f in s.first_facts():
+                    facts.setdefault(f.key, f)
+        start = time.monotonic()
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            list(pool.map(self.runner.prefetch, facts.values()))
+        return time.monotonic() - start
 
     def _run_parallel(self, steps: Sequence[Step], recap: Recap, workers: int) -> None:
         ids = {s.id for s in steps}

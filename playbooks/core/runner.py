@@ -282,7 +282,7 @@ class StepLog:
         self.lines: list[str] = []
 
     def heartbeat(self, text: str) -> None:
-        line = f"  {'waiting':<7}{text}"
+        line = f"  waiting {text}"
         self.lines.append(line)
         if self.sink:
             self.sink(f"  [{self.title}] {text}" if self.buffered and self.title else line)
@@ -305,6 +305,18 @@ class UndeclaredFact(PlaybookError):
 
 class _Assumed:
     """The dry-run answer: the fact's own ``assumed`` value."""
+
+
+@dataclass
+class _Prefetched:
+    """An answer looked up ahead: the step's first look shows it as its own."""
+    raw: Any
+
+
+@dataclass
+class _Transient:
+    """A prefetched answer that failed transiently: the step's first attempt."""
+    completed: Completed
 
 
 @dataclass
@@ -357,15 +369,22 @@ class Runner:
         call answers every fact built on it; ``fresh`` looks again."""
         key = fact.key
         with self._fact_lock(key):
-            cached = not fresh and key in self._cache
-            if cached:
-                raw = self._cache[key]
+            held = self._cache.get(key)
+            cached = not fresh and key in self._cache and not isinstance(held, _Transient)
+            if cached and isinstance(held, _Prefetched):  # looked up ahead for this step: its first look
+                raw = self._cache[key] = held.raw
+                cached, note = False, ""
+            elif cached:
+                raw = held
                 note = " (cached)"
             else:
-                raw, note = self._answer(fact, log, step)
+                first = held.completed if isinstance(held, _Transient) and not fresh else None
+                raw, note = self._answer(fact, log, step, first=first)
                 self._cache[key] = raw
         value = self._parse(fact, raw)
-        log.emit(label, f"{fact.line()}  => {fact.summary(value)}{note}")
+        line = f"{fact.line()}  => {fact.summary(value)}{note}"
+        if not (cached and f"  {label:<7}{line}" in log.lines):  # one list call, two facts: said once
+            log.emit(label, line)
         return value
 
     @staticmethod
@@ -383,8 +402,35 @@ class Runner:
             self.recorded.append(command)
             command = command.pipe_from
 
-    def _answer(self, fact: Fact, log: StepLog, step: str) -> tuple[Any, str]:
-        self._record(fact.command)
+    def prefetch(self, fact: Fact) -> None:
+        """Look once, ahead of the step that will ask, without retrying and
+        without a log: a transient failure is kept as the step's first
+        attempt (its retries are then the step's, and logged there)."""
+        if self.declared is not None or self.mode is Mode.DRY:
+            return
+        key = fact.key
+        with self._fact_lock(key):
+            if key in self._cache:
+                return
+            if fact.python is not None:
+                try:
+                    self._cache[key] = _Prefetched(_Value(fact.python()))
+                except PlaybookError:
+                    pass  # the step looks again, and says why
+                return
+            assert fact.command is not None
+            self._record(fact.command)
+            command = fact.command
+            if command.timeout is None:
+                command = dataclasses.replace(command, timeout=self.probe_timeout)
+            assert self.executor is not None
+            c = self.executor.run(command, label="prefetch")
+            transient = not c.ok and self.retry.is_transient(c, command.patience is not None)
+            self._cache[key] = _Transient(c) if transient else _Prefetched(_shown(c, command))
+
+    def _answer(self, fact: Fact, log: StepLog, step: str, first: Completed | None = None) -> tuple[Any, str]:
+        if first is None:
+            self._record(fact.command)
         if self.declared is not None:
             if fact.key not in self.declared:
                 raise UndeclaredFact(f"step {step!r}: probe not declared by the fixture: {fact.key}")
@@ -408,10 +454,10 @@ class Runner:
         command = fact.command
         if command.timeout is None:
             command = dataclasses.replace(command, timeout=self.probe_timeout)
-        return self._run_with_retry(command, log, step), ""
+        return self._run_with_retry(command, log, step, first=first), ""
 
     def _run_with_retry(self, command: Command, log: StepLog, step: str,
-                        recheck: Callable[[], bool] | None = None) -> Completed:
+                        recheck: Callable[[], bool] | None = None, first: Completed | None = None) -> Completed:
         """Run; a transient failure (the request turned away, or never
         answered) is tried again with bounded exponential backoff: the
         policy's attempts, or for ``command.patience`` seconds, each try
@@ -423,7 +469,7 @@ class Runner:
         delay = self.retry.base
         attempt = 1
         while True:
-            c = self.executor.run(command, label=step)
+            c, first = (first, None) if first is not None else (self.executor.run(command, label=step), None)
             if c.ok or not self.retry.is_transient(c, command.patience is not None):
                 return _shown(c, command)
             if command.patience is not None:

@@ -91,6 +91,12 @@ class Step:
     # After a failure in apply mode: (look, reason) -> one line that says
     # what it means and what to do (looks are fresh), or None.
     explain: Callable[[Look, str], str | None] | None = field(default=None, repr=False)
+    # The facts it looks at first, besides its verify fact: looked up all at
+    # once before the steps run (read-only, so order does not matter).
+    probes: tuple[Fact, ...] = field(default=(), repr=False)
+
+    def first_facts(self) -> tuple[Fact, ...]:
+        return self.probes + ((self.verify.fact,) if self.verify is not None else ())
 
     def __post_init__(self) -> None:
         if not self.id:

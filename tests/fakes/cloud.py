@@ -355,7 +355,8 @@ def fake_cloud(base: Path) -> Iterator[Cloud]:
     gcp = FakeGcp(gcp_pki, PROJECT, PROJECT_NUMBER, TOKEN,
                   kube=KubeLink(kube.endpoint, kube_pki.ca_pem, on_delete=lambda c: kube.reset(),
                                 on_create=lambda c: setattr(kube, "autopilot",
-                                                            bool((c.get("autopilot") or {}).get("enabled")))))
+                                                            bool((c.get("autopilot") or {}).get("enabled"))),
+                                on_pool=kube.set_pool_nodes))
     gcp.start()
 
     def ray_pods() -> list[dict]:

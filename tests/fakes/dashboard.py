@@ -1,6 +1,7 @@
 """A fake Ray dashboard (plain HTTP on 127.0.0.1), standing in for the
-port-forwarded head service: /api/version, and the state API's node list
-built from the fake cluster's Ray pods (head + TPU workers)."""
+port-forwarded head service: /api/version, the state API's node list
+built from the fake cluster's Ray pods (head + TPU workers), and the Jobs
+API's list (no jobs unless a test adds some)."""
 from __future__ import annotations
 
 from typing import Any, Callable
@@ -13,6 +14,7 @@ RAY_VERSION = "2.60.0"
 class FakeDashboard(Fake):
     def __init__(self, pods: Callable[[], list[dict]]):
         self.pods = pods            # the Ray pods the dashboard would see
+        self.jobs: list[dict] = []  # JobDetails, as GET /api/jobs/ lists them
         self.server = FakeServer("dashboard", None, self.handle)
         self.port = self.server.port
 
@@ -42,4 +44,6 @@ class FakeDashboard(Fake):
             return 200, {"result": True, "msg": "", "data": {"result": {
                 "total": len(nodes), "num_after_truncation": len(nodes), "num_filtered": len(nodes),
                 "result": nodes, "partial_failure_warning": "", "warnings": None}}}
+        if path == "/api/jobs/":
+            return 200, self.jobs
         return 404, {"result": False, "msg": f"fake dashboard: no route {path}"}

@@ -127,6 +127,7 @@ class KubeLink:
     ca_pem: bytes
     on_create: Callable[[dict], None] = lambda c: None
     on_delete: Callable[[dict], None] = lambda c: None
+    on_pool: Callable[[str, int], None] = lambda pool, nodes: None   # a pool's nodes exist (or not, 0)
 
 
 @dataclass
@@ -652,6 +653,8 @@ class FakeGcp(Fake):
         if message:
             np["statusMessage"] = message
         c["nodePools"].append(np)
+        if self.kube and np["name"] != "default-pool":
+            self.kube.on_pool(np["name"], int(np.get("initialNodeCount") or 0) if status == "RUNNING" else 0)
         return np
 
     def pools_list(self, req: Request, p: str, loc: str, cluster: str) -> dict:
@@ -692,6 +695,8 @@ class FakeGcp(Fake):
         c = self._cluster(p, loc, cluster)
         np = self._pool(c, name)
         c["nodePools"].remove(np)
+        if self.kube:
+            self.kube.on_pool(name, 0)
         return self._container_op(p, loc, "DELETE_NODE_POOL", np["selfLink"])
 
     # == serviceusage =========================================================

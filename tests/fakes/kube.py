@@ -63,6 +63,7 @@ KINDS = (
     Kind("resource.k8s.io", "v1", "deviceclasses", "DeviceClass", namespaced=False),
     Kind("cloud.google.com", "v1", "computeclasses", "ComputeClass", namespaced=False, short=("cc",)),
     Kind("", "v1", "events", "Event", short=("ev",)),
+    Kind("", "v1", "nodes", "Node", namespaced=False, short=("no",)),
 )
 
 # GKE Autopilot's admission webhook, as it refuses a privileged container.
@@ -96,6 +97,11 @@ def merge_patch(target: Any, patch: Any) -> Any:
         else:
             out[k] = merge_patch(out.get(k), v)
     return out
+
+
+def _ready(pod: dict) -> bool:
+    return any(c.get("type") == "Ready" and c.get("status") == "True"
+               for c in (pod.get("status") or {}).get("conditions") or [])
 
 
 def _matches(labels: dict, selector: str) -> bool:
@@ -298,6 +304,8 @@ class FakeKube(Fake):
         with self.lock:
             self._tick()
         path = req.path.rstrip("/") or "/"
+        if req.method == "GET" and req.query.get("watch") in ("true", "True", "1") and req.query.get("resourceVersion"):
+            self._wait_for_change(req)
         if path == "/version":
             return Response(200, VERSION)
         if path == "/openapi/v3":
@@ -324,7 +332,7 @@ class FakeKube(Fake):
                                           "kind": k.kind, "verbs": ["get", "patch", "update"]})
                 return Response(200, {"kind": "APIResourceList", "apiVersion": "v1",
                                       "groupVersion": kinds[0].api_version, "resources": resources})
-        m = re.match(r"^(/api/v1|/apis/[^/]+/[^/]+)(?:/namespaces/([^/]+))?/([^/]+)(?:/([^/]+))?(?:/(status))?$",
+        m = re.match(r"^(/api/v1|/apis/[^/]+/[^/]+)(?:/namespaces/([^/]+))?/([^/]+)(?:/([^/]+))?(?:/(status|log))?$",
                      path)
         if not m:
             raise HttpError(404, status(404, "NotFound", "the server could not find the requested resource"))
@@ -334,6 +342,20 @@ class FakeKube(Fake):
             raise HttpError(404, status(404, "NotFound", "the server could not find the requested resource"))
         with self.lock:
             return self._crud(req, kind, ns or "", name, sub)
+
+    def _wait_for_change(self, req: Request) -> None:
+        """A watch from a resourceVersion: hold it until an object of the
+        list changes after that version (or its timeout, at most 5 s)."""
+        since = int(req.query["resourceVersion"])
+        deadline = time.monotonic() + min(5.0, float(req.query.get("timeoutSeconds") or 5))
+        plural = req.path.rstrip("/").rsplit("/", 1)[-1]
+        while time.monotonic() < deadline:
+            with self.lock:
+                self._tick()
+                if any(int(o["metadata"].get("resourceVersion", 0)) > since
+                       for (p, _, _), o in self.objects.items() if p == plural):
+                    return
+            time.sleep(0.05)
 
     @staticmethod
     def body(req: Request) -> Any:
@@ -347,12 +369,16 @@ class FakeKube(Fake):
             raise HttpError(404, status(404, "NotFound", f'namespaces "{ns}" not found', name=ns, kind="namespaces"))
         if name is None:
             if req.method == "GET":
-                items = [o for o in self.list(kind.plural, ns if kind.namespaced and ns else None,
-                                              req.query.get("labelSelector", ""))
+                items = [{k: v for k, v in o.items() if not k.startswith("_")}
+                         for o in self.list(kind.plural, ns if kind.namespaced and ns else None,
+                                            req.query.get("labelSelector", ""))
                          if _field_matches(o, req.query.get("fieldSelector", ""))]
-                if req.query.get("watch") in ("true", "1"):
-                    # One event per object, then the stream ends (kubectl lists first anyway).
-                    body = "".join(json.dumps({"type": "ADDED", "object": o}) + "\n" for o in items)
+                if req.query.get("watch") in ("true", "True", "1"):
+                    # One event per object (changed ones, from a resourceVersion), then the stream ends.
+                    since = int(req.query.get("resourceVersion") or 0)
+                    kind_of = "MODIFIED" if since else "ADDED"
+                    body = "".join(json.dumps({"type": kind_of, "object": o}) + "\n" for o in items
+                                   if int(o["metadata"].get("resourceVersion", 0)) > since)
                     return Response(200, body.encode(), {"Content-Type": "application/json"})
                 return Response(200, {"kind": f"{kind.kind}List", "apiVersion": kind.api_version,
                                       "metadata": {"resourceVersion": str(next(self._rv))}, "items": items})
@@ -373,7 +399,12 @@ class FakeKube(Fake):
         if req.method == "GET":
             if cur is None:
                 raise not_found(kind, name)
-            return Response(200, cur)
+            if sub == "log":  # a pod's log: what a test gave it
+                lines = (cur.get("_log") or "").splitlines()
+                tail = int(req.query.get("tailLines") or 0)
+                text = "\n".join(lines[-tail:] if tail else lines)
+                return Response(200, text.encode(), {"Content-Type": "text/plain"})
+            return Response(200, {k: v for k, v in cur.items() if not k.startswith("_")})
         if cur is None:
             raise not_found(kind, name)
         if req.method == "DELETE":
@@ -496,21 +527,66 @@ class FakeKube(Fake):
                 self._pod(rc, "worker", group)
             for p in have[want:]:
                 self.objects.pop(("pods", ns, p["metadata"]["name"]), None)
-            made += len(self.list("pods", ns, f"ray.io/cluster={name},ray.io/group={group},ray.io/node-type=worker"))
+            made += len([p for p in self.list("pods", ns, f"ray.io/cluster={name},ray.io/group={group},"
+                                                          f"ray.io/node-type=worker") if _ready(p)])
         cur = self.objects[("rayclusters", ns, name)]
-        cur["status"] = {"state": "ready" if made == desired else "failed" if not made else "suspended",
+        head = any((p["metadata"]["labels"] or {}).get("ray.io/node-type") == "head" and _ready(p)
+                   for p in self.list("pods", ns, f"ray.io/cluster={name}"))
+        # KubeRay sets state "ready" once every pod is; before, none (its
+        # "suspended" is for spec.suspend).
+        cur["status"] = {**({"state": "ready"} if made == desired and head else {}),
                          "desiredWorkerReplicas": desired, "availableWorkerReplicas": made,
                          "readyWorkerReplicas": made, "minWorkerReplicas": 0, "maxWorkerReplicas": desired,
                          "desiredTPU": str(desired * 4), "observedGeneration": md.get("generation", 1),
                          "head": {"podName": f"{name}-head", "serviceName": f"{name}-head-svc"},
-                         "conditions": [{"type": "RayClusterProvisioned", "status": "True", "reason": "AllPodRunningAndReadyFirstTime"},
-                                        {"type": "HeadPodReady", "status": "True", "reason": "HeadPodRunningAndReady"}],
+                         "conditions": [{"type": "RayClusterProvisioned", "status": str(made == desired and head),
+                                         "reason": "AllPodRunningAndReadyFirstTime"},
+                                        {"type": "HeadPodReady", "status": str(head), "reason": "HeadPodRunningAndReady"}],
                          "lastUpdateTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         cur["metadata"]["resourceVersion"] = str(next(self._rv))
 
-    # -- views for tests ------------------------------------------------------------
+    def set_pool_nodes(self, pool: str, count: int) -> None:
+        """The nodes of a node pool (made by the GCP fake with the pool): Ready."""
+        with self.lock:
+            for key in [k for k, o in self.objects.items() if k[0] == "nodes" and
+                        (o["metadata"].get("labels") or {}).get("cloud.google.com/gke-nodepool") == pool]:
+                del self.objects[key]
+            for i in range(count):
+                self._put(KIND["nodes"], {"metadata": {"name": f"gke-{pool}-{i:04d}", "labels": {
+                    "cloud.google.com/gke-nodepool": pool}}, "spec": {},
+                    "status": {"conditions": [{"type": "Ready", "status": "True"}]}})
+
+    # -- views and faults for tests ---------------------------------------------------
     def worker_pods(self, namespace: str) -> list[str]:
         return [p["metadata"]["name"] for p in self.list("pods", namespace, "ray.io/node-type=worker")]
+
+    def break_pod(self, namespace: str, name: str, *, phase: str = "Pending", scheduled: str | None = None,
+                  waiting: tuple[str, str] | None = None, restarts: int = 0, log: str = "",
+                  events: tuple[tuple[str, str], ...] = ()) -> dict:
+        """A pod in trouble, as the kubelet and scheduler leave it: not
+        ready, maybe unschedulable (the scheduler's message), a container
+        waiting (reason, message), its log, its events (reason, message).
+        The RayCluster's status counts it out."""
+        with self.lock:
+            pod = self.get("pods", name, namespace)
+            st = pod["status"] = {"phase": phase, "conditions": [{"type": "Ready", "status": "False"}]}
+            if scheduled is not None:
+                st["conditions"].append({"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                                         "message": scheduled})
+            if waiting is not None:
+                c = pod["spec"]["containers"][0]
+                st["containerStatuses"] = [{"name": c["name"], "image": c.get("image", ""), "ready": False,
+                                            "restartCount": restarts, "imageID": "", "started": False,
+                                            "state": {"waiting": {"reason": waiting[0], "message": waiting[1]}}}]
+            if log:
+                pod["_log"] = log
+            for reason, message in events:
+                self._event(pod, reason, message)
+            pod["metadata"]["resourceVersion"] = str(next(self._rv))
+            rc = self.get("rayclusters", pod["metadata"]["labels"]["ray.io/cluster"], namespace)
+            if rc is not None:
+                self._reconcile_ray(rc)
+            return pod
 
 
 KIND = {k.plural: k for k in KINDS}
