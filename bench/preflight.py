@@ -63,7 +63,7 @@ def main() -> None:
     print(f"\npreflight compiles for 2 x v6e-16 (maxtext {pf.installed('maxtext')}, jax {pf.installed('jax')}, "
           f"libtpu {pf.installed('libtpu')}), {os.cpu_count()} CPU cores")
     print(f"{'job':<28} {'result':<13} {'wall (s)':>8} {'peak RSS':>9}  per chip")
-    for name, model, preset, fit, wall, rss in rows:
+    for _name, model, preset, fit, wall, rss in rows:
         job = f"{model}" + (f" --preset={preset}" if preset else " (tutorial)")
         if fit.fits:
             per = (f"args {fit.arguments:.2f} + out {fit.outputs:.2f} (alias {fit.aliased:.2f}) + temp "

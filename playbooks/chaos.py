@@ -8,7 +8,7 @@ from typing import Any
 from . import tutorial as T
 from .clients import fact
 from .cluster import credentials_step
-from .core.command import Command, placeholder
+from .core.command import placeholder
 from .core.errors import ProbeFailed
 from .core.inventory import Env
 from .core.runner import ABSENT, Completed

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import rayapi
+from . import hosts, rayapi
 from . import tutorial as T
 from .cluster import credentials_step
 from .core.command import Command, quote
@@ -16,7 +16,6 @@ from .core.runner import ABSENT, Action, Fact, assume
 from .core.step import Step
 from .gke import kube, workers
 from .rayapi import version_fact
-from .settings import ROOT
 
 PLAY = "dashboard"
 
@@ -28,7 +27,9 @@ def address(env: Env) -> str:
 
 
 def forward_pidfile(env: Env) -> PidFile:
-    return PidFile(ROOT / ".state" / env.name, "port-forward", marker="port-forward")
+    """On the host that runs the port-forward (this machine or the
+    controller), so a later run finds and stops it."""
+    return PidFile(f".state/{env.name}", "port-forward", marker="port-forward", via=hosts.connector(env))
 
 
 def forward_command(env: Env) -> Command:
@@ -38,7 +39,7 @@ def forward_command(env: Env) -> Command:
 
 
 def forward_step(env: Env) -> Step:
-    version = version_fact(address(env))
+    version = version_fact(address(env), hosts.connector(env))
     pf = forward_pidfile(env)
 
     def run(ctx):
@@ -49,7 +50,7 @@ def forward_step(env: Env) -> Step:
             return Outcome(FAILED, f"{address(env)} answers, but not as a Ray dashboard: free port "
                                    f"{env.dashboard_port} or set dashboard_port in the inventory")
         pid = ctx.spawn(forward_command(env))
-        ctx.act(Action(f"echo $! > {quote(str(pf.path.relative_to(ROOT)))}", lambda: pf.write(pid)))
+        ctx.act(Action(f"echo $! > {quote(str(pf.path))}", lambda: pf.write(pid)))
         if not ctx.acting:
             ctx.log.emit("verify", version.line())
             return Outcome(CHANGED, f"would start the port-forward to {address(env)}")
@@ -68,7 +69,7 @@ def nodes_fact(env: Env) -> Fact:
     """The tutorial's `ray list nodes --address ...`, read from the State API
     endpoint that command calls (no process: the ray CLI alone costs seconds
     of CPU, the request milliseconds). A dry run assumes no answer."""
-    return assume(rayapi.nodes_fact(address(env)), ABSENT)
+    return assume(rayapi.nodes_fact(address(env), hosts.connector(env)), ABSENT)
 
 
 def count(nodes: Any) -> tuple[int, int]:

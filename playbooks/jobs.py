@@ -18,9 +18,23 @@ def _client(address: str):
     return JobSubmissionClient(address)
 
 
-def follow(address: str, submission_id: str, on_line: Callable[[str], None]) -> None:
+def _on_controller(via, address: str, submission_id: str, on_line: Callable[[str], None], follow: bool) -> None:
+    """On a controller host the dashboard's port is there, not here: the
+    same read with the Ray CLI on the controller (`ray job logs`, which
+    calls the same Jobs API)."""
+    argv = ["ray", "job", "logs", *(["--follow"] if follow else []), "--address", address, submission_id]
+    r = via.stream(argv, on_line)
+    if r.rc != 0:
+        from .core.errors import ProbeFailed
+        raise ProbeFailed("ray job logs", " ".join(argv), r.rc, r.stdout, "",
+                          why=f"could not read the log: ray job logs exited {r.rc}")
+
+
+def follow(address: str, submission_id: str, on_line: Callable[[str], None], via=None) -> None:
     """Every line of the job's driver log, as it comes, until the job ends
     (JobSubmissionClient.tail_job_logs)."""
+    if via is not None and via.remote:
+        return _on_controller(via, address, submission_id, on_line, True)
     client = _client(address)
 
     async def tail() -> None:
@@ -36,8 +50,10 @@ def follow(address: str, submission_id: str, on_line: Callable[[str], None]) -> 
     asyncio.run(tail())
 
 
-def logs(address: str, submission_id: str, on_line: Callable[[str], None]) -> None:
+def logs(address: str, submission_id: str, on_line: Callable[[str], None], via=None) -> None:
     """The driver log so far (JobSubmissionClient.get_job_logs)."""
+    if via is not None and via.remote:
+        return _on_controller(via, address, submission_id, on_line, False)
     for line in _client(address).get_job_logs(submission_id).splitlines():
         on_line(line)
 
@@ -69,8 +85,10 @@ def logs_step(env, run: str | None, follow_to_end: bool):
     from .dashboard import address
     from .rayapi import job_fact, jobs_fact
 
+    from . import hosts
     addr = address(env)
-    listing = jobs_fact(addr)
+    via = hosts.connector(env)
+    listing = jobs_fact(addr, via)
 
     def run_step(ctx) -> Outcome:
         listed = ctx.look(listing)
@@ -86,9 +104,9 @@ def logs_step(env, run: str | None, follow_to_end: bool):
         shown = (f"ray job logs {'--follow ' if follow_to_end else ''}--address {addr} {sid}  "
                  f"# through the Ray Jobs SDK: JobSubmissionClient.{how}")
         reader = follow if follow_to_end else logs
-        ctx.look(Fact(name=f"log of {sid}", python=lambda: reader(addr, sid, ctx.echo), display=shown,
+        ctx.look(Fact(name=f"log of {sid}", python=lambda: reader(addr, sid, ctx.echo, via), display=shown,
                       describe=lambda v: "read"))
-        final = ctx.look(job_fact(addr, sid), fresh=True)
+        final = ctx.look(job_fact(addr, sid, via), fresh=True)
         status = final.get("status") if isinstance(final, dict) else "UNKNOWN"
         if status in ("FAILED", "STOPPED"):
             return Outcome(FAILED, f"job {sid} {status}: {final.get('message') or 'see its log'}")

@@ -8,15 +8,17 @@ The client is imported only when it is used (it is a heavy import).
 """
 from __future__ import annotations
 
+import json
 import re
 from collections import OrderedDict
 from typing import Any
 
+from . import hosts
 from . import tutorial as T
 from .core.errors import ProbeFailed
 from .core.inventory import Env
 from .core.runner import ABSENT, Fact
-from .gke import kube_context, workers
+from .gke import kube, kube_context, workers
 
 GROUP, VERSION, PLURAL = "ray.io", "v1", "rayclusters"
 
@@ -64,6 +66,8 @@ def ready(env: Env, rc: Any) -> str | None:
 def watch_raycluster(env: Env, seconds: float) -> Any:
     """The RayCluster, as soon as it changes (or after ``seconds``): its
     watch, not a poll. ABSENT when it does not exist."""
+    if hosts.controller(env):
+        return _poll_raycluster(env, seconds)
     from kubernetes import client as k, watch
     api = k.CustomObjectsApi(client(env))
     try:
@@ -87,6 +91,51 @@ def watch_raycluster(env: Env, seconds: float) -> Any:
         raise _api_error("watch raycluster", e) from None
 
 
+# -- on a controller host: the same reads with kubectl there ------------------------------
+# The kubeconfig, its credentials (the auth plugin and the controller's gcloud
+# identity) and, for a private cluster, the only route to the endpoint are on
+# the controller: a tunnel to the endpoint would still need them here. So the
+# reads run there, with kubectl, and return the API's JSON, which is what the
+# client's objects serialize to.
+def kubectl_json(env: Env, *args: str, timeout: float = 60) -> Any:
+    argv = kube(env, "get", *args, "--output=json").argv
+    r = hosts.connector(env).run(argv, timeout=timeout)
+    if r.rc != 0:
+        from .core.errors import error_line
+        raise ProbeFailed("kubectl", " ".join(argv), r.rc, r.stdout, r.stderr,
+                          why=f"could not look: {error_line(r.stderr, r.stdout)}")
+    try:
+        return json.loads(r.stdout)
+    except json.JSONDecodeError:
+        raise ProbeFailed("kubectl", " ".join(argv), r.rc, r.stdout, r.stderr,
+                          why="could not look: kubectl's answer is not JSON") from None
+
+
+def _raycluster_now(env: Env) -> Any:
+    found = kubectl_json(env, "rayclusters.ray.io", "--namespace", env.namespace,
+                         f"--field-selector=metadata.name={T.RAYCLUSTER_NAME}")
+    items = found.get("items") or []
+    return items[0] if items else ABSENT
+
+
+def _poll_raycluster(env: Env, seconds: float, every: float = 2.0) -> Any:
+    """A watch's answer by polling kubectl on the controller: at once when
+    ready, else when it changes or after ``seconds``."""
+    import time
+    latest = _raycluster_now(env)
+    if latest is not ABSENT and ready(env, latest) is None:
+        return latest
+    seen = (latest or {}).get("metadata", {}).get("resourceVersion") if latest is not ABSENT else None
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        time.sleep(min(every, max(0.0, deadline - time.monotonic())))
+        latest = _raycluster_now(env)
+        now = (latest or {}).get("metadata", {}).get("resourceVersion") if latest is not ABSENT else None
+        if now != seen:
+            break
+    return latest
+
+
 def raycluster_watch_fact(env: Env, seconds: float = 15.0) -> Fact:
     return Fact(name=f"RayCluster {T.RAYCLUSTER_NAME}", python=lambda: watch_raycluster(env, seconds),
                 display=(f"kubectl get raycluster {T.RAYCLUSTER_NAME} --namespace {env.namespace} --watch "
@@ -95,62 +144,88 @@ def raycluster_watch_fact(env: Env, seconds: float = 15.0) -> Fact:
 
 
 # -- why the workers are not running ----------------------------------------------------
-def _tail(core, pod: str, namespace: str, container: str | None) -> str:
+def _tail_with_client(core, pod: str, namespace: str, container: str | None) -> str:
     try:
-        text = core.read_namespaced_pod_log(pod, namespace, container=container, tail_lines=3, previous=True)
+        return core.read_namespaced_pod_log(pod, namespace, container=container, tail_lines=3, previous=True)
     except Exception:
         try:
-            text = core.read_namespaced_pod_log(pod, namespace, container=container, tail_lines=3)
+            return core.read_namespaced_pod_log(pod, namespace, container=container, tail_lines=3)
         except Exception:
             return ""
-    return " | ".join(line.strip() for line in (text or "").splitlines()[-3:] if line.strip())
+
+
+def _tail_with_kubectl(env: Env, pod: str, container: str | None) -> str:
+    via = hosts.connector(env)
+    for previous in (("--previous",), ()):
+        argv = kube(env, "logs", pod, "--namespace", env.namespace, *(("-c", container) if container else ()),
+                    "--tail=3", *previous).argv
+        r = via.run(argv, timeout=30)
+        if r.rc == 0:
+            return r.stdout
+    return ""
+
+
+def pods_and_events(env: Env):
+    """The RayCluster's pods, the namespace's events (as the API's JSON) and
+    a reader of a container's last log lines."""
+    ns = env.namespace
+    if hosts.controller(env):
+        pods = kubectl_json(env, "pods", "--namespace", ns, "-l", f"ray.io/cluster={T.RAYCLUSTER_NAME}")
+        events = kubectl_json(env, "events", "--namespace", ns)
+        return pods.get("items") or [], events.get("items") or [], lambda p, c: _tail_with_kubectl(env, p, c)
+    from kubernetes import client as k
+    api = client(env)
+    core = k.CoreV1Api(api)
+    try:
+        pods = core.list_namespaced_pod(ns, label_selector=f"ray.io/cluster={T.RAYCLUSTER_NAME}")
+        events = core.list_namespaced_event(ns)
+    except Exception as e:
+        raise _api_error("pods and events", e) from None
+    as_json = api.sanitize_for_serialization
+    return (as_json(pods).get("items") or [], as_json(events).get("items") or [],
+            lambda p, c: _tail_with_client(core, p, ns, c))
 
 
 def causes(env: Env) -> list[str]:
     """One line per cause of the RayCluster's pods not running, from their
     phases, container states, scheduling conditions and events."""
-    from kubernetes import client as k
-    api = client(env)
-    core = k.CoreV1Api(api)
-    ns = env.namespace
-    try:
-        pods = core.list_namespaced_pod(ns, label_selector=f"ray.io/cluster={T.RAYCLUSTER_NAME}").items
-        events = core.list_namespaced_event(ns).items
-    except Exception as e:
-        raise _api_error("pods and events", e) from None
-    by_object: dict[str, list] = {}
+    pods, events, tail_of = pods_and_events(env)
+    by_object: dict[str, list[dict]] = {}
     for ev in events:
-        by_object.setdefault(ev.involved_object.name or "", []).append(ev)
+        by_object.setdefault((ev.get("involvedObject") or {}).get("name") or "", []).append(ev)
     found: "OrderedDict[str, list[str]]" = OrderedDict()
 
     def add(cause: str, pod: str) -> None:
         found.setdefault(cause, []).append(pod)
 
     for ev in by_object.get(T.RAYCLUSTER_NAME, []):
-        if ev.type == "Warning" and (ev.reason or "").startswith("FailedCreate"):
-            add(f"KubeRay cannot create the pods: {_short(ev.message)}", T.RAYCLUSTER_NAME)
+        if ev.get("type") == "Warning" and (ev.get("reason") or "").startswith("FailedCreate"):
+            add(f"KubeRay cannot create the pods: {_short(ev.get('message'))}", T.RAYCLUSTER_NAME)
     for pod in pods:
-        name = pod.metadata.name
-        for cs in (pod.status.container_statuses or []) + (pod.status.init_container_statuses or []):
-            waiting = cs.state.waiting if cs.state else None
-            if waiting and waiting.reason in ("ImagePullBackOff", "ErrImagePull", "InvalidImageName"):
-                add(f"cannot pull image {cs.image}: {waiting.reason}: {_short(waiting.message)}", name)
-            elif waiting and waiting.reason == "CrashLoopBackOff":
-                tail = _tail(core, name, ns, cs.name)
-                add(f"container {cs.name} keeps crashing ({cs.restart_count} restarts)"
+        name = (pod.get("metadata") or {}).get("name") or "?"
+        status = pod.get("status") or {}
+        for cs in (status.get("containerStatuses") or []) + (status.get("initContainerStatuses") or []):
+            waiting = (cs.get("state") or {}).get("waiting") or {}
+            reason = waiting.get("reason")
+            if reason in ("ImagePullBackOff", "ErrImagePull", "InvalidImageName"):
+                add(f"cannot pull image {cs.get('image')}: {reason}: {_short(waiting.get('message'))}", name)
+            elif reason == "CrashLoopBackOff":
+                text = tail_of(name, cs.get("name"))
+                tail = " | ".join(l.strip() for l in (text or "").splitlines()[-3:] if l.strip())
+                add(f"container {cs.get('name')} keeps crashing ({cs.get('restartCount', 0)} restarts)"
                     + (f"; its last lines: {_short(tail)}" if tail else ""), name)
-            elif waiting and waiting.reason in ("CreateContainerConfigError", "CreateContainerError"):
-                add(f"container {cs.name} cannot start: {waiting.reason}: {_short(waiting.message)}", name)
+            elif reason in ("CreateContainerConfigError", "CreateContainerError"):
+                add(f"container {cs.get('name')} cannot start: {reason}: {_short(waiting.get('message'))}", name)
         pod_events = by_object.get(name, [])
-        scheduled = {c.type: c for c in pod.status.conditions or []}.get("PodScheduled")
-        if pod.status.phase == "Pending" and scheduled is not None and scheduled.status == "False":
-            message = scheduled.message or next((e.message for e in pod_events if e.reason == "FailedScheduling"), "")
-            add(scheduling(message), name)
-        elif pod.status.phase == "Pending" and any(e.reason == "FailedScheduling" for e in pod_events):
-            add(scheduling(next(e.message for e in pod_events if e.reason == "FailedScheduling")), name)
+        scheduled = {c.get("type"): c for c in status.get("conditions") or []}.get("PodScheduled")
+        failed_scheduling = [e.get("message") for e in pod_events if e.get("reason") == "FailedScheduling"]
+        if status.get("phase") == "Pending" and scheduled is not None and scheduled.get("status") == "False":
+            add(scheduling(scheduled.get("message") or next(iter(failed_scheduling), "")), name)
+        elif status.get("phase") == "Pending" and failed_scheduling:
+            add(scheduling(failed_scheduling[0]), name)
         for e in pod_events:
-            if e.reason == "FailedMount":
-                add(mount(env, e.message), name)
+            if e.get("reason") == "FailedMount":
+                add(mount(env, e.get("message")), name)
     return [f"{cause} ({_who(pods_of)})" for cause, pods_of in found.items()]
 
 

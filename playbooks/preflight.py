@@ -306,7 +306,8 @@ def cache_path(key: str) -> Path:
 
 def compile_command(args: list[str], key: str) -> Command:
     return Command(("python", "-m", "maxtext.trainers.pre_train.train_compile", f"trainer/{T.BASE_CONFIG}",
-                    *with_work_dirs(args)), env=(("TPU_LOG_DIR", f"{WORK}/tpu_logs/{key}"),), timeout=3 * 3600)
+                    *with_work_dirs(args)), env=(("TPU_LOG_DIR", f"{WORK}/tpu_logs/{key}"),), timeout=3 * 3600,
+                   local=True)  # on this machine's CPU, even when the plays run on a controller
 
 
 def compile_fact(args: list[str]) -> Fact:

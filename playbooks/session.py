@@ -18,6 +18,7 @@ from .core.errors import InputError, PlaybookError, shown_value
 from .core.inventory import Env, name_problem
 from .core.play import Playbook
 from .core.recap import Recap, Reporter, banner
+from . import hosts
 from .core.runner import Executor, Mode, RetryPolicy, Runner
 from .core.step import Step
 from .settings import ROOT, load_inventory
@@ -38,6 +39,11 @@ ENV_PREFIX = "INVOKE_PLAYBOOK_"
 MAX_PARALLEL = 32  # each running step is one CLI process; more only queue at the APIs' rate limits
 DEFAULT_PARALLEL = 4
 DEFAULT_HEARTBEAT = 30
+
+
+# Tasks whose effects are all on this machine, with or without a controller
+# (Ansible's delegate_to: localhost): the AOT compile and its static checks.
+LOCAL_ONLY = ("preflight",)
 
 
 class Failed(Exception):
@@ -63,17 +69,26 @@ class Session:
         self.book.reporter.line(banner("PLAY", f"{name} | env {self.env.name} ({_what(self.env)}) | {self.mode.value}"))
         if self.logdir:
             self.book.reporter.line(f"logs: {self.logdir.relative_to(ROOT)}")
+        if name not in LOCAL_ONLY:
+            from .controller import on_controller
+            steps = on_controller(self.env, steps)
         recap = self.book.run(f"{name} {self.env.name}", steps, workers=None if parallel else 1,
                               keep_going=keep_going)
         if self.logdir:
             self.book.reporter.line(f"logs: {self.logdir.relative_to(ROOT)}")
         if recap.failed:
+            gone = recap.count("unreachable")
+            if gone:  # Ansible's exit code for an unreachable host
+                raise Failed(f"{name}: the controller {hosts.controller(self.env)} is unreachable", code=4)
             raise Failed(f"{name}: {recap.count('failed')} step(s) failed")
         return recap
 
 
 def _what(env: Env) -> str:
-    return "local" if env.kind == "local" else f"gke {env.mode}"
+    if env.kind == "local":
+        return "local"
+    where = hosts.controller(env)
+    return f"gke {env.mode}" + (f", on controller {where}" if where else "")
 
 
 def whole_number(flag: str, text: Any, minimum: int, maximum: int | None = None, why: str = "") -> int:
@@ -190,15 +205,6 @@ def inventory_path(value: str | None) -> Path | None:
     return p if p.is_absolute() else Path(os.getcwd()) / p
 
 
-def tool_env() -> dict[str, str]:
-    """Subprocess environment: this interpreter's bin folder first on PATH, so
-    ``ray`` is the locked Ray even when the venv is not activated."""
-    env = dict(os.environ)
-    bindir = str(Path(sys.executable).parent)
-    env["PATH"] = bindir + os.pathsep + env.get("PATH", "")
-    return env
-
-
 def open_session(config, task: str, reporter: Reporter | None = None, read_only: bool = False) -> Session:
     """``read_only``: a task that only looks (status) runs in check mode
     whatever playbook.mode says (its --dry still prints the probes)."""
@@ -217,7 +223,7 @@ def open_session(config, task: str, reporter: Reporter | None = None, read_only:
     if mode is not Mode.DRY:
         logdir = ROOT / ".state" / env.name / "runs" / f"{time.strftime('%Y%m%d-%H%M%S')}-{task}"
         logdir.mkdir(parents=True, exist_ok=True)
-        executor = Executor(tool_env(), logdir)
+        executor = Executor(logdir=logdir, connector=hosts.connector(env), local=hosts.local())
     runner = Runner(mode, executor, RetryPolicy(is_transient=is_transient))
     book = Playbook(runner, reporter or Reporter(), workers=parallel, heartbeat=settings["heartbeat"])
     return Session(env, mode, runner, book, logdir)

@@ -3,10 +3,11 @@ Kubernetes and TPU hardware impose on their values."""
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
 from importlib import metadata
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Mapping
 
 from . import tutorial as T
 from . import maxtext_args
@@ -297,6 +298,59 @@ def reservation_parts(env: Mapping) -> tuple[str, str]:
     return (m.group("project") or env["project_id"]), m.group("name")
 
 
+# -- a controller host (SSH) and the control plane's endpoint ---------------------
+_SSH_TARGET = re.compile(r"^(?P<user>[a-z_][a-z0-9_.-]{0,31})@(?P<host>[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?)"
+                         r"(?::(?P<port>[0-9]{1,5}))?$")
+_REMOTE_DIR = re.compile(r"^/?[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*/?$")
+CONTROL_PLANES = ("public", "dns", "internal")
+
+
+def ssh_target(v: str | None, env: Mapping) -> str | None:
+    if v is None:
+        return None
+    m = _SSH_TARGET.match(v)
+    if not m:
+        return "is not user@host[:port] (a user name, a host name or IP address, an optional port)"
+    if m.group("port") and not 1 <= int(m.group("port")) <= 65535:
+        return "has a port outside 1-65535"
+    return None
+
+
+def needs_controller(v: Any, env: Mapping) -> str | None:
+    if v is not None and env.get("controller") is None:
+        return "is set, but there is no controller: (it applies to the SSH connection to a controller host)"
+    return None
+
+
+def local_file(what: str):
+    def rule(v: str | None, env: Mapping) -> str | None:
+        if v is None:
+            return None
+        if "\0" in v or "\n" in v or len(v) > 1024:
+            return f"is not a path to {what}"
+        p = Path(os.path.expanduser(v))
+        if not p.is_file() or not os.access(p, os.R_OK):
+            return f"is not a readable file ({what}, on this machine)"
+        return None
+    return rule
+
+
+def remote_dir(v: str, env: Mapping) -> str | None:
+    if len(v) > 200 or not _REMOTE_DIR.match(v) or ".." in v.split("/"):
+        return ("is not a directory path for the controller (letters, digits, '.', '_', '-' and '/'; "
+                "relative to the login directory or absolute; no '..')")
+    return None
+
+
+def control_plane(v: str, env: Mapping) -> str | None:
+    if v not in CONTROL_PLANES:
+        return f"is not allowed (allowed: {', '.join(CONTROL_PLANES)})"
+    if v == "internal" and env.get("controller") is None:
+        return ("needs a controller inside the VPC (controller: user@host): the internal endpoint is reachable "
+                "only from there; or use control_plane: dns (no bastion needed)")
+    return None
+
+
 def ray_image(v: str, env: Mapping) -> str | None:
     if not re.match(r"^[a-z0-9][a-z0-9._/-]*(:[A-Za-z0-9._-]+)?(@sha256:[0-9a-f]{64})?$", v):
         return "is not a container image reference like rayproject/ray:2.60.0-py312-tpu"
@@ -450,6 +504,17 @@ GKE = (
     Key("reservation", rules=(reservation,), doc="with capacity: reservation, its name or projects/P/reservations/NAME"),
     Key("capacity_wait", int, rules=(capacity_wait,),
         doc="with capacity: flex-start, seconds to wait for the slices' nodes (default 3600)"),
+    Key("controller", rules=(ssh_target,),
+        doc="user@host[:port]: run the commands on this host over SSH (Cloud Shell, a bastion in the VPC)"),
+    Key("gateway", rules=(needs_controller, ssh_target), doc="user@host[:port]: a jump host to the controller"),
+    Key("identity_file", rules=(needs_controller, local_file("an SSH private key")),
+        doc="the SSH private key for the controller (and gateway)"),
+    Key("known_hosts", rules=(needs_controller, local_file("an SSH known_hosts file")),
+        doc="the known_hosts file that holds the controller's host key (default ~/.ssh/known_hosts)"),
+    Key("remote_dir", default="tpu-playbooks", rules=(remote_dir,),
+        doc="on the controller: where manifests/ and trainer/ are synced (relative to its login directory)"),
+    Key("control_plane", default="public", rules=(control_plane,),
+        doc="public (the tutorial's), dns (the DNS-based endpoint) or internal (needs a controller in the VPC)"),
 )
 
 LOCAL = (

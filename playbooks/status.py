@@ -10,7 +10,7 @@ import json
 import time
 from typing import Any
 
-from . import jobs, k8s, metrics, plan
+from . import hosts, jobs, k8s, metrics, plan
 from .core.errors import PlaybookError
 from .core.inventory import Env
 from .core.play import Outcome, StepContext
@@ -24,18 +24,25 @@ PLAY = "status"
 
 
 def _nodes_of_pools(env: Env) -> dict[str, tuple[int, int]]:
-    """pool -> (ready nodes, nodes), from the kubernetes client."""
-    from kubernetes import client as k
-    try:
-        nodes = k.CoreV1Api(k8s.client(env)).list_node(label_selector="cloud.google.com/gke-nodepool").items
-    except PlaybookError:
-        raise
-    except Exception as e:
-        raise k8s._api_error("nodes", e) from None
+    """pool -> (ready nodes, nodes), from the kubernetes client (on a
+    controller host: kubectl there, see k8s.kubectl_json)."""
+    selector = "cloud.google.com/gke-nodepool"
+    if hosts.controller(env):
+        nodes = k8s.kubectl_json(env, "nodes", "-l", selector).get("items") or []
+    else:
+        from kubernetes import client as k
+        api = k8s.client(env)
+        try:
+            nodes = api.sanitize_for_serialization(k.CoreV1Api(api).list_node(label_selector=selector)).get("items") or []
+        except PlaybookError:
+            raise
+        except Exception as e:
+            raise k8s._api_error("nodes", e) from None
     out: dict[str, list[int]] = {}
     for n in nodes:
-        pool = (n.metadata.labels or {}).get("cloud.google.com/gke-nodepool", "")
-        ready = any(c.type == "Ready" and c.status == "True" for c in n.status.conditions or [])
+        pool = ((n.get("metadata") or {}).get("labels") or {}).get(selector, "")
+        ready = any(c.get("type") == "Ready" and c.get("status") == "True"
+                    for c in (n.get("status") or {}).get("conditions") or [])
         counts = out.setdefault(pool, [0, 0])
         counts[0] += int(ready)
         counts[1] += 1
@@ -111,7 +118,7 @@ def job_rows(env: Env, listed: Any) -> list[dict]:
 
 
 def jobs_step(env: Env, state: dict) -> Step:
-    listing = jobs_fact(address(env))
+    listing = jobs_fact(address(env), hosts.connector(env))
 
     def run(ctx: StepContext) -> Outcome:
         listed = ctx.look(listing)

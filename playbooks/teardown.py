@@ -11,13 +11,12 @@ from .clients import gcloud
 from .cluster import kubeconfig_fact, has_context
 from .core.command import Command, quote
 from .core.inventory import Env
-from .core.procs import running_fact, terminate, tree
+from .core.procs import running_fact
 from .core.runner import ABSENT, Action, Fact, assume
 from .core.step import Step, Verify, change, ok
 from .dashboard import forward_pidfile
 from .gke import (clusters_fact, kube, kube_context, location, network_name, networks_fact, raycluster_fact,
                   subnet_name, subnets_fact)
-from .settings import ROOT
 from . import local
 
 PLAY = "teardown"
@@ -56,13 +55,12 @@ def raycluster_step(env: Env) -> Step:
 
 def forward_step(env: Env) -> Step:
     pf = forward_pidfile(env)
-    running = assume(running_fact(pf, str(pf.path.relative_to(ROOT))), True)
+    running = assume(running_fact(pf, str(pf.path)), True)
 
     def decide(look):
         if not look(running):
             return ok("no port-forward running")
-        return change(Action(f"kill -TERM $(cat {quote(str(pf.path.relative_to(ROOT)))})",
-                             lambda: (terminate(tree(pf.pid() or -1)), pf.remove())), reason="stopped")
+        return change(Action(f"kill -TERM $(cat {quote(str(pf.path))})", pf.stop), reason="stopped")
 
     return Step(PLAY, "port-forward", decide, id="teardown:forward")
 

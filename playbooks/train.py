@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import jobs, maxtext_args
+from . import hosts, jobs, maxtext_args
 from .maxtext_args import run_name_problem
 from . import tutorial as T
 from .clients import fact, gcloud
@@ -330,7 +330,8 @@ def preemption_note(env: Env, job: Job) -> list[Step]:
 
 # -- the job ----------------------------------------------------------------
 def job_step(job: Job, state: dict, log_file: Path | None = None) -> Step:
-    listing = jobs_fact(job.address)
+    via = hosts.connector(job.env) if job.env is not None else None
+    listing = jobs_fact(job.address, via)
 
     def run(ctx: StepContext) -> Outcome:
         if "done" in state:
@@ -353,7 +354,7 @@ def job_step(job: Job, state: dict, log_file: Path | None = None) -> Step:
 
         def now() -> str:
             """What a heartbeat says of the job: its status, its last step."""
-            j = ctx.peek(job_fact(job.address, sid))
+            j = ctx.peek(job_fact(job.address, sid, via))
             status = j.get("status", "?") if isinstance(j, dict) else "not listed yet"
             step = f"last step {summary.last_step}" if summary.last_step is not None else "no step yet"
             return f"status {status}, {step}"
@@ -374,7 +375,7 @@ def job_step(job: Job, state: dict, log_file: Path | None = None) -> Step:
                 if attach:
                     # The same code as `invoke logs --follow`: the Jobs SDK.
                     line = follow_line(job.address, sid)
-                    ctx.act(Action(line, lambda: jobs.follow(job.address, sid, on_line)))
+                    ctx.act(Action(line, lambda: jobs.follow(job.address, sid, on_line, via)))
                     done = Completed(line, 0, "", "") if ctx.acting else None
                 for attempt in range(1, SUBMIT_ATTEMPTS + 1):
                     if attach:
@@ -394,7 +395,7 @@ def job_step(job: Job, state: dict, log_file: Path | None = None) -> Step:
         finally:
             if out:
                 out.close()
-        final = ctx.look(job_fact(job.address, sid), fresh=True)
+        final = ctx.look(job_fact(job.address, sid, via), fresh=True)
         if done is not None and not done.ok and not isinstance(final, dict):
             last = [l for l in done.stdout.splitlines() if l.strip()][-1:] or ["no output"]
             return Outcome(FAILED, f"`ray job submit` failed (exit code {done.rc}) and no job {sid} exists: "

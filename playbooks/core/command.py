@@ -66,6 +66,8 @@ class Command:
       (``NAME=$(...)``).
     - ``stderr_filter``: what of the process's stderr is shown (the whole of
       it is kept in the run's log), e.g. without a debug log.
+    - ``local``: runs on this machine even when the plays run on a
+      controller host (the AOT compile: Ansible's ``delegate_to: localhost``).
     """
 
     argv: tuple[str, ...]
@@ -80,6 +82,7 @@ class Command:
     secrets: tuple[str, ...] = field(default=(), compare=False)
     pipe_check: "Callable[[str], str | None] | None" = field(default=None, compare=False, repr=False)
     patience: float | None = field(default=None, compare=False)
+    local: bool = False
     stderr_filter: "Callable[[str], str] | None" = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:

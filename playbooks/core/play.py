@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from .command import Command, shown
 from .errors import PlaybookError, cause_of
-from .recap import CHANGED, FAILED, OK, SKIPPED, Recap, Reporter, StepResult, banner
+from .connector import Unreachable
+from .recap import CHANGED, FAILED, FAILING, OK, SKIPPED, UNREACHABLE, Recap, Reporter, StepResult, banner
 from .runner import Action, Completed, Fact, Mode, Runner, StepLog
 from .step import CHANGE, DRIFT, FAIL, OK as D_OK, WAIT, Broken, Step, poll
 
@@ -257,10 +259,15 @@ class Playbook:
         start = time.monotonic()
         try:
             out = execute(step, ctx)
+        except Unreachable as e:
+            out = Outcome(UNREACHABLE, str(e), cause=str(e))
         except PlaybookError as e:
             out = Outcome(FAILED, str(e), cause=getattr(e, "cause", "") or cause_of(str(e)))
         except KeyboardInterrupt:
             raise
+        except Exception as e:  # a bug, or an error nobody foresaw: this step fails, the recap still prints
+            out = Outcome(FAILED, f"internal error: {type(e).__name__}: {' '.join(str(e).split())[:300]}"
+                                  f"{self._keep_traceback(step)}")
         if out.outcome == FAILED and step.explain is not None and self.runner.acting:
             try:
                 why = step.explain(lambda f: ctx.look(f, fresh=True), out.reason)
@@ -275,20 +282,34 @@ class Playbook:
             out.reason = f"would change: {out.reason}" if out.reason else "would change"
         end = f"{out.outcome}: [{step.title}]" + (f" {out.reason}" if out.reason else "")
         cause, first = "", None
-        if out.outcome == FAILED:
+        if out.outcome in FAILING:
             cause = out.cause
             with self._lock:
                 first = self._causes.setdefault(cause, step.title) if cause else None
             if cause and first != step.title:
                 # Printed once, in full, by the first step that met it.
                 out.reason = f"the same failure as [{first}] (above)"
-            end = f"failed: [{step.title}]\n" + "\n".join("  " + l for l in out.reason.splitlines())
+            end = f"{out.outcome}: [{step.title}]\n" + "\n".join("  " + l for l in out.reason.splitlines())
         if buffered:
             self.reporter.block([head] + log.lines + [end])
         else:
             self.reporter.line(end)
         return StepResult(step.id, step.title, out.outcome, out.reason.splitlines()[0] if out.reason else "",
                           seconds, log.lines, cause)
+
+    def _keep_traceback(self, step: Step) -> str:
+        """The traceback, kept in the run's log folder: where it is."""
+        import traceback
+        logdir = getattr(self.runner.executor, "logdir", None)
+        if not logdir:
+            return ""
+        safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in step.id)[:60]
+        path = Path(logdir) / f"traceback-{safe}.txt"
+        try:
+            path.write_text(traceback.format_exc())
+        except OSError:
+            return ""
+        return f" (traceback in {path})"
 
     def _check_mode_dependents(self, step: Step, out: Outcome) -> Outcome:
         """Check mode changes nothing, so a step that needs (directly or not)
@@ -327,7 +348,7 @@ class Playbook:
             for i, step in enumerate(steps):
                 r = self._one(step, buffered=False)
                 recap.results.append(r)
-                if r.outcome == FAILED and not keep_going:
+                if r.outcome in FAILING and not keep_going:
                     recap.not_run = [s.title for s in steps[i + 1:]]
                     break
         else:
@@ -378,7 +399,7 @@ class Playbook:
                     r = f.result()
                     recap.results.append(r)
                     done[s.id] = r.outcome
-                    if r.outcome == FAILED:
+                    if r.outcome in FAILING:
                         stopped = True
         order = {s.id: i for i, s in enumerate(steps)}
         recap.results.sort(key=lambda r: order[r.step_id])

@@ -101,32 +101,67 @@ def running_fact(pf: "PidFile", shown: str):
 
 
 class PidFile:
-    """``<dir>/<name>.pid`` holding JSON: pid, the command line marker, when."""
+    """``<dir>/<name>.pid`` holding JSON: pid, the command line marker, when.
+    With ``via`` (a connector) the file and the process are on that
+    connector's host, ``dir`` relative to its root."""
 
-    def __init__(self, directory: Path, name: str, marker: str):
+    def __init__(self, directory, name: str, marker: str, via=None):
+        self.via = via
         self.path = Path(directory) / f"{name}.pid"
         self.name = name
         self.marker = marker
 
-    def read(self) -> dict | None:
+    def _read_bytes(self) -> bytes | None:
+        if self.via is not None:
+            return self.via.read(str(self.path))
         try:
-            return json.loads(self.path.read_text())
-        except (OSError, ValueError):
+            return self.path.read_bytes()
+        except OSError:
             return None
+
+    def read(self) -> dict | None:
+        data = self._read_bytes()
+        try:
+            d = json.loads(data) if data else None
+        except ValueError:
+            return None
+        return d if isinstance(d, dict) else None
 
     def pid(self) -> int | None:
         d = self.read()
-        return int(d["pid"]) if d and "pid" in d else None
+        try:
+            return int(d["pid"]) if d and "pid" in d else None
+        except (TypeError, ValueError):
+            return None
 
     def alive(self) -> bool:
         pid = self.pid()
-        return bool(pid) and alive(pid, self.marker)
+        if not pid:
+            return False
+        return self.via.alive(pid, self.marker) if self.via is not None else alive(pid, self.marker)
 
     def write(self, pid: int, **extra) -> None:
+        text = json.dumps({"pid": pid, "marker": self.marker, "started": time.time(), **extra})
+        if self.via is not None:
+            self.via.write(str(self.path), text.encode())
+            return
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.path.write_text(json.dumps({"pid": pid, "marker": self.marker, "started": time.time(), **extra}))
+        self.path.write_text(text)
+
+    def stop(self, grace: float = 10.0) -> None:
+        """Stop its process tree, then forget it."""
+        pid = self.pid()
+        if pid and self.alive():
+            if self.via is not None:
+                self.via.terminate(pid, grace)
+            else:
+                terminate(tree(pid), grace=grace)
+        self.remove()
 
     def remove(self) -> None:
+        if self.via is not None:
+            self.via.remove(str(self.path))
+            return
         try:
             self.path.unlink()
         except FileNotFoundError:

@@ -8,6 +8,10 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 OK, CHANGED, FAILED, SKIPPED = "ok", "changed", "failed", "skipped"
+# Ansible's word: the host that runs the commands could not be reached (or
+# was not the host it claims to be). It stops the play like a failure.
+UNREACHABLE = "unreachable"
+FAILING = (FAILED, UNREACHABLE)
 
 
 @dataclass
@@ -34,11 +38,12 @@ class Recap:
 
     @property
     def failed(self) -> bool:
-        return self.count(FAILED) > 0
+        return self.count(FAILED) + self.count(UNREACHABLE) > 0
 
     def counters(self) -> str:
-        return (f"ok={self.count(OK)} changed={self.count(CHANGED)} "
-                f"failed={self.count(FAILED)} skipped={self.count(SKIPPED)}")
+        gone = self.count(UNREACHABLE)
+        return (f"ok={self.count(OK)} changed={self.count(CHANGED)} " + (f"unreachable={gone} " if gone else "")
+                + f"failed={self.count(FAILED)} skipped={self.count(SKIPPED)}")
 
     def merge(self, other: "Recap") -> None:
         self.results.extend(other.results)
@@ -50,13 +55,13 @@ class Recap:
         width = max([len(r.title) for r in self.results] + [len(t) for t in self.not_run] + [10])
         for r in self.results:
             t = f"  {r.seconds:7.1f}s" if self.timed else ""
-            why = f"  {r.reason}" if r.reason and r.outcome in (FAILED, SKIPPED) else ""
+            why = f"  {r.reason}" if r.reason and r.outcome in (FAILED, SKIPPED, UNREACHABLE) else ""
             out.append(f"  {r.title:<{width}}  {r.outcome:<8}{t}{why}".rstrip())
         for title in self.not_run:
             out.append(f"  {title:<{width}}  not run (stopped after a failure)")
         by_cause: dict[str, list[StepResult]] = {}
         for r in self.results:
-            if r.outcome == FAILED and r.cause:
+            if r.outcome in FAILING and r.cause:
                 by_cause.setdefault(r.cause, []).append(r)
         for rs in by_cause.values():
             if len(rs) > 1:

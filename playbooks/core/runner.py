@@ -1,6 +1,7 @@
 """The one place where processes start, and the modes that decide whether they do.
 
-``Executor`` is the only code in the project that touches ``subprocess``.
+``Executor`` runs commands through a connector (``connector.py``: the only
+code in the project that touches ``subprocess`` or SSH).
 ``Runner`` decides, per mode, what a probe answers and whether an action runs:
 
 - apply: probes run for real; actions run; results are verified.
@@ -17,8 +18,6 @@ import dataclasses
 import enum
 import json
 import os
-import signal
-import subprocess
 import threading
 import time
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .command import Command, shown
+from .connector import Connector, LocalConnector
 from .errors import CommandFailed, PlaybookError, error_line
 
 
@@ -143,20 +143,23 @@ class RetryPolicy:
 
 
 class Executor:
-    """Starts processes. The only user of ``subprocess`` in the project."""
+    """Runs commands through a connector (this machine, or a controller host
+    over SSH), with pipes, stdin files and a log of every command. A command
+    marked ``local`` runs on this machine whatever the connector (Ansible's
+    ``delegate_to: localhost``)."""
 
-    def __init__(self, env: dict[str, str] | None = None, logdir: Path | None = None):
-        self.env = env
+    def __init__(self, env: dict[str, str] | None = None, logdir: Path | None = None,
+                 connector: Connector | None = None, local: Connector | None = None):
+        self.local = local or LocalConnector(os.getcwd(), env)
+        self.connector = connector or self.local
         self.logdir = logdir
         self._n = 0
         self._lock = threading.Lock()
 
-    def _environ(self, command: Command) -> dict[str, str]:
-        env = dict(self.env if self.env is not None else os.environ)
-        env.update(dict(command.env))
-        return env
+    def where(self, command: Command) -> Connector:
+        return self.local if command.local else self.connector
 
-    def _log(self, label: str, c: Completed) -> None:
+    def _log(self, label: str, c: Completed, where: Connector) -> None:
         if not self.logdir:
             return
         with self._lock:
@@ -165,12 +168,12 @@ class Executor:
         safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in label)[:60]
         path = self.logdir / f"{n:03d}-{safe}.log"
         path.write_text(
-            f"$ {c.line}\n# exit {c.rc} after {c.seconds:.1f}s\n"
+            f"$ {c.line}\n# on {where.name}; exit {c.rc} after {c.seconds:.1f}s\n"
             f"--- stdout\n{c.stdout}\n--- stderr\n{c.stderr}\n"
         )
 
     def run(self, command: Command, label: str = "", input: str | None = None) -> Completed:
-        start = time.monotonic()
+        where = self.where(command)
         if command.pipe_from is not None:
             first = self.run(command.pipe_from, label)
             if not first.ok:
@@ -180,87 +183,32 @@ class Executor:
                 why = command.pipe_check(input)
                 if why:
                     return Completed(command.line(), 3, "", why, first.seconds)
-        stdin = None
         if command.stdin_file is not None:
             try:
-                input = Path(command.stdin_file).read_text()
+                data = where.read(command.stdin_file)
             except OSError as e:
-                return Completed(command.line(), 127, "", f"cannot read {command.stdin_file}: {e}", 0.0)
-        try:
-            proc = subprocess.run(
-                list(command.argv),
-                input=input,
-                stdin=stdin if input is None else None,
-                capture_output=True,
-                text=True,
-                env=self._environ(command),
-                cwd=command.cwd,
-                timeout=command.timeout,
-            )
-            c = Completed(command.line(), proc.returncode, proc.stdout, proc.stderr, time.monotonic() - start)
-        except FileNotFoundError as e:
-            c = Completed(command.line(), 127, "", f"{command.program}: command not found ({e})", 0.0)
-        except subprocess.TimeoutExpired as e:
-            out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
-            err = e.stderr.decode() if isinstance(e.stderr, bytes) else (e.stderr or "")
-            c = Completed(command.line(), 124, out, err + f"\ntimed out after {command.timeout:.0f}s", time.monotonic() - start)
-        self._log(label or command.program, c)
+                data, err = None, str(e)
+            else:
+                err = "no such file"
+            if data is None:
+                return Completed(command.line(), 127, "", f"cannot read {command.stdin_file} on {where.name}: {err}", 0.0)
+            input = data.decode()
+        r = where.run(command.argv, env=command.env, input=input, cwd=command.cwd, timeout=command.timeout)
+        c = Completed(command.line(), r.rc, r.stdout, r.stderr, r.seconds)
+        self._log(label or command.program, c, where)
         return c
 
     def stream(self, command: Command, on_line: Callable[[str], None], label: str = "") -> Completed:
         """Run, handing each output line (stdout and stderr merged) to ``on_line``."""
-        start = time.monotonic()
-        lines: list[str] = []
-        try:
-            proc = subprocess.Popen(
-                list(command.argv),
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                text=True,
-                bufsize=1,
-                env=self._environ(command),
-                cwd=command.cwd,
-            )
-        except FileNotFoundError as e:
-            return Completed(command.line(), 127, "", f"{command.program}: command not found ({e})", 0.0)
-        try:
-            assert proc.stdout is not None
-            for raw in proc.stdout:
-                line = raw.rstrip("\n")
-                lines.append(line)
-                on_line(line)
-            rc = proc.wait()
-        except KeyboardInterrupt:
-            proc.send_signal(signal.SIGINT)
-            proc.wait()
-            raise
-        c = Completed(command.line(), rc, "\n".join(lines), "", time.monotonic() - start)
-        self._log(label or command.program, c)
+        where = self.where(command)
+        r = where.stream(command.argv, on_line, env=command.env, cwd=command.cwd)
+        c = Completed(command.line(), r.rc, r.stdout, r.stderr, r.seconds)
+        self._log(label or command.program, c, where)
         return c
 
     def spawn(self, command: Command) -> int:
         """Start a background process in its own session; return its pid."""
-        log = Path(command.log) if command.log else None
-        if log:
-            log.parent.mkdir(parents=True, exist_ok=True)
-        out = open(log, "ab") if log else subprocess.DEVNULL
-        try:
-            proc = subprocess.Popen(
-                list(command.argv),
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=self._environ(command),
-                cwd=command.cwd,
-                start_new_session=True,
-            )
-        except FileNotFoundError as e:
-            raise CommandFailed("spawn", command.line(), 127, "", f"{command.program}: command not found ({e})")
-        finally:
-            if log:
-                out.close()
-        return proc.pid
+        return self.where(command).spawn(command.argv, env=command.env, cwd=command.cwd, log=command.log)
 
 
 def _shown(c: Completed, command: Command) -> Completed:
@@ -424,7 +372,10 @@ class Runner:
             if command.timeout is None:
                 command = dataclasses.replace(command, timeout=self.probe_timeout)
             assert self.executor is not None
-            c = self.executor.run(command, label="prefetch")
+            try:
+                c = self.executor.run(command, label="prefetch")
+            except PlaybookError:
+                return  # a host that cannot be reached: the step looks again, and says so
             transient = not c.ok and self.retry.is_transient(c, command.patience is not None)
             self._cache[key] = _Transient(c) if transient else _Prefetched(_shown(c, command))
 

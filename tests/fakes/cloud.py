@@ -49,7 +49,7 @@ STANDARD = "clients-test-standard"
 AUTOPILOT = "clients-test-autopilot"
 
 RECAP = re.compile(r"^(?P<play>\S+) (?P<env>\S+): ok=(?P<ok>\d+) changed=(?P<changed>\d+) "
-                   r"failed=(?P<failed>\d+) skipped=(?P<skipped>\d+)", re.M)
+                   r"(?:unreachable=(?P<unreachable>\d+) )?failed=(?P<failed>\d+) skipped=(?P<skipped>\d+)", re.M)
 
 
 def inventory(dashboard_port: int, autopilot_dashboard_port: int) -> dict:
@@ -126,7 +126,7 @@ class Run:
         return [r for r in self.requests if changes(r)]
 
     def recaps(self) -> list[dict[str, Any]]:
-        return [{k: (int(v) if v.isdigit() else v) for k, v in m.groupdict().items()}
+        return [{k: (int(v) if v.isdigit() else v) for k, v in m.groupdict(default="0").items()}
                 for m in RECAP.finditer(self.out)]
 
     def calls(self, method: str, pattern: str) -> list[Request]:

@@ -1,0 +1,60 @@
+"""Where an environment's effects happen: this machine, or the controller
+host its inventory names (every command, file, HTTP read and kill of the GKE
+plays then runs there, over one SSH connection). A local environment and the
+AOT compile always run here."""
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from .core.connector import Connector, LocalConnector, SshConnector
+from .settings import ROOT
+
+_local: LocalConnector | None = None
+_remote: dict[tuple, SshConnector] = {}
+
+
+def tool_env() -> dict[str, str]:
+    """This machine's child environment: the caller's, with this interpreter's
+    bin folder first on PATH, so ``ray`` is the locked Ray even when the venv
+    is not activated."""
+    env = dict(os.environ)
+    bindir = str(Path(sys.executable).parent)
+    env["PATH"] = bindir + os.pathsep + env.get("PATH", "")
+    return env
+
+
+def local() -> LocalConnector:
+    global _local
+    if _local is None:
+        _local = LocalConnector(ROOT, tool_env())
+    return _local
+
+
+def controller(env: Any) -> str | None:
+    return env.get("controller") if env.get("kind", "gke") != "local" else None
+
+
+def connector(env: Any) -> Connector:
+    """The connector of this environment's commands (made once per run; an
+    SSH connection opens on its first use, so a dry run never connects)."""
+    target = controller(env)
+    if not target:
+        return local()
+    key = (target, env.get("gateway"), env.get("identity_file"), env.get("known_hosts"), env.get("remote_dir"))
+    if key not in _remote:
+        _remote[key] = SshConnector(target, env.get("remote_dir") or "tpu-playbooks", gateway=env.get("gateway"),
+                                    identity_file=env.get("identity_file"), known_hosts=env.get("known_hosts"))
+    return _remote[key]
+
+
+def close_all() -> None:
+    for c in _remote.values():
+        c.close()
+    _remote.clear()
+
+
+atexit.register(close_all)

@@ -1,0 +1,164 @@
+"""The connector contract: the same cases against this machine's connector
+and the SSH connector (a real sshd on 127.0.0.1). Every byte of hostile
+arguments arrives; stdin and pipes; exit codes (failure, timeout, a missing
+program); background spawn and stop; put and read; the environment."""
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import threading
+import time
+
+import pytest
+
+from playbooks.core.command import Command
+from playbooks.core.connector import LocalConnector, SshConnector, Unreachable
+from playbooks.core.runner import ABSENT, Executor
+from tests import sshd
+
+HOSTILE = ["a b", "$(touch MARKER)", "`touch MARKER`", "x;touch MARKER", "'\"", "new\nline", "tab\there",
+           "*", "~", "-n", "", "é ü ✓", "$HOME", "a\\b", "&&", "|", ">out"]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    base = tmp_path_factory.mktemp("sshd")
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(base / "home"), "LANG": "C.UTF-8",
+           "CONTROLLER_ONLY": "yes"}
+    (base / "home").mkdir()
+    yield from sshd.running(base, env)
+
+
+@pytest.fixture(params=["local", "ssh"])
+def conn(request, server, tmp_path):
+    root = tmp_path / "root"
+    root.mkdir()
+    if request.param == "local":
+        c = LocalConnector(root, {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"})
+    else:
+        c = SshConnector(server.target, str(root), identity_file=server.identity_file,
+                         known_hosts=server.known_hosts)
+    yield c
+    c.close()
+
+
+def test_every_byte_of_hostile_arguments_arrives_and_no_shell_runs_them(conn, tmp_path):
+    code = "import sys, json; sys.stdout.write(json.dumps(sys.argv[1:]))"
+    r = conn.run(["python3", "-c", code, *HOSTILE])
+    assert r.rc == 0, r.stderr
+    assert json.loads(r.stdout) == HOSTILE
+    assert not list(tmp_path.rglob("MARKER")) and not (tmp_path / "root" / "out").exists()
+
+
+def test_stdin_and_a_pipe_through_the_executor(conn):
+    assert conn.run(["cat"], input="line 1\nline 2 $(x)\n").stdout == "line 1\nline 2 $(x)\n"
+    ex = Executor(connector=conn, local=conn)
+    piped = Command(("tr", "a-z", "A-Z"), pipe_from=Command(("printf", "%s", "hello;$x")))
+    c = ex.run(piped)
+    assert (c.rc, c.stdout) == (0, "HELLO;$X")
+
+
+def test_exit_codes_failure_missing_program_timeout(conn):
+    assert conn.run(["sh", "-c", "echo out; echo err >&2; exit 3"]).rc == 3
+    r = conn.run(["sh", "-c", "echo err >&2; exit 3"])
+    assert r.stderr.strip() == "err"          # nothing of the connector's own in stderr
+    assert conn.run(["no-such-program-here"]).rc == 127
+    start = time.monotonic()
+    r = conn.run(["sleep", "30"], timeout=1)
+    assert r.rc == 124 and time.monotonic() - start < 10
+
+
+def test_stream_hands_over_lines_as_they_come(conn):
+    lines: list[str] = []
+    r = conn.stream(["sh", "-c", "echo one; echo two >&2; echo three; exit 2"], lines.append)
+    assert r.rc == 2
+    assert sorted(lines) == ["one", "three", "two"]
+
+
+def test_background_spawn_can_be_found_and_stopped(conn):
+    pid = conn.spawn(["sleep", "300"], log="logs/sleep.log")
+    assert pid > 0
+    assert conn.alive(pid, "sleep 300")
+    assert not conn.alive(pid, "something else")       # a recycled pid is not ours
+    conn.terminate(pid, grace=2)
+    deadline = time.monotonic() + 5
+    while conn.alive(pid, "sleep") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not conn.alive(pid, "sleep")
+    assert conn.read("logs/sleep.log") == b""
+
+
+def test_put_and_read_files_relative_to_the_root(conn, tmp_path):
+    data = bytes(range(256)) * 10
+    conn.write("a/b/c.bin", data)
+    assert conn.read("a/b/c.bin") == data
+    assert (tmp_path / "root" / "a" / "b" / "c.bin").read_bytes() == data
+    assert conn.read("a/none") is None
+    conn.remove("a/b/c.bin")
+    assert conn.read("a/b/c.bin") is None
+
+
+def test_environment_is_stated_not_copied(conn, monkeypatch):
+    monkeypatch.setenv("CALLERS_SECRET", "s3cret")
+    code = "import os, json; print(json.dumps({k: os.environ.get(k) for k in ('GIVEN', 'CALLERS_SECRET')}))"
+    r = conn.run(["python3", "-c", code], env=(("GIVEN", "a b;$(c)"),))
+    seen = json.loads(r.stdout)
+    assert seen == {"GIVEN": "a b;$(c)", "CALLERS_SECRET": None}
+
+
+def test_get_json_reads_where_the_connector_runs(conn):
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            if self.path == "/ok":
+                body = json.dumps({"ray_version": "2.60.0"}).encode()
+                self.send_response(200)
+            else:
+                body = b"{}"
+                self.send_response(404)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        base = f"http://127.0.0.1:{srv.server_address[1]}"
+        assert conn.get_json(f"{base}/ok") == {"ray_version": "2.60.0"}
+        assert conn.get_json(f"{base}/missing") is ABSENT
+        assert conn.get_json(f"http://127.0.0.1:{sshd.free_port()}/api/version") is ABSENT  # nothing listens
+    finally:
+        srv.shutdown()
+
+
+def test_ssh_login_environment_is_the_controllers(server, tmp_path):
+    c = SshConnector(server.target, str(tmp_path), identity_file=server.identity_file, known_hosts=server.known_hosts)
+    assert c.getenv("CONTROLLER_ONLY") == "yes"
+    assert c.getenv("HOME") != os.environ.get("HOME")
+
+
+def test_unknown_or_wrong_host_key_and_refused_port_are_unreachable(server, tmp_path):
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    c = SshConnector(server.target, "x", identity_file=server.identity_file, known_hosts=str(empty))
+    with pytest.raises(Unreachable, match="host key is unknown"):
+        c.run(["true"])
+    with pytest.raises(Unreachable, match="host key is unknown"):   # said again at once, not retried
+        c.run(["true"])
+    other = tmp_path / "other_key"
+    sshd.keygen(other)
+    wrong = tmp_path / "wrong_hosts"
+    wrong.write_text(f"[127.0.0.1]:{server.port} {' '.join((tmp_path / 'other_key.pub').read_text().split()[:2])}\n")
+    c = SshConnector(server.target, "x", identity_file=server.identity_file, known_hosts=str(wrong))
+    with pytest.raises(Unreachable, match="does not match"):
+        c.run(["true"])
+    c = SshConnector(f"root@127.0.0.1:{sshd.free_port()}", "x", identity_file=server.identity_file,
+                     known_hosts=server.known_hosts)
+    with pytest.raises(Unreachable, match="connection refused"):
+        c.run(["true"])
+    c = SshConnector(server.target, "x", identity_file=str(other), known_hosts=server.known_hosts)
+    with pytest.raises(Unreachable, match="refused the key"):
+        c.run(["true"])

@@ -1,0 +1,112 @@
+"""The playbooks run from a controller host over SSH (a real sshd on
+127.0.0.1, tests/sshd.py) against the loopback fakes, with the real gcloud,
+kubectl and curl running on the controller. This machine's PATH holds no
+gcloud, kubectl, envsubst or curl and its KUBECONFIG and CLOUDSDK_CONFIG
+point nowhere, so a command or a kubernetes-client read that ran here
+instead of on the controller would fail the run."""
+from __future__ import annotations
+
+import re
+import subprocess
+
+import pytest
+
+from tests import sshd
+from tests.fakes.cloud import INVOKE, ROOT, STANDARD, VENV_BIN, Cloud, cloud, cloud_session
+
+pytestmark = pytest.mark.clients
+
+__all__ = ["cloud", "cloud_session"]  # fixtures, used by name
+
+NOWHERE = {"PATH": str(VENV_BIN), "KUBECONFIG": "/nonexistent/kubeconfig", "CLOUDSDK_CONFIG": "/nonexistent/gcloud",
+           "BOTO_CONFIG": "/nonexistent/boto"}
+
+
+@pytest.fixture
+def controller(cloud: Cloud, tmp_path):
+    """An sshd whose sessions have the fakes' client environment (the
+    controller's own gcloud and kubectl configuration)."""
+    login = {k: v for k, v in cloud.env().items() if not k.startswith("INVOKE_")}
+    server = sshd.start(tmp_path / "sshd", login)
+    cloud.change_inventory(STANDARD, **server.inventory_keys(str(tmp_path / "remote")))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def _steps(out: str) -> list[str]:
+    """A transcript's step lines, without the banner, timings and the
+    controller's own step."""
+    keep, skip = [], False
+    for line in out.splitlines():
+        if line.startswith("TASK ["):
+            skip = line.startswith("TASK [controller :")
+        if skip or line.startswith(("PLAY [", "logs: ", "up ")) or "controller : project files" in line:
+            continue
+        keep.append(re.sub(r"\s+\d+\.\ds\b", "", line))
+    return keep
+
+
+def test_up_through_the_controller_converges_and_a_second_run_sends_no_change(cloud: Cloud, controller, tmp_path):
+    first = cloud.invoke("up", **NOWHERE)
+    assert first.rc == 0, first.out
+    assert f"on controller {controller.target}" in first.out
+    assert re.search(r"controller : project files on \S+ +changed", first.out)
+    assert (tmp_path / "remote" / "manifests" / "ray-cluster.tpu-multi-slice.yaml").is_file()
+    assert (tmp_path / "remote" / ".state" / STANDARD / "port-forward.pid").exists() or "port-forward" in first.out
+    st = cloud.gcp.st
+    assert ("us-east5-b", "maxtext-multislice") in st.clusters
+    assert cloud.kube.list("rayclusters")
+
+    second = cloud.invoke("up", **NOWHERE)
+    assert second.rc == 0, second.out
+    assert second.changes == [], [r.path for r in second.changes]
+    recap = [r for r in second.recaps() if r["play"] == "up"][-1]
+    assert recap["changed"] == 0 and recap["failed"] == 0, second.out
+    assert re.search(r"controller : project files on \S+ +ok", second.out)
+
+
+def test_the_dry_run_through_a_controller_is_the_local_one_naming_the_controller(cloud: Cloud, controller):
+    with_controller = cloud.invoke("--dry", "up", **NOWHERE)
+    assert with_controller.rc == 0, with_controller.out
+    assert with_controller.requests == []            # a dry run connects to nothing
+    assert "sftp put" in with_controller.out and f"on controller {controller.target}" in with_controller.out
+    cloud.reset()
+    local = cloud.invoke("--dry", "up")
+    assert _steps(with_controller.out) == _steps(local.out)
+    counts = [[r for r in run.recaps() if r["play"] == "up"][-1] for run in (with_controller, local)]
+    assert counts[0]["changed"] == counts[1]["changed"] + 1     # the sync, and nothing else
+
+
+@pytest.mark.parametrize("fault", ["refused port", "unknown host key"])
+def test_an_unreachable_controller_is_one_line_and_unreachable_in_the_recap(cloud: Cloud, controller, tmp_path, fault):
+    keys = controller.inventory_keys(str(tmp_path / "remote"))   # change_inventory starts from the shipped one
+    if fault == "refused port":
+        cloud.change_inventory(STANDARD, **{**keys, "controller": f"root@127.0.0.1:{sshd.free_port()}"})
+    else:
+        empty = tmp_path / "empty_known_hosts"
+        empty.write_text("")
+        cloud.change_inventory(STANDARD, **{**keys, "known_hosts": str(empty)})
+    run = cloud.invoke("up", **NOWHERE)
+    assert run.rc == 4                                # Ansible's exit code for an unreachable host
+    assert "Traceback" not in run.out
+    said = [l for l in run.out.splitlines() if l.startswith("  controller root@") and "is unreachable" in l]
+    assert len(said) == 1, run.out
+    assert re.search(r"controller : project files on \S+ +unreachable", run.out), run.out
+    assert re.search(r"^up \S+: ok=0 changed=0 unreachable=1 failed=0", run.out, re.M), run.out
+    assert run.requests == []                         # nothing reached the fakes
+
+
+def test_internal_control_plane_without_a_controller_is_refused_in_one_line(cloud: Cloud):
+    cloud.change_inventory(STANDARD, control_plane="internal")
+    p = subprocess.run([str(INVOKE), "--dry", "cluster"], env=cloud.env(), cwd=ROOT, capture_output=True, text=True)
+    assert p.returncode == 2
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and "control_plane" in lines[0] and "needs a controller" in lines[0], p.stderr
+
+
+def test_dns_control_plane_asks_for_the_dns_endpoint(cloud: Cloud):
+    cloud.change_inventory(STANDARD, control_plane="dns")
+    run = cloud.invoke("--dry", "cluster")
+    assert "get-credentials maxtext-multislice --location=us-east5-b --dns-endpoint" in run.out, run.out
