@@ -26,6 +26,11 @@ pytestmark = pytest.mark.clients
 
 __all__ = ["cloud", "cloud_session"]  # fixtures, used by name
 
+# The controller-host tests share these fakes' environment and .state/ folder:
+# collected here, they run in this file's worker (tests/controller_cases.py).
+from tests.controller_cases import (  # noqa: E402,F401
+    controller, test_up_through_the_controller_converges_and_a_second_run_sends_no_change, test_the_dry_run_through_a_controller_is_the_local_one_naming_the_controller, test_an_unreachable_controller_is_one_line_and_unreachable_in_the_recap, test_internal_control_plane_without_a_controller_is_refused_in_one_line, test_dns_control_plane_asks_for_the_dns_endpoint)
+
 NET1, NET2 = "maxtext-multislice-net-1", "maxtext-multislice-net-2"
 CLUSTER = "maxtext-multislice"
 BUCKET = f"{PROJECT}-ckpt"

@@ -393,6 +393,13 @@ class SshConnector(Connector):
                          out_stream=out_stream if out_stream is not None else _Lines(lambda _l: None),
                          err_stream=err)
             rc, out, errtext = r.exited, r.stdout, r.stderr
+            if rc is None or rc < 0:  # the channel closed without an exit status
+                if timeout is not None and time.monotonic() - start >= timeout:
+                    # Invoke's timer closed it (a race with its CommandTimedOut)
+                    self._kill(err.pid, signal.SIGTERM)
+                    rc, errtext = TIMED_OUT, errtext + f"\ntimed out after {timeout:.0f}s"
+                else:
+                    rc, errtext = 255, errtext + "\nthe remote command ended without an exit status"
         except CommandTimedOut as e:
             self._kill(err.pid, signal.SIGTERM)
             rc, out, errtext = TIMED_OUT, e.result.stdout, e.result.stderr + f"\ntimed out after {timeout:.0f}s"

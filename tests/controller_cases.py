@@ -3,7 +3,11 @@
 kubectl and curl running on the controller. This machine's PATH holds no
 gcloud, kubectl, envsubst or curl and its KUBECONFIG and CLOUDSDK_CONFIG
 point nowhere, so a command or a kubernetes-client read that ran here
-instead of on the controller would fail the run."""
+instead of on the controller would fail the run.
+
+Collected through test_real_clients.py (imported there): both use the fakes'
+environment and its `.state/` folder, so they must run in one worker, one
+after the other (pytest-xdist's --dist loadfile keeps a file together)."""
 from __future__ import annotations
 
 import re
