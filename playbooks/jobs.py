@@ -58,6 +58,14 @@ def logs(address: str, submission_id: str, on_line: Callable[[str], None], via=N
         on_line(line)
 
 
+def log_line(address: str, submission_id: str, follow: bool) -> str:
+    """How reading a job's log reads in a transcript: the CLI line that does
+    the same as the SDK call."""
+    how = "tail_job_logs" if follow else "get_job_logs"
+    return (f"ray job logs {'--follow ' if follow else ''}--address {address} {submission_id}  "
+            f"# through the Ray Jobs SDK: JobSubmissionClient.{how}")
+
+
 def ours(run: str | None, jobs: Any) -> list[dict]:
     """The jobs of a run (submission ids <run>-<n>), oldest first; without a
     run, every job with a submission id of that form."""
@@ -100,9 +108,7 @@ def logs_step(env, run: str | None, follow_to_end: bool):
                 return Outcome(OK, f"would show the log of the newest job of {f'run {run}' if run else 'this environment'}")
             return Outcome(FAILED, f"no job of {f'run {run}' if run else 'any run'} at {addr}")
         sid = str(mine[-1]["submission_id"])
-        how = "tail_job_logs" if follow_to_end else "get_job_logs"
-        shown = (f"ray job logs {'--follow ' if follow_to_end else ''}--address {addr} {sid}  "
-                 f"# through the Ray Jobs SDK: JobSubmissionClient.{how}")
+        shown = log_line(addr, sid, follow_to_end)
         reader = follow if follow_to_end else logs
         ctx.look(Fact(name=f"log of {sid}", python=lambda: reader(addr, sid, ctx.echo, via), display=shown,
                       describe=lambda v: "read"))

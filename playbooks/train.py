@@ -205,13 +205,6 @@ def submit_command(job: Job, submission_id: str) -> Command:
                     *job.argv()))
 
 
-def follow_line(address: str, submission_id: str) -> str:
-    """How following a job's log reads in a transcript (the CLI line that
-    does the same as the SDK call)."""
-    return (f"ray job logs --follow --address {address} {submission_id}  "
-            f"# through the Ray Jobs SDK: JobSubmissionClient.tail_job_logs")
-
-
 # -- checkpoints of the run ------------------------------------------------
 def _steps_in(names: list[str]) -> list[int]:
     return sorted(int(n) for n in names if n.isdigit())
@@ -374,20 +367,20 @@ def job_step(job: Job, state: dict, log_file: Path | None = None) -> Step:
             with beat if ctx.acting else contextlib.nullcontext():
                 if attach:
                     # The same code as `invoke logs --follow`: the Jobs SDK.
-                    line = follow_line(job.address, sid)
+                    line = jobs.log_line(job.address, sid, follow=True)
                     ctx.act(Action(line, lambda: jobs.follow(job.address, sid, on_line, via)))
                     done = Completed(line, 0, "", "") if ctx.acting else None
-                for attempt in range(1, SUBMIT_ATTEMPTS + 1):
-                    if attach:
-                        break
-                    done = ctx.stream(command, on_line)
-                    if done is None or done.ok or not NOT_READY.search(done.stdout) or attempt == SUBMIT_ATTEMPTS:
-                        break
-                    # The dashboard answers before the head's job agent is up:
-                    # the job was not created, so submitting again is safe.
-                    ctx.log.emit("retry", f"the Ray head is not ready for jobs yet; submitting again in "
-                                          f"{SUBMIT_DELAY:.0f}s ({attempt}/{SUBMIT_ATTEMPTS})")
-                    ctx.sleep(SUBMIT_DELAY)
+                else:
+                    for attempt in range(1, SUBMIT_ATTEMPTS + 1):
+                        done = ctx.stream(command, on_line)
+                        if (done is None or done.ok or not NOT_READY.search(done.stdout)
+                                or attempt == SUBMIT_ATTEMPTS):
+                            break
+                        # The dashboard answers before the head's job agent is up:
+                        # the job was not created, so submitting again is safe.
+                        ctx.log.emit("retry", f"the Ray head is not ready for jobs yet; submitting again in "
+                                              f"{SUBMIT_DELAY:.0f}s ({attempt}/{SUBMIT_ATTEMPTS})")
+                        ctx.sleep(SUBMIT_DELAY)
         except KeyboardInterrupt:
             ctx.echo(f"interrupted: job {sid} goes on in the cluster; `invoke train` again follows it, "
                      f"`ray job stop --address {job.address} {sid}` stops it")

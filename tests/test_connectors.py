@@ -79,6 +79,9 @@ def test_stream_hands_over_lines_as_they_come(conn):
 def test_background_spawn_can_be_found_and_stopped(conn):
     pid = conn.spawn(["sleep", "300"], log="logs/sleep.log")
     assert pid > 0
+    deadline = time.monotonic() + 5          # until the child has exec'd (under load, not at once)
+    while not conn.alive(pid, "sleep 300") and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert conn.alive(pid, "sleep 300")
     assert not conn.alive(pid, "something else")       # a recycled pid is not ours
     conn.terminate(pid, grace=2)

@@ -29,6 +29,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Callable, Iterable
 
 from .errors import PlaybookError, ProbeFailed
+from .procs import alive_from
 
 
 class Unreachable(PlaybookError):
@@ -83,19 +84,9 @@ class Connector:
 
     def alive(self, pid: int, marker: str = "") -> bool:
         """The process exists, is not a zombie, and its command line holds
-        ``marker`` (a recycled pid is not ours)."""
-        if pid <= 0:
-            return False
-        stat = self.read(f"/proc/{pid}/stat")
-        if not stat:
-            return False
-        state = stat.decode(errors="replace").rsplit(")", 1)[-1].split()[:1]
-        if not state or state[0] in ("Z", "X"):
-            return False
-        if not marker:
-            return True
-        cmdline = self.read(f"/proc/{pid}/cmdline") or b""
-        return marker in cmdline.replace(b"\0", b" ").decode(errors="replace")
+        ``marker`` (a recycled pid is not ours): /proc read where this
+        connector runs."""
+        return alive_from(self.read, pid, marker)
 
     def terminate(self, pid: int, grace: float = 10.0) -> None:
         """SIGTERM a process and its descendants; SIGKILL what is left after
@@ -251,15 +242,17 @@ class _Lines(io.TextIOBase):
             self.buf += s
             while "\n" in self.buf:
                 line, self.buf = self.buf.split("\n", 1)
-                self.lines.append(line)
-                self.on_line(line)
+                self._take(line)
         return len(s)
+
+    def _take(self, line: str) -> None:
+        self.lines.append(line)
+        self.on_line(line)
 
     def flush_rest(self) -> None:
         if self.buf:
             line, self.buf = self.buf, ""
-            self.lines.append(line)
-            self.on_line(line)
+            self._take(line)
 
 
 class SshConnector(Connector):
@@ -288,6 +281,7 @@ class SshConnector(Connector):
         self._broken: Unreachable | None = None
         self._sftp_client = None
         self._sftp_lock = threading.Lock()
+        self._made: set[str] = set()  # directories made on the controller
 
     # -- the connection -----------------------------------------------------------
     def _connection(self, target: str, gateway=None):
@@ -356,15 +350,19 @@ class SshConnector(Connector):
                 finally:
                     self._conn = None
                     self._sftp_client = None
+                    self._made.clear()
 
     # -- commands -------------------------------------------------------------------
-    def _line(self, argv: Iterable[str], env: Iterable[tuple[str, str]], cwd: str | None) -> str:
-        """The remote shell line: every value quoted here (Fabric's own
-        ``env=`` would be an unquoted ``export``)."""
-        argv = list(argv)
+    def _program(self, argv: Iterable[str], env: Iterable[tuple[str, str]], cwd: str | None) -> tuple[str, str]:
+        """(the directory, the program with its variables) for a remote
+        shell line: every value quoted here (Fabric's own ``env=`` would be
+        an unquoted ``export``)."""
         assigns = " ".join(shlex.quote(f"{k}={v}") for k, v in env)
-        prog = f"env {assigns} {shlex.join(argv)}" if assigns else shlex.join(argv)
-        where = shlex.quote(self.path(cwd) if cwd else self.root)
+        prog = shlex.join(list(argv))
+        return shlex.quote(self.path(cwd) if cwd else self.root), (f"env {assigns} {prog}" if assigns else prog)
+
+    def _line(self, argv: Iterable[str], env: Iterable[tuple[str, str]], cwd: str | None) -> str:
+        where, prog = self._program(argv, env, cwd)
         # The pid first (so Ctrl-C can stop it), then the program in its
         # place; a missing program exits 127 as locally.
         return f"cd {where} && echo {_PID_MARK}$$ >&2 && exec {prog}"
@@ -435,9 +433,7 @@ class SshConnector(Connector):
 
     def spawn(self, argv, env=(), cwd=None, log=None) -> int:
         argv = list(argv)
-        assigns = " ".join(shlex.quote(f"{k}={v}") for k, v in env)
-        prog = f"env {assigns} {shlex.join(argv)}" if assigns else shlex.join(argv)
-        where = shlex.quote(self.path(cwd) if cwd else self.root)
+        where, prog = self._program(argv, env, cwd)
         out = shlex.quote(log) if log else "/dev/null"
         mk = f"mkdir -p {shlex.quote(str(PurePosixPath(log).parent))} && " if log else ""
         # setsid: its own session, so it outlives this connection and can be
@@ -475,9 +471,11 @@ class SshConnector(Connector):
     def write(self, path: str, data: bytes) -> None:
         full = self.path(path)
         parent = str(PurePosixPath(full).parent)
-        r = self.run(["mkdir", "-p", parent], cwd="/")
-        if r.rc != 0:
-            raise OSError(f"cannot make {parent} on {self.target}: {r.stderr.strip()}")
+        if parent not in self._made:  # once per directory and connection (a sync writes ~90 files)
+            r = self.run(["mkdir", "-p", parent], cwd="/")
+            if r.rc != 0:
+                raise OSError(f"cannot make {parent} on {self.target}: {r.stderr.strip()}")
+            self._made.add(parent)
         sftp = self._sftp()
         with self._sftp_lock:
             with sftp.open(full, "wb") as f:
@@ -537,17 +535,9 @@ class _PidStripper(_Lines):
         super().__init__(on_line or (lambda _l: None))
         self.pid: int | None = None
 
-    def write(self, s: str) -> int:
-        with self.lock:
-            self.buf += s
-            while "\n" in self.buf:
-                line, self.buf = self.buf.split("\n", 1)
-                if self.pid is None and line.startswith(_PID_MARK):
-                    try:
-                        self.pid = int(line[len(_PID_MARK):])
-                    except ValueError:
-                        pass
-                    continue
-                self.lines.append(line)
-                self.on_line(line)
-        return len(s)
+    def _take(self, line: str) -> None:
+        if self.pid is None and line.startswith(_PID_MARK):
+            rest = line[len(_PID_MARK):]
+            self.pid = int(rest) if rest.isdigit() else None
+            return
+        super()._take(line)

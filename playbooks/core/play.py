@@ -7,16 +7,16 @@ from __future__ import annotations
 
 import threading
 import time
-from pathlib import Path
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from .command import Command, shown
 from .errors import PlaybookError, cause_of
 from .connector import Unreachable
 from .recap import CHANGED, FAILED, FAILING, OK, SKIPPED, UNREACHABLE, Recap, Reporter, StepResult, banner
-from .runner import Action, Completed, Fact, Mode, Runner, StepLog
+from .runner import Action, Completed, Fact, Mode, Runner, StepLog, file_name
 from .step import CHANGE, DRIFT, FAIL, OK as D_OK, WAIT, Broken, Step, poll
 
 
@@ -303,8 +303,7 @@ class Playbook:
         logdir = getattr(self.runner.executor, "logdir", None)
         if not logdir:
             return ""
-        safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in step.id)[:60]
-        path = Path(logdir) / f"traceback-{safe}.txt"
+        path = Path(logdir) / f"traceback-{file_name(step.id)}.txt"
         try:
             path.write_text(traceback.format_exc())
         except OSError:

@@ -7,30 +7,42 @@ import os
 import signal
 import time
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable
 
 
-def _cmdline(pid: int) -> str:
+def _read(path: str) -> bytes | None:
     try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        return Path(path).read_bytes()
     except OSError:
+        return None
+
+
+def stat_state(stat: bytes | None) -> str:
+    """The state letter of a /proc/<pid>/stat text ("" when there is none)."""
+    if not stat:
         return ""
+    parts = stat.decode(errors="replace").rsplit(")", 1)[-1].split()
+    return parts[0] if parts else ""
 
 
 def _state(pid: int) -> str:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return stat.rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return ""
+    return stat_state(_read(f"/proc/{pid}/stat"))
+
+
+def alive_from(read: "Callable[[str], bytes | None]", pid: int, marker: str = "") -> bool:
+    """The process exists, is not a zombie, and its command line holds
+    ``marker`` (so a recycled pid is not mistaken for ours); /proc read with
+    ``read`` (this machine's files, or a connector's)."""
+    if pid <= 0 or stat_state(read(f"/proc/{pid}/stat")) in ("", "Z", "X"):
+        return False
+    if not marker:
+        return True
+    cmdline = read(f"/proc/{pid}/cmdline") or b""
+    return marker in cmdline.replace(b"\0", b" ").decode(errors="replace")
 
 
 def alive(pid: int, marker: str = "") -> bool:
-    """The process exists, is not a zombie, and its command line holds
-    ``marker`` (so a recycled pid is not mistaken for ours)."""
-    if pid <= 0 or _state(pid) in ("", "Z", "X"):
-        return False
-    return marker in _cmdline(pid) if marker else True
+    return alive_from(_read, pid, marker)
 
 
 def children_map() -> dict[int, list[int]]:

@@ -142,6 +142,11 @@ class RetryPolicy:
     sleep: Callable[[float], None] = time.sleep
 
 
+def file_name(label: str) -> str:
+    """A label made safe as a file name in the run's log folder."""
+    return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in label)[:60]
+
+
 class Executor:
     """Runs commands through a connector (this machine, or a controller host
     over SSH), with pipes, stdin files and a log of every command. A command
@@ -165,8 +170,7 @@ class Executor:
         with self._lock:
             self._n += 1
             n = self._n
-        safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in label)[:60]
-        path = self.logdir / f"{n:03d}-{safe}.log"
+        path = self.logdir / f"{n:03d}-{file_name(label)}.log"
         path.write_text(
             f"$ {c.line}\n# on {where.name}; exit {c.rc} after {c.seconds:.1f}s\n"
             f"--- stdout\n{c.stdout}\n--- stderr\n{c.stderr}\n"
