@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from playbooks import preflight as pf, train as tr  # noqa: E402
-from playbooks.settings import load_inventory  # noqa: E402
+from playbooks.schema import load_inventory  # noqa: E402
 
 CASES = {
     "8b": ("llama3-8b", ""),

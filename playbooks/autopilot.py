@@ -24,10 +24,11 @@ from .cluster import credentials_step
 from .core.command import Command
 from .core.inventory import Env
 from .core.render import envsubst, leftover, render
-from .core.runner import ABSENT
+from .core.facts import ABSENT
 from .core.step import Step, Verify, change, drift, fail, ok
 from .gke import kube, kube_get
-from .settings import ROOT, reservation_parts
+from .project import ROOT
+from .schema import reservation_parts
 
 PLAY = "raycluster"
 COMPUTE_CLASS = "maxtext-tpu-dranet"

@@ -36,10 +36,11 @@ from .core.errors import ProbeFailed
 from .core.inventory import Env
 from .core.play import Outcome, StepContext
 from .core.recap import FAILED, OK, SKIPPED
-from .core.runner import ABSENT, Completed, Fact
+from .core.facts import ABSENT, Completed, Fact
 from .core.step import Step, ok
 from .gke import STRICT_COMPUTE_LISTS, clusters_fact, location
-from .settings import FLEX_WAIT_DEFAULT, chips, reservation_parts
+from .schema import FLEX_WAIT_DEFAULT, reservation_parts
+from .tpu import chips
 
 PLAY = "capacity"
 

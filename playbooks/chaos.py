@@ -11,7 +11,7 @@ from .cluster import credentials_step
 from .core.command import placeholder
 from .core.errors import ProbeFailed
 from .core.inventory import Env
-from .core.runner import ABSENT, Completed
+from .core.facts import ABSENT, Completed
 from .core.step import Step, change, fail
 from .gke import kube
 from . import local

@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 from .core.command import Command
 from .core.errors import ProbeFailed
-from .core.runner import ABSENT, Completed, Fact
+from .core.facts import ABSENT, Completed, Fact
 
 # -- transient or not: from what each client really prints ---------------------
 # The HTTP status of a failed call, as each client shows it:

@@ -12,7 +12,7 @@ from .clients import gcloud
 from .core.connector import Connector
 from .core.errors import ProbeFailed
 from .core.inventory import Env
-from .core.runner import ABSENT, Fact
+from .core.facts import ABSENT, Fact
 from .core.step import Step, Verify, change, drift, fail, ok, wait
 from .gke import clusters_fact, kube_context, location
 

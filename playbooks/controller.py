@@ -9,9 +9,9 @@ import hashlib
 
 from . import hosts
 from .core.inventory import Env
-from .core.runner import Action, Fact
+from .core.facts import Action, Fact
 from .core.step import Step, Verify, change, ok
-from .settings import ROOT
+from .project import ROOT
 
 PLAY = "controller"
 SYNCED = ("manifests", "trainer")

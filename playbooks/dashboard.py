@@ -12,7 +12,7 @@ from .core.inventory import Env
 from .core.play import Outcome, StepContext
 from .core.procs import PidFile
 from .core.recap import CHANGED, FAILED, OK
-from .core.runner import ABSENT, Action, Fact, assume
+from .core.facts import ABSENT, Action, Fact, assume
 from .core.step import Step
 from .gke import kube, workers
 from .rayapi import version_fact

@@ -22,9 +22,10 @@ from .core.errors import ProbeFailed
 from .core.inventory import Env
 from .core.play import Outcome, StepContext
 from .core.recap import FAILED, OK
-from .core.runner import ABSENT, Action, Completed
+from .core.facts import ABSENT, Action, Completed
 from .core.step import Step, fail, ok
-from .settings import ROOT, installed, pinned, ray_version
+from .project import ROOT
+from .versions import installed, pinned, ray_version
 
 PLAY = "doctor"
 GOOD = ["compute", "networks", "list", "--format=json"]

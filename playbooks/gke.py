@@ -9,7 +9,7 @@ from . import tutorial as T
 from .clients import by_name, fact, gcloud, json_list, kube_list, kube_object, kubectl
 from .core.command import Command
 from .core.inventory import Env
-from .core.runner import ABSENT, Fact
+from .core.facts import ABSENT, Fact
 
 
 def location(env: Env) -> str:
@@ -46,7 +46,7 @@ def subnet_range(env: Env, i: int) -> str:
 
 
 def nodepool_name(env: Env, i: int) -> str:
-    from .settings import chips
+    from .tpu import chips
     return f"v6e-{chips(env.topology)}-{i}"
 
 

@@ -8,20 +8,39 @@ import atexit
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from .core.connector import Connector, LocalConnector, SshConnector
-from .settings import ROOT
+from .project import ROOT
 
 _local: LocalConnector | None = None
 _remote: dict[tuple, SshConnector] = {}
 
 
-def tool_env() -> dict[str, str]:
-    """This machine's child environment: the caller's, with this interpreter's
-    bin folder first on PATH, so ``ray`` is the locked Ray even when the venv
-    is not activated."""
-    env = dict(os.environ)
+# What a child process here is given of this process's environment: what
+# gcloud, gsutil, kubectl (and its auth plugin), curl, ray and JAX read, by
+# name or prefix. Anything else (tokens of other tools, INVOKE_* settings,
+# a shell's functions) is not passed.
+PASSED_NAMES = frozenset({
+    "PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TERM", "TMPDIR", "KUBECONFIG",
+    "NO_GCE_CHECK", "VIRTUAL_ENV", "SSH_AUTH_SOCK", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE",
+    "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "no_proxy", "all_proxy",
+})
+PASSED_PREFIXES = ("LC_", "CLOUDSDK_", "GOOGLE_", "GCE_", "GCLOUD_", "BOTO_", "USE_GKE_", "KUBE", "RAY_", "JAX_",
+                   "XLA_", "TPU_", "LIBTPU", "PYTHON", "XDG_", "SSL_CERT_", "TF_", "HF_")
+
+
+def passed(name: str) -> bool:
+    return name in PASSED_NAMES or name.startswith(PASSED_PREFIXES)
+
+
+def tool_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """This machine's child environment, stated: the passed variables of
+    ``environ`` (this process's), with this interpreter's bin folder first
+    on PATH, so ``ray`` is the locked Ray even when the venv is not
+    activated."""
+    source = os.environ if environ is None else environ
+    env = {k: v for k, v in source.items() if passed(k)}
     bindir = str(Path(sys.executable).parent)
     env["PATH"] = bindir + os.pathsep + env.get("PATH", "")
     return env

@@ -88,7 +88,7 @@ def logs_step(env, run: str | None, follow_to_end: bool):
     environment), whole or followed to its end; the outcome is the job's."""
     from .core.play import Outcome
     from .core.recap import FAILED, OK
-    from .core.runner import ABSENT, Fact
+    from .core.facts import ABSENT, Fact
     from .core.step import Step
     from .dashboard import address
     from .rayapi import job_fact, jobs_fact
@@ -127,7 +127,7 @@ def metrics_step(env, run: str | None):
     from . import metrics
     from .core.play import Outcome
     from .core.recap import CHANGED, FAILED, OK
-    from .core.runner import Action
+    from .core.facts import Action
     from .core.step import Step
 
     def run_step(ctx) -> Outcome:

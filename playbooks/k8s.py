@@ -17,7 +17,7 @@ from . import hosts
 from . import tutorial as T
 from .core.errors import ProbeFailed
 from .core.inventory import Env
-from .core.runner import ABSENT, Fact
+from .core.facts import ABSENT, Fact
 from .gke import kube, kube_context, workers
 
 GROUP, VERSION, PLURAL = "ray.io", "v1", "rayclusters"

@@ -14,17 +14,19 @@ import json
 import time
 from pathlib import Path
 
+from . import hosts
 from . import tutorial as T
 from .core.command import Command, quote
-from .core.http import get_json, port_open
 from .core.inventory import Env
 from .core.play import Outcome, StepContext
-from .core.procs import PidFile, kill_now, running_fact, terminate, tree
+from .core.procs import PidFile, running_fact
 from .core.recap import CHANGED, FAILED, OK
-from .core.runner import ABSENT, Action, Fact, assume
+from .core.facts import ABSENT, Action, Fact, assume
 from .core.step import Step, poll
 from .rayapi import alive, labels, list_nodes, nodes_fact, version_fact
-from .settings import LOCAL_PORTS_FIRST_NODE, LOCAL_PORTS_PER_NODE, ROOT, chips, local_port_span
+from .local_ports import LOCAL_PORTS_FIRST_NODE, LOCAL_PORTS_PER_NODE, local_port_span
+from .project import ROOT
+from .tpu import chips
 
 PLAY = "local"
 HEAD = "head"
@@ -53,7 +55,7 @@ def host_names(env: Env) -> list[tuple[str, int, int]]:
 
 def pidfile(env: Env, name: str) -> PidFile:
     marker = "ray start --head" if name == HEAD else "ray start --address"
-    return PidFile(state_dir(env) / "nodes", name, marker)
+    return PidFile(state_dir(env) / "nodes", name, marker, via=hosts.local())
 
 
 def _log(env: Env, name: str) -> str:
@@ -139,7 +141,7 @@ def head_step(env: Env) -> Step:
             return Outcome(OK, f"Ray head running at {address(env)} (Ray {answering.get('ray_version')})")
         if not running:
             lo, hi = port_range(env)
-            taken = [p for p in range(lo, hi + 1) if ctx.runner.probing and port_open(env.ray_ip, p)]
+            taken = [p for p in range(lo, hi + 1) if ctx.runner.probing and hosts.local().port_open(env.ray_ip, p)]
             if answering is not ABSENT or taken:
                 what = f"port {taken[0]} (of {lo}-{hi}, the local nodes' ports)" if taken else address(env)
                 return Outcome(FAILED, f"{what} is taken by a process this project did not start (pid file "
@@ -148,7 +150,7 @@ def head_step(env: Env) -> Step:
             _spawn(ctx, env, HEAD, head_command(env))
 
         def up():
-            v = get_json(f"{address(env)}/api/version", timeout=3)
+            v = hosts.local().get_json(f"{address(env)}/api/version", timeout=3)
             if v is ABSENT:
                 return "dashboard not answering yet"
             if not any(n.get("is_head_node") for n in alive(_nodes(env))):
@@ -223,7 +225,7 @@ def stop_step(env: Env, name: str, play: str = "teardown") -> Step:
         if not look(pidf):
             return ok(f"{name} is not running")
         return change(Action(f"kill -TERM $(cat {quote(rel(pf.path))})  # with its child processes",
-                             lambda: (terminate(tree(pf.pid() or -1)), pf.remove())),
+                             lambda: pf.stop(grace=10.0)),
                       reason=f"stopped {name}")
 
     from .core.step import Verify
@@ -238,17 +240,17 @@ def stop_steps(env: Env, play: str = "teardown") -> list[Step]:
 def chaos_steps(env: Env, restore_after: float) -> list[Step]:
     """Kill one simulated TPU host at once, as a preempted VM dies; bring it
     back after ``restore_after`` seconds (0: leave it down)."""
-    hosts = host_names(env)
-    facts = {n: pid_fact(env, n) for n, _, _ in hosts}
+    names = host_names(env)
+    facts = {n: pid_fact(env, n) for n, _, _ in names}
     chosen: dict[str, tuple[str, int, int]] = {}
 
     def run_kill(ctx: StepContext) -> Outcome:
-        for n, s, w in hosts:
+        for n, s, w in names:
             if ctx.look(facts[n]) or ctx.mode.value == "dry-run":
                 chosen["host"] = (n, s, w)
                 pf = pidfile(env, n)
                 ctx.act(Action(f"kill -KILL $(cat {quote(rel(pf.path))})  # with its child processes",
-                               lambda pf=pf: kill_now(tree(pf.pid() or -1))))
+                               lambda pf=pf: hosts.local().kill(pf.pid() or -1)))
                 return Outcome(CHANGED, f"killed TPU host {n}" if ctx.acting else f"would kill TPU host {n}")
         return Outcome(FAILED, "no simulated TPU host is running: run `invoke up` first")
 
@@ -256,7 +258,7 @@ def chaos_steps(env: Env, restore_after: float) -> list[Step]:
                 id="chaos:kill")]
     if restore_after > 0:
         def run_restore(ctx: StepContext) -> Outcome:
-            n, s, w = chosen.get("host", hosts[0])
+            n, s, w = chosen.get("host", names[0])
             ctx.act(Action(f"sleep {restore_after:g}", lambda: time.sleep(restore_after)))
             return host_step(env, n, s, w, play="chaos").run(ctx)
 

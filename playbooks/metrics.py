@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from .core.inventory import Env
-from .settings import ROOT
+from .project import ROOT
 from .trainlog import Summary
 
 FILE = "metrics.jsonl"

@@ -6,7 +6,7 @@ from typing import Any
 from . import tutorial as T
 from .clients import gcloud
 from .core.inventory import Env
-from .core.runner import ABSENT
+from .core.facts import ABSENT
 from .core.step import Step, Verify, change, drift, ok
 from .gke import network_id, network_name, networks_fact, subnet_id, subnet_name, subnet_range, subnets_fact
 

@@ -33,10 +33,12 @@ from .core.lock import machine_lock
 from .core.play import Outcome, StepContext
 from .core.recap import FAILED, OK, SKIPPED
 from .core.render import render
-from .core.runner import ABSENT, Fact
+from .core.facts import ABSENT, Fact
 from .core.step import Step
 from .maxtext_args import as_text, model_config, overrides_model
-from .settings import ROOT, chips, installed
+from .project import ROOT
+from .tpu import chips
+from .versions import installed
 
 PLAY = "preflight"
 GIB = 1024 ** 3

@@ -6,7 +6,7 @@ from typing import Any
 
 from .core.command import quote
 from .core.connector import Connector
-from .core.runner import ABSENT, Fact
+from .core.facts import ABSENT, Fact
 
 
 def _get(via: Connector | None, url: str, timeout: float) -> Any:

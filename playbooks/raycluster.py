@@ -13,10 +13,11 @@ from .core.command import Command
 from .core.errors import PlaybookError
 from .core.inventory import Env
 from .core.render import envsubst, leftover
-from .core.runner import ABSENT
+from .core.facts import ABSENT
 from .core.step import Step, Verify, change, drift, ok, wait
 from .gke import kube, kube_get, raycluster_fact, workers
-from .settings import ROOT, installed
+from .project import ROOT
+from .versions import installed
 
 PLAY = "raycluster"
 READY_TIMEOUT = 30 * 60

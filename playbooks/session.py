@@ -19,9 +19,11 @@ from .core.inventory import Env, name_problem
 from .core.play import Playbook
 from .core.recap import Recap, Reporter, banner
 from . import hosts
-from .core.runner import Executor, Mode, RetryPolicy, Runner
+from .core.executor import Executor
+from .core.runner import Mode, RetryPolicy, Runner
 from .core.step import Step
-from .settings import ROOT, load_inventory
+from .project import ROOT
+from .schema import load_inventory
 
 MODES = ("apply", "check")
 # The Invoke config keys under `playbook:` (INVOKE_PLAYBOOK_<KEY>), each with
@@ -213,7 +215,6 @@ def open_session(config, task: str, reporter: Reporter | None = None, read_only:
     if dry and settings["mode"] == "check":
         raise InputError(f"{_place('mode')} = 'check' and Invoke's --dry are two modes at once: choose one")
     path = inventory_path(settings["inventory"])
-    os.chdir(ROOT)
     inv = load_inventory(path)
     env = inv.env(settings["env"])
     mode = Mode.DRY if dry else Mode.CHECK if read_only else Mode(settings["mode"])

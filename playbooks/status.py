@@ -15,7 +15,7 @@ from .core.errors import PlaybookError
 from .core.inventory import Env
 from .core.play import Outcome, StepContext
 from .core.recap import CHANGED, FAILED, OK, SKIPPED, Recap
-from .core.runner import ABSENT, Fact
+from .core.facts import ABSENT, Fact
 from .core.step import Step
 from .dashboard import address
 from .rayapi import jobs_fact

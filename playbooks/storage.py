@@ -10,7 +10,7 @@ from .clients import fact, gcloud, gcs_describe, json_object, text_value
 from .cluster import credentials_step
 from .core.command import Command, placeholder
 from .core.inventory import Env
-from .core.runner import ABSENT
+from .core.facts import ABSENT
 from .core.step import Step, Verify, change, drift, ok
 from .gke import kube, kube_get
 

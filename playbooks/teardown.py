@@ -12,7 +12,7 @@ from .cluster import kubeconfig_fact, has_context
 from .core.command import Command, quote
 from .core.inventory import Env
 from .core.procs import running_fact
-from .core.runner import ABSENT, Action, Fact, assume
+from .core.facts import ABSENT, Action, Fact, assume
 from .core.step import Step, Verify, change, ok
 from .dashboard import forward_pidfile
 from .gke import (clusters_fact, kube, kube_context, location, network_name, networks_fact, raycluster_fact,

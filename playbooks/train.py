@@ -6,7 +6,6 @@ import contextlib
 
 import json
 import re
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,11 +19,11 @@ from .core.errors import InputError, ProbeFailed, shown_value
 from .core.inventory import Env
 from .core.play import Outcome, StepContext
 from .core.recap import CHANGED, FAILED, SKIPPED
-from .core.runner import ABSENT, Action, Completed, Fact, assume
+from .core.facts import ABSENT, Action, Completed, Fact, assume
 from .core.step import Step, Verify, change, ok
 from .dashboard import address
 from .rayapi import job_fact, jobs_fact
-from .settings import ROOT
+from .project import ROOT
 from .trainlog import HIDE, SHOW, Summary, clean
 
 PLAY = "train"
@@ -279,7 +278,7 @@ def remove_checkpoints(job: Job) -> Command | Action:
     def rm():
         if path.is_symlink():
             raise InputError(f"{path} is a symbolic link: --fresh deletes only a real checkpoints folder")
-        shutil.rmtree(path)
+        hosts.local().remove_tree(str(path))
 
     return Action(f"rm -r {quote(rel(path))}", rm)
 

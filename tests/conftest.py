@@ -14,7 +14,7 @@ sys.path.insert(0, str(ROOT))
 from playbooks.core.play import Playbook  # noqa: E402
 from playbooks.core.recap import Reporter  # noqa: E402
 from playbooks.core.runner import Mode, Runner  # noqa: E402
-from playbooks.settings import load_inventory  # noqa: E402
+from playbooks.schema import load_inventory  # noqa: E402
 
 INVOKE = str(Path(sys.executable).parent / "invoke")
 

@@ -184,7 +184,7 @@ WORST = {
 @pytest.mark.parametrize("name", list(WORST))
 def test_the_worst_inputs_are_refused_in_under_a_second(tmp_path, name):
     from playbooks.core.errors import InputError
-    from playbooks.settings import load_inventory
+    from playbooks.schema import load_inventory
 
     p = tmp_path / "inventory.yaml"
     p.write_text(WORST[name])

@@ -14,7 +14,8 @@ import pytest
 
 from playbooks.core.command import Command
 from playbooks.core.connector import LocalConnector, SshConnector, Unreachable
-from playbooks.core.runner import ABSENT, Executor
+from playbooks.core.executor import Executor
+from playbooks.core.facts import ABSENT
 from tests import sshd
 
 HOSTILE = ["a b", "$(touch MARKER)", "`touch MARKER`", "x;touch MARKER", "'\"", "new\nline", "tab\there",
@@ -100,6 +101,25 @@ def test_put_and_read_files_relative_to_the_root(conn, tmp_path):
     assert conn.read("a/none") is None
     conn.remove("a/b/c.bin")
     assert conn.read("a/b/c.bin") is None
+    conn.write("t/x/1", b"1")
+    conn.write("t/2", b"2")
+    conn.remove_tree("t")
+    assert conn.read("t/2") is None and not (tmp_path / "root" / "t").exists()
+    conn.remove_tree("t")                     # gone already: nothing to do
+
+
+def test_a_killed_process_and_its_children_are_gone_at_once(conn):
+    """SIGKILL without warning (a host lost): no TERM handler runs."""
+    pid = conn.spawn(["sh", "-c", "trap '' TERM; sleep 301 & wait"], log="logs/kill.log")
+    deadline = time.monotonic() + 5
+    while not conn.alive(pid, "sleep 301") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert conn.alive(pid, "trap")
+    conn.kill(pid)
+    deadline = time.monotonic() + 5
+    while conn.alive(pid, "trap") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not conn.alive(pid, "trap")
 
 
 def test_environment_is_stated_not_copied(conn, monkeypatch):
@@ -165,3 +185,18 @@ def test_unknown_or_wrong_host_key_and_refused_port_are_unreachable(server, tmp_
     c = SshConnector(server.target, "x", identity_file=str(other), known_hosts=server.known_hosts)
     with pytest.raises(Unreachable, match="refused the key"):
         c.run(["true"])
+
+
+def test_children_here_get_a_stated_environment_not_a_copy_of_the_callers(tmp_path):
+    from playbooks import hosts
+    caller = {"PATH": "/usr/bin:/bin", "HOME": "/home/me", "CLOUDSDK_CONFIG": "/g", "KUBECONFIG": "/k",
+              "LC_ALL": "C.UTF-8", "https_proxy": "http://p:1", "GITHUB_TOKEN": "secret", "INVOKE_PLAYBOOK_ENV": "dev",
+              "BASH_FUNC_x%%": "() { :; }"}
+    conn = LocalConnector(str(tmp_path), hosts.tool_env(caller))
+    r = conn.run(["env", "-0"])
+    got = dict(kv.split("=", 1) for kv in r.stdout.split("\0") if kv)
+    assert {k: got.get(k) for k in ("HOME", "CLOUDSDK_CONFIG", "KUBECONFIG", "LC_ALL", "https_proxy")} == {
+        "HOME": "/home/me", "CLOUDSDK_CONFIG": "/g", "KUBECONFIG": "/k", "LC_ALL": "C.UTF-8",
+        "https_proxy": "http://p:1"}
+    assert not {"GITHUB_TOKEN", "INVOKE_PLAYBOOK_ENV", "BASH_FUNC_x%%"} & set(got)
+    assert got["PATH"].endswith(":/usr/bin:/bin")         # this interpreter's bin folder first

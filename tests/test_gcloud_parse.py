@@ -8,7 +8,7 @@ import subprocess
 import pytest
 
 from playbooks.doctor import BAD, GOOD, gcloud_lines, sdk_root
-from playbooks.settings import load_inventory
+from playbooks.schema import load_inventory
 from tests.conftest import INVOKE, ROOT, env
 from tests.goldens import CAPACITY_INVENTORY
 

@@ -34,7 +34,10 @@ def local(tmp_path_factory):
               "INVOKE_PLAYBOOK_HEARTBEAT": "3"})
 
     def invoke(*args, timeout=900):
-        r = subprocess.run([INVOKE, *args], cwd=ROOT, env=e, capture_output=True, text=True, timeout=timeout)
+        # Run from elsewhere (Invoke finds tasks.py through -r): nothing may
+        # depend on the caller's working directory.
+        r = subprocess.run([INVOKE, "-r", str(ROOT), *args], cwd=d, env=e, capture_output=True, text=True,
+                           timeout=timeout)
         return r.returncode, r.stdout + r.stderr
 
     invoke.env = e

@@ -65,7 +65,8 @@ def test_libtpus_advice_to_delete_its_lock_is_not_passed_on():
 def test_the_preflight_compile_takes_the_lock(tmp_path, monkeypatch):
     from playbooks import preflight, train
     from playbooks.core.play import StepContext
-    from playbooks.core.runner import Completed, Mode, Runner, StepLog
+    from playbooks.core.facts import Completed
+    from playbooks.core.runner import Mode, Runner, StepLog
     from playbooks.core.step import Step
     from tests.conftest import env
 

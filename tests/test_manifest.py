@@ -105,13 +105,14 @@ def test_real_envsubst_renders_what_python_renders(tmp_path):
 def test_apply_pipeline_refuses_leftovers_before_kubectl(tmp_path):
     """The executor checks envsubst's output before kubectl sees it."""
     from playbooks.core.command import Command
-    from playbooks.core.runner import Executor
+    from playbooks.core.connector import LocalConnector
+    from playbooks.core.executor import Executor
     src = tmp_path / "m.yaml"
     src.write_text("a: ${A}\nb: ${B}\n")
     render_cmd = Command(("envsubst", "${A}"), env=(("A", "1"),), stdin_file=str(src))
     marker = tmp_path / "kubectl-ran"
     apply = Command(("sh", "-c", f"cat > {marker}"), pipe_from=render_cmd, pipe_check=leftover)
-    c = Executor().run(apply)
+    c = Executor(LocalConnector(str(tmp_path))).run(apply)
     assert c.rc == 3 and "still holds ${B} on line 2" in c.stderr
     assert not marker.exists()
 

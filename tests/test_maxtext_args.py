@@ -13,7 +13,7 @@ from playbooks import maxtext_args as M
 from playbooks import tutorial as T
 from playbooks.core.errors import InputError
 from playbooks.preflight import CANDIDATES, PRESETS
-from playbooks.settings import load_inventory
+from playbooks.schema import load_inventory
 from playbooks.train import build_job
 from tests.test_inventory import resolve
 

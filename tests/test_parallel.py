@@ -129,7 +129,7 @@ def test_check_mode_and_dry_runs_never_say_a_thing_happened():
 
 
 def test_a_long_wait_says_what_it_waits_for_even_while_others_run(monkeypatch):
-    from playbooks.core.runner import Fact
+    from playbooks.core.facts import Fact
     from playbooks.core.step import Verify, change
 
     left = iter(["0/8 workers"] * 6 + [None])
@@ -147,7 +147,9 @@ def test_a_long_wait_says_what_it_waits_for_even_while_others_run(monkeypatch):
 
 def test_a_long_command_says_how_long_and_what_its_verify_fact_shows(monkeypatch):
     from playbooks.core.command import Command
-    from playbooks.core.runner import Executor, Fact
+    from playbooks.core.connector import LocalConnector
+    from playbooks.core.executor import Executor
+    from playbooks.core.facts import Fact
     from playbooks.core.step import Verify, change
 
     states = iter(["PROVISIONING"] * 20 + ["RUNNING"] * 100)
@@ -155,7 +157,7 @@ def test_a_long_command_says_how_long_and_what_its_verify_fact_shows(monkeypatch
     create = Step("t", "cluster", lambda look: change(Command(("sleep", "0.7")), reason="created"), id="c",
                   verify=Verify(fact, lambda v: None if v == "RUNNING" else f"status {v}", timeout=5, interval=0.05))
     lines = []
-    b = Playbook(Runner(Mode.APPLY, executor=Executor()), Reporter(lines.append), workers=1, heartbeat=0.15)
+    b = Playbook(Runner(Mode.APPLY, executor=Executor(LocalConnector("."))), Reporter(lines.append), workers=1, heartbeat=0.15)
     recap = b.run("t", [create])
     beats = [l for l in lines if l.startswith("  waiting")]
     assert beats, lines

@@ -12,7 +12,7 @@ import yaml
 
 from playbooks import preflight as pf, train as tr
 from playbooks.core.inventory import Env
-from playbooks.settings import load_inventory
+from playbooks.schema import load_inventory
 from tests.conftest import INVOKE, ROOT, env
 
 OOM_LINE = ("jax.errors.JaxRuntimeError: RESOURCE_EXHAUSTED: E1000: CompileTimeHbmOom: Ran out of memory on HBM, "

@@ -4,7 +4,8 @@ default. Nothing starts: these run the real plays with a fixture runner."""
 
 from playbooks import cluster, network, nodepools, storage, teardown
 
-from playbooks.core.runner import Answers, Completed
+from playbooks.core.facts import Completed
+from playbooks.core.fixtures import Answers
 from tests.conftest import env, run_with_facts
 
 DEV = env("dev")
@@ -194,7 +195,8 @@ def test_more_than_64_chips_are_said_before_any_pool_is_made():
 
 def test_check_mode_says_the_port_forward_would_start_not_that_it_started():
     from playbooks import dashboard
-    from playbooks.core.runner import ABSENT, Mode
+    from playbooks.core.facts import ABSENT
+    from playbooks.core.runner import Mode
     recap, out = run_with_facts([dashboard.forward_step(DEV)], {"curl -fsS http://localhost:8265/api/version": ABSENT},
                                 mode=Mode.CHECK)
     assert "would start the port-forward to http://localhost:8265" in out.text()

@@ -5,7 +5,7 @@ import pytest
 
 from playbooks.clients import http_status, is_transient, without_debug_log
 from playbooks.core.errors import error_line
-from playbooks.core.runner import Completed
+from playbooks.core.facts import Completed
 
 COMPUTE_503 = """DEBUG: Running [gcloud.compute.networks.create] with arguments: [--mtu: "8896", NAME: "n1"]
 INFO: Using access token from file: [/tmp/clients-1/token]

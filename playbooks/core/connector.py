@@ -82,6 +82,10 @@ class Connector:
     def remove(self, path: str) -> None:
         raise NotImplementedError
 
+    def remove_tree(self, path: str) -> None:
+        """A folder and everything in it (nothing when it does not exist)."""
+        raise NotImplementedError
+
     def alive(self, pid: int, marker: str = "") -> bool:
         """The process exists, is not a zombie, and its command line holds
         ``marker`` (a recycled pid is not ours): /proc read where this
@@ -91,6 +95,11 @@ class Connector:
     def terminate(self, pid: int, grace: float = 10.0) -> None:
         """SIGTERM a process and its descendants; SIGKILL what is left after
         ``grace`` seconds."""
+        raise NotImplementedError
+
+    def kill(self, pid: int) -> None:
+        """SIGKILL a process and its descendants at once: a host lost
+        without warning."""
         raise NotImplementedError
 
     def get_json(self, url: str, timeout: float = 10.0) -> Any:
@@ -110,7 +119,7 @@ class Connector:
 
 
 def _http_absent_or_fail(url: str, status: int | None, why: str) -> Any:
-    from .runner import ABSENT
+    from .facts import ABSENT
     if status == 404 or status == 0:
         return ABSENT
     raise ProbeFailed("http", f"curl -fsS {url}", None, "", why, why=f"could not look: {why}")
@@ -205,9 +214,23 @@ class LocalConnector(Connector):
         except FileNotFoundError:
             pass
 
+    def remove_tree(self, path: str) -> None:
+        import shutil
+        shutil.rmtree(self.path(path), ignore_errors=False, onexc=_missing_is_fine)
+
     def terminate(self, pid: int, grace: float = 10.0) -> None:
         from .procs import terminate, tree
         terminate(tree(pid), grace=grace)
+
+    def kill(self, pid: int) -> None:
+        from .procs import kill_now, tree
+        if pid > 0:
+            kill_now(tree(pid))
+
+    def port_open(self, host: str, port: int) -> bool:
+        """Something listens on host:port here (local clusters only)."""
+        from .http import port_open
+        return port_open(host, port)
 
     def get_json(self, url: str, timeout: float = 10.0) -> Any:
         from .http import get_json
@@ -215,6 +238,11 @@ class LocalConnector(Connector):
 
     def getenv(self, name: str) -> str | None:
         return self.base_env.get(name)
+
+
+def _missing_is_fine(function, path, exc) -> None:
+    if not isinstance(exc, FileNotFoundError):
+        raise exc
 
 
 # -- SSH -----------------------------------------------------------------------------
@@ -489,12 +517,28 @@ class SshConnector(Connector):
             except OSError:
                 pass
 
+    def remove_tree(self, path: str) -> None:
+        r = self.run(["rm", "-rf", "--", self.path(path)])
+        if r.rc != 0:
+            raise OSError(f"cannot remove {path} on {self.target}: {r.stderr.strip()}")
+
+    @staticmethod
+    def _tree(pid: int) -> str:
+        """A shell word list: the pid and its children (listed by ps)."""
+        return f"pids=\"{pid} $(ps -o pid= --ppid {pid} 2>/dev/null | tr '\\n' ' ')\"; "
+
+    def kill(self, pid: int) -> None:
+        pid = int(pid)
+        if pid > 0:
+            self.connection().run(self._tree(pid) + "kill -KILL $pids 2>/dev/null; true", hide=True, warn=True,
+                                  in_stream=False)
+
     def terminate(self, pid: int, grace: float = 10.0) -> None:
         pid = int(pid)
         if pid <= 0:
             return
-        # The tree from /proc (children first listed by ps), TERM, wait, KILL.
-        script = (f"pids=\"{pid} $(ps -o pid= --ppid {pid} 2>/dev/null | tr '\\n' ' ')\"; "
+        # The tree (children first listed by ps), TERM, wait, KILL.
+        script = (self._tree(pid) +
                   f"kill -TERM $pids 2>/dev/null; i=0; "
                   f"while [ $i -lt {int(grace * 5)} ] && kill -0 $pids 2>/dev/null; do sleep 0.2; i=$((i+1)); done; "
                   f"kill -KILL $pids 2>/dev/null; true")

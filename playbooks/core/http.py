@@ -9,7 +9,7 @@ import urllib.request
 from typing import Any
 
 from .errors import ProbeFailed
-from .runner import ABSENT
+from .facts import ABSENT
 
 
 def get_json(url: str, timeout: float = 10.0, absent_if_refused: bool = True) -> Any:

@@ -16,7 +16,9 @@ from .command import Command, shown
 from .errors import PlaybookError, cause_of
 from .connector import Unreachable
 from .recap import CHANGED, FAILED, FAILING, OK, SKIPPED, UNREACHABLE, Recap, Reporter, StepResult, banner
-from .runner import Action, Completed, Fact, Mode, Runner, StepLog, file_name
+from .executor import file_name
+from .facts import Action, Completed, Fact
+from .runner import Mode, Runner, StepLog
 from .step import CHANGE, DRIFT, FAIL, OK as D_OK, WAIT, Broken, Step, poll
 
 

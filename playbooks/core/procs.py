@@ -7,7 +7,10 @@ import os
 import signal
 import time
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable
+
+if TYPE_CHECKING:
+    from .connector import Connector
 
 
 def _read(path: str) -> bytes | None:
@@ -106,7 +109,7 @@ def running_fact(pf: "PidFile", shown: str):
     """A fact: is the process of this pid file running? Shown as the shell's
     ``kill -0 $(cat <pid file>)``; a dry run assumes it is not."""
     from .command import quote
-    from .runner import Fact
+    from .facts import Fact
 
     return Fact(name=f"{pf.name} process", python=pf.alive, display=f"kill -0 $(cat {quote(shown)})",
                 assumed=False, describe=lambda a: "running" if a else "not running")
@@ -114,25 +117,17 @@ def running_fact(pf: "PidFile", shown: str):
 
 class PidFile:
     """``<dir>/<name>.pid`` holding JSON: pid, the command line marker, when.
-    With ``via`` (a connector) the file and the process are on that
-    connector's host, ``dir`` relative to its root."""
+    The file and the process are on the host of ``via`` (a connector: this
+    machine or a controller), ``dir`` relative to its root."""
 
-    def __init__(self, directory, name: str, marker: str, via=None):
+    def __init__(self, directory, name: str, marker: str, via: "Connector"):
         self.via = via
         self.path = Path(directory) / f"{name}.pid"
         self.name = name
         self.marker = marker
 
-    def _read_bytes(self) -> bytes | None:
-        if self.via is not None:
-            return self.via.read(str(self.path))
-        try:
-            return self.path.read_bytes()
-        except OSError:
-            return None
-
     def read(self) -> dict | None:
-        data = self._read_bytes()
+        data = self.via.read(str(self.path))
         try:
             d = json.loads(data) if data else None
         except ValueError:
@@ -148,33 +143,18 @@ class PidFile:
 
     def alive(self) -> bool:
         pid = self.pid()
-        if not pid:
-            return False
-        return self.via.alive(pid, self.marker) if self.via is not None else alive(pid, self.marker)
+        return bool(pid) and self.via.alive(pid, self.marker)
 
     def write(self, pid: int, **extra) -> None:
         text = json.dumps({"pid": pid, "marker": self.marker, "started": time.time(), **extra})
-        if self.via is not None:
-            self.via.write(str(self.path), text.encode())
-            return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.path.write_text(text)
+        self.via.write(str(self.path), text.encode())
 
     def stop(self, grace: float = 10.0) -> None:
         """Stop its process tree, then forget it."""
         pid = self.pid()
         if pid and self.alive():
-            if self.via is not None:
-                self.via.terminate(pid, grace)
-            else:
-                terminate(tree(pid), grace=grace)
+            self.via.terminate(pid, grace)
         self.remove()
 
     def remove(self) -> None:
-        if self.via is not None:
-            self.via.remove(str(self.path))
-            return
-        try:
-            self.path.unlink()
-        except FileNotFoundError:
-            pass
+        self.via.remove(str(self.path))

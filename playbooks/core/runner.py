@@ -1,7 +1,5 @@
-"""The one place where processes start, and the modes that decide whether they do.
+"""The modes that decide whether processes start.
 
-``Executor`` runs commands through a connector (``connector.py``: the only
-code in the project that touches ``subprocess`` or SSH).
 ``Runner`` decides, per mode, what a probe answers and whether an action runs:
 
 - apply: probes run for real; actions run; results are verified.
@@ -9,124 +7,31 @@ code in the project that touches ``subprocess`` or SSH).
 - dry:   nothing starts at all; every probe answers its ``assumed`` value
          (by default: absent) and every action is printed.
 
-A fixture mode (``Runner(facts=...)``) answers probes from declared facts, for
-tests; a probe the fixture did not declare is an error, never a default.
+A fixture mode (``Runner(facts=...)``, ``fixtures.py``) answers probes from
+declared facts, for tests. The facts themselves are in ``facts.py``, the
+commands' executor in ``executor.py``.
 """
 from __future__ import annotations
 
 import dataclasses
 import enum
-import json
-import os
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable
 
-from .command import Command, shown
-from .connector import Connector, LocalConnector
-from .errors import CommandFailed, PlaybookError, error_line
+from . import fixtures
+from .command import Command
+from .errors import CommandFailed, PlaybookError
+from .executor import Executor, shown_part
+from .facts import Action, Completed, Fact
+from .fixtures import Value
 
 
 class Mode(str, enum.Enum):
     APPLY = "apply"
     CHECK = "check"
     DRY = "dry-run"
-
-
-class _Absent:
-    _inst = None
-
-    def __new__(cls):
-        if cls._inst is None:
-            cls._inst = super().__new__(cls)
-        return cls._inst
-
-    def __repr__(self) -> str:
-        return "ABSENT"
-
-    def __bool__(self) -> bool:
-        return False
-
-
-ABSENT = _Absent()
-
-
-@dataclass
-class Completed:
-    line: str
-    rc: int
-    stdout: str
-    stderr: str
-    seconds: float = 0.0
-
-    @property
-    def ok(self) -> bool:
-        return self.rc == 0
-
-    def first_error_line(self) -> str:
-        return error_line(self.stderr, self.stdout)
-
-
-@dataclass(frozen=True)
-class Fact:
-    """A read-only question about the world.
-
-    Either ``command`` (a process, its output given to ``parse``) or ``python``
-    (an in-process look, e.g. an HTTP GET or a pid file, shown as ``display``).
-    ``parse`` returns the value, ``ABSENT`` only when the output proves the
-    thing does not exist, and raises ``ProbeFailed`` when it cannot tell.
-    ``assumed`` is the answer in a dry run.
-    """
-
-    name: str
-    command: Command | None = None
-    parse: Callable[[Completed], Any] | None = None
-    python: Callable[[], Any] | None = None
-    display: str | None = None
-    assumed: Any = ABSENT
-    describe: Callable[[Any], str] | None = None
-
-    @property
-    def key(self) -> str:
-        """What identifies the probe: its command line (without a ``NAME=$()``
-        binding), so facts on one command share one answer."""
-        if self.command is not None:
-            return dataclasses.replace(self.command, binds=None).line()
-        return self.display or self.name
-
-    def line(self) -> str:
-        if self.command is not None:
-            return self.command.line()
-        return self.display or self.name
-
-    def summary(self, value: Any) -> str:
-        if value is ABSENT:
-            return "absent"
-        if self.describe:
-            return self.describe(value)
-        if isinstance(value, (list, tuple, dict)):
-            return f"{len(value)} item(s)"
-        text = shown(str(value))
-        return text if len(text) < 80 else text[:77] + "..."
-
-
-def assume(fact: Fact, value: Any) -> Fact:
-    """The same fact, answering ``value`` in a dry run (teardown assumes
-    everything exists, so its dry run shows every delete)."""
-    return dataclasses.replace(fact, assumed=value)
-
-
-@dataclass(frozen=True)
-class Action:
-    """An in-process change (kill a pid, write a state file), shown as ``line``."""
-
-    line: str
-    fn: Callable[[], Any]
-
-    def __str__(self) -> str:
-        return self.line
 
 
 @dataclass
@@ -140,86 +45,6 @@ class RetryPolicy:
     cap: float = 30.0
     is_transient: Callable[[Completed, bool], bool] = lambda c, patient: False
     sleep: Callable[[float], None] = time.sleep
-
-
-def file_name(label: str) -> str:
-    """A label made safe as a file name in the run's log folder."""
-    return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in label)[:60]
-
-
-class Executor:
-    """Runs commands through a connector (this machine, or a controller host
-    over SSH), with pipes, stdin files and a log of every command. A command
-    marked ``local`` runs on this machine whatever the connector (Ansible's
-    ``delegate_to: localhost``)."""
-
-    def __init__(self, env: dict[str, str] | None = None, logdir: Path | None = None,
-                 connector: Connector | None = None, local: Connector | None = None):
-        self.local = local or LocalConnector(os.getcwd(), env)
-        self.connector = connector or self.local
-        self.logdir = logdir
-        self._n = 0
-        self._lock = threading.Lock()
-
-    def where(self, command: Command) -> Connector:
-        return self.local if command.local else self.connector
-
-    def _log(self, label: str, c: Completed, where: Connector) -> None:
-        if not self.logdir:
-            return
-        with self._lock:
-            self._n += 1
-            n = self._n
-        path = self.logdir / f"{n:03d}-{file_name(label)}.log"
-        path.write_text(
-            f"$ {c.line}\n# on {where.name}; exit {c.rc} after {c.seconds:.1f}s\n"
-            f"--- stdout\n{c.stdout}\n--- stderr\n{c.stderr}\n"
-        )
-
-    def run(self, command: Command, label: str = "", input: str | None = None) -> Completed:
-        where = self.where(command)
-        if command.pipe_from is not None:
-            first = self.run(command.pipe_from, label)
-            if not first.ok:
-                return Completed(command.line(), first.rc, first.stdout, first.stderr, first.seconds)
-            input = first.stdout
-            if command.pipe_check is not None:
-                why = command.pipe_check(input)
-                if why:
-                    return Completed(command.line(), 3, "", why, first.seconds)
-        if command.stdin_file is not None:
-            try:
-                data = where.read(command.stdin_file)
-            except OSError as e:
-                data, err = None, str(e)
-            else:
-                err = "no such file"
-            if data is None:
-                return Completed(command.line(), 127, "", f"cannot read {command.stdin_file} on {where.name}: {err}", 0.0)
-            input = data.decode()
-        r = where.run(command.argv, env=command.env, input=input, cwd=command.cwd, timeout=command.timeout)
-        c = Completed(command.line(), r.rc, r.stdout, r.stderr, r.seconds)
-        self._log(label or command.program, c, where)
-        return c
-
-    def stream(self, command: Command, on_line: Callable[[str], None], label: str = "") -> Completed:
-        """Run, handing each output line (stdout and stderr merged) to ``on_line``."""
-        where = self.where(command)
-        r = where.stream(command.argv, on_line, env=command.env, cwd=command.cwd)
-        c = Completed(command.line(), r.rc, r.stdout, r.stderr, r.seconds)
-        self._log(label or command.program, c, where)
-        return c
-
-    def spawn(self, command: Command) -> int:
-        """Start a background process in its own session; return its pid."""
-        return self.where(command).spawn(command.argv, env=command.env, cwd=command.cwd, log=command.log)
-
-
-def _shown(c: Completed, command: Command) -> Completed:
-    """What is shown of a completed command (its log keeps all of it)."""
-    if command.stderr_filter is None:
-        return c
-    return dataclasses.replace(c, stderr=command.stderr_filter(c.stderr))
 
 
 class StepLog:
@@ -251,10 +76,6 @@ class StepLog:
             self.sink(line)
 
 
-class UndeclaredFact(PlaybookError):
-    pass
-
-
 class _Assumed:
     """The dry-run answer: the fact's own ``assumed`` value."""
 
@@ -271,25 +92,6 @@ class _Transient:
     completed: Completed
 
 
-@dataclass
-class _Value:
-    value: Any
-
-
-class Answers:
-    """Fixture answers given in turn (the last one repeats): the state before
-    a change, then after it."""
-
-    def __init__(self, *values: Any):
-        self.values = list(values)
-        self.i = 0
-
-    def next(self) -> Any:
-        v = self.values[min(self.i, len(self.values) - 1)]
-        self.i += 1
-        return v
-
-
 class Runner:
     """Answers probes and runs actions according to the mode."""
 
@@ -302,7 +104,7 @@ class Runner:
         probe_timeout: float = 180.0,
     ):
         self.mode = Mode(mode)
-        self.executor = executor if executor is not None else (None if self.mode is Mode.DRY else Executor())
+        self.executor = executor
         self.retry = retry or RetryPolicy()
         self.declared = facts  # fixture mode when not None
         self.probe_timeout = probe_timeout
@@ -343,7 +145,7 @@ class Runner:
     def _parse(fact: Fact, raw: Any) -> Any:
         if isinstance(raw, _Assumed):
             return fact.assumed
-        if isinstance(raw, _Value):
+        if isinstance(raw, Value):
             return raw.value
         assert isinstance(raw, Completed)
         assert fact.parse is not None
@@ -366,7 +168,7 @@ class Runner:
                 return
             if fact.python is not None:
                 try:
-                    self._cache[key] = _Prefetched(_Value(fact.python()))
+                    self._cache[key] = _Prefetched(Value(fact.python()))
                 except PlaybookError:
                     pass  # the step looks again, and says why
                 return
@@ -381,30 +183,17 @@ class Runner:
             except PlaybookError:
                 return  # a host that cannot be reached: the step looks again, and says so
             transient = not c.ok and self.retry.is_transient(c, command.patience is not None)
-            self._cache[key] = _Transient(c) if transient else _Prefetched(_shown(c, command))
+            self._cache[key] = _Transient(c) if transient else _Prefetched(shown_part(c, command))
 
     def _answer(self, fact: Fact, log: StepLog, step: str, first: Completed | None = None) -> tuple[Any, str]:
         if first is None:
             self._record(fact.command)
         if self.declared is not None:
-            if fact.key not in self.declared:
-                raise UndeclaredFact(f"step {step!r}: probe not declared by the fixture: {fact.key}")
-            value = self.declared[fact.key]
-            if isinstance(value, Answers):
-                value = value.next()
-            if isinstance(value, Exception):
-                raise value
-            if isinstance(value, Completed):
-                return value, ""
-            if fact.python is not None:
-                return _Value(value), ""
-            if isinstance(value, str):
-                return Completed(fact.line(), 0, value, ""), ""
-            return Completed(fact.line(), 0, json.dumps(value), ""), ""
+            return fixtures.answer(self.declared, fact, step), ""
         if self.mode is Mode.DRY:
             return _Assumed(), " (assumed)"
         if fact.python is not None:
-            return _Value(fact.python()), ""
+            return Value(fact.python()), ""
         assert fact.command is not None and fact.parse is not None
         command = fact.command
         if command.timeout is None:
@@ -426,27 +215,27 @@ class Runner:
         while True:
             c, first = (first, None) if first is not None else (self.executor.run(command, label=step), None)
             if c.ok or not self.retry.is_transient(c, command.patience is not None):
-                return _shown(c, command)
+                return shown_part(c, command)
             if command.patience is not None:
                 if time.monotonic() - start + delay > command.patience:
-                    return _shown(c, command)
+                    return shown_part(c, command)
                 limit = "until " + f"{command.patience:.0f}s"
             else:
                 if attempt >= self.retry.attempts:
-                    return _shown(c, command)
+                    return shown_part(c, command)
                 limit = f"of {self.retry.attempts}"
-            why = _shown(c, command).first_error_line()
+            why = shown_part(c, command).first_error_line()
             if recheck is not None:
                 try:
                     made = recheck()
                 except PlaybookError as e:
                     log.emit("retry", f"attempt {attempt} failed ({why}); not tried again: a fresh look could "
                                       f"not tell whether it changed anything ({str(e).splitlines()[0]})")
-                    return _shown(c, command)
+                    return shown_part(c, command)
                 if made:
                     log.emit("retry", f"attempt {attempt} failed ({why}), but a fresh look shows the change "
                                       f"was made")
-                    return Completed(c.line, 0, c.stdout, _shown(c, command).stderr, c.seconds)
+                    return Completed(c.line, 0, c.stdout, shown_part(c, command).stderr, c.seconds)
                 why += "; a fresh look shows nothing changed"
             log.emit("retry", f"attempt {attempt} {limit} failed ({why}); again in {delay:.1f}s")
             self.retry.sleep(delay)

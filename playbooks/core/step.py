@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from .command import Command
-from .runner import Action, Fact
+from .facts import Action, Fact
 
 OK, CHANGE, DRIFT, FAIL, WAIT = "ok", "change", "drift", "fail", "wait"
 

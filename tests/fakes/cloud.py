@@ -247,7 +247,7 @@ class Cloud:
 
     def envdata(self, name: str = STANDARD):
         """The environment as the playbooks see it (validated, with derived keys)."""
-        from playbooks.settings import load_inventory
+        from playbooks.schema import load_inventory
         return load_inventory(self.inventory_path).env(name)
 
     # Seeds: put the fakes in the state a finished `invoke up` leaves, piece by

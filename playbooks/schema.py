@@ -1,20 +1,22 @@
 """The inventory schema: which keys an environment has, and the rules GCP,
-Kubernetes and TPU hardware impose on their values."""
+Kubernetes and TPU hardware impose on their values (the TPU arithmetic in
+``tpu.py``, versions in ``versions.py``, a local cluster's ports in
+``local_ports.py``)."""
 from __future__ import annotations
 
 import ipaddress
 import os
 import re
-from importlib import metadata
 from pathlib import Path
 from typing import Any, Mapping
 
-from . import tutorial as T
 from . import maxtext_args
+from . import tutorial as T
 from .core.inventory import Entry, Inventory, Key, Schema, load
-
-ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_INVENTORY = ROOT / "inventory.yaml"
+from .local_ports import local_port_span, ports
+from .project import DEFAULT_INVENTORY
+from .tpu import chips, default_chips_per_host, hosts_per_slice, topology_problem
+from .versions import default_ray_image
 
 # -- rules ------------------------------------------------------------------
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -25,27 +27,6 @@ _REGION = re.compile(r"^[a-z]+-[a-z]+[0-9]+$")
 _ZONE = re.compile(r"^([a-z]+-[a-z]+[0-9]+)-[a-z]$")
 _VERSION = re.compile(r"^(\d+)\.(\d+)\.(\d+)-gke\.(\d+)$")
 _EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
-_TOPOLOGY = re.compile(r"^[1-9][0-9]{0,2}x[1-9][0-9]{0,2}$")
-_TOPOLOGY_3D = re.compile(r"^[0-9]+x[0-9]+x[0-9]+$")
-# Every topology a v6e slice can have (the machine types' own lists).
-V6E_TOPOLOGIES = tuple(dict.fromkeys(t for _, tops in T.V6E_MACHINE_TYPES.values() for t in tops))
-
-
-def chips(topology: str) -> int:
-    """Chips of a 2D topology such as 4x4 (the topology rule ran first)."""
-    a, b = topology.split("x")
-    return int(a) * int(b)
-
-
-def topology_problem(v: str) -> str | None:
-    """Why ``v`` is not a v6e topology at all (before any machine type)."""
-    if _TOPOLOGY_3D.match(v):
-        return "is a 3D topology; TPU v6e slices are 2D, like 4x4 (3D topologies are v4/v5p)"
-    if not _TOPOLOGY.match(v):
-        return "is not a topology like 4x4 (<chips>x<chips>)"
-    if v not in V6E_TOPOLOGIES:
-        return f"is not a TPU v6e topology (v6e slices are: {', '.join(V6E_TOPOLOGIES)})"
-    return None
 
 
 def project_id(v: str, env: Mapping) -> str | None:
@@ -367,17 +348,6 @@ def loopback(v: str, env: Mapping) -> str | None:
     return None
 
 
-# The ports of a local cluster after gcs_port: the head's first few, then a
-# block per node (0: the head) for the agents Ray would put on fixed ports.
-LOCAL_PORTS_FIRST_NODE = 10
-LOCAL_PORTS_PER_NODE = 4
-
-
-def local_port_span(slices: int, hosts: int) -> int:
-    """How many ports after gcs_port a local cluster of slices x hosts uses."""
-    return LOCAL_PORTS_FIRST_NODE + LOCAL_PORTS_PER_NODE * (1 + slices * hosts)
-
-
 def local_ports(v: int, env: Mapping) -> str | None:
     """A local cluster takes gcs_port .. gcs_port + local_port_span."""
     try:
@@ -418,48 +388,6 @@ def overrides(v: Mapping, env: Mapping) -> str | Entry | None:
         if why:
             return Entry(k, val, why)
     return None
-
-
-# -- derived values ---------------------------------------------------------
-def pinned(package: str) -> str | None:
-    """A package's version as pinned in requirements.lock (no import of it)."""
-    prefix = f"{package.lower()}=="
-    for line in (ROOT / "requirements.lock").read_text().splitlines():
-        if line.lower().startswith(prefix):
-            return line.split("==", 1)[1].strip()
-    return None
-
-
-def installed(package: str) -> str:
-    """A package's version as installed in this Python (no import of it)."""
-    try:
-        return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        return "not installed"
-
-
-def ray_version() -> str:
-    """Ray's version, as pinned in the lock (no import of ray)."""
-    v = pinned("ray")
-    if v is None:
-        raise RuntimeError("requirements.lock pins no ray version")
-    return v
-
-
-def default_ray_image(env: Mapping) -> str:
-    return f"rayproject/ray:{ray_version()}-py312-tpu"
-
-
-def default_chips_per_host(env: Mapping) -> int:
-    if env.get("kind") == "local":
-        # Ray's rule for v6e: single-host topologies (<= 8 chips) are one VM.
-        n = chips(env["topology"])
-        return n if n <= 8 else 4
-    return T.V6E_MACHINE_TYPES[env["machine_type"]][0]
-
-
-def hosts_per_slice(env: Mapping) -> int:
-    return max(1, chips(env["topology"]) // env["chips_per_host"])
 
 
 # -- schema -----------------------------------------------------------------
@@ -554,18 +482,6 @@ def owned(env: Mapping) -> list[tuple[str, str, str]]:
     out.append(("cluster_name", f"cluster:{p}/{loc}/{env['cluster_name']}",
                 f"cluster {env['cluster_name']} of {p} in {loc}"))
     return out
-
-
-def ports(env: Mapping) -> list[tuple[range, str, str]]:
-    """The ports an environment listens on here: (ports, address or "" for
-    every address, its key)."""
-    if env["kind"] == "local":
-        lo = env["gcs_port"]
-        # Ray's GCS and node agents listen on every address, whatever ray_ip says.
-        return [(range(lo, lo + local_port_span(env["slices"], env["hosts_per_slice"]) + 1), "", "gcs_port"),
-                (range(env["dashboard_port"], env["dashboard_port"] + 1), env["ray_ip"], "dashboard_port")]
-    # The port-forward to the Ray dashboard listens on localhost.
-    return [(range(env["dashboard_port"], env["dashboard_port"] + 1), "127.0.0.1", "dashboard_port")]
 
 
 def one_owner(envs: Mapping[str, Mapping]) -> str | None:
