@@ -99,7 +99,7 @@ JOB_HELP = {
 
 def _job(s, model, elastic, steps, sets, fresh, preset):
     """The job the flags ask for (a bad flag is one line, exit 2)."""
-    from playbooks import train as tr
+    from playbooks.plays import train as tr
 
     # Invoke passes a bare `--set` (no key=value after it) as no --set at all.
     bare_flag("--set", "-t")
@@ -153,7 +153,8 @@ def _run_flag(run: str) -> str | None:
             "follow": "follow the log to the job's end (the exit code is then its outcome)"})
 def logs(c, run="", follow=False):
     """The driver log of a run's newest job (Ray Jobs SDK); --follow to its end, exiting with its outcome."""
-    from playbooks import jobs, plan
+    from playbooks import plan
+    from playbooks.plays import jobs
 
     with clean_errors():
         s = open_session(c.config, "logs")
@@ -165,7 +166,7 @@ def logs(c, run="", follow=False):
 @task(help={"run": "the run (its run_name); default: the newest run with metrics"})
 def metrics(c, run=""):
     """Draw a run's step metrics (loss, tokens/s per device, step time) into its metrics.png."""
-    from playbooks import jobs
+    from playbooks.plays import jobs
 
     with clean_errors():
         s = open_session(c.config, "metrics")
@@ -187,8 +188,9 @@ def teardown(c, yes=False):
     """§10 Delete the RayCluster, the cluster, the bucket, the subnets and networks (a second run is a no-op)."""
     import sys
 
-    from playbooks import plan, teardown as td
+    from playbooks import plan
     from playbooks.core.runner import Mode
+    from playbooks.plays import teardown as td
 
     with clean_errors():
         s = open_session(c.config, "teardown")
@@ -211,9 +213,9 @@ def teardown(c, yes=False):
 @task(help={"json": "print it as one JSON document (the exit code: 0 when everything is as the inventory asks)"})
 def status(c, json_=False):
     """Everything the environment owns, as it is, and the first thing not as the inventory asks, and why (read-only)."""
-    from playbooks import status as st
     from playbooks.core.recap import Reporter
     from playbooks.core.runner import Mode
+    from playbooks.plays import status as st
     from playbooks.session import Failed
 
     with clean_errors():
@@ -235,7 +237,7 @@ def status(c, json_=False):
 @task
 def doctor(c):
     """Check what would stop a run: the tools, gcloud's account, the project, the kubectl context, every gcloud command's parse."""
-    from playbooks import doctor as dr
+    from playbooks.plays import doctor as dr
 
     with clean_errors():
         s = open_session(c.config, "doctor")

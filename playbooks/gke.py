@@ -8,8 +8,8 @@ from typing import Any
 from . import tutorial as T
 from .clients import by_name, fact, gcloud, json_list, kube_list, kube_object, kubectl
 from .core.command import Command
-from .core.inventory import Env
 from .core.facts import ABSENT, Fact
+from .core.inventory import Env
 
 
 def location(env: Env) -> str:

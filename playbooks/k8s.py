@@ -16,8 +16,8 @@ from typing import Any
 from . import hosts
 from . import tutorial as T
 from .core.errors import ProbeFailed
-from .core.inventory import Env
 from .core.facts import ABSENT, Fact
+from .core.inventory import Env
 from .gke import kube, kube_context, workers
 
 GROUP, VERSION, PLURAL = "ray.io", "v1", "rayclusters"
@@ -30,6 +30,7 @@ def client(env: Env):
     """An ApiClient for this environment's context (not the current one),
     made once: its exec plugin's token is refreshed when it expires."""
     import os
+
     from kubernetes import config
     key = (kube_context(env), os.environ.get("KUBECONFIG", ""))
     if key not in _clients:
@@ -68,7 +69,8 @@ def watch_raycluster(env: Env, seconds: float) -> Any:
     watch, not a poll. ABSENT when it does not exist."""
     if hosts.controller(env):
         return _poll_raycluster(env, seconds)
-    from kubernetes import client as k, watch
+    from kubernetes import client as k
+    from kubernetes import watch
     api = k.CustomObjectsApi(client(env))
     try:
         found = api.list_namespaced_custom_object(GROUP, VERSION, env.namespace, PLURAL,

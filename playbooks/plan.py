@@ -3,9 +3,22 @@ from __future__ import annotations
 
 from typing import Callable
 
-from . import capacity, chaos, cluster, dashboard, local, network, nodepools, prereqs, raycluster, storage, teardown, train
 from .core.inventory import Env
 from .core.step import Step, ok
+from .plays import (
+    capacity,
+    chaos,
+    cluster,
+    dashboard,
+    local,
+    network,
+    nodepools,
+    prereqs,
+    raycluster,
+    storage,
+    teardown,
+    train,
+)
 
 GKE_ONLY = ("capacity", "prereqs", "network", "cluster", "nodepools", "storage")
 UP = ("prereqs", "network", "cluster", "nodepools", "storage", "raycluster", "dashboard")
@@ -81,7 +94,7 @@ def _then(first: list[Step], then: list[Step]) -> list[Step]:
 def train_steps(env: Env, job: train.Job, state: dict, log_file=None, preflight: bool = True) -> list[Step]:
     """Preflight first (nothing is started for a job that cannot fit), then
     the cluster, the run's checkpoints, the job."""
-    from . import preflight as pf
+    from .plays import preflight as pf
     if preflight:
         checks = pf.steps(env, job, search=False)
     else:
@@ -93,7 +106,7 @@ def train_steps(env: Env, job: train.Job, state: dict, log_file=None, preflight:
 
 
 def preflight_steps(env: Env, job: train.Job) -> list[Step]:
-    from . import preflight as pf
+    from .plays import preflight as pf
     return pf.steps(env, job, search=True)
 
 

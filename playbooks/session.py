@@ -13,13 +13,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
+from . import hosts
 from .clients import is_transient
 from .core.errors import InputError, PlaybookError, shown_value
+from .core.executor import Executor
 from .core.inventory import Env, name_problem
 from .core.play import Playbook
 from .core.recap import Recap, Reporter, banner
-from . import hosts
-from .core.executor import Executor
 from .core.runner import Mode, RetryPolicy, Runner
 from .core.step import Step
 from .project import ROOT
@@ -72,7 +72,7 @@ class Session:
         if self.logdir:
             self.book.reporter.line(f"logs: {self.logdir.relative_to(ROOT)}")
         if name not in LOCAL_ONLY:
-            from .controller import on_controller
+            from .plays.controller import on_controller
             steps = on_controller(self.env, steps)
         recap = self.book.run(f"{name} {self.env.name}", steps, workers=None if parallel else 1,
                               keep_going=keep_going)

@@ -198,7 +198,7 @@ def test_the_worst_inputs_are_refused_in_under_a_second(tmp_path, name):
 
 def test_the_worst_flags_are_refused_in_under_a_second():
     from playbooks.core.errors import InputError
-    from playbooks.train import build_job
+    from playbooks.plays.train import build_job
     from tests.conftest import env
 
     e = env("local")

@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from playbooks.doctor import BAD, GOOD, gcloud_lines, sdk_root
+from playbooks.plays.doctor import BAD, GOOD, gcloud_lines, sdk_root
 from playbooks.schema import load_inventory
 from tests.conftest import INVOKE, ROOT, env
 from tests.goldens import CAPACITY_INVENTORY

@@ -5,9 +5,9 @@ import subprocess
 import pytest
 import yaml
 
-from tests.conftest import INVOKE, ROOT
 from playbooks.core.errors import InputError
 from playbooks.schema import load_inventory
+from tests.conftest import INVOKE, ROOT
 
 MINIMAL = {  # only the tutorial's variables, lower-cased
     "project_id": "my-proj-1", "region": "us-east5", "zone": "us-east5-b", "cluster_name": "demo",

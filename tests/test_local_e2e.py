@@ -5,8 +5,8 @@ this project's processes. Minutes, not seconds."""
 import json
 import os
 import re
-import signal
 import shutil
+import signal
 import subprocess
 import time
 from pathlib import Path

@@ -8,7 +8,7 @@ import textwrap
 import time
 
 from playbooks.core.lock import machine_lock
-from playbooks.preflight import parse_compile
+from playbooks.plays.preflight import parse_compile
 
 HOLD = textwrap.dedent("""
     import sys, time
@@ -63,11 +63,11 @@ def test_libtpus_advice_to_delete_its_lock_is_not_passed_on():
 
 
 def test_the_preflight_compile_takes_the_lock(tmp_path, monkeypatch):
-    from playbooks import preflight, train
-    from playbooks.core.play import StepContext
     from playbooks.core.facts import Completed
+    from playbooks.core.play import StepContext
     from playbooks.core.runner import Mode, Runner, StepLog
     from playbooks.core.step import Step
+    from playbooks.plays import preflight, train
     from tests.conftest import env
 
     class Compiler:  # stands in for the minutes-long compile: it does not fit
@@ -79,7 +79,7 @@ def test_the_preflight_compile_takes_the_lock(tmp_path, monkeypatch):
     monkeypatch.setenv("PLAYBOOK_PREFLIGHT_CACHE", str(tmp_path / "cache"))
     first = hold(tmp_path / "compile.lock", 1.0)
     lines = []
-    ctx = StepContext(Runner(Mode.APPLY, executor=Compiler()), Step("preflight", "fit", lambda look: None),
+    ctx = StepContext(Runner(Mode.APPLY, executor=Compiler()), Step("preflight", "fit", run=lambda ctx: None),
                       StepLog(lines.append, False))
     dev = env("dev")
     fit = preflight.fit(ctx, dev, train.build_job(dev, "llama3-8b", sets=["per_device_batch_size=3"]))

@@ -8,9 +8,10 @@ import jsonschema
 import pytest
 import yaml
 
-from playbooks import raycluster, tutorial as T
+from playbooks import tutorial as T
 from playbooks.core.errors import InputError
 from playbooks.core.render import check_values, envsubst, leftover, render, variables
+from playbooks.plays import raycluster
 from tests.conftest import ROOT, env
 
 CRD = ROOT.parent / "shared" / "kuberay" / "ray.io_rayclusters.v1.7.0.yaml"
@@ -124,7 +125,7 @@ def test_apply_pipeline_refuses_leftovers_before_kubectl(tmp_path):
     ("reservation", "reservations", {"affinity": "Specific", "specific": [{"name": "v6e-res", "project": "owner-proj"}]}),
 ])
 def test_the_autopilot_compute_class_enables_dranet_and_carries_the_capacity(capacity, field, value):
-    from playbooks import autopilot
+    from playbooks.plays import autopilot
     extra = {"reservation": "projects/owner-proj/reservations/v6e-res"} if capacity == "reservation" else {}
     e = env("dev-autopilot", capacity=capacity, **extra)
     cc = autopilot.rendered_compute_class(e)
@@ -144,7 +145,7 @@ def test_the_autopilot_compute_class_enables_dranet_and_carries_the_capacity(cap
 
 
 def test_autopilots_rules_refuse_the_tutorials_worker_and_pass_ours():
-    from playbooks import autopilot
+    from playbooks.plays import autopilot
     standard = [d for d in docs(env("dev"))]
     found = autopilot.violations(standard)
     assert found == ["RayCluster maxtext-tpu-cluster: workerGroupSpecs[0]: containers[ray-worker].securityContext."

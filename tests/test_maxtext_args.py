@@ -8,13 +8,13 @@ from typing import Annotated
 
 import pytest
 
-from tests.conftest import INVOKE, ROOT
 from playbooks import maxtext_args as M
 from playbooks import tutorial as T
 from playbooks.core.errors import InputError
-from playbooks.preflight import CANDIDATES, PRESETS
+from playbooks.plays.preflight import CANDIDATES, PRESETS
+from playbooks.plays.train import build_job
 from playbooks.schema import load_inventory
-from playbooks.train import build_job
+from tests.conftest import INVOKE, ROOT
 from tests.test_inventory import resolve
 
 
@@ -52,8 +52,8 @@ CASES = [
 def maxtext_verdict():
     """MaxText's own answer for one key=value: its command-line parse, its
     pre-pydantic conversions, then the field's pydantic validation."""
-    from pydantic import TypeAdapter, ValidationError
     from maxtext.configs import pyconfig, types
+    from pydantic import TypeAdapter, ValidationError
 
     fields = types.MaxTextConfig.model_fields
 

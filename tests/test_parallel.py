@@ -16,7 +16,7 @@ def step(name, seconds=0.2, after=(), outcome=CHANGED, log=None):
         time.sleep(seconds)
         log.append(("end", name, time.monotonic()))
         return Outcome(outcome, name)
-    return Step("t", name, lambda look: None, run=run, id=name, after=after)
+    return Step("t", name, run=run, id=name, after=after)
 
 
 def book(workers, heartbeat=30.0):
@@ -99,7 +99,7 @@ def test_the_same_failure_of_several_steps_is_printed_once_with_the_steps_it_sto
             time.sleep(0.05)
             raise ProbeFailed(name, f"gcloud {group} list", 1, "", message.format(f"gcloud.{group}.list"),
                               why="could not look (exit code 1): no account")
-        return Step("t", name, lambda look: None, run=run, id=name)
+        return Step("t", name, run=run, id=name)
 
     b, lines = book(4)
     recap = b.run("t", [denied("a", "services"), denied("b", "compute.networks"), denied("c", "container")])
@@ -123,7 +123,7 @@ def test_check_mode_and_dry_runs_never_say_a_thing_happened():
     for mode in (Mode.CHECK, Mode.DRY):
         lines = []
         b = Playbook(Runner(mode, executor=None), Reporter(lines.append), workers=1)
-        b.run("t", [Step("t", "x", lambda look: None, run=lambda ctx: Outcome(CHANGED, "port-forward started"),
+        b.run("t", [Step("t", "x", run=lambda ctx: Outcome(CHANGED, "port-forward started"),
                          id="x")])
         assert "changed: [t : x] would change: port-forward started" in lines, lines
 

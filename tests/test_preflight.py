@@ -10,8 +10,9 @@ import time
 import pytest
 import yaml
 
-from playbooks import preflight as pf, train as tr
 from playbooks.core.inventory import Env
+from playbooks.plays import preflight as pf
+from playbooks.plays import train as tr
 from playbooks.schema import load_inventory
 from tests.conftest import INVOKE, ROOT, env
 

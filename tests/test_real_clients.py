@@ -14,7 +14,6 @@ finds it and `ray list nodes` reads the fake cluster's Ray pods from it.
 from __future__ import annotations
 
 import json
-
 import re
 
 import pytest
@@ -29,7 +28,13 @@ __all__ = ["cloud", "cloud_session"]  # fixtures, used by name
 # The controller-host tests share these fakes' environment and .state/ folder:
 # collected here, they run in this file's worker (tests/controller_cases.py).
 from tests.controller_cases import (  # noqa: E402,F401
-    controller, test_up_through_the_controller_converges_and_a_second_run_sends_no_change, test_the_dry_run_through_a_controller_is_the_local_one_naming_the_controller, test_an_unreachable_controller_is_one_line_and_unreachable_in_the_recap, test_internal_control_plane_without_a_controller_is_refused_in_one_line, test_dns_control_plane_asks_for_the_dns_endpoint)
+    controller,
+    test_an_unreachable_controller_is_one_line_and_unreachable_in_the_recap,
+    test_dns_control_plane_asks_for_the_dns_endpoint,
+    test_internal_control_plane_without_a_controller_is_refused_in_one_line,
+    test_the_dry_run_through_a_controller_is_the_local_one_naming_the_controller,
+    test_up_through_the_controller_converges_and_a_second_run_sends_no_change,
+)
 
 NET1, NET2 = "maxtext-multislice-net-1", "maxtext-multislice-net-2"
 CLUSTER = "maxtext-multislice"
@@ -663,8 +668,9 @@ def test_autopilot_up_admits_the_workers_through_its_compute_class_and_makes_no_
     assert recap(second, "up")["changed"] == 0
 
     # The tutorial's own worker (privileged) on the same Autopilot cluster: refused.
-    from playbooks import raycluster, tutorial
+    from playbooks import tutorial
     from playbooks.core.render import render
+    from playbooks.plays import raycluster
     e = cloud.envdata(AUTOPILOT)
     values = dict(raycluster.manifest_values(e), WORKER_SECURITY_CONTEXT='{"privileged": true}')
     text = render((ROOT / tutorial.RAYCLUSTER_MANIFEST).read_text(), values).replace(

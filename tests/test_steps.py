@@ -2,10 +2,9 @@
 declared by its command line; an undeclared probe is an error, never a
 default. Nothing starts: these run the real plays with a fixture runner."""
 
-from playbooks import cluster, network, nodepools, storage, teardown
-
 from playbooks.core.facts import Completed
 from playbooks.core.fixtures import Answers
+from playbooks.plays import cluster, network, nodepools, storage, teardown
 from tests.conftest import env, run_with_facts
 
 DEV = env("dev")
@@ -194,10 +193,19 @@ def test_more_than_64_chips_are_said_before_any_pool_is_made():
 
 
 def test_check_mode_says_the_port_forward_would_start_not_that_it_started():
-    from playbooks import dashboard
     from playbooks.core.facts import ABSENT
     from playbooks.core.runner import Mode
+    from playbooks.plays import dashboard
     recap, out = run_with_facts([dashboard.forward_step(DEV)], {"curl -fsS http://localhost:8265/api/version": ABSENT},
                                 mode=Mode.CHECK)
     assert "would start the port-forward to http://localhost:8265" in out.text()
     assert "port-forward started" not in out.text()
+
+
+def test_a_step_has_one_body_decide_or_run():
+    from playbooks.core.step import Step, ok
+    Step("p", "decides", lambda look: ok())
+    Step("p", "runs", run=lambda ctx: None)
+    for kwargs in ({}, {"decide": lambda look: ok(), "run": lambda ctx: None}):
+        with pytest.raises(TypeError, match="either decide or run"):
+            Step("p", "s", **kwargs)

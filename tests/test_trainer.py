@@ -1,6 +1,6 @@
 """The trainer's own checks, its configs and its pins (no Ray cluster)."""
-import json
 import filecmp
+import json
 import os
 import re
 import subprocess

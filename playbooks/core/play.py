@@ -13,13 +13,14 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from .command import Command, shown
-from .errors import PlaybookError, cause_of
 from .connector import Unreachable
-from .recap import CHANGED, FAILED, FAILING, OK, SKIPPED, UNREACHABLE, Recap, Reporter, StepResult, banner
+from .errors import PlaybookError, cause_of
 from .executor import file_name
 from .facts import Action, Completed, Fact
+from .recap import CHANGED, FAILED, FAILING, OK, SKIPPED, UNREACHABLE, Recap, Reporter, StepResult, banner
 from .runner import Mode, Runner, StepLog
-from .step import CHANGE, DRIFT, FAIL, OK as D_OK, WAIT, Broken, Step, poll
+from .step import CHANGE, DRIFT, FAIL, WAIT, Broken, Step, poll
+from .step import OK as D_OK
 
 
 class StepContext:
@@ -203,6 +204,7 @@ def execute(step: Step, ctx: StepContext) -> Outcome:
         return Outcome(SKIPPED, step.skip)
     if step.run is not None:
         return step.run(ctx)
+    assert step.decide is not None
     decision = step.decide(ctx.look)
     if decision.kind == D_OK:
         return Outcome(OK, decision.reason)

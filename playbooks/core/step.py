@@ -74,14 +74,16 @@ class Verify:
 
 @dataclass
 class Step:
-    """One checked change. ``after``: ids of the steps it needs (for parallel
-    runs). ``idempotent=False`` declares a step that acts on every run (a
-    training job, a chaos kill). ``run`` replaces probe/decide/verify for a
-    step that must stream or wait in its own way."""
+    """One checked change, with one body: either ``decide`` (probe -> decide
+    -> act -> verify, done by the engine) or ``run`` (a step that must stream
+    or wait in its own way; it looks, acts and verifies through its
+    StepContext and returns an Outcome). ``after``: ids of the steps it needs
+    (for parallel runs). ``idempotent=False`` declares a step that acts on
+    every run (a training job, a chaos kill)."""
 
     play: str
     name: str
-    decide: Callable[[Look], Decision]
+    decide: Callable[[Look], Decision] | None = field(default=None, repr=False)
     verify: Verify | None = None
     skip: str | None = None
     after: tuple[str, ...] = ()
@@ -99,6 +101,11 @@ class Step:
         return self.probes + ((self.verify.fact,) if self.verify is not None else ())
 
     def __post_init__(self) -> None:
+        if (self.decide is None) == (self.run is None):
+            raise TypeError(f"step {self.play} : {self.name}: give it either decide or run, not "
+                            f"{'both' if self.decide else 'neither'}")
+        if self.run is not None and self.verify is not None:
+            raise TypeError(f"step {self.play} : {self.name}: a run step verifies in its run")
         if not self.id:
             self.id = f"{self.play}:{self.name}"
 

@@ -3,12 +3,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import tutorial as T
-from .clients import gcloud
-from .core.inventory import Env
-from .core.facts import ABSENT
-from .core.step import Step, Verify, change, drift, ok
-from .gke import network_id, network_name, networks_fact, subnet_id, subnet_name, subnet_range, subnets_fact
+from .. import tutorial as T
+from ..clients import gcloud
+from ..core.facts import ABSENT
+from ..core.inventory import Env
+from ..core.step import Step, Verify, change, drift, ok
+from ..gke import network_id, network_name, networks_fact, subnet_id, subnet_name, subnet_range, subnets_fact
 
 PLAY = "network"
 

@@ -5,16 +5,16 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from . import tutorial as T
-from .clients import fact
-from .cluster import credentials_step
-from .core.command import placeholder
-from .core.errors import ProbeFailed
-from .core.inventory import Env
-from .core.facts import ABSENT, Completed
-from .core.step import Step, change, fail
-from .gke import kube
+from .. import tutorial as T
+from ..clients import fact
+from ..core.command import placeholder
+from ..core.errors import ProbeFailed
+from ..core.facts import ABSENT, Completed
+from ..core.inventory import Env
+from ..core.step import Step, change, fail
+from ..gke import kube
 from . import local
+from .cluster import credentials_step
 
 
 def first_worker_fact(env: Env):

@@ -6,18 +6,27 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import tutorial as T
-from .clients import gcloud
-from .cluster import kubeconfig_fact, has_context
-from .core.command import Command, quote
-from .core.inventory import Env
-from .core.procs import running_fact
-from .core.facts import ABSENT, Action, Fact, assume
-from .core.step import Step, Verify, change, ok
-from .dashboard import forward_pidfile
-from .gke import (clusters_fact, kube, kube_context, location, network_name, networks_fact, raycluster_fact,
-                  subnet_name, subnets_fact)
+from .. import tutorial as T
+from ..clients import gcloud
+from ..core.command import Command, quote
+from ..core.facts import ABSENT, Action, Fact, assume
+from ..core.inventory import Env
+from ..core.procs import running_fact
+from ..core.step import Step, Verify, change, ok
+from ..gke import (
+    clusters_fact,
+    kube,
+    kube_context,
+    location,
+    network_name,
+    networks_fact,
+    raycluster_fact,
+    subnet_name,
+    subnets_fact,
+)
 from . import local
+from .cluster import has_context, kubeconfig_fact
+from .dashboard import forward_pidfile
 
 PLAY = "teardown"
 DELETE_TIMEOUT = 30 * 60
@@ -73,7 +82,7 @@ def cluster_step(env: Env) -> Step:
         if c is ABSENT:
             return ok(f"cluster {env.cluster_name} is not there")
         if c.get("status") == "STOPPING":
-            from .core.step import wait
+            from ..core.step import wait
             return wait(f"cluster {env.cluster_name} is already being deleted")
         # The tutorial writes --zone=$ZONE (its Standard cluster); an
         # Autopilot cluster is regional, so it is named by --location.

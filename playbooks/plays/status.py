@@ -10,15 +10,16 @@ import json
 import time
 from typing import Any
 
-from . import hosts, jobs, k8s, metrics, plan
-from .core.errors import PlaybookError
-from .core.inventory import Env
-from .core.play import Outcome, StepContext
-from .core.recap import CHANGED, FAILED, OK, SKIPPED, Recap
-from .core.facts import ABSENT, Fact
-from .core.step import Step
+from .. import hosts, k8s, metrics, plan
+from ..core.errors import PlaybookError
+from ..core.facts import ABSENT, Fact
+from ..core.inventory import Env
+from ..core.play import Outcome, StepContext
+from ..core.recap import CHANGED, FAILED, OK, SKIPPED, Recap
+from ..core.step import Step
+from ..rayapi import jobs_fact
+from . import jobs
 from .dashboard import address
-from .rayapi import jobs_fact
 
 PLAY = "status"
 
@@ -72,12 +73,12 @@ def tpu_nodes_step(env: Env) -> Step:
             return Outcome(FAILED, "; ".join(short))
         return Outcome(OK, f"every pool has its {env.hosts_per_slice} nodes ready")
 
-    return Step(PLAY, "TPU nodes ready", lambda look: None, run=run, id="status:nodes",
+    return Step(PLAY, "TPU nodes ready", run=run, id="status:nodes",
                 after=("kube:credentials", *[f"nodepools:{nodepool_name(env, i)}" for i in range(env.slices)]))
 
 
 def workers_step(env: Env) -> Step:
-    from .gke import raycluster_fact
+    from ..gke import raycluster_fact
     probe = raycluster_fact(env)
 
     def run(ctx: StepContext) -> Outcome:
@@ -90,7 +91,7 @@ def workers_step(env: Env) -> Step:
         causes = ctx.look(k8s.causes_fact(env))
         return Outcome(FAILED, f"{why}" + (f"; why: {'; '.join(causes)}" if causes else ""))
 
-    return Step(PLAY, "RayCluster workers", lambda look: None, run=run, id="status:workers",
+    return Step(PLAY, "RayCluster workers", run=run, id="status:workers",
                 after=("raycluster:apply",), probes=(probe,))
 
 
@@ -131,7 +132,7 @@ def jobs_step(env: Env, state: dict) -> Step:
         return Outcome(FAILED if failed and failed[-1] == rows[-1]["job"] else OK, f"{len(rows)} job(s): {text}")
 
     after = ("dashboard:forward",) if env.kind != "local" else ("local:head",)
-    return Step(PLAY, "jobs", lambda look: None, run=run, id="status:jobs", after=after, probes=(listing,))
+    return Step(PLAY, "jobs", run=run, id="status:jobs", after=after, probes=(listing,))
 
 
 def steps(env: Env, state: dict) -> list[Step]:

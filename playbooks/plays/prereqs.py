@@ -3,10 +3,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import tutorial as T
-from .clients import fact, gcloud, json_list, json_object
-from .core.inventory import Env
-from .core.step import Step, Verify, change, ok
+from .. import tutorial as T
+from ..clients import fact, gcloud, json_list, json_object
+from ..core.inventory import Env
+from ..core.step import Step, Verify, change, ok
 
 PLAY = "prereqs"
 

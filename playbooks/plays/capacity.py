@@ -31,16 +31,16 @@ import json
 import re
 from typing import Any
 
-from .clients import fact, gcloud, json_list, json_object
-from .core.errors import ProbeFailed
-from .core.inventory import Env
-from .core.play import Outcome, StepContext
-from .core.recap import FAILED, OK, SKIPPED
-from .core.facts import ABSENT, Completed, Fact
-from .core.step import Step, ok
-from .gke import STRICT_COMPUTE_LISTS, clusters_fact, location
-from .schema import FLEX_WAIT_DEFAULT, reservation_parts
-from .tpu import chips
+from ..clients import fact, gcloud, json_list, json_object
+from ..core.errors import ProbeFailed
+from ..core.facts import ABSENT, Completed, Fact
+from ..core.inventory import Env
+from ..core.play import Outcome, StepContext
+from ..core.recap import FAILED, OK, SKIPPED
+from ..core.step import Step, ok
+from ..gke import STRICT_COMPUTE_LISTS, clusters_fact, location
+from ..schema import FLEX_WAIT_DEFAULT, reservation_parts
+from ..tpu import chips
 
 PLAY = "capacity"
 
@@ -192,7 +192,7 @@ def machine_type_step(env: Env) -> Step:
                                f"{', '.join(regions) or 'none visible to this project'} (set region: and zone:)")
 
     where = env.region if env.mode == "autopilot" else env.zone
-    return Step(PLAY, f"{env.machine_type} in {where}", lambda look: None, run=run, id="capacity:machine-type",
+    return Step(PLAY, f"{env.machine_type} in {where}", run=run, id="capacity:machine-type",
                 probes=(probe,))
 
 
@@ -235,7 +235,7 @@ def version_step(env: Env) -> Step:
         return Outcome(FAILED, f"GKE {env.cluster_version} is not offered in {location(env)} (offered: {newest}"
                                f"{', ...' if len(versions) > 5 else ''}): set cluster_version:")
 
-    return Step(PLAY, f"GKE {env.cluster_version} in {location(env)}", lambda look: None, run=run,
+    return Step(PLAY, f"GKE {env.cluster_version} in {location(env)}", run=run,
                 id="capacity:version", probes=(clusters,))  # the versions only when there is no cluster
 
 
@@ -321,7 +321,7 @@ def quota_step(env: Env) -> Step:
         return Outcome(FAILED, f"{' and '.join(seen)}, this inventory needs {need} ({env.slices} slices x "
                                f"{chips(env.topology)} chips): request it, or use {alt}")
 
-    return Step(PLAY, f"TPU quota for {need} chips", lambda look: None, run=run, id="capacity:quota",
+    return Step(PLAY, f"TPU quota for {need} chips", run=run, id="capacity:quota",
                 probes=tuple(quota_fact(env, q) for q in quotas))
 
 
@@ -344,7 +344,7 @@ def reservation_parse(c: Completed) -> Any:
         except json.JSONDecodeError:
             raise ProbeFailed("reservation", c.line, c.rc, c.stdout, c.stderr, why="output is not JSON") from None
     # gcloud compute prints only the server's message; its debug log has the status.
-    from .clients import http_status
+    from ..clients import http_status
     if http_status(c) == 404:
         return ABSENT
     raise ProbeFailed("reservation", c.line, c.rc, c.stdout, c.stderr,
@@ -389,7 +389,7 @@ def reservation_step(env: Env) -> Step:
                                    f"{need} ({env.slices} slices x {env.hosts_per_slice} hosts)")
         return Outcome(OK, f"reservation {name} is READY with {free} free {env.machine_type} hosts; {need} needed")
 
-    return Step(PLAY, f"reservation {name}", lambda look: None, run=run, id="capacity:reservation",
+    return Step(PLAY, f"reservation {name}", run=run, id="capacity:reservation",
                 probes=(reservation_fact(env),))
 
 

@@ -4,18 +4,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import hosts, rayapi
-from . import tutorial as T
+from .. import hosts, rayapi
+from .. import tutorial as T
+from ..core.command import Command, quote
+from ..core.facts import ABSENT, Action, Fact, assume
+from ..core.inventory import Env
+from ..core.play import Outcome, StepContext
+from ..core.procs import PidFile
+from ..core.recap import CHANGED, FAILED, OK
+from ..core.step import Step
+from ..gke import kube, workers
+from ..rayapi import version_fact
 from .cluster import credentials_step
-from .core.command import Command, quote
-from .core.inventory import Env
-from .core.play import Outcome, StepContext
-from .core.procs import PidFile
-from .core.recap import CHANGED, FAILED, OK
-from .core.facts import ABSENT, Action, Fact, assume
-from .core.step import Step
-from .gke import kube, workers
-from .rayapi import version_fact
 
 PLAY = "dashboard"
 
@@ -54,14 +54,14 @@ def forward_step(env: Env) -> Step:
         if not ctx.acting:
             ctx.log.emit("verify", version.line())
             return Outcome(CHANGED, f"would start the port-forward to {address(env)}")
-        from .core.step import poll
+        from ..core.step import poll
         why = poll(lambda: None if ctx.look(version, fresh=True) is not ABSENT else "not answering", 30, 1,
                    sleep=ctx.sleep)
         if why:
             return Outcome(FAILED, f"port-forward did not answer in 30s; see .state/{env.name}/port-forward.log")
         return Outcome(CHANGED, f"port-forward started ({address(env)})")
 
-    return Step(PLAY, f"port-forward {address(env)}", lambda look: None, run=run, id="dashboard:forward",
+    return Step(PLAY, f"port-forward {address(env)}", run=run, id="dashboard:forward",
                 after=("raycluster:apply", "kube:credentials"), probes=(version,))
 
 
@@ -94,7 +94,7 @@ def nodes_step(env: Env) -> Step:
             return Outcome(OK, f"1 head + {tpus} TPU workers alive")
         return Outcome(FAILED, f"want 1 head + {want} TPU workers, found {heads} head(s) + {tpus} TPU worker(s) alive")
 
-    return Step(PLAY, "Ray nodes", lambda look: None, run=run, id="dashboard:nodes", after=("dashboard:forward",),
+    return Step(PLAY, "Ray nodes", run=run, id="dashboard:nodes", after=("dashboard:forward",),
                 probes=(probe,))
 
 

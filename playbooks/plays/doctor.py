@@ -16,16 +16,16 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from .clients import fact, gcloud, json_object, text_value
-from .core.command import Command, PLACEHOLDER
-from .core.errors import ProbeFailed
-from .core.inventory import Env
-from .core.play import Outcome, StepContext
-from .core.recap import FAILED, OK
-from .core.facts import ABSENT, Action, Completed
-from .core.step import Step, fail, ok
-from .project import ROOT
-from .versions import installed, pinned, ray_version
+from ..clients import fact, gcloud, json_object, text_value
+from ..core.command import PLACEHOLDER, Command
+from ..core.errors import ProbeFailed
+from ..core.facts import ABSENT, Action, Completed
+from ..core.inventory import Env
+from ..core.play import Outcome, StepContext
+from ..core.recap import FAILED, OK
+from ..core.step import Step, fail, ok
+from ..project import ROOT
+from ..versions import installed, pinned, ray_version
 
 PLAY = "doctor"
 GOOD = ["compute", "networks", "list", "--format=json"]
@@ -93,7 +93,7 @@ def sdk_root() -> Path | None:
 def gcloud_lines(env: Env) -> list[list[str]]:
     """The gcloud argv (without "gcloud") of every command of the plan,
     placeholders given sample values."""
-    from .plan import all_commands
+    from ..plan import all_commands
     out = []
     for c in all_commands(env):
         if c.argv and c.argv[0] == "gcloud":
@@ -147,7 +147,7 @@ def parse_step(env: Env) -> Step:
             return Outcome(FAILED, f"{len(rejected)} of {len(lines)} gcloud command lines do not parse with this gcloud")
         return Outcome(OK, f"all {len(lines)} gcloud command lines of the plan parse with this gcloud")
 
-    return Step(PLAY, "gcloud commands parse", lambda look: None, run=run, id="doctor:parse",
+    return Step(PLAY, "gcloud commands parse", run=run, id="doctor:parse",
                 skip="a local environment runs no gcloud command" if env.kind == "local" else None)
 
 
@@ -201,8 +201,8 @@ def context_step(env: Env) -> Step:
     if env.kind == "local":
         return Step(PLAY, "kubectl context", lambda look: ok(), id="doctor:context",
                     skip="a local environment has no Kubernetes cluster")
+    from ..gke import clusters_fact, kube, kube_context
     from .cluster import has_context, kubeconfig_fact
-    from .gke import clusters_fact, kube, kube_context
     clusters, kubeconfig = clusters_fact(env), kubeconfig_fact(env)
     name = kube_context(env)
     server = fact("Kubernetes API", kube(env, "version", "--output=json"), json_object(),

@@ -6,15 +6,15 @@ from typing import Any
 
 import yaml
 
-from . import hosts
-from . import tutorial as T
-from .clients import gcloud
-from .core.connector import Connector
-from .core.errors import ProbeFailed
-from .core.inventory import Env
-from .core.facts import ABSENT, Fact
-from .core.step import Step, Verify, change, drift, fail, ok, wait
-from .gke import clusters_fact, kube_context, location
+from .. import hosts
+from .. import tutorial as T
+from ..clients import gcloud
+from ..core.connector import Connector
+from ..core.errors import ProbeFailed
+from ..core.facts import ABSENT, Fact
+from ..core.inventory import Env
+from ..core.step import Step, Verify, change, drift, fail, ok, wait
+from ..gke import clusters_fact, kube_context, location
 
 PLAY = "cluster"
 CREATE_TIMEOUT = 45 * 60

@@ -6,18 +6,19 @@ import json
 import re
 from typing import Any
 
-from . import autopilot, capacity, k8s
-from . import tutorial as T
+from .. import k8s
+from .. import tutorial as T
+from ..core.command import Command
+from ..core.errors import PlaybookError
+from ..core.facts import ABSENT
+from ..core.inventory import Env
+from ..core.render import envsubst, leftover
+from ..core.step import Step, Verify, change, drift, ok, wait
+from ..gke import kube, kube_get, raycluster_fact, workers
+from ..project import ROOT
+from ..versions import installed
+from . import autopilot, capacity
 from .cluster import credentials_step
-from .core.command import Command
-from .core.errors import PlaybookError
-from .core.inventory import Env
-from .core.render import envsubst, leftover
-from .core.facts import ABSENT
-from .core.step import Step, Verify, change, drift, ok, wait
-from .gke import kube, kube_get, raycluster_fact, workers
-from .project import ROOT
-from .versions import installed
 
 PLAY = "raycluster"
 READY_TIMEOUT = 30 * 60

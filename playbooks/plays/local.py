@@ -14,19 +14,19 @@ import json
 import time
 from pathlib import Path
 
-from . import hosts
-from . import tutorial as T
-from .core.command import Command, quote
-from .core.inventory import Env
-from .core.play import Outcome, StepContext
-from .core.procs import PidFile, running_fact
-from .core.recap import CHANGED, FAILED, OK
-from .core.facts import ABSENT, Action, Fact, assume
-from .core.step import Step, poll
-from .rayapi import alive, labels, list_nodes, nodes_fact, version_fact
-from .local_ports import LOCAL_PORTS_FIRST_NODE, LOCAL_PORTS_PER_NODE, local_port_span
-from .project import ROOT
-from .tpu import chips
+from .. import hosts
+from .. import tutorial as T
+from ..core.command import Command, quote
+from ..core.facts import ABSENT, Action, Fact, assume
+from ..core.inventory import Env
+from ..core.play import Outcome, StepContext
+from ..core.procs import PidFile, running_fact
+from ..core.recap import CHANGED, FAILED, OK
+from ..core.step import Step, poll
+from ..local_ports import LOCAL_PORTS_FIRST_NODE, LOCAL_PORTS_PER_NODE, local_port_span
+from ..project import ROOT
+from ..rayapi import alive, labels, list_nodes, nodes_fact, version_fact
+from ..tpu import chips
 
 PLAY = "local"
 HEAD = "head"
@@ -165,7 +165,7 @@ def head_step(env: Env) -> Step:
             return Outcome(CHANGED, f"would start the Ray head at {address(env)}")
         return Outcome(CHANGED if not running else OK, f"Ray head started at {address(env)}")
 
-    return Step(PLAY, f"Ray head {address(env)}", lambda look: None, run=run, id="local:head", probes=(pidf, version))
+    return Step(PLAY, f"Ray head {address(env)}", run=run, id="local:head", probes=(pidf, version))
 
 
 def host_step(env: Env, name: str, slice_: int, worker: int, play: str = PLAY) -> Step:
@@ -196,7 +196,7 @@ def host_step(env: Env, name: str, slice_: int, worker: int, play: str = PLAY) -
         return Outcome(CHANGED if not running else OK, f"TPU host {name} joined ({pod_type(env)}, "
                                                        f"{env.chips_per_host} chips)")
 
-    return Step(play, f"TPU host {name}", lambda look: None, run=run, id=f"local:{name}", after=("local:head",),
+    return Step(play, f"TPU host {name}", run=run, id=f"local:{name}", after=("local:head",),
                 probes=(pidf, nodes))
 
 
@@ -221,14 +221,14 @@ def stop_step(env: Env, name: str, play: str = "teardown") -> Step:
     pf = pidfile(env, name)
 
     def decide(look):
-        from .core.step import change, ok
+        from ..core.step import change, ok
         if not look(pidf):
             return ok(f"{name} is not running")
         return change(Action(f"kill -TERM $(cat {quote(rel(pf.path))})  # with its child processes",
                              lambda: pf.stop(grace=10.0)),
                       reason=f"stopped {name}")
 
-    from .core.step import Verify
+    from ..core.step import Verify
     return Step(play, f"stop {name}", decide, id=f"{play}:stop-{name}",
                 verify=Verify(pidf, lambda a: "still running" if a else None, timeout=30, interval=1))
 
@@ -254,7 +254,7 @@ def chaos_steps(env: Env, restore_after: float) -> list[Step]:
                 return Outcome(CHANGED, f"killed TPU host {n}" if ctx.acting else f"would kill TPU host {n}")
         return Outcome(FAILED, "no simulated TPU host is running: run `invoke up` first")
 
-    out = [Step("chaos", "kill one TPU host", lambda look: None, run=run_kill, idempotent=False,
+    out = [Step("chaos", "kill one TPU host", run=run_kill, idempotent=False,
                 id="chaos:kill")]
     if restore_after > 0:
         def run_restore(ctx: StepContext) -> Outcome:
@@ -262,6 +262,6 @@ def chaos_steps(env: Env, restore_after: float) -> list[Step]:
             ctx.act(Action(f"sleep {restore_after:g}", lambda: time.sleep(restore_after)))
             return host_step(env, n, s, w, play="chaos").run(ctx)
 
-        out.append(Step("chaos", "bring the TPU host back", lambda look: None, run=run_restore,
+        out.append(Step("chaos", "bring the TPU host back", run=run_restore,
                         idempotent=False, id="chaos:restore", after=("chaos:kill",)))
     return out

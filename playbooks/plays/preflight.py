@@ -26,19 +26,19 @@ from pathlib import Path
 
 import yaml
 
-from . import tutorial as T
-from .core.command import Command
-from .core.inventory import Env
-from .core.lock import machine_lock
-from .core.play import Outcome, StepContext
-from .core.recap import FAILED, OK, SKIPPED
-from .core.render import render
-from .core.facts import ABSENT, Fact
-from .core.step import Step
-from .maxtext_args import as_text, model_config, overrides_model
-from .project import ROOT
-from .tpu import chips
-from .versions import installed
+from .. import tutorial as T
+from ..core.command import Command
+from ..core.facts import ABSENT, Fact
+from ..core.inventory import Env
+from ..core.lock import machine_lock
+from ..core.play import Outcome, StepContext
+from ..core.recap import FAILED, OK, SKIPPED
+from ..core.render import render
+from ..core.step import Step
+from ..maxtext_args import as_text, model_config, overrides_model
+from ..project import ROOT
+from ..tpu import chips
+from ..versions import installed
 
 PLAY = "preflight"
 GIB = 1024 ** 3
@@ -403,7 +403,7 @@ def fit(ctx: StepContext, env: Env, job, extra=(), slices: int | None = None) ->
 # -- steps ----------------------------------------------------------------------
 def static_step(env: Env, job) -> Step:
     def decide(look):
-        from .core.step import fail, ok
+        from ..core.step import fail, ok
         problems = static_checks(env, job)
         if problems:
             n = len(problems)
@@ -478,7 +478,7 @@ def fit_step(env: Env, job, search: bool) -> Step:
         return Outcome(FAILED, short + f"; none of the {len(todo)} changes tried fits, nor {most} slices: "
                                        f"a larger topology is needed")
 
-    return Step(PLAY, "fits the TPU HBM (ahead-of-time compile)", lambda look: None, run=run, id="preflight:fit",
+    return Step(PLAY, "fits the TPU HBM (ahead-of-time compile)", run=run, id="preflight:fit",
                 after=("preflight:static",))
 
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from . import tutorial as T
-from .clients import fact, gcloud, gcs_describe, json_object, text_value
+from .. import tutorial as T
+from ..clients import fact, gcloud, gcs_describe, json_object, text_value
+from ..core.command import Command, placeholder
+from ..core.facts import ABSENT
+from ..core.inventory import Env
+from ..core.step import Step, Verify, change, drift, ok
+from ..gke import kube, kube_get
 from .cluster import credentials_step
-from .core.command import Command, placeholder
-from .core.inventory import Env
-from .core.facts import ABSENT
-from .core.step import Step, Verify, change, drift, ok
-from .gke import kube, kube_get
 
 PLAY = "storage"
 

@@ -7,11 +7,11 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 
-from . import hosts
-from .core.inventory import Env
-from .core.facts import Action, Fact
-from .core.step import Step, Verify, change, ok
-from .project import ROOT
+from .. import hosts
+from ..core.facts import Action, Fact
+from ..core.inventory import Env
+from ..core.step import Step, Verify, change, ok
+from ..project import ROOT
 
 PLAY = "controller"
 SYNCED = ("manifests", "trainer")

@@ -25,7 +25,7 @@ def _on_controller(via, address: str, submission_id: str, on_line: Callable[[str
     argv = ["ray", "job", "logs", *(["--follow"] if follow else []), "--address", address, submission_id]
     r = via.stream(argv, on_line)
     if r.rc != 0:
-        from .core.errors import ProbeFailed
+        from ..core.errors import ProbeFailed
         raise ProbeFailed("ray job logs", " ".join(argv), r.rc, r.stdout, "",
                           why=f"could not read the log: ray job logs exited {r.rc}")
 
@@ -86,14 +86,13 @@ def run_of(submission_id: str) -> str:
 def logs_step(env, run: str | None, follow_to_end: bool):
     """The driver log of the newest job of a run (or of any run of this
     environment), whole or followed to its end; the outcome is the job's."""
-    from .core.play import Outcome
-    from .core.recap import FAILED, OK
-    from .core.facts import ABSENT, Fact
-    from .core.step import Step
+    from .. import hosts
+    from ..core.facts import ABSENT, Fact
+    from ..core.play import Outcome
+    from ..core.recap import FAILED, OK
+    from ..core.step import Step
+    from ..rayapi import job_fact, jobs_fact
     from .dashboard import address
-    from .rayapi import job_fact, jobs_fact
-
-    from . import hosts
     addr = address(env)
     via = hosts.connector(env)
     listing = jobs_fact(addr, via)
@@ -118,17 +117,17 @@ def logs_step(env, run: str | None, follow_to_end: bool):
             return Outcome(FAILED, f"job {sid} {status}: {final.get('message') or 'see its log'}")
         return Outcome(OK, f"job {sid} {status}")
 
-    return Step("logs", f"log of {f'run {run}' if run else 'the newest job'}", lambda look: None, run=run_step,
+    return Step("logs", f"log of {f'run {run}' if run else 'the newest job'}", run=run_step,
                 id="logs:job")
 
 
 def metrics_step(env, run: str | None):
     """metrics.png from the run's metrics.jsonl (the newest run without one)."""
-    from . import metrics
-    from .core.play import Outcome
-    from .core.recap import CHANGED, FAILED, OK
-    from .core.facts import Action
-    from .core.step import Step
+    from .. import metrics
+    from ..core.facts import Action
+    from ..core.play import Outcome
+    from ..core.recap import CHANGED, FAILED, OK
+    from ..core.step import Step
 
     def run_step(ctx) -> Outcome:
         name = run or metrics.newest_run(env)
@@ -149,5 +148,5 @@ def metrics_step(env, run: str | None):
         return Outcome(CHANGED, f"wrote {png.relative_to(metrics.ROOT)}: loss, tokens/s per device and step time "
                                 f"of run {name}")
 
-    return Step("metrics", f"metrics of {run or 'the newest run'}", lambda look: None, run=run_step,
+    return Step("metrics", f"metrics of {run or 'the newest run'}", run=run_step,
                 id="metrics:png")

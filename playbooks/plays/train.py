@@ -3,28 +3,28 @@ its final status read from the Ray Jobs API, and a summary."""
 from __future__ import annotations
 
 import contextlib
-
 import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import hosts, jobs, maxtext_args
-from .maxtext_args import run_name_problem
-from . import tutorial as T
-from .clients import fact, gcloud
-from .core.command import Command, quote
-from .core.errors import InputError, ProbeFailed, shown_value
-from .core.inventory import Env
-from .core.play import Outcome, StepContext
-from .core.recap import CHANGED, FAILED, SKIPPED
-from .core.facts import ABSENT, Action, Completed, Fact, assume
-from .core.step import Step, Verify, change, ok
+from .. import hosts, maxtext_args
+from .. import tutorial as T
+from ..clients import fact, gcloud
+from ..core.command import Command, quote
+from ..core.errors import InputError, ProbeFailed, shown_value
+from ..core.facts import ABSENT, Action, Completed, Fact, assume
+from ..core.inventory import Env
+from ..core.play import Outcome, StepContext
+from ..core.recap import CHANGED, FAILED, SKIPPED
+from ..core.step import Step, Verify, change, ok
+from ..maxtext_args import run_name_problem
+from ..project import ROOT
+from ..rayapi import job_fact, jobs_fact
+from ..trainlog import HIDE, SHOW, Summary, clean
+from . import jobs
 from .dashboard import address
-from .rayapi import job_fact, jobs_fact
-from .project import ROOT
-from .trainlog import HIDE, SHOW, Summary, clean
 
 PLAY = "train"
 SUBMIT_ATTEMPTS = 5
@@ -172,7 +172,7 @@ def build_job(env: Env, model: str, elastic: bool = False, steps: int | None = N
     if env.kind == "local" and job.arg("metrics_file") is None:
         # MaxText's own per-step metrics (each rank its own file; kept as the
         # run's metrics.jsonl after the job).
-        from . import metrics
+        from .. import metrics
         _set(args, "metrics_file", str(metrics.maxtext_file(env, job.run_name)))
     if elastic:
         check_elastic(job)
@@ -400,7 +400,7 @@ def job_step(job: Job, state: dict, log_file: Path | None = None) -> Step:
         for line in summary.lines():
             ctx.echo(f"  {line}")
         if summary.records or job.local_data is not None:
-            from . import metrics
+            from .. import metrics
             kept = metrics.run_dir(job.env, job.run_name) / metrics.FILE
             ctx.act(Action(f"# keep the run's step metrics in {rel(kept)}",
                            lambda: metrics.keep(job.env, job.run_name, summary, sid)))
@@ -417,5 +417,4 @@ def job_step(job: Job, state: dict, log_file: Path | None = None) -> Step:
         return Outcome(CHANGED, f"job {sid} SUCCEEDED: {len(summary.steps)} steps, "
                                 f"final loss {summary.final_loss:.3f}")
 
-    return Step(PLAY, f"job {job.run_name} ({job.model}{', elastic' if job.elastic else ''})",
-                lambda look: None, run=run, idempotent=False, id="train:job", after=("train:checkpoints",))
+    return Step(PLAY, f"job {job.run_name} ({job.model}{', elastic' if job.elastic else ''})", run=run, idempotent=False, id="train:job", after=("train:checkpoints",))

@@ -4,14 +4,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from .. import tutorial as T
+from ..clients import gcloud
+from ..core.errors import PlaybookError
+from ..core.facts import ABSENT
+from ..core.inventory import Env
+from ..core.step import Broken, Step, Verify, change, drift, fail, ok, wait
+from ..gke import location, network_name, nodepool_name, nodepools_fact, subnet_id, subnet_name
 from . import capacity as cap
-from . import tutorial as T
-from .clients import gcloud
-from .core.errors import PlaybookError
-from .core.inventory import Env
-from .core.facts import ABSENT
-from .core.step import Broken, Step, Verify, change, drift, fail, ok, wait
-from .gke import location, network_name, nodepool_name, nodepools_fact, subnet_id, subnet_name
 
 PLAY = "nodepools"
 CREATE_TIMEOUT = 60 * 60
@@ -145,7 +145,7 @@ CHIPS_TO_SAY = 64
 
 def chips_step(env: Env, play: str) -> list[Step]:
     """A line with the total, before more than CHIPS_TO_SAY chips are made."""
-    from .tpu import chips
+    from ..tpu import chips
     per_slice = chips(env.topology)
     total = env.slices * per_slice
     if total <= CHIPS_TO_SAY:

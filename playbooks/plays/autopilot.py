@@ -19,16 +19,16 @@ from typing import Any, Iterable
 
 import yaml
 
-from . import tutorial as T
+from .. import tutorial as T
+from ..core.command import Command
+from ..core.facts import ABSENT
+from ..core.inventory import Env
+from ..core.render import envsubst, leftover, render
+from ..core.step import Step, Verify, change, drift, fail, ok
+from ..gke import kube, kube_get
+from ..project import ROOT
+from ..schema import reservation_parts
 from .cluster import credentials_step
-from .core.command import Command
-from .core.inventory import Env
-from .core.render import envsubst, leftover, render
-from .core.facts import ABSENT
-from .core.step import Step, Verify, change, drift, fail, ok
-from .gke import kube, kube_get
-from .project import ROOT
-from .schema import reservation_parts
 
 PLAY = "raycluster"
 COMPUTE_CLASS = "maxtext-tpu-dranet"
