@@ -2,6 +2,8 @@
 declared by its command line; an undeclared probe is an error, never a
 default. Nothing starts: these run the real plays with a fixture runner."""
 
+import pytest
+
 from playbooks.core.facts import Completed
 from playbooks.core.fixtures import Answers
 from playbooks.plays import cluster, network, nodepools, storage, teardown
