@@ -8,10 +8,11 @@ venv:
 train: venv
 	.venv/bin/invoke train --fresh
 
-## Run every test (lint, unit, golden transcripts, real clients on loopback fakes, sshd on loopback, local Ray + MaxText runs).
+## Run every test (lint, type check, unit, golden transcripts, real clients on loopback fakes, sshd on loopback, local Ray + MaxText runs).
 test: venv
 	@scripts/test-deps
 	.venv/bin/ruff check playbooks tasks.py tests bench
+	.venv/bin/mypy
 	.venv/bin/python -m pytest
 
 ## Regenerate the golden dry-run transcripts after an intended change of commands.

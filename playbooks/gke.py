@@ -9,24 +9,24 @@ from . import tutorial as T
 from .clients import by_name, fact, gcloud, json_list, kube_list, kube_object, kubectl
 from .core.command import Command
 from .core.facts import ABSENT, Fact
-from .core.inventory import Env
+from .schema import Environment
 
 
-def location(env: Env) -> str:
+def location(env: Environment) -> str:
     """Autopilot clusters are regional, the tutorial's Standard cluster zonal."""
     return env.region if env.mode == "autopilot" else env.zone
 
 
-def kube_context(env: Env) -> str:
+def kube_context(env: Environment) -> str:
     """The kubeconfig context ``get-credentials`` writes for this cluster."""
     return f"gke_{env.project_id}_{location(env)}_{env.cluster_name}"
 
 
-def network_name(env: Env, i: int) -> str:
+def network_name(env: Environment, i: int) -> str:
     return f"{env.cluster_name}-{T.SUBNETS[i][0]}"
 
 
-def subnet_name(env: Env, i: int) -> str:
+def subnet_name(env: Environment, i: int) -> str:
     """The inventory's subnet_<i+1>_name (the tutorial's tpu-subnet-1/2)."""
     return env[f"subnet_{i + 1}_name"]
 
@@ -41,20 +41,20 @@ def subnet_id(i: int) -> str:
     return f"network:subnet-{i + 1}"
 
 
-def subnet_range(env: Env, i: int) -> str:
+def subnet_range(env: Environment, i: int) -> str:
     return env[f"subnet_{i + 1}_range"]
 
 
-def nodepool_name(env: Env, i: int) -> str:
+def nodepool_name(env: Environment, i: int) -> str:
     from .tpu import chips
     return f"v6e-{chips(env.topology)}-{i}"
 
 
-def workers(env: Env) -> int:
+def workers(env: Environment) -> int:
     return env.slices * env.hosts_per_slice
 
 
-def kube(env: Env, *args: str) -> Command:
+def kube(env: Environment, *args: str) -> Command:
     return kubectl(*args, context=kube_context(env))
 
 
@@ -63,7 +63,7 @@ def _names(items: Any) -> str:
     return ", ".join(str(i.get("name", "?")).rsplit("/", 1)[-1] for i in items) or "none"
 
 
-def networks_fact(env: Env, name: str) -> Fact:
+def networks_fact(env: Environment, name: str) -> Fact:
     return fact(f"network {name}",
                 gcloud("compute", "networks", "list", "--format=json", project=env.project_id),
                 json_list(by_name(name)), describe=_describe_network)
@@ -80,7 +80,7 @@ def _describe_network(n: Any) -> str:
 STRICT_COMPUTE_LISTS = (("CLOUDSDK_COMPUTE_ALLOW_PARTIAL_ERROR", "false"),)
 
 
-def subnets_fact(env: Env, name: str) -> Fact:
+def subnets_fact(env: Environment, name: str) -> Fact:
     c = gcloud("compute", "networks", "subnets", "list", f"--regions={env.region}", "--format=json",
                project=env.project_id)
     return fact(f"subnet {name}", dataclasses.replace(c, env=STRICT_COMPUTE_LISTS + c.env),
@@ -89,7 +89,7 @@ def subnets_fact(env: Env, name: str) -> Fact:
                                    f"{str(s.get('network', '')).rsplit('/', 1)[-1]})")
 
 
-def clusters_fact(env: Env) -> Fact:
+def clusters_fact(env: Environment) -> Fact:
     return fact(f"cluster {env.cluster_name}",
                 gcloud("container", "clusters", "list", "--format=json", project=env.project_id),
                 json_list(by_name(env.cluster_name)),
@@ -97,7 +97,7 @@ def clusters_fact(env: Env) -> Fact:
                                    f"{', autopilot' if (c.get('autopilot') or {}).get('enabled') else ''})")
 
 
-def nodepools_fact(env: Env, name: str) -> Fact:
+def nodepools_fact(env: Environment, name: str) -> Fact:
     return fact(f"node pool {name}",
                 gcloud("container", "node-pools", "list", f"--cluster={env.cluster_name}",
                        f"--location={location(env)}", "--format=json", project=env.project_id),
@@ -107,7 +107,7 @@ def nodepools_fact(env: Env, name: str) -> Fact:
                                    f"{p.get('initialNodeCount', '?')} nodes)")
 
 
-def namespace_objects(env: Env) -> list[tuple[str, str]]:
+def namespace_objects(env: Environment) -> list[tuple[str, str]]:
     """The objects of ours in the environment's namespace, read by one
     `kubectl get` (one process, one auth-plugin call, for all of them)."""
     return [("serviceaccount", env.ksa_name), ("resourceclaimtemplate", T.NETDEV_CLAIMS[env.mode]),
@@ -118,7 +118,7 @@ _KINDS = {"serviceaccount": "ServiceAccount", "resourceclaimtemplate": "Resource
           "raycluster": "RayCluster"}
 
 
-def kube_get(env: Env, kind: str, name: str, namespace: str | None = None) -> Fact:
+def kube_get(env: Environment, kind: str, name: str, namespace: str | None = None) -> Fact:
     if namespace == env.namespace and (kind, name) in namespace_objects(env):
         refs = [f"{k}/{n}" for k, n in namespace_objects(env)]
         c = kube(env, "get", *refs, "--namespace", namespace, "--ignore-not-found", "--output=json")
@@ -137,7 +137,7 @@ def kube_get(env: Env, kind: str, name: str, namespace: str | None = None) -> Fa
     return fact(f"{kind} {name}", kube(env, *args), kube_object(), describe=lambda o: "present")
 
 
-def raycluster_fact(env: Env) -> Fact:
+def raycluster_fact(env: Environment) -> Fact:
     f = kube_get(env, "raycluster", T.RAYCLUSTER_NAME, env.namespace)
     return Fact(name=f.name, command=f.command, parse=f.parse, describe=_describe_raycluster)
 

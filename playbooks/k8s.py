@@ -17,8 +17,8 @@ from . import hosts
 from . import tutorial as T
 from .core.errors import ProbeFailed
 from .core.facts import ABSENT, Fact
-from .core.inventory import Env
 from .gke import kube, kube_context, workers
+from .schema import Environment
 
 GROUP, VERSION, PLURAL = "ray.io", "v1", "rayclusters"
 
@@ -26,7 +26,7 @@ GROUP, VERSION, PLURAL = "ray.io", "v1", "rayclusters"
 _clients: dict[tuple[str, str], Any] = {}
 
 
-def client(env: Env):
+def client(env: Environment):
     """An ApiClient for this environment's context (not the current one),
     made once: its exec plugin's token is refreshed when it expires."""
     import os
@@ -49,7 +49,7 @@ def _api_error(what: str, e: Exception) -> ProbeFailed:
                        why=f"could not look: {status or ''} {reason}".strip())
 
 
-def ready(env: Env, rc: Any) -> str | None:
+def ready(env: Environment, rc: Any) -> str | None:
     """None when the head pod is ready and every worker is (KubeRay's
     conditions and counts, not the deprecated state alone)."""
     if rc is ABSENT or rc is None:
@@ -64,7 +64,7 @@ def ready(env: Env, rc: Any) -> str | None:
     return f"head {'ready' if head else 'not ready'}, {have} of {want} TPU workers ready"
 
 
-def watch_raycluster(env: Env, seconds: float) -> Any:
+def watch_raycluster(env: Environment, seconds: float) -> Any:
     """The RayCluster, as soon as it changes (or after ``seconds``): its
     watch, not a poll. ABSENT when it does not exist."""
     if hosts.controller(env):
@@ -99,7 +99,7 @@ def watch_raycluster(env: Env, seconds: float) -> Any:
 # the controller: a tunnel to the endpoint would still need them here. So the
 # reads run there, with kubectl, and return the API's JSON, which is what the
 # client's objects serialize to.
-def kubectl_json(env: Env, *args: str, timeout: float = 60) -> Any:
+def kubectl_json(env: Environment, *args: str, timeout: float = 60) -> Any:
     argv = kube(env, "get", *args, "--output=json").argv
     r = hosts.connector(env).run(argv, timeout=timeout)
     if r.rc != 0:
@@ -113,14 +113,14 @@ def kubectl_json(env: Env, *args: str, timeout: float = 60) -> Any:
                           why="could not look: kubectl's answer is not JSON") from None
 
 
-def _raycluster_now(env: Env) -> Any:
+def _raycluster_now(env: Environment) -> Any:
     found = kubectl_json(env, "rayclusters.ray.io", "--namespace", env.namespace,
                          f"--field-selector=metadata.name={T.RAYCLUSTER_NAME}")
     items = found.get("items") or []
     return items[0] if items else ABSENT
 
 
-def _poll_raycluster(env: Env, seconds: float, every: float = 2.0) -> Any:
+def _poll_raycluster(env: Environment, seconds: float, every: float = 2.0) -> Any:
     """A watch's answer by polling kubectl on the controller: at once when
     ready, else when it changes or after ``seconds``."""
     import time
@@ -138,7 +138,7 @@ def _poll_raycluster(env: Env, seconds: float, every: float = 2.0) -> Any:
     return latest
 
 
-def raycluster_watch_fact(env: Env, seconds: float = 15.0) -> Fact:
+def raycluster_watch_fact(env: Environment, seconds: float = 15.0) -> Fact:
     return Fact(name=f"RayCluster {T.RAYCLUSTER_NAME}", python=lambda: watch_raycluster(env, seconds),
                 display=(f"kubectl get raycluster {T.RAYCLUSTER_NAME} --namespace {env.namespace} --watch "
                          f"--context={kube_context(env)}  # the kubernetes client's watch"),
@@ -156,7 +156,7 @@ def _tail_with_client(core, pod: str, namespace: str, container: str | None) -> 
             return ""
 
 
-def _tail_with_kubectl(env: Env, pod: str, container: str | None) -> str:
+def _tail_with_kubectl(env: Environment, pod: str, container: str | None) -> str:
     via = hosts.connector(env)
     for previous in (("--previous",), ()):
         argv = kube(env, "logs", pod, "--namespace", env.namespace, *(("-c", container) if container else ()),
@@ -167,7 +167,7 @@ def _tail_with_kubectl(env: Env, pod: str, container: str | None) -> str:
     return ""
 
 
-def pods_and_events(env: Env):
+def pods_and_events(env: Environment):
     """The RayCluster's pods, the namespace's events (as the API's JSON) and
     a reader of a container's last log lines."""
     ns = env.namespace
@@ -188,7 +188,7 @@ def pods_and_events(env: Env):
             lambda p, c: _tail_with_client(core, p, ns, c))
 
 
-def causes(env: Env) -> list[str]:
+def causes(env: Environment) -> list[str]:
     """One line per cause of the RayCluster's pods not running, from their
     phases, container states, scheduling conditions and events."""
     pods, events, tail_of = pods_and_events(env)
@@ -259,7 +259,7 @@ def scheduling(message: str | None) -> str:
     return f"not scheduled: {m!r}"
 
 
-def mount(env: Env, message: str | None) -> str:
+def mount(env: Environment, message: str | None) -> str:
     m = _short(message)
     if re.search(r"(PermissionDenied|permission|403|Forbidden|does not have storage)", m, re.I):
         return (f"the GCS FUSE mount of gs://{env.gs_bucket} is refused: the workload-identity binding of "
@@ -267,7 +267,7 @@ def mount(env: Env, message: str | None) -> str:
     return f"a volume mount failed: {m!r}"
 
 
-def causes_fact(env: Env) -> Fact:
+def causes_fact(env: Environment) -> Fact:
     return Fact(name="why the workers are not running", python=lambda: causes(env),
                 display=(f"kubectl get pods,events --namespace {env.namespace} -l ray.io/cluster={T.RAYCLUSTER_NAME} "
                          f"--context={kube_context(env)}  # the kubernetes client: pods, their states, events"),

@@ -35,7 +35,8 @@ def parse(text: str) -> Any:
     """A command-line value as MaxText sees it (OmegaConf.from_cli)."""
     from omegaconf import OmegaConf
     cfg = OmegaConf.from_cli([f"v={text}"])
-    return OmegaConf.to_container(cfg, resolve=False)["v"]
+    container: Any = OmegaConf.to_container(cfg, resolve=False)
+    return container["v"]
 
 
 def _resolve(node: dict) -> dict:
@@ -61,7 +62,7 @@ def expected(node: dict) -> str:
         return repr(node["const"])
     kind = node.get("type")
     words = {"integer": "an integer", "number": "a number", "boolean": "true or false",
-             "string": "a string", "null": "null", "array": "a list", "object": "a mapping"}.get(kind, "a value")
+             "string": "a string", "null": "null", "array": "a list", "object": "a mapping"}.get(str(kind), "a value")
     bounds = [f"{op} {node[key]}" for key, op in (("minimum", ">="), ("exclusiveMinimum", ">"),
                                                   ("maximum", "<="), ("exclusiveMaximum", "<"))
               if key in node]
@@ -167,7 +168,8 @@ def model_config(model: str) -> dict:
     path = MODELS_DIR / f"{model}.yml"
     if not path.is_file():
         return {}
-    return OmegaConf.to_container(OmegaConf.load(path), resolve=True) or {}
+    loaded = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+    return loaded if isinstance(loaded, dict) else {}
 
 
 def overrides_model(args: Iterable[tuple[str, str]]) -> bool:

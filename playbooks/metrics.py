@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 from typing import Any, Iterable
 
-from .core.inventory import Env
 from .project import ROOT
+from .schema import Environment
 from .trainlog import Summary
 
 FILE = "metrics.jsonl"
@@ -26,11 +26,11 @@ PNG = "metrics.png"
 MAXTEXT_FILE = "maxtext-metrics.jsonl"  # what the local job's metrics_file is (the trainer adds .rank<N>)
 
 
-def run_dir(env: Env, run: str) -> Path:
+def run_dir(env: Environment, run: str) -> Path:
     return ROOT / ".state" / env.name / "training" / run
 
 
-def maxtext_file(env: Env, run: str) -> Path:
+def maxtext_file(env: Environment, run: str) -> Path:
     return run_dir(env, run) / MAXTEXT_FILE
 
 
@@ -61,7 +61,7 @@ def from_log(summary: Summary) -> list[dict]:
             for group, step, secs, tok, loss, tflops in summary.records]
 
 
-def keep(env: Env, run: str, summary: Summary, submission_id: str) -> Path:
+def keep(env: Environment, run: str, summary: Summary, submission_id: str) -> Path:
     """Write the run's metrics.jsonl from the best source there is."""
     rank0 = maxtext_file(env, run).with_name(MAXTEXT_FILE.replace(".jsonl", ".rank0.jsonl"))
     records = from_maxtext(rank0) if rank0.is_file() else []
@@ -91,7 +91,7 @@ def read(path: Path) -> tuple[dict, list[dict], list[dict]]:
     return header, steps, events
 
 
-def newest_run(env: Env) -> str | None:
+def newest_run(env: Environment) -> str | None:
     runs = [d for d in (ROOT / ".state" / env.name / "training").glob("*") if (d / FILE).is_file()]
     return max(runs, key=lambda d: (d / FILE).stat().st_mtime).name if runs else None
 

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 from typing import Callable
 
-from .core.inventory import Env
 from .core.step import Step, ok
 from .plays import (
     capacity,
@@ -19,11 +18,12 @@ from .plays import (
     teardown,
     train,
 )
+from .schema import Environment
 
 GKE_ONLY = ("capacity", "prereqs", "network", "cluster", "nodepools", "storage")
 UP = ("prereqs", "network", "cluster", "nodepools", "storage", "raycluster", "dashboard")
 
-_GKE: dict[str, Callable[[Env], list[Step]]] = {
+_GKE: dict[str, Callable[[Environment], list[Step]]] = {
     "capacity": capacity.steps,
     "prereqs": prereqs.steps,
     "network": network.steps,
@@ -40,7 +40,7 @@ def _not_local(play: str) -> list[Step]:
                  skip="a local environment has no cloud resources of this kind (its twin: the local Ray cluster)")]
 
 
-def play_steps(env: Env, play: str) -> list[Step]:
+def play_steps(env: Environment, play: str) -> list[Step]:
     if env.kind == "local":
         if play in GKE_ONLY:
             return _not_local(play)
@@ -67,7 +67,7 @@ def dedupe(steps: list[Step]) -> list[Step]:
     return out
 
 
-def up_steps(env: Env) -> list[Step]:
+def up_steps(env: Environment) -> list[Step]:
     if env.kind == "local":
         return _then(local.steps(env), dashboard.steps(env))
     # The capacity checks first, and everything after them: a proven
@@ -76,7 +76,7 @@ def up_steps(env: Env) -> list[Step]:
     return _then(capacity.steps(env), rest)
 
 
-def cluster_ready_steps(env: Env) -> list[Step]:
+def cluster_ready_steps(env: Environment) -> list[Step]:
     """What a job needs before it is submitted: a reachable Ray dashboard."""
     if env.kind == "local":
         return local.steps(env)
@@ -91,7 +91,7 @@ def _then(first: list[Step], then: list[Step]) -> list[Step]:
     return first + then
 
 
-def train_steps(env: Env, job: train.Job, state: dict, log_file=None, preflight: bool = True) -> list[Step]:
+def train_steps(env: Environment, job: train.Job, state: dict, log_file=None, preflight: bool = True) -> list[Step]:
     """Preflight first (nothing is started for a job that cannot fit), then
     the cluster, the run's checkpoints, the job."""
     from .plays import preflight as pf
@@ -105,23 +105,24 @@ def train_steps(env: Env, job: train.Job, state: dict, log_file=None, preflight:
                  [train.checkpoint_step(job, state)], [train.job_step(job, state, log_file)])
 
 
-def preflight_steps(env: Env, job: train.Job) -> list[Step]:
+def preflight_steps(env: Environment, job: train.Job) -> list[Step]:
     from .plays import preflight as pf
     return pf.steps(env, job, search=True)
 
 
-def chaos_steps(env: Env, restore_after: float) -> list[Step]:
+def chaos_steps(env: Environment, restore_after: float) -> list[Step]:
     return chaos.steps(env, restore_after)
 
 
-def teardown_steps(env: Env) -> list[Step]:
+def teardown_steps(env: Environment) -> list[Step]:
     return teardown.steps(env)
 
 
-def all_commands(env: Env) -> list:
+def all_commands(env: Environment) -> list:
     """Every command the tasks can run for this environment: each task's dry
     run (nothing starts), plus the commands only a particular state brings
     out (a broken node pool replaced, a run's checkpoints removed)."""
+    from .core.command import Command
     from .core.play import Playbook
     from .core.recap import Reporter
     from .core.runner import Mode, Runner
@@ -138,7 +139,9 @@ def all_commands(env: Env) -> list:
     if env.kind != "local":
         for i in range(env.slices if env.mode == "standard" else 0):
             out.append(nodepools.delete_command(env, nodepools.nodepool_name(env, i)))
-        out.append(train.remove_checkpoints(train.build_job(env, "llama3-8b", fresh=True)))
+        remove = train.remove_checkpoints(train.build_job(env, "llama3-8b", fresh=True))
+        assert isinstance(remove, Command)  # gs://: a command, not an in-process delete
+        out.append(remove)
     seen, unique = set(), []
     for c in out:
         if c.line() not in seen:

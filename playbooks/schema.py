@@ -12,7 +12,7 @@ from typing import Any, Mapping
 
 from . import maxtext_args
 from . import tutorial as T
-from .core.inventory import Entry, Inventory, Key, Schema, load
+from .core.inventory import Entry, Env, Inventory, Key, Schema, load
 from .local_ports import local_port_span, ports
 from .project import DEFAULT_INVENTORY
 from .tpu import chips, default_chips_per_host, hosts_per_slice, topology_problem
@@ -65,7 +65,7 @@ def cluster_version(v: str, env: Mapping) -> str | None:
     if not _VERSION.match(v):
         return "is not a GKE version like 1.35.2-gke.1842000"
     mode = env.get("mode")
-    need = T.DRANET_MIN_VERSION.get(mode)
+    need = T.DRANET_MIN_VERSION.get(str(mode))
     if need and version_tuple(v) < version_tuple(need):
         return f"is older than {need}, the first {mode} version with managed DRANET"
     return None
@@ -506,7 +506,51 @@ def one_owner(envs: Mapping[str, Mapping]) -> str | None:
     return None
 
 
-SCHEMA = Schema({"gke": GKE, "local": LOCAL}, default_kind="gke", across=one_owner)
+class Environment(Env):
+    """An environment of this inventory: one annotation per key of either
+    kind (a key of the other kind is not set: reading it is an
+    AttributeError). ``test_inventory`` proves these are the schema's keys."""
+
+    kind: str
+    slices: int
+    topology: str
+    chips_per_host: int
+    hosts_per_slice: int
+    dashboard_port: int
+    train_overrides: dict[str, Any]
+    # gke
+    project_id: str
+    region: str
+    zone: str
+    cluster_name: str
+    cluster_version: str
+    mode: str
+    gs_bucket: str
+    ksa_name: str
+    namespace: str
+    user_identifier: str
+    machine_type: str
+    subnet_1_name: str
+    subnet_2_name: str
+    subnet_1_range: str
+    subnet_2_range: str
+    ray_image: str
+    capacity: str
+    reservation: str | None
+    capacity_wait: int | None
+    controller: str | None
+    gateway: str | None
+    identity_file: str | None
+    known_hosts: str | None
+    remote_dir: str
+    control_plane: str
+    # local
+    devices_per_host: int
+    ray_ip: str
+    gcs_port: int
+
+
+SCHEMA = Schema({"gke": GKE, "local": LOCAL}, default_kind="gke", across=one_owner, env_type=Environment)
 
 
 def load_inventory(path: str | Path | None = None) -> Inventory:

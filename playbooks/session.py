@@ -17,13 +17,13 @@ from . import hosts
 from .clients import is_transient
 from .core.errors import InputError, PlaybookError, shown_value
 from .core.executor import Executor
-from .core.inventory import Env, name_problem
+from .core.inventory import name_problem
 from .core.play import Playbook
 from .core.recap import Recap, Reporter, banner
 from .core.runner import Mode, RetryPolicy, Runner
 from .core.step import Step
 from .project import ROOT
-from .schema import load_inventory
+from .schema import Environment, load_inventory
 
 MODES = ("apply", "check")
 # The Invoke config keys under `playbook:` (INVOKE_PLAYBOOK_<KEY>), each with
@@ -58,7 +58,7 @@ class Failed(Exception):
 
 @dataclass
 class Session:
-    env: Env
+    env: Environment
     mode: Mode
     runner: Runner
     book: Playbook
@@ -86,7 +86,7 @@ class Session:
         return recap
 
 
-def _what(env: Env) -> str:
+def _what(env: Environment) -> str:
     if env.kind == "local":
         return "local"
     where = hosts.controller(env)
@@ -217,6 +217,7 @@ def open_session(config, task: str, reporter: Reporter | None = None, read_only:
     path = inventory_path(settings["inventory"])
     inv = load_inventory(path)
     env = inv.env(settings["env"])
+    assert isinstance(env, Environment)  # SCHEMA's env_type
     mode = Mode.DRY if dry else Mode.CHECK if read_only else Mode(settings["mode"])
     parallel = settings["parallel"]
     logdir = None

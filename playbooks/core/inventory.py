@@ -12,7 +12,7 @@ import difflib
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from . import yamlfile
 from .errors import InputError, shown_value
@@ -73,21 +73,41 @@ class Schema:
     kinds: Mapping[str, tuple[Key, ...]]
     default_kind: str
     across: Callable[[Mapping[str, "Env"]], str | None] | None = None
+    env_type: type["Env"] | None = None
 
     def keys(self, kind: str) -> dict[str, Key]:
         return {k.name: k for k in self.kinds[kind]}
 
 
-class Env(dict):
-    """A validated environment: a dict with attribute access."""
+class Env(Mapping[str, Any]):
+    """A validated environment: read-only, its keys also attributes. A
+    project subclasses it with an annotation per key (``Schema.env_type``),
+    so a type checker refuses a misspelt attribute; at run time one is an
+    AttributeError, never a default."""
 
-    name: str = ""
+    name: str
+    _values: dict[str, Any]
 
-    def __getattr__(self, item: str) -> Any:
-        try:
-            return self[item]
-        except KeyError:
-            raise AttributeError(item) from None
+    def __init__(self, name: str, values: Mapping[str, Any]):
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "_values", dict(values))
+        for k, v in values.items():
+            object.__setattr__(self, k, v)
+
+    def __getitem__(self, key: str) -> Any:
+        return self._values[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __setattr__(self, key: str, value: Any) -> None:
+        raise AttributeError(f"environment {self.name!r} is read-only (set {key} in the inventory)")
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r}, {self._values!r})"
 
 
 @dataclass
@@ -160,8 +180,7 @@ def resolve(path: Path, name: str, raw: Mapping[str, Any], schema: Schema) -> En
         if k not in keys:
             raise InputError(f"{where}: unknown key {shown_value(k)} for kind {kind!r}; "
                              f"{unknown_key_hint(k, list(keys))}")
-    env = Env()
-    env.name = name
+    env: dict[str, Any] = {}
     # Values as given (type-checked) or their defaults; derived keys wait.
     for key in keys.values():
         if key.name in raw and raw[key.name] is not None:
@@ -186,7 +205,7 @@ def resolve(path: Path, name: str, raw: Mapping[str, Any], schema: Schema) -> En
         why = key.unused(env) if key.unused and raw.get(key.name) is not None else None
         if why:
             raise InputError(f"{where}: key {key.name!r} = {shown_value(raw[key.name])} is not used: {why}")
-    return env
+    return (schema.env_type or Env)(name, env)
 
 
 def load(path: str | Path, schema: Schema) -> Inventory:

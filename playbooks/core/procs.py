@@ -143,7 +143,7 @@ class PidFile:
 
     def alive(self) -> bool:
         pid = self.pid()
-        return bool(pid) and self.via.alive(pid, self.marker)
+        return pid is not None and pid > 0 and self.via.alive(pid, self.marker)
 
     def write(self, pid: int, **extra) -> None:
         text = json.dumps({"pid": pid, "marker": self.marker, "started": time.time(), **extra})

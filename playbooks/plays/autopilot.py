@@ -22,12 +22,11 @@ import yaml
 from .. import tutorial as T
 from ..core.command import Command
 from ..core.facts import ABSENT
-from ..core.inventory import Env
 from ..core.render import envsubst, leftover, render
 from ..core.step import Step, Verify, change, drift, fail, ok
 from ..gke import kube, kube_get
 from ..project import ROOT
-from ..schema import reservation_parts
+from ..schema import Environment, reservation_parts
 from .cluster import credentials_step
 
 PLAY = "raycluster"
@@ -38,7 +37,7 @@ NETWORKS_SKIP = ("Autopilot: GKE makes and manages the TPU nodes' extra networks
                  "accelerator network profile auto); the tutorial's two VPCs would never be attached")
 
 
-def priorities(env: Env) -> list[dict[str, Any]]:
+def priorities(env: Environment) -> list[dict[str, Any]]:
     """The ComputeClass's one priority: the machine type with the accelerator
     network profile, and the inventory's capacity (the same key means the
     same on both modes: ComputeClass fields spot, flexStart, reservations)."""
@@ -53,20 +52,20 @@ def priorities(env: Env) -> list[dict[str, Any]]:
     return [p]
 
 
-def compute_class_values(env: Env) -> dict[str, str]:
+def compute_class_values(env: Environment) -> dict[str, str]:
     return {"COMPUTE_CLASS": COMPUTE_CLASS, "PRIORITIES": json.dumps(priorities(env))}
 
 
-def rendered_compute_class(env: Env) -> dict:
+def rendered_compute_class(env: Environment) -> dict:
     text = (ROOT / COMPUTE_CLASS_MANIFEST).read_text()
     return yaml.safe_load(render(text, compute_class_values(env)))
 
 
-def compute_class_fact(env: Env):
+def compute_class_fact(env: Environment):
     return kube_get(env, "computeclass", COMPUTE_CLASS)
 
 
-def compute_class_step(env: Env) -> Step:
+def compute_class_step(env: Environment) -> Step:
     probe = compute_class_fact(env)
     want = rendered_compute_class(env)["spec"]
 
@@ -136,13 +135,13 @@ def violations(docs: Iterable[dict]) -> list[str]:
     return out
 
 
-def rendered_docs(env: Env) -> list[dict]:
+def rendered_docs(env: Environment) -> list[dict]:
     from .raycluster import manifest_values
     text = render((ROOT / T.RAYCLUSTER_MANIFEST).read_text(), manifest_values(env))
     return [d for d in yaml.safe_load_all(text) if d] + [rendered_compute_class(env)]
 
 
-def rules_step(env: Env) -> Step:
+def rules_step(env: Environment) -> Step:
     def decide(look):
         found = violations(rendered_docs(env))
         if found:
@@ -153,7 +152,7 @@ def rules_step(env: Env) -> Step:
     return Step(PLAY, "Autopilot's rules", decide, id="raycluster:autopilot-rules")
 
 
-def steps(env: Env) -> list[Step]:
+def steps(env: Environment) -> list[Step]:
     """What Autopilot needs before the RayCluster: its rules kept, the
     ComputeClass applied."""
     return [credentials_step(env, PLAY), rules_step(env), compute_class_step(env)]

@@ -34,18 +34,17 @@ from typing import Any
 from ..clients import fact, gcloud, json_list, json_object
 from ..core.errors import ProbeFailed
 from ..core.facts import ABSENT, Completed, Fact
-from ..core.inventory import Env
 from ..core.play import Outcome, StepContext
 from ..core.recap import FAILED, OK, SKIPPED
 from ..core.step import Step, ok
 from ..gke import STRICT_COMPUTE_LISTS, clusters_fact, location
-from ..schema import FLEX_WAIT_DEFAULT, reservation_parts
+from ..schema import FLEX_WAIT_DEFAULT, Environment, reservation_parts
 from ..tpu import chips
 
 PLAY = "capacity"
 
 # -- the options -------------------------------------------------------------------
-def pool_flags(env: Env) -> list[str]:
+def pool_flags(env: Environment) -> list[str]:
     """What `gcloud container node-pools create` adds for the capacity."""
     if env.capacity == "spot":
         return ["--spot"]
@@ -57,12 +56,12 @@ def pool_flags(env: Env) -> list[str]:
     return []
 
 
-def initial_nodes(env: Env) -> int:
+def initial_nodes(env: Environment) -> int:
     """A flex-start pool starts empty; the others with one slice's hosts."""
     return 0 if env.capacity == "flex-start" else env.hosts_per_slice
 
 
-def node_selector(env: Env) -> dict[str, str]:
+def node_selector(env: Environment) -> dict[str, str]:
     """What the TPU workers add to their nodeSelector, on Standard, to land on
     nodes of this capacity (GKE's node labels); a reservation's pools are the
     only ones of their shape here, so nothing is added for it. (On Autopilot
@@ -74,7 +73,7 @@ def node_selector(env: Env) -> dict[str, str]:
     return {}
 
 
-def wait_seconds(env: Env) -> float | None:
+def wait_seconds(env: Environment) -> float | None:
     """How long the slices' nodes may take to come: flex-start waits for
     capacity by design (capacity_wait); the others do not say."""
     if env.get("capacity") == "flex-start":
@@ -95,11 +94,11 @@ def pool_capacity(p: Any) -> str:
     return "on-demand"
 
 
-def wanted_capacity(env: Env) -> str:
+def wanted_capacity(env: Environment) -> str:
     return f"reservation {env.reservation}" if env.capacity == "reservation" else env.capacity
 
 
-def preemptible(env: Env) -> bool:
+def preemptible(env: Environment) -> bool:
     return env.get("capacity") in ("spot", "flex-start")
 
 
@@ -130,7 +129,7 @@ def classify(text: str) -> str:
     return "other"
 
 
-def options(env: Env, kind: str, zones: list[str] | None) -> str:
+def options(env: Environment, kind: str, zones: list[str] | None) -> str:
     """What to do about a pool without nodes."""
     out = ["re-run (`invoke nodepools`) to replace the broken pool"]
     others = [z for z in zones or [] if z != env.zone and z.startswith(env.region + "-")]
@@ -143,7 +142,7 @@ def options(env: Env, kind: str, zones: list[str] | None) -> str:
     return "; ".join(out)
 
 
-def explain(env: Env, text: str, zones: list[str] | None = None) -> str:
+def explain(env: Environment, text: str, zones: list[str] | None = None) -> str:
     """One line: the class, GKE's message, the options."""
     kind = classify(text)
     head = {"capacity": "no TPU capacity", "quota": "not enough quota", "other": "the pool failed"}[kind]
@@ -154,7 +153,7 @@ def explain(env: Env, text: str, zones: list[str] | None = None) -> str:
 
 
 # -- the preflight: read-only, before anything is created --------------------------------
-def machine_types_fact(env: Env) -> Fact:
+def machine_types_fact(env: Environment) -> Fact:
     """Every zone that offers the machine type (an aggregated list: all of
     them, so the others can be named)."""
     c = gcloud("compute", "machine-types", "list", f"--filter=name={env.machine_type}", "--format=json",
@@ -168,7 +167,7 @@ def machine_types_fact(env: Env) -> Fact:
                 describe=lambda zs: ", ".join(zs) or "none")
 
 
-def machine_type_step(env: Env) -> Step:
+def machine_type_step(env: Environment) -> Step:
     probe = machine_types_fact(env)
 
     def run(ctx: StepContext) -> Outcome:
@@ -202,7 +201,7 @@ def not_checked(e: ProbeFailed) -> Outcome:
     return Outcome(SKIPPED, f"not checked: {e.why}")
 
 
-def server_config_fact(env: Env) -> Fact:
+def server_config_fact(env: Environment) -> Fact:
     return fact(f"GKE versions in {location(env)}",
                 gcloud("container", "get-server-config", f"--location={location(env)}", "--format=json",
                        project=env.project_id),
@@ -217,7 +216,7 @@ def offered(cfg: Any) -> list[str]:
     return out
 
 
-def version_step(env: Env) -> Step:
+def version_step(env: Environment) -> Step:
     clusters, probe = clusters_fact(env), server_config_fact(env)
 
     def run(ctx: StepContext) -> Outcome:
@@ -244,11 +243,11 @@ def version_step(env: Env) -> Step:
 # tpu_family CT6E (named in Google's v6e guide); Spot, and flex-start first,
 # the preemptible v6e quota. The ids follow Cloud Quotas' naming; an id the
 # API does not know is "not checked", never a shortage.
-ON_DEMAND_QUOTA = ("TPUS-PER-TPU-FAMILY-per-project-region", {"tpu_family": "CT6E"})
-PREEMPTIBLE_QUOTA = ("PREEMPTIBLE-TPU-V6E-per-project-region", {})
+ON_DEMAND_QUOTA: tuple[str, dict[str, str]] = ("TPUS-PER-TPU-FAMILY-per-project-region", {"tpu_family": "CT6E"})
+PREEMPTIBLE_QUOTA: tuple[str, dict[str, str]] = ("PREEMPTIBLE-TPU-V6E-per-project-region", {})
 
 
-def quota_fact(env: Env, quota: tuple[str, dict]) -> Fact:
+def quota_fact(env: Environment, quota: tuple[str, dict]) -> Fact:
     qid, dims = quota
     return fact(f"quota {qid}",
                 gcloud("beta", "quotas", "info", "describe", qid, "--service=compute.googleapis.com",
@@ -286,7 +285,7 @@ def quota_value(info: Any, region: str, dims: dict[str, str]) -> int | None:
     return None if best is None else best[1]
 
 
-def quota_step(env: Env) -> Step:
+def quota_step(env: Environment) -> Step:
     need = env.slices * chips(env.topology)
     if env.capacity == "reservation":
         return Step(PLAY, "TPU quota", lambda look: ok(
@@ -325,7 +324,7 @@ def quota_step(env: Env) -> Step:
                 probes=tuple(quota_fact(env, q) for q in quotas))
 
 
-def reservation_fact(env: Env) -> Fact:
+def reservation_fact(env: Environment) -> Fact:
     owner, name = reservation_parts(env)
     return fact(f"reservation {name}",
                 gcloud("compute", "reservations", "describe", name, f"--zone={env.zone}", "--format=json",
@@ -359,7 +358,7 @@ def free_hosts(r: Any) -> int:
         return 0
 
 
-def reservation_step(env: Env) -> Step:
+def reservation_step(env: Environment) -> Step:
     owner, name = reservation_parts(env) if env.capacity == "reservation" else ("", "")
     need = env.slices * env.hosts_per_slice
 
@@ -393,7 +392,7 @@ def reservation_step(env: Env) -> Step:
                 probes=(reservation_fact(env),))
 
 
-def steps(env: Env) -> list[Step]:
+def steps(env: Environment) -> list[Step]:
     """The capacity preflight: read-only, so it runs first, before any
     create. Autopilot has no node pools of ours, but the same chips."""
     if env.kind == "local":

@@ -10,14 +10,14 @@ from ..clients import fact
 from ..core.command import placeholder
 from ..core.errors import ProbeFailed
 from ..core.facts import ABSENT, Completed
-from ..core.inventory import Env
 from ..core.step import Step, change, fail
 from ..gke import kube
+from ..schema import Environment
 from . import local
 from .cluster import credentials_step
 
 
-def first_worker_fact(env: Env):
+def first_worker_fact(env: Environment):
     c = kube(env, "get", "pods", "-l", T.WORKER_SELECTOR, "--namespace", env.namespace,
              "-o", "jsonpath={.items[0].metadata.name}")
     c = dataclasses.replace(c, binds="POD")
@@ -33,7 +33,7 @@ def first_worker_fact(env: Env):
     return fact("a Ray TPU worker pod", c, parse, assumed=placeholder("POD"))
 
 
-def delete_step(env: Env) -> Step:
+def delete_step(env: Environment) -> Step:
     probe = first_worker_fact(env)
 
     def decide(look):
@@ -46,7 +46,7 @@ def delete_step(env: Env) -> Step:
                 after=("kube:credentials",))
 
 
-def steps(env: Env, restore_after: float = 60.0) -> list[Step]:
+def steps(env: Environment, restore_after: float = 60.0) -> list[Step]:
     if env.kind == "local":
         return local.chaos_steps(env, restore_after)
     # KubeRay recreates the deleted pod itself: nothing to restore.

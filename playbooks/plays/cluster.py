@@ -12,15 +12,15 @@ from ..clients import gcloud
 from ..core.connector import Connector
 from ..core.errors import ProbeFailed
 from ..core.facts import ABSENT, Fact
-from ..core.inventory import Env
 from ..core.step import Step, Verify, change, drift, fail, ok, wait
 from ..gke import clusters_fact, kube_context, location
+from ..schema import Environment
 
 PLAY = "cluster"
 CREATE_TIMEOUT = 45 * 60
 
 
-def create_command(env: Env):
+def create_command(env: Environment):
     if env.mode == "autopilot":
         # The tutorial also passes --machine-type=n1-standard-16 here, but
         # gcloud 528 rejects it for create-auto (exit 2, "unrecognized
@@ -34,7 +34,7 @@ def create_command(env: Env):
                   f"--cluster-version={env.cluster_version}", project=env.project_id)
 
 
-def shape_diffs(env: Env, c: Any) -> list[str]:
+def shape_diffs(env: Environment, c: Any) -> list[str]:
     diffs = []
     where = c.get("location") or c.get("zone")
     if where != location(env):
@@ -52,7 +52,7 @@ def shape_diffs(env: Env, c: Any) -> list[str]:
     return diffs
 
 
-def cluster_step(env: Env) -> Step:
+def cluster_step(env: Environment) -> Step:
     probe = clusters_fact(env)
 
     def decide(look):
@@ -110,7 +110,7 @@ def read_kubeconfig(via: Connector) -> dict:
     return merged
 
 
-def kubeconfig_fact(env: Env):
+def kubeconfig_fact(env: Environment):
     via = hosts.connector(env)
     return Fact(name="kubeconfig", python=lambda: read_kubeconfig(via),
                 display="kubectl config view --output=json  (its files read: $KUBECONFIG, else ~/.kube/config)",
@@ -131,7 +131,7 @@ def has_context(cfg: Any, name: str) -> bool:
 ENDPOINT_FLAGS = {"public": (), "dns": ("--dns-endpoint",), "internal": ("--internal-ip",)}
 
 
-def credentials_step(env: Env, play: str = PLAY) -> Step:
+def credentials_step(env: Environment, play: str = PLAY) -> Step:
     """get-credentials writes (and selects) the cluster's kubeconfig context.
     Every kubectl command names that context, so another current context can
     never send them to the wrong cluster."""
@@ -151,5 +151,5 @@ def credentials_step(env: Env, play: str = PLAY) -> Step:
                 verify=Verify(probe, lambda cfg: None if has_context(cfg, name) else f"no context {name}"))
 
 
-def steps(env: Env) -> list[Step]:
+def steps(env: Environment) -> list[Step]:
     return [cluster_step(env), credentials_step(env)]

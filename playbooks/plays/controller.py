@@ -9,9 +9,9 @@ import hashlib
 
 from .. import hosts
 from ..core.facts import Action, Fact
-from ..core.inventory import Env
 from ..core.step import Step, Verify, change, ok
 from ..project import ROOT
+from ..schema import Environment
 
 PLAY = "controller"
 SYNCED = ("manifests", "trainer")
@@ -32,7 +32,7 @@ def _digest(data: bytes | None) -> str | None:
     return hashlib.sha256(data).hexdigest() if data is not None else None
 
 
-def stale(env: Env) -> list[str]:
+def stale(env: Environment) -> list[str]:
     """The project files whose copy on the controller is missing or differs."""
     via = hosts.connector(env)
     out = []
@@ -43,7 +43,7 @@ def stale(env: Env) -> list[str]:
     return out
 
 
-def sync_step(env: Env) -> Step:
+def sync_step(env: Environment) -> Step:
     target = hosts.controller(env)
     files = project_files()
     fact = Fact(name="controller files", python=lambda: stale(env), assumed=files,
@@ -66,7 +66,7 @@ def sync_step(env: Env) -> Step:
                 verify=Verify(fact, lambda s: None if not s else f"{len(s)} file(s) still differ"))
 
 
-def on_controller(env: Env, steps: list[Step]) -> list[Step]:
+def on_controller(env: Environment, steps: list[Step]) -> list[Step]:
     """With a controller: the sync first, and every other step after it."""
     if not hosts.controller(env) or not steps:
         return steps

@@ -8,37 +8,37 @@ from .. import hosts, rayapi
 from .. import tutorial as T
 from ..core.command import Command, quote
 from ..core.facts import ABSENT, Action, Fact, assume
-from ..core.inventory import Env
 from ..core.play import Outcome, StepContext
 from ..core.procs import PidFile
 from ..core.recap import CHANGED, FAILED, OK
 from ..core.step import Step
 from ..gke import kube, workers
 from ..rayapi import version_fact
+from ..schema import Environment
 from .cluster import credentials_step
 
 PLAY = "dashboard"
 
 
-def address(env: Env) -> str:
+def address(env: Environment) -> str:
     if env.kind == "local":
         return f"http://{env.ray_ip}:{env.dashboard_port}"
     return f"http://localhost:{env.dashboard_port}"
 
 
-def forward_pidfile(env: Env) -> PidFile:
+def forward_pidfile(env: Environment) -> PidFile:
     """On the host that runs the port-forward (this machine or the
     controller), so a later run finds and stops it."""
     return PidFile(f".state/{env.name}", "port-forward", marker="port-forward", via=hosts.connector(env))
 
 
-def forward_command(env: Env) -> Command:
+def forward_command(env: Environment) -> Command:
     return Command(kube(env, "port-forward", f"svc/{T.HEAD_SERVICE}", f"{env.dashboard_port}:{T.DASHBOARD_PORT}",
                         "--namespace", env.namespace).argv,
                    background=True, log=f".state/{env.name}/port-forward.log")
 
 
-def forward_step(env: Env) -> Step:
+def forward_step(env: Environment) -> Step:
     version = version_fact(address(env), hosts.connector(env))
     pf = forward_pidfile(env)
 
@@ -65,7 +65,7 @@ def forward_step(env: Env) -> Step:
                 after=("raycluster:apply", "kube:credentials"), probes=(version,))
 
 
-def nodes_fact(env: Env) -> Fact:
+def nodes_fact(env: Environment) -> Fact:
     """The tutorial's `ray list nodes --address ...`, read from the State API
     endpoint that command calls (no process: the ray CLI alone costs seconds
     of CPU, the request milliseconds). A dry run assumes no answer."""
@@ -79,7 +79,7 @@ def count(nodes: Any) -> tuple[int, int]:
     return heads, tpus
 
 
-def nodes_step(env: Env) -> Step:
+def nodes_step(env: Environment) -> Step:
     probe = nodes_fact(env)
     want = workers(env)
 
@@ -98,7 +98,7 @@ def nodes_step(env: Env) -> Step:
                 probes=(probe,))
 
 
-def steps(env: Env) -> list[Step]:
+def steps(env: Environment) -> list[Step]:
     if env.kind == "local":
         return [nodes_step(env)]
     return [credentials_step(env, PLAY), forward_step(env), nodes_step(env)]

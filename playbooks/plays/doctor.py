@@ -20,11 +20,11 @@ from ..clients import fact, gcloud, json_object, text_value
 from ..core.command import PLACEHOLDER, Command
 from ..core.errors import ProbeFailed
 from ..core.facts import ABSENT, Action, Completed
-from ..core.inventory import Env
 from ..core.play import Outcome, StepContext
 from ..core.recap import FAILED, OK
 from ..core.step import Step, fail, ok
 from ..project import ROOT
+from ..schema import Environment
 from ..versions import installed, pinned, ray_version
 
 PLAY = "doctor"
@@ -53,7 +53,7 @@ TOOLS = {  # name: (argv, version pattern, needed for)
 }
 
 
-def tool_step(env: Env, name: str) -> Step:
+def tool_step(env: Environment, name: str) -> Step:
     argv, pattern, need = TOOLS[name]
     probe = fact(f"{name} version", Command(argv), _version(pattern), assumed="?")
     if need == "gke" and env.kind == "local":
@@ -90,7 +90,7 @@ def sdk_root() -> Path | None:
     return root if (root / "lib" / "googlecloudsdk").is_dir() else None
 
 
-def gcloud_lines(env: Env) -> list[list[str]]:
+def gcloud_lines(env: Environment) -> list[list[str]]:
     """The gcloud argv (without "gcloud") of every command of the plan,
     placeholders given sample values."""
     from ..plan import all_commands
@@ -113,7 +113,7 @@ def parse_results(c: Completed) -> list[dict]:
     return [json.loads(l) for l in c.stdout.splitlines() if l.strip()]
 
 
-def parse_step(env: Env) -> Step:
+def parse_step(env: Environment) -> Step:
     lines = gcloud_lines(env)
     path = ROOT / ".state" / env.name / "gcloud-lines.jsonl"
     rel = str(path.relative_to(ROOT))
@@ -162,7 +162,7 @@ def cli_parse(ctx: StepContext, argv: list[str]) -> dict:
 
 
 # -- what will stop a run: credentials, the project, the cluster's context --------
-def account_step(env: Env) -> Step:
+def account_step(env: Environment) -> Step:
     probe = fact("gcloud credentials", gcloud("config", "list", "--format=json"), json_object(),
                  assumed={"core": {"account": "${ACCOUNT}"}},
                  describe=lambda c: ((c.get("core") or {}).get("account") or
@@ -183,7 +183,7 @@ def account_step(env: Env) -> Step:
                 skip="a local environment runs no gcloud command" if env.kind == "local" else None)
 
 
-def project_step(env: Env) -> Step:
+def project_step(env: Environment) -> Step:
     if env.kind == "local":
         return Step(PLAY, "project access", lambda look: ok(), id="doctor:project",
                     skip="a local environment uses no project")
@@ -197,7 +197,7 @@ def project_step(env: Env) -> Step:
     return Step(PLAY, f"project {env.project_id}", decide, id="doctor:project", after=("doctor:account",))
 
 
-def context_step(env: Env) -> Step:
+def context_step(env: Environment) -> Step:
     if env.kind == "local":
         return Step(PLAY, "kubectl context", lambda look: ok(), id="doctor:context",
                     skip="a local environment has no Kubernetes cluster")
@@ -222,6 +222,6 @@ def context_step(env: Env) -> Step:
                 after=("doctor:project",))
 
 
-def steps(env: Env) -> list[Step]:
+def steps(env: Environment) -> list[Step]:
     return ([tool_step(env, n) for n in TOOLS] + [maxtext_step(), account_step(env), project_step(env),
                                                   context_step(env), parse_step(env)])

@@ -18,7 +18,6 @@ from .. import hosts
 from .. import tutorial as T
 from ..core.command import Command, quote
 from ..core.facts import ABSENT, Action, Fact, assume
-from ..core.inventory import Env
 from ..core.play import Outcome, StepContext
 from ..core.procs import PidFile, running_fact
 from ..core.recap import CHANGED, FAILED, OK
@@ -26,6 +25,7 @@ from ..core.step import Step, poll
 from ..local_ports import LOCAL_PORTS_FIRST_NODE, LOCAL_PORTS_PER_NODE, local_port_span
 from ..project import ROOT
 from ..rayapi import alive, labels, list_nodes, nodes_fact, version_fact
+from ..schema import Environment
 from ..tpu import chips
 
 PLAY = "local"
@@ -33,7 +33,7 @@ HEAD = "head"
 START_TIMEOUT = 90.0
 
 
-def state_dir(env: Env) -> Path:
+def state_dir(env: Environment) -> Path:
     return ROOT / ".state" / env.name
 
 
@@ -44,25 +44,25 @@ def rel(p: Path) -> str:
         return str(p)
 
 
-def address(env: Env) -> str:
+def address(env: Environment) -> str:
     return f"http://{env.ray_ip}:{env.dashboard_port}"
 
 
-def host_names(env: Env) -> list[tuple[str, int, int]]:
+def host_names(env: Environment) -> list[tuple[str, int, int]]:
     """(name, slice, worker id): pod-like names, as KubeRay names TPU pods."""
     return [(f"{T.TPU_WORKER_GROUP}-{s}-{w}", s, w) for s in range(env.slices) for w in range(env.hosts_per_slice)]
 
 
-def pidfile(env: Env, name: str) -> PidFile:
+def pidfile(env: Environment, name: str) -> PidFile:
     marker = "ray start --head" if name == HEAD else "ray start --address"
     return PidFile(state_dir(env) / "nodes", name, marker, via=hosts.local())
 
 
-def _log(env: Env, name: str) -> str:
+def _log(env: Environment, name: str) -> str:
     return rel(state_dir(env) / "logs" / f"{name}.log")
 
 
-def node_ports(env: Env, k: int) -> tuple[str, ...]:
+def node_ports(env: Environment, k: int) -> tuple[str, ...]:
     """Ports of node k (0: the head) that Ray would otherwise take from fixed
     defaults (the agent's 52365, the client server's 10001): explicit and
     distinct, so two local clusters (or a user's own Ray) can coexist."""
@@ -71,12 +71,12 @@ def node_ports(env: Env, k: int) -> tuple[str, ...]:
             f"--runtime-env-agent-port={p + 2}", f"--metrics-export-port={p + 3}")
 
 
-def port_range(env: Env) -> tuple[int, int]:
+def port_range(env: Environment) -> tuple[int, int]:
     """The ports a local cluster uses besides the dashboard: gcs_port and up."""
     return env.gcs_port, env.gcs_port + local_port_span(env.slices, env.hosts_per_slice)
 
 
-def head_command(env: Env) -> Command:
+def head_command(env: Environment) -> Command:
     return Command(("ray", "start", "--head", "--block", f"--node-ip-address={env.ray_ip}", f"--port={env.gcs_port}",
                     f"--dashboard-host={env.ray_ip}", f"--dashboard-port={env.dashboard_port}",
                     f"--ray-client-server-port={env.gcs_port + 1}", *node_ports(env, 0), "--num-cpus=1",
@@ -84,11 +84,11 @@ def head_command(env: Env) -> Command:
                    background=True, log=_log(env, HEAD))
 
 
-def pod_type(env: Env) -> str:
+def pod_type(env: Environment) -> str:
     return f"v6e-{chips(env.topology)}"
 
 
-def host_command(env: Env, name: str, slice_: int, worker: int) -> Command:
+def host_command(env: Environment, name: str, slice_: int, worker: int) -> Command:
     k = 1 + slice_ * env.hosts_per_slice + worker
     # One log monitor (the head's) forwards every node's logs on this machine;
     # a second one would print each line twice.
@@ -101,7 +101,7 @@ def host_command(env: Env, name: str, slice_: int, worker: int) -> Command:
                    background=True, log=_log(env, name))
 
 
-def pid_fact(env: Env, name: str) -> Fact:
+def pid_fact(env: Environment, name: str) -> Fact:
     pf = pidfile(env, name)
     return running_fact(pf, rel(pf.path))
 
@@ -115,10 +115,15 @@ def registered(nodes, slice_: int, worker: int) -> bool:
     return False
 
 
-def _spawn(ctx: StepContext, env: Env, name: str, command: Command) -> None:
+def _spawn(ctx: StepContext, env: Environment, name: str, command: Command) -> None:
     pf = pidfile(env, name)
-    pid = ctx.spawn(command)
-    ctx.act(Action(f"echo $! > {quote(rel(pf.path))}", lambda: pf.write(pid, node=name)))
+    pid = ctx.spawn(command)  # None when not acting: then the action does not run either
+
+    def record() -> None:
+        if pid is not None:
+            pf.write(pid, node=name)
+
+    ctx.act(Action(f"echo $! > {quote(rel(pf.path))}", record))
 
 
 def _wait(ctx: StepContext, what: str, check, timeout: float = START_TIMEOUT, interval: float = 2.0) -> str | None:
@@ -131,7 +136,7 @@ def _wait(ctx: StepContext, what: str, check, timeout: float = START_TIMEOUT, in
     return why
 
 
-def head_step(env: Env) -> Step:
+def head_step(env: Environment) -> Step:
     pidf, version = pid_fact(env, HEAD), version_fact(address(env))
 
     def run(ctx: StepContext) -> Outcome:
@@ -168,7 +173,7 @@ def head_step(env: Env) -> Step:
     return Step(PLAY, f"Ray head {address(env)}", run=run, id="local:head", probes=(pidf, version))
 
 
-def host_step(env: Env, name: str, slice_: int, worker: int, play: str = PLAY) -> Step:
+def host_step(env: Environment, name: str, slice_: int, worker: int, play: str = PLAY) -> Step:
     pidf, nodes = pid_fact(env, name), nodes_fact(address(env))
 
     def run(ctx: StepContext) -> Outcome:
@@ -200,12 +205,12 @@ def host_step(env: Env, name: str, slice_: int, worker: int, play: str = PLAY) -
                 probes=(pidf, nodes))
 
 
-def _nodes(env: Env) -> list:
+def _nodes(env: Environment) -> list:
     nodes = list_nodes(address(env))
     return [] if nodes is ABSENT else nodes
 
 
-def steps(env: Env) -> list[Step]:
+def steps(env: Environment) -> list[Step]:
     """Bring the local cluster up (a running one is reused). Hosts join one
     after another: Ray nodes starting at once on one machine race for ports."""
     out = [head_step(env)]
@@ -216,7 +221,7 @@ def steps(env: Env) -> list[Step]:
     return out
 
 
-def stop_step(env: Env, name: str, play: str = "teardown") -> Step:
+def stop_step(env: Environment, name: str, play: str = "teardown") -> Step:
     pidf = assume(pid_fact(env, name), True)
     pf = pidfile(env, name)
 
@@ -233,11 +238,11 @@ def stop_step(env: Env, name: str, play: str = "teardown") -> Step:
                 verify=Verify(pidf, lambda a: "still running" if a else None, timeout=30, interval=1))
 
 
-def stop_steps(env: Env, play: str = "teardown") -> list[Step]:
+def stop_steps(env: Environment, play: str = "teardown") -> list[Step]:
     return [stop_step(env, n, play) for n, _, _ in reversed(host_names(env))] + [stop_step(env, HEAD, play)]
 
 
-def chaos_steps(env: Env, restore_after: float) -> list[Step]:
+def chaos_steps(env: Environment, restore_after: float) -> list[Step]:
     """Kill one simulated TPU host at once, as a preempted VM dies; bring it
     back after ``restore_after`` seconds (0: leave it down)."""
     names = host_names(env)
@@ -249,8 +254,11 @@ def chaos_steps(env: Env, restore_after: float) -> list[Step]:
             if ctx.look(facts[n]) or ctx.mode.value == "dry-run":
                 chosen["host"] = (n, s, w)
                 pf = pidfile(env, n)
-                ctx.act(Action(f"kill -KILL $(cat {quote(rel(pf.path))})  # with its child processes",
-                               lambda pf=pf: hosts.local().kill(pf.pid() or -1)))
+
+                def kill(pf: PidFile = pf) -> None:
+                    hosts.local().kill(pf.pid() or -1)
+
+                ctx.act(Action(f"kill -KILL $(cat {quote(rel(pf.path))})  # with its child processes", kill))
                 return Outcome(CHANGED, f"killed TPU host {n}" if ctx.acting else f"would kill TPU host {n}")
         return Outcome(FAILED, "no simulated TPU host is running: run `invoke up` first")
 
@@ -260,7 +268,9 @@ def chaos_steps(env: Env, restore_after: float) -> list[Step]:
         def run_restore(ctx: StepContext) -> Outcome:
             n, s, w = chosen.get("host", names[0])
             ctx.act(Action(f"sleep {restore_after:g}", lambda: time.sleep(restore_after)))
-            return host_step(env, n, s, w, play="chaos").run(ctx)
+            back = host_step(env, n, s, w, play="chaos")
+            assert back.run is not None
+            return back.run(ctx)
 
         out.append(Step("chaos", "bring the TPU host back", run=run_restore,
                         idempotent=False, id="chaos:restore", after=("chaos:kill",)))

@@ -6,9 +6,9 @@ from typing import Any
 from .. import tutorial as T
 from ..clients import gcloud
 from ..core.facts import ABSENT
-from ..core.inventory import Env
 from ..core.step import Step, Verify, change, drift, ok
 from ..gke import network_id, network_name, networks_fact, subnet_id, subnet_name, subnet_range, subnets_fact
+from ..schema import Environment
 
 PLAY = "network"
 
@@ -17,7 +17,7 @@ def _last(url: Any) -> str:
     return str(url or "").rsplit("/", 1)[-1]
 
 
-def network_step(env: Env, i: int) -> Step:
+def network_step(env: Environment, i: int) -> Step:
     name = network_name(env, i)
     probe = networks_fact(env, name)
 
@@ -40,7 +40,7 @@ def network_step(env: Env, i: int) -> Step:
                               else "network not found" if n is ABSENT else f"mtu is {n.get('mtu')}"))
 
 
-def subnet_step(env: Env, i: int) -> Step:
+def subnet_step(env: Environment, i: int) -> Step:
     name, net, rng = subnet_name(env, i), network_name(env, i), subnet_range(env, i)
     probe = subnets_fact(env, name)
 
@@ -64,7 +64,7 @@ def subnet_step(env: Env, i: int) -> Step:
                               else "subnet not found" if s is ABSENT else f"range is {s.get('ipCidrRange')}"))
 
 
-def steps(env: Env) -> list[Step]:
+def steps(env: Environment) -> list[Step]:
     if env.mode == "autopilot":
         from .autopilot import NETWORKS_SKIP
         return [Step(PLAY, "DCN networks", lambda look: ok(), id="network:autopilot", skip=NETWORKS_SKIP)]

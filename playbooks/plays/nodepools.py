@@ -8,9 +8,9 @@ from .. import tutorial as T
 from ..clients import gcloud
 from ..core.errors import PlaybookError
 from ..core.facts import ABSENT
-from ..core.inventory import Env
 from ..core.step import Broken, Step, Verify, change, drift, fail, ok, wait
 from ..gke import location, network_name, nodepool_name, nodepools_fact, subnet_id, subnet_name
+from ..schema import Environment
 from . import capacity as cap
 
 PLAY = "nodepools"
@@ -25,7 +25,7 @@ AUTOPILOT_SKIP = ("Autopilot has no node pools to create: it provisions the TPU 
 PATIENCE = 30 * 60
 
 
-def create_command(env: Env, name: str):
+def create_command(env: Environment, name: str):
     """The tutorial's command, every flag kept, and the capacity's flags
     (capacity.pool_flags; flex-start starts with 0 nodes and autoscales to
     one slice). A single-host slice (one VM has all its chips) is created
@@ -48,7 +48,7 @@ def _patient(c):
     return dataclasses.replace(c, patience=PATIENCE)
 
 
-def delete_command(env: Env, name: str):
+def delete_command(env: Environment, name: str):
     return _patient(gcloud("container", "node-pools", "delete", name, f"--location={location(env)}",
                            f"--cluster={env.cluster_name}", project=env.project_id, quiet=True))
 
@@ -57,7 +57,7 @@ def _last(v: Any) -> str:
     return str(v or "").rsplit("/", 1)[-1]
 
 
-def shape_diffs(env: Env, p: Any) -> list[str]:
+def shape_diffs(env: Environment, p: Any) -> list[str]:
     diffs = []
     cfg = p.get("config") or {}
     if cfg.get("machineType") != env.machine_type:
@@ -82,7 +82,7 @@ def shape_diffs(env: Env, p: Any) -> list[str]:
     return diffs
 
 
-def pool_step(env: Env, i: int) -> Step:
+def pool_step(env: Environment, i: int) -> Step:
     name = nodepool_name(env, i)
     probe = nodepools_fact(env, name)
 
@@ -143,7 +143,7 @@ def pool_step(env: Env, i: int) -> Step:
 CHIPS_TO_SAY = 64
 
 
-def chips_step(env: Env, play: str) -> list[Step]:
+def chips_step(env: Environment, play: str) -> list[Step]:
     """A line with the total, before more than CHIPS_TO_SAY chips are made."""
     from ..tpu import chips
     per_slice = chips(env.topology)
@@ -155,7 +155,7 @@ def chips_step(env: Env, play: str) -> list[Step]:
     return [Step(play, "TPU chips", lambda look: ok(f"this environment asks for {what}"), id=f"{play}:chips")]
 
 
-def steps(env: Env) -> list[Step]:
+def steps(env: Environment) -> list[Step]:
     if env.mode == "autopilot":
         return [Step(PLAY, "TPU node pools", lambda look: ok(), skip=AUTOPILOT_SKIP, id="nodepools:all")]
     return chips_step(env, PLAY) + [pool_step(env, i) for i in range(env.slices)]

@@ -29,7 +29,6 @@ import yaml
 from .. import tutorial as T
 from ..core.command import Command
 from ..core.facts import ABSENT, Fact
-from ..core.inventory import Env
 from ..core.lock import machine_lock
 from ..core.play import Outcome, StepContext
 from ..core.recap import FAILED, OK, SKIPPED
@@ -37,6 +36,7 @@ from ..core.render import render
 from ..core.step import Step
 from ..maxtext_args import as_text, model_config, overrides_model
 from ..project import ROOT
+from ..schema import Environment
 from ..tpu import chips
 from ..versions import installed
 
@@ -50,7 +50,7 @@ def _base() -> dict:
     return yaml.safe_load((ROOT / "trainer" / T.BASE_CONFIG).read_text())
 
 
-def slice_devices(env: Env) -> int:
+def slice_devices(env: Environment) -> int:
     """Devices in one slice: TPU chips on GKE, JAX CPU devices locally."""
     if env.kind == "local":
         return env.hosts_per_slice * env.devices_per_host
@@ -84,7 +84,7 @@ def _mesh_rule(axes: dict[str, int], target: int, what: str) -> str | None:
     return None
 
 
-def static_checks(env: Env, job) -> list[str]:
+def static_checks(env: Environment, job) -> list[str]:
     """Each violation: one line with the numbers."""
     out: list[str] = []
     args = dict(job.args)
@@ -135,7 +135,7 @@ def static_checks(env: Env, job) -> list[str]:
     return out
 
 
-def _megascale(env: Env) -> str | None:
+def _megascale(env: Environment) -> str | None:
     from .raycluster import manifest_values
     text = render((ROOT / T.RAYCLUSTER_MANIFEST).read_text(), manifest_values(env))
     for doc in yaml.safe_load_all(text):
@@ -209,15 +209,17 @@ class Fit:
         if self.error:
             return [f"the job does not compile: {self.error}"]
         if not self.fits:
-            return [f"does NOT fit: its temporaries alone need {self.needed:.2f} GiB per chip, the chip has "
-                    f"{self.capacity:.2f} GiB of HBM (short by {self.needed - self.capacity:.2f} GiB)"]
+            needed = self.needed or 0.0
+            return [f"does NOT fit: its temporaries alone need {needed:.2f} GiB per chip, the chip has "
+                    f"{self.capacity:.2f} GiB of HBM (short by {needed - self.capacity:.2f} GiB)"]
         out = ["fits, per chip:"]
         if self.arguments is not None:
             out.append(f"  arguments {self.arguments:.2f} GiB, outputs {self.outputs:.2f} GiB "
                        f"({self.aliased:.2f} GiB of them aliased to arguments), temporaries {self.temporaries:.2f} GiB")
         if self.total is not None:
-            out.append(f"  total {self.total:.2f} GiB of {self.capacity:.2f} GiB HBM: margin {self.margin:.2f} GiB "
-                       f"({100 * self.margin / self.capacity:.1f}%)"
+            margin = self.capacity - self.total
+            out.append(f"  total {self.total:.2f} GiB of {self.capacity:.2f} GiB HBM: margin {margin:.2f} GiB "
+                       f"({100 * margin / self.capacity:.1f}%)"
                        + (f"; host memory {self.host:.2f} GiB (offloaded)" if self.host else ""))
         return out
 
@@ -242,17 +244,15 @@ def parse_compile(text: str, tpu_log: str = "", seconds: float = 0.0) -> Fit:
                   and "E0000" not in l and "unexpected worker hostname" not in l]
         return Fit(False, seconds, error=(errors[-1].strip() if errors else "no memory analysis in its output"))
     stats = {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", mem.group(1))}
-    fit = Fit(True, seconds,
-              arguments=stats.get("argument_size_in_bytes", 0) / GIB,
-              outputs=stats.get("output_size_in_bytes", 0) / GIB,
-              aliased=stats.get("alias_size_in_bytes", 0) / GIB,
-              temporaries=stats.get("temp_size_in_bytes", 0) / GIB)
+    arguments, outputs, aliased, temporaries = (stats.get(f"{k}_size_in_bytes", 0) / GIB
+                                                for k in ("argument", "output", "alias", "temp"))
+    fit = Fit(True, seconds, arguments=arguments, outputs=outputs, aliased=aliased, temporaries=temporaries)
     # The compiler's own account (libtpu's log) is the one it fits against;
     # the stats above, summed, overstate it.
     if (t := TOTAL.search(tpu_log)):
         fit.total = _gib(*t.groups())
     else:
-        fit.total = fit.arguments + fit.outputs - fit.aliased + fit.temporaries
+        fit.total = arguments + outputs - aliased + temporaries
     if (p := PROGRAM.search(tpu_log)):
         fit.capacity = _gib(p.group(3), p.group(4))
     if (h := HOST.search(tpu_log)):
@@ -260,7 +260,7 @@ def parse_compile(text: str, tpu_log: str = "", seconds: float = 0.0) -> Fit:
     return fit
 
 
-def compile_args(env: Env, job, extra: tuple[tuple[str, str], ...] = (), slices: int | None = None) -> list[str]:
+def compile_args(env: Environment, job, extra: tuple[tuple[str, str], ...] = (), slices: int | None = None) -> list[str]:
     """The job's own arguments, for the TPU topology it would run on (every
     slice, for an elastic job)."""
     args = dict(job.args)
@@ -377,7 +377,7 @@ def _cache_hit(ctx: StepContext, args: list[str]) -> Fit | None:
     return hit
 
 
-def fit(ctx: StepContext, env: Env, job, extra=(), slices: int | None = None) -> Fit | None:
+def fit(ctx: StepContext, env: Environment, job, extra=(), slices: int | None = None) -> Fit | None:
     """The fit of the job (plus ``extra`` settings), from the cache or a compile."""
     args = compile_args(env, job, extra, slices)
     what = f"compiling for {slices or env.slices} x v6e-{chips(env.topology)}"
@@ -401,7 +401,7 @@ def fit(ctx: StepContext, env: Env, job, extra=(), slices: int | None = None) ->
 
 
 # -- steps ----------------------------------------------------------------------
-def static_step(env: Env, job) -> Step:
+def static_step(env: Environment, job) -> Step:
     def decide(look):
         from ..core.step import fail, ok
         problems = static_checks(env, job)
@@ -420,7 +420,7 @@ def set_line(extra) -> str:
     return " ".join(f"--set {k}={v}" for k, v in extra)
 
 
-def ready_command(env: Env, job, extra) -> str:
+def ready_command(env: Environment, job, extra) -> str:
     prefix = f"INVOKE_PLAYBOOK_ENV={env.name} " if env.name else ""
     flags = [f"--model={job.model}"] + (["--elastic"] if job.elastic else [])
     preset = next((name for name, ov in PRESETS.get(job.model, {}).items() if tuple(ov) == tuple(extra)), None)
@@ -428,7 +428,7 @@ def ready_command(env: Env, job, extra) -> str:
     return f"{prefix}invoke train {' '.join(flags)} {tail}"
 
 
-def fit_step(env: Env, job, search: bool) -> Step:
+def fit_step(env: Environment, job, search: bool) -> Step:
     def run(ctx: StepContext) -> Outcome:
         if env.kind == "local":
             return Outcome(SKIPPED, "a local environment trains on CPU: the fit check is for TPU HBM")
@@ -500,5 +500,5 @@ def dcn_following_slices(job) -> tuple[tuple[str, str], ...]:
     return ((largest, "-1"),) + tuple((k, "1") for k in filled)
 
 
-def steps(env: Env, job, search: bool = True) -> list[Step]:
+def steps(env: Environment, job, search: bool = True) -> list[Step]:
     return [static_step(env, job), fit_step(env, job, search)]

@@ -5,8 +5,8 @@ from typing import Any
 
 from .. import tutorial as T
 from ..clients import fact, gcloud, json_list, json_object
-from ..core.inventory import Env
 from ..core.step import Step, Verify, change, ok
+from ..schema import Environment
 
 PLAY = "prereqs"
 
@@ -20,14 +20,14 @@ def _enabled_services(items: list) -> set[str]:
     return out
 
 
-def services_fact(env: Env):
+def services_fact(env: Environment):
     return fact("enabled services",
                 gcloud("services", "list", "--enabled", "--format=json", project=env.project_id),
                 json_list(_enabled_services), assumed=set(),
                 describe=lambda s: "enabled: " + (", ".join(x for x in T.SERVICES if x in s) or "none of the needed"))
 
 
-def policy_fact(env: Env):
+def policy_fact(env: Environment):
     return fact(f"IAM policy of {env.project_id}",
                 gcloud("projects", "get-iam-policy", env.project_id, "--format=json"),
                 json_object(), assumed={"bindings": []},
@@ -41,7 +41,7 @@ def has_binding(policy: Any, role: str, member: str) -> bool:
     return False
 
 
-def steps(env: Env) -> list[Step]:
+def steps(env: Environment) -> list[Step]:
     out: list[Step] = []
     svc = services_fact(env)
 
@@ -69,9 +69,11 @@ def steps(env: Env) -> list[Step]:
                                  f"--member={member}", f"--role={role}"),
                           reason=f"granted {role}")
 
+        def granted(p, role: str = role) -> str | None:
+            return None if has_binding(p, role, member) else f"{member} lacks {role}"
+
         out.append(Step(PLAY, f"role {role}", decide,
-                        verify=Verify(pol, lambda p, role=role: None if has_binding(p, role, member)
-                                      else f"{member} lacks {role}", timeout=60, interval=5),
+                        verify=Verify(pol, granted, timeout=60, interval=5),
                         id=f"prereqs:{role}", after=previous))
         # One at a time: each binding rewrites the project's IAM policy
         # (read, modify, write with an etag), so two at once would race.

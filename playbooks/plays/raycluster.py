@@ -11,11 +11,11 @@ from .. import tutorial as T
 from ..core.command import Command
 from ..core.errors import PlaybookError
 from ..core.facts import ABSENT
-from ..core.inventory import Env
 from ..core.render import envsubst, leftover
 from ..core.step import Step, Verify, change, drift, ok, wait
 from ..gke import kube, kube_get, raycluster_fact, workers
 from ..project import ROOT
+from ..schema import Environment
 from ..versions import installed
 from . import autopilot, capacity
 from .cluster import credentials_step
@@ -34,11 +34,11 @@ CLAIMS = {
 }
 
 
-def claim_name(env: Env) -> str:
+def claim_name(env: Environment) -> str:
     return CLAIMS[env.mode][0]
 
 
-def worker_node_selector(env: Env) -> dict[str, str]:
+def worker_node_selector(env: Environment) -> dict[str, str]:
     """The tutorial's three labels, then the capacity's (Standard) or the
     ComputeClass (Autopilot, whose priorities carry the capacity)."""
     sel = {"iam.gke.io/gke-metadata-server-enabled": "true",
@@ -51,7 +51,7 @@ def worker_node_selector(env: Env) -> dict[str, str]:
     return sel
 
 
-def manifest_values(env: Env) -> dict[str, str]:
+def manifest_values(env: Environment) -> dict[str, str]:
     name, request = CLAIMS[env.mode]
     return {
         "NAMESPACE": env.namespace,
@@ -69,7 +69,7 @@ def manifest_values(env: Env) -> dict[str, str]:
     }
 
 
-def apply_command(env: Env) -> Command:
+def apply_command(env: Environment) -> Command:
     """``envsubst < manifest | kubectl apply -f -``, as the tutorial writes it,
     with envsubst limited to the manifest's variables and its output checked."""
     render = envsubst(T.RAYCLUSTER_MANIFEST, manifest_values(env), root=ROOT)
@@ -102,7 +102,7 @@ def _worker_group(rc: Any) -> dict:
     return {}
 
 
-def shape_diffs(env: Env, rc: Any) -> list[str]:
+def shape_diffs(env: Environment, rc: Any) -> list[str]:
     g = _worker_group(rc)
     if not g:
         return [f"no worker group {T.TPU_WORKER_GROUP!r}"]
@@ -130,7 +130,7 @@ def shape_diffs(env: Env, rc: Any) -> list[str]:
 ready = k8s.ready
 
 
-def apply_step(env: Env) -> Step:
+def apply_step(env: Environment) -> Step:
     probe = raycluster_fact(env)
     claims = kube_get(env, "resourceclaimtemplate", claim_name(env), env.namespace)
 
@@ -156,7 +156,7 @@ def apply_step(env: Env) -> Step:
             return f"{why} (waiting for flex-start capacity: the nodes come when GKE finds the chips)"
         return why
 
-    after = ("kube:credentials", "storage:ksa", "storage:binding", "storage:bucket")
+    after: tuple[str, ...] = ("kube:credentials", "storage:ksa", "storage:binding", "storage:bucket")
     if env.mode == "autopilot":
         after += ("raycluster:autopilot-rules", "raycluster:compute-class")
     def explain(look, reason: str) -> str | None:
@@ -173,7 +173,7 @@ def apply_step(env: Env) -> Step:
                 probes=(claims, probe), explain=explain)
 
 
-def image_step(env: Env) -> Step:
+def image_step(env: Environment) -> Step:
     """Not a change: says whether the image's Ray matches this machine's."""
     def decide(look):
         warning = skew_warning(env.ray_image)
@@ -181,7 +181,7 @@ def image_step(env: Env) -> Step:
     return Step(PLAY, "Ray version skew", decide, id="raycluster:skew")
 
 
-def steps(env: Env) -> list[Step]:
+def steps(env: Environment) -> list[Step]:
     from .nodepools import chips_step
     if env.mode == "autopilot":
         # The RayCluster's TPU requests are what makes the chips; its rules

@@ -13,18 +13,18 @@ from typing import Any
 from .. import hosts, k8s, metrics, plan
 from ..core.errors import PlaybookError
 from ..core.facts import ABSENT, Fact
-from ..core.inventory import Env
 from ..core.play import Outcome, StepContext
 from ..core.recap import CHANGED, FAILED, OK, SKIPPED, Recap
 from ..core.step import Step
 from ..rayapi import jobs_fact
+from ..schema import Environment
 from . import jobs
 from .dashboard import address
 
 PLAY = "status"
 
 
-def _nodes_of_pools(env: Env) -> dict[str, tuple[int, int]]:
+def _nodes_of_pools(env: Environment) -> dict[str, tuple[int, int]]:
     """pool -> (ready nodes, nodes), from the kubernetes client (on a
     controller host: kubectl there, see k8s.kubectl_json)."""
     selector = "cloud.google.com/gke-nodepool"
@@ -50,7 +50,7 @@ def _nodes_of_pools(env: Env) -> dict[str, tuple[int, int]]:
     return {p: (a, b) for p, (a, b) in out.items()}
 
 
-def tpu_nodes_step(env: Env) -> Step:
+def tpu_nodes_step(env: Environment) -> Step:
     from .nodepools import nodepool_name
     fact = Fact(name="TPU nodes", python=lambda: _nodes_of_pools(env), assumed={},
                 display="kubectl get nodes -l cloud.google.com/gke-nodepool  # the kubernetes client",
@@ -77,7 +77,7 @@ def tpu_nodes_step(env: Env) -> Step:
                 after=("kube:credentials", *[f"nodepools:{nodepool_name(env, i)}" for i in range(env.slices)]))
 
 
-def workers_step(env: Env) -> Step:
+def workers_step(env: Environment) -> Step:
     from ..gke import raycluster_fact
     probe = raycluster_fact(env)
 
@@ -102,12 +102,13 @@ def _age(ms: Any) -> str:
     return f"{s / 3600:.1f}h" if s >= 3600 else f"{s / 60:.0f}m" if s >= 60 else f"{s:.0f}s"
 
 
-def job_rows(env: Env, listed: Any) -> list[dict]:
+def job_rows(env: Environment, listed: Any) -> list[dict]:
     rows = []
     for j in jobs.ours(None, listed):
         sid = str(j["submission_id"])
-        row = {"job": sid, "run": jobs.run_of(sid), "status": j.get("status"), "age": _age(j.get("start_time"))}
-        kept = metrics.run_dir(env, row["run"]) / metrics.FILE
+        run = jobs.run_of(sid)
+        row = {"job": sid, "run": run, "status": j.get("status"), "age": _age(j.get("start_time"))}
+        kept = metrics.run_dir(env, run) / metrics.FILE
         if kept.is_file():
             _, steps, _ = metrics.read(kept)
             if steps:
@@ -118,7 +119,7 @@ def job_rows(env: Env, listed: Any) -> list[dict]:
     return rows
 
 
-def jobs_step(env: Env, state: dict) -> Step:
+def jobs_step(env: Environment, state: dict) -> Step:
     listing = jobs_fact(address(env), hosts.connector(env))
 
     def run(ctx: StepContext) -> Outcome:
@@ -135,7 +136,7 @@ def jobs_step(env: Env, state: dict) -> Step:
     return Step(PLAY, "jobs", run=run, id="status:jobs", after=after, probes=(listing,))
 
 
-def steps(env: Env, state: dict) -> list[Step]:
+def steps(env: Environment, state: dict) -> list[Step]:
     out = plan.up_steps(env)
     if env.kind != "local":
         if env.mode == "standard":
@@ -156,7 +157,7 @@ def _state(lines: list[str]) -> str:
     return ""
 
 
-def report(env: Env, recap: Recap, state: dict) -> dict:
+def report(env: Environment, recap: Recap, state: dict) -> dict:
     items = []
     for r in recap.results:
         items.append({"what": r.title, "verdict": VERDICTS.get(r.outcome, r.outcome), "outcome": r.outcome,

@@ -9,15 +9,15 @@ from .. import tutorial as T
 from ..clients import fact, gcloud, gcs_describe, json_object, text_value
 from ..core.command import Command, placeholder
 from ..core.facts import ABSENT
-from ..core.inventory import Env
 from ..core.step import Step, Verify, change, drift, ok
 from ..gke import kube, kube_get
+from ..schema import Environment
 from .cluster import credentials_step
 
 PLAY = "storage"
 
 
-def bucket_fact(env: Env):
+def bucket_fact(env: Environment):
     return fact(f"bucket {env.gs_bucket}",
                 gcloud("storage", "buckets", "describe", f"gs://{env.gs_bucket}", "--format=json"),
                 gcs_describe(),
@@ -25,20 +25,20 @@ def bucket_fact(env: Env):
                                                 if b.get("location") else ""))
 
 
-def project_number_fact(env: Env):
+def project_number_fact(env: Environment):
     c = gcloud("projects", "describe", env.project_id, "--format=value(projectNumber)")
     c = dataclasses.replace(c, binds="PROJECT_NUMBER")
     return fact("project number", c, text_value(), assumed=placeholder("PROJECT_NUMBER"))
 
 
-def bucket_policy_fact(env: Env):
+def bucket_policy_fact(env: Environment):
     return fact(f"IAM policy of gs://{env.gs_bucket}",
                 gcloud("storage", "buckets", "get-iam-policy", f"gs://{env.gs_bucket}", "--format=json"),
                 json_object(), assumed={"bindings": []},
                 describe=lambda p: f"{len(p.get('bindings', []))} binding(s)")
 
 
-def principal(env: Env, project_number: str) -> str:
+def principal(env: Environment, project_number: str) -> str:
     return (f"principal://iam.googleapis.com/projects/{project_number}/locations/global/workloadIdentityPools/"
             f"{env.project_id}.svc.id.goog/subject/ns/{env.namespace}/sa/{env.ksa_name}")
 
@@ -48,7 +48,7 @@ def has_member(policy: Any, role: str, member: str) -> bool:
                for b in (policy or {}).get("bindings") or [])
 
 
-def bucket_step(env: Env) -> Step:
+def bucket_step(env: Environment) -> Step:
     probe = bucket_fact(env)
 
     def decide(look):
@@ -71,7 +71,7 @@ def bucket_step(env: Env) -> Step:
                 verify=Verify(probe, lambda b: "bucket not found" if b is ABSENT else None, timeout=60, interval=5))
 
 
-def namespace_step(env: Env) -> Step:
+def namespace_step(env: Environment) -> Step:
     probe = kube_get(env, "namespace", env.namespace)
 
     def decide(look):
@@ -83,7 +83,7 @@ def namespace_step(env: Env) -> Step:
                 verify=Verify(probe, lambda n: "namespace not found" if n is ABSENT else None))
 
 
-def ksa_step(env: Env) -> Step:
+def ksa_step(env: Environment) -> Step:
     probe = kube_get(env, "serviceaccount", env.ksa_name, env.namespace)
 
     def decide(look):
@@ -97,7 +97,7 @@ def ksa_step(env: Env) -> Step:
                 verify=Verify(probe, lambda s: "service account not found" if s is ABSENT else None))
 
 
-def binding_step(env: Env) -> Step:
+def binding_step(env: Environment) -> Step:
     number = project_number_fact(env)
     policy = bucket_policy_fact(env)
 
@@ -123,7 +123,7 @@ def binding_step(env: Env) -> Step:
                 probes=(number,))
 
 
-def steps(env: Env) -> list[Step]:
+def steps(env: Environment) -> list[Step]:
     out = [bucket_step(env), credentials_step(env, PLAY)]
     if env.namespace != "default":
         out.append(namespace_step(env))

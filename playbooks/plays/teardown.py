@@ -10,7 +10,6 @@ from .. import tutorial as T
 from ..clients import gcloud
 from ..core.command import Command, quote
 from ..core.facts import ABSENT, Action, Fact, assume
-from ..core.inventory import Env
 from ..core.procs import running_fact
 from ..core.step import Step, Verify, change, ok
 from ..gke import (
@@ -24,6 +23,7 @@ from ..gke import (
     subnet_name,
     subnets_fact,
 )
+from ..schema import Environment
 from . import local
 from .cluster import has_context, kubeconfig_fact
 from .dashboard import forward_pidfile
@@ -37,11 +37,11 @@ def gone(what: str):
 
 
 # A dry run of teardown assumes everything exists, to show every delete.
-def _cluster(env: Env) -> Fact:
+def _cluster(env: Environment) -> Fact:
     return assume(clusters_fact(env), {"name": env.cluster_name, "status": "RUNNING", "location": location(env)})
 
 
-def raycluster_step(env: Env) -> Step:
+def raycluster_step(env: Environment) -> Step:
     clusters = _cluster(env)
     kubeconfig = assume(kubeconfig_fact(env), {"contexts": [{"name": kube_context(env)}]})
     probe = assume(raycluster_fact(env), {"metadata": {"name": T.RAYCLUSTER_NAME}})
@@ -62,7 +62,7 @@ def raycluster_step(env: Env) -> Step:
                 verify=Verify(probe, gone("RayCluster"), timeout=300, interval=5))
 
 
-def forward_step(env: Env) -> Step:
+def forward_step(env: Environment) -> Step:
     pf = forward_pidfile(env)
     running = assume(running_fact(pf, str(pf.path)), True)
 
@@ -74,7 +74,7 @@ def forward_step(env: Env) -> Step:
     return Step(PLAY, "port-forward", decide, id="teardown:forward")
 
 
-def cluster_step(env: Env) -> Step:
+def cluster_step(env: Environment) -> Step:
     probe = _cluster(env)
 
     def decide(look):
@@ -95,7 +95,7 @@ def cluster_step(env: Env) -> Step:
                 verify=Verify(probe, gone("cluster"), timeout=DELETE_TIMEOUT, interval=15))
 
 
-def bucket_step(env: Env) -> Step:
+def bucket_step(env: Environment) -> Step:
     from .storage import bucket_fact
     probe = assume(bucket_fact(env), {"name": env.gs_bucket})
 
@@ -112,7 +112,7 @@ def _last(v: Any) -> str:
     return str(v or "").rsplit("/", 1)[-1]
 
 
-def subnet_step(env: Env, i: int) -> Step:
+def subnet_step(env: Environment, i: int) -> Step:
     name, net = subnet_name(env, i), network_name(env, i)
     probe = assume(subnets_fact(env, name), {"name": name, "network": f"networks/{net}"})
 
@@ -129,7 +129,7 @@ def subnet_step(env: Env, i: int) -> Step:
                 verify=Verify(probe, gone("subnet"), timeout=300, interval=5))
 
 
-def network_step(env: Env, i: int) -> Step:
+def network_step(env: Environment, i: int) -> Step:
     name = network_name(env, i)
     probe = assume(networks_fact(env, name), {"name": name})
 
@@ -144,7 +144,7 @@ def network_step(env: Env, i: int) -> Step:
                 verify=Verify(probe, gone("network"), timeout=300, interval=5))
 
 
-def steps(env: Env) -> list[Step]:
+def steps(env: Environment) -> list[Step]:
     if env.kind == "local":
         return local.stop_steps(env, PLAY)
     out = [raycluster_step(env), forward_step(env), cluster_step(env), bucket_step(env)]
@@ -153,7 +153,7 @@ def steps(env: Env) -> list[Step]:
     return out + [subnet_step(env, 0), subnet_step(env, 1), network_step(env, 0), network_step(env, 1)]
 
 
-def summary(env: Env) -> str:
+def summary(env: Environment) -> str:
     """What teardown deletes, for the confirmation prompt."""
     if env.kind == "local":
         return f"the local Ray cluster of environment {env.name!r} (only the processes this project started)"

@@ -15,13 +15,13 @@ from ..clients import fact, gcloud
 from ..core.command import Command, quote
 from ..core.errors import InputError, ProbeFailed, shown_value
 from ..core.facts import ABSENT, Action, Completed, Fact, assume
-from ..core.inventory import Env
 from ..core.play import Outcome, StepContext
 from ..core.recap import CHANGED, FAILED, SKIPPED
 from ..core.step import Step, Verify, change, ok
 from ..maxtext_args import run_name_problem
 from ..project import ROOT
 from ..rayapi import job_fact, jobs_fact
+from ..schema import Environment
 from ..trainlog import HIDE, SHOW, Summary, clean
 from . import jobs
 from .dashboard import address
@@ -49,7 +49,7 @@ class Job:
     log: Path | None = None
     local_data: Path | None = None
     bucket: str | None = None
-    env: Env | None = None
+    env: Environment | None = None
 
     def arg(self, key: str) -> str | None:
         for k, v in self.args:
@@ -105,7 +105,7 @@ def parse_sets(sets: list[str] | tuple[str, ...]) -> list[tuple[str, str]]:
     return out
 
 
-def local_paths(env: Env) -> dict[str, str]:
+def local_paths(env: Environment) -> dict[str, str]:
     """Where a local job writes: all of it under .state/<env>/ (MaxText and
     libtpu otherwise write to ~/jax_cache and /tmp)."""
     base = ROOT / ".state" / env.name
@@ -113,7 +113,7 @@ def local_paths(env: Env) -> dict[str, str]:
             "tpu_logs": f"{base}/tpu_logs", "ray_results": f"{base}/ray_results"}
 
 
-def build_job(env: Env, model: str, elastic: bool = False, steps: int | None = None,
+def build_job(env: Environment, model: str, elastic: bool = False, steps: int | None = None,
               sets: list[str] | tuple[str, ...] = (), fresh: bool = False, preset: str = "") -> Job:
     from .preflight import PRESETS
     if model not in T.TRAIN_ARGS:
@@ -310,7 +310,7 @@ def checkpoint_step(job: Job, state: dict) -> Step:
     return Step(PLAY, f"checkpoints of {job.run_name}", decide, id="train:checkpoints", verify=verify)
 
 
-def preemption_note(env: Env, job: Job) -> list[Step]:
+def preemption_note(env: Environment, job: Job) -> list[Step]:
     """On Spot or flex-start capacity, a job that is not elastic ends with
     its first lost slice: say so, once, before it starts."""
     if env.get("capacity") not in ("spot", "flex-start") or job.elastic:
@@ -399,11 +399,12 @@ def job_step(job: Job, state: dict, log_file: Path | None = None) -> Step:
         state["submission_id"] = sid
         for line in summary.lines():
             ctx.echo(f"  {line}")
-        if summary.records or job.local_data is not None:
+        if (summary.records or job.local_data is not None) and job.env is not None:
             from .. import metrics
-            kept = metrics.run_dir(job.env, job.run_name) / metrics.FILE
+            env = job.env
+            kept = metrics.run_dir(env, job.run_name) / metrics.FILE
             ctx.act(Action(f"# keep the run's step metrics in {rel(kept)}",
-                           lambda: metrics.keep(job.env, job.run_name, summary, sid)))
+                           lambda: metrics.keep(env, job.run_name, summary, sid)))
             ctx.echo(f"  metrics: {rel(kept)} (`invoke metrics` draws them)")
         mismatch = summary.params_mismatch()
         if status != "SUCCEEDED":
