@@ -242,6 +242,13 @@ FLEX_WAIT_DEFAULT = 3600
 FLEX_WAIT_MAX = 7 * 24 * 3600  # flex-start VMs run at most 7 days
 
 
+WORKER_PACKAGES = ("requirements", "image")
+
+
+def worker_packages(v: str, env: Mapping) -> str | None:
+    return None if v in WORKER_PACKAGES else f"is not allowed (allowed: {', '.join(WORKER_PACKAGES)})"
+
+
 def capacity(v: str, env: Mapping) -> str | None:
     if v not in CAPACITIES:
         return f"is not allowed (allowed: {', '.join(CAPACITIES)})"
@@ -427,6 +434,9 @@ GKE = (
         doc="the Ray image for head and workers; defaults to the Ray version in requirements.lock"),
     Key("dashboard_port", int, default=T.DASHBOARD_PORT, rules=(port,)),
     Key("train_overrides", dict, default={}, rules=(overrides,)),
+    Key("worker_packages", default="requirements", rules=(worker_packages,),
+        doc="requirements (each job installs trainer/requirements.txt on the workers) or image (the Ray image "
+            "already holds MaxText at the lock's pins)"),
     Key("capacity", default="on-demand", rules=(capacity,),
         doc="on-demand (the tutorial's), spot, reservation or flex-start"),
     Key("reservation", rules=(reservation,), doc="with capacity: reservation, its name or projects/P/reservations/NAME"),
@@ -535,6 +545,7 @@ class Environment(Env):
     subnet_1_range: str
     subnet_2_range: str
     ray_image: str
+    worker_packages: str
     capacity: str
     reservation: str | None
     capacity_wait: int | None

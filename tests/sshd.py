@@ -63,11 +63,15 @@ def _setenv(env: Mapping[str, str]) -> str:
     return " ".join(f"{k}={v}" for k, v in env.items())
 
 
-def start(base: Path, env: Mapping[str, str]) -> Sshd:
-    """sshd -D on a free loopback port; returns when it accepts."""
+def start(base: Path, env: Mapping[str, str], user_key: Path | None = None, log_level: str = "INFO") -> Sshd:
+    """sshd -D on a free loopback port; returns when it accepts. ``user_key``:
+    accept this key (another server's) instead of a new one."""
     if not os.path.exists(SSHD):
         raise RuntimeError(f"{SSHD} is missing: scripts/test-deps installs openssh-server")
     base.mkdir(parents=True, exist_ok=True)
+    if user_key is not None:
+        for suffix in ("", ".pub"):
+            shutil.copy(f"{user_key}{suffix}", base / f"user_key{suffix}")
     for name in ("host_key", "user_key"):
         if not (base / name).exists():
             keygen(base / name)
@@ -91,6 +95,7 @@ StrictModes no
 MaxSessions 64
 MaxStartups 64
 Subsystem sftp internal-sftp
+LogLevel {log_level}
 SetEnv {_setenv(env)}
 """)
     proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(base / "sshd_config")],

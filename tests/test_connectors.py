@@ -9,6 +9,7 @@ import json
 import os
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -200,3 +201,46 @@ def test_children_here_get_a_stated_environment_not_a_copy_of_the_callers(tmp_pa
         "https_proxy": "http://p:1"}
     assert not {"GITHUB_TOKEN", "INVOKE_PLAYBOOK_ENV", "BASH_FUNC_x%%"} & set(got)
     assert got["PATH"].endswith(":/usr/bin:/bin")         # this interpreter's bin folder first
+
+
+def test_in_process_facts_are_logged_in_the_run_folder_like_commands(tmp_path):
+    from playbooks.core.facts import Fact
+    from playbooks.core.runner import Mode, Runner, StepLog
+    logdir = tmp_path / "logs"
+    logdir.mkdir()
+    runner = Runner(Mode.CHECK, Executor(LocalConnector(str(tmp_path)), logdir=logdir))
+    fact = Fact(name="version", python=lambda: {"ray_version": "2.60.0"}, display="curl -fsS http://x/api/version")
+    assert runner.look(fact, StepLog(None, False), "dashboard : version") == {"ray_version": "2.60.0"}
+    [log] = logdir.iterdir()
+    text = log.read_text()
+    assert text.startswith("$ curl -fsS http://x/api/version\n# in-process fact, through this machine")
+    assert "{'ray_version': '2.60.0'}" in text
+
+
+def test_a_controller_behind_a_gateway_is_reached_through_it(server, tmp_path):
+    """ProxyJump: the controller's SSH connection is a channel the gateway
+    opens (its log says so); a gateway that refuses is the controller
+    unreachable, in one line."""
+    gw = sshd.start(tmp_path / "gateway", {"PATH": "/usr/bin:/bin"}, user_key=Path(server.identity_file),
+                    log_level="DEBUG1")
+    try:
+        known = tmp_path / "known_hosts"
+        known.write_text(Path(server.known_hosts).read_text() + Path(gw.known_hosts).read_text())
+        root = tmp_path / "root"
+        root.mkdir()
+        c = SshConnector(server.target, str(root), gateway=gw.target, identity_file=server.identity_file,
+                         known_hosts=str(known))
+        try:
+            r = c.run(["sh", "-c", 'echo "$CONTROLLER_ONLY"'])
+            assert (r.rc, r.stdout) == (0, "yes\n")      # the controller's login environment, not the gateway's
+        finally:
+            c.close()
+        log = (tmp_path / "gateway" / "sshd.log").read_text()
+        assert f"target 127.0.0.1 port {server.port}" in log, log[-3000:]   # the direct-tcpip channel
+    finally:
+        gw.stop()
+    refused = SshConnector(server.target, str(root), gateway=f"root@127.0.0.1:{sshd.free_port()}",
+                           identity_file=server.identity_file, known_hosts=str(known))
+    with pytest.raises(Unreachable) as e:
+        refused.run(["true"])
+    assert "\n" not in str(e.value) and "through root@127.0.0.1" in str(e.value), str(e.value)

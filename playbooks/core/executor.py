@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from .command import Command
 from .connector import Connector
@@ -34,13 +35,37 @@ class Executor:
     def where(self, command: Command) -> Connector:
         return self.local if command.local else self.connector
 
-    def _log(self, label: str, c: Completed, where: Connector) -> None:
+    def _next_log(self, label: str) -> Path | None:
         if not self.logdir:
-            return
+            return None
         with self._lock:
             self._n += 1
             n = self._n
-        path = self.logdir / f"{n:03d}-{file_name(label)}.log"
+        return self.logdir / f"{n:03d}-{file_name(label)}.log"
+
+    def look(self, label: str, line: str, look: Callable[[], Any]) -> Any:
+        """An in-process fact (an HTTP read, a pid file, a kubernetes-client
+        read): answered by ``look``, logged like a command, with its answer
+        or its error."""
+        start = time.monotonic()
+        try:
+            value = look()
+        except Exception as e:
+            self._write_fact(label, line, start, f"error: {type(e).__name__}: {e}")
+            raise
+        self._write_fact(label, line, start, repr(value))
+        return value
+
+    def _write_fact(self, label: str, line: str, start: float, answer: str) -> None:
+        path = self._next_log(label)
+        if path is not None:
+            path.write_text(f"$ {line}\n# in-process fact, through {self.connector.name}; "
+                            f"{time.monotonic() - start:.1f}s\n--- answer\n{answer[:100_000]}\n")
+
+    def _log(self, label: str, c: Completed, where: Connector) -> None:
+        path = self._next_log(label)
+        if path is None:
+            return
         path.write_text(
             f"$ {c.line}\n# on {where.name}; exit {c.rc} after {c.seconds:.1f}s\n"
             f"--- stdout\n{c.stdout}\n--- stderr\n{c.stderr}\n"

@@ -168,7 +168,7 @@ class Runner:
                 return
             if fact.python is not None:
                 try:
-                    self._cache[key] = _Prefetched(Value(fact.python()))
+                    self._cache[key] = _Prefetched(Value(self._python(fact, "prefetch")))
                 except PlaybookError:
                     pass  # the step looks again, and says why
                 return
@@ -185,6 +185,12 @@ class Runner:
             transient = not c.ok and self.retry.is_transient(c, command.patience is not None)
             self._cache[key] = _Transient(c) if transient else _Prefetched(shown_part(c, command))
 
+    def _python(self, fact: Fact, label: str) -> Any:
+        assert fact.python is not None
+        if self.executor is None:
+            return fact.python()
+        return self.executor.look(label, fact.line(), fact.python)
+
     def _answer(self, fact: Fact, log: StepLog, step: str, first: Completed | None = None) -> tuple[Any, str]:
         if first is None:
             self._record(fact.command)
@@ -193,7 +199,7 @@ class Runner:
         if self.mode is Mode.DRY:
             return _Assumed(), " (assumed)"
         if fact.python is not None:
-            return Value(fact.python()), ""
+            return Value(self._python(fact, step)), ""
         assert fact.command is not None and fact.parse is not None
         command = fact.command
         if command.timeout is None:

@@ -81,7 +81,7 @@ def head_command(env: Environment) -> Command:
                     f"--dashboard-host={env.ray_ip}", f"--dashboard-port={env.dashboard_port}",
                     f"--ray-client-server-port={env.gcs_port + 1}", *node_ports(env, 0), "--num-cpus=1",
                     "--disable-usage-stats"),
-                   background=True, log=_log(env, HEAD))
+                   env=(("JAX_PLATFORMS", "cpu"),), background=True, log=_log(env, HEAD))
 
 
 def pod_type(env: Environment) -> str:
@@ -96,8 +96,13 @@ def host_command(env: Environment, name: str, slice_: int, worker: int) -> Comma
                     f"--node-ip-address={env.ray_ip}", "--num-cpus=1",
                     "--resources=" + json.dumps({"TPU": env.chips_per_host}), *node_ports(env, k),
                     "--include-log-monitor=false", "--disable-usage-stats"),
+                   # A TPU host to Ray (TPU_*), CPU devices to JAX: every job on
+                   # the twin, also one submitted as to GKE, sees this host's
+                   # chips as devices_per_host CPU devices.
                    env=(("TPU_NAME", f"{T.TPU_WORKER_GROUP}-{slice_}"), ("TPU_WORKER_ID", str(worker)),
-                        ("TPU_ACCELERATOR_TYPE", pod_type(env)), ("TPU_TOPOLOGY", env.topology)),
+                        ("TPU_ACCELERATOR_TYPE", pod_type(env)), ("TPU_TOPOLOGY", env.topology),
+                        ("JAX_PLATFORMS", "cpu"),
+                        ("XLA_FLAGS", f"--xla_force_host_platform_device_count={env.devices_per_host}")),
                    background=True, log=_log(env, name))
 
 

@@ -159,7 +159,8 @@ def build_job(env: Environment, model: str, elastic: bool = False, steps: int | 
         })
         job.local_data = Path(p["data"])
     else:
-        env_vars["TRAINER_WORKER_REQUIREMENTS"] = "requirements.txt"
+        if env.worker_packages == "requirements":
+            env_vars["TRAINER_WORKER_REQUIREMENTS"] = "requirements.txt"
         job.bucket = env.gs_bucket
     for k, v in (env.train_overrides or {}).items():
         _set(args, k, maxtext_args.as_text(v))
