@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterable
 
+from . import hosts
 from .project import ROOT
 from .schema import Environment
 from .trainlog import Summary
@@ -68,11 +69,10 @@ def keep(env: Environment, run: str, summary: Summary, submission_id: str) -> Pa
     if not records:
         records = from_log(summary)
     path = run_dir(env, run) / FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
     header = {"run": run, "job": submission_id, "written": time.strftime("%Y-%m-%dT%H:%M:%S"),
               "source": records[0]["source"] if records else "none"}
     lines = [header] + records + summary.events()
-    path.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    hosts.local().write(str(path), "".join(json.dumps(r) + "\n" for r in lines).encode())
     return path
 
 

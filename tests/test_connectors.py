@@ -107,6 +107,9 @@ def test_put_and_read_files_relative_to_the_root(conn, tmp_path):
     conn.remove_tree("t")
     assert conn.read("t/2") is None and not (tmp_path / "root" / "t").exists()
     conn.remove_tree("t")                     # gone already: nothing to do
+    conn.make_dirs("m/n")
+    conn.make_dirs("m/n")                     # there already: nothing to do
+    assert (tmp_path / "root" / "m" / "n").is_dir()
 
 
 def test_a_killed_process_and_its_children_are_gone_at_once(conn):

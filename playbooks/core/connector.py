@@ -82,6 +82,10 @@ class Connector:
     def remove(self, path: str) -> None:
         raise NotImplementedError
 
+    def make_dirs(self, path: str) -> None:
+        """A folder and its parents (nothing when it exists)."""
+        raise NotImplementedError
+
     def remove_tree(self, path: str) -> None:
         """A folder and everything in it (nothing when it does not exist)."""
         raise NotImplementedError
@@ -213,6 +217,9 @@ class LocalConnector(Connector):
             Path(self.path(path)).unlink()
         except FileNotFoundError:
             pass
+
+    def make_dirs(self, path: str) -> None:
+        Path(self.path(path)).mkdir(parents=True, exist_ok=True)
 
     def remove_tree(self, path: str) -> None:
         import shutil
@@ -516,6 +523,15 @@ class SshConnector(Connector):
                 sftp.remove(self.path(path))
             except OSError:
                 pass
+
+    def make_dirs(self, path: str) -> None:
+        full = self.path(path)
+        if full in self._made:
+            return
+        r = self.run(["mkdir", "-p", "--", full])
+        if r.rc != 0:
+            raise OSError(f"cannot make {path} on {self.target}: {r.stderr.strip()}")
+        self._made.add(full)
 
     def remove_tree(self, path: str) -> None:
         r = self.run(["rm", "-rf", "--", self.path(path)])

@@ -16,6 +16,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from .. import hosts
 from ..clients import fact, gcloud, json_object, text_value
 from ..core.command import PLACEHOLDER, Command
 from ..core.errors import ProbeFailed
@@ -125,8 +126,7 @@ def parse_step(env: Environment) -> Step:
         root = root or Path("/usr/lib/google-cloud-sdk")
 
         def write():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text("".join(json.dumps(l) + "\n" for l in [GOOD, BAD, *lines]))
+            hosts.local().write(str(path), "".join(json.dumps(l) + "\n" for l in [GOOD, BAD, *lines]).encode())
 
         if ctx.runner.probing:
             write()

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import yaml
 
+from .. import hosts
 from .. import tutorial as T
 from ..core.command import Command
 from ..core.facts import ABSENT, Fact
@@ -322,9 +323,7 @@ def compile_fact(args: list[str]) -> Fact:
         text = "\n".join(p.read_text(errors="replace") for p in (log, err) if p.exists())
         fit = parse_compile(c.stdout + "\n" + c.stderr, text, c.seconds)
         if fit.fits or fit.needed is not None:
-            path = cache_path(key)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(fit.to_json()))
+            hosts.local().write(str(cache_path(key)), json.dumps(fit.to_json()).encode())
         return fit
 
     return Fact(name="fit", command=command, parse=parse, assumed=ABSENT,
@@ -394,7 +393,7 @@ def fit(ctx: StepContext, env: Environment, job, extra=(), slices: int | None = 
             return hit
         # libtpu writes its logs (the compiler's own memory account) only
         # into a folder that exists.
-        (ROOT / WORK / "tpu_logs" / cache_key(args)).mkdir(parents=True, exist_ok=True)
+        hosts.local().make_dirs(f"{WORK}/tpu_logs/{cache_key(args)}")
         with _Heartbeat(ctx, what):
             result = ctx.look(compile_fact(args))
     return result if isinstance(result, Fit) else None
