@@ -15,6 +15,7 @@ import os
 import shutil
 import socket
 import subprocess
+import tempfile
 import threading
 import urllib.request
 from pathlib import Path
@@ -87,6 +88,7 @@ def test_train_through_the_controller_reaches_succeeded_on_a_local_ray_cluster(t
     twin_inv.write_text(yaml.safe_dump({"default": TWIN, "environments": {TWIN: dict(
         shipped, slices=1, topology="2x2", ray_ip=TWIN_IP, gcs_port=TWIN_GCS, dashboard_port=TWIN_DASHBOARD)}}))
     relay = Relay((TWIN_IP, TWIN_DASHBOARD))
+    short_tmp = tempfile.mkdtemp(prefix="ctl-", dir="/tmp")
     with fake_cloud(tmp_path / "cloud") as cloud:
         data = yaml.safe_load(cloud.inventory_path.read_text())
         gke = dict(data["environments"][STANDARD], slices=1, topology="2x2", dashboard_port=relay.port,
@@ -99,10 +101,11 @@ def test_train_through_the_controller_reaches_succeeded_on_a_local_ray_cluster(t
         cloud.seed_project()
         cloud.seed_cluster(GKE_ENV)
         # The twin: started here, with no proxy (the fakes' client
-        # environment sends stray traffic to a sink).
+        # environment sends stray traffic to a sink) and a short TMPDIR (Ray's
+        # socket paths must fit in 107 bytes).
         twin_env = {k: v for k, v in cloud.env(GKE_ENV).items() if "proxy" not in k.lower()}
         twin_env.update(INVOKE_PLAYBOOK_INVENTORY=str(twin_inv), INVOKE_PLAYBOOK_ENV=TWIN,
-                        PATH=os.environ["PATH"])
+                        PATH=os.environ["PATH"], TMPDIR=short_tmp)
 
         def twin(*args: str) -> subprocess.CompletedProcess:
             return subprocess.run([str(INVOKE), *args], env=twin_env, cwd=ROOT, capture_output=True, text=True,
@@ -131,5 +134,6 @@ def test_train_through_the_controller_reaches_succeeded_on_a_local_ray_cluster(t
             twin("teardown", "--yes")
             server.stop()
             relay.close()
+            shutil.rmtree(short_tmp, ignore_errors=True)
     for name in (GKE_ENV, TWIN):
         shutil.rmtree(ROOT / ".state" / name, ignore_errors=True)

@@ -131,12 +131,35 @@ def _spawn(ctx: StepContext, env: Environment, name: str, command: Command) -> N
     ctx.act(Action(f"echo $! > {quote(rel(pf.path))}", record))
 
 
-def _wait(ctx: StepContext, what: str, check, timeout: float = START_TIMEOUT, interval: float = 2.0) -> str | None:
-    """Poll ``check`` (None = done) in apply mode; print the wait otherwise."""
+class Exited(str):
+    """Why a wait ended early: the process it waited for is gone."""
+
+
+def _last_line(log: str) -> str:
+    data = hosts.local().read(log) or b""
+    lines = [l.strip() for l in data.decode(errors="replace").splitlines() if l.strip()]
+    return lines[-1][:200] if lines else "its log is empty"
+
+
+def _wait(ctx: StepContext, what: str, check, timeout: float = START_TIMEOUT, interval: float = 2.0,
+          process: tuple[PidFile, str] | None = None) -> str | None:
+    """Poll ``check`` (None = done) in apply mode; print the wait otherwise.
+    ``process``: (its pid file, its log): a process that exits ends the wait
+    at once, with its log's last line."""
     if not ctx.acting:
         ctx.log.emit("verify", what)
         return None
-    why = poll(check, timeout, interval, sleep=ctx.sleep)
+    gone: list[str] = []
+
+    def check_or_gone() -> str | None:
+        if process is not None and not process[0].alive():
+            gone.append(_last_line(process[1]))
+            return None
+        return check()
+
+    why = poll(check_or_gone, timeout, interval, sleep=ctx.sleep)
+    if gone:
+        why = Exited(f"exited: {gone[0]}")
     ctx.log.emit("verify", f"{what}  => {why or 'ok'}")
     return why
 
@@ -167,8 +190,11 @@ def head_step(env: Environment) -> Step:
                 return "head node not registered yet"
             return None
 
-        why = _wait(ctx, f"curl -fsS {address(env)}/api/version  (and the head node ALIVE)", up)
+        why = _wait(ctx, f"curl -fsS {address(env)}/api/version  (and the head node ALIVE)", up,
+                    process=(pidfile(env, HEAD), _log(env, HEAD)))
         if why:
+            if isinstance(why, Exited):
+                return Outcome(FAILED, f"the Ray head {why}; see {_log(env, HEAD)}")
             return Outcome(FAILED, f"the Ray head did not come up in {START_TIMEOUT:.0f}s ({why}); "
                                    f"see {_log(env, HEAD)}")
         if not running and not ctx.acting:
@@ -198,7 +224,10 @@ def host_step(env: Environment, name: str, slice_: int, worker: int, play: str =
             _spawn(ctx, env, name, host_command(env, name, slice_, worker))
 
         why = _wait(ctx, f"ray list nodes --address {address(env)}  ({name} ALIVE)",
-                    lambda: None if registered(_nodes(env), slice_, worker) else f"{name} not registered yet")
+                    lambda: None if registered(_nodes(env), slice_, worker) else f"{name} not registered yet",
+                    process=(pidfile(env, name), _log(env, name)))
+        if isinstance(why, Exited):
+            return Outcome(FAILED, f"TPU host {name} {why}; see {_log(env, name)}")
         if why:
             return Outcome(FAILED, f"TPU host {name} did not join in {START_TIMEOUT:.0f}s; see {_log(env, name)}")
         if not running and not ctx.acting:
