@@ -19,6 +19,16 @@ from playbooks.schema import load_inventory  # noqa: E402
 INVOKE = str(Path(sys.executable).parent / "invoke")
 
 
+# The longest files first (pytest-xdist hands out whole files in collection
+# order, with --no-loadscope-reorder): two workers then end near together.
+FIRST = ("test_real_clients.py", "test_local_e2e.py", "test_preflight.py", "test_controller_train.py")
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: i for i, name in enumerate(FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(FIRST)))
+
+
 def env(name: str = "dev", **changes):
     """An environment of the shipped inventory, with changed keys."""
     inv = load_inventory()
