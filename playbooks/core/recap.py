@@ -65,8 +65,10 @@ class Recap:
                 by_cause.setdefault(r.cause, []).append(r)
         for rs in by_cause.values():
             if len(rs) > 1:
-                out.append(f"  one failure stopped {len(rs)} steps ({', '.join(r.title for r in rs)}): "
-                           f"{rs[0].reason}")
+                # The reason in full: that of the step that met it first (the
+                # others say "the same failure as [...]").
+                full = next((r.reason for r in rs if not r.reason.startswith("the same failure as [")), rs[0].reason)
+                out.append(f"  one failure stopped {len(rs)} steps ({', '.join(r.title for r in rs)}): {full}")
         wall = f"  wall {self.wall:.1f}s" if self.timed else ""
         out.append(f"{self.name}: {self.counters()}{wall}")
         return out

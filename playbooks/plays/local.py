@@ -152,9 +152,15 @@ def _wait(ctx: StepContext, what: str, check, timeout: float = START_TIMEOUT, in
     gone: list[str] = []
 
     def check_or_gone() -> str | None:
-        if process is not None and not process[0].alive():
-            gone.append(_last_line(process[1]))
-            return None
+        if process is not None:
+            # By pid only: a process just started may not have exec'd its
+            # command line yet (the marker), and its pid cannot be recycled
+            # within the wait.
+            pf, log = process
+            pid = pf.pid()
+            if pid is not None and not pf.via.alive(pid, ""):
+                gone.append(_last_line(log))
+                return None
         return check()
 
     why = poll(check_or_gone, timeout, interval, sleep=ctx.sleep)
