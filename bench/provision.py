@@ -43,9 +43,15 @@ def kind(line: str) -> str:
 
 
 def run_log(env: str) -> list[str]:
-    """The command lines of the newest run of this environment (one log each)."""
+    """The command lines of the newest run of this environment (one log
+    each), without the in-process facts (logged there too, but no process)."""
     runs = sorted((ROOT / ".state" / env / "runs").iterdir())
-    return [p.read_text().splitlines()[0][2:] for p in sorted(runs[-1].glob("*.log"))]
+    out = []
+    for p in sorted(runs[-1].glob("*.log")):
+        first, second = (p.read_text().splitlines() + ["", ""])[:2]
+        if not second.startswith("# in-process fact"):
+            out.append(first[2:])
+    return out
 
 
 def up(cloud, scale: float, parallel: int):
