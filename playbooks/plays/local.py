@@ -17,6 +17,7 @@ from pathlib import Path
 from .. import hosts
 from .. import tutorial as T
 from ..core.command import Command, quote
+from ..core.errors import error_line
 from ..core.facts import ABSENT, Action, Fact, assume
 from ..core.play import Outcome, StepContext
 from ..core.procs import PidFile, running_fact
@@ -135,17 +136,18 @@ class Exited(str):
     """Why a wait ended early: the process it waited for is gone."""
 
 
-def _last_line(log: str) -> str:
-    data = hosts.local().read(log) or b""
-    lines = [l.strip() for l in data.decode(errors="replace").splitlines() if l.strip()]
-    return lines[-1][:200] if lines else "its log is empty"
+def _log_error(log: str) -> str:
+    """The line of a node's log that says what went wrong (a traceback's
+    exception, as for a failed command)."""
+    text = (hosts.local().read(log) or b"").decode(errors="replace")
+    return error_line(text)[:200] if text.strip() else "its log is empty"
 
 
 def _wait(ctx: StepContext, what: str, check, timeout: float = START_TIMEOUT, interval: float = 2.0,
           process: tuple[PidFile, str] | None = None) -> str | None:
     """Poll ``check`` (None = done) in apply mode; print the wait otherwise.
     ``process``: (its pid file, its log): a process that exits ends the wait
-    at once, with its log's last line."""
+    at once, with the line of its log that says why."""
     if not ctx.acting:
         ctx.log.emit("verify", what)
         return None
@@ -159,7 +161,7 @@ def _wait(ctx: StepContext, what: str, check, timeout: float = START_TIMEOUT, in
             pf, log = process
             pid = pf.pid()
             if pid is not None and not pf.via.alive(pid, ""):
-                gone.append(_last_line(log))
+                gone.append(_log_error(log))
                 return None
         return check()
 
