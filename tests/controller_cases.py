@@ -114,3 +114,22 @@ def test_dns_control_plane_asks_for_the_dns_endpoint(cloud: Cloud):
     cloud.change_inventory(STANDARD, control_plane="dns")
     run = cloud.invoke("--dry", "cluster")
     assert "get-credentials maxtext-multislice --location=us-east5-b --dns-endpoint" in run.out, run.out
+
+
+def test_project_files_reach_a_controller_without_sftp_through_cat(cloud: Cloud, tmp_path):
+    """A hardened bastion's sshd offers no SFTP subsystem: the sync (and
+    every read, write and stdin after it) goes through cat over ssh. The
+    cheapest play that syncs: capacity (read-only, four probes)."""
+    login = {k: v for k, v in cloud.env().items() if not k.startswith("INVOKE_")}
+    server = sshd.start(tmp_path / "sshd", login, sftp=False)
+    try:
+        cloud.change_inventory(STANDARD, **server.inventory_keys(str(tmp_path / "remote")))
+        run = cloud.invoke("capacity", **NOWHERE)
+        assert run.rc == 0, run.out
+        assert re.search(r"controller : project files on \S+ +changed", run.out), run.out
+        assert (tmp_path / "remote" / "manifests" / "ray-cluster.tpu-multi-slice.yaml").is_file()
+        assert (tmp_path / "remote" / "trainer" / "maxtext_ray.py").is_file()
+        assert not list((tmp_path / "remote").rglob("*.tmp"))          # each file renamed into place
+        assert "subsystem request for sftp by user root failed" in (tmp_path / "sshd" / "sshd.log").read_text()
+    finally:
+        server.stop()

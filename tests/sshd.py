@@ -63,9 +63,12 @@ def _setenv(env: Mapping[str, str]) -> str:
     return " ".join(f"{k}={v}" for k, v in env.items())
 
 
-def start(base: Path, env: Mapping[str, str], user_key: Path | None = None, log_level: str = "INFO") -> Sshd:
+def start(base: Path, env: Mapping[str, str], user_key: Path | None = None, log_level: str = "INFO",
+          sftp: bool = True) -> Sshd:
     """sshd -D on a free loopback port; returns when it accepts. ``user_key``:
-    accept this key (another server's) instead of a new one."""
+    accept this key (another server's) instead of a new one. ``sftp=False``:
+    no ``Subsystem sftp`` line (a hardened bastion's sshd), so a session asking
+    for SFTP is refused."""
     if not os.path.exists(SSHD):
         raise RuntimeError(f"{SSHD} is missing: scripts/test-deps installs openssh-server")
     base.mkdir(parents=True, exist_ok=True)
@@ -94,7 +97,7 @@ UsePAM no
 StrictModes no
 MaxSessions 64
 MaxStartups 64
-Subsystem sftp internal-sftp
+{"Subsystem sftp internal-sftp" if sftp else "# no Subsystem sftp: SFTP is refused"}
 LogLevel {log_level}
 SetEnv {_setenv(env)}
 """)
@@ -113,8 +116,8 @@ SetEnv {_setenv(env)}
     raise RuntimeError("sshd did not start listening in 10s")
 
 
-def running(base: Path, env: Mapping[str, str]) -> Iterator[Sshd]:
-    s = start(base, env)
+def running(base: Path, env: Mapping[str, str], sftp: bool = True) -> Iterator[Sshd]:
+    s = start(base, env, sftp=sftp)
     try:
         yield s
     finally:

@@ -1,12 +1,15 @@
 """The connector contract: the same cases against this machine's connector
-and the SSH connector (a real sshd on 127.0.0.1). Every byte of hostile
-arguments arrives; stdin and pipes; exit codes (failure, timeout, a missing
-program); background spawn and stop; put and read; the environment."""
+and the SSH connector (a real sshd on 127.0.0.1), both with SFTP and against
+an sshd that offers none (files through cat). Every byte of hostile
+arguments arrives; stdin (fast) and pipes; exit codes (failure, timeout, a
+missing program); Ctrl-C; background spawn and stop; put and read, binary
+safe; the environment."""
 from __future__ import annotations
 
 import http.server
 import json
 import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -14,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from playbooks.core.command import Command
-from playbooks.core.connector import LocalConnector, SshConnector, Unreachable
+from playbooks.core.connector import LocalConnector, SshConnector
+from playbooks.core.errors import Unreachable
 from playbooks.core.executor import Executor
 from playbooks.core.facts import ABSENT
 from tests import sshd
@@ -23,25 +27,41 @@ HOSTILE = ["a b", "$(touch MARKER)", "`touch MARKER`", "x;touch MARKER", "'\"", 
            "*", "~", "-n", "", "é ü ✓", "$HOME", "a\\b", "&&", "|", ">out"]
 
 
+def _login(base: Path) -> dict[str, str]:
+    (base / "home").mkdir()
+    return {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(base / "home"), "LANG": "C.UTF-8",
+            "CONTROLLER_ONLY": "yes"}
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     base = tmp_path_factory.mktemp("sshd")
-    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(base / "home"), "LANG": "C.UTF-8",
-           "CONTROLLER_ONLY": "yes"}
-    (base / "home").mkdir()
-    yield from sshd.running(base, env)
+    yield from sshd.running(base, _login(base))
 
 
-@pytest.fixture(params=["local", "ssh"])
-def conn(request, server, tmp_path):
+@pytest.fixture(scope="module")
+def bastion(tmp_path_factory):
+    """An sshd with no SFTP subsystem (a hardened bastion's): files go
+    through cat on exec channels."""
+    base = tmp_path_factory.mktemp("bastion")
+    yield from sshd.running(base, _login(base), sftp=False)
+
+
+@pytest.fixture(params=["local", "ssh", "ssh-no-sftp"])
+def conn(request, tmp_path):
     root = tmp_path / "root"
     root.mkdir()
     if request.param == "local":
         c = LocalConnector(root, {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"})
     else:
+        server = request.getfixturevalue("server" if request.param == "ssh" else "bastion")
         c = SshConnector(server.target, str(root), identity_file=server.identity_file,
                          known_hosts=server.known_hosts)
     yield c
+    if request.param == "ssh-no-sftp":
+        assert c._sftp_client is None          # every file went through cat
+    elif request.param == "ssh":
+        assert c.files == "sftp"
     c.close()
 
 
@@ -55,10 +75,25 @@ def test_every_byte_of_hostile_arguments_arrives_and_no_shell_runs_them(conn, tm
 
 def test_stdin_and_a_pipe_through_the_executor(conn):
     assert conn.run(["cat"], input="line 1\nline 2 $(x)\n").stdout == "line 1\nline 2 $(x)\n"
-    ex = Executor(connector=conn, local=conn)
+    ex = Executor(conn, conn)
     piped = Command(("tr", "a-z", "A-Z"), pipe_from=Command(("printf", "%s", "hello;$x")))
     c = ex.run(piped)
     assert (c.rc, c.stdout) == (0, "HELLO;$X")
+
+
+def test_stdin_is_fed_whole_and_fast(conn):
+    """A manifest piped to kubectl: every byte, in well under a second (not
+    a byte per 10 ms), with or without SFTP."""
+    manifest = "".join(f"line {i}: é ü ✓ $(x) `y`\n" for i in range(200))      # ~5 KB
+    start = time.monotonic()
+    r = conn.run(["cat"], input=manifest)
+    assert (r.rc, r.stdout) == (0, manifest)
+    assert time.monotonic() - start < 3
+    big = "x" * 2_500_000 + "\n"       # beyond an SSH channel's window
+    r = conn.run(["wc", "-c"], input=big)
+    assert (r.rc, r.stdout.strip()) == (0, str(len(big)))
+    r = conn.run(["true"], input=big)   # a command that reads none of it
+    assert r.rc == 0
 
 
 def test_exit_codes_failure_missing_program_timeout(conn):
@@ -110,6 +145,26 @@ def test_put_and_read_files_relative_to_the_root(conn, tmp_path):
     conn.make_dirs("m/n")
     conn.make_dirs("m/n")                     # there already: nothing to do
     assert (tmp_path / "root" / "m" / "n").is_dir()
+    conn.write("m/f", b"")
+    assert conn.read("m/f") == b""
+    assert conn.read("m/f/under") is None     # a file for a folder: nothing there either
+    with pytest.raises(OSError):
+        conn.read("m/n")                      # a folder is not "no such file"
+    conn.write(str(tmp_path / "root" / "abs.bin"), data)        # an absolute path as it is
+    assert (tmp_path / "root" / "abs.bin").read_bytes() == data
+
+
+def test_files_are_binary_safe_whole_and_replaced_at_once(conn, tmp_path):
+    data = os.urandom(2_500_000) + b"\r\n\x00\x1a\x03\x04"     # beyond a channel's window; ^C, ^D, ^Z
+    conn.write("big/blob", data)
+    assert conn.read("big/blob") == data
+    conn.write("big/blob", b"short")          # replaced, not overwritten in place
+    assert conn.read("big/blob") == b"short"
+    assert sorted(p.name for p in (tmp_path / "root" / "big").iterdir()) == ["blob"]    # no temporary left
+    for name in ("a b", "-n", "$(touch MARKER)", "é"):
+        conn.write(f"odd/{name}", name.encode())
+        assert conn.read(f"odd/{name}") == name.encode()
+    assert not list(tmp_path.rglob("MARKER"))
 
 
 def test_a_killed_process_and_its_children_are_gone_at_once(conn):
@@ -124,6 +179,33 @@ def test_a_killed_process_and_its_children_are_gone_at_once(conn):
     while conn.alive(pid, "trap") and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not conn.alive(pid, "trap")
+
+
+@pytest.mark.parametrize("how", ["run", "stream"])
+def test_ctrl_c_here_stops_the_command_there(conn, tmp_path, how):
+    pidfile = tmp_path / "root" / "pid"
+    argv = ["sh", "-c", "echo $$ > pid; exec sleep 23"]     # bounded, should SIGINT never come
+
+    def interrupt_when_started() -> None:
+        deadline = time.monotonic() + 10
+        while not pidfile.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.2)
+        os.kill(os.getpid(), signal.SIGINT)       # Ctrl-C: a real signal, as a terminal sends
+
+    threading.Thread(target=interrupt_when_started, daemon=True).start()
+    start = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        if how == "run":
+            conn.run(argv)
+        else:
+            conn.stream(argv, lambda _line: None)
+    assert time.monotonic() - start < 10
+    pid = int(pidfile.read_text())
+    deadline = time.monotonic() + 5
+    while conn.alive(pid, "sleep 23") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not conn.alive(pid, "sleep 23")
 
 
 def test_environment_is_stated_not_copied(conn, monkeypatch):
@@ -247,3 +329,52 @@ def test_a_controller_behind_a_gateway_is_reached_through_it(server, tmp_path):
     with pytest.raises(Unreachable) as e:
         refused.run(["true"])
     assert "\n" not in str(e.value) and "through root@127.0.0.1" in str(e.value), str(e.value)
+
+
+def test_a_dropped_connection_is_opened_again_on_the_next_use(server, tmp_path):
+    c = SshConnector(server.target, str(tmp_path), identity_file=server.identity_file,
+                     known_hosts=server.known_hosts)
+    try:
+        c.write("f", b"1")
+        c.connection().client.get_transport().close()        # a dropped connection
+        assert c.run(["cat", "f"]).stdout == "1"
+        c.write("f", b"2")                                    # a new SFTP session on the new connection
+        assert c.read("f") == b"2"
+    finally:
+        c.close()
+
+
+def test_a_controller_without_sftp_is_found_out_once(bastion, tmp_path):
+    """The refused subsystem is asked for once per connection (one line in
+    sshd's log), then every file goes through cat."""
+    log = Path(bastion.base) / "sshd.log"
+    before = log.read_text().count("subsystem request for sftp")
+    c = SshConnector(bastion.target, str(tmp_path), identity_file=bastion.identity_file,
+                     known_hosts=bastion.known_hosts)
+    try:
+        for i in range(5):
+            c.write(f"f{i}", b"%d" % i)
+            assert c.read(f"f{i}") == b"%d" % i
+        c.remove("f0")
+        assert c.read("f0") is None and c.files == "cat"
+    finally:
+        c.close()
+    assert log.read_text().count("subsystem request for sftp") - before == 1
+
+
+def test_neither_sftp_nor_cat_is_unreachable_in_one_line(tmp_path):
+    """No SFTP subsystem, and a login PATH where cat is not found."""
+    s = sshd.start(tmp_path / "sshd", {"PATH": "/nonexistent", "HOME": str(tmp_path)}, sftp=False)
+    try:
+        c = SshConnector(s.target, str(tmp_path), identity_file=s.identity_file, known_hosts=s.known_hosts)
+        try:
+            for look in (lambda: c.read("x"), lambda: c.write("x", b"1")):
+                with pytest.raises(Unreachable) as e:
+                    look()
+                said = str(e.value)
+                assert "\n" not in said and "neither SFTP nor a working `cat`" in said, said
+                assert "Subsystem sftp" in said and e.value.exit_code == 4
+        finally:
+            c.close()
+    finally:
+        s.stop()

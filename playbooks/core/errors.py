@@ -18,6 +18,14 @@ class InputError(PlaybookError):
     exit_code = 2
 
 
+class Unreachable(PlaybookError):
+    """The host that should run the commands cannot be reached, or is not
+    the host it claims to be, or cannot take the project's files (Ansible's
+    ``unreachable``)."""
+
+    exit_code = 4
+
+
 def first_line(*texts: str) -> str:
     """The first non-blank line of the first text that has one."""
     for text in texts:

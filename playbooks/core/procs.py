@@ -1,16 +1,17 @@
-"""Background processes this project started: pid files, liveness, and
-stopping a whole process tree by pid (never by name, never ``ray stop``)."""
+"""This machine's processes, through its /proc: liveness, a process tree,
+and stopping a whole tree by pid (never by name, never ``ray stop``), as the
+local connector does them. ``alive_from`` reads /proc texts through any
+reader, so a connector for another host uses it over its own files.
+
+The bottom layer: nothing of the project is imported here (pid files, which
+go through a connector, are ``pidfile.py``)."""
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterable
-
-if TYPE_CHECKING:
-    from .connector import Connector
+from typing import Callable, Iterable
 
 
 def _read(path: str) -> bytes | None:
@@ -103,58 +104,3 @@ def kill_now(pids: Iterable[int]) -> None:
             os.kill(p, signal.SIGKILL)
         except ProcessLookupError:
             pass
-
-
-def running_fact(pf: "PidFile", shown: str):
-    """A fact: is the process of this pid file running? Shown as the shell's
-    ``kill -0 $(cat <pid file>)``; a dry run assumes it is not."""
-    from .command import quote
-    from .facts import Fact
-
-    return Fact(name=f"{pf.name} process", python=pf.alive, display=f"kill -0 $(cat {quote(shown)})",
-                assumed=False, describe=lambda a: "running" if a else "not running")
-
-
-class PidFile:
-    """``<dir>/<name>.pid`` holding JSON: pid, the command line marker, when.
-    The file and the process are on the host of ``via`` (a connector: this
-    machine or a controller), ``dir`` relative to its root."""
-
-    def __init__(self, directory, name: str, marker: str, via: "Connector"):
-        self.via = via
-        self.path = Path(directory) / f"{name}.pid"
-        self.name = name
-        self.marker = marker
-
-    def read(self) -> dict | None:
-        data = self.via.read(str(self.path))
-        try:
-            d = json.loads(data) if data else None
-        except ValueError:
-            return None
-        return d if isinstance(d, dict) else None
-
-    def pid(self) -> int | None:
-        d = self.read()
-        try:
-            return int(d["pid"]) if d and "pid" in d else None
-        except (TypeError, ValueError):
-            return None
-
-    def alive(self) -> bool:
-        pid = self.pid()
-        return pid is not None and pid > 0 and self.via.alive(pid, self.marker)
-
-    def write(self, pid: int, **extra) -> None:
-        text = json.dumps({"pid": pid, "marker": self.marker, "started": time.time(), **extra})
-        self.via.write(str(self.path), text.encode())
-
-    def stop(self, grace: float = 10.0) -> None:
-        """Stop its process tree, then forget it."""
-        pid = self.pid()
-        if pid and self.alive():
-            self.via.terminate(pid, grace)
-        self.remove()
-
-    def remove(self) -> None:
-        self.via.remove(str(self.path))

@@ -1,0 +1,135 @@
+"""The connector interface: where effects happen. Every process, file, HTTP
+read and kill of a run goes through a ``Connector``, so the same plays run on
+this machine or on a controller host over SSH, unchanged (pyinfra's
+connectors, Ansible's connection plugins).
+
+Commands are argv lists, never shell strings: a connector that needs one (SSH
+runs every command through the remote user's shell) quotes each argument
+itself, and every byte arrives. Relative paths (of files, ``cwd``, ``log``)
+are relative to the connector's ``root``; absolute ones are taken as they are.
+"""
+from __future__ import annotations
+
+from pathlib import PurePosixPath
+from typing import Any, Callable, Iterable, Protocol
+
+NOT_FOUND = 127   # the program does not exist (a shell's exit code for it)
+TIMED_OUT = 124   # the command ran past its timeout (coreutils ``timeout``'s code)
+
+
+class Ran:
+    """What a process did: exit code, output, time taken."""
+
+    __slots__ = ("rc", "stdout", "stderr", "seconds")
+
+    def __init__(self, rc: int, stdout: str, stderr: str, seconds: float):
+        self.rc, self.stdout, self.stderr, self.seconds = rc, stdout, stderr, seconds
+
+
+def under(root: str, rel: str) -> str:
+    """``rel`` where a connector rooted at ``root`` finds it: an absolute
+    path as it is, a relative one joined to ``root``."""
+    return rel if rel.startswith("/") else str(PurePosixPath(root) / rel)
+
+
+class Connector(Protocol):
+    """Where effects happen: this machine, or a controller host.
+
+    ``name`` says where, in logs and messages ("this machine", "controller
+    user@host"); ``remote`` is true when that is not this machine; ``root``
+    is the folder relative paths are relative to (this project here,
+    ``remote_dir`` on a controller). ``env`` is a sequence of (name, value)
+    added to the environment the connector states for its children (never a
+    copy of this process's); ``cwd`` is a folder relative to ``root``
+    (``root`` itself when None).
+
+    Failures of the connection itself (the host cannot be reached, its key
+    is wrong, it cannot take files) raise ``errors.Unreachable``; a command
+    that fails is a ``Ran`` with its exit code, never an exception.
+    """
+
+    name: str
+    remote: bool
+    root: str
+
+    def run(self, argv: Iterable[str], env: Iterable[tuple[str, str]] = (), input: str | None = None,
+            cwd: str | None = None, timeout: float | None = None) -> Ran:
+        """Run a program to its end and return what it did. Its stdin is
+        ``input`` (then EOF), or empty. A program that does not exist is exit
+        127 (``NOT_FOUND``); one still running after ``timeout`` seconds is
+        stopped and is exit 124 (``TIMED_OUT``), with what it wrote so far.
+        Ctrl-C (KeyboardInterrupt) here stops the program there too."""
+        ...
+
+    def stream(self, argv: Iterable[str], on_line: Callable[[str], None], env: Iterable[tuple[str, str]] = (),
+               cwd: str | None = None) -> Ran:
+        """Run a program, handing each line of its output (stdout and stderr
+        merged, without the newline) to ``on_line`` as it comes; the result's
+        stdout is all those lines. Ctrl-C stops the program."""
+        ...
+
+    def spawn(self, argv: Iterable[str], env: Iterable[tuple[str, str]] = (), cwd: str | None = None,
+              log: str | None = None) -> int:
+        """Start a program in the background, in its own session (it outlives
+        this run and this connection), stdin empty, stdout and stderr
+        appended to ``log`` (its folder made) or discarded. Returns its pid;
+        raises ``CommandFailed`` when it could not start."""
+        ...
+
+    def read(self, path: str) -> bytes | None:
+        """A file's bytes, exactly; None when it does not exist (nor its
+        folder). Any other failure raises ``OSError``."""
+        ...
+
+    def write(self, path: str, data: bytes) -> None:
+        """Make a file hold exactly ``data`` (its folders made as needed)."""
+        ...
+
+    def remove(self, path: str) -> None:
+        """Remove a file (nothing when it does not exist)."""
+        ...
+
+    def make_dirs(self, path: str) -> None:
+        """A folder and its parents (nothing when it exists)."""
+        ...
+
+    def remove_tree(self, path: str) -> None:
+        """A folder and everything in it (nothing when it does not exist)."""
+        ...
+
+    def alive(self, pid: int, marker: str = "") -> bool:
+        """The process exists, is not a zombie, and its command line holds
+        ``marker`` (a recycled pid is not ours): /proc read where this
+        connector runs (``procs.alive_from`` over ``read``)."""
+        ...
+
+    def terminate(self, pid: int, grace: float = 10.0) -> None:
+        """SIGTERM a process and its descendants; SIGKILL what is left after
+        ``grace`` seconds."""
+        ...
+
+    def kill(self, pid: int) -> None:
+        """SIGKILL a process and its descendants at once: a host lost
+        without warning."""
+        ...
+
+    def get_json(self, url: str, timeout: float = 10.0) -> Any:
+        """GET a JSON document where this connector runs. ``ABSENT`` when a
+        loopback port refuses (nothing listens) or the answer is 404; any
+        other failure raises ``ProbeFailed``."""
+        ...
+
+    def getenv(self, name: str) -> str | None:
+        """A variable of the environment the connector's children start
+        from (None when it is not set)."""
+        ...
+
+    def path(self, rel: str) -> str:
+        """A path relative to ``root`` as a path where this connector runs
+        (``under(root, rel)``)."""
+        ...
+
+    def close(self) -> None:
+        """Let go of what the connector holds open (a connection); it opens
+        again on the next use."""
+        ...

@@ -1,0 +1,151 @@
+"""This machine's connector: processes through ``subprocess`` (the only user
+of it in the project), files in the local filesystem, kills through this
+machine's /proc (``procs``)."""
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from .. import procs
+from ..errors import CommandFailed
+from ..http import get_json, port_open
+from .base import NOT_FOUND, TIMED_OUT, Connector, Ran, under
+
+
+class LocalConnector(Connector):
+    """This machine. ``base_env`` is the environment every child starts
+    from (stated by the session); ``root`` is this project."""
+
+    name = "this machine"
+    remote = False
+
+    def __init__(self, root: str | Path, base_env: dict[str, str] | None = None):
+        self.root = str(root)
+        self.base_env = dict(base_env if base_env is not None else os.environ)
+
+    def path(self, rel: str) -> str:
+        return under(self.root, rel)
+
+    def _env(self, env: Iterable[tuple[str, str]]) -> dict[str, str]:
+        out = dict(self.base_env)
+        out.update(dict(env))
+        return out
+
+    def _cwd(self, cwd: str | None) -> str:
+        return self.path(cwd) if cwd else self.root
+
+    def run(self, argv: Iterable[str], env: Iterable[tuple[str, str]] = (), input: str | None = None,
+            cwd: str | None = None, timeout: float | None = None) -> Ran:
+        start = time.monotonic()
+        argv = list(argv)
+        try:
+            # On any exception (KeyboardInterrupt too) subprocess.run kills the child.
+            p = subprocess.run(argv, input=input, stdin=None if input is not None else subprocess.DEVNULL,
+                               capture_output=True, text=True, env=self._env(env), cwd=self._cwd(cwd),
+                               timeout=timeout)
+            return Ran(p.returncode, p.stdout, p.stderr, time.monotonic() - start)
+        except FileNotFoundError as e:
+            return Ran(NOT_FOUND, "", f"{argv[0]}: command not found ({e})", 0.0)
+        except subprocess.TimeoutExpired as e:
+            out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+            err = e.stderr.decode() if isinstance(e.stderr, bytes) else (e.stderr or "")
+            return Ran(TIMED_OUT, out, err + f"\ntimed out after {timeout:.0f}s", time.monotonic() - start)
+
+    def stream(self, argv: Iterable[str], on_line: Callable[[str], None], env: Iterable[tuple[str, str]] = (),
+               cwd: str | None = None) -> Ran:
+        start = time.monotonic()
+        argv = list(argv)
+        lines: list[str] = []
+        try:
+            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, text=True, bufsize=1, env=self._env(env),
+                                    cwd=self._cwd(cwd))
+        except FileNotFoundError as e:
+            return Ran(NOT_FOUND, "", f"{argv[0]}: command not found ({e})", 0.0)
+        try:
+            assert proc.stdout is not None
+            for raw in proc.stdout:
+                line = raw.rstrip("\n")
+                lines.append(line)
+                on_line(line)
+            rc = proc.wait()
+        except KeyboardInterrupt:
+            proc.send_signal(signal.SIGINT)
+            proc.wait()
+            raise
+        return Ran(rc, "\n".join(lines), "", time.monotonic() - start)
+
+    def spawn(self, argv: Iterable[str], env: Iterable[tuple[str, str]] = (), cwd: str | None = None,
+              log: str | None = None) -> int:
+        argv = list(argv)
+        path = Path(self.path(log)) if log else None
+        if path:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        out = open(path, "ab") if path else subprocess.DEVNULL
+        try:
+            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    env=self._env(env), cwd=self._cwd(cwd), start_new_session=True)
+        except FileNotFoundError as e:
+            raise CommandFailed("spawn", shlex.join(argv), NOT_FOUND, "",
+                                f"{argv[0]}: command not found ({e})") from None
+        finally:
+            if path:
+                out.close()  # type: ignore[union-attr]
+        return proc.pid
+
+    def read(self, path: str) -> bytes | None:
+        try:
+            return Path(self.path(path)).read_bytes()
+        except (FileNotFoundError, NotADirectoryError, ProcessLookupError):
+            return None
+
+    def write(self, path: str, data: bytes) -> None:
+        p = Path(self.path(path))
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(data)
+
+    def remove(self, path: str) -> None:
+        try:
+            Path(self.path(path)).unlink()
+        except FileNotFoundError:
+            pass
+
+    def make_dirs(self, path: str) -> None:
+        Path(self.path(path)).mkdir(parents=True, exist_ok=True)
+
+    def remove_tree(self, path: str) -> None:
+        shutil.rmtree(self.path(path), ignore_errors=False, onexc=_missing_is_fine)
+
+    def alive(self, pid: int, marker: str = "") -> bool:
+        return procs.alive_from(self.read, pid, marker)
+
+    def terminate(self, pid: int, grace: float = 10.0) -> None:
+        procs.terminate(procs.tree(pid), grace=grace)
+
+    def kill(self, pid: int) -> None:
+        if pid > 0:
+            procs.kill_now(procs.tree(pid))
+
+    def port_open(self, host: str, port: int) -> bool:
+        """Something listens on host:port here (local clusters only)."""
+        return port_open(host, port)
+
+    def get_json(self, url: str, timeout: float = 10.0) -> Any:
+        return get_json(url, timeout=timeout)
+
+    def getenv(self, name: str) -> str | None:
+        return self.base_env.get(name)
+
+    def close(self) -> None:
+        pass
+
+
+def _missing_is_fine(function, path, exc) -> None:
+    if not isinstance(exc, FileNotFoundError):
+        raise exc
