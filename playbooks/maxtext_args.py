@@ -8,7 +8,10 @@ data/maxtext_schema.json, so a check needs no import of maxtext or jax.
 
 Values are read as MaxText reads its command line (OmegaConf.from_cli), then
 validated against the key's schema. A test compares the verdicts with
-MaxText's own pydantic validation."""
+MaxText's own pydantic validation. Two rules go further than pydantic: a
+string field MaxText declares with one of its enums takes only the values
+MaxText runs (remat_policy, te_comm_gemm_overlap; recorded in the schema
+file, "x-maxtext-enums"), and a few counts and sizes have a sign (SIGNS)."""
 from __future__ import annotations
 
 import difflib
@@ -16,7 +19,7 @@ import json
 import re
 from functools import cache
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 SCHEMA = Path(__file__).parent / "data" / "maxtext_schema.json"
 MODELS_DIR = Path(__file__).resolve().parent.parent / "trainer" / "models"
@@ -108,9 +111,9 @@ def unknown_key(key: str) -> str | None:
     return f"is not a MaxText {version()} config key{hint}"
 
 
-def bad_value(key: str, text: str) -> str | None:
-    """Why MaxText would refuse the value `text` for a known `key` (one
-    phrase), None if it takes it."""
+def schema_problem(key: str, text: str) -> str | None:
+    """Why MaxText's pydantic config would refuse the value `text` for a
+    known `key` (one phrase), None if it takes it."""
     node = schema()["properties"].get(key)
     if node is None:
         return None
@@ -125,6 +128,78 @@ def bad_value(key: str, text: str) -> str | None:
     if not isinstance(value, str) and _valid(node, text):
         return f"reads as {type(value).__name__} {value!r}, not {expected(node)}, {wants}"
     return f"is not {expected(node)}, {wants}"
+
+
+def runs(key: str) -> list[str] | None:
+    """The values MaxText runs for a string field it types as a plain `str`
+    but declares with one of its enums (remat_policy: RematPolicy, and the
+    names its decoder also dispatches on), None for any other key."""
+    record = schema().get("x-maxtext-enums", {}).get(key)
+    return None if record is None else [*record["values"], *record.get("also", [])]
+
+
+def enum_problem(key: str, value: Any) -> str | None:
+    """Pydantic takes any string for such a field; MaxText then fails inside
+    the job (remat_policy: an assert in its decoder) or quietly does
+    something else (te_comm_gemm_overlap: anything but 'disabled' turns the
+    overlap on)."""
+    allowed = runs(key)
+    if allowed is None or not isinstance(value, str) or value in allowed:
+        return None
+    record = schema()["x-maxtext-enums"][key]
+    close = difflib.get_close_matches(value, allowed, n=1, cutoff=0.6)
+    hint = f"; did you mean {close[0]}?" if close else ""
+    also = f"; its {'.'.join(record['also_from'].split('.')[-2:])} also runs: {', '.join(record['also'])}" \
+        if record.get("also") else ""
+    return (f"is not a {key} MaxText {version()} runs (its {record['enum'].rsplit('.', 1)[-1]}: "
+            f"{', '.join(record['values'])}{also}){hint}")
+
+
+# Our own sign rules, for numbers MaxText's schema leaves unbounded: each is
+# a count or a size whose sign has one meaning, and a wrong sign fails late
+# (inside the job) or not at all (a silently wrong job). key -> (accepts the
+# number, the rule in words).
+SIGNS: dict[str, tuple[Callable[[float], bool], str]] = {
+    # A batch size is positive; MaxText takes fractions (0.5: fewer sequences
+    # than devices), so only the sign is ruled.
+    "per_device_batch_size": (lambda v: v > 0, "must be > 0: a batch size is positive (a fraction below 1 "
+                                               "feeds fewer sequences than devices)"),
+    # 0 means "as per_device_batch_size" (MaxText's default); below 0 is no size.
+    "eval_per_device_batch_size": (lambda v: v >= 0, "must be >= 0: a batch size is never negative (0: "
+                                                     "per_device_batch_size)"),
+    # A sequence length in tokens.
+    "max_target_length": (lambda v: v > 0, "must be > 0: it is the sequence length in tokens"),
+    # MaxText's schema also takes 0 (trains nothing) and -1 (as many as
+    # learning_rate_schedule_steps); `invoke train` tells a finished run by
+    # its checkpoints reaching steps - 1 (with -1 any checkpoint would look
+    # final), and its --steps flag takes >= 1 alone.
+    "steps": (lambda v: v >= 1, "must be >= 1: invoke train tells a finished run by its last step (as --steps; "
+                                "0 trains nothing, -1 leaves the last step to learning_rate_schedule_steps)"),
+    # Periods in steps: MaxText computes step % period (0 divides by zero
+    # inside the job; a negative period never fires as meant).
+    "checkpoint_period": (lambda v: v > 0, "must be > 0: MaxText saves a checkpoint when step % "
+                                           "checkpoint_period == 0"),
+    "log_period": (lambda v: v > 0, "must be > 0: MaxText logs when step % log_period == 0"),
+}
+
+
+def sign_problem(key: str, value: Any) -> str | None:
+    rule = SIGNS.get(key)
+    if rule is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    accepts, words = rule
+    return None if accepts(value) else words
+
+
+def bad_value(key: str, text: str) -> str | None:
+    """Why the value `text` for a known `key` would be refused (one phrase):
+    by MaxText's pydantic config, by the enum MaxText runs it from, or by our
+    sign rules; None if it is taken."""
+    why = schema_problem(key, text)
+    if why or key not in schema()["properties"]:
+        return why
+    value = _as_maxtext_sees(key, parse(text))
+    return enum_problem(key, value) or sign_problem(key, value)
 
 
 # run_name becomes a folder, a GCS prefix and a Ray submission id; the

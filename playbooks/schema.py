@@ -115,7 +115,7 @@ def dns_subdomain(what: str):
 
 
 def email(v: str, env: Mapping) -> str | None:
-    return None if _EMAIL.match(v) else "is not an email address (the user account to grant roles to)"
+    return None if _EMAIL.match(v) else "is not an email address (the user or service account to grant roles to)"
 
 
 def at_least(n: int):
@@ -414,7 +414,8 @@ GKE = (
     Key("ksa_name", required=True, rules=(dns_subdomain("Kubernetes service account name"),),
         doc="the Kubernetes service account name"),
     Key("namespace", required=True, rules=(dns_label("Kubernetes namespace"),), doc="the Kubernetes namespace"),
-    Key("user_identifier", required=True, rules=(email,), doc="your user account, e.g. me@example.com"),
+    Key("user_identifier", required=True, rules=(email,),
+        doc="the account granted the tutorial's roles: yours (me@example.com), or a service account's email"),
     Key("machine_type", default="ct6e-standard-4t", rules=(machine_type,)),
     Key("topology", default="4x4", rules=(gke_topology,)),
     Key("chips_per_host", int, derive=default_chips_per_host,

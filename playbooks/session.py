@@ -146,10 +146,78 @@ def _place(key: str) -> str:
     return f"playbook.{key} ({ENV_PREFIX}{key.upper()})"
 
 
+# The config files Invoke reads, by level (invoke.Config keeps each file's
+# data in _<level> and its path in _<level>_path).
+CONFIG_LEVELS = ("system", "user", "project", "runtime")
+
+
+def _near_playbook(key: str) -> bool:
+    """playbok, play_book, Playbook, PLAYBOOKS, plabook: not `playbook`, but
+    meant for it. Separators and case aside, a close spelling of about its
+    length only (playback, playbook_dir, my_playbook or playground are words
+    of their own)."""
+    norm = re.sub(r"[\W_]+", "", key.lower())
+    return abs(len(norm) - len("playbook")) <= 1 and difflib.SequenceMatcher(None, norm, "playbook").ratio() >= 0.85
+
+
+def misspelt_playbook(config) -> None:
+    """Refuse a top-level key of an Invoke config file that is a near miss of
+    `playbook:`. Invoke keeps any top-level key without a word, so a
+    `playbok: {env: dev}` would never apply (and `teardown --yes` would run
+    against the default environment). Invoke's own keys (run, tasks, sudo,
+    timeouts, runners, ...) and other words are left alone: config files,
+    ~/.invoke.yaml above all, may hold settings for other projects' tasks."""
+    sources: list[tuple[str | None, Mapping]] = []
+    for level in CONFIG_LEVELS:
+        data = getattr(config, f"_{level}", None)
+        if isinstance(data, Mapping):
+            sources.append((getattr(config, f"_{level}_path", None), data))
+    if not sources and isinstance(config, Mapping):  # a plain mapping (no files): its own keys
+        sources = [(None, config)]
+    _refuse_misspelt(sources)
+
+
+def _refuse_misspelt(sources: list[tuple[str | None, Mapping]]) -> None:
+    from invoke.config import Config
+
+    own = set(Config.global_defaults())
+    for path, data in sources:
+        for key in data:
+            if isinstance(key, str) and key != "playbook" and key not in own and _near_playbook(key):
+                where = f"Invoke config file {path}" if path else "Invoke config"
+                raise InputError(f"{where}: unknown top-level key {shown_value(key)} (nothing reads it, so its "
+                                 f"settings would not apply); did you mean playbook?")
+
+
+def _misspelt_in_files() -> str | None:
+    """The refusal of a near miss of `playbook:` in a YAML or JSON config
+    file, for when Invoke fails on it before any task runs (`Playbook:
+    {env: dev}` makes its env-var loader find two sources for
+    PLAYBOOK_ENV)."""
+    import json
+
+    import yaml
+
+    for path in config_files():
+        if not path.endswith((".yaml", ".yml", ".json")):
+            continue
+        try:
+            with open(path, encoding="utf-8") as f:
+                data = json.load(f) if path.endswith(".json") else yaml.safe_load(f)
+            if isinstance(data, Mapping):
+                _refuse_misspelt([(path, data)])
+        except InputError as e:
+            return str(e)
+        except Exception:  # noqa: S112 - Invoke's own error is then the one to show
+            continue
+    return None
+
+
 def playbook_config(config) -> dict[str, Any]:
     """The `playbook:` settings, every key known and every value checked;
-    INVOKE_PLAYBOOK_* variables Invoke does not map to a key (a typo) are
-    refused too."""
+    INVOKE_PLAYBOOK_* variables Invoke does not map to a key (a typo) and a
+    misspelt top-level `playbook:` in a config file are refused too."""
+    misspelt_playbook(config)
     pb = config.get("playbook", None) if hasattr(config, "get") else None
     if pb is None:
         pb = {}
@@ -239,18 +307,16 @@ def _config_error(kind: type) -> bool:
         "AmbiguousMergeError", "UncastableEnvVar", "AmbiguousEnvVar", "UnknownFileType"))
 
 
-def _last_resort(kind, value, tb) -> None:
-    """What is raised outside every task (Invoke reading its config files,
-    after tasks.py is imported): one line, the traceback kept in a file."""
-    if issubclass(kind, KeyboardInterrupt):
-        sys.stderr.write("interrupted\n")
-        os._exit(130)
+def last_resort_line(kind, value, tb) -> tuple[str, int]:
+    """The one line and the exit code for what is raised outside every task
+    (a config error: 2; anything else: 3, its traceback kept in a file)."""
     text = " ".join(str(value).split())
     if _config_error(kind):
+        misspelt = _misspelt_in_files()
+        if misspelt:
+            return f"error: {misspelt}", 2
         files = ", ".join(config_files()) or "none found"
-        sys.stderr.write(f"error: Invoke's config files ({files}): {kind.__name__}: {shown_value(text, 300)[1:-1]}\n")
-        sys.stderr.flush()
-        os._exit(2)
+        return f"error: Invoke's config files ({files}): {kind.__name__}: {shown_value(text, 300)[1:-1]}", 2
     path = ROOT / ".state" / "last-error.txt"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -258,9 +324,19 @@ def _last_resort(kind, value, tb) -> None:
         where = f" (traceback in {path.relative_to(ROOT)})"
     except OSError:
         where = ""
-    sys.stderr.write(f"internal error: {kind.__name__}: {shown_value(text, 300)[1:-1]}{where}\n")
+    return f"internal error: {kind.__name__}: {shown_value(text, 300)[1:-1]}{where}", 3
+
+
+def _last_resort(kind, value, tb) -> None:
+    """What is raised outside every task (Invoke reading its config files,
+    after tasks.py is imported): one line, the traceback kept in a file."""
+    if issubclass(kind, KeyboardInterrupt):
+        sys.stderr.write("interrupted\n")
+        os._exit(130)
+    line, code = last_resort_line(kind, value, tb)
+    sys.stderr.write(line + "\n")
     sys.stderr.flush()
-    os._exit(3)
+    os._exit(code)
 
 
 def config_files() -> list[str]:

@@ -86,6 +86,73 @@ def test_rule(tmp_path, changes, words):
         assert w in msg, msg
 
 
+def test_a_mutable_default_is_each_environments_own(tmp_path):
+    """train_overrides defaults to {}: each environment that omits it gets a
+    dict of its own, not the schema's one object."""
+    from playbooks.schema import GKE
+
+    p = tmp_path / "inventory.yaml"
+    p.write_text(yaml.safe_dump({"default": "a", "environments": {
+        "a": {**MINIMAL, "cluster_name": "alpha", "gs_bucket": "alpha-ckpt"},
+        "b": {**MINIMAL, "cluster_name": "beta", "gs_bucket": "beta-ckpt", "subnet_1_name": "b-1",
+              "subnet_2_name": "b-2", "dashboard_port": 8266},
+        "c": {"kind": "local", "gcs_port": 6600, "dashboard_port": 8285}}}))
+    inv = load_inventory(p)
+    a, b, c = inv.env("a"), inv.env("b"), inv.env("c")
+    default = next(k for k in GKE if k.name == "train_overrides").default
+    assert a.train_overrides == b.train_overrides == c.train_overrides == {} == default
+    assert len({id(a.train_overrides), id(b.train_overrides), id(c.train_overrides), id(default)}) == 4
+    a.train_overrides["steps"] = 5  # the values are read-only by convention; a slip stays in its environment
+    assert b.train_overrides == c.train_overrides == {} == default
+    assert load_inventory(p).env("b").train_overrides == {}
+
+
+def test_an_anchored_value_is_each_environments_own(tmp_path):
+    """A YAML anchor hands one dict to every environment that names it."""
+    p = tmp_path / "inventory.yaml"
+    p.write_text("x-ov: &ov {steps: 5}\ndefault: a\nenvironments:\n"
+                 "  a: {kind: local, train_overrides: *ov}\n"
+                 "  b: {kind: local, gcs_port: 6600, dashboard_port: 8285, train_overrides: *ov}\n")
+    inv = load_inventory(p)
+    a, b = inv.env("a"), inv.env("b")
+    assert a.train_overrides == b.train_overrides == {"steps": 5}
+    assert a.train_overrides is not b.train_overrides
+
+
+@pytest.mark.parametrize("identifier, member", [
+    ("me@example.com", "user:me@example.com"),
+    ("trainer@my-proj-1.iam.gserviceaccount.com", "serviceAccount:trainer@my-proj-1.iam.gserviceaccount.com"),
+    ("123456789-compute@developer.gserviceaccount.com", "serviceAccount:123456789-compute@developer.gserviceaccount.com"),
+    ("my-proj-1@appspot.gserviceaccount.com", "serviceAccount:my-proj-1@appspot.gserviceaccount.com"),
+    ("Trainer@My-Proj-1.IAM.GServiceAccount.com", "serviceAccount:Trainer@My-Proj-1.IAM.GServiceAccount.com"),
+    ("me@gserviceaccount.com.example.com", "user:me@gserviceaccount.com.example.com"),
+    ("me@notgserviceaccount.com", "user:me@notgserviceaccount.com"),
+    ("gserviceaccount.com@example.com", "user:gserviceaccount.com@example.com"),
+])
+def test_user_identifier_is_granted_as_the_member_it_names(identifier, member):
+    """The tutorial grants its roles with --member=user:$USER_IDENTIFIER; a
+    service account is a serviceAccount: member. The command lines, and the
+    check that a role is already there, use that member."""
+    from playbooks import tutorial as T
+    from playbooks.core.fixtures import Answers
+    from playbooks.plays import prereqs
+    from tests.conftest import env, run_with_facts
+
+    assert prereqs.iam_member(identifier) == member
+    e = env("dev", user_identifier=identifier)
+    granted = {"bindings": [{"role": r, "members": [member]} for r in T.USER_ROLES]}
+    wrong = {"bindings": [{"role": r, "members": [("user:" if member.startswith("service") else "serviceAccount:")
+                                                  + identifier]} for r in T.USER_ROLES]}
+    facts = {"gcloud services list --enabled --format=json --project=my-tpu-project":
+             [{"config": {"name": s}, "state": "ENABLED"} for s in T.SERVICES],
+             "gcloud projects get-iam-policy my-tpu-project --format=json": Answers(wrong, granted)}
+    recap, out = run_with_facts(prereqs.steps(e), facts)
+    assert recap.counters() == "ok=3 changed=1 failed=0 skipped=0", out.text()
+    assert [line.split("apply  ", 1)[1] for line in out if line.startswith("  apply")] == [
+        f"gcloud projects add-iam-policy-binding my-tpu-project --member={member} --role={T.USER_ROLES[0]}"]
+    assert f"{member} already has {T.USER_ROLES[1]}" in out.text()
+
+
 def test_unknown_environment_and_bad_file(tmp_path):
     inv = load_inventory(write(tmp_path, MINIMAL))
     with pytest.raises(InputError, match="environment 'prod' is not defined"):

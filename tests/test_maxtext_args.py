@@ -71,9 +71,98 @@ def maxtext_verdict():
 
 
 def test_verdicts_agree_with_maxtexts_own_validation(maxtext_verdict):
-    wrong = [(k, v, M.bad_value(k, v)) for k, v in CASES if (M.bad_value(k, v) is None) != maxtext_verdict(k, v)]
+    wrong = [(k, v, M.schema_problem(k, v)) for k, v in CASES
+             if (M.schema_problem(k, v) is None) != maxtext_verdict(k, v)]
     assert not wrong
-    assert sum(M.bad_value(k, v) is not None for k, v in CASES) >= 12  # the table has teeth
+    assert sum(M.schema_problem(k, v) is not None for k, v in CASES) >= 12  # the table has teeth
+    # bad_value adds the enums and the sign rules below; none of these values breaks them
+    assert [(k, v) for k, v in CASES if (M.bad_value(k, v) is None) != (M.schema_problem(k, v) is None)] == []
+
+
+# -- string fields MaxText declares with its own enum (pydantic takes any string) -------------
+def _maxtexts_get_remat_policy():
+    """MaxText's own NNXDecoder.get_remat_policy, compiled from the installed
+    source alone (importing its module costs seconds of flax)."""
+    import ast
+    import warnings
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    import jax
+
+    origin = importlib.util.find_spec("maxtext.layers.nnx_decoders").origin
+    tree = ast.parse(Path(origin).read_text())
+    fn = next(f for c in tree.body if isinstance(c, ast.ClassDef) and c.name == "NNXDecoder"
+              for f in c.body if isinstance(f, ast.FunctionDef) and f.name == "get_remat_policy")
+    scope = {"jax": jax, "warnings": warnings, "max_logging": SimpleNamespace(log=lambda *a: None)}
+    exec(compile(ast.Module([fn], []), origin, "exec"), scope)  # noqa: S102 - the pinned MaxText's own code
+
+    def run(name):
+        config = SimpleNamespace(remat_policy=name, scan_layers=False, tensors_on_device=[], tensors_to_offload=[])
+        return scope["get_remat_policy"](SimpleNamespace(config=config, minimal_policy=lambda **kw: "minimal"))
+    return run
+
+
+def test_a_remat_policy_is_one_maxtext_runs():
+    """Every value taken runs through MaxText's decoder; the refused one is
+    its assert ("Remat policy needs to be on list of remat policies")."""
+    from maxtext.configs.types import RematPolicy
+
+    run = _maxtexts_get_remat_policy()
+    taken = M.runs("remat_policy")
+    assert {p.value for p in RematPolicy} <= set(taken)  # the enum, read from maxtext now
+    assert {"minimal_with_context", "none"} <= set(taken)  # base.yml's first choice; no remat at all
+    for name in taken:
+        assert M.bad_value("remat_policy", name) is None, name
+        run(name)
+    for wrong in ("fulll", "Full", "minimal-offloaded"):
+        with pytest.raises(AssertionError, match="list of remat policies"):
+            run(wrong)
+        assert M.bad_value("remat_policy", wrong) is not None
+    why = M.bad_value("remat_policy", "fulll")
+    assert why.startswith("is not a remat_policy MaxText 0.2.5 runs (its RematPolicy: full, minimal, ")
+    assert "its NNXDecoder.get_remat_policy also runs: none, minimal_with_context," in why
+    assert why.endswith("; did you mean full?")
+    assert M.bad_value("remat_policy", "none") is None  # None after MaxText's own conversion
+
+
+def test_every_enum_backed_string_field_is_recorded():
+    """remat_policy and te_comm_gemm_overlap are typed `str` but declared with
+    MaxText's RematPolicy and TeCommGemmOverlapPolicy; a field typed as its
+    enum (dtype) is checked by pydantic's schema already."""
+    from maxtext.configs.types import TeCommGemmOverlapPolicy
+
+    assert set(M.schema()["x-maxtext-enums"]) == {"remat_policy", "te_comm_gemm_overlap"}
+    assert M.runs("te_comm_gemm_overlap") == [p.value for p in TeCommGemmOverlapPolicy]
+    assert M.bad_value("te_comm_gemm_overlap", "disable") == (
+        "is not a te_comm_gemm_overlap MaxText 0.2.5 runs (its TeCommGemmOverlapPolicy: disabled, mlp, full); "
+        "did you mean disabled?")
+    assert M.runs("dtype") is None and "one of: bfloat16" in M.bad_value("dtype", "bf16")
+    assert M.bad_value("remat_policy", "1").startswith("reads as int 1, not a string")  # the type comes first
+
+
+@pytest.mark.parametrize("key, refused, taken", [
+    ("per_device_batch_size", ["-4", "0", "-0.5"], ["1", "0.5", "12"]),
+    ("eval_per_device_batch_size", ["-1", "-0.25"], ["0", "2", "0.5"]),
+    ("max_target_length", ["0", "-128"], ["1", "2048"]),
+    ("steps", ["0", "-1"], ["1", "100"]),
+    ("checkpoint_period", ["0", "-10"], ["1", "10"]),
+    ("log_period", ["0", "-1"], ["1", "100"]),
+])
+def test_sign_rules(maxtext_verdict, key, refused, taken):
+    for v in refused:
+        assert M.schema_problem(key, v) is None and maxtext_verdict(key, v), (key, v)  # MaxText would take it
+        why = M.bad_value(key, v)
+        assert why and why.startswith("must be >"), (key, v, why)
+    for v in taken:
+        assert M.bad_value(key, v) is None, (key, v)
+
+
+def test_shipped_inventory_and_arguments_keep_the_sign_rules():
+    assert set(M.SIGNS) <= set(M.schema()["properties"])
+    for name in load_inventory().names:
+        for k, v in load_inventory().env(name).train_overrides.items():
+            assert M.problem(k, M.as_text(v)) is None, (name, k, v)
 
 
 def test_messages_name_what_maxtext_wants():
@@ -100,6 +189,9 @@ def test_every_shipped_argument_is_valid():
     (["foo_bar=1"], "--set 'foo_bar=1': 'foo_bar' is not a MaxText 0.2.5 config key"),
     (["per_device_batch_size=abc"], "'abc' is not an integer or a number"),
     (["remat_plicy=full"], "did you mean remat_policy?"),
+    (["remat_policy=fulll"], "--set 'remat_policy=fulll': 'fulll' is not a remat_policy MaxText 0.2.5 runs"),
+    (["per_device_batch_size=-4"], "--set 'per_device_batch_size=-4': '-4' must be > 0: a batch size is positive"),
+    (["steps=0"], "--set 'steps=0': '0' must be >= 1"),
     (["base_num_decoder_layers=4"], "the job sets base_num_decoder_layers=4 (the model sets 32); MaxText refuses"),
 ])
 def test_train_refuses_a_bad_set_before_anything_runs(sets, words):
@@ -125,6 +217,11 @@ def test_inventory_train_overrides_are_checked(tmp_path):
                                  "checkpoints.)")
     with pytest.raises(InputError, match=r"'train_overrides.remat_plicy' = 'full' is not a MaxText"):
         resolve(tmp_path, train_overrides={"remat_plicy": "full"})
+    with pytest.raises(InputError, match=r"'train_overrides.remat_policy' = 'fulll' is not a remat_policy .*"
+                                         r"did you mean full\?$"):
+        resolve(tmp_path, train_overrides={"remat_policy": "fulll"})
+    with pytest.raises(InputError, match=r"'train_overrides.per_device_batch_size' = -4 must be > 0"):
+        resolve(tmp_path, train_overrides={"per_device_batch_size": -4})
     assert resolve(tmp_path, train_overrides={"optimizer_memory_host_offload": True}).train_overrides
 
 

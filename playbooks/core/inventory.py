@@ -8,6 +8,7 @@ would share (the schema's ``across`` rule), before any command runs.
 """
 from __future__ import annotations
 
+import copy
 import difflib
 import re
 from dataclasses import dataclass, field
@@ -167,6 +168,12 @@ def _typed(where: str, key: Key, value: Any) -> Any:
     return value
 
 
+def _own(value: Any) -> Any:
+    """A copy of a mutable value (a mapping, a list, a set), the value itself
+    otherwise."""
+    return copy.deepcopy(value) if isinstance(value, (dict, list, set)) else value
+
+
 def resolve(path: Path, name: str, raw: Mapping[str, Any], schema: Schema) -> Env:
     where = f"{path}: environment {name!r}"
     if not isinstance(raw, Mapping):
@@ -182,13 +189,16 @@ def resolve(path: Path, name: str, raw: Mapping[str, Any], schema: Schema) -> En
                              f"{unknown_key_hint(k, list(keys))}")
     env: dict[str, Any] = {}
     # Values as given (type-checked) or their defaults; derived keys wait.
+    # A mutable value is this environment's own copy: a default ({} of
+    # train_overrides) is one object of the schema, and a YAML anchor hands
+    # one object to every environment that names it.
     for key in keys.values():
         if key.name in raw and raw[key.name] is not None:
-            env[key.name] = _typed(where, key, raw[key.name])
+            env[key.name] = _own(_typed(where, key, raw[key.name]))
         elif key.required:
             raise InputError(f"{where}: missing key {key.name!r} ({key.doc or 'required'})")
         elif key.derive is None:
-            env[key.name] = key.default
+            env[key.name] = _own(key.default)
     env["kind"] = kind
     # Rules in schema order; a derived key is computed when its turn comes,
     # from keys already proven valid.

@@ -1,4 +1,5 @@
-"""§1 Project prerequisites: the APIs and the user's three IAM roles."""
+"""§1 Project prerequisites: the APIs and the three IAM roles of user_identifier (a user, or a
+service account)."""
 from __future__ import annotations
 
 from typing import Any
@@ -34,6 +35,24 @@ def policy_fact(env: Environment):
                 describe=lambda p: f"{len(p.get('bindings', []))} binding(s)")
 
 
+# Google's domain for service accounts: NAME@PROJECT.iam.gserviceaccount.com,
+# PROJECT_NUMBER-compute@developer.gserviceaccount.com (Compute Engine's
+# default), PROJECT@appspot.gserviceaccount.com (App Engine's), Google's
+# service agents (...@gcp-sa-*.iam.gserviceaccount.com, ...@cloudservices...).
+SERVICE_ACCOUNT_DOMAIN = "gserviceaccount.com"
+
+
+def iam_member(identifier: str) -> str:
+    """The IAM member that `user_identifier` names: `serviceAccount:` for a
+    service account's email (IAM takes one only as serviceAccount:), else
+    `user:` as in the tutorial. Every place that builds the member calls
+    this."""
+    domain = identifier.rsplit("@", 1)[-1].lower()
+    if domain == SERVICE_ACCOUNT_DOMAIN or domain.endswith("." + SERVICE_ACCOUNT_DOMAIN):
+        return f"serviceAccount:{identifier}"
+    return f"user:{identifier}"
+
+
 def has_binding(policy: Any, role: str, member: str) -> bool:
     for b in (policy or {}).get("bindings", []):
         if b.get("role") == role and member in b.get("members", []) and not b.get("condition"):
@@ -59,7 +78,7 @@ def steps(env: Environment) -> list[Step]:
                                   timeout=120, interval=10),
                     id="prereqs:apis"))
     pol = policy_fact(env)
-    member = f"user:{env.user_identifier}"
+    member = iam_member(env.user_identifier)
     previous: tuple[str, ...] = ()
     for role in T.USER_ROLES:
         def decide(look, role=role):
