@@ -99,12 +99,12 @@ JOB_HELP = {
 
 def _job(s, model, elastic, steps, sets, fresh, preset):
     """The job the flags ask for (a bad flag is one line, exit 2)."""
-    from playbooks.plays import train as tr
+    from playbooks import job
 
     # Invoke passes a bare `--set` (no key=value after it) as no --set at all.
     bare_flag("--set", "-t")
-    n = whole_number("--steps", steps, 1, tr.MAX_STEPS, "the tutorial's jobs run 100") if steps != "" else None
-    return tr.build_job(s.env, model, elastic, n, sets or [], fresh, preset)
+    n = whole_number("--steps", steps, 1, job.MAX_STEPS, "the tutorial's jobs run 100") if steps != "" else None
+    return job.build_job(s.env, model, elastic, n, sets or [], fresh, preset)
 
 
 @task(
@@ -123,7 +123,7 @@ def train(c, model="llama3-8b", elastic=False, steps="", set_=None, fresh=False,
         s = open_session(c.config, "train")
         job = _job(s, model, elastic, steps, set_, fresh, preset)
         log = (s.logdir / "job.log") if s.logdir else None
-        s.run("train", plan.train_steps(s.env, job, {}, log, preflight=not skip_preflight), parallel=False)
+        s.run("train", plan.train_steps(s.env, job, log, preflight_first=not skip_preflight), parallel=False)
 
 
 @task(iterable=["set_"], help=JOB_HELP)
@@ -154,23 +154,23 @@ def _run_flag(run: str) -> str | None:
 def logs(c, run="", follow=False):
     """The driver log of a run's newest job (Ray Jobs SDK); --follow to its end, exiting with its outcome."""
     from playbooks import plan
-    from playbooks.plays import jobs
+    from playbooks.plays import logs as lg
 
     with clean_errors():
         s = open_session(c.config, "logs")
         name = _run_flag(run)
         steps = [] if s.env.kind == "local" else plan.cluster_ready_steps(s.env)
-        s.run("logs", steps + [jobs.logs_step(s.env, name, follow)], parallel=False)
+        s.run("logs", steps + [lg.logs_step(s.env, name, follow)], parallel=False)
 
 
 @task(help={"run": "the run (its run_name); default: the newest run with metrics"})
 def metrics(c, run=""):
     """Draw a run's step metrics (loss, tokens/s per device, step time) into its metrics.png."""
-    from playbooks.plays import jobs
+    from playbooks.plays import logs as lg
 
     with clean_errors():
         s = open_session(c.config, "metrics")
-        s.run("metrics", [jobs.metrics_step(s.env, _run_flag(run))], parallel=False)
+        s.run("metrics", [lg.metrics_step(s.env, _run_flag(run))], parallel=False)
 
 
 @task(help={"restore_after": "local only: seconds before the killed host comes back (default 60; 0: never)"})
@@ -213,21 +213,20 @@ def teardown(c, yes=False):
 @task(help={"json": "print it as one JSON document (the exit code: 0 when everything is as the inventory asks)"})
 def status(c, json_=False):
     """Everything the environment owns, as it is, and the first thing not as the inventory asks, and why (read-only)."""
+    from playbooks import status as st
     from playbooks.core.recap import Reporter
     from playbooks.core.runner import Mode
-    from playbooks.plays import status as st
     from playbooks.session import Failed
 
     with clean_errors():
         lines: list[str] = []
         s = open_session(c.config, "status", reporter=Reporter(lines.append), read_only=True)
-        state: dict = {}
         if s.mode is Mode.DRY:
             s.book.reporter = Reporter()
-            s.run("status", st.steps(s.env, state))
+            s.run("status", st.steps(s.env))
             return
-        recap = s.book.run(f"status {s.env.name}", st.steps(s.env, state), workers=max(4, s.book.workers))
-        doc = st.report(s.env, recap, state)
+        recap = s.book.run(f"status {s.env.name}", st.steps(s.env), workers=max(4, s.book.workers))
+        doc = st.report(s.env, recap)
         doc["logs"] = str(s.logdir.relative_to(s.logdir.parents[3])) if s.logdir else None
         print(st.render_json(doc) if json_ else "\n".join(st.table(doc)))
         if not doc["as_asked"]:
@@ -237,7 +236,7 @@ def status(c, json_=False):
 @task
 def doctor(c):
     """Check what would stop a run: the tools, gcloud's account, the project, the kubectl context, every gcloud command's parse."""
-    from playbooks.plays import doctor as dr
+    from playbooks import doctor as dr
 
     with clean_errors():
         s = open_session(c.config, "doctor")

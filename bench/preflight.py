@@ -19,8 +19,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from playbooks.plays import preflight as pf  # noqa: E402
-from playbooks.plays import train as tr
+from playbooks import fit as pf  # noqa: E402
+from playbooks import job as tr  # noqa: E402
 from playbooks.schema import load_inventory  # noqa: E402
 
 CASES = {

@@ -136,16 +136,21 @@ def _fail(c: Completed, what: str) -> ProbeFailed:
 _PARTIAL = re.compile(r"^WARNING: (Some requests did not succeed|The following zones did not respond)", re.M)
 
 
+def _json(c: Completed, what: str, empty: str = "") -> Any:
+    """A successful command's output as JSON, or "could not look"."""
+    try:
+        return json.loads(c.stdout or empty)
+    except json.JSONDecodeError:
+        raise ProbeFailed(what, c.line, c.rc, c.stdout, c.stderr, why="output is not JSON") from None
+
+
 def json_list(select: Callable[[list], Any] | None = None, what: str = "probe") -> Callable[[Completed], Any]:
     """A successful list is proof: what it does not hold does not exist."""
 
     def parse(c: Completed) -> Any:
         if not c.ok or _PARTIAL.search(c.stderr):
             raise _fail(c, what)
-        try:
-            items = json.loads(c.stdout or "[]")
-        except json.JSONDecodeError:
-            raise ProbeFailed(what, c.line, c.rc, c.stdout, c.stderr, why="output is not JSON") from None
+        items = _json(c, what, empty="[]")
         if isinstance(items, dict):
             items = items.get("items", [items])
         return select(items) if select else items
@@ -166,10 +171,7 @@ def json_object(what: str = "probe") -> Callable[[Completed], Any]:
     def parse(c: Completed) -> Any:
         if not c.ok:
             raise _fail(c, what)
-        try:
-            return json.loads(c.stdout)
-        except json.JSONDecodeError:
-            raise ProbeFailed(what, c.line, c.rc, c.stdout, c.stderr, why="output is not JSON") from None
+        return _json(c, what)
     return parse
 
 
@@ -182,10 +184,7 @@ def kube_object(what: str = "probe") -> Callable[[Completed], Any]:
             raise _fail(c, what)
         if not c.stdout.strip():
             return ABSENT
-        try:
-            return json.loads(c.stdout)
-        except json.JSONDecodeError:
-            raise ProbeFailed(what, c.line, c.rc, c.stdout, c.stderr, why="output is not JSON") from None
+        return _json(c, what)
     return parse
 
 
@@ -213,12 +212,23 @@ def gcs_describe(what: str = "probe") -> Callable[[Completed], Any]:
 
     def parse(c: Completed) -> Any:
         if c.ok:
-            try:
-                return json.loads(c.stdout)
-            except json.JSONDecodeError:
-                raise ProbeFailed(what, c.line, c.rc, c.stdout, c.stderr, why="output is not JSON") from None
+            return _json(c, what)
         err = c.stderr + c.stdout
         if _GCS_NOT_FOUND.search(err) and not re.search(r"\b(401|403)\b", err):
+            return ABSENT
+        raise _fail(c, what)
+    return parse
+
+
+def compute_describe(what: str = "probe") -> Callable[[Completed], Any]:
+    """``gcloud compute ... describe``: it prints only the server's message,
+    but its debug log (COMPUTE_DEBUG) has the status; a 404 is a proven
+    absence, any other failure is not."""
+
+    def parse(c: Completed) -> Any:
+        if c.ok:
+            return _json(c, what)
+        if http_status(c) == 404:
             return ABSENT
         raise _fail(c, what)
     return parse

@@ -6,7 +6,7 @@ import dataclasses
 from typing import Any
 
 from . import tutorial as T
-from .clients import by_name, fact, gcloud, json_list, kube_list, kube_object, kubectl
+from .clients import by_name, fact, gcloud, gcs_describe, json_list, kube_list, kube_object, kubectl
 from .core.command import Command
 from .core.facts import ABSENT, Fact
 from .schema import Environment
@@ -80,6 +80,20 @@ def _describe_network(n: Any) -> str:
 STRICT_COMPUTE_LISTS = (("CLOUDSDK_COMPUTE_ALLOW_PARTIAL_ERROR", "false"),)
 
 
+def machine_types_fact(env: Environment) -> Fact:
+    """Every zone that offers the machine type (an aggregated list: all of
+    them, so the others can be named)."""
+    c = gcloud("compute", "machine-types", "list", f"--filter=name={env.machine_type}", "--format=json",
+               project=env.project_id)
+    c = dataclasses.replace(c, env=STRICT_COMPUTE_LISTS + c.env)
+
+    def zones(items: list) -> list[str]:
+        return sorted({str(i.get("zone", "")).rsplit("/", 1)[-1] for i in items if i.get("name") == env.machine_type})
+
+    return fact(f"zones offering {env.machine_type}", c, json_list(zones), assumed=[env.zone],
+                describe=lambda zs: ", ".join(zs) or "none")
+
+
 def subnets_fact(env: Environment, name: str) -> Fact:
     c = gcloud("compute", "networks", "subnets", "list", f"--regions={env.region}", "--format=json",
                project=env.project_id)
@@ -105,6 +119,14 @@ def nodepools_fact(env: Environment, name: str) -> Fact:
                 describe=lambda p: f"present ({p.get('status')}, "
                                    f"{(p.get('placementPolicy') or {}).get('tpuTopology', '?')}, "
                                    f"{p.get('initialNodeCount', '?')} nodes)")
+
+
+def bucket_fact(env: Environment):
+    return fact(f"bucket {env.gs_bucket}",
+                gcloud("storage", "buckets", "describe", f"gs://{env.gs_bucket}", "--format=json"),
+                gcs_describe(),
+                describe=lambda b: "present" + (f" ({b.get('location')}, {b.get('default_storage_class') or b.get('storageClass')})"
+                                                if b.get("location") else ""))
 
 
 def namespace_objects(env: Environment) -> list[tuple[str, str]]:

@@ -47,9 +47,13 @@ def tool_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
 
 
 def local() -> LocalConnector:
+    """This machine's connector, with the client libraries as speed-ups of
+    kubectl and `ray job logs` (the same answers, no process)."""
     global _local
     if _local is None:
-        _local = LocalConnector(ROOT, tool_env())
+        from .kube_client import KubectlShortcut
+        from .rayapi import RayJobLogs
+        _local = LocalConnector(ROOT, tool_env(), shortcuts=(KubectlShortcut(), RayJobLogs()))
     return _local
 
 

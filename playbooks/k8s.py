@@ -1,53 +1,18 @@
-"""The cluster's RayCluster, pods and events through the `kubernetes` Python
-client: a per-context client from the kubeconfig `get-credentials` writes
-(GKE's exec credential plugin gives it, and refreshes, its token), a watch of
-the RayCluster's readiness, and why its workers are not running, one line
-per cause.
-
-The client is imported only when it is used (it is a heavy import).
-"""
+"""The cluster's RayCluster, pods and events as kubectl reads them where
+the commands run: whether the RayCluster is ready, and why its workers are
+not running, one line per cause."""
 from __future__ import annotations
 
-import json
 import re
 from collections import OrderedDict
 from typing import Any
 
 from . import hosts
 from . import tutorial as T
-from .core.errors import ProbeFailed
-from .core.facts import ABSENT, Fact
+from .clients import json_object
+from .core.facts import ABSENT, Completed, Fact
 from .gke import kube, kube_context, workers
 from .schema import Environment
-
-GROUP, VERSION, PLURAL = "ray.io", "v1", "rayclusters"
-
-
-_clients: dict[tuple[str, str], Any] = {}
-
-
-def client(env: Environment):
-    """An ApiClient for this environment's context (not the current one),
-    made once: its exec plugin's token is refreshed when it expires."""
-    import os
-
-    from kubernetes import config
-    key = (kube_context(env), os.environ.get("KUBECONFIG", ""))
-    if key not in _clients:
-        try:
-            _clients[key] = config.new_client_from_config(context=kube_context(env))
-        except Exception as e:  # a missing context, an unreadable kubeconfig
-            raise ProbeFailed("kubernetes", f"kubeconfig context {kube_context(env)}", None, "", str(e),
-                              why=f"could not look: {type(e).__name__}: {str(e).splitlines()[0][:200]}") from None
-    return _clients[key]
-
-
-def _api_error(what: str, e: Exception) -> ProbeFailed:
-    status = getattr(e, "status", None)
-    reason = getattr(e, "reason", None) or type(e).__name__
-    return ProbeFailed(what, f"kubernetes client: {what}", status, "", str(e)[:2000],
-                       why=f"could not look: {status or ''} {reason}".strip())
-
 
 def ready(env: Environment, rc: Any) -> str | None:
     """None when the head pod is ready and every worker is (KubeRay's
@@ -64,99 +29,21 @@ def ready(env: Environment, rc: Any) -> str | None:
     return f"head {'ready' if head else 'not ready'}, {have} of {want} TPU workers ready"
 
 
-def watch_raycluster(env: Environment, seconds: float) -> Any:
-    """The RayCluster, as soon as it changes (or after ``seconds``): its
-    watch, not a poll. ABSENT when it does not exist."""
-    if hosts.controller(env):
-        return _poll_raycluster(env, seconds)
-    from kubernetes import client as k
-    from kubernetes import watch
-    api = k.CustomObjectsApi(client(env))
-    try:
-        found = api.list_namespaced_custom_object(GROUP, VERSION, env.namespace, PLURAL,
-                                                  field_selector=f"metadata.name={T.RAYCLUSTER_NAME}")
-        items = found.get("items") or []
-        latest = items[0] if items else ABSENT
-        if latest is not ABSENT and ready(env, latest) is None:
-            return latest
-        version = (found.get("metadata") or {}).get("resourceVersion")
-        w = watch.Watch()
-        for event in w.stream(api.list_namespaced_custom_object, GROUP, VERSION, env.namespace, PLURAL,
-                              field_selector=f"metadata.name={T.RAYCLUSTER_NAME}", resource_version=version,
-                              timeout_seconds=max(1, int(seconds))):
-            latest = ABSENT if event["type"] == "DELETED" else event["object"]
-            w.stop()  # it changed: the verify looks at it
-        return latest
-    except Exception as e:
-        if isinstance(e, ProbeFailed):
-            raise
-        raise _api_error("watch raycluster", e) from None
-
-
-# -- on a controller host: the same reads with kubectl there ------------------------------
-# The kubeconfig, its credentials (the auth plugin and the controller's gcloud
-# identity) and, for a private cluster, the only route to the endpoint are on
-# the controller: a tunnel to the endpoint would still need them here. So the
-# reads run there, with kubectl, and return the API's JSON, which is what the
-# client's objects serialize to.
+# -- reads: kubectl where the commands run ----------------------------------------------
+# The kubeconfig, its credentials (the auth plugin and gcloud's identity) and,
+# for a private cluster, the only route to the endpoint are where the commands
+# run (this machine or the controller): the reads are `kubectl get -o json`
+# there. On this machine the connector may answer them through the
+# `kubernetes` client instead (no process; the same JSON: k8s_client.py).
 def kubectl_json(env: Environment, *args: str, timeout: float = 60) -> Any:
-    argv = kube(env, "get", *args, "--output=json").argv
-    r = hosts.connector(env).run(argv, timeout=timeout)
-    if r.rc != 0:
-        from .core.errors import error_line
-        raise ProbeFailed("kubectl", " ".join(argv), r.rc, r.stdout, r.stderr,
-                          why=f"could not look: {error_line(r.stderr, r.stdout)}")
-    try:
-        return json.loads(r.stdout)
-    except json.JSONDecodeError:
-        raise ProbeFailed("kubectl", " ".join(argv), r.rc, r.stdout, r.stderr,
-                          why="could not look: kubectl's answer is not JSON") from None
-
-
-def _raycluster_now(env: Environment) -> Any:
-    found = kubectl_json(env, "rayclusters.ray.io", "--namespace", env.namespace,
-                         f"--field-selector=metadata.name={T.RAYCLUSTER_NAME}")
-    items = found.get("items") or []
-    return items[0] if items else ABSENT
-
-
-def _poll_raycluster(env: Environment, seconds: float, every: float = 2.0) -> Any:
-    """A watch's answer by polling kubectl on the controller: at once when
-    ready, else when it changes or after ``seconds``."""
-    import time
-    latest = _raycluster_now(env)
-    if latest is not ABSENT and ready(env, latest) is None:
-        return latest
-    seen = (latest or {}).get("metadata", {}).get("resourceVersion") if latest is not ABSENT else None
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        time.sleep(min(every, max(0.0, deadline - time.monotonic())))
-        latest = _raycluster_now(env)
-        now = (latest or {}).get("metadata", {}).get("resourceVersion") if latest is not ABSENT else None
-        if now != seen:
-            break
-    return latest
-
-
-def raycluster_watch_fact(env: Environment, seconds: float = 15.0) -> Fact:
-    return Fact(name=f"RayCluster {T.RAYCLUSTER_NAME}", python=lambda: watch_raycluster(env, seconds),
-                display=(f"kubectl get raycluster {T.RAYCLUSTER_NAME} --namespace {env.namespace} --watch "
-                         f"--context={kube_context(env)}  # the kubernetes client's watch"),
-                describe=lambda rc: ready(env, rc) or "ready")
+    command = kube(env, "get", *args, "--output=json")
+    r = hosts.connector(env).run(command.argv, timeout=timeout)
+    return json_object("kubectl")(Completed(command.line(), r.rc, r.stdout, r.stderr, r.seconds))
 
 
 # -- why the workers are not running ----------------------------------------------------
-def _tail_with_client(core, pod: str, namespace: str, container: str | None) -> str:
-    try:
-        return core.read_namespaced_pod_log(pod, namespace, container=container, tail_lines=3, previous=True)
-    except Exception:
-        try:
-            return core.read_namespaced_pod_log(pod, namespace, container=container, tail_lines=3)
-        except Exception:
-            return ""
-
-
-def _tail_with_kubectl(env: Environment, pod: str, container: str | None) -> str:
+def _tail(env: Environment, pod: str, container: str | None) -> str:
+    """A container's last log lines (of its previous run when it restarted)."""
     via = hosts.connector(env)
     for previous in (("--previous",), ()):
         argv = kube(env, "logs", pod, "--namespace", env.namespace, *(("-c", container) if container else ()),
@@ -167,31 +54,18 @@ def _tail_with_kubectl(env: Environment, pod: str, container: str | None) -> str
     return ""
 
 
-def pods_and_events(env: Environment):
-    """The RayCluster's pods, the namespace's events (as the API's JSON) and
-    a reader of a container's last log lines."""
+def pods_and_events(env: Environment) -> tuple[list[dict], list[dict]]:
+    """The RayCluster's pods and the namespace's events (the API's JSON)."""
     ns = env.namespace
-    if hosts.controller(env):
-        pods = kubectl_json(env, "pods", "--namespace", ns, "-l", f"ray.io/cluster={T.RAYCLUSTER_NAME}")
-        events = kubectl_json(env, "events", "--namespace", ns)
-        return pods.get("items") or [], events.get("items") or [], lambda p, c: _tail_with_kubectl(env, p, c)
-    from kubernetes import client as k
-    api = client(env)
-    core = k.CoreV1Api(api)
-    try:
-        pods = core.list_namespaced_pod(ns, label_selector=f"ray.io/cluster={T.RAYCLUSTER_NAME}")
-        events = core.list_namespaced_event(ns)
-    except Exception as e:
-        raise _api_error("pods and events", e) from None
-    as_json = api.sanitize_for_serialization
-    return (as_json(pods).get("items") or [], as_json(events).get("items") or [],
-            lambda p, c: _tail_with_client(core, p, ns, c))
+    pods = kubectl_json(env, "pods", "--namespace", ns, "-l", f"ray.io/cluster={T.RAYCLUSTER_NAME}")
+    events = kubectl_json(env, "events", "--namespace", ns)
+    return pods.get("items") or [], events.get("items") or []
 
 
 def causes(env: Environment) -> list[str]:
     """One line per cause of the RayCluster's pods not running, from their
     phases, container states, scheduling conditions and events."""
-    pods, events, tail_of = pods_and_events(env)
+    pods, events = pods_and_events(env)
     by_object: dict[str, list[dict]] = {}
     for ev in events:
         by_object.setdefault((ev.get("involvedObject") or {}).get("name") or "", []).append(ev)
@@ -212,7 +86,7 @@ def causes(env: Environment) -> list[str]:
             if reason in ("ImagePullBackOff", "ErrImagePull", "InvalidImageName"):
                 add(f"cannot pull image {cs.get('image')}: {reason}: {_short(waiting.get('message'))}", name)
             elif reason == "CrashLoopBackOff":
-                text = tail_of(name, cs.get("name"))
+                text = _tail(env, name, cs.get("name"))
                 tail = " | ".join(l.strip() for l in (text or "").splitlines()[-3:] if l.strip())
                 add(f"container {cs.get('name')} keeps crashing ({cs.get('restartCount', 0)} restarts)"
                     + (f"; its last lines: {_short(tail)}" if tail else ""), name)
@@ -270,5 +144,5 @@ def mount(env: Environment, message: str | None) -> str:
 def causes_fact(env: Environment) -> Fact:
     return Fact(name="why the workers are not running", python=lambda: causes(env),
                 display=(f"kubectl get pods,events --namespace {env.namespace} -l ray.io/cluster={T.RAYCLUSTER_NAME} "
-                         f"--context={kube_context(env)}  # the kubernetes client: pods, their states, events"),
+                         f"--context={kube_context(env)}  # and kubectl get events, kubectl logs --tail=3"),
                 assumed=[], describe=lambda cs: "; ".join(cs) or "no cause found")

@@ -17,8 +17,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterable
 
-from . import hosts
-from .project import ROOT
+from . import hosts, paths
 from .schema import Environment
 from .trainlog import Summary
 
@@ -28,7 +27,7 @@ MAXTEXT_FILE = "maxtext-metrics.jsonl"  # what the local job's metrics_file is (
 
 
 def run_dir(env: Environment, run: str) -> Path:
-    return ROOT / ".state" / env.name / "training" / run
+    return paths.here(paths.run_dir(env.name, run))
 
 
 def maxtext_file(env: Environment, run: str) -> Path:
@@ -92,7 +91,7 @@ def read(path: Path) -> tuple[dict, list[dict], list[dict]]:
 
 
 def newest_run(env: Environment) -> str | None:
-    runs = [d for d in (ROOT / ".state" / env.name / "training").glob("*") if (d / FILE).is_file()]
+    runs = [d for d in paths.here(paths.training(env.name)).glob("*") if (d / FILE).is_file()]
     return max(runs, key=lambda d: (d / FILE).stat().st_mtime).name if runs else None
 
 

@@ -1,27 +1,38 @@
-"""Which steps each task runs, for an environment: pure functions, no I/O."""
+"""Which steps each task runs, for an environment: the plays composed (pure
+functions, no I/O). Plays never import one another; what several tasks
+share (kubectl credentials, the capacity checks first, the local twin in
+place of the cloud) is put together here, as are ``status`` and ``doctor``
+beside it."""
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Callable
 
-from .core.step import Step, ok
+from .core.command import Command
+from .core.step import Step, skipped
+from .gke import nodepool_name
+from .job import MODELS, Job, remove_checkpoints
 from .plays import (
     capacity,
     chaos,
     cluster,
     dashboard,
-    local,
     network,
     nodepools,
+    preflight,
     prereqs,
     raycluster,
     storage,
     teardown,
     train,
+    twin,
 )
 from .schema import Environment
 
 GKE_ONLY = ("capacity", "prereqs", "network", "cluster", "nodepools", "storage")
 UP = ("prereqs", "network", "cluster", "nodepools", "storage", "raycluster", "dashboard")
+# The plays whose steps run kubectl: the cluster's credentials come first.
+KUBECTL = ("storage", "raycluster", "dashboard", "chaos")
 
 _GKE: dict[str, Callable[[Environment], list[Step]]] = {
     "capacity": capacity.steps,
@@ -32,12 +43,25 @@ _GKE: dict[str, Callable[[Environment], list[Step]]] = {
     "storage": storage.steps,
     "raycluster": raycluster.steps,
     "dashboard": dashboard.steps,
+    "chaos": chaos.steps,
 }
 
 
 def _not_local(play: str) -> list[Step]:
-    return [Step(play, play, lambda look: ok(), id=f"{play}:local",
-                 skip="a local environment has no cloud resources of this kind (its twin: the local Ray cluster)")]
+    return [skipped(play, play, "a local environment has no cloud resources of this kind (its twin: the local Ray "
+                                "cluster)", id=f"{play}:local")]
+
+
+def gke_play(env: Environment, play: str) -> list[Step]:
+    """One play's steps on GKE, with what it needs of another play: kubectl
+    credentials for the plays that run kubectl, the total of chips said
+    before the RayCluster makes them on Autopilot."""
+    steps = _GKE[play](env)
+    if play in KUBECTL:
+        steps = [cluster.credentials_step(env, play)] + steps
+    if play == "raycluster" and env.mode == "autopilot":
+        steps = steps[:-1] + nodepools.chips_step(env, play) + steps[-1:]
+    return steps
 
 
 def play_steps(env: Environment, play: str) -> list[Step]:
@@ -45,15 +69,15 @@ def play_steps(env: Environment, play: str) -> list[Step]:
         if play in GKE_ONLY:
             return _not_local(play)
         if play == "raycluster":
-            return local.steps(env)
+            return twin.steps(env)
         if play == "dashboard":
             return dashboard.steps(env)
         raise KeyError(play)
     if play == "nodepools" and env.mode == "standard":
         # The read-only capacity checks come first: a shortage stops the
         # play before any pool is made.
-        return _then(capacity.steps(env), nodepools.steps(env))
-    return _GKE[play](env)
+        return _then(capacity.steps(env), gke_play(env, play))
+    return gke_play(env, play)
 
 
 def dedupe(steps: list[Step]) -> list[Step]:
@@ -69,17 +93,17 @@ def dedupe(steps: list[Step]) -> list[Step]:
 
 def up_steps(env: Environment) -> list[Step]:
     if env.kind == "local":
-        return _then(local.steps(env), dashboard.steps(env))
+        return _then(twin.steps(env), dashboard.steps(env))
     # The capacity checks first, and everything after them: a proven
     # shortage stops `up` before it creates anything.
-    rest = dedupe([s for p in UP for s in _GKE[p](env)])
+    rest = dedupe([s for p in UP for s in gke_play(env, p)])
     return _then(capacity.steps(env), rest)
 
 
 def cluster_ready_steps(env: Environment) -> list[Step]:
     """What a job needs before it is submitted: a reachable Ray dashboard."""
     if env.kind == "local":
-        return local.steps(env)
+        return twin.steps(env)
     return [cluster.credentials_step(env, "train"), dashboard.forward_step(env)]
 
 
@@ -91,55 +115,56 @@ def _then(first: list[Step], then: list[Step]) -> list[Step]:
     return first + then
 
 
-def train_steps(env: Environment, job: train.Job, state: dict, log_file=None, preflight: bool = True) -> list[Step]:
+def train_steps(env: Environment, job: Job, log_file: Path | None = None, preflight_first: bool = True) -> list[Step]:
     """Preflight first (nothing is started for a job that cannot fit), then
     the cluster, the run's checkpoints, the job."""
-    from .plays import preflight as pf
-    if preflight:
-        checks = pf.steps(env, job, search=False)
+    if preflight_first:
+        checks = preflight.steps(env, job, search=False)
     else:
-        checks = [Step("preflight", "preflight", lambda look: ok(), id="preflight:skipped",
-                       skip="--skip-preflight: no static checks (mesh, hosts, manifest) and no AOT fit check "
-                            "against the TPU HBM")]
-    return _then(checks + train.preemption_note(env, job) + cluster_ready_steps(env) +
-                 [train.checkpoint_step(job, state)], [train.job_step(job, state, log_file)])
+        checks = [skipped("preflight", "preflight", "--skip-preflight: no static checks (mesh, hosts, manifest) and no "
+                                                   "AOT fit check against the TPU HBM", id="preflight:skipped")]
+    return _then(checks + train.preemption_note(env, job) + cluster_ready_steps(env) + [train.checkpoint_step(job)],
+                 [train.job_step(job, log_file)])
 
 
-def preflight_steps(env: Environment, job: train.Job) -> list[Step]:
-    from .plays import preflight as pf
-    return pf.steps(env, job, search=True)
+def preflight_steps(env: Environment, job: Job) -> list[Step]:
+    return preflight.steps(env, job, search=True)
 
 
 def chaos_steps(env: Environment, restore_after: float) -> list[Step]:
-    return chaos.steps(env, restore_after)
+    if env.kind == "local":
+        return twin.chaos_steps(env, restore_after)
+    return gke_play(env, "chaos")
 
 
 def teardown_steps(env: Environment) -> list[Step]:
+    if env.kind == "local":
+        return twin.stop_steps(env, "teardown")
     return teardown.steps(env)
 
 
-def all_commands(env: Environment) -> list:
+def all_commands(env: Environment) -> list[Command]:
     """Every command the tasks can run for this environment: each task's dry
     run (nothing starts), plus the commands only a particular state brings
     out (a broken node pool replaced, a run's checkpoints removed)."""
-    from .core.command import Command
     from .core.play import Playbook
     from .core.recap import Reporter
     from .core.runner import Mode, Runner
+    from .job import build_job
     runner = Runner(Mode.DRY)
     book = Playbook(runner, Reporter(lambda line: None))
     book.run("up", up_steps(env))
-    for model in train.MODELS:
+    for model in MODELS:
         for elastic in (False, True):
             sets = ["dcn_fsdp_parallelism=-1"] if elastic and model == "llama3-70b" else []
-            book.run("train", train_steps(env, train.build_job(env, model, elastic, sets=sets), {}))
+            book.run("train", train_steps(env, build_job(env, model, elastic, sets=sets)))
     book.run("chaos", chaos_steps(env, 0))
     book.run("teardown", teardown_steps(env))
     out = list(runner.recorded)
     if env.kind != "local":
         for i in range(env.slices if env.mode == "standard" else 0):
-            out.append(nodepools.delete_command(env, nodepools.nodepool_name(env, i)))
-        remove = train.remove_checkpoints(train.build_job(env, "llama3-8b", fresh=True))
+            out.append(nodepools.delete_command(env, nodepool_name(env, i)))
+        remove = remove_checkpoints(build_job(env, "llama3-8b", fresh=True))
         assert isinstance(remove, Command)  # gs://: a command, not an in-process delete
         out.append(remove)
     seen, unique = set(), []

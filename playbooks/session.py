@@ -293,7 +293,7 @@ def open_session(config, task: str, reporter: Reporter | None = None, read_only:
     if mode is not Mode.DRY:
         logdir = ROOT / ".state" / env.name / "runs" / f"{time.strftime('%Y%m%d-%H%M%S')}-{task}"
         logdir.mkdir(parents=True, exist_ok=True)
-        executor = Executor(logdir=logdir, connector=hosts.connector(env), local=hosts.local())
+        executor = Executor(logdir=logdir, connector=hosts.connector(env), here=hosts.local())
     runner = Runner(mode, executor, RetryPolicy(is_transient=is_transient))
     book = Playbook(runner, reporter or Reporter(), workers=parallel, heartbeat=settings["heartbeat"])
     return Session(env, mode, runner, book, logdir)

@@ -45,12 +45,27 @@ class Transcript(list):
         return "\n".join(self)
 
 
+class Clock:
+    """Time that passes only when slept: waits end at once, timeouts still end them."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def run_with_facts(steps, facts, mode=Mode.APPLY):
     """Run steps with every probe answered by ``facts`` (keyed by the probe's
-    command line); an undeclared probe fails the step. Nothing starts."""
+    command line); an undeclared probe fails the step. Nothing starts, and
+    no wait takes time."""
     out = Transcript()
     runner = Runner(mode, executor=None, facts=facts)
-    book = Playbook(runner, Reporter(out.append), workers=1, sleep=lambda s: None)
+    clock = Clock()
+    book = Playbook(runner, Reporter(out.append), workers=1, sleep=clock.sleep, clock=clock)
     recap = book.run("test", steps)
     return recap, out
 

@@ -7,10 +7,23 @@ import subprocess
 
 import pytest
 
-from playbooks.plays.doctor import BAD, GOOD, gcloud_lines, sdk_root
+import os
+import shutil
+from pathlib import Path
+
+from playbooks.doctor import BAD, GOOD, gcloud_lines
 from playbooks.schema import load_inventory
 from tests.conftest import INVOKE, ROOT, env
 from tests.goldens import CAPACITY_INVENTORY
+
+
+
+def sdk_root() -> Path | None:
+    """This machine's Cloud SDK (where gcloud's bundled Python is)."""
+    exe = shutil.which("gcloud")
+    root = Path(os.path.realpath(exe)).parent.parent if exe else None
+    return root if root and (root / "lib" / "googlecloudsdk").is_dir() else None
+
 
 ROOT_SDK = sdk_root()
 pytestmark = pytest.mark.skipif(ROOT_SDK is None, reason="gcloud is not installed here")

@@ -8,7 +8,7 @@ import textwrap
 import time
 
 from playbooks.core.lock import machine_lock
-from playbooks.plays.preflight import parse_compile
+from playbooks.fit import parse_compile
 
 HOLD = textwrap.dedent("""
     import sys, time
@@ -67,7 +67,9 @@ def test_the_preflight_compile_takes_the_lock(tmp_path, monkeypatch):
     from playbooks.core.play import StepContext
     from playbooks.core.runner import Mode, Runner, StepLog
     from playbooks.core.step import Step
-    from playbooks.plays import preflight, train
+    from playbooks import fit as F
+    from playbooks import job
+    from playbooks.plays import preflight
     from tests.conftest import env
 
     class Compiler:  # stands in for the minutes-long compile: it does not fit
@@ -75,14 +77,14 @@ def test_the_preflight_compile_takes_the_lock(tmp_path, monkeypatch):
             return Completed(command.line(), 1, "", "jax.errors.JaxRuntimeError: RESOURCE_EXHAUSTED: "
                              "CompileTimeHbmOom: Ran out of memory (40.00G) exceeds available HBM (31.24G)", 0.1)
 
-    monkeypatch.setattr(preflight, "COMPILE_LOCK", tmp_path / "compile.lock")
+    monkeypatch.setattr(F, "COMPILE_LOCK", tmp_path / "compile.lock")
     monkeypatch.setenv("PLAYBOOK_PREFLIGHT_CACHE", str(tmp_path / "cache"))
     first = hold(tmp_path / "compile.lock", 1.0)
     lines = []
     ctx = StepContext(Runner(Mode.APPLY, executor=Compiler()), Step("preflight", "fit", run=lambda ctx: None),
                       StepLog(lines.append, False))
     dev = env("dev")
-    fit = preflight.fit(ctx, dev, train.build_job(dev, "llama3-8b", sets=["per_device_batch_size=3"]))
+    fit = preflight.fit(ctx, dev, job.build_job(dev, "llama3-8b", sets=["per_device_batch_size=3"]))
     first.wait(5)
     assert fit is not None and not fit.fits and fit.needed == 40.0
     assert any(f"waiting for pid {first.pid}" in line for line in lines), lines

@@ -11,7 +11,7 @@ import yaml
 from playbooks import tutorial as T
 from playbooks.core.errors import InputError
 from playbooks.core.render import check_values, envsubst, leftover, render, variables
-from playbooks.plays import raycluster
+from playbooks import manifests
 from tests.conftest import ROOT, env
 
 CRD = ROOT.parent / "shared" / "kuberay" / "ray.io_rayclusters.v1.7.0.yaml"
@@ -19,7 +19,7 @@ MANIFEST = (ROOT / T.RAYCLUSTER_MANIFEST).read_text()
 
 
 def docs(e):
-    return list(yaml.safe_load_all(render(MANIFEST, raycluster.manifest_values(e))))
+    return list(yaml.safe_load_all(render(MANIFEST, manifests.raycluster_values(e))))
 
 
 @pytest.mark.parametrize("name", ["dev", "dev-autopilot"])
@@ -74,8 +74,8 @@ def test_resource_claim_template_validates_against_kubernetes_1_35():
 
 
 def test_variables_are_exactly_the_ones_given():
-    assert set(variables(MANIFEST)) == set(raycluster.manifest_values(env("dev")))
-    values = raycluster.manifest_values(env("dev"))
+    assert set(variables(MANIFEST)) == set(manifests.raycluster_values(env("dev")))
+    values = manifests.raycluster_values(env("dev"))
     with pytest.raises(InputError, match=r"variable \$\{GS_BUCKET\} has no value"):
         check_values("m.yaml", MANIFEST, {k: v for k, v in values.items() if k != "GS_BUCKET"})
     with pytest.raises(InputError, match=r"variable \$\{KSA_NAME\} is empty"):
@@ -91,7 +91,7 @@ def test_leftover_placeholders_are_refused():
 
 @pytest.mark.skipif(not shutil.which("envsubst"), reason="envsubst not installed")
 def test_real_envsubst_renders_what_python_renders(tmp_path):
-    values = raycluster.manifest_values(env("dev"))
+    values = manifests.raycluster_values(env("dev"))
     cmd = envsubst(T.RAYCLUSTER_MANIFEST, values, root=ROOT)
     r = subprocess.run(list(cmd.argv), input=MANIFEST, capture_output=True, text=True,
                        env={"PATH": "/usr/bin:/bin", **dict(cmd.env)})
@@ -125,12 +125,11 @@ def test_apply_pipeline_refuses_leftovers_before_kubectl(tmp_path):
     ("reservation", "reservations", {"affinity": "Specific", "specific": [{"name": "v6e-res", "project": "owner-proj"}]}),
 ])
 def test_the_autopilot_compute_class_enables_dranet_and_carries_the_capacity(capacity, field, value):
-    from playbooks.plays import autopilot
     extra = {"reservation": "projects/owner-proj/reservations/v6e-res"} if capacity == "reservation" else {}
     e = env("dev-autopilot", capacity=capacity, **extra)
-    cc = autopilot.rendered_compute_class(e)
+    cc = manifests.compute_class_doc(e)
     assert (cc["apiVersion"], cc["kind"], cc["metadata"]["name"]) == ("cloud.google.com/v1", "ComputeClass",
-                                                                      autopilot.COMPUTE_CLASS)
+                                                                      manifests.COMPUTE_CLASS)
     assert cc["spec"]["nodePoolAutoCreation"] == {"enabled": True}
     assert cc["spec"]["nodePoolConfig"]["dra"]["networking"]["enabled"] is True
     [p] = cc["spec"]["priorities"]
@@ -140,22 +139,21 @@ def test_the_autopilot_compute_class_enables_dranet_and_carries_the_capacity(cap
         assert p[field] == value
     rc = next(d for d in docs(e) if d["kind"] == "RayCluster")
     sel = rc["spec"]["workerGroupSpecs"][0]["template"]["spec"]["nodeSelector"]
-    assert sel["cloud.google.com/compute-class"] == autopilot.COMPUTE_CLASS
+    assert sel["cloud.google.com/compute-class"] == manifests.COMPUTE_CLASS
     assert "cloud.google.com/gke-spot" not in sel   # the capacity rides on the ComputeClass
 
 
 def test_autopilots_rules_refuse_the_tutorials_worker_and_pass_ours():
-    from playbooks.plays import autopilot
     standard = [d for d in docs(env("dev"))]
-    found = autopilot.violations(standard)
+    found = manifests.autopilot_violations(standard)
     assert found == ["RayCluster maxtext-tpu-cluster: workerGroupSpecs[0]: containers[ray-worker].securityContext."
                      "privileged: true is denied on Autopilot (autogke-disallow-privilege)"]
-    assert autopilot.violations(autopilot.rendered_docs(env("dev-autopilot"))) == []
+    assert manifests.autopilot_violations(manifests.all_docs(env("dev-autopilot"))) == []
     rc = next(d for d in docs(env("dev-autopilot")) if d["kind"] == "RayCluster")
     spec = rc["spec"]["headGroupSpec"]["template"]["spec"]
     spec["hostNetwork"] = True
     spec["volumes"].append({"name": "host", "hostPath": {"path": "/"}})
-    assert autopilot.violations([rc]) == [
+    assert manifests.autopilot_violations([rc]) == [
         "RayCluster maxtext-tpu-cluster: headGroupSpec: spec.hostNetwork: true is a host namespace, denied on Autopilot",
         "RayCluster maxtext-tpu-cluster: headGroupSpec: volumes[host].hostPath is denied on Autopilot"]
 

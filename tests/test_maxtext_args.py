@@ -11,8 +11,8 @@ import pytest
 from playbooks import maxtext_args as M
 from playbooks import tutorial as T
 from playbooks.core.errors import InputError
-from playbooks.plays.preflight import CANDIDATES, PRESETS
-from playbooks.plays.train import build_job
+from playbooks.fit import CANDIDATES
+from playbooks.job import PRESETS, build_job
 from playbooks.schema import load_inventory
 from tests.conftest import INVOKE, ROOT
 from tests.test_inventory import resolve

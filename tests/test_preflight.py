@@ -10,8 +10,8 @@ import time
 import pytest
 import yaml
 
-from playbooks.plays import preflight as pf
-from playbooks.plays import train as tr
+from playbooks import fit as pf
+from playbooks import job as tr
 from playbooks.schema import Environment, load_inventory
 from tests.conftest import INVOKE, ROOT, env
 

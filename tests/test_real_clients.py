@@ -32,6 +32,7 @@ from tests.controller_cases import (  # noqa: E402,F401
     test_an_unreachable_controller_is_one_line_and_unreachable_in_the_recap,
     test_dns_control_plane_asks_for_the_dns_endpoint,
     test_internal_control_plane_without_a_controller_is_refused_in_one_line,
+    test_project_files_reach_a_controller_without_sftp_through_cat,
     test_the_dry_run_through_a_controller_is_the_local_one_naming_the_controller,
     test_up_through_the_controller_converges_and_a_second_run_sends_no_change,
 )
@@ -670,9 +671,9 @@ def test_autopilot_up_admits_the_workers_through_its_compute_class_and_makes_no_
     # The tutorial's own worker (privileged) on the same Autopilot cluster: refused.
     from playbooks import tutorial
     from playbooks.core.render import render
-    from playbooks.plays import raycluster
+    from playbooks import manifests
     e = cloud.envdata(AUTOPILOT)
-    values = dict(raycluster.manifest_values(e), WORKER_SECURITY_CONTEXT='{"privileged": true}')
+    values = dict(manifests.raycluster_values(e), WORKER_SECURITY_CONTEXT='{"privileged": true}')
     text = render((ROOT / tutorial.RAYCLUSTER_MANIFEST).read_text(), values).replace(
         "name: maxtext-tpu-cluster", "name: tutorial-as-written")
     path = cloud.base / "tutorial-rc.yaml"
@@ -732,7 +733,8 @@ def test_each_cause_of_a_stuck_worker_is_said_in_one_line_by_the_kubernetes_clie
         cloud.kube.break_pod("default", p, **kwargs)
     for k, v in cloud.env().items():
         monkeypatch.setenv(k, v)
-    k8s._clients.clear()
+    from playbooks import hosts
+    monkeypatch.setattr(hosts, "_local", None)  # this machine's connector, with the fakes' environment
     e = cloud.envdata()
     rc = cloud.kube.get("rayclusters", "maxtext-tpu-cluster", "default")
     assert k8s.ready(e, rc) == "head ready, 6 of 8 TPU workers ready"

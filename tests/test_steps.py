@@ -202,6 +202,7 @@ def test_check_mode_says_the_port_forward_would_start_not_that_it_started():
                                 mode=Mode.CHECK)
     assert "would start the port-forward to http://localhost:8265" in out.text()
     assert "port-forward started" not in out.text()
+    assert recap.results[0].found == "no port-forward"  # what is, for a report
 
 
 def test_a_step_has_one_body_decide_or_run():
@@ -211,3 +212,115 @@ def test_a_step_has_one_body_decide_or_run():
     for kwargs in ({}, {"decide": lambda look: ok(), "run": lambda ctx: None}):
         with pytest.raises(TypeError, match="either decide or run"):
             Step("p", "s", **kwargs)
+
+
+# -- the engine's decisions, waits and words ---------------------------------------------------
+def _fact(name, value=None):
+    from playbooks.core.facts import Fact
+    return Fact(name=name, python=lambda: value, display=f"look {name}")
+
+
+def test_skip_and_unchecked_are_decisions_with_their_words():
+    from playbooks.core.step import Step, skip, unchecked
+    probe = _fact("quota")
+    steps = [Step("p", "does not apply", lambda look: skip("not on Autopilot")),
+             Step("p", "cannot look", lambda look: (look(probe), unchecked("403 from the quotas API"))[1])]
+    recap, out = run_with_facts(steps, {"look quota": None})
+    assert recap.counters() == "ok=0 changed=0 failed=0 skipped=2"
+    assert "skipped: [p : does not apply] not on Autopilot" in out.text()
+    assert "skipped: [p : cannot look] not checked: 403 from the quotas API" in out.text()
+    assert [r.found for r in recap.results] == ["", "unknown"]
+
+
+def test_a_dry_run_says_what_it_would_check_and_do_never_that_it_did():
+    from playbooks.core.facts import Fact
+    from playbooks.core.play import Playbook
+    from playbooks.core.recap import Reporter
+    from playbooks.core.runner import Mode, Runner
+    from playbooks.core.step import Step, change, ok
+    from playbooks.core.facts import Action
+    probe = Fact(name="zones", python=lambda: ["z"], display="list zones", assumed=["z"])
+    steps = [Step("p", "offered", lambda look: ok(f"zone {look(probe)[0]} offers it")),
+             Step("p", "no look", lambda look: ok("nothing looked at")),
+             Step("p", "made", lambda look: change(Action("make it", lambda: None), reason="made it",
+                                                   would="make it", found="missing")),
+             Step("p", "made, no would", lambda look: change(Action("x", lambda: None), reason="created"))]
+    out: list[str] = []
+    recap = Playbook(Runner(Mode.DRY), Reporter(out.append)).run("t", steps)
+    text = "\n".join(out)
+    assert recap.counters() == "ok=2 changed=2 failed=0 skipped=0"
+    assert "ok: [p : offered] would check: zone z offers it" in text
+    assert "ok: [p : no look] nothing looked at" in text
+    assert "changed: [p : made] would make it" in text
+    assert "changed: [p : made, no would] would change: created" in text
+    assert "made it" not in text.replace("would make it", "")
+
+
+def test_an_await_is_polled_by_the_engine_between_two_commands():
+    from playbooks.core.facts import Action
+    from playbooks.core.step import Await, Step, change
+    seen: list[str] = []
+    gone = _fact("ghost")
+    steps = [Step("p", "restart", lambda look: change(Action("stop", lambda: seen.append("stop")),
+                                                      Await(gone, lambda v: None if v == "gone" else "still listed",
+                                                            "the ghost gone", timeout=10, interval=1),
+                                                      Action("start", lambda: seen.append("start")),
+                                                      reason="restarted"))]
+    recap, out = run_with_facts(steps, {"look ghost": Answers("listed", "listed", "gone")})
+    assert recap.counters() == "ok=0 changed=1 failed=0 skipped=0", out.text()
+    waits = [l for l in out if l.startswith("  wait")]
+    assert waits == ["  wait   look ghost  (until the ghost gone)  => still listed",
+                     "  wait   look ghost  (until the ghost gone)  => ok"], out.text()
+    timed_out, out = run_with_facts(steps, {"look ghost": "listed"})
+    assert timed_out.counters() == "ok=0 changed=0 failed=1 skipped=0"
+    assert "waited 10s for the ghost gone: still listed" in out.text()
+
+
+def test_a_verify_that_meets_a_final_state_stops_at_once():
+    from playbooks.core.facts import Action
+    from playbooks.core.step import Broken, Step, Verify, change
+    state = _fact("node")
+
+    def check(v):
+        if v == "exited":
+            raise Broken("the node exited: OSError: no room")
+        return None if v == "up" else "not up yet"
+    steps = [Step("p", "start", lambda look: change(Action("start", lambda: None), reason="started"),
+                  verify=Verify(state, check, timeout=3600, interval=1))]
+    recap, out = run_with_facts(steps, {"look node": Answers("starting", "exited")})
+    assert recap.counters() == "ok=0 changed=0 failed=1 skipped=0"
+    assert "not verified after the change: the node exited: OSError: no room" in out.text()
+
+
+def test_a_step_hands_data_on_through_the_recap():
+    from playbooks.core.step import Step, ok
+    recap, _ = run_with_facts([Step("p", "rows", lambda look: ok("2 rows", data=[1, 2]), id="p:rows")], {})
+    assert recap.data("p:rows") == [1, 2] and recap.data("p:none") is None
+
+
+def test_status_of_a_stopped_local_cluster_says_what_is():
+    """Not running, and unknown because of it: never what a change would do."""
+    from playbooks import status
+    from playbooks.core.facts import ABSENT
+    from playbooks.core.runner import Mode
+    local = env("local")
+    facts = {"kill -0 $(cat .state/local/nodes/head.pid)": False,
+             "kill -0 $(cat .state/local/nodes/tpu-group-0-0.pid)": False,
+             "kill -0 $(cat .state/local/nodes/tpu-group-1-0.pid)": False,
+             "curl -fsS http://127.0.0.2:8265/api/version": ABSENT,
+             "ss -ltn 'sport >= :6390 and sport <= :6412'  # a port of the local nodes already taken": [],
+             "curl -fsS 'http://127.0.0.2:8265/api/v0/nodes?limit=10000&detail=true'  # what `ray list nodes "
+             "--address http://127.0.0.2:8265` reads": ABSENT,
+             "curl -fsS http://127.0.0.2:8265/api/jobs/": ABSENT}
+    recap, out = run_with_facts(status.steps(local), facts, mode=Mode.CHECK)
+    doc = status.report(local, recap)
+    rows = {i["what"]: (i["verdict"], i["reason"]) for i in doc["items"]}
+    assert rows["twin : Ray head http://127.0.0.2:8265"] == ("not running", "not running")
+    assert rows["twin : TPU host tpu-group-0-0"] == ("not running", "not running")
+    assert rows["dashboard : Ray nodes"][0] == "unknown"
+    assert rows["dashboard : Ray nodes"][1].startswith("unknown because twin : Ray head http://127.0.0.2:8265 is "
+                                                       "not running")
+    assert rows["status : jobs"] == ("unknown", "unknown because no Ray dashboard answers at http://127.0.0.2:8265")
+    assert doc["diagnosis"] == "twin : Ray head http://127.0.0.2:8265: not running"
+    assert not doc["as_asked"]
+    assert "would" not in "\n".join(status.table(doc))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 import shlex
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 PLACEHOLDER = re.compile("\x00([A-Z][A-Z0-9_]*)\x00")
 
@@ -56,7 +56,8 @@ class Command:
     - ``pipe_from``: another command whose stdout feeds this one's stdin
       (``a | b``); the runner runs both, never a shell.
     - ``background``: started and left running (``nohup ... > log 2>&1 &``),
-      its output going to ``log``.
+      its output going to ``log``; ``pid_file`` (a PidFile): where its pid
+      is written once it started (``echo $! > <pid file>``).
     - ``pipe_check``: checks the piped text before it reaches this command;
       a returned complaint stops the pipe (this command never starts).
     - ``patience``: seconds a transient refusal may be retried for (an
@@ -66,7 +67,7 @@ class Command:
       (``NAME=$(...)``).
     - ``stderr_filter``: what of the process's stderr is shown (the whole of
       it is kept in the run's log), e.g. without a debug log.
-    - ``local``: runs on this machine even when the plays run on a
+    - ``here``: runs on this machine even when the plays run on a
       controller host (the AOT compile: Ansible's ``delegate_to: localhost``).
     """
 
@@ -82,7 +83,8 @@ class Command:
     secrets: tuple[str, ...] = field(default=(), compare=False)
     pipe_check: "Callable[[str], str | None] | None" = field(default=None, compare=False, repr=False)
     patience: float | None = field(default=None, compare=False)
-    local: bool = False
+    here: bool = False
+    pid_file: Any = field(default=None, compare=False, repr=False)
     stderr_filter: "Callable[[str], str] | None" = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -116,6 +118,8 @@ class Command:
         text = " ".join(parts)
         if self.background:
             text = f"{text} > {quote(self.log or '/dev/null')} 2>&1 &"
+            if self.pid_file is not None:
+                text += f" echo $! > {quote(str(self.pid_file.path))}"
         if self.binds:
             text = f"{self.binds}=$({text})"
         for s in self.secrets:
@@ -126,6 +130,3 @@ class Command:
     def __str__(self) -> str:  # pragma: no cover - convenience
         return self.line()
 
-
-def cmd(*argv: str, **kw) -> Command:
-    return Command(tuple(argv), **kw)

@@ -22,18 +22,18 @@ def file_name(label: str) -> str:
 class Executor:
     """Runs commands through a connector (this machine, or a controller host
     over SSH), with pipes, stdin files and a log of every command. A command
-    marked ``local`` runs on this machine whatever the connector (Ansible's
+    marked ``here`` runs on this machine whatever the connector (Ansible's
     ``delegate_to: localhost``)."""
 
-    def __init__(self, connector: Connector, local: Connector | None = None, logdir: Path | None = None):
+    def __init__(self, connector: Connector, here: Connector | None = None, logdir: Path | None = None):
         self.connector = connector
-        self.local = local or connector
+        self.here = here or connector
         self.logdir = logdir
         self._n = 0
         self._lock = threading.Lock()
 
     def where(self, command: Command) -> Connector:
-        return self.local if command.local else self.connector
+        return self.here if command.here else self.connector
 
     def _next_log(self, label: str) -> Path | None:
         if not self.logdir:
@@ -106,8 +106,12 @@ class Executor:
         return c
 
     def spawn(self, command: Command) -> int:
-        """Start a background process in its own session; return its pid."""
-        return self.where(command).spawn(command.argv, env=command.env, cwd=command.cwd, log=command.log)
+        """Start a background process in its own session; return its pid,
+        written to the command's pid file when it has one."""
+        pid = self.where(command).spawn(command.argv, env=command.env, cwd=command.cwd, log=command.log)
+        if command.pid_file is not None:
+            command.pid_file.write(pid)
+        return pid
 
 
 def shown_part(c: Completed, command: Command) -> Completed:

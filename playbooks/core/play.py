@@ -13,23 +13,25 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from .command import Command, shown
-from .connector import Unreachable
-from .errors import PlaybookError, cause_of
+from .errors import PlaybookError, Unreachable, cause_of
 from .executor import file_name
 from .facts import Action, Completed, Fact
 from .recap import CHANGED, FAILED, FAILING, OK, SKIPPED, UNREACHABLE, Recap, Reporter, StepResult, banner
 from .runner import Mode, Runner, StepLog
-from .step import CHANGE, DRIFT, FAIL, WAIT, Broken, Step, poll
+from .step import CHANGE, DRIFT, FAIL, SKIP, UNCHECKED, WAIT, Await, Broken, Step, poll
 from .step import OK as D_OK
 
 
 class StepContext:
-    """What a step may do: look at facts, act, stream, note."""
+    """What a step may do: look at facts, act, stream, note; and what the
+    mode allows (``acting``, ``probing``, ``dry``): a step asks these, never
+    the runner."""
 
     def __init__(self, runner: Runner, step: Step, log: StepLog, sleep: Callable[[float], None] = time.sleep,
-                 heartbeat: float = 30.0):
-        self.runner, self.step, self.log, self.sleep = runner, step, log, sleep
+                 heartbeat: float = 30.0, clock: Callable[[], float] = time.monotonic):
+        self.runner, self.step, self.log, self.sleep, self.clock = runner, step, log, sleep, clock
         self.heartbeat = heartbeat  # a wait says what it waits for at least this often (seconds)
+        self.looked = 0  # facts looked at by this step (a dry run's are all assumed)
 
     @property
     def mode(self) -> Mode:
@@ -37,9 +39,21 @@ class StepContext:
 
     @property
     def acting(self) -> bool:
+        """Actions really run (apply mode, not a fixture)."""
         return self.runner.acting
 
+    @property
+    def probing(self) -> bool:
+        """Probes really run (apply or check mode, not a fixture)."""
+        return self.runner.probing
+
+    @property
+    def dry(self) -> bool:
+        """A dry run: nothing starts, every probe answers its assumption."""
+        return self.runner.mode is Mode.DRY and self.runner.declared is None
+
     def look(self, fact: Fact, fresh: bool = False) -> Any:
+        self.looked += 1
         return self.runner.look(fact, self.log, self.step.title, fresh=fresh)
 
     def peek(self, fact: Fact) -> Any:
@@ -97,6 +111,8 @@ class Outcome:
     outcome: str
     reason: str = ""
     cause: str = ""  # what failed, without where (the same cause met by several steps is one)
+    found: str = ""  # a change's "what is there now" (missing, not running), for reports
+    data: Any = None  # what the step hands on (Ansible's register), in its StepResult
 
 
 def verify(ctx: StepContext, step: Step) -> str | None:
@@ -104,36 +120,50 @@ def verify(ctx: StepContext, step: Step) -> str | None:
     v = step.verify
     if v is None:
         return None
+    return watch(ctx, step, v.fact, v.check, v.timeout, v.interval, "verify")
+
+
+def wait_for(ctx: StepContext, step: Step, a: Await) -> str | None:
+    """A wait inside a change; None when it ended as asked."""
+    why = watch(ctx, step, a.fact, a.check, a.timeout, a.interval, "wait", a.what)
+    return None if why is None else f"waited {a.timeout:.0f}s for {a.what}: {why}"
+
+
+def watch(ctx: StepContext, step: Step, fact: Fact, check: Callable[[Any], str | None], timeout: float,
+          interval: float, label: str, what: str = "") -> str | None:
+    """The engine's one polling loop: fresh looks at ``fact`` until
+    ``check`` passes (None) or ``timeout`` ends, a line per change of what
+    it says and a heartbeat in between; a check that raises Broken ends it
+    at once. Printed, not run, in a dry run; skipped in check mode."""
+    shown = fact.line() + (f"  (until {what})" if what else "")
     if ctx.mode is Mode.DRY:
-        ctx.log.emit("verify", v.fact.line())
+        ctx.log.emit(label, shown)
         return None
     if ctx.mode is Mode.CHECK:
         return None
     last: list = [_UNSEEN]
-    start = beat = time.monotonic()
+    start = beat = ctx.clock()
 
     def once() -> str | None:
         nonlocal beat
-        value = ctx.runner.look(v.fact, _Quiet(ctx.log), step.title, fresh=True, label="verify")
+        value = ctx.runner.look(fact, _Quiet(ctx.log), step.title, fresh=True, label=label)
         try:
-            why = v.check(value)
+            why = check(value)
         except Broken as e:
-            ctx.log.emit("verify", f"{v.fact.line()}  => {e}")
+            ctx.log.emit(label, f"{shown}  => {e}")
             raise _Stop(str(e)) from None
         if why != last[0]:
-            ctx.log.emit("verify", f"{v.fact.line()}  => {why or 'ok'}")
+            ctx.log.emit(label, f"{shown}  => {why or 'ok'}")
             last[0] = why
-        elif why and time.monotonic() - beat >= ctx.heartbeat:
-            beat = time.monotonic()
-            ctx.log.heartbeat(f"{time.monotonic() - start:.0f}s of at most {v.timeout:.0f}s: {why}")
+        elif why and ctx.clock() - beat >= ctx.heartbeat:
+            beat = ctx.clock()
+            ctx.log.heartbeat(f"{ctx.clock() - start:.0f}s of at most {timeout:.0f}s: {why}")
         return why
 
     try:
-        return poll(once, v.timeout, v.interval, sleep=ctx.sleep)
+        return poll(once, timeout, interval, sleep=ctx.sleep, clock=ctx.clock)
     except _Stop as e:
         return str(e)
-
-
 
 
 def _check(v, value) -> str | None:
@@ -206,24 +236,42 @@ def execute(step: Step, ctx: StepContext) -> Outcome:
         return step.run(ctx)
     assert step.decide is not None
     decision = step.decide(ctx.look)
+    # A dry run answers every probe with an assumption: what it decided on
+    # them is what it would check, never a finding.
+    assumed = ctx.dry and ctx.looked > 0
     if decision.kind == D_OK:
-        return Outcome(OK, decision.reason)
+        return Outcome(OK, f"would check: {decision.reason}" if assumed and decision.reason else decision.reason,
+                       data=decision.data)
     if decision.kind == DRIFT:
         return Outcome(FAILED, f"drift: {decision.reason}")
     if decision.kind == FAIL:
         return Outcome(FAILED, decision.reason)
+    if decision.kind == SKIP:
+        return Outcome(SKIPPED, decision.reason)
+    if decision.kind == UNCHECKED:
+        return Outcome(SKIPPED, f"would check: {decision.reason}" if assumed else f"not checked: {decision.reason}",
+                       found="unknown", data=decision.data)
     if decision.kind == CHANGE:
         # One change with a verify: if it fails transiently, a fresh look
         # decides whether trying it again is safe (nothing was made).
-        recheck = ctx.made if len(decision.commands) == 1 and step.verify is not None else None
+        acts = [c for c in decision.commands if not isinstance(c, Await)]
+        recheck = ctx.made if len(acts) == 1 and step.verify is not None else None
         for c in decision.commands:
-            ctx.act(c, recheck)
+            if isinstance(c, Await):
+                why = wait_for(ctx, step, c)
+                if why is not None:
+                    return Outcome(FAILED, why, found=decision.found)
+            else:
+                ctx.act(c, recheck)
+        # Check mode and dry runs never say that something happened.
+        said = decision.reason if ctx.acting else \
+            f"would {decision.would}" if decision.would else f"would change: {decision.reason}".rstrip(": ")
         if ctx.mode is Mode.CHECK:
-            return Outcome(CHANGED, decision.reason)
+            return Outcome(CHANGED, said, found=decision.found)
         why = verify(ctx, step)
         if why is not None:
-            return Outcome(FAILED, f"not verified after the change: {why}")
-        return Outcome(CHANGED, decision.reason)
+            return Outcome(FAILED, f"not verified after the change: {why}", found=decision.found)
+        return Outcome(CHANGED, said, found=decision.found)
     if decision.kind == WAIT:
         ctx.note(decision.reason)
         if ctx.mode is Mode.CHECK:
@@ -240,7 +288,8 @@ class Playbook:
 
     def __init__(self, runner: Runner, reporter: Reporter | None = None, workers: int = 1,
                  sleep: Callable[[float], None] = time.sleep, timed: bool | None = None,
-                 heartbeat: float = 30.0):
+                 heartbeat: float = 30.0, clock: Callable[[], float] = time.monotonic):
+        self.clock = clock
         self.runner = runner
         self.heartbeat = heartbeat
         self.reporter = reporter or Reporter()
@@ -259,7 +308,7 @@ class Playbook:
             self.reporter.line(head)
         elif announce:
             self.reporter.line(f"{head.split(' *')[0]} started")
-        ctx = StepContext(self.runner, step, log, self.sleep, self.heartbeat)
+        ctx = StepContext(self.runner, step, log, self.sleep, self.heartbeat, self.clock)
         start = time.monotonic()
         try:
             out = execute(step, ctx)
@@ -278,9 +327,10 @@ class Playbook:
             except PlaybookError:
                 why = None
             if why:
-                out = Outcome(FAILED, f"{why}\n{out.reason}", out.cause)
+                out = Outcome(FAILED, f"{why}\n{out.reason}", out.cause, out.found)
         seconds = time.monotonic() - start
-        out = self._check_mode_dependents(step, Outcome(out.outcome, shown(out.reason), out.cause))
+        out = self._check_mode_dependents(step, Outcome(out.outcome, shown(out.reason), out.cause, out.found,
+                                                        out.data))
         if out.outcome == CHANGED and not self.runner.acting and not out.reason.startswith("would "):
             # Check mode and dry runs never say that something happened.
             out.reason = f"would change: {out.reason}" if out.reason else "would change"
@@ -299,7 +349,7 @@ class Playbook:
         else:
             self.reporter.line(end)
         return StepResult(step.id, step.title, out.outcome, out.reason.splitlines()[0] if out.reason else "",
-                          seconds, log.lines, cause)
+                          seconds, log.lines, cause, out.found, out.data)
 
     def _keep_traceback(self, step: Step) -> str:
         """The traceback, kept in the run's log folder: where it is."""
@@ -327,7 +377,8 @@ class Playbook:
         if out.outcome == FAILED and roots:
             verb = "changes" if len(roots) == 1 else "change"
             out = Outcome(SKIPPED, f"cannot be checked before {', '.join(roots)} {verb} (check mode changes "
-                                   f"nothing): {out.reason.splitlines()[0]}")
+                                   f"nothing): {out.reason.splitlines()[0]}", found="unknown",
+                          data={"waits_on": roots})
         if out.outcome == CHANGED:
             roots = [step.title]
         if roots:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 import threading
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 OK, CHANGED, FAILED, SKIPPED = "ok", "changed", "failed", "skipped"
 # Ansible's word: the host that runs the commands could not be reached (or
@@ -23,6 +23,8 @@ class StepResult:
     seconds: float = 0.0
     lines: list[str] = field(default_factory=list)
     cause: str = ""  # a failure's cause, without the step's own name or command
+    found: str = ""  # a change's "what is there now", for reports
+    data: Any = None  # what the step handed on (a decision's data)
 
 
 @dataclass
@@ -45,10 +47,9 @@ class Recap:
         return (f"ok={self.count(OK)} changed={self.count(CHANGED)} " + (f"unreachable={gone} " if gone else "")
                 + f"failed={self.count(FAILED)} skipped={self.count(SKIPPED)}")
 
-    def merge(self, other: "Recap") -> None:
-        self.results.extend(other.results)
-        self.not_run.extend(other.not_run)
-        self.wall += other.wall
+    def data(self, step_id: str) -> Any:
+        """What a step handed on (None when it did not run or had none)."""
+        return next((r.data for r in self.results if r.step_id == step_id), None)
 
     def render(self) -> list[str]:
         out = [f"PLAY RECAP [{self.name}] " + "*" * 20]

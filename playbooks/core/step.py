@@ -3,42 +3,84 @@
 A step's ``decide`` looks at facts (through ``look``) and returns a Decision:
 
 - ``ok(reason)``: the world already is as asked; nothing runs.
-- ``change(*commands, reason=...)``: these commands bring it there.
+- ``change(*actions, reason=..., would=..., found=...)``: these commands
+  (and waits) bring it there. ``reason`` says what the change did,
+  ``would`` what it would do (for check mode and a dry run: "start the Ray
+  head"; without it, "would change: <reason>"), ``found`` what is there now
+  ("missing", "not running"): a report (``invoke status``) says what is,
+  never what it would do.
 - ``drift(reason)``: it exists with another shape than asked; a failure,
   never silently passed or overwritten.
 - ``fail(reason)``: it cannot go on (a broken resource, a missing parent),
   with what to do about it.
 - ``wait(reason)``: it is being made by someone else (an operation still
   running); nothing runs, the verify step waits for it.
+- ``skip(reason)``: the step does not apply here (Autopilot has no node
+  pools of ours).
+- ``unchecked(reason)``: a read-only check that could not look: neither
+  proven nor refuted, and the run goes on (a capacity check whose API
+  answered 403).
 
 After a change (or a wait) the ``verify`` fact is looked up again, fresh,
-until its check passes or the timeout ends.
+until its check passes or the timeout ends. A change may also hold an
+``Await``: a wait the engine polls between two of its commands.
+
+The engine, not the step, words the modes: in check mode and a dry run a
+change says ``would change: ...`` and a decision made on assumed answers
+says ``would check: ...`` (a dry run looks at nothing).
+
+Most steps are ``decide`` steps. A step may instead have a ``run`` body (it
+looks, acts and verifies through its StepContext and returns an Outcome)
+only when it streams as it goes: it follows a job's log to its end, or
+searches by compiling candidates one after another and reports each. Such a
+step asks its context, never the runner, what the mode allows
+(``ctx.acting``, ``ctx.probing``, ``ctx.dry``).
 """
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, Union
 
 from .command import Command
 from .facts import Action, Fact
 
-OK, CHANGE, DRIFT, FAIL, WAIT = "ok", "change", "drift", "fail", "wait"
+OK, CHANGE, DRIFT, FAIL, WAIT, SKIP, UNCHECKED = "ok", "change", "drift", "fail", "wait", "skip", "unchecked"
+
+
+@dataclass(frozen=True)
+class Await:
+    """A wait inside a change: the engine looks at ``fact`` (fresh) until
+    ``check(value)`` is None or ``timeout`` passes, with its heartbeat. Shown
+    in a transcript as one ``wait`` line; ``what`` says what it waits for."""
+
+    fact: Fact
+    check: Callable[[Any], str | None]
+    what: str
+    timeout: float = 60.0
+    interval: float = 2.0
+
+
+Act = Union[Command, Action, Await]
 
 
 @dataclass(frozen=True)
 class Decision:
     kind: str
     reason: str = ""
-    commands: tuple[Command | Action, ...] = ()
+    commands: tuple[Act, ...] = ()
+    found: str = ""
+    data: Any = None
+    would: str = ""
 
 
-def ok(reason: str = "") -> Decision:
-    return Decision(OK, reason)
+def ok(reason: str = "", data: Any = None) -> Decision:
+    """As asked. ``data``: what the step hands on (read from the recap)."""
+    return Decision(OK, reason, data=data)
 
 
-def change(*commands: Command | Action, reason: str = "") -> Decision:
-    return Decision(CHANGE, reason, tuple(commands))
+def change(*commands: Act, reason: str = "", would: str = "", found: str = "missing") -> Decision:
+    return Decision(CHANGE, reason, tuple(commands), found=found, would=would)
 
 
 def drift(reason: str) -> Decision:
@@ -53,12 +95,20 @@ def wait(reason: str) -> Decision:
     return Decision(WAIT, reason)
 
 
+def skip(reason: str) -> Decision:
+    return Decision(SKIP, reason)
+
+
+def unchecked(reason: str, data: Any = None) -> Decision:
+    return Decision(UNCHECKED, reason, data=data)
+
+
 Look = Callable[[Fact], Any]
 
 
 class Broken(Exception):
     """Raised by a verify check when the state is final and wrong (a node pool
-    in ERROR): waiting longer cannot help."""
+    in ERROR, a process that exited): waiting longer cannot help."""
 
 
 @dataclass(frozen=True)
@@ -75,11 +125,9 @@ class Verify:
 @dataclass
 class Step:
     """One checked change, with one body: either ``decide`` (probe -> decide
-    -> act -> verify, done by the engine) or ``run`` (a step that must stream
-    or wait in its own way; it looks, acts and verifies through its
-    StepContext and returns an Outcome). ``after``: ids of the steps it needs
-    (for parallel runs). ``idempotent=False`` declares a step that acts on
-    every run (a training job, a chaos kill)."""
+    -> act -> verify, done by the engine) or ``run`` (a step that streams as
+    it goes: see the module's docstring). ``after``: ids of the steps it
+    needs (for parallel runs). ``skip``: why it does not run at all here."""
 
     play: str
     name: str
@@ -87,7 +135,6 @@ class Step:
     verify: Verify | None = None
     skip: str | None = None
     after: tuple[str, ...] = ()
-    idempotent: bool = True
     id: str = ""
     run: Callable[..., Any] | None = field(default=None, repr=False)
     # After a failure in apply mode: (look, reason) -> one line that says
@@ -101,9 +148,11 @@ class Step:
         return self.probes + ((self.verify.fact,) if self.verify is not None else ())
 
     def __post_init__(self) -> None:
-        if (self.decide is None) == (self.run is None):
+        if self.skip is None and (self.decide is None) == (self.run is None):
             raise TypeError(f"step {self.play} : {self.name}: give it either decide or run, not "
                             f"{'both' if self.decide else 'neither'}")
+        if self.skip is not None and (self.decide is not None or self.run is not None):
+            raise TypeError(f"step {self.play} : {self.name}: a skipped step has no body")
         if self.run is not None and self.verify is not None:
             raise TypeError(f"step {self.play} : {self.name}: a run step verifies in its run")
         if not self.id:
@@ -112,6 +161,11 @@ class Step:
     @property
     def title(self) -> str:
         return f"{self.play} : {self.name}"
+
+
+def skipped(play: str, name: str, why: str, id: str = "", after: tuple[str, ...] = ()) -> Step:
+    """A step that does not apply here, said with its reason."""
+    return Step(play, name, skip=why, id=id, after=after)
 
 
 def poll(check_once: Callable[[], str | None], timeout: float, interval: float,

@@ -13,8 +13,6 @@ from ..core.facts import ABSENT, Completed
 from ..core.step import Step, change, fail
 from ..gke import kube
 from ..schema import Environment
-from . import local
-from .cluster import credentials_step
 
 
 def first_worker_fact(env: Environment):
@@ -40,14 +38,13 @@ def delete_step(env: Environment) -> Step:
         pod = look(probe)
         if pod is ABSENT:
             return fail(f"no pod labelled {T.WORKER_SELECTOR} in namespace {env.namespace}: is the RayCluster up?")
-        return change(kube(env, "delete", "pod", pod, "--namespace", env.namespace), reason=f"deleted pod {pod}")
+        return change(kube(env, "delete", "pod", pod, "--namespace", env.namespace), reason=f"deleted pod {pod}",
+                      found=f"pod {pod} running")
 
-    return Step("chaos", "delete one Ray TPU worker pod", decide, idempotent=False, id="chaos:delete",
-                after=("kube:credentials",))
+    return Step("chaos", "delete one Ray TPU worker pod", decide, id="chaos:delete", after=("kube:credentials",))
 
 
-def steps(env: Environment, restore_after: float = 60.0) -> list[Step]:
-    if env.kind == "local":
-        return local.chaos_steps(env, restore_after)
-    # KubeRay recreates the deleted pod itself: nothing to restore.
-    return [credentials_step(env, "chaos"), delete_step(env)]
+def steps(env: Environment) -> list[Step]:
+    """KubeRay recreates the deleted pod itself: nothing to restore. (The
+    local twin's chaos is ``plays/twin.py``.)"""
+    return [delete_step(env)]

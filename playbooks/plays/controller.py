@@ -1,7 +1,7 @@
 """The controller host: the project files its commands read (the manifests
-that envsubst renders, the trainer that `ray job submit` ships) are copied to
-its ``remote_dir`` before anything else runs there, only what changed
-(compared by SHA-256 over SFTP)."""
+that envsubst renders, the trainer that `ray job submit` ships, the gcloud
+parser that `invoke doctor` runs) are copied to its ``remote_dir`` before
+anything else runs there, only what changed (compared by SHA-256)."""
 from __future__ import annotations
 
 import dataclasses
@@ -15,12 +15,14 @@ from ..schema import Environment
 
 PLAY = "controller"
 SYNCED = ("manifests", "trainer")
+SYNCED_FILES = ("playbooks/gcloud_parse.py",)
 SYNC_ID = "controller:sync"
 
 
 def project_files() -> list[str]:
-    """What is synced: every file under manifests/ and trainer/ (not caches)."""
-    out = []
+    """What is synced: every file under manifests/ and trainer/ (not caches),
+    and the scripts the controller runs."""
+    out = list(SYNCED_FILES)
     for top in SYNCED:
         for p in sorted((ROOT / top).rglob("*")):
             if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc":

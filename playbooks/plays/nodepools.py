@@ -8,10 +8,18 @@ from .. import tutorial as T
 from ..clients import gcloud
 from ..core.errors import PlaybookError
 from ..core.facts import ABSENT
-from ..core.step import Broken, Step, Verify, change, drift, fail, ok, wait
-from ..gke import location, network_name, nodepool_name, nodepools_fact, subnet_id, subnet_name
+from ..core.step import Broken, Step, Verify, change, drift, fail, ok, skipped, wait
+from ..gke import (
+    location,
+    machine_types_fact,
+    network_name,
+    nodepool_name,
+    nodepools_fact,
+    subnet_id,
+    subnet_name,
+)
 from ..schema import Environment
-from . import capacity as cap
+from .. import capacity_options as cap
 
 PLAY = "nodepools"
 CREATE_TIMEOUT = 60 * 60
@@ -129,7 +137,7 @@ def pool_step(env: Environment, i: int) -> Step:
         if not broken and cap.classify(text) == "other":
             return None
         try:
-            zones = look(cap.machine_types_fact(env))
+            zones = look(machine_types_fact(env))
         except PlaybookError:
             zones = None
         return cap.explain(env, text, zones)
@@ -152,10 +160,11 @@ def chips_step(env: Environment, play: str) -> list[Step]:
         return []
     what = (f"{total} TPU v6e chips: {env.slices} slices of {env.topology} ({per_slice} chips, "
             f"{env.hosts_per_slice} {env.machine_type} hosts each), more than {CHIPS_TO_SAY}")
-    return [Step(play, "TPU chips", lambda look: ok(f"this environment asks for {what}"), id=f"{play}:chips")]
+    return [Step(play, "TPU chips", lambda look: ok(f"this environment asks for {what}", data=total),
+                 id=f"{play}:chips")]
 
 
 def steps(env: Environment) -> list[Step]:
     if env.mode == "autopilot":
-        return [Step(PLAY, "TPU node pools", lambda look: ok(), skip=AUTOPILOT_SKIP, id="nodepools:all")]
+        return [skipped(PLAY, "TPU node pools", AUTOPILOT_SKIP, id="nodepools:all")]
     return chips_step(env, PLAY) + [pool_step(env, i) for i in range(env.slices)]

@@ -1,503 +1,112 @@
-"""Preflight: prove a training job fits the chips before anyone pays for TPUs.
-
-1. Static checks, instant: the model config exists in the pinned MaxText; the
-   ICI parallelisms multiply to the chips of a slice, the DCN ones to the
-   slices; hosts, chips and workers agree; the manifest's
-   MEGASCALE_NUM_SLICES equals its slice replicas; heads split over the
-   tensor axis.
-2. Fit, by ahead-of-time compiling the exact job for the TPU topology with
-   MaxText's train_compile (same MaxText, flags and libtpu as the workers):
-   per-chip arguments, outputs, temporaries and total against the chip's HBM.
-3. When it does not fit, a small stated list of changes is compiled in turn
-   and the first that fits is printed as a ready `--set` line.
-Results are cached by everything that changes the compile.
-"""
+"""Preflight: prove a training job fits the chips before anyone pays for TPUs:
+its static checks, then its AOT compile (and, when it does not fit, the
+search for the smallest change that does). What is checked and how a compile
+is read is ``playbooks/fit.py``."""
 from __future__ import annotations
 
-import hashlib
-import json
-import os
-import re
-import threading
-import time
-from dataclasses import dataclass
-from functools import cache
-from pathlib import Path
-
-import yaml
-
-from .. import hosts
-from .. import tutorial as T
-from ..core.command import Command
-from ..core.facts import ABSENT, Fact
+from .. import fit as F
+from .. import hosts, paths
 from ..core.lock import machine_lock
 from ..core.play import Outcome, StepContext
-from ..core.recap import FAILED, OK, SKIPPED
-from ..core.render import render
-from ..core.step import Step
-from ..maxtext_args import as_text, model_config, overrides_model
-from ..project import ROOT
+from ..core.recap import FAILED, OK
+from ..core.step import Step, fail, ok, skipped
+from ..job import PRESETS, Job
 from ..schema import Environment
 from ..tpu import chips
 from ..versions import installed
 
 PLAY = "preflight"
-GIB = 1024 ** 3
 
 
-@cache
-def _base() -> dict:
-    """trainer/base.yml, read once (callers only read it)."""
-    return yaml.safe_load((ROOT / "trainer" / T.BASE_CONFIG).read_text())
-
-
-def slice_devices(env: Environment) -> int:
-    """Devices in one slice: TPU chips on GKE, JAX CPU devices locally."""
-    if env.kind == "local":
-        return env.hosts_per_slice * env.devices_per_host
-    return chips(env.topology)
-
-
-def _axes(args: dict[str, str], base: dict, prefix: str) -> dict[str, int]:
-    out = {}
-    for k, v in base.items():
-        if k.startswith(prefix) and k.endswith("_parallelism") and isinstance(v, int):
-            out[k] = int(args.get(k, v))
-    return out
-
-
-def _mesh_rule(axes: dict[str, int], target: int, what: str) -> str | None:
-    auto = [k for k, v in axes.items() if v == -1]
-    fixed = {k: v for k, v in axes.items() if v not in (-1, 1)}
-    product = 1
-    for v in fixed.values():
-        product *= v
-    shown = " x ".join(f"{k}={v}" for k, v in fixed.items()) or "all 1"
-    if len(auto) > 1:
-        return f"{what}: more than one axis is -1 ({', '.join(auto)}); MaxText fills only one"
-    if auto:
-        if target % product:
-            return (f"{what}: {shown} = {product} does not divide the {target} to fill "
-                    f"({auto[0]}=-1 gets the rest)")
-        return None
-    if product != target:
-        return f"{what}: {shown} = {product}, but there are {target}"
-    return None
-
-
-def static_checks(env: Environment, job) -> list[str]:
-    """Each violation: one line with the numbers."""
-    out: list[str] = []
-    args = dict(job.args)
-    model = args.get("model_name", job.model)
-    cfg = model_config(model) or None
-    if cfg is None:
-        out.append(f"model config models/{model}.yml is not in the pinned MaxText "
-                   f"(maxtext {installed('maxtext')}: see trainer/models/)")
-        cfg = {}
-    base = _base()
-    devices = slice_devices(env)
-    unit = "CPU devices in a simulated slice" if env.kind == "local" else f"chips in a {env.topology} slice"
-    why = _mesh_rule(_axes(args, base, "ici_"), devices, f"ICI parallelism (per slice, {devices} {unit})")
-    if why:
-        out.append(why)
-    if job.elastic:
-        dcn = _axes(args, base, "dcn_")
-        fixed = {k: v for k, v in dcn.items() if v not in (1, -1)}
-        if fixed:
-            out.append(f"DCN parallelism: {fixed} fixes the slice count, but the elastic job runs on 1 to "
-                       f"{env.slices} slices; use -1")
-    else:
-        why = _mesh_rule(_axes(args, base, "dcn_"), env.slices, f"DCN parallelism (across slices, {env.slices} slices)")
-        if why:
-            out.append(why)
-    if env.kind != "local":
-        per_host = env.chips_per_host
-        if per_host * env.hosts_per_slice != chips(env.topology):
-            out.append(f"hosts: {env.hosts_per_slice} hosts x {per_host} chips = "
-                       f"{env.hosts_per_slice * per_host}, but topology {env.topology} has {chips(env.topology)} chips")
-        workers = env.slices * env.hosts_per_slice
-        if workers % env.hosts_per_slice:
-            out.append(f"workers: {workers} is not a multiple of {env.hosts_per_slice} hosts per slice")
-        why = _megascale(env)
-        if why:
-            out.append(why)
-        if env.mode == "autopilot":
-            from .autopilot import rendered_docs, violations
-            out += violations(rendered_docs(env))
-    ov = overrides_model(args.items())
-    q = int(args["base_num_query_heads"]) if ov and "base_num_query_heads" in args else cfg.get("base_num_query_heads")
-    kv = int(args["base_num_kv_heads"]) if ov and "base_num_kv_heads" in args else cfg.get("base_num_kv_heads")
-    tensor = int(args.get("ici_tensor_parallelism", base.get("ici_tensor_parallelism", 1)))
-    if q and tensor > 0 and q % tensor:
-        out.append(f"attention: {q} query heads do not split over ici_tensor_parallelism={tensor}")
-    if kv and tensor > 0 and kv % tensor and tensor % kv:
-        out.append(f"attention: {kv} KV heads and ici_tensor_parallelism={tensor}: neither divides the other")
-    return out
-
-
-def _megascale(env: Environment) -> str | None:
-    from .raycluster import manifest_values
-    text = render((ROOT / T.RAYCLUSTER_MANIFEST).read_text(), manifest_values(env))
-    for doc in yaml.safe_load_all(text):
-        if (doc or {}).get("kind") != "RayCluster":
-            continue
-        for g in doc["spec"].get("workerGroupSpecs") or []:
-            for c in g["template"]["spec"].get("containers") or []:
-                env_vars = {e["name"]: e.get("value") for e in c.get("env") or []}
-                if str(env_vars.get("MEGASCALE_NUM_SLICES")) != str(g.get("replicas")):
-                    return (f"manifest: MEGASCALE_NUM_SLICES={env_vars.get('MEGASCALE_NUM_SLICES')} but the worker "
-                            f"group has {g.get('replicas')} slice replicas")
-    return None
-
-
-# -- the fit check: an ahead-of-time compile for the TPU topology --------------
-HBM_V6E_GIB = 31.24  # what libtpu reports for a v6e chip; the compile log says it again
-LIBTPU_BUSY = re.compile(r"(?:TPU is already in use by (?:a )?process with pid (\d+)|libtpu_lockfile)")
-OOM = re.compile(r"CompileTimeHbmOom: .*?\(([\d.]+)G\) exceeds available HBM \(([\d.]+)G\)")
-MEMORY = re.compile(r"Memory analysis: CompiledMemoryStats\((.*?)\)")
-TOTAL = re.compile(r"Total hbm usage >= ([\d.]+)([KMGT]?)")
-PROGRAM = re.compile(r"XLA::TPU program HBM usage: ([\d.]+)([KMGT]?) / ([\d.]+)([KMGT]?)")
-HOST = re.compile(r"Total host usage >= ([\d.]+)([KMGT]?)")
-UNIT = {"": 1 / GIB, "K": 1 / 1024 ** 2, "M": 1 / 1024, "G": 1.0, "T": 1024.0}
-
-# Changes tried, in this order, when a job does not fit: smallest first (a
-# change the job already has is not compiled again).
-CANDIDATES: tuple[tuple[tuple[str, str], ...], ...] = (
-    (("remat_policy", "full"),),
-    (("per_device_batch_size", "1"),),
-    (("optimizer_memory_host_offload", "true"),),
-    (("per_device_batch_size", "1"), ("optimizer_memory_host_offload", "true")),
-    (("per_device_batch_size", "1"), ("optimizer_memory_host_offload", "true"),
-     ("parameter_memory_host_offload", "true"), ("param_scan_axis", "0")),
-)
-
-# When no change of settings fits: more chips, as more slices of the same
-# topology (an inventory change: `slices`), the job's DCN split following them.
-MORE_SLICES = (2, 4)
-
-# Proven by `bench/preflight.py` (an AOT compile for 2 x v6e-16): the smallest
-# change of the tutorial's 70B job that fits its 32 chips.
-PRESETS: dict[str, dict[str, tuple[tuple[str, str], ...]]] = {
-    "llama3-70b": {"fits": (("per_device_batch_size", "1"), ("optimizer_memory_host_offload", "true"))},
-}
-
-
-def _gib(value: str, unit: str) -> float:
-    return float(value) * UNIT[unit]
-
-
-@dataclass
-class Fit:
-    fits: bool
-    seconds: float = 0.0
-    arguments: float | None = None   # GiB per chip
-    outputs: float | None = None
-    aliased: float | None = None
-    temporaries: float | None = None
-    total: float | None = None
-    capacity: float = HBM_V6E_GIB
-    host: float | None = None
-    needed: float | None = None      # temporaries asked for, when it does not fit
-    error: str | None = None         # a failure that is not about memory
-    cached: bool = False
-
-    @property
-    def margin(self) -> float | None:
-        return None if self.total is None else self.capacity - self.total
-
-    def lines(self) -> list[str]:
-        if self.error:
-            return [f"the job does not compile: {self.error}"]
-        if not self.fits:
-            needed = self.needed or 0.0
-            return [f"does NOT fit: its temporaries alone need {needed:.2f} GiB per chip, the chip has "
-                    f"{self.capacity:.2f} GiB of HBM (short by {needed - self.capacity:.2f} GiB)"]
-        out = ["fits, per chip:"]
-        if self.arguments is not None:
-            out.append(f"  arguments {self.arguments:.2f} GiB, outputs {self.outputs:.2f} GiB "
-                       f"({self.aliased:.2f} GiB of them aliased to arguments), temporaries {self.temporaries:.2f} GiB")
-        if self.total is not None:
-            margin = self.capacity - self.total
-            out.append(f"  total {self.total:.2f} GiB of {self.capacity:.2f} GiB HBM: margin {margin:.2f} GiB "
-                       f"({100 * margin / self.capacity:.1f}%)"
-                       + (f"; host memory {self.host:.2f} GiB (offloaded)" if self.host else ""))
-        return out
-
-    def to_json(self) -> dict:
-        return {k: v for k, v in self.__dict__.items() if k != "cached"}
-
-
-def parse_compile(text: str, tpu_log: str = "", seconds: float = 0.0) -> Fit:
-    m = OOM.search(text) or OOM.search(tpu_log)
-    if m:
-        return Fit(False, seconds, needed=float(m.group(1)), capacity=float(m.group(2)))
-    mem = MEMORY.search(text)
-    busy = LIBTPU_BUSY.search(text + "\n" + tpu_log)
-    if not mem and busy:
-        # Not libtpu's advice (delete its lock file): the other process
-        # still uses it.
-        who = f"pid {busy.group(1)}" if busy.group(1) else "another process"
-        return Fit(False, seconds, error=f"libtpu is in use by {who} on this machine: wait for it to end and "
-                                         f"run again (do not delete /tmp/libtpu_lockfile while it runs)")
-    if not mem:
-        errors = [l for l in text.splitlines() if re.search(r"(Error|Exception|error:)", l)
-                  and "E0000" not in l and "unexpected worker hostname" not in l]
-        return Fit(False, seconds, error=(errors[-1].strip() if errors else "no memory analysis in its output"))
-    stats = {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", mem.group(1))}
-    arguments, outputs, aliased, temporaries = (stats.get(f"{k}_size_in_bytes", 0) / GIB
-                                                for k in ("argument", "output", "alias", "temp"))
-    fit = Fit(True, seconds, arguments=arguments, outputs=outputs, aliased=aliased, temporaries=temporaries)
-    # The compiler's own account (libtpu's log) is the one it fits against;
-    # the stats above, summed, overstate it.
-    if (t := TOTAL.search(tpu_log)):
-        fit.total = _gib(*t.groups())
-    else:
-        fit.total = arguments + outputs - aliased + temporaries
-    if (p := PROGRAM.search(tpu_log)):
-        fit.capacity = _gib(p.group(3), p.group(4))
-    if (h := HOST.search(tpu_log)):
-        fit.host = _gib(*h.groups()) or None
-    return fit
-
-
-def compile_args(env: Environment, job, extra: tuple[tuple[str, str], ...] = (), slices: int | None = None) -> list[str]:
-    """The job's own arguments, for the TPU topology it would run on (every
-    slice, for an elastic job)."""
-    args = dict(job.args)
-    for k, v in extra:
-        args[k] = v
-    args.update({"compile_topology": f"v6e-{chips(env.topology)}",
-                 "compile_topology_num_slices": str(slices or env.slices)})
-    return [f"{k}={v}" for k, v in args.items()]
-
-
-WORK = ".state/preflight"
-
-
-# Where a job writes: not part of what it compiles to.
-WORK_KEYS = ("base_output_directory", "run_name", "jax_cache_dir", "dump_hlo_local_dir")
-
-
-def _without_work_dirs(args: list[str]) -> list[str]:
-    return [a for a in args if a.split("=", 1)[0] not in WORK_KEYS]
-
-
-def with_work_dirs(args: list[str]) -> list[str]:
-    """Where the compile may write: only under .state/preflight/ (not the
-    job's /data/, not ~/jax_cache, not /tmp/xla_dump)."""
-    return _without_work_dirs(args) + [f"base_output_directory={WORK}/out/", "run_name=preflight", f"jax_cache_dir={WORK}/jax_cache",
-                  f"dump_hlo_local_dir={WORK}/xla_dump/"]
-
-
-def versions() -> dict[str, str]:
-    return {p: installed(p) for p in ("maxtext", "jax", "jaxlib", "libtpu")}
-
-
-def cache_key(args: list[str]) -> str:
-    """Everything that changes the compile: the job's arguments (model,
-    settings, topology, slices) and the MaxText, jax and libtpu versions."""
-    blob = json.dumps({"args": sorted(_without_work_dirs(args)), "versions": versions()}, sort_keys=True)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-
-def cache_path(key: str) -> Path:
-    """Cached results: .state/preflight/cache/, or $PLAYBOOK_PREFLIGHT_CACHE."""
-    base = os.environ.get("PLAYBOOK_PREFLIGHT_CACHE") or str(ROOT / ".state" / "preflight" / "cache")
-    return Path(base) / f"{key}.json"
-
-
-def compile_command(args: list[str], key: str) -> Command:
-    return Command(("python", "-m", "maxtext.trainers.pre_train.train_compile", f"trainer/{T.BASE_CONFIG}",
-                    *with_work_dirs(args)), env=(("TPU_LOG_DIR", f"{WORK}/tpu_logs/{key}"),), timeout=3 * 3600,
-                   local=True)  # on this machine's CPU, even when the plays run on a controller
-
-
-def compile_fact(args: list[str]) -> Fact:
-    key = cache_key(args)
-    command = compile_command(args, key)
-
-    def parse(c) -> Fit:
-        log = ROOT / dict(command.env)["TPU_LOG_DIR"] / "tpu_driver.INFO"
-        err = log.with_name("tpu_driver.ERROR")
-        text = "\n".join(p.read_text(errors="replace") for p in (log, err) if p.exists())
-        fit = parse_compile(c.stdout + "\n" + c.stderr, text, c.seconds)
-        if fit.fits or fit.needed is not None:
-            hosts.local().write(str(cache_path(key)), json.dumps(fit.to_json()).encode())
-        return fit
-
-    return Fact(name="fit", command=command, parse=parse, assumed=ABSENT,
-                describe=lambda f: ("fits" if f.fits else "does not fit" if f.needed else "does not compile")
-                if isinstance(f, Fit) else str(f))
-
-
-def cached(args: list[str]) -> Fit | None:
-    p = cache_path(cache_key(args))
-    if not p.exists():
-        return None
-    fit = Fit(**json.loads(p.read_text()))
-    fit.cached = True
-    return fit
-
-
-class _Heartbeat:
-    """Prints the elapsed time while a compile runs (they take minutes)."""
-
-    def __init__(self, ctx: StepContext, what: str, every: float = 30.0):
-        self.ctx, self.what, self.every = ctx, what, every
-        self._stop = threading.Event()
-        self._start = time.monotonic()
-
-    def __enter__(self):
-        if self.ctx.acting or self.ctx.runner.probing:
-            threading.Thread(target=self._beat, daemon=True).start()
-        return self
-
-    def _beat(self):
-        while not self._stop.wait(self.every):
-            self.ctx.echo(f"  ... {self.what}: {time.monotonic() - self._start:.0f}s")
-
-    def __exit__(self, *exc):
-        self._stop.set()
-
-
-# libtpu takes a machine-wide lock (/tmp/libtpu_lockfile) for a compile: a
-# second compile at once fails, and libtpu's message advises deleting the
-# lock file, which would break the first. Compiles take this lock first, so
-# a second one waits, saying which pid it waits for.
-COMPILE_LOCK = Path("/tmp/maxtext-playbooks-compile.lock")
-
-
-def _cache_hit(ctx: StepContext, args: list[str]) -> Fit | None:
-    hit = cached(args)
+def _cache_hit(ctx: StepContext, args: list[str]) -> F.Fit | None:
+    hit = F.cached(args)
     if hit is not None:
-        ctx.log.emit("probe", f"{compile_command(args, cache_key(args)).line()}  => "
-                              f"{'fits' if hit.fits else 'does not fit'} (cached {cache_key(args)})")
+        ctx.log.emit("probe", f"{F.compile_command(args, F.cache_key(args)).line()}  => "
+                              f"{'fits' if hit.fits else 'does not fit'} (cached {F.cache_key(args)})")
     return hit
 
 
-def fit(ctx: StepContext, env: Environment, job, extra=(), slices: int | None = None) -> Fit | None:
+def fit(ctx: StepContext, env: Environment, job: Job, extra: F.Extra = (), slices: int | None = None) -> F.Fit | None:
     """The fit of the job (plus ``extra`` settings), from the cache or a compile."""
-    args = compile_args(env, job, extra, slices)
-    what = f"compiling for {slices or env.slices} x v6e-{chips(env.topology)}"
-    if not ctx.runner.probing:
-        result = ctx.look(compile_fact(args))
-        return result if isinstance(result, Fit) else None
+    args = F.compile_args(env, job, extra, slices)
+    if not ctx.probing:
+        result = ctx.look(F.compile_fact(args))
+        return result if isinstance(result, F.Fit) else None
     hit = _cache_hit(ctx, args)
     if hit is not None:
         return hit
-    with machine_lock(COMPILE_LOCK, "one TPU compile at a time on a machine: libtpu's own lock",
+    with machine_lock(F.COMPILE_LOCK, "one TPU compile at a time on a machine: libtpu's own lock",
                       lambda line: ctx.echo(f"  ... {line}")):
         hit = _cache_hit(ctx, args)  # the compile we waited for may have been this one
         if hit is not None:
             return hit
         # libtpu writes its logs (the compiler's own memory account) only
         # into a folder that exists.
-        hosts.local().make_dirs(f"{WORK}/tpu_logs/{cache_key(args)}")
-        with _Heartbeat(ctx, what):
-            result = ctx.look(compile_fact(args))
-    return result if isinstance(result, Fit) else None
+        hosts.local().make_dirs(paths.preflight_tpu_logs(F.cache_key(args)))
+        what = f"compiling for {slices or env.slices} x v6e-{chips(env.topology)}"
+        with ctx.beating(what, lambda: ""):
+            result = ctx.look(F.compile_fact(args))
+    return result if isinstance(result, F.Fit) else None
 
 
-# -- steps ----------------------------------------------------------------------
-def static_step(env: Environment, job) -> Step:
+def static_step(env: Environment, job: Job) -> Step:
     def decide(look):
-        from ..core.step import fail, ok
-        problems = static_checks(env, job)
+        problems = F.static_checks(env, job)
         if problems:
             n = len(problems)
             head = f"{n} static check{'s' if n > 1 else ''} failed: {problems[0]}" + (" ..." if n > 1 else "")
             return fail(head + "\n" + "\n".join(f"- {p}" for p in problems))
-        args = dict(job.args)
-        return ok(f"{args.get('model_name')}: mesh, hosts and manifest agree "
-                  f"({slice_devices(env)} devices per slice x {env.slices} slices)")
+        return ok(f"{dict(job.args).get('model_name')}: mesh, hosts and manifest agree "
+                  f"({F.slice_devices(env)} devices per slice x {env.slices} slices)")
 
     return Step(PLAY, "static checks", decide, id="preflight:static")
 
 
-def set_line(extra) -> str:
-    return " ".join(f"--set {k}={v}" for k, v in extra)
+def fit_step(env: Environment, job: Job, search: bool) -> Step:
+    """A run step: the search compiles one candidate after another and says
+    each as it goes (minutes each)."""
+    shape = f"{env.slices} x v6e-{chips(env.topology)}"
 
-
-def ready_command(env: Environment, job, extra) -> str:
-    prefix = f"INVOKE_PLAYBOOK_ENV={env.name} " if env.name else ""
-    flags = [f"--model={job.model}"] + (["--elastic"] if job.elastic else [])
-    preset = next((name for name, ov in PRESETS.get(job.model, {}).items() if tuple(ov) == tuple(extra)), None)
-    tail = f"--preset={preset}" if preset else set_line(extra)
-    return f"{prefix}invoke train {' '.join(flags)} {tail}"
-
-
-def fit_step(env: Environment, job, search: bool) -> Step:
     def run(ctx: StepContext) -> Outcome:
-        if env.kind == "local":
-            return Outcome(SKIPPED, "a local environment trains on CPU: the fit check is for TPU HBM")
         ctx.note(f"MaxText {installed('maxtext')}, jax {installed('jax')}, libtpu {installed('libtpu')} "
                  f"(the libtpu trainer/requirements.txt installs on the TPU workers)")
         result = fit(ctx, env, job)
         if result is None:
-            return Outcome(OK, f"would compile the job for {env.slices} x v6e-{chips(env.topology)}")
+            return Outcome(OK, f"would compile the job for {shape}")
         for line in result.lines():
             ctx.echo(f"  {line}")
         if result.error:
-            return Outcome(FAILED, f"the job does not compile for {env.slices} x v6e-{chips(env.topology)}: "
-                                   f"{result.error}")
+            return Outcome(FAILED, f"the job does not compile for {shape}: {result.error}")
         if result.fits:
-            return Outcome(OK, f"fits {env.slices} x v6e-{chips(env.topology)} with "
-                               f"{result.margin:.2f} GiB to spare per chip" + (" (cached)" if result.cached else ""))
-        short = (f"does not fit {env.slices} x v6e-{chips(env.topology)}: needs {result.needed:.2f} GiB of "
-                 f"temporaries per chip, has {result.capacity:.2f} GiB")
+            return Outcome(OK, f"fits {shape} with {result.margin:.2f} GiB to spare per chip"
+                               + (" (cached)" if result.cached else ""))
+        short = (f"does not fit {shape}: needs {result.needed:.2f} GiB of temporaries per chip, has "
+                 f"{result.capacity:.2f} GiB")
         if not search:
             preset = PRESETS.get(job.model, {}).get("fits")
-            hint = (f"; a preset that fits: {ready_command(env, job, preset)}" if preset and not job_uses(job, preset)
+            hint = (f"; a preset that fits: {F.ready_command(env, job, preset)}"
+                    if preset and not F.job_uses(job, preset)
                     else f"; `invoke preflight --model={job.model}` searches for a change that fits")
             return Outcome(FAILED, short + hint)
-        def attempt(what: str, extra, slices: int | None = None) -> Fit | None:
-            """Compile one change; its fit if it fits."""
-            ctx.echo(f"  trying {what}")
-            r = fit(ctx, env, job, extra, slices)
+        plan = F.search_plan(env, job)
+        for a in plan:
+            ctx.echo(f"  trying {a.what}")
+            r = fit(ctx, env, job, a.extra, a.slices)
             for line in r.lines() if r is not None else ():
                 ctx.echo(f"    {line}")
-            return r if r is not None and r.fits else None
-
-        todo = [extra for extra in CANDIDATES if not job_uses(job, extra)]
-        for extra in todo:
-            r = attempt(set_line(extra), extra)
-            if r:
-                return Outcome(FAILED, f"{short}. Smallest change that fits ({r.total:.2f} of {r.capacity:.2f} GiB): "
-                                       f"{ready_command(env, job, extra)}")
-        extra = dcn_following_slices(job)
-        for n in (env.slices * factor for factor in MORE_SLICES):
-            r = attempt(f"{n} x v6e-{chips(env.topology)}" + (f" with {set_line(extra)}" if extra else ""), extra, n)
-            if r:
-                return Outcome(FAILED, f"{short}. No change of settings fits; {n} slices do ({r.total:.2f} of "
-                                       f"{r.capacity:.2f} GiB): set `slices: {n}` for {env.name} in the inventory "
-                                       f"and run `invoke up` ({n} node pools of v6e-{chips(env.topology)}), then "
-                                       f"{ready_command(env, job, extra)}")
-        most = env.slices * MORE_SLICES[-1]
-        return Outcome(FAILED, short + f"; none of the {len(todo)} changes tried fits, nor {most} slices: "
-                                       f"a larger topology is needed")
+            if r is not None and r.fits:
+                return Outcome(FAILED, F.found(env, job, short, a, r))
+        return Outcome(FAILED, F.none_found(env, short, plan))
 
     return Step(PLAY, "fits the TPU HBM (ahead-of-time compile)", run=run, id="preflight:fit",
                 after=("preflight:static",))
 
 
-def job_uses(job, extra) -> bool:
-    """Whether the job already has these settings (its own or base.yml's)."""
-    args, base = dict(job.args), _base()
-    return all(args.get(k, as_text(base.get(k))) == v for k, v in extra)
-
-
-def dcn_following_slices(job) -> tuple[tuple[str, str], ...]:
-    """Settings that make the job's DCN split follow the slice count: its
-    largest fixed DCN axis becomes -1 (MaxText fills it from the slices)."""
-    axes = _axes(dict(job.args), _base(), "dcn_")
-    fixed = {k: v for k, v in axes.items() if v not in (1, -1)}
-    filled = [k for k, v in axes.items() if v == -1]
-    if not fixed:
-        return () if filled else (("dcn_data_parallelism", "-1"),)
-    largest = max(fixed, key=lambda k: fixed[k])
-    return ((largest, "-1"),) + tuple((k, "1") for k in filled)
-
-
-def steps(env: Environment, job, search: bool = True) -> list[Step]:
-    return [static_step(env, job), fit_step(env, job, search)]
+def steps(env: Environment, job: Job, search: bool = True) -> list[Step]:
+    if env.kind == "local":
+        fit_check = skipped(PLAY, "fits the TPU HBM (ahead-of-time compile)",
+                            "a local environment trains on CPU: the fit check is for TPU HBM", id="preflight:fit",
+                            after=("preflight:static",))
+    else:
+        fit_check = fit_step(env, job, search)
+    return [static_step(env, job), fit_check]

@@ -1,80 +1,25 @@
 """§7 The RayCluster: DRANET NIC claims and one TPU worker group of
-``slices`` replicas x ``hosts_per_slice`` hosts; applied, then waited for."""
+``slices`` replicas x ``hosts_per_slice`` hosts; applied, then waited for.
+On Autopilot, first the rendered manifests are checked against Autopilot's
+rules and the ComputeClass that opts the TPU nodes into managed DRANET is
+applied (``playbooks/manifests.py`` renders both)."""
 from __future__ import annotations
 
 import json
 import re
 from typing import Any
 
-from .. import k8s
+from .. import capacity_options, k8s, manifests
 from .. import tutorial as T
-from ..core.command import Command
 from ..core.errors import PlaybookError
 from ..core.facts import ABSENT
-from ..core.render import envsubst, leftover
-from ..core.step import Step, Verify, change, drift, ok, wait
-from ..gke import kube, kube_get, raycluster_fact, workers
-from ..project import ROOT
+from ..core.step import Step, Verify, change, drift, fail, ok, wait
+from ..gke import kube_get, raycluster_fact, workers
 from ..schema import Environment
 from ..versions import installed
-from . import autopilot, capacity
-from .cluster import credentials_step
 
 PLAY = "raycluster"
 READY_TIMEOUT = 30 * 60
-# The NICs each TPU host's pod claims from DRANET (DeviceClass netdev.google.com):
-# Standard, the tutorial's two, on the two DCN networks of the node pools;
-# Autopilot, all that the accelerator network profile gives the node (the
-# claim GKE's sample pairs with it: kubernetes-engine-samples
-# ai-ml/gke-ray/rayserve/llm/tpu/networking/all-netdev-template.yaml).
-CLAIMS = {
-    "standard": (T.NETDEV_CLAIMS["standard"],
-                 {"deviceClassName": "netdev.google.com", "allocationMode": "ExactCount", "count": 2}),
-    "autopilot": (T.NETDEV_CLAIMS["autopilot"], {"deviceClassName": "netdev.google.com", "allocationMode": "All"}),
-}
-
-
-def claim_name(env: Environment) -> str:
-    return CLAIMS[env.mode][0]
-
-
-def worker_node_selector(env: Environment) -> dict[str, str]:
-    """The tutorial's three labels, then the capacity's (Standard) or the
-    ComputeClass (Autopilot, whose priorities carry the capacity)."""
-    sel = {"iam.gke.io/gke-metadata-server-enabled": "true",
-           "cloud.google.com/gke-tpu-accelerator": T.TPU_ACCELERATOR_LABEL,
-           "cloud.google.com/gke-tpu-topology": env.topology}
-    if env.mode == "autopilot":
-        sel[autopilot.SELECTOR] = autopilot.COMPUTE_CLASS
-    else:
-        sel.update(capacity.node_selector(env))
-    return sel
-
-
-def manifest_values(env: Environment) -> dict[str, str]:
-    name, request = CLAIMS[env.mode]
-    return {
-        "NAMESPACE": env.namespace,
-        "KSA_NAME": env.ksa_name,
-        "GS_BUCKET": env.gs_bucket,
-        "RAY_IMAGE": env.ray_image,
-        "SLICES": str(env.slices),
-        "HOSTS_PER_SLICE": str(env.hosts_per_slice),
-        "CHIPS_PER_HOST": str(env.chips_per_host),
-        "WORKER_NODE_SELECTOR": json.dumps(worker_node_selector(env)),
-        "NETDEV_CLAIM": name,
-        "NETDEV_REQUEST": json.dumps(request),
-        # The tutorial's workers are privileged; Autopilot denies that.
-        "WORKER_SECURITY_CONTEXT": json.dumps({} if env.mode == "autopilot" else {"privileged": True}),
-    }
-
-
-def apply_command(env: Environment) -> Command:
-    """``envsubst < manifest | kubectl apply -f -``, as the tutorial writes it,
-    with envsubst limited to the manifest's variables and its output checked."""
-    render = envsubst(T.RAYCLUSTER_MANIFEST, manifest_values(env), root=ROOT)
-    apply = kube(env, "apply", "-f", "-")
-    return Command(apply.argv, pipe_from=render, pipe_check=leftover)
 
 
 def image_version(image: str) -> str | None:
@@ -95,15 +40,8 @@ def skew_warning(image: str) -> str | None:
     return None
 
 
-def _worker_group(rc: Any) -> dict:
-    for g in ((rc or {}).get("spec") or {}).get("workerGroupSpecs") or []:
-        if g.get("groupName") == T.TPU_WORKER_GROUP:
-            return g
-    return {}
-
-
 def shape_diffs(env: Environment, rc: Any) -> list[str]:
-    g = _worker_group(rc)
+    g = manifests.worker_group(rc)
     if not g:
         return [f"no worker group {T.TPU_WORKER_GROUP!r}"]
     diffs = []
@@ -115,7 +53,7 @@ def shape_diffs(env: Environment, rc: Any) -> list[str]:
     sel = spec.get("nodeSelector") or {}
     if sel.get("cloud.google.com/gke-tpu-topology") != env.topology:
         diffs.append(f"topology {sel.get('cloud.google.com/gke-tpu-topology')}, want {env.topology}")
-    want = worker_node_selector(env)
+    want = manifests.worker_node_selector(env)
     if sel != want and sel.get("cloud.google.com/gke-tpu-topology") == env.topology:
         diffs.append(f"worker nodeSelector {json.dumps(sel, sort_keys=True)}, want {json.dumps(want, sort_keys=True)}")
     for c in spec.get("containers") or []:
@@ -127,31 +65,29 @@ def shape_diffs(env: Environment, rc: Any) -> list[str]:
     return diffs
 
 
-ready = k8s.ready
-
-
 def apply_step(env: Environment) -> Step:
     probe = raycluster_fact(env)
-    claims = kube_get(env, "resourceclaimtemplate", claim_name(env), env.namespace)
+    claims = kube_get(env, "resourceclaimtemplate", manifests.claim_name(env), env.namespace)
 
     def decide(look):
         rc, claim = look(probe), look(claims)
         if rc is ABSENT or claim is ABSENT:
-            return change(apply_command(env), reason=f"applied ({env.slices} x {env.hosts_per_slice} TPU workers)")
+            return change(manifests.raycluster_apply(env),
+                          reason=f"applied ({env.slices} x {env.hosts_per_slice} TPU workers)")
         diffs = shape_diffs(env, rc)
         if diffs:
             return drift(f"RayCluster {T.RAYCLUSTER_NAME}: " + "; ".join(diffs))
-        why = ready(env, rc)
+        why = k8s.ready(env, rc)
         if why:
             return wait(f"RayCluster {T.RAYCLUSTER_NAME} exists, not ready yet ({why})")
         return ok(f"RayCluster {T.RAYCLUSTER_NAME} ready with {workers(env)} TPU workers")
 
     # flex-start nodes come when capacity does: the workers wait for them up
     # to capacity_wait (the pools themselves start empty).
-    timeout = max(READY_TIMEOUT, capacity.wait_seconds(env) or 0)
+    timeout = max(READY_TIMEOUT, capacity_options.wait_seconds(env) or 0)
 
     def check(rc):
-        why = ready(env, rc)
+        why = k8s.ready(env, rc)
         if why and env.capacity == "flex-start":
             return f"{why} (waiting for flex-start capacity: the nodes come when GKE finds the chips)"
         return why
@@ -159,6 +95,7 @@ def apply_step(env: Environment) -> Step:
     after: tuple[str, ...] = ("kube:credentials", "storage:ksa", "storage:binding", "storage:bucket")
     if env.mode == "autopilot":
         after += ("raycluster:autopilot-rules", "raycluster:compute-class")
+
     def explain(look, reason: str) -> str | None:
         """The wait ended without readiness: why, one line per cause."""
         try:
@@ -167,10 +104,8 @@ def apply_step(env: Environment) -> Step:
             return f"and why could not be read: {str(e).splitlines()[0]}"
         return ("why: " + "; ".join(found)) if found else None
 
-    # Readiness is watched (the kubernetes client), not polled with kubectl.
     return Step(PLAY, f"RayCluster {T.RAYCLUSTER_NAME}", decide, id="raycluster:apply", after=after,
-                verify=Verify(k8s.raycluster_watch_fact(env), check, timeout=timeout, interval=1),
-                probes=(claims, probe), explain=explain)
+                verify=Verify(probe, check, timeout=timeout, interval=5), probes=(claims, probe), explain=explain)
 
 
 def image_step(env: Environment) -> Step:
@@ -181,10 +116,43 @@ def image_step(env: Environment) -> Step:
     return Step(PLAY, "Ray version skew", decide, id="raycluster:skew")
 
 
+# -- Autopilot ---------------------------------------------------------------------------
+def rules_step(env: Environment) -> Step:
+    def decide(look):
+        found = manifests.autopilot_violations(manifests.all_docs(env))
+        if found:
+            return fail(f"{len(found)} field(s) Autopilot would refuse: " + "; ".join(found))
+        return ok("the rendered manifests keep Autopilot's rules (no privileged container, no host namespace, no "
+                  "hostPath)")
+
+    return Step(PLAY, "Autopilot's rules", decide, id="raycluster:autopilot-rules")
+
+
+def compute_class_step(env: Environment) -> Step:
+    probe = kube_get(env, "computeclass", manifests.COMPUTE_CLASS)
+    want = manifests.compute_class_doc(env)["spec"]
+
+    def decide(look):
+        cc = look(probe)
+        if cc is ABSENT:
+            return change(manifests.compute_class_apply(env),
+                          reason=f"applied (DRA networking, {env.machine_type}, {env.capacity})")
+        have = cc.get("spec") or {}
+        diffs = [f"{k}: {json.dumps(have.get(k), sort_keys=True)}, want {json.dumps(v, sort_keys=True)}"
+                 for k, v in want.items() if have.get(k) != v]
+        if diffs:
+            return drift(f"ComputeClass {manifests.COMPUTE_CLASS}: " + "; ".join(diffs))
+        return ok(f"ComputeClass {manifests.COMPUTE_CLASS} is the one rendered (DRA networking, {env.capacity})")
+
+    return Step(PLAY, f"ComputeClass {manifests.COMPUTE_CLASS}", decide, id="raycluster:compute-class",
+                after=("kube:credentials",),
+                verify=Verify(probe, lambda cc: "ComputeClass not found" if cc is ABSENT else
+                              None if (cc.get("spec") or {}) == want else "not the one rendered", timeout=60,
+                              interval=5))
+
+
 def steps(env: Environment) -> list[Step]:
-    from .nodepools import chips_step
-    if env.mode == "autopilot":
-        # The RayCluster's TPU requests are what makes the chips; its rules
-        # are checked and its ComputeClass applied first.
-        return [*autopilot.steps(env), image_step(env), *chips_step(env, PLAY), apply_step(env)]
-    return [credentials_step(env, PLAY), image_step(env), apply_step(env)]
+    """On Autopilot the RayCluster's TPU requests are what makes the chips:
+    its rules are checked and its ComputeClass applied first."""
+    autopilot = [rules_step(env), compute_class_step(env)] if env.mode == "autopilot" else []
+    return [*autopilot, image_step(env), apply_step(env)]

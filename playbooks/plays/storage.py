@@ -6,23 +6,14 @@ import dataclasses
 from typing import Any
 
 from .. import tutorial as T
-from ..clients import fact, gcloud, gcs_describe, json_object, text_value
+from ..clients import fact, gcloud, json_object, text_value
 from ..core.command import Command, placeholder
 from ..core.facts import ABSENT
 from ..core.step import Step, Verify, change, drift, ok
-from ..gke import kube, kube_get
+from ..gke import bucket_fact, kube, kube_get
 from ..schema import Environment
-from .cluster import credentials_step
 
 PLAY = "storage"
-
-
-def bucket_fact(env: Environment):
-    return fact(f"bucket {env.gs_bucket}",
-                gcloud("storage", "buckets", "describe", f"gs://{env.gs_bucket}", "--format=json"),
-                gcs_describe(),
-                describe=lambda b: "present" + (f" ({b.get('location')}, {b.get('default_storage_class') or b.get('storageClass')})"
-                                                if b.get("location") else ""))
 
 
 def project_number_fact(env: Environment):
@@ -124,7 +115,7 @@ def binding_step(env: Environment) -> Step:
 
 
 def steps(env: Environment) -> list[Step]:
-    out = [bucket_step(env), credentials_step(env, PLAY)]
+    out = [bucket_step(env)]
     if env.namespace != "default":
         out.append(namespace_step(env))
     out += [ksa_step(env), binding_step(env)]

@@ -10,9 +10,10 @@ from .. import tutorial as T
 from ..clients import gcloud
 from ..core.command import Command, quote
 from ..core.facts import ABSENT, Action, Fact, assume
-from ..core.procs import running_fact
+from ..core.pidfile import running_fact
 from ..core.step import Step, Verify, change, ok
 from ..gke import (
+    bucket_fact,
     clusters_fact,
     kube,
     kube_context,
@@ -23,10 +24,9 @@ from ..gke import (
     subnet_name,
     subnets_fact,
 )
+from ..kubeconfig import has_context, kubeconfig_fact
+from ..endpoints import forward_pidfile
 from ..schema import Environment
-from . import local
-from .cluster import has_context, kubeconfig_fact
-from .dashboard import forward_pidfile
 
 PLAY = "teardown"
 DELETE_TIMEOUT = 30 * 60
@@ -56,7 +56,7 @@ def raycluster_step(env: Environment) -> Step:
         if look(probe) is ABSENT:
             return ok(f"RayCluster {T.RAYCLUSTER_NAME} is not there")
         return change(kube(env, "delete", "raycluster", T.RAYCLUSTER_NAME, "--namespace", env.namespace),
-                      reason="deleted")
+                      reason="deleted", found="present")
 
     return Step(PLAY, f"RayCluster {T.RAYCLUSTER_NAME}", decide, id="teardown:raycluster",
                 verify=Verify(probe, gone("RayCluster"), timeout=300, interval=5))
@@ -69,7 +69,8 @@ def forward_step(env: Environment) -> Step:
     def decide(look):
         if not look(running):
             return ok("no port-forward running")
-        return change(Action(f"kill -TERM $(cat {quote(str(pf.path))})", pf.stop), reason="stopped")
+        return change(Action(f"kill -TERM $(cat {quote(str(pf.path))})", pf.stop), reason="stopped",
+                      found="running")
 
     return Step(PLAY, "port-forward", decide, id="teardown:forward")
 
@@ -88,7 +89,7 @@ def cluster_step(env: Environment) -> Step:
         # Autopilot cluster is regional, so it is named by --location.
         where = f"--zone={env.zone}" if env.mode == "standard" else f"--location={env.region}"
         return change(gcloud("container", "clusters", "delete", env.cluster_name, where,
-                             project=env.project_id, quiet=True), reason="deleted")
+                             project=env.project_id, quiet=True), reason="deleted", found="present")
 
     return Step(PLAY, f"GKE cluster {env.cluster_name}", decide, id="teardown:cluster",
                 after=("teardown:raycluster",),
@@ -96,13 +97,12 @@ def cluster_step(env: Environment) -> Step:
 
 
 def bucket_step(env: Environment) -> Step:
-    from .storage import bucket_fact
     probe = assume(bucket_fact(env), {"name": env.gs_bucket})
 
     def decide(look):
         if look(probe) is ABSENT:
             return ok(f"bucket gs://{env.gs_bucket} is not there")
-        return change(Command(("gsutil", "rm", "-r", f"gs://{env.gs_bucket}")), reason="deleted with its objects")
+        return change(Command(("gsutil", "rm", "-r", f"gs://{env.gs_bucket}")), reason="deleted with its objects", found="present")
 
     return Step(PLAY, f"bucket gs://{env.gs_bucket}", decide, id="teardown:bucket",
                 verify=Verify(probe, gone("bucket"), timeout=120, interval=5))
@@ -123,7 +123,7 @@ def subnet_step(env: Environment, i: int) -> Step:
         if _last(s.get("network")) != net:
             return ok(f"subnet {name} belongs to network {_last(s.get('network'))}, not {net}: left alone")
         return change(gcloud("compute", "networks", "subnets", "delete", name, f"--region={env.region}",
-                             project=env.project_id, quiet=True), reason="deleted")
+                             project=env.project_id, quiet=True), reason="deleted", found="present")
 
     return Step(PLAY, f"subnet {name}", decide, id=f"teardown:subnet-{i + 1}", after=("teardown:cluster",),
                 verify=Verify(probe, gone("subnet"), timeout=300, interval=5))
@@ -137,7 +137,7 @@ def network_step(env: Environment, i: int) -> Step:
         if look(probe) is ABSENT:
             return ok(f"network {name} is not there")
         return change(gcloud("compute", "networks", "delete", name, project=env.project_id, quiet=True),
-                      reason="deleted")
+                      reason="deleted", found="present")
 
     return Step(PLAY, f"VPC {name}", decide, id=f"teardown:net-{i + 1}",
                 after=(f"teardown:subnet-{i + 1}", "teardown:cluster"),
@@ -145,8 +145,7 @@ def network_step(env: Environment, i: int) -> Step:
 
 
 def steps(env: Environment) -> list[Step]:
-    if env.kind == "local":
-        return local.stop_steps(env, PLAY)
+    """(The local twin's teardown is ``plays/twin.py``'s stop steps.)"""
     out = [raycluster_step(env), forward_step(env), cluster_step(env), bucket_step(env)]
     if env.mode == "autopilot":
         return out  # no VPC of ours: GKE made the nodes' networks and removes them with the cluster

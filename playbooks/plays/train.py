@@ -1,306 +1,50 @@
 """§8-9 Training jobs: the tutorial's `ray job submit`, followed to the end,
-its final status read from the Ray Jobs API, and a summary."""
+its final status read from the Ray Jobs API, and a summary. What the job is
+(its arguments, its checkpoints) is ``playbooks/job.py``."""
 from __future__ import annotations
 
-import contextlib
-import json
 import re
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
-from .. import hosts, maxtext_args
-from .. import tutorial as T
-from ..clients import fact, gcloud
-from ..core.command import Command, quote
-from ..core.errors import InputError, ProbeFailed, shown_value
-from ..core.facts import ABSENT, Action, Completed, Fact, assume
+from .. import hosts, metrics, paths
+from ..core.errors import InputError
+from ..core.facts import ABSENT, Action, Completed
 from ..core.play import Outcome, StepContext
 from ..core.recap import CHANGED, FAILED, SKIPPED
-from ..core.step import Step, Verify, change, ok
-from ..maxtext_args import run_name_problem
-from ..project import ROOT
-from ..rayapi import job_fact, jobs_fact
+from ..core.step import Step, Verify, change, ok, skipped
+from ..job import Job, checkpoints_fact, checkpoints_place, remove_checkpoints, submit_command
+from ..rayapi import job_fact, job_logs_command, jobs_fact, ours, submission_number
 from ..schema import Environment
 from ..trainlog import HIDE, SHOW, Summary, clean
-from . import jobs
-from .dashboard import address
 
 PLAY = "train"
 SUBMIT_ATTEMPTS = 5
 SUBMIT_DELAY = 5.0
 NOT_READY = re.compile(r"No available agent to submit job|please try again later")
-KEY = re.compile(r"^[a-z_][a-z0-9_]{0,63}$")
-MODELS = tuple(T.TRAIN_ARGS)
-WORKING_DIR = "trainer"
-MAX_STEPS = 10_000_000
-MAX_VALUE = 1024  # characters of one --set value
 
 
-@dataclass
-class Job:
-    model: str
-    elastic: bool
-    trainer: str
-    args: list[tuple[str, str]]
-    env_vars: dict[str, str]
-    address: str
-    fresh: bool = False
-    log: Path | None = None
-    local_data: Path | None = None
-    bucket: str | None = None
-    env: Environment | None = None
-
-    def arg(self, key: str) -> str | None:
-        for k, v in self.args:
-            if k == key:
-                return v
-        return None
-
-    @property
-    def run_name(self) -> str:
-        return self.arg("run_name") or "run"
-
-    @property
-    def steps(self) -> int:
-        return int(self.arg("steps") or 0)
-
-    def argv(self) -> list[str]:
-        return ["python", self.trainer, T.BASE_CONFIG] + [f"{k}={v}" for k, v in self.args]
+def trained(job: Job, have: Any) -> int | None:
+    """The last checkpoint step when the run is already trained to its end."""
+    return max(have) if have and max(have) >= job.steps - 1 else None
 
 
-def _set(args: list[tuple[str, str]], key: str, value: str) -> None:
-    for i, (k, _) in enumerate(args):
-        if k == key:
-            args[i] = (k, value)
-            return
-    args.append((key, value))
-
-
-def parse_sets(sets: list[str] | tuple[str, ...]) -> list[tuple[str, str]]:
-    out: list[tuple[str, str]] = []
-    for s in sets or ():
-        shown = shown_value(s)
-        if not isinstance(s, str) or "=" not in s:
-            raise InputError(f"--set {shown}: must be key=value (a MaxText config key and its value)")
-        k, v = s.split("=", 1)
-        if not KEY.match(k):
-            raise InputError(f"--set {shown}: key {shown_value(k)} is not a MaxText config key (lowercase "
-                             f"letters, digits, _; at most 64)")
-        if v == "":
-            raise InputError(f"--set {shown}: value is empty")
-        if len(v) > MAX_VALUE:
-            raise InputError(f"--set {shown}: the value is {len(v)} characters (at most {MAX_VALUE})")
-        if k == "model_name":
-            raise InputError(f"--set {shown}: choose the model with --model (allowed: {', '.join(MODELS)})")
-        if any(k == have for have, _ in out):
-            raise InputError(f"--set {shown}: {k} is set twice ({k}={dict(out)[k]} before); say it once")
-        why = maxtext_args.unknown_key(k)
-        if why:
-            raise InputError(f"--set {shown}: {k!r} {why}")
-        why = maxtext_args.bad_value(k, v) or maxtext_args.path_problem(k, v)
-        if why:
-            raise InputError(f"--set {shown}: {shown_value(v)} {why}")
-        out.append((k, v))
-    return out
-
-
-def local_paths(env: Environment) -> dict[str, str]:
-    """Where a local job writes: all of it under .state/<env>/ (MaxText and
-    libtpu otherwise write to ~/jax_cache and /tmp)."""
-    base = ROOT / ".state" / env.name
-    return {"data": f"{base}/data/", "jax_cache": f"{base}/jax_cache", "xla_dump": f"{base}/xla_dump/",
-            "tpu_logs": f"{base}/tpu_logs", "ray_results": f"{base}/ray_results"}
-
-
-def build_job(env: Environment, model: str, elastic: bool = False, steps: int | None = None,
-              sets: list[str] | tuple[str, ...] = (), fresh: bool = False, preset: str = "") -> Job:
-    from .preflight import PRESETS
-    if model not in T.TRAIN_ARGS:
-        raise InputError(f"--model {shown_value(model)} is not allowed (allowed: {', '.join(MODELS)})")
-    if preset and preset not in PRESETS.get(model, {}):
-        have = ", ".join(PRESETS.get(model, {})) or "none"
-        raise InputError(f"--preset {shown_value(preset)} is not defined for {model} (defined: {have})")
-    if steps is not None and steps < 1:
-        raise InputError(f"--steps {steps} must be at least 1")
-    extra = parse_sets(sets)
-    given = dict(extra)
-    if steps is not None and "steps" in given:
-        raise InputError(f"--steps {steps} and --set steps={given['steps']} say two things: give one")
-    for k, v in (PRESETS[model][preset] if preset else ()):
-        if k in given and given[k] != v:
-            raise InputError(f"--preset {preset} sets {k}={v}, --set {k}={given[k]} says otherwise: give one")
-    args = list(T.TRAIN_ARGS[model])
-    if elastic:
-        _set(args, "run_name", T.ELASTIC_RUN_NAME[model])
-    env_vars = {
-        "TRAINER_SLICES": str(env.slices),
-        "TRAINER_HOSTS_PER_SLICE": str(env.hosts_per_slice),
-        "TRAINER_TOPOLOGY": env.topology,
-        "TRAINER_CHIPS_PER_HOST": str(env.chips_per_host),
-        "TRAINER_ACCELERATOR_TYPE": T.ACCELERATOR_TYPE,
-    }
-    job = Job(model, elastic, T.ELASTIC_TRAINER if elastic else T.TRAINER, args, env_vars, address(env), fresh,
-              env=env)
-    if env.kind == "local":
-        p = local_paths(env)
-        _set(args, "base_output_directory", p["data"])
-        _set(args, "jax_cache_dir", p["jax_cache"])
-        _set(args, "dump_hlo_local_dir", p["xla_dump"])
-        env_vars.update({
-            "JAX_PLATFORMS": "cpu",
-            "XLA_FLAGS": f"--xla_force_host_platform_device_count={env.devices_per_host}",
-            "TPU_LOG_DIR": p["tpu_logs"],
-            "TRAINER_STORAGE_PATH": p["ray_results"],
-            # Every step line, not one per worker group ("repeated Nx").
-            "RAY_DEDUP_LOGS": "0",
-            # A lost simulated host is noticed sooner than the 60 s default.
-            "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "30",
-        })
-        job.local_data = Path(p["data"])
-    else:
-        if env.worker_packages == "requirements":
-            env_vars["TRAINER_WORKER_REQUIREMENTS"] = "requirements.txt"
-        job.bucket = env.gs_bucket
-    for k, v in (env.train_overrides or {}).items():
-        _set(args, k, maxtext_args.as_text(v))
-    for k, v in (PRESETS[model][preset] if preset else ()):
-        _set(args, k, v)
-    if steps is not None:
-        _set(args, "steps", str(steps))
-    for k, v in extra:
-        _set(args, k, v)
-    if env.kind == "local" and job.arg("metrics_file") is None:
-        # MaxText's own per-step metrics (each rank its own file; kept as the
-        # run's metrics.jsonl after the job).
-        from .. import metrics
-        _set(args, "metrics_file", str(metrics.maxtext_file(env, job.run_name)))
-    if elastic:
-        check_elastic(job)
-    why = run_name_problem(job.run_name)
-    if why:
-        raise InputError(f"run_name {shown_value(job.run_name)} {why}")
-    clash = maxtext_args.overridden_model_keys(model, job.args)
-    if clash:
-        raise InputError(f"{model}: the job sets {', '.join(clash)}; MaxText refuses to change a model's own "
-                         f"config unless override_model_config=true (--set override_model_config=true)")
-    return job
-
-
-def check_elastic(job: Job) -> None:
-    """Elastic training changes the slice count: a fixed DCN split cannot follow."""
-    for k, v in job.args:
-        if k.startswith("dcn_") and k.endswith("_parallelism") and v not in ("1", "-1"):
-            raise InputError(f"--elastic: {k}={v} fixes the slice count, but elastic training runs on 1 to "
-                             f"N slices; use --set {k}=-1 (fill from the slices present)")
-
-
-def runtime_env(job: Job) -> str:
-    return json.dumps({"excludes": list(T.RUNTIME_EXCLUDES), "env_vars": job.env_vars})
-
-
-def submit_command(job: Job, submission_id: str) -> Command:
-    return Command(("ray", "job", "submit", "--address", job.address, "--working-dir", WORKING_DIR,
-                    "--runtime-env-json", runtime_env(job), f"--submission-id={submission_id}", "--",
-                    *job.argv()))
-
-
-# -- checkpoints of the run ------------------------------------------------
-def _steps_in(names: list[str]) -> list[int]:
-    return sorted(int(n) for n in names if n.isdigit())
-
-
-class _Some(list):
-    """The dry run's stand-in for checkpoints it cannot list, so that
-    --fresh shows the delete it would make."""
-
-
-def checkpoints_place(job: Job) -> tuple[str, str]:
-    """Where MaxText keeps the run's checkpoints (<base_output_directory>/
-    <run_name>/checkpoints/): ("local", path), ("gcs", gs://...) or
-    ("unseen", why) for a path on the TPU workers this machine cannot see."""
-    base = job.arg("base_output_directory") or ""
-    if job.local_data is not None:
-        root = Path(base) if Path(base).is_absolute() else ROOT / base
-        return "local", str(root / job.run_name / "checkpoints")
-    if base.startswith("gs://"):
-        return "gcs", f"{base.rstrip('/')}/{job.run_name}/checkpoints/"
-    mount = T.BUCKET_MOUNT.rstrip("/")
-    if base.rstrip("/") == mount or base.startswith(mount + "/"):
-        # /data is the bucket, mounted by GCS FUSE in every Ray pod.
-        sub = base[len(mount):].strip("/")
-        prefix = f"gs://{job.bucket}/" + (f"{sub}/" if sub else "")
-        return "gcs", f"{prefix}{job.run_name}/checkpoints/"
-    return "unseen", (f"base_output_directory={base} is a path on the TPU workers, not the bucket "
-                      f"({T.BUCKET_MOUNT} or gs://)")
-
-
-def checkpoints_fact(job: Job) -> Fact:
+def checkpoint_step(job: Job) -> Step:
     kind, where = checkpoints_place(job)
-    describe = (lambda s: "checkpoints, to show what --fresh deletes" if isinstance(s, _Some)
-                else f"checkpoint steps {s}" if s else "none")
-    if kind == "local":
-        path = Path(where)
-
-        def look():
-            if not path.is_dir():
-                return ABSENT
-            return _steps_in([p.name for p in path.iterdir() if p.is_dir()])
-
-        f = Fact(name="checkpoints", python=look, display=f"ls {quote(rel(path))}", describe=describe)
-    else:
-        def parse(c: Completed) -> Any:
-            if c.ok:
-                return _steps_in([line.rstrip("/").rsplit("/", 1)[-1] for line in c.stdout.split()])
-            if "matched no objects" in c.stderr:
-                return ABSENT
-            raise ProbeFailed("checkpoints", c.line, c.rc, c.stdout, c.stderr,
-                              why=f"could not look: {c.first_error_line()}")
-
-        f = fact("checkpoints", gcloud("storage", "ls", where), parse, describe=describe)
-    return assume(f, _Some([0])) if job.fresh else f
-
-
-def rel(path: Path) -> str:
-    try:
-        return str(path.relative_to(ROOT))
-    except ValueError:
-        return str(path)
-
-
-def remove_checkpoints(job: Job) -> Command | Action:
-    """Exactly the run's checkpoints folder (or prefix): never a wildcard
-    (run_name and base_output_directory hold none), never outside the run."""
-    kind, where = checkpoints_place(job)
-    if kind == "gcs":
-        return gcloud("storage", "rm", "--recursive", where)
-    path = Path(where)
-
-    def rm():
-        if path.is_symlink():
-            raise InputError(f"{path} is a symbolic link: --fresh deletes only a real checkpoints folder")
-        hosts.local().remove_tree(str(path))
-
-    return Action(f"rm -r {quote(rel(path))}", rm)
-
-
-def checkpoint_step(job: Job, state: dict) -> Step:
-    kind, where = checkpoints_place(job)
+    title = f"checkpoints of {job.run_name}"
     if kind == "unseen":
         if job.fresh:
             raise InputError(f"--fresh cannot delete the checkpoints of run {job.run_name}: {where}")
-        return Step(PLAY, f"checkpoints of {job.run_name}", lambda look: ok(), id="train:checkpoints",
-                    skip=f"not checked: {where}")
+        return skipped(PLAY, title, f"not checked: {where}", id="train:checkpoints")
     probe = checkpoints_fact(job)
 
     def decide(look):
         have = look(probe)
-        done = bool(have) and max(have) >= job.steps - 1
         if job.fresh and have:
-            return change(remove_checkpoints(job), reason=f"removed the checkpoints of run {job.run_name} (--fresh)")
-        if done:
-            state["done"] = max(have)
-            return ok(f"run {job.run_name} already trained to step {max(have)} of {job.steps}: nothing to do "
+            return change(remove_checkpoints(job), reason=f"removed the checkpoints of run {job.run_name} (--fresh)",
+                          found=f"checkpoint steps {have}")
+        if (last := trained(job, have)) is not None:
+            return ok(f"run {job.run_name} already trained to step {last} of {job.steps}: nothing to do "
                       f"(--fresh starts it over, --set run_name=NAME starts another)")
         if have:
             return ok(f"run {job.run_name} resumes from checkpoint step {max(have)}")
@@ -308,7 +52,7 @@ def checkpoint_step(job: Job, state: dict) -> Step:
 
     verify = Verify(probe, lambda have: None if not have else f"checkpoint steps {have} still there",
                     timeout=60, interval=5) if job.fresh else None
-    return Step(PLAY, f"checkpoints of {job.run_name}", decide, id="train:checkpoints", verify=verify)
+    return Step(PLAY, title, decide, id="train:checkpoints", verify=verify)
 
 
 def preemption_note(env: Environment, job: Job) -> list[Step]:
@@ -322,101 +66,122 @@ def preemption_note(env: Environment, job: Job) -> list[Step]:
 
 
 # -- the job ----------------------------------------------------------------
-def job_step(job: Job, state: dict, log_file: Path | None = None) -> Step:
-    via = hosts.connector(job.env) if job.env is not None else None
-    listing = jobs_fact(job.address, via)
+class Follower:
+    """What a followed job's log lines become: the summary, the run's log
+    file, the lines shown (the rest only in the file), a sign of life."""
+
+    def __init__(self, ctx: StepContext, log_file: Path | None):
+        self.ctx = ctx
+        self.summary = Summary()
+        self.out: IO[str] | None = open(log_file, "a") if (log_file and ctx.acting) else None
+        self.beat: Any = None
+
+    def line(self, line: str) -> None:
+        self.summary.feed(line)
+        if self.out:
+            self.out.write(line + "\n")
+        text = clean(line)
+        if SHOW.search(text) and not HIDE.search(text):
+            self.ctx.echo(text)
+            if self.beat is not None:
+                self.beat.touch()
+
+    def close(self) -> None:
+        if self.out:
+            self.out.close()
+
+
+def _follow_or_submit(ctx: StepContext, job: Job, sid: str, attach: bool, f: Follower) -> Completed | None:
+    """Follow the job's log to its end: a job already running through `ray
+    job logs --follow`, a new one through `ray job submit` (tried again
+    while the head's job agent is not up yet: no job was made)."""
+    if attach:
+        return ctx.stream(job_logs_command(job.address, sid, follow=True), f.line)
+    command = submit_command(job, sid)
+    done = None
+    for attempt in range(1, SUBMIT_ATTEMPTS + 1):
+        done = ctx.stream(command, f.line)
+        if done is None or done.ok or not NOT_READY.search(done.stdout) or attempt == SUBMIT_ATTEMPTS:
+            break
+        ctx.log.emit("retry", f"the Ray head is not ready for jobs yet; submitting again in {SUBMIT_DELAY:.0f}s "
+                              f"({attempt}/{SUBMIT_ATTEMPTS})")
+        ctx.sleep(SUBMIT_DELAY)
+    return done
+
+
+def _keep_metrics(ctx: StepContext, job: Job, summary: Summary, sid: str) -> None:
+    if not summary.records and job.local_data is None:
+        return
+    kept = metrics.run_dir(job.env, job.run_name) / metrics.FILE
+    ctx.act(Action(f"# keep the run's step metrics in {paths.shown(kept)}",
+                   lambda: metrics.keep(job.env, job.run_name, summary, sid)))
+    ctx.echo(f"  metrics: {paths.shown(kept)} (`invoke metrics` draws them)")
+
+
+def _verdict(job: Job, sid: str, final: Any, summary: Summary, log_file: Path | None) -> Outcome:
+    status = final.get("status") if isinstance(final, dict) else "UNKNOWN"
+    if status != "SUCCEEDED":
+        msg = final.get("message") if isinstance(final, dict) else ""
+        return Outcome(FAILED, f"job {sid} {status}: {msg or 'see the log'}" + (f" (log: {log_file})" if log_file else ""))
+    if (mismatch := summary.params_mismatch()):
+        return Outcome(FAILED, f"job {sid} SUCCEEDED, but {mismatch}")
+    if not summary.steps:
+        return Outcome(FAILED, f"job {sid} SUCCEEDED without a single training step in its log")
+    return Outcome(CHANGED, f"job {sid} SUCCEEDED: {len(summary.steps)} steps, final loss {summary.final_loss:.3f}")
+
+
+def job_step(job: Job, log_file: Path | None = None) -> Step:
+    """A run step: it follows the job's log as it comes, to the job's end."""
+    via = hosts.connector(job.env)
+    listing, checkpoints = jobs_fact(job.address, via), checkpoints_fact(job)
+    seen_checkpoints = checkpoints_place(job)[0] != "unseen"
 
     def run(ctx: StepContext) -> Outcome:
-        if "done" in state:
+        if seen_checkpoints and not job.fresh and trained(job, ctx.look(checkpoints)) is not None:
             return Outcome(SKIPPED, f"run {job.run_name} is already complete")
         listed = ctx.look(listing)
         if listed is ABSENT:
             return Outcome(FAILED, f"no Ray dashboard answers at {job.address}: run `invoke up` (or `invoke dashboard`)")
-        mine = jobs.ours(job.run_name, listed)
+        mine = ours(job.run_name, listed)
         active = [j for j in mine if j.get("status") in ("PENDING", "RUNNING")]
-        attach = bool(active)
-        if attach:
-            sid = active[-1]["submission_id"]
+        if active:
+            sid = str(active[-1]["submission_id"])
             ctx.note(f"job {sid} of run {job.run_name} is already {active[-1]['status']}: following it, "
                      f"not submitting another")
         else:
-            sid = f"{job.run_name}-{max((int(j['submission_id'].rpartition('-')[2]) for j in mine), default=0) + 1}"
-            command = submit_command(job, sid)
-        summary = Summary()
-        out = open(log_file, "a") if (log_file and ctx.acting) else None
+            sid = f"{job.run_name}-{max((submission_number(j) for j in mine), default=0) + 1}"
+        f = Follower(ctx, log_file)
 
         def now() -> str:
             """What a heartbeat says of the job: its status, its last step."""
             j = ctx.peek(job_fact(job.address, sid, via))
             status = j.get("status", "?") if isinstance(j, dict) else "not listed yet"
-            step = f"last step {summary.last_step}" if summary.last_step is not None else "no step yet"
+            step = f"last step {f.summary.last_step}" if f.summary.last_step is not None else "no step yet"
             return f"status {status}, {step}"
 
-        beat = ctx.beating(f"job {sid}", now)
-
-        def on_line(line: str) -> None:
-            summary.feed(line)
-            if out:
-                out.write(line + "\n")
-            text = clean(line)
-            if SHOW.search(text) and not HIDE.search(text):
-                ctx.echo(text)
-                beat.touch()
-
         try:
-            with beat if ctx.acting else contextlib.nullcontext():
-                if attach:
-                    # The same code as `invoke logs --follow`: the Jobs SDK.
-                    line = jobs.log_line(job.address, sid, follow=True)
-                    ctx.act(Action(line, lambda: jobs.follow(job.address, sid, on_line, via)))
-                    done = Completed(line, 0, "", "") if ctx.acting else None
-                else:
-                    for attempt in range(1, SUBMIT_ATTEMPTS + 1):
-                        done = ctx.stream(command, on_line)
-                        if (done is None or done.ok or not NOT_READY.search(done.stdout)
-                                or attempt == SUBMIT_ATTEMPTS):
-                            break
-                        # The dashboard answers before the head's job agent is up:
-                        # the job was not created, so submitting again is safe.
-                        ctx.log.emit("retry", f"the Ray head is not ready for jobs yet; submitting again in "
-                                              f"{SUBMIT_DELAY:.0f}s ({attempt}/{SUBMIT_ATTEMPTS})")
-                        ctx.sleep(SUBMIT_DELAY)
+            if ctx.acting:
+                with ctx.beating(f"job {sid}", now) as f.beat:
+                    done = _follow_or_submit(ctx, job, sid, bool(active), f)
+            else:
+                done = _follow_or_submit(ctx, job, sid, bool(active), f)
         except KeyboardInterrupt:
             ctx.echo(f"interrupted: job {sid} goes on in the cluster; `invoke train` again follows it, "
                      f"`ray job stop --address {job.address} {sid}` stops it")
             raise
         finally:
-            if out:
-                out.close()
-        final = ctx.look(job_fact(job.address, sid, via), fresh=True)
-        if done is not None and not done.ok and not isinstance(final, dict):
-            last = [l for l in done.stdout.splitlines() if l.strip()][-1:] or ["no output"]
-            return Outcome(FAILED, f"`ray job submit` failed (exit code {done.rc}) and no job {sid} exists: "
-                                   f"{clean(last[0])}")
+            f.close()
         if done is None:  # not acting: nothing ran
             return Outcome(CHANGED, f"would run job {sid}")
-        status = final.get("status") if isinstance(final, dict) else "UNKNOWN"
-        state["summary"] = summary
-        state["submission_id"] = sid
-        for line in summary.lines():
+        final = ctx.look(job_fact(job.address, sid, via), fresh=True)
+        if not done.ok and not isinstance(final, dict):
+            last = [line for line in done.stdout.splitlines() if line.strip()][-1:] or ["no output"]
+            return Outcome(FAILED, f"`ray job submit` failed (exit code {done.rc}) and no job {sid} exists: "
+                                   f"{clean(last[0])}")
+        for line in f.summary.lines():
             ctx.echo(f"  {line}")
-        if (summary.records or job.local_data is not None) and job.env is not None:
-            from .. import metrics
-            env = job.env
-            kept = metrics.run_dir(env, job.run_name) / metrics.FILE
-            ctx.act(Action(f"# keep the run's step metrics in {rel(kept)}",
-                           lambda: metrics.keep(env, job.run_name, summary, sid)))
-            ctx.echo(f"  metrics: {rel(kept)} (`invoke metrics` draws them)")
-        mismatch = summary.params_mismatch()
-        if status != "SUCCEEDED":
-            msg = (final or {}).get("message") if isinstance(final, dict) else ""
-            return Outcome(FAILED, f"job {sid} {status}: {msg or 'see the log'}"
-                                   + (f" (log: {log_file})" if log_file else ""))
-        if mismatch:
-            return Outcome(FAILED, f"job {sid} SUCCEEDED, but {mismatch}")
-        if not summary.steps:
-            return Outcome(FAILED, f"job {sid} SUCCEEDED without a single training step in its log")
-        return Outcome(CHANGED, f"job {sid} SUCCEEDED: {len(summary.steps)} steps, "
-                                f"final loss {summary.final_loss:.3f}")
+        _keep_metrics(ctx, job, f.summary, sid)
+        return _verdict(job, sid, final, f.summary, log_file)
 
-    return Step(PLAY, f"job {job.run_name} ({job.model}{', elastic' if job.elastic else ''})", run=run, idempotent=False, id="train:job", after=("train:checkpoints",))
+    return Step(PLAY, f"job {job.run_name} ({job.model}{', elastic' if job.elastic else ''})", run=run,
+                id="train:job", after=("train:checkpoints",))

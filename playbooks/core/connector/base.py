@@ -26,6 +26,22 @@ class Ran:
         self.rc, self.stdout, self.stderr, self.seconds = rc, stdout, stderr, seconds
 
 
+class Shortcut(Protocol):
+    """An in-process answer to a command a local connector would otherwise
+    start: a client library instead of its CLI (the ``kubernetes`` client
+    for ``kubectl get -o json``, the Ray Jobs SDK for ``ray job logs``),
+    giving what the command would print, with no process. ``None``: not a
+    command it answers; the command runs. A shortcut is a speed-up only: the
+    fact, its command line and its parse are the same either way, and the
+    project's tests compare both answers."""
+
+    def run(self, argv: list[str], env: dict[str, str], timeout: float | None) -> Ran | None:
+        ...
+
+    def stream(self, argv: list[str], env: dict[str, str], on_line: Callable[[str], None]) -> Ran | None:
+        ...
+
+
 def under(root: str, rel: str) -> str:
     """``rel`` where a connector rooted at ``root`` finds it: an absolute
     path as it is, a relative one joined to ``root``."""

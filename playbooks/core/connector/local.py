@@ -10,24 +10,27 @@ import signal
 import subprocess
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 from .. import procs
 from ..errors import CommandFailed
 from ..http import get_json, port_open
-from .base import NOT_FOUND, TIMED_OUT, Connector, Ran, under
+from .base import NOT_FOUND, TIMED_OUT, Connector, Ran, Shortcut, under
 
 
 class LocalConnector(Connector):
     """This machine. ``base_env`` is the environment every child starts
-    from (stated by the session); ``root`` is this project."""
+    from (stated by the session); ``root`` is this project; ``shortcuts``
+    answer some commands in-process (``base.Shortcut``), tried in order."""
 
     name = "this machine"
     remote = False
 
-    def __init__(self, root: str | Path, base_env: dict[str, str] | None = None):
+    def __init__(self, root: str | Path, base_env: dict[str, str] | None = None,
+                 shortcuts: Sequence[Shortcut] = ()):
         self.root = str(root)
         self.base_env = dict(base_env if base_env is not None else os.environ)
+        self.shortcuts = tuple(shortcuts)
 
     def path(self, rel: str) -> str:
         return under(self.root, rel)
@@ -44,6 +47,11 @@ class LocalConnector(Connector):
             cwd: str | None = None, timeout: float | None = None) -> Ran:
         start = time.monotonic()
         argv = list(argv)
+        if input is None and cwd is None:
+            for shortcut in self.shortcuts:
+                answer = shortcut.run(argv, self._env(env), timeout)
+                if answer is not None:
+                    return answer
         try:
             # On any exception (KeyboardInterrupt too) subprocess.run kills the child.
             p = subprocess.run(argv, input=input, stdin=None if input is not None else subprocess.DEVNULL,
@@ -61,6 +69,11 @@ class LocalConnector(Connector):
                cwd: str | None = None) -> Ran:
         start = time.monotonic()
         argv = list(argv)
+        if cwd is None:
+            for shortcut in self.shortcuts:
+                answer = shortcut.stream(argv, self._env(env), on_line)
+                if answer is not None:
+                    return answer
         lines: list[str] = []
         try:
             proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

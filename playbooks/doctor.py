@@ -1,5 +1,7 @@
-"""`invoke doctor`: are the tools here, at which versions, and does every
-gcloud command of this environment's plan parse with this machine's gcloud?
+"""`invoke doctor`: are the tools there (where the commands run: this
+machine or the controller host), at which versions, and does every gcloud
+command of this environment's plan parse with that gcloud? It composes
+the plays' commands (``plan.all_commands``), so it sits beside ``plan``.
 
 The parse check runs gcloud's own argument parser (calliope) in gcloud's
 bundled Python, without running a command: ~20 lines in ~3 s where the CLI
@@ -10,23 +12,19 @@ parser)."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
-from pathlib import Path
 from typing import Any
 
-from .. import hosts
-from ..clients import fact, gcloud, json_object, text_value
-from ..core.command import PLACEHOLDER, Command
-from ..core.errors import ProbeFailed
-from ..core.facts import ABSENT, Action, Completed
-from ..core.play import Outcome, StepContext
-from ..core.recap import FAILED, OK
-from ..core.step import Step, fail, ok
-from ..project import ROOT
-from ..schema import Environment
-from ..versions import installed, pinned, ray_version
+from . import plan
+from .clients import fact, gcloud, json_object, text_value
+from .core.command import PLACEHOLDER, Command
+from .core.errors import ProbeFailed
+from .core.facts import ABSENT, Completed
+from .core.step import Step, fail, ok, skipped
+from .gke import clusters_fact, kube, kube_context
+from .kubeconfig import has_context, kubeconfig_fact
+from .schema import Environment
+from .versions import installed, pinned, ray_version
 
 PLAY = "doctor"
 GOOD = ["compute", "networks", "list", "--format=json"]
@@ -56,9 +54,9 @@ TOOLS = {  # name: (argv, version pattern, needed for)
 
 def tool_step(env: Environment, name: str) -> Step:
     argv, pattern, need = TOOLS[name]
-    probe = fact(f"{name} version", Command(argv), _version(pattern), assumed="?")
     if need == "gke" and env.kind == "local":
-        return Step(PLAY, name, lambda look: ok(), skip="not used by a local environment", id=f"doctor:{name}")
+        return skipped(PLAY, name, "not used by a local environment", id=f"doctor:{name}")
+    probe = fact(f"{name} version", Command(argv), _version(pattern), assumed="?")
 
     def decide(look):
         v = look(probe)
@@ -72,93 +70,84 @@ def tool_step(env: Environment, name: str) -> Step:
 
 
 def maxtext_step() -> Step:
+    """MaxText on this machine, whatever the connector: the AOT preflight
+    compiles here (its commands run here, ``Command.here``)."""
     def decide(look):
         v, pin = installed("maxtext"), pinned("maxtext")
         if v == "not installed":
             return fail("maxtext is not installed in this Python: run scripts/bootstrap")
         if pin and v != pin:
             return fail(f"maxtext {v} installed, requirements.lock pins {pin}: run scripts/bootstrap")
-        return ok(f"maxtext {v}, jax {installed('jax')}, libtpu {installed('libtpu')}")
+        return ok(f"maxtext {v}, jax {installed('jax')}, libtpu {installed('libtpu')} on this machine (the "
+                  f"preflight compiles here)")
 
     return Step(PLAY, "maxtext", decide, id="doctor:maxtext")
 
 
-def sdk_root() -> Path | None:
-    exe = shutil.which("gcloud")
-    if not exe:
-        return None
-    root = Path(os.path.realpath(exe)).parent.parent
-    return root if (root / "lib" / "googlecloudsdk").is_dir() else None
+# The gcloud in use where the commands run: its SDK holds the Python and the
+# parser that gcloud_parse.py loads.
+SDK_ROOT = fact("gcloud's SDK", gcloud("info", "--format=value(installation.sdk_root)"), text_value("gcloud info"),
+                assumed="/usr/lib/google-cloud-sdk")
+PARSER = "playbooks/gcloud_parse.py"  # synced to a controller with manifests/ and trainer/
 
 
 def gcloud_lines(env: Environment) -> list[list[str]]:
     """The gcloud argv (without "gcloud") of every command of the plan,
     placeholders given sample values."""
-    from ..plan import all_commands
     out = []
-    for c in all_commands(env):
+    for c in plan.all_commands(env):
         if c.argv and c.argv[0] == "gcloud":
             out.append([PLACEHOLDER.sub("123456789", a) for a in c.argv[1:]])
     return out
 
 
-def parse_command(root: Path, lines_file: str) -> Command:
-    return Command((str(root / "platform" / "bundledpythonunix" / "bin" / "python3"),
-                    "playbooks/gcloud_parse.py", str(root)), stdin_file=lines_file)
+def parse_command(root: str, lines: list[list[str]]) -> Command:
+    """gcloud's bundled Python runs the parser, the lines fed on its stdin
+    (`printf '%s\\n' <json lines> | ...`): nothing is written anywhere."""
+    feed = Command(("printf", "%s\\n", *(json.dumps(line) for line in lines)))
+    return Command((f"{root}/platform/bundledpythonunix/bin/python3", PARSER, root), pipe_from=feed)
 
 
 def parse_results(c: Completed) -> list[dict]:
     if not c.ok:
         raise ProbeFailed("gcloud parse", c.line, c.rc, c.stdout, c.stderr,
                           why=f"gcloud's parser could not run: {c.first_error_line()}")
-    return [json.loads(l) for l in c.stdout.splitlines() if l.strip()]
+    return [json.loads(line) for line in c.stdout.splitlines() if line.strip()]
 
 
-def parse_step(env: Environment) -> Step:
-    lines = gcloud_lines(env)
-    path = ROOT / ".state" / env.name / "gcloud-lines.jsonl"
-    rel = str(path.relative_to(ROOT))
-
-    def run(ctx: StepContext) -> Outcome:
-        root = sdk_root()
-        if root is None and ctx.runner.probing:
-            return Outcome(FAILED, "gcloud is not installed (or not on PATH)")
-        root = root or Path("/usr/lib/google-cloud-sdk")
-
-        def write():
-            hosts.local().write(str(path), "".join(json.dumps(l) + "\n" for l in [GOOD, BAD, *lines]).encode())
-
-        if ctx.runner.probing:
-            write()
-        else:
-            ctx.act(Action(f"# write the {len(lines)} gcloud command lines of the plan to {rel}", write))
-        results = ctx.look(fact("gcloud parse", parse_command(root, rel), parse_results, assumed=[],
-                                describe=lambda rs: f"{len(rs)} line(s) parsed"))
-        if not results:
-            return Outcome(OK, f"would parse {len(lines)} gcloud command lines")
-        good, bad, rest = results[0], results[1], results[2:]
-        if not good["ok"] or bad["ok"] or len(rest) != len(lines):
-            ctx.note("gcloud's parser answered a canary wrong: checking with the gcloud CLI itself")
-            rest = [cli_parse(ctx, l) for l in lines]
-        rejected = [r for r in rest if not r["ok"]]
-        for r in rejected:
-            ctx.echo(f"  rejected: gcloud {' '.join(r['argv'])}\n    {r['error']}")
-        if rejected:
-            return Outcome(FAILED, f"{len(rejected)} of {len(lines)} gcloud command lines do not parse with this gcloud")
-        return Outcome(OK, f"all {len(lines)} gcloud command lines of the plan parse with this gcloud")
-
-    return Step(PLAY, "gcloud commands parse", run=run, id="doctor:parse",
-                skip="a local environment runs no gcloud command" if env.kind == "local" else None)
-
-
-def cli_parse(ctx: StepContext, argv: list[str]) -> dict:
+def cli_parse_fact(argv: list[str]):
     """The CLI's own verdict: exit code 2 is a parse error."""
     def parse(c: Completed) -> dict:
         first = c.first_error_line()
         return {"argv": argv, "ok": c.rc != 2, "error": first if c.rc == 2 else ""}
     env = (("CLOUDSDK_CORE_DISABLE_PROMPTS", "1"),)
-    return ctx.look(fact("gcloud CLI parse", Command(("gcloud", *argv), env=env), parse,
-                         assumed={"argv": argv, "ok": True, "error": ""}))
+    return fact("gcloud CLI parse", Command(("gcloud", *argv), env=env), parse,
+                assumed={"argv": argv, "ok": True, "error": ""})
+
+
+def parse_step(env: Environment) -> Step:
+    if env.kind == "local":
+        return skipped(PLAY, "gcloud commands parse", "a local environment runs no gcloud command", id="doctor:parse")
+    lines = gcloud_lines(env)
+
+    def decide(look):
+        root = look(SDK_ROOT)
+        canaries = [{"argv": GOOD, "ok": True, "error": ""}, {"argv": BAD, "ok": False, "error": "(assumed)"}]
+        results = look(fact("gcloud parse", parse_command(root, [GOOD, BAD, *lines]), parse_results,
+                            assumed=canaries + [{"argv": line, "ok": True, "error": ""} for line in lines],
+                            describe=lambda rs: f"{len(rs)} line(s) parsed"))
+        good, bad, rest = results[0], results[1], results[2:]
+        if not good["ok"] or bad["ok"] or len(rest) != len(lines):
+            # The parser relies on gcloud internals: a canary answered wrong,
+            # so each line goes through the gcloud CLI itself.
+            rest = [look(cli_parse_fact(line)) for line in lines]
+        rejected = [r for r in rest if not r["ok"]]
+        if rejected:
+            return fail(f"{len(rejected)} of {len(lines)} gcloud command lines do not parse with this gcloud:\n"
+                        + "\n".join(f"  gcloud {' '.join(r['argv'])}\n    {r['error']}" for r in rejected))
+        return ok(f"all {len(lines)} gcloud command lines of the plan parse with this gcloud")
+
+    return Step(PLAY, "gcloud commands parse", decide, id="doctor:parse", after=("doctor:gcloud",))
 
 
 # -- what will stop a run: credentials, the project, the cluster's context --------
@@ -179,14 +168,14 @@ def account_step(env: Environment) -> Step:
             return ok(f"gcloud authenticates with the access token in {token_file}")
         return fail("gcloud has no active account: run `gcloud auth login` (every gcloud command would fail)")
 
-    return Step(PLAY, "gcloud account", decide, id="doctor:account",
-                skip="a local environment runs no gcloud command" if env.kind == "local" else None)
+    if env.kind == "local":
+        return skipped(PLAY, "gcloud account", "a local environment runs no gcloud command", id="doctor:account")
+    return Step(PLAY, "gcloud account", decide, id="doctor:account")
 
 
 def project_step(env: Environment) -> Step:
     if env.kind == "local":
-        return Step(PLAY, "project access", lambda look: ok(), id="doctor:project",
-                    skip="a local environment uses no project")
+        return skipped(PLAY, "project access", "a local environment uses no project", id="doctor:project")
     probe = fact(f"project {env.project_id}",
                  gcloud("projects", "describe", env.project_id, "--format=value(projectId)"), text_value(),
                  assumed=env.project_id)
@@ -199,10 +188,7 @@ def project_step(env: Environment) -> Step:
 
 def context_step(env: Environment) -> Step:
     if env.kind == "local":
-        return Step(PLAY, "kubectl context", lambda look: ok(), id="doctor:context",
-                    skip="a local environment has no Kubernetes cluster")
-    from ..gke import clusters_fact, kube, kube_context
-    from .cluster import has_context, kubeconfig_fact
+        return skipped(PLAY, "kubectl context", "a local environment has no Kubernetes cluster", id="doctor:context")
     clusters, kubeconfig = clusters_fact(env), kubeconfig_fact(env)
     name = kube_context(env)
     server = fact("Kubernetes API", kube(env, "version", "--output=json"), json_object(),

@@ -1,0 +1,108 @@
+"""Every path the project keeps, in one place.
+
+All of it is under ``.state/`` of the project, relative to a connector's
+root (this project on this machine; ``remote_dir`` on a controller host),
+so the same relative path names the same thing wherever the commands run.
+``here(path)`` is its absolute form on this machine (for what must be read
+or written here: a local job's folders, the kept metrics, the logs).
+
+    .state/last-error.txt                     the traceback of an internal error
+    .state/preflight/                         AOT compiles: their work folders and results cache
+    .state/<env>/runs/<stamp>-<task>/         one task run: a log per command, job.log
+    .state/<env>/nodes/<node>.pid             the local twin's Ray nodes (pid, marker)
+    .state/<env>/logs/<node>.log              their output
+    .state/<env>/port-forward.pid, .log       the Ray dashboard's port-forward (GKE)
+    .state/<env>/training/<run>/              a run's kept metrics, plot and timeline
+    .state/<env>/data/, jax_cache/, ...       what a local job writes (MaxText, libtpu, Ray Train)
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from .project import ROOT
+
+STATE = ".state"
+
+
+def here(rel: str) -> Path:
+    """A project path, absolute on this machine."""
+    return Path(rel) if rel.startswith("/") else ROOT / rel
+
+
+def shown(path: str | Path) -> str:
+    """A path as a transcript shows it: relative to the project when inside it."""
+    p = Path(path)
+    try:
+        return str(p.relative_to(ROOT)) if p.is_absolute() else str(p)
+    except ValueError:
+        return str(p)
+
+
+def last_error() -> Path:
+    return ROOT / STATE / "last-error.txt"
+
+
+def env_dir(env: str) -> str:
+    return f"{STATE}/{env}"
+
+
+def run_logs(env: str, stamp: str, task: str) -> str:
+    return f"{STATE}/{env}/runs/{stamp}-{task}"
+
+
+def runs(env: str) -> str:
+    return f"{STATE}/{env}/runs"
+
+
+# -- the local twin -------------------------------------------------------------
+def nodes(env: str) -> str:
+    """Pid files of the local Ray nodes this project started."""
+    return f"{STATE}/{env}/nodes"
+
+
+def node_log(env: str, node: str) -> str:
+    return f"{STATE}/{env}/logs/{node}.log"
+
+
+# -- the port-forward to a GKE Ray head ---------------------------------------------
+def forward_dir(env: str) -> str:
+    return f"{STATE}/{env}"
+
+
+def forward_log(env: str) -> str:
+    return f"{STATE}/{env}/port-forward.log"
+
+
+# -- training runs ------------------------------------------------------------------
+def training(env: str) -> str:
+    return f"{STATE}/{env}/training"
+
+
+def run_dir(env: str, run: str) -> str:
+    """A run's kept records: metrics.jsonl, metrics.png, MaxText's own metrics files."""
+    return f"{STATE}/{env}/training/{run}"
+
+
+def local_job(env: str) -> dict[str, str]:
+    """Where a local job writes, absolute (the job's processes run elsewhere):
+    all of it under .state/<env>/ (MaxText and libtpu otherwise write to
+    ~/jax_cache and /tmp)."""
+    base = ROOT / STATE / env
+    return {"data": f"{base}/data/", "jax_cache": f"{base}/jax_cache", "xla_dump": f"{base}/xla_dump/",
+            "tpu_logs": f"{base}/tpu_logs", "ray_results": f"{base}/ray_results"}
+
+
+# -- the AOT preflight -------------------------------------------------------------------
+PREFLIGHT = f"{STATE}/preflight"
+PREFLIGHT_CACHE_VAR = "PLAYBOOK_PREFLIGHT_CACHE"
+
+
+def preflight_cache() -> Path:
+    """Cached compile results: .state/preflight/cache/, or the folder that
+    $PLAYBOOK_PREFLIGHT_CACHE names (tests start from a cold one)."""
+    return Path(os.environ.get(PREFLIGHT_CACHE_VAR) or ROOT / PREFLIGHT / "cache")
+
+
+def preflight_tpu_logs(key: str) -> str:
+    return f"{PREFLIGHT}/tpu_logs/{key}"

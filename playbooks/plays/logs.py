@@ -1,0 +1,83 @@
+"""`invoke logs` (a run's driver log, whole or followed to the job's end)
+and `invoke metrics` (a run's kept step metrics drawn into metrics.png)."""
+from __future__ import annotations
+
+from typing import Any
+
+from .. import hosts, metrics, paths
+from ..core.facts import ABSENT, Action, Fact
+from ..core.play import Outcome, StepContext
+from ..core.recap import FAILED, OK
+from ..core.step import Step, change, fail, ok
+from ..endpoints import dashboard
+from ..rayapi import job_fact, job_logs_command, jobs_fact, ours
+from ..schema import Environment
+
+
+def logs_step(env: Environment, run: str | None, follow: bool) -> Step:
+    """A run step: the log streams as it comes. The outcome is the job's
+    status, read from the Jobs API."""
+    addr = dashboard(env)
+    via = hosts.connector(env)
+    listing = jobs_fact(addr, via)
+    which = f"run {run}" if run else "this environment"
+
+    def run_step(ctx: StepContext) -> Outcome:
+        listed = ctx.look(listing)
+        if listed is ABSENT:
+            return Outcome(FAILED, f"no Ray dashboard answers at {addr}: run `invoke up` (or `invoke dashboard`)")
+        mine = ours(run, listed)
+        if not mine:
+            if not ctx.probing:
+                return Outcome(OK, f"would show the log of the newest job of {which}")
+            return Outcome(FAILED, f"no job of {f'run {run}' if run else 'any run'} at {addr}")
+        sid = str(mine[-1]["submission_id"])
+        done = ctx.stream(job_logs_command(addr, sid, follow), ctx.echo)
+        if done is not None and not done.ok:
+            return Outcome(FAILED, f"could not read the log of job {sid}: `ray job logs` exited {done.rc}")
+        final = ctx.look(job_fact(addr, sid, via), fresh=True)
+        status = final.get("status") if isinstance(final, dict) else "UNKNOWN"
+        if status in ("FAILED", "STOPPED"):
+            return Outcome(FAILED, f"job {sid} {status}: {final.get('message') or 'see its log'}")
+        return Outcome(OK, f"job {sid} {status}")
+
+    return Step("logs", f"log of {f'run {run}' if run else 'the newest job'}", run=run_step, id="logs:job")
+
+
+def plot_state(env: Environment, run: str | None) -> dict:
+    """The run (the newest with metrics when none is named), its metrics
+    file and whether its picture is newer than it."""
+    name = run or metrics.newest_run(env)
+    if name is None:
+        return {"run": None}
+    path = metrics.run_dir(env, name) / metrics.FILE
+    png = path.with_name(metrics.PNG)
+    return {"run": name, "metrics": path.is_file(),
+            "current": path.is_file() and png.is_file() and png.stat().st_mtime >= path.stat().st_mtime}
+
+
+def metrics_step(env: Environment, run: str | None) -> Step:
+    """metrics.png from the run's metrics.jsonl (the newest run without one)."""
+    where = paths.training(env.name)
+    probe = Fact(name="metrics", python=lambda: plot_state(env, run),
+                 display=f"ls -t {where}/{run or '*'}/{metrics.FILE} {where}/{run or '*'}/{metrics.PNG}",
+                 assumed={"run": run or "RUN", "metrics": True, "current": False},
+                 describe=lambda s: "no run" if not s.get("run") else
+                 f"run {s['run']}: " + ("picture current" if s.get("current") else "picture missing or older"))
+
+    def decide(look):
+        s: dict[str, Any] = look(probe)
+        name = s.get("run")
+        if name is None:
+            return fail(f"no run of environment {env.name} has kept metrics yet: `invoke train` first")
+        path = metrics.run_dir(env, name) / metrics.FILE
+        png = path.with_name(metrics.PNG)
+        if not s.get("metrics"):
+            return fail(f"run {name} has no metrics ({paths.shown(path)}): `invoke train` keeps them")
+        if s.get("current"):
+            return ok(f"{paths.shown(png)} is up to date with run {name}'s metrics")
+        return change(Action(f"# draw {paths.shown(path)} into {paths.shown(png)}", lambda: metrics.plot(path)),
+                      reason=f"wrote {paths.shown(png)}: loss, tokens/s per device and step time of run {name}",
+                      would=f"write {paths.shown(png)}", found="no picture, or an older one")
+
+    return Step("metrics", f"metrics of {run or 'the newest run'}", decide, id="metrics:png", probes=(probe,))

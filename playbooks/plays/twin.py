@@ -1,0 +1,198 @@
+"""The local environment's Ray cluster (the twin of the RayCluster on GKE):
+start its head and its simulated TPU hosts, stop them, and kill one as a
+preemption would. What the twin is made of is in ``playbooks/twin.py``."""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from .. import hosts
+from ..core.command import quote
+from ..core.facts import ABSENT, Action, Fact, assume
+from ..core.pidfile import PidFile
+from ..core.step import Await, Broken, Step, Verify, change, fail, ok, wait
+from ..endpoints import dashboard
+from ..rayapi import alive, nodes_fact, version_fact
+from ..schema import Environment
+from ..twin import (
+    HEAD,
+    Host,
+    head_command,
+    host_command,
+    hosts_of,
+    hosts_state_fact,
+    log,
+    node_state_fact,
+    pid_fact,
+    pidfile,
+    pod_type,
+    port_range,
+    registered,
+)
+
+PLAY = "twin"
+START_TIMEOUT = 90.0
+# A killed host's node stays ALIVE in Ray's list until Ray notices: a new
+# node started before that would stand beside a ghost of itself.
+GHOST_TIMEOUT = 90.0
+
+
+def ports_taken_fact(env: Environment) -> Fact:
+    lo, hi = port_range(env)
+
+    def look() -> list[int]:
+        here = hosts.local()
+        return [p for p in range(lo, hi + 1) if here.port_open(env.ray_ip, p)]
+
+    return Fact(name="local ports", python=look, assumed=[],
+                display=f"ss -ltn 'sport >= :{lo} and sport <= :{hi}'  # a port of the local nodes already taken",
+                describe=lambda ps: f"port {ps[0]} taken" if ps else "free")
+
+
+def _started(env: Environment, name: str, what: str):
+    """The verify of a node just started: its process alive, then joined;
+    a process that exits ends the wait at once, with its log's line."""
+    def check(s: Any) -> str | None:
+        if not s.get("process"):
+            raise Broken(f"{what} exited: {s.get('exited')}; see {log(env, name)}")
+        if not s.get("answering"):
+            return f"dashboard not answering yet (see {log(env, name)})"
+        if not s.get("joined"):
+            return f"{what} not registered yet (see {log(env, name)})"
+        return None
+    return check
+
+
+def head_step(env: Environment) -> Step:
+    pidf, version, taken = pid_fact(env, HEAD), version_fact(dashboard(env), hosts.local()), ports_taken_fact(env)
+
+    def decide(look):
+        running, answering = look(pidf), look(version)
+        if running and answering is not ABSENT:
+            return ok(f"Ray head running at {dashboard(env)} (Ray {answering.get('ray_version')})")
+        if running:
+            return wait(f"the Ray head's process runs; its dashboard at {dashboard(env)} does not answer yet")
+        ports = look(taken)
+        if answering is not ABSENT or ports:
+            lo, hi = port_range(env)
+            what = f"port {ports[0]} (of {lo}-{hi}, the local nodes' ports)" if ports else dashboard(env)
+            return fail(f"{what} is taken by a process this project did not start (pid file "
+                        f"{pidfile(env, HEAD).path}): stop it, or move gcs_port/dashboard_port in the inventory")
+        return change(head_command(env), reason=f"Ray head started at {dashboard(env)}",
+                      would=f"start the Ray head at {dashboard(env)}", found="not running")
+
+    head_up = node_state_fact(env, HEAD, lambda nodes: any(n.get("is_head_node") for n in alive(nodes)),
+                              "the head node ALIVE")
+    return Step(PLAY, f"Ray head {dashboard(env)}", decide, id="twin:head", probes=(pidf, version),
+                verify=Verify(head_up, _started(env, HEAD, "the Ray head"), timeout=START_TIMEOUT, interval=2))
+
+
+def _ghost_gone(env: Environment, host: Host) -> Await:
+    return Await(nodes_fact(dashboard(env), hosts.local()), lambda ns: "still listed" if registered(ns, host) else None,
+                 f"the old {host.name} gone from Ray's nodes", timeout=GHOST_TIMEOUT, interval=2)
+
+
+def _start_host(env: Environment, host: Host, nodes: Any, reason: str, would: str, *before: Any):
+    """The change that starts a host (after its ghost is gone, if listed)."""
+    ghost = (_ghost_gone(env, host),) if nodes is not ABSENT and registered(nodes, host) else ()
+    return change(*before, *ghost, host_command(env, host), reason=reason, would=would, found="not running")
+
+
+def _host_verify(env: Environment, host: Host) -> Verify:
+    joined = node_state_fact(env, host.name, lambda nodes: registered(nodes, host), f"{host.name} ALIVE")
+    return Verify(joined, _started(env, host.name, f"TPU host {host.name}"), timeout=START_TIMEOUT, interval=2)
+
+
+def host_step(env: Environment, host: Host) -> Step:
+    pidf, nodes = pid_fact(env, host.name), nodes_fact(dashboard(env), hosts.local())
+
+    def decide(look):
+        running, listed = look(pidf), look(nodes)
+        if running:
+            if listed is ABSENT:
+                return fail(f"no Ray head answers at {dashboard(env)}: run `invoke up`")
+            if registered(listed, host):
+                return ok(f"TPU host {host.name} is in the cluster")
+            return wait(f"TPU host {host.name}'s process runs; it has not joined yet")
+        shape = f"({pod_type(env)}, {env.chips_per_host} chips)"
+        return _start_host(env, host, listed, f"TPU host {host.name} joined {shape}",
+                           f"start TPU host {host.name} {shape}")
+
+    return Step(PLAY, f"TPU host {host.name}", decide, id=f"twin:{host.name}", after=("twin:head",),
+                probes=(pidf, nodes), verify=_host_verify(env, host))
+
+
+def steps(env: Environment) -> list[Step]:
+    """Bring the local cluster up (a running one is reused). Hosts join one
+    after another: Ray nodes starting at once on one machine race for ports."""
+    out = [head_step(env)]
+    for h in hosts_of(env):
+        step = host_step(env, h)
+        step.after = (out[-1].id,)
+        out.append(step)
+    return out
+
+
+def stop_step(env: Environment, name: str, play: str) -> Step:
+    pidf = assume(pid_fact(env, name), True)
+    pf = pidfile(env, name)
+
+    def decide(look):
+        if not look(pidf):
+            return ok(f"{name} is not running")
+        return change(Action(f"kill -TERM $(cat {quote(str(pf.path))})  # with its child processes",
+                             lambda: pf.stop(grace=10.0)),
+                      reason=f"stopped {name}", would=f"stop {name}", found="running")
+
+    return Step(play, f"stop {name}", decide, id=f"{play}:stop-{name}",
+                verify=Verify(pidf, lambda a: "still running" if a else None, timeout=30, interval=1))
+
+
+def stop_steps(env: Environment, play: str = "teardown") -> list[Step]:
+    return [stop_step(env, h.name, play) for h in reversed(hosts_of(env))] + [stop_step(env, HEAD, play)]
+
+
+def chaos_steps(env: Environment, restore_after: float) -> list[Step]:
+    """Kill one simulated TPU host at once, as a preempted VM dies; bring it
+    back after ``restore_after`` seconds (0: leave it down)."""
+    all_hosts = hosts_of(env)
+    # A dry run assumes every host runs, so it shows the kill of the first.
+    running = {h.name: assume(pid_fact(env, h.name), True) for h in all_hosts}
+
+    def kill(pf: PidFile) -> Action:
+        return Action(f"kill -KILL $(cat {quote(str(pf.path))})  # with its child processes",
+                      lambda: hosts.local().kill(pf.pid() or -1))
+
+    def decide_kill(look):
+        for h in all_hosts:
+            if look(running[h.name]):
+                return change(kill(pidfile(env, h.name)), reason=f"killed TPU host {h.name}",
+                              would=f"kill TPU host {h.name}", found=f"TPU host {h.name} running")
+        return fail("no simulated TPU host is running: run `invoke up` first")
+
+    out = [Step("chaos", "kill one TPU host", decide_kill, id="chaos:kill")]
+    if restore_after > 0:
+        stopped = {h.name: pid_fact(env, h.name) for h in all_hosts}
+        nodes = nodes_fact(dashboard(env), hosts.local())
+
+        def decide_restore(look):
+            # The host the kill stopped: the first whose process is gone (a
+            # dry run assumes none runs: the first).
+            host = next((h for h in all_hosts if not look(stopped[h.name])), None)
+            if host is None:
+                return ok("every TPU host runs: nothing to bring back")
+            return _start_host(env, host, look(nodes), f"TPU host {host.name} back after {restore_after:g}s",
+                               f"bring TPU host {host.name} back after {restore_after:g}s",
+                               Action(f"sleep {restore_after:g}", lambda: time.sleep(restore_after)))
+
+        def all_joined(s: Any) -> str | None:
+            gone = [f"TPU host {n} exited: {v['exited']}; see {log(env, n)}" for n, v in s.items() if not v["process"]]
+            if gone:
+                raise Broken(gone[0])
+            waiting = [n for n, v in s.items() if not v["joined"]]
+            return f"{', '.join(waiting)} not registered yet" if waiting else None
+
+        out.append(Step("chaos", "bring the TPU host back", decide_restore, id="chaos:restore",
+                        after=("chaos:kill",),
+                        verify=Verify(hosts_state_fact(env), all_joined, timeout=START_TIMEOUT, interval=2)))
+    return out

@@ -1,0 +1,204 @@
+"""`invoke status`: everything the environment owns, as it is, in one table,
+and one diagnosis line: the first thing that is not as the inventory asks,
+and why. Read-only: the plays of `up` run in check mode (every probe at once,
+before the steps), plus what only status shows: the TPU nodes of each pool,
+the RayCluster's workers (why they are not running), the jobs of this
+environment's runs. A report says what is (as asked, missing, not running,
+unknown because ...), never what a change would do."""
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from . import k8s, metrics, plan
+from .clients import fact
+from .core.facts import ABSENT, Completed
+from .core.recap import CHANGED, FAILED, OK, SKIPPED, UNREACHABLE, Recap, StepResult
+from .core.step import Step, fail, ok, unchecked
+from .endpoints import dashboard
+from .gke import kube, nodepool_name, raycluster_fact
+from .hosts import connector
+from .rayapi import jobs_fact, ours, run_of
+from .schema import Environment
+
+PLAY = "status"
+POOL_LABEL = "cloud.google.com/gke-nodepool"
+
+
+def pool_nodes(c: Completed) -> dict[str, tuple[int, int]]:
+    """pool -> (ready nodes, nodes), from `kubectl get nodes -o json`."""
+    out: dict[str, list[int]] = {}
+    for n in fact_json(c).get("items") or []:
+        pool = ((n.get("metadata") or {}).get("labels") or {}).get(POOL_LABEL, "")
+        ready = any(x.get("type") == "Ready" and x.get("status") == "True"
+                    for x in (n.get("status") or {}).get("conditions") or [])
+        counts = out.setdefault(pool, [0, 0])
+        counts[0] += int(ready)
+        counts[1] += 1
+    return {p: (a, b) for p, (a, b) in out.items()}
+
+
+def fact_json(c: Completed) -> Any:
+    from .clients import json_object
+    return json_object("TPU nodes")(c)
+
+
+def tpu_nodes_step(env: Environment) -> Step:
+    probe = fact("TPU nodes", kube(env, "get", "nodes", "-l", POOL_LABEL, "--output=json"), pool_nodes,
+                 assumed={nodepool_name(env, i): (env.hosts_per_slice, env.hosts_per_slice) for i in range(env.slices)},
+                 describe=lambda d: ", ".join(f"{p} {a}/{b}" for p, (a, b) in sorted(d.items())) or "none")
+
+    def decide(look):
+        have = look(probe)
+        short = []
+        for i in range(env.slices):
+            name = nodepool_name(env, i)
+            ready, _ = have.get(name, (0, 0))
+            if ready < env.hosts_per_slice:
+                short.append(f"{name} {ready} of {env.hosts_per_slice} nodes ready")
+        if short and env.capacity == "flex-start":
+            # flex-start pools have nodes only while workers ask for them
+            return ok("flex-start: " + "; ".join(short))
+        if short:
+            return fail("; ".join(short))
+        return ok(f"every pool has its {env.hosts_per_slice} nodes ready")
+
+    return Step(PLAY, "TPU nodes ready", decide, id="status:nodes", probes=(probe,),
+                after=("kube:credentials", *[f"nodepools:{nodepool_name(env, i)}" for i in range(env.slices)]))
+
+
+def workers_step(env: Environment) -> Step:
+    probe = raycluster_fact(env)
+
+    def decide(look):
+        rc = look(probe)
+        if rc is ABSENT:
+            return ok("no RayCluster yet")
+        why = k8s.ready(env, rc)
+        if why is None:
+            return ok(f"head and {env.slices * env.hosts_per_slice} TPU workers ready")
+        causes = look(k8s.causes_fact(env))
+        return fail(f"{why}" + (f"; why: {'; '.join(causes)}" if causes else ""))
+
+    return Step(PLAY, "RayCluster workers", decide, id="status:workers", after=("raycluster:apply",), probes=(probe,))
+
+
+def _age(ms: Any) -> str:
+    if not ms:
+        return "?"
+    s = max(0, time.time() - float(ms) / 1000)
+    return f"{s / 3600:.1f}h" if s >= 3600 else f"{s / 60:.0f}m" if s >= 60 else f"{s:.0f}s"
+
+
+def job_rows(env: Environment, listed: Any) -> list[dict]:
+    rows = []
+    for j in ours(None, listed):
+        sid = str(j["submission_id"])
+        run = run_of(sid)
+        row = {"job": sid, "run": run, "status": j.get("status"), "age": _age(j.get("start_time"))}
+        kept = metrics.run_dir(env, run) / metrics.FILE
+        if kept.is_file():
+            _, steps, _ = metrics.read(kept)
+            if steps:
+                last = max(steps, key=lambda r: r["step"])
+                row.update(last_step=last["step"], loss=last.get("loss"),
+                           tokens_per_s_per_device=last.get("tokens_per_s_per_device"))
+        rows.append(row)
+    return rows
+
+
+def jobs_step(env: Environment) -> Step:
+    listing = jobs_fact(dashboard(env), connector(env))
+
+    def decide(look):
+        listed = look(listing)
+        if listed is ABSENT:
+            return unchecked(f"no Ray dashboard answers at {dashboard(env)}")
+        rows = job_rows(env, listed)
+        failed = [r["job"] for r in rows[-3:] if r["status"] == "FAILED"]
+        text = ", ".join(f"{r['job']} {r['status']}" for r in rows[-3:]) or "none"
+        if failed and failed[-1] == rows[-1]["job"]:
+            return fail(f"{len(rows)} job(s): {text}")
+        return ok(f"{len(rows)} job(s): {text}", data=rows)
+
+    after = ("dashboard:forward",) if env.kind != "local" else ("twin:head",)
+    return Step(PLAY, "jobs", decide, id="status:jobs", after=after, probes=(listing,))
+
+
+def steps(env: Environment) -> list[Step]:
+    out = plan.up_steps(env)
+    if env.kind != "local":
+        if env.mode == "standard":
+            out.append(tpu_nodes_step(env))
+        out.append(workers_step(env))
+    out.append(jobs_step(env))
+    return out
+
+
+def _state(lines: list[str]) -> str:
+    """What the step's first probe found (its line's `=> ...`)."""
+    for line in lines:
+        if line.startswith("  probe") and "=> " in line:
+            return line.rsplit("=> ", 1)[1].replace(" (cached)", "")
+    return ""
+
+
+def verdict(r: StepResult, found: dict[str, str]) -> tuple[str, str]:
+    """(verdict, what is) of one step's result: what is there, never what a
+    change would do."""
+    if r.outcome == OK:
+        return "as asked", r.reason
+    if r.outcome == CHANGED:
+        return r.found or "missing", _state(r.lines) or r.found
+    if r.outcome in (FAILED, UNREACHABLE):
+        return "not as asked", r.reason
+    if r.found == "unknown":
+        waits = (r.data or {}).get("waits_on") if isinstance(r.data, dict) else None
+        if waits:
+            return "unknown", "unknown because " + ", ".join(f"{t} is {found.get(t) or 'not as asked'}"
+                                                             for t in waits)
+        return "unknown", "unknown because " + r.reason.removeprefix("not checked: ")
+    return "not used", r.reason
+
+
+def report(env: Environment, recap: Recap) -> dict:
+    found = {r.title: r.found for r in recap.results if r.outcome == CHANGED}
+    items = []
+    for r in recap.results:
+        v, what = verdict(r, found)
+        items.append({"what": r.title, "verdict": v, "outcome": r.outcome, "state": _state(r.lines),
+                      "reason": what})
+    first = next((i for i in items if i["outcome"] in (CHANGED, FAILED, UNREACHABLE)), None)
+    diagnosis = f"{first['what']}: {first['verdict'] if first['outcome'] == CHANGED else first['reason']}" \
+        if first else None
+    # A check that could not look (unknown) is not a finding; what it waits
+    # on is one, and is counted there.
+    as_asked = not recap.not_run and all(i["outcome"] in (OK, SKIPPED) for i in items)
+    return {"environment": env.name, "kind": env.kind, "mode": env.get("mode"), "as_asked": as_asked,
+            "items": items, "jobs": recap.data("status:jobs") or [], "diagnosis": diagnosis,
+            "seconds": round(recap.wall, 1)}
+
+
+def table(doc: dict) -> list[str]:
+    width = max([len(i["what"]) for i in doc["items"]] + [10])
+    out = [f"STATUS of {doc['environment']} ({doc['kind']}{', ' + doc['mode'] if doc.get('mode') else ''}), "
+           f"in {doc['seconds']:.1f}s"]
+    out.append(f"  {'WHAT':<{width}}  {'VERDICT':<13}  STATE / WHY")
+    for i in doc["items"]:
+        why = i["reason"] or i["state"]
+        out.append(f"  {i['what']:<{width}}  {i['verdict']:<13}  {why}".rstrip())
+    if doc["jobs"]:
+        out.append("  JOBS (newest last)")
+        for j in doc["jobs"][-5:]:
+            extra = (f", step {j['last_step']}, loss {j['loss']:.3f}, {j['tokens_per_s_per_device']:.0f} tokens/s/device"
+                     if j.get("last_step") is not None and j.get("loss") is not None
+                     and j.get("tokens_per_s_per_device") is not None else "")
+            out.append(f"    {j['job']}  {j['status']}  {j['age']} ago{extra}")
+    out.append(f"diagnosis: {doc['diagnosis']}" if doc["diagnosis"] else
+               "diagnosis: everything is as the inventory asks")
+    return out
+
+
+def render_json(doc: dict) -> str:
+    return json.dumps(doc, indent=2, default=str)

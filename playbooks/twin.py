@@ -1,0 +1,168 @@
+"""The local twin: a Ray cluster on this machine, a head plus simulated TPU
+hosts, standing in for the RayCluster on GKE. What it is made of: its
+nodes, their commands, ports, pid files and logs, and what the Ray State API
+says of them. The steps that start, stop and kill its nodes are in
+``plays/twin.py``.
+
+A simulated host is a Ray node started with the env vars GKE's TPU webhook
+sets on a TPU pod (TPU_NAME, TPU_WORKER_ID, TPU_ACCELERATOR_TYPE,
+TPU_TOPOLOGY) and a ``TPU`` resource, so Ray Train's real TPU path
+(use_tpu=True, topology, accelerator type, slice placement groups) runs, with
+JAX on CPU. Each node runs under ``ray start --block`` in its own session; its
+pid is kept in a pid file, and only those pids are ever stopped.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from . import hosts, paths
+from . import tutorial as T
+from .core.command import Command
+from .core.errors import error_line
+from .core.facts import ABSENT, Fact
+from .core.pidfile import PidFile, running_fact
+from .endpoints import dashboard
+from .local_ports import LOCAL_PORTS_FIRST_NODE, LOCAL_PORTS_PER_NODE, local_port_span
+from .rayapi import alive, labels, list_nodes
+from .schema import Environment
+from .tpu import chips
+
+HEAD = "head"
+
+
+@dataclass(frozen=True)
+class Host:
+    """A simulated TPU host: its pod-like name (as KubeRay names TPU pods),
+    its slice and its worker id in the slice."""
+
+    name: str
+    slice: int
+    worker: int
+
+
+def hosts_of(env: Environment) -> list[Host]:
+    return [Host(f"{T.TPU_WORKER_GROUP}-{s}-{w}", s, w) for s in range(env.slices)
+            for w in range(env.hosts_per_slice)]
+
+
+def pidfile(env: Environment, name: str) -> PidFile:
+    marker = "ray start --head" if name == HEAD else "ray start --address"
+    return PidFile(paths.nodes(env.name), name, marker, via=hosts.local())
+
+
+def log(env: Environment, name: str) -> str:
+    return paths.node_log(env.name, name)
+
+
+def node_ports(env: Environment, k: int) -> tuple[str, ...]:
+    """Ports of node k (0: the head) that Ray would otherwise take from fixed
+    defaults (the agent's 52365, the client server's 10001): explicit and
+    distinct, so two local clusters (or a user's own Ray) can coexist."""
+    p = env.gcs_port + LOCAL_PORTS_FIRST_NODE + LOCAL_PORTS_PER_NODE * k
+    return (f"--dashboard-agent-listen-port={p}", f"--dashboard-agent-grpc-port={p + 1}",
+            f"--runtime-env-agent-port={p + 2}", f"--metrics-export-port={p + 3}")
+
+
+def port_range(env: Environment) -> tuple[int, int]:
+    """The ports a local cluster uses besides the dashboard: gcs_port and up."""
+    return env.gcs_port, env.gcs_port + local_port_span(env.slices, env.hosts_per_slice)
+
+
+def pod_type(env: Environment) -> str:
+    return f"v6e-{chips(env.topology)}"
+
+
+def head_command(env: Environment) -> Command:
+    return Command(("ray", "start", "--head", "--block", f"--node-ip-address={env.ray_ip}", f"--port={env.gcs_port}",
+                    f"--dashboard-host={env.ray_ip}", f"--dashboard-port={env.dashboard_port}",
+                    f"--ray-client-server-port={env.gcs_port + 1}", *node_ports(env, 0), "--num-cpus=1",
+                    "--disable-usage-stats"),
+                   env=(("JAX_PLATFORMS", "cpu"),), background=True, log=log(env, HEAD),
+                   pid_file=pidfile(env, HEAD))
+
+
+def host_command(env: Environment, host: Host) -> Command:
+    k = 1 + host.slice * env.hosts_per_slice + host.worker
+    # One log monitor (the head's) forwards every node's logs on this machine;
+    # a second one would print each line twice.
+    return Command(("ray", "start", f"--address={env.ray_ip}:{env.gcs_port}", "--block",
+                    f"--node-ip-address={env.ray_ip}", "--num-cpus=1",
+                    "--resources=" + json.dumps({"TPU": env.chips_per_host}), *node_ports(env, k),
+                    "--include-log-monitor=false", "--disable-usage-stats"),
+                   # A TPU host to Ray (TPU_*), CPU devices to JAX: every job on
+                   # the twin, also one submitted as to GKE, sees this host's
+                   # chips as devices_per_host CPU devices.
+                   env=(("TPU_NAME", f"{T.TPU_WORKER_GROUP}-{host.slice}"), ("TPU_WORKER_ID", str(host.worker)),
+                        ("TPU_ACCELERATOR_TYPE", pod_type(env)), ("TPU_TOPOLOGY", env.topology),
+                        ("JAX_PLATFORMS", "cpu"),
+                        ("XLA_FLAGS", f"--xla_force_host_platform_device_count={env.devices_per_host}")),
+                   background=True, log=log(env, host.name), pid_file=pidfile(env, host.name))
+
+
+def pid_fact(env: Environment, name: str) -> Fact:
+    pf = pidfile(env, name)
+    return running_fact(pf, str(pf.path))
+
+
+def registered(nodes: Any, host: Host) -> bool:
+    for n in alive(nodes):
+        lb = labels(n)
+        if lb.get("ray.io/tpu-slice-name") == f"{T.TPU_WORKER_GROUP}-{host.slice}" and \
+                lb.get("ray.io/tpu-worker-id") == str(host.worker):
+            return True
+    return False
+
+
+def log_error(env: Environment, name: str) -> str:
+    """The line of a node's log that says what went wrong (a traceback's
+    exception, as for a failed command)."""
+    text = (hosts.local().read(log(env, name)) or b"").decode(errors="replace")
+    return error_line(text)[:200] if text.strip() else "its log is empty"
+
+
+def node_state(env: Environment, name: str, joined: Any) -> dict:
+    """What a starting node is: its process alive (by pid alone: a process
+    just started may not have exec'd its command line yet), whether it has
+    joined (``joined(nodes)`` on the State API's node list), and, when its
+    process is gone, the line of its log that says why."""
+    pf = pidfile(env, name)
+    pid = pf.pid()
+    nodes = list_nodes(dashboard(env), hosts.local())
+    state: dict[str, Any] = {"process": pid is not None and pf.via.alive(pid, ""),
+             "answering": nodes is not ABSENT,
+             "joined": nodes is not ABSENT and joined(nodes)}
+    if not state["process"]:
+        state["exited"] = log_error(env, name)
+    return state
+
+
+def node_state_fact(env: Environment, name: str, joined: Any, what: str) -> Fact:
+    url = f"{dashboard(env)}/api/v0/nodes"
+    return Fact(name=f"{name} node", python=lambda: node_state(env, name, joined),
+                display=f"kill -0 $(cat {paths.nodes(env.name)}/{name}.pid) && curl -fsS {url}  # {what}",
+                describe=lambda s: "joined" if s.get("joined") else "process running" if s.get("process")
+                else "not running")
+
+
+def hosts_state(env: Environment) -> dict:
+    """Every simulated host: its process alive (by pid alone) and joined."""
+    nodes = list_nodes(dashboard(env), hosts.local())
+    out = {}
+    for h in hosts_of(env):
+        pf = pidfile(env, h.name)
+        pid = pf.pid()
+        s: dict[str, Any] = {"process": pid is not None and pf.via.alive(pid, ""),
+                             "joined": nodes is not ABSENT and registered(nodes, h)}
+        if not s["process"]:
+            s["exited"] = log_error(env, h.name)
+        out[h.name] = s
+    return out
+
+
+def hosts_state_fact(env: Environment) -> Fact:
+    return Fact(name="TPU hosts", python=lambda: hosts_state(env),
+                display=f"kill -0 $(cat {paths.nodes(env.name)}/tpu-*.pid) && curl -fsS {dashboard(env)}/api/v0/nodes"
+                        f"  # every TPU host ALIVE",
+                describe=lambda s: f"{sum(1 for v in s.values() if v['joined'])} of {len(s)} joined")

@@ -1,0 +1,117 @@
+"""The shape of the code: plays import the engine and the support modules,
+never another play; the engine knows nothing of the project; the modules
+import each other without a cycle (imports inside functions count; imports
+for type checking only do not)."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from tests.conftest import ROOT
+
+PACKAGE = ROOT / "playbooks"
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(ROOT).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+MODULES = {module_name(p): p for p in PACKAGE.rglob("*.py") if "data" not in p.parts}
+
+
+def _type_checking_only(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> bool:
+    while node in parents:
+        node = parents[node]
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            return True
+    return False
+
+
+def imports(name: str) -> set[str]:
+    """The project modules ``name`` imports (resolved, package-relative)."""
+    path = MODULES[name]
+    tree = ast.parse(path.read_text())
+    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if _type_checking_only(node, parents):
+            continue
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = package
+            for _ in range(node.level - 1):
+                base = base.rpartition(".")[0]
+            mod = (f"{base}.{node.module}" if node.module else base) if node.level else node.module or ""
+            # `from . import x` names a module x when there is one
+            targets = [f"{mod}.{a.name}" if f"{mod}.{a.name}" in MODULES else mod for a in node.names]
+        else:
+            continue
+        out |= {t for t in targets if t in MODULES and t != name}
+    return out
+
+
+GRAPH = {m: imports(m) for m in MODULES}
+PLAYS = {m for m in MODULES if m.startswith("playbooks.plays.") }
+
+
+def test_no_play_imports_a_play():
+    found = sorted(f"{m} imports {o}" for m in PLAYS for o in GRAPH[m] if o in PLAYS)
+    assert found == []
+
+
+def test_the_engine_imports_nothing_of_the_project():
+    core = {m for m in MODULES if m.startswith("playbooks.core")}
+    found = sorted(f"{m} imports {o}" for m in core for o in GRAPH[m] if o not in core)
+    assert found == []
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_cycle():
+    assert cycles(GRAPH) == []
+
+
+def test_the_checks_see_a_cycle_and_a_play_importing_a_play():
+    """The two rules above can fail."""
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == [["a", "b", "c"]]
+    assert "playbooks.plays.train" in PLAYS and "playbooks.job" not in PLAYS
+    assert "playbooks.core.step" in GRAPH["playbooks.core.play"]
