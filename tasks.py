@@ -14,7 +14,14 @@ from invoke import Collection, task
 signal.signal(signal.SIGPIPE, signal.SIG_DFL)
 
 # Only light modules here: `invoke --list` must stay instant.
-from playbooks.session import bare_flag, clean_errors, install_last_resort, open_session, seconds, whole_number
+from playbooks.session import (  # noqa: E402 - after SIGPIPE
+    bare_flag,
+    clean_errors,
+    install_last_resort,
+    open_session,
+    seconds,
+    whole_number,
+)
 
 # An error Invoke raises reading its config files after this import (a
 # `playbook:` that is not a mapping, a project invoke.yaml that is not YAML)
@@ -32,7 +39,7 @@ def _play(c, name):
 
 @task
 def capacity(c):
-    """Read-only, before anything is made: the zone offers the machine type, the GKE version is offered, the TPU quota, the reservation."""
+    """Read-only, before anything is made: the machine type, the GKE version, the TPU quota, the reservation."""
     _play(c, "capacity")
 
 
@@ -128,7 +135,7 @@ def train(c, model="llama3-8b", elastic=False, steps="", set_=None, fresh=False,
 
 @task(iterable=["set_"], help=JOB_HELP)
 def preflight(c, model="llama3-8b", elastic=False, steps="", set_=None, preset=""):
-    """Prove a job fits its TPUs: static checks, then an AOT compile (and, if it does not fit, the smallest change that does)."""
+    """Prove a job fits its TPUs: static checks, an AOT compile (if it does not fit, the smallest change that does)."""
     from playbooks import plan
 
     with clean_errors():
@@ -235,7 +242,7 @@ def status(c, json_=False):
 
 @task
 def doctor(c):
-    """Check what would stop a run: the tools, gcloud's account, the project, the kubectl context, every gcloud command's parse."""
+    """What would stop a run: the tools, gcloud's account, the project, the kubectl context, the gcloud lines' parse."""
     from playbooks import doctor as dr
 
     with clean_errors():

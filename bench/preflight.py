@@ -40,7 +40,7 @@ def compile_once(env, model: str, preset: str, logs: Path) -> tuple[pf.Fit, floa
     start = time.monotonic()
     p = subprocess.Popen(list(cmd.argv), cwd=ROOT, env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     out = p.stdout.read()
-    _, status, usage = os.wait4(p.pid, 0)
+    _, _status, usage = os.wait4(p.pid, 0)
     wall = time.monotonic() - start
     text = "\n".join(f.read_text(errors="replace") for f in (logs / "tpu_driver.INFO", logs / "tpu_driver.ERROR")
                      if f.exists())
@@ -68,7 +68,8 @@ def main() -> None:
         job = f"{model}" + (f" --preset={preset}" if preset else " (tutorial)")
         if fit.fits:
             per = (f"args {fit.arguments:.2f} + out {fit.outputs:.2f} (alias {fit.aliased:.2f}) + temp "
-                   f"{fit.temporaries:.2f} GiB; total {fit.total:.2f} of {fit.capacity:.2f} GiB, margin {fit.margin:.2f}"
+                   f"{fit.temporaries:.2f} GiB; total {fit.total:.2f} of {fit.capacity:.2f} GiB, "
+                   f"margin {fit.margin:.2f}"
                    + (f"; host {fit.host:.2f} GiB" if fit.host else ""))
         elif fit.needed is not None:
             per = f"temporaries need {fit.needed:.2f} GiB of {fit.capacity:.2f} GiB"

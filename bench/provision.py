@@ -87,7 +87,7 @@ def main() -> None:
         assert again.rc == 0, again.out
         lines = run_log(STANDARD)
     shutil.rmtree(ROOT / ".state" / STANDARD, ignore_errors=True)
-    kinds = collections.Counter(kind(l) for l in lines)
+    kinds = collections.Counter(kind(ln) for ln in lines)
     print(f"\nprovisioning benchmark: `invoke up` from nothing, GKE Standard, 2 x v6e-16, latencies / {a.scale:g}")
     print("  simulated: " + ", ".join(f"{k} {v / a.scale:.0f}s" for k, v in LATENCY.items())
           + f", RayCluster ready {RAY_READY / a.scale:.0f}s after apply and after the node pools")

@@ -31,6 +31,7 @@ from typing import Any
 
 from .schema import FLEX_WAIT_DEFAULT, Environment
 
+
 # -- the options -------------------------------------------------------------------
 def pool_flags(env: Environment) -> list[str]:
     """What `gcloud container node-pools create` adds for the capacity."""

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from .core.command import Command
 from .core.errors import ProbeFailed
@@ -203,7 +204,8 @@ def kube_list(select: Callable[[Any], Any], what: str = "probe") -> Callable[[Co
     return parse
 
 
-_GCS_NOT_FOUND = re.compile(r"(not found: 404|HTTPError 404|404.*(bucket|does not exist|Not Found)|NotFoundException)", re.I)
+_GCS_NOT_FOUND = re.compile(r"(not found: 404|HTTPError 404|404.*(bucket|does not exist|Not Found)|NotFoundException)",
+                            re.I)
 
 
 def gcs_describe(what: str = "probe") -> Callable[[Completed], Any]:

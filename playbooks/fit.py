@@ -218,8 +218,8 @@ def parse_compile(text: str, tpu_log: str = "", seconds: float = 0.0) -> Fit:
         return Fit(False, seconds, error=f"libtpu is in use by {who} on this machine: wait for it to end and "
                                          f"run again (do not delete /tmp/libtpu_lockfile while it runs)")
     if not mem:
-        errors = [l for l in text.splitlines() if re.search(r"(Error|Exception|error:)", l)
-                  and "E0000" not in l and "unexpected worker hostname" not in l]
+        errors = [ln for ln in text.splitlines() if re.search(r"(Error|Exception|error:)", ln)
+                  and "E0000" not in ln and "unexpected worker hostname" not in ln]
         return Fit(False, seconds, error=(errors[-1].strip() if errors else "no memory analysis in its output"))
     stats = {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", mem.group(1))}
     arguments, outputs, aliased, temporaries = (stats.get(f"{k}_size_in_bytes", 0) / GIB
@@ -263,7 +263,8 @@ def _without_work_dirs(args: list[str]) -> list[str]:
 def with_work_dirs(args: list[str]) -> list[str]:
     """Where the compile may write: only under .state/preflight/ (not the
     job's /data/, not ~/jax_cache, not /tmp/xla_dump)."""
-    return _without_work_dirs(args) + [f"base_output_directory={WORK}/out/", "run_name=preflight", f"jax_cache_dir={WORK}/jax_cache",
+    return _without_work_dirs(args) + [f"base_output_directory={WORK}/out/", "run_name=preflight",
+                                       f"jax_cache_dir={WORK}/jax_cache",
                   f"dump_hlo_local_dir={WORK}/xla_dump/"]
 
 
@@ -298,7 +299,7 @@ def compile_fact(args: list[str]) -> Fact:
         text = "\n".join(p.read_text(errors="replace") for p in (log, err) if p.exists())
         fit = parse_compile(c.stdout + "\n" + c.stderr, text, c.seconds)
         if fit.fits or fit.needed is not None:
-            hosts.local().write(str(cache_path(key)), json.dumps(fit.to_json()).encode())
+            hosts.this_machine().write(str(cache_path(key)), json.dumps(fit.to_json()).encode())
         return fit
 
     return Fact(name="fit", command=command, parse=parse, assumed=ABSENT,

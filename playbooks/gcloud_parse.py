@@ -19,7 +19,7 @@ def main():
     sdk = sys.argv[1]
     sys.path.insert(0, os.path.join(sdk, "lib"))
     sys.path.insert(0, os.path.join(sdk, "lib", "third_party"))
-    from googlecloudsdk import gcloud_main  # noqa: E402
+    from googlecloudsdk import gcloud_main
 
     parser = gcloud_main.CreateCLI([])._CLI__parser
     out = sys.stdout
@@ -44,7 +44,7 @@ def main():
                 sys.stderr.flush()
                 os.dup2(saved, 2)
             err.seek(0)
-            text = [l for l in err.read().splitlines() if l.startswith("ERROR:")]
+            text = [ln for ln in err.read().splitlines() if ln.startswith("ERROR:")]
             if not result["ok"] and not result["error"]:
                 result["error"] = text[0] if text else "rejected"
         out.write(json.dumps(result) + "\n")

@@ -125,7 +125,8 @@ def bucket_fact(env: Environment):
     return fact(f"bucket {env.gs_bucket}",
                 gcloud("storage", "buckets", "describe", f"gs://{env.gs_bucket}", "--format=json"),
                 gcs_describe(),
-                describe=lambda b: "present" + (f" ({b.get('location')}, {b.get('default_storage_class') or b.get('storageClass')})"
+                describe=lambda b: "present" + (f" ({b.get('location')}, "
+                                                f"{b.get('default_storage_class') or b.get('storageClass')})"
                                                 if b.get("location") else ""))
 
 

@@ -7,8 +7,9 @@ from __future__ import annotations
 import atexit
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from .core.connector import Connector, LocalConnector, SshConnector
 from .project import ROOT
@@ -46,7 +47,7 @@ def tool_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def local() -> LocalConnector:
+def this_machine() -> LocalConnector:
     """This machine's connector, with the client libraries as speed-ups of
     kubectl and `ray job logs` (the same answers, no process)."""
     global _local
@@ -66,7 +67,7 @@ def connector(env: Any) -> Connector:
     SSH connection opens on its first use, so a dry run never connects)."""
     target = controller(env)
     if not target:
-        return local()
+        return this_machine()
     key = (target, env.get("gateway"), env.get("identity_file"), env.get("known_hosts"), env.get("remote_dir"))
     if key not in _remote:
         _remote[key] = SshConnector(target, env.get("remote_dir") or "tpu-playbooks", gateway=env.get("gateway"),

@@ -230,7 +230,8 @@ def checkpoints_place(job: Job) -> tuple[str, str]:
 
 def checkpoints_fact(job: Job) -> Fact:
     kind, where = checkpoints_place(job)
-    describe = (lambda s: "checkpoints, to show what --fresh deletes" if isinstance(s, _Some)
+    def describe(s: Any) -> str:
+        return ("checkpoints, to show what --fresh deletes" if isinstance(s, _Some)
                 else f"checkpoint steps {s}" if s else "none")
     if kind == "local":
         path = Path(where)
@@ -265,7 +266,7 @@ def remove_checkpoints(job: Job) -> Command | Action:
     def rm():
         if path.is_symlink():
             raise InputError(f"{path} is a symbolic link: --fresh deletes only a real checkpoints folder")
-        hosts.local().remove_tree(str(path))
+        hosts.this_machine().remove_tree(str(path))
 
     return Action(f"rm -r {quote(paths.shown(path))}", rm)
 

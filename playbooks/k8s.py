@@ -14,6 +14,7 @@ from .core.facts import ABSENT, Completed, Fact
 from .gke import kube, kube_context, workers
 from .schema import Environment
 
+
 def ready(env: Environment, rc: Any) -> str | None:
     """None when the head pod is ready and every worker is (KubeRay's
     conditions and counts, not the deprecated state alone)."""
@@ -69,7 +70,7 @@ def causes(env: Environment) -> list[str]:
     by_object: dict[str, list[dict]] = {}
     for ev in events:
         by_object.setdefault((ev.get("involvedObject") or {}).get("name") or "", []).append(ev)
-    found: "OrderedDict[str, list[str]]" = OrderedDict()
+    found: OrderedDict[str, list[str]] = OrderedDict()
 
     def add(cause: str, pod: str) -> None:
         found.setdefault(cause, []).append(pod)
@@ -87,7 +88,7 @@ def causes(env: Environment) -> list[str]:
                 add(f"cannot pull image {cs.get('image')}: {reason}: {_short(waiting.get('message'))}", name)
             elif reason == "CrashLoopBackOff":
                 text = _tail(env, name, cs.get("name"))
-                tail = " | ".join(l.strip() for l in (text or "").splitlines()[-3:] if l.strip())
+                tail = " | ".join(ln.strip() for ln in (text or "").splitlines()[-3:] if ln.strip())
                 add(f"container {cs.get('name')} keeps crashing ({cs.get('restartCount', 0)} restarts)"
                     + (f"; its last lines: {_short(tail)}" if tail else ""), name)
             elif reason in ("CreateContainerConfigError", "CreateContainerError"):

@@ -19,7 +19,8 @@ import json
 import os
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from .core.connector import Ran
 
@@ -162,8 +163,8 @@ class KubectlShortcut:
         if len(g.refs) == 1 and g.refs[0][1] is None:
             kind = g.refs[0][0]
             doc = json.loads(self._get(api, _path(kind, g.namespace, None), query, timeout))
-            items = [dict(i, apiVersion=i.get("apiVersion") or doc.get("apiVersion"), kind=i.get("kind") or KINDS[kind][3])
-                     for i in doc.get("items") or []]
+            items = [dict(i, apiVersion=i.get("apiVersion") or doc.get("apiVersion"),
+                          kind=i.get("kind") or KINDS[kind][3]) for i in doc.get("items") or []]
             return _dump({"apiVersion": "v1", "items": items, "kind": "List", "metadata": {"resourceVersion": ""}})
         for kind, name in g.refs:
             try:

@@ -42,7 +42,8 @@ def read_kubeconfig(via: Connector) -> dict:
         if not isinstance(data, dict):
             continue
         seen = {c.get("name") for c in merged["contexts"]}
-        merged["contexts"] += [c for c in data.get("contexts") or [] if isinstance(c, dict) and c.get("name") not in seen]
+        merged["contexts"] += [c for c in data.get("contexts") or []
+                               if isinstance(c, dict) and c.get("name") not in seen]
         merged["current-context"] = merged["current-context"] or data.get("current-context")
     return merged
 

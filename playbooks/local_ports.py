@@ -1,7 +1,7 @@
 """The ports an environment listens on here; a local cluster's port layout."""
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 # The ports of a local cluster after gcs_port: the head's first few, then a
 # block per node (0: the head) for the agents Ray would put on fixed ports.

@@ -23,7 +23,8 @@ https://docs.cloud.google.com/kubernetes-engine/docs/how-to/allocate-network-res
 from __future__ import annotations
 
 import json
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import yaml
 

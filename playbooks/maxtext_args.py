@@ -17,9 +17,10 @@ from __future__ import annotations
 import difflib
 import json
 import re
+from collections.abc import Callable, Iterable
 from functools import cache
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 SCHEMA = Path(__file__).parent / "data" / "maxtext_schema.json"
 MODELS_DIR = Path(__file__).resolve().parent.parent / "trainer" / "models"
@@ -220,10 +221,9 @@ def path_problem(key: str, text: str) -> str | None:
     """Our own rules for the keys that become paths we delete under."""
     if key == "run_name":
         return run_name_problem(text)
-    if key == "base_output_directory":
-        if WILDCARDS.search(text) or ".." in text.split("/") or "\n" in text:
-            return ("holds a wildcard ('*', '?', '['), a '..' or a newline; it is where --fresh deletes a run's "
-                    "checkpoints, so it must name one folder")
+    if key == "base_output_directory" and (WILDCARDS.search(text) or ".." in text.split("/") or "\n" in text):
+        return ("holds a wildcard ('*', '?', '['), a '..' or a newline; it is where --fresh deletes a run's "
+                "checkpoints, so it must name one folder")
     return None
 
 

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from . import hosts, paths
 from .schema import Environment
@@ -71,7 +72,7 @@ def keep(env: Environment, run: str, summary: Summary, submission_id: str) -> Pa
     header = {"run": run, "job": submission_id, "written": time.strftime("%Y-%m-%dT%H:%M:%S"),
               "source": records[0]["source"] if records else "none"}
     lines = [header] + records + summary.events()
-    hosts.local().write(str(path), "".join(json.dumps(r) + "\n" for r in lines).encode())
+    hosts.this_machine().write(str(path), "".join(json.dumps(r) + "\n" for r in lines).encode())
     return path
 
 

@@ -5,8 +5,8 @@ place of the cloud) is put together here, as are ``status`` and ``doctor``
 beside it."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from .core.command import Command
 from .core.step import Step, skipped

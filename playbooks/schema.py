@@ -7,8 +7,9 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from . import maxtext_args
 from . import tutorial as T
@@ -31,7 +32,8 @@ _EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
 
 def project_id(v: str, env: Mapping) -> str | None:
     if not _PROJECT.match(v):
-        return "is not a valid project ID (6-30 characters: lowercase letters, digits, hyphens; starts with a letter, does not end with a hyphen)"
+        return ("is not a valid project ID (6-30 characters: lowercase letters, digits, hyphens; starts with a letter, "
+                "does not end with a hyphen)")
     return None
 
 
@@ -440,7 +442,8 @@ GKE = (
             "already holds MaxText at the lock's pins)"),
     Key("capacity", default="on-demand", rules=(capacity,),
         doc="on-demand (the tutorial's), spot, reservation or flex-start"),
-    Key("reservation", rules=(reservation,), doc="with capacity: reservation, its name or projects/P/reservations/NAME"),
+    Key("reservation", rules=(reservation,),
+        doc="with capacity: reservation, its name or projects/P/reservations/NAME"),
     Key("capacity_wait", int, rules=(capacity_wait,),
         doc="with capacity: flex-start, seconds to wait for the slices' nodes (default 3600)"),
     Key("controller", rules=(ssh_target,),

@@ -8,18 +8,19 @@ import re
 import sys
 import time
 import traceback
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any
 
-from . import hosts
+from . import hosts, paths
 from .clients import is_transient
 from .core.errors import InputError, PlaybookError, shown_value
-from .core.executor import Executor
 from .core.inventory import name_problem
 from .core.play import Playbook
 from .core.recap import Recap, Reporter, banner
+from .core.runlog import RunLog
 from .core.runner import Mode, RetryPolicy, Runner
 from .core.step import Step
 from .project import ROOT
@@ -208,7 +209,7 @@ def _misspelt_in_files() -> str | None:
                 _refuse_misspelt([(path, data)])
         except InputError as e:
             return str(e)
-        except Exception:  # noqa: S112 - Invoke's own error is then the one to show
+        except Exception:
             continue
     return None
 
@@ -289,12 +290,13 @@ def open_session(config, task: str, reporter: Reporter | None = None, read_only:
     mode = Mode.DRY if dry else Mode.CHECK if read_only else Mode(settings["mode"])
     parallel = settings["parallel"]
     logdir = None
-    executor = None
-    if mode is not Mode.DRY:
-        logdir = ROOT / ".state" / env.name / "runs" / f"{time.strftime('%Y%m%d-%H%M%S')}-{task}"
+    retry = RetryPolicy(is_transient=is_transient)
+    if mode is Mode.DRY:
+        runner = Runner(mode, retry=retry)  # no connector: nothing can start
+    else:
+        logdir = paths.here(paths.run_logs(env.name, time.strftime('%Y%m%d-%H%M%S'), task))
         logdir.mkdir(parents=True, exist_ok=True)
-        executor = Executor(logdir=logdir, connector=hosts.connector(env), here=hosts.local())
-    runner = Runner(mode, executor, RetryPolicy(is_transient=is_transient))
+        runner = Runner(mode, hosts.connector(env), retry, here=hosts.this_machine(), log=RunLog(logdir))
     book = Playbook(runner, reporter or Reporter(), workers=parallel, heartbeat=settings["heartbeat"])
     return Session(env, mode, runner, book, logdir)
 

@@ -191,7 +191,8 @@ def table(doc: dict) -> list[str]:
     if doc["jobs"]:
         out.append("  JOBS (newest last)")
         for j in doc["jobs"][-5:]:
-            extra = (f", step {j['last_step']}, loss {j['loss']:.3f}, {j['tokens_per_s_per_device']:.0f} tokens/s/device"
+            extra = (f", step {j['last_step']}, loss {j['loss']:.3f}, "
+                     f"{j['tokens_per_s_per_device']:.0f} tokens/s/device"
                      if j.get("last_step") is not None and j.get("loss") is not None
                      and j.get("tokens_per_s_per_device") is not None else "")
             out.append(f"    {j['job']}  {j['status']}  {j['age']} ago{extra}")

@@ -156,7 +156,8 @@ class Summary:
         out = [
             f"steps: {len(self.steps)} (last step {f(self.last_step, 'd')})",
             f"final loss: {f(self.final_loss, '.3f')}",
-            f"median step time: {f(self.median_step_seconds, '.3f')} s (p50 {f(self.step_seconds_quantile(0.5), '.3f')}, "
+            f"median step time: {f(self.median_step_seconds, '.3f')} s "
+            f"(p50 {f(self.step_seconds_quantile(0.5), '.3f')}, "
             f"p90 {f(self.step_seconds_quantile(0.9), '.3f')}, after each group's first 2 steps)",
             f"tokens/s/device (median): {f(self.median_tokens_per_device, '.1f')}",
             f"MFU: {pct(mfu)}% ({f(self.median_tflops_per_device, '.3g')} "

@@ -49,7 +49,7 @@ def hosts_of(env: Environment) -> list[Host]:
 
 def pidfile(env: Environment, name: str) -> PidFile:
     marker = "ray start --head" if name == HEAD else "ray start --address"
-    return PidFile(paths.nodes(env.name), name, marker, via=hosts.local())
+    return PidFile(paths.nodes(env.name), name, marker, via=hosts.this_machine())
 
 
 def log(env: Environment, name: str) -> str:
@@ -118,7 +118,7 @@ def registered(nodes: Any, host: Host) -> bool:
 def log_error(env: Environment, name: str) -> str:
     """The line of a node's log that says what went wrong (a traceback's
     exception, as for a failed command)."""
-    text = (hosts.local().read(log(env, name)) or b"").decode(errors="replace")
+    text = (hosts.this_machine().read(log(env, name)) or b"").decode(errors="replace")
     return error_line(text)[:200] if text.strip() else "its log is empty"
 
 
@@ -129,7 +129,7 @@ def node_state(env: Environment, name: str, joined: Any) -> dict:
     process is gone, the line of its log that says why."""
     pf = pidfile(env, name)
     pid = pf.pid()
-    nodes = list_nodes(dashboard(env), hosts.local())
+    nodes = list_nodes(dashboard(env), hosts.this_machine())
     state: dict[str, Any] = {"process": pid is not None and pf.via.alive(pid, ""),
              "answering": nodes is not ABSENT,
              "joined": nodes is not ABSENT and joined(nodes)}
@@ -148,7 +148,7 @@ def node_state_fact(env: Environment, name: str, joined: Any, what: str) -> Fact
 
 def hosts_state(env: Environment) -> dict:
     """Every simulated host: its process alive (by pid alone) and joined."""
-    nodes = list_nodes(dashboard(env), hosts.local())
+    nodes = list_nodes(dashboard(env), hosts.this_machine())
     out = {}
     for h in hosts_of(env):
         pf = pidfile(env, h.name)

@@ -2,8 +2,8 @@
 installed in this Python."""
 from __future__ import annotations
 
+from collections.abc import Mapping
 from importlib import metadata
-from typing import Mapping
 
 from .project import ROOT
 

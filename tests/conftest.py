@@ -63,7 +63,7 @@ def run_with_facts(steps, facts, mode=Mode.APPLY):
     command line); an undeclared probe fails the step. Nothing starts, and
     no wait takes time."""
     out = Transcript()
-    runner = Runner(mode, executor=None, facts=facts)
+    runner = Runner(mode, facts=facts)
     clock = Clock()
     book = Playbook(runner, Reporter(out.append), workers=1, sleep=clock.sleep, clock=clock)
     recap = book.run("test", steps)

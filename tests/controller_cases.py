@@ -95,7 +95,7 @@ def test_an_unreachable_controller_is_one_line_and_unreachable_in_the_recap(clou
     run = cloud.invoke("up", **NOWHERE)
     assert run.rc == 4                                # Ansible's exit code for an unreachable host
     assert "Traceback" not in run.out
-    said = [l for l in run.out.splitlines() if l.startswith("  controller root@") and "is unreachable" in l]
+    said = [ln for ln in run.out.splitlines() if ln.startswith("  controller root@") and "is unreachable" in ln]
     assert len(said) == 1, run.out
     assert re.search(r"controller : project files on \S+ +unreachable", run.out), run.out
     assert re.search(r"^up \S+: ok=0 changed=0 unreachable=1 failed=0", run.out, re.M), run.out

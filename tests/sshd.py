@@ -9,9 +9,9 @@ import shutil
 import socket
 import subprocess
 import time
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Mapping
 
 SSHD = "/usr/sbin/sshd"
 
@@ -102,7 +102,7 @@ LogLevel {log_level}
 SetEnv {_setenv(env)}
 """)
     proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(base / "sshd_config")],
-                            stdout=open(base / "sshd.log", "ab"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                            stdout=open(base / "sshd.log", "ab"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)  # noqa: SIM115 - the server keeps it
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         if proc.poll() is not None:

@@ -92,7 +92,7 @@ def prepare(case: dict, tmp: Path) -> tuple[list[str], dict[str, str], Path]:
     elif "inventory" in case:
         inventory = case["inventory"]
     elif "inventory_python" in case:
-        inventory = eval(case["inventory_python"])  # noqa: S307 - the corpus is this repository's
+        inventory = eval(case["inventory_python"])
     if case.get("fifo"):
         os.mkfifo(tmp / "inventory.yaml")
         env["INVOKE_PLAYBOOK_INVENTORY"] = str(tmp / "inventory.yaml")
@@ -106,7 +106,7 @@ def prepare(case: dict, tmp: Path) -> tuple[list[str], dict[str, str], Path]:
         (tmp / "invoke.yaml").write_text(case["config"])
         env["INVOKE_RUNTIME_CONFIG"] = str(tmp / "invoke.yaml")
     env.update({k: fill(str(v)) for k, v in (case.get("env") or {}).items()})
-    args = eval(case["args_python"]) if "args_python" in case else case.get("args", ["--dry", "up"])  # noqa: S307
+    args = eval(case["args_python"]) if "args_python" in case else case.get("args", ["--dry", "up"])
     cwd = Path(fill(case["cwd"])) if "cwd" in case else ROOT
     return [INVOKE, f"--search-root={ROOT}", *args], env, cwd
 
@@ -157,7 +157,7 @@ class NoProcesses:
             raise RuntimeError(f"a case under test called {what}: {args[:1]!r}")
         return refuse
 
-    def __enter__(self) -> "NoProcesses":
+    def __enter__(self) -> NoProcesses:
         targets = [(subprocess, "_fork_exec")] + [(os, n) for n in self.NAMES if hasattr(os, n)]
         for owner, name in targets:
             real = getattr(owner, name)
@@ -186,7 +186,7 @@ def _as_the_cli_runs(argv: list[str], env: dict[str, str], cwd: Path, tmp: Path)
     saved_env, saved_cwd, saved_argv, saved_stdin = dict(os.environ), os.getcwd(), sys.argv, sys.stdin
     saved_hook, saved_pipe, saved_tmp = sys.excepthook, signal.getsignal(signal.SIGPIPE), tempfile.tempdir
     saved_alarm = signal.signal(signal.SIGALRM, _timed_out)
-    devnull = open(os.devnull)
+    devnull = open(os.devnull)  # noqa: SIM115 - closed in finally
     try:
         os.environ.clear()
         os.environ.update(env)

@@ -19,8 +19,8 @@ import pytest
 from playbooks.core.command import Command
 from playbooks.core.connector import LocalConnector, SshConnector
 from playbooks.core.errors import Unreachable
-from playbooks.core.executor import Executor
 from playbooks.core.facts import ABSENT
+from playbooks.core.runner import Runner
 from tests import sshd
 
 HOSTILE = ["a b", "$(touch MARKER)", "`touch MARKER`", "x;touch MARKER", "'\"", "new\nline", "tab\there",
@@ -73,11 +73,10 @@ def test_every_byte_of_hostile_arguments_arrives_and_no_shell_runs_them(conn, tm
     assert not list(tmp_path.rglob("MARKER")) and not (tmp_path / "root" / "out").exists()
 
 
-def test_stdin_and_a_pipe_through_the_executor(conn):
+def test_stdin_and_a_pipe_through_the_runner(conn):
     assert conn.run(["cat"], input="line 1\nline 2 $(x)\n").stdout == "line 1\nline 2 $(x)\n"
-    ex = Executor(conn, conn)
     piped = Command(("tr", "a-z", "A-Z"), pipe_from=Command(("printf", "%s", "hello;$x")))
-    c = ex.run(piped)
+    c = Runner(connector=conn)._run(piped)
     assert (c.rc, c.stdout) == (0, "HELLO;$X")
 
 
@@ -290,10 +289,11 @@ def test_children_here_get_a_stated_environment_not_a_copy_of_the_callers(tmp_pa
 
 def test_in_process_facts_are_logged_in_the_run_folder_like_commands(tmp_path):
     from playbooks.core.facts import Fact
-    from playbooks.core.runner import Mode, Runner, StepLog
+    from playbooks.core.runlog import RunLog
+    from playbooks.core.runner import Mode, StepLog
     logdir = tmp_path / "logs"
     logdir.mkdir()
-    runner = Runner(Mode.CHECK, Executor(LocalConnector(str(tmp_path)), logdir=logdir))
+    runner = Runner(Mode.CHECK, LocalConnector(str(tmp_path)), log=RunLog(logdir))
     fact = Fact(name="version", python=lambda: {"ray_version": "2.60.0"}, display="curl -fsS http://x/api/version")
     assert runner.look(fact, StepLog(None, False), "dashboard : version") == {"ray_version": "2.60.0"}
     [log] = logdir.iterdir()

@@ -10,6 +10,7 @@ Its own fakes, environment names, ports and `.state/` folders: it may run
 beside test_real_clients.py in another worker."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -70,10 +71,8 @@ class Relay:
             pass
         finally:
             for s in (a, b):
-                try:
+                with contextlib.suppress(OSError):
                     s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
 
     def close(self) -> None:
         self.sock.close()

@@ -2,20 +2,18 @@
 of the inventory, both cluster modes) is accepted by the installed gcloud's
 own argument parser; the parser agrees with the gcloud CLI."""
 import json
+import os
 import re
+import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
-
-import os
-import shutil
-from pathlib import Path
 
 from playbooks.doctor import BAD, GOOD, gcloud_lines
 from playbooks.schema import load_inventory
 from tests.conftest import INVOKE, ROOT, env
 from tests.goldens import CAPACITY_INVENTORY
-
 
 
 def sdk_root() -> Path | None:
@@ -32,10 +30,10 @@ pytestmark = pytest.mark.skipif(ROOT_SDK is None, reason="gcloud is not installe
 def parse(lines, hermetic):
     py = ROOT_SDK / "platform" / "bundledpythonunix" / "bin" / "python3"
     r = subprocess.run([str(py), str(ROOT / "playbooks" / "gcloud_parse.py"), str(ROOT_SDK)],
-                       input="".join(json.dumps(l) + "\n" for l in lines), capture_output=True, text=True,
+                       input="".join(json.dumps(ln) + "\n" for ln in lines), capture_output=True, text=True,
                        env=hermetic, timeout=300)
     assert r.returncode == 0, r.stderr
-    return [json.loads(l) for l in r.stdout.splitlines()]
+    return [json.loads(ln) for ln in r.stdout.splitlines()]
 
 
 def all_lines():
@@ -53,10 +51,10 @@ def all_lines():
     lines += gcloud_lines(env("dev", capacity="reservation", reservation="v6e-local"))
     lines += gcloud_lines(env("dev", slices=1, topology="2x2"))
     seen, out = set(), []
-    for l in lines:
-        if json.dumps(l) not in seen:
-            seen.add(json.dumps(l))
-            out.append(l)
+    for ln in lines:
+        if json.dumps(ln) not in seen:
+            seen.add(json.dumps(ln))
+            out.append(ln)
     return out
 
 
@@ -68,13 +66,13 @@ def test_every_gcloud_command_of_every_plan_parses(hermetic):
     assert "Invalid choice: 'nonsense'" in results[1]["error"]
     rejected = [f"gcloud {' '.join(r['argv'])}: {r['error']}" for r in results[2:] if not r["ok"]]
     assert rejected == []
-    kinds = {" ".join(l[:3]) for l in lines}
+    kinds = {" ".join(ln[:3]) for ln in lines}
     for must in ("container clusters create", "container clusters create-auto", "container node-pools create",
                  "compute networks create", "storage buckets add-iam-policy-binding", "container clusters delete",
                  "compute machine-types list", "container get-server-config", "beta quotas info",
                  "compute reservations describe"):
         assert any(k.startswith(must) for k in kinds), must
-    flags = {a.split("=")[0] for l in lines if l[:3] == ["container", "node-pools", "create"] for a in l}
+    flags = {a.split("=")[0] for ln in lines if ln[:3] == ["container", "node-pools", "create"] for a in ln}
     assert {"--spot", "--flex-start", "--reservation-affinity", "--reservation", "--enable-autoscaling",
             "--location-policy", "--no-enable-autorepair", "--max-nodes", "--min-nodes"} <= flags
 
@@ -82,7 +80,7 @@ def test_every_gcloud_command_of_every_plan_parses(hermetic):
 def test_parser_agrees_with_the_cli(hermetic):
     """Known-good and known-bad lines through both: the CLI exits 2 on a parse
     error and 1 ("no active account") once parsed."""
-    sample = [l for l in all_lines() if l[:2] in (["container", "node-pools"], ["container", "clusters"])][:4]
+    sample = [ln for ln in all_lines() if ln[:2] in (["container", "node-pools"], ["container", "clusters"])][:4]
     sample += [
         ["container", "clusters", "create-auto", "c", "--enable-ray-operator", "--machine-type=n1-standard-16",
          "--location=us-east5", "--cluster-version=1.35.2-gke.1842000"],  # why the tutorial's flag is left out

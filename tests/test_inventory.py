@@ -167,7 +167,7 @@ def test_unknown_environment_and_bad_file(tmp_path):
 
 def test_local_rules(tmp_path):
     p = write(tmp_path, {"kind": "local", "ray_ip": "10.0.0.5"})
-    with pytest.raises(InputError, match="'ray_ip' = '10.0.0.5' must be a loopback address"):
+    with pytest.raises(InputError, match=r"'ray_ip' = '10\.0\.0\.5' must be a loopback address"):
         load_inventory(p).env()
     p = write(tmp_path, {"kind": "local", "topology": "4x4", "chips_per_host": 3})
     with pytest.raises(InputError, match="'chips_per_host' = 3 must be 1, 4 or 8"):

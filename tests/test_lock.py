@@ -63,25 +63,25 @@ def test_libtpus_advice_to_delete_its_lock_is_not_passed_on():
 
 
 def test_the_preflight_compile_takes_the_lock(tmp_path, monkeypatch):
-    from playbooks.core.facts import Completed
+    from playbooks import fit as F
+    from playbooks import job
+    from playbooks.core.connector import LocalConnector, Ran
     from playbooks.core.play import StepContext
     from playbooks.core.runner import Mode, Runner, StepLog
     from playbooks.core.step import Step
-    from playbooks import fit as F
-    from playbooks import job
     from playbooks.plays import preflight
     from tests.conftest import env
 
-    class Compiler:  # stands in for the minutes-long compile: it does not fit
-        def run(self, command, label="", input=None):
-            return Completed(command.line(), 1, "", "jax.errors.JaxRuntimeError: RESOURCE_EXHAUSTED: "
-                             "CompileTimeHbmOom: Ran out of memory (40.00G) exceeds available HBM (31.24G)", 0.1)
+    class Compiler(LocalConnector):  # stands in for the minutes-long compile: it does not fit
+        def run(self, argv, env=(), input=None, cwd=None, timeout=None):
+            return Ran(1, "", "jax.errors.JaxRuntimeError: RESOURCE_EXHAUSTED: "
+                       "CompileTimeHbmOom: Ran out of memory (40.00G) exceeds available HBM (31.24G)", 0.1)
 
     monkeypatch.setattr(F, "COMPILE_LOCK", tmp_path / "compile.lock")
     monkeypatch.setenv("PLAYBOOK_PREFLIGHT_CACHE", str(tmp_path / "cache"))
     first = hold(tmp_path / "compile.lock", 1.0)
     lines = []
-    ctx = StepContext(Runner(Mode.APPLY, executor=Compiler()), Step("preflight", "fit", run=lambda ctx: None),
+    ctx = StepContext(Runner(Mode.APPLY, Compiler(str(tmp_path))), Step("preflight", "fit", run=lambda ctx: None),
                       StepLog(lines.append, False))
     dev = env("dev")
     fit = preflight.fit(ctx, dev, job.build_job(dev, "llama3-8b", sets=["per_device_batch_size=3"]))

@@ -8,10 +8,10 @@ import jsonschema
 import pytest
 import yaml
 
+from playbooks import manifests
 from playbooks import tutorial as T
 from playbooks.core.errors import InputError
 from playbooks.core.render import check_values, envsubst, leftover, render, variables
-from playbooks import manifests
 from tests.conftest import ROOT, env
 
 CRD = ROOT.parent / "shared" / "kuberay" / "ray.io_rayclusters.v1.7.0.yaml"
@@ -104,16 +104,16 @@ def test_real_envsubst_renders_what_python_renders(tmp_path):
 
 
 def test_apply_pipeline_refuses_leftovers_before_kubectl(tmp_path):
-    """The executor checks envsubst's output before kubectl sees it."""
+    """The runner checks envsubst's output before kubectl sees it."""
     from playbooks.core.command import Command
     from playbooks.core.connector import LocalConnector
-    from playbooks.core.executor import Executor
+    from playbooks.core.runner import Runner
     src = tmp_path / "m.yaml"
     src.write_text("a: ${A}\nb: ${B}\n")
     render_cmd = Command(("envsubst", "${A}"), env=(("A", "1"),), stdin_file=str(src))
     marker = tmp_path / "kubectl-ran"
     apply = Command(("sh", "-c", f"cat > {marker}"), pipe_from=render_cmd, pipe_check=leftover)
-    c = Executor(LocalConnector(str(tmp_path))).run(apply)
+    c = Runner(connector=LocalConnector(str(tmp_path)))._run(apply)
     assert c.rc == 3 and "still holds ${B} on line 2" in c.stderr
     assert not marker.exists()
 
@@ -144,7 +144,7 @@ def test_the_autopilot_compute_class_enables_dranet_and_carries_the_capacity(cap
 
 
 def test_autopilots_rules_refuse_the_tutorials_worker_and_pass_ours():
-    standard = [d for d in docs(env("dev"))]
+    standard = list(docs(env("dev")))
     found = manifests.autopilot_violations(standard)
     assert found == ["RayCluster maxtext-tpu-cluster: workerGroupSpecs[0]: containers[ray-worker].securityContext."
                      "privileged: true is denied on Autopilot (autogke-disallow-privilege)"]

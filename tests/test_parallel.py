@@ -24,10 +24,10 @@ def book(workers, heartbeat=30.0):
     lines = []
     lock = threading.Lock()
 
-    def write(l):
+    def write(ln):
         with lock:
-            lines.append(l)
-    return Playbook(Runner(Mode.APPLY, executor=None), Reporter(write), workers=workers, heartbeat=heartbeat), lines
+            lines.append(ln)
+    return Playbook(Runner(Mode.APPLY), Reporter(write), workers=workers, heartbeat=heartbeat), lines
 
 
 def test_independent_steps_overlap_and_dependencies_wait():
@@ -63,7 +63,7 @@ def test_a_failure_stops_new_work_and_names_what_is_left():
     assert ("end", "b") in {(k, n) for k, n, _ in log}
     assert recap.counters() == "ok=0 changed=1 failed=1 skipped=0"
     assert recap.not_run == ["t : c", "t : d"]
-    assert any("not run (stopped after a failure)" in l for l in lines)
+    assert any("not run (stopped after a failure)" in ln for ln in lines)
 
 
 def test_bounded_concurrency():
@@ -85,8 +85,8 @@ def test_a_step_that_runs_alone_prints_its_banner_once_and_its_lines_as_they_com
     b.run("t", [step("first", 0.1, log=log), step("second", 0.1, after=("first",), log=log)])
     for name in ("first", "second"):
         head = f"TASK [t : {name}] "
-        assert len([l for l in lines if l.startswith(head)]) == 1, lines
-    assert not [l for l in lines if l.endswith(" started")], lines
+        assert len([ln for ln in lines if ln.startswith(head)]) == 1, lines
+    assert not [ln for ln in lines if ln.endswith(" started")], lines
 
 
 def test_the_same_failure_of_several_steps_is_printed_once_with_the_steps_it_stopped():
@@ -126,7 +126,7 @@ def test_keep_going_runs_every_independent_check():
 def test_check_mode_and_dry_runs_never_say_a_thing_happened():
     for mode in (Mode.CHECK, Mode.DRY):
         lines = []
-        b = Playbook(Runner(mode, executor=None), Reporter(lines.append), workers=1)
+        b = Playbook(Runner(mode), Reporter(lines.append), workers=1)
         b.run("t", [Step("t", "x", run=lambda ctx: Outcome(CHANGED, "port-forward started"),
                          id="x")])
         assert "changed: [t : x] would change: port-forward started" in lines, lines
@@ -142,17 +142,16 @@ def test_a_long_wait_says_what_it_waits_for_even_while_others_run(monkeypatch):
                 verify=Verify(fact, lambda v: v, timeout=10, interval=0.05))
     b, lines = book(4, heartbeat=0.1)
     recap = b.run("t", [slow, step("other", 0.05, log=[])])
-    beats = [l for l in lines if l.startswith("  [t : slow] ") and "0/8 workers" in l]
+    beats = [ln for ln in lines if ln.startswith("  [t : slow] ") and "0/8 workers" in ln]
     assert beats and "s of at most 10s: 0/8 workers" in beats[0], lines
     # printed before the step's block (others ran at once: the block comes whole at the end)
-    assert lines.index(beats[0]) < lines.index(next(l for l in lines if l.startswith("TASK [t : slow] *")))
+    assert lines.index(beats[0]) < lines.index(next(ln for ln in lines if ln.startswith("TASK [t : slow] *")))
     assert recap.counters() == "ok=0 changed=2 failed=0 skipped=0"
 
 
 def test_a_long_command_says_how_long_and_what_its_verify_fact_shows(monkeypatch):
     from playbooks.core.command import Command
     from playbooks.core.connector import LocalConnector
-    from playbooks.core.executor import Executor
     from playbooks.core.facts import Fact
     from playbooks.core.step import Verify, change
 
@@ -161,9 +160,9 @@ def test_a_long_command_says_how_long_and_what_its_verify_fact_shows(monkeypatch
     create = Step("t", "cluster", lambda look: change(Command(("sleep", "0.7")), reason="created"), id="c",
                   verify=Verify(fact, lambda v: None if v == "RUNNING" else f"status {v}", timeout=5, interval=0.05))
     lines = []
-    b = Playbook(Runner(Mode.APPLY, executor=Executor(LocalConnector("."))), Reporter(lines.append), workers=1, heartbeat=0.15)
+    b = Playbook(Runner(Mode.APPLY, LocalConnector(".")), Reporter(lines.append), workers=1, heartbeat=0.15)
     recap = b.run("t", [create])
-    beats = [l for l in lines if l.startswith("  waiting")]
+    beats = [ln for ln in lines if ln.startswith("  waiting")]
     assert beats, lines
     assert "s: `sleep 0.7 ...` still running; cluster c: PROVISIONING, status PROVISIONING" in beats[0], beats
     assert recap.counters() == "ok=0 changed=1 failed=0 skipped=0"

@@ -84,7 +84,7 @@ def test_manifest_megascale_must_equal_the_replicas(tmp_path, monkeypatch):
     bad = tmp_path / "m.yaml"
     bad.write_text(text.replace('value: "${SLICES}"', 'value: "1"'))
     monkeypatch.setattr(pf.T, "RAYCLUSTER_MANIFEST", str(bad))
-    assert "manifest: MEGASCALE_NUM_SLICES=1 but the worker group has 2 slice replicas" in \
+    assert "manifest: MEGASCALE_NUM_SLICES=1 but the worker group has 2 slice replicas" in\
         problems(env("dev"), job(env("dev")))
 
 
@@ -171,7 +171,7 @@ def preflight_env(tmp_path_factory):
 
 @pytest.mark.compile
 def test_a_small_model_that_fits_and_then_a_cache_hit(preflight_env):
-    rc, out, seconds = preflight_env("pf-fits", "preflight", "--set", "steps=7")
+    rc, out, _seconds = preflight_env("pf-fits", "preflight", "--set", "steps=7")
     assert rc == 0, out
     assert "(cached" not in out and "=> fits" in out
     assert re.search(r"total [\d.]+ (M|G)?i?B? ?.*of 31.24 GiB HBM: margin", out) or "of 31.24 GiB HBM: margin" in out
@@ -231,7 +231,7 @@ def test_when_no_setting_fits_more_slices_are_tried_and_the_inventory_change_nam
     out = r.stdout + r.stderr
     assert r.returncode == 1, out
     assert "compiling for" not in out  # all from the cache
-    assert [l.strip() for l in out.splitlines() if l.strip().startswith("trying")] == [
+    assert [ln.strip() for ln in out.splitlines() if ln.strip().startswith("trying")] == [
         *(f"trying {pf.set_line(c)}" for c in tried),
         "trying 4 x v6e-16 with --set dcn_fsdp_parallelism=-1",
         "trying 8 x v6e-16 with --set dcn_fsdp_parallelism=-1"]

@@ -297,7 +297,7 @@ def test_transient_errors_are_retried_with_backoff_then_succeed(cloud: Cloud):
 def test_transient_errors_that_do_not_pass_stop_after_the_bounded_retries(cloud: Cloud):
     cloud.gcp.server.fail("GET", r"/global/networks$", 503, G.unavailable(), times=99)
     run = failed_run(cloud.invoke("network"))
-    assert len([l for l in run.out.splitlines() if l.strip().startswith("retry")]) == 4
+    assert len([ln for ln in run.out.splitlines() if ln.strip().startswith("retry")]) == 4
     assert len(run.calls("GET", r"/global/networks$")) == 5                 # RetryPolicy.attempts
     assert "could not look" in run.out
     assert run.calls("POST", r"/global/networks$") == []
@@ -480,7 +480,7 @@ def test_a_zone_without_the_machine_type_is_refused_with_the_zones_that_have_it(
 def test_a_version_not_offered_is_refused(cloud: Cloud):
     cloud.change_inventory(cluster_version="1.35.9-gke.9")
     run = failed_run(cloud.invoke("capacity"))
-    assert "GKE 1.35.9-gke.9 is not offered in us-east5-b (offered: 1.35.2-gke.1842000, 1.34.1-gke.1829001): set " \
+    assert "GKE 1.35.9-gke.9 is not offered in us-east5-b (offered: 1.35.2-gke.1842000, 1.34.1-gke.1829001): set "\
            "cluster_version:" in run.out
 
 
@@ -669,9 +669,8 @@ def test_autopilot_up_admits_the_workers_through_its_compute_class_and_makes_no_
     assert recap(second, "up")["changed"] == 0
 
     # The tutorial's own worker (privileged) on the same Autopilot cluster: refused.
-    from playbooks import tutorial
+    from playbooks import manifests, tutorial
     from playbooks.core.render import render
-    from playbooks import manifests
     e = cloud.envdata(AUTOPILOT)
     values = dict(manifests.raycluster_values(e), WORKER_SECURITY_CONTEXT='{"privileged": true}')
     text = render((ROOT / tutorial.RAYCLUSTER_MANIFEST).read_text(), values).replace(
@@ -684,7 +683,7 @@ def test_autopilot_up_admits_the_workers_through_its_compute_class_and_makes_no_
     assert cloud.kube.list("pods", "maxtext", "ray.io/cluster=tutorial-as-written,ray.io/node-type=worker") == []
     events = [ev["message"] for ev in cloud.kube.list("events", "maxtext")
               if ev["involvedObject"]["name"] == "tutorial-as-written"]
-    assert events and "[denied by autogke-disallow-privilege]" in events[0] and \
+    assert events and "[denied by autogke-disallow-privilege]" in events[0] and\
         "container ray-worker is privileged; not allowed in Autopilot" in events[0]
 
 
@@ -700,20 +699,20 @@ def test_autopilot_teardown_neither_deletes_nor_expects_vpcs(cloud: Cloud):
 
 # -- 10. what is there, and why it is stuck --------------------------------------------
 CAUSES = {
-    "no-tpu": (dict(scheduled="0/5 nodes are available: 5 Insufficient google.com/tpu."),
+    "no-tpu": ({"scheduled": "0/5 nodes are available: 5 Insufficient google.com/tpu."},
                "no node with free TPU chips: the scheduler says '0/5 nodes are available: 5 Insufficient google.com/tpu.'"),
-    "selector": (dict(scheduled="0/3 nodes are available: 3 node(s) didn't match Pod's node affinity/selector."),
+    "selector": ({"scheduled": "0/3 nodes are available: 3 node(s) didn't match Pod's node affinity/selector."},
                  "no node matches the workers' node selector or compute class"),
-    "claim": (dict(scheduled="0/4 nodes are available: 4 cannot allocate all claims."),
+    "claim": ({"scheduled": "0/4 nodes are available: 4 cannot allocate all claims."},
               "the DRANET NIC claim is not allocated"),
-    "image": (dict(waiting=("ImagePullBackOff", 'Back-off pulling image "rayproject/ray:9.9.9-py312-tpu"')),
+    "image": ({"waiting": ("ImagePullBackOff", 'Back-off pulling image "rayproject/ray:9.9.9-py312-tpu"')},
               "cannot pull image rayproject/ray: ImagePullBackOff: Back-off pulling image"),
-    "crash": (dict(phase="Running", waiting=("CrashLoopBackOff", "back-off 5m0s restarting failed container"),
-                   restarts=7, log="starting ray\nImportError: libtpu.so: cannot open shared object file\n"),
+    "crash": ({"phase": "Running", "waiting": ("CrashLoopBackOff", "back-off 5m0s restarting failed container"),
+                   "restarts": 7, "log": "starting ray\nImportError: libtpu.so: cannot open shared object file\n"},
               "container ray-worker keeps crashing (7 restarts); its last lines: starting ray | ImportError: libtpu.so"),
-    "mount": (dict(events=(("FailedMount", 'MountVolume.SetUp failed for volume "gcs-fuse-csi-ephemeral" : rpc error: '
+    "mount": ({"events": (("FailedMount", 'MountVolume.SetUp failed for volume "gcs-fuse-csi-ephemeral" : rpc error: '
                                            'code = PermissionDenied desc = failed to get GCS bucket: googleapi: Error '
-                                           '403: Caller does not have storage.objects.list access'),)),
+                                           '403: Caller does not have storage.objects.list access'),)},
               f"the GCS FUSE mount of gs://{BUCKET} is refused: the workload-identity binding of default/maxtext-ksa "
               f"(`invoke storage`)"),
 }
@@ -753,7 +752,7 @@ def test_status_names_a_pending_workers_cause_and_its_json_parses(cloud: Cloud):
     cloud.kube.break_pod("default", pod, scheduled="0/5 nodes are available: 5 Insufficient google.com/tpu.")
     run = failed_run(cloud.invoke("status"))
     assert run.changes == []
-    [line] = [l for l in run.out.splitlines() if l.startswith("diagnosis: ")]
+    [line] = [ln for ln in run.out.splitlines() if ln.startswith("diagnosis: ")]
     assert line.startswith("diagnosis: status : RayCluster workers: head ready, 7 of 8 TPU workers ready; why: no node "
                            "with free TPU chips: the scheduler says '0/5 nodes are available: 5 Insufficient "
                            "google.com/tpu.'"), line
@@ -768,12 +767,12 @@ def test_status_names_a_pending_workers_cause_and_its_json_parses(cloud: Cloud):
 def test_a_long_create_gives_a_sign_of_life_also_while_other_steps_run(cloud: Cloud):
     cloud.gcp.latency["network"] = 5.0
     run = ok_run(cloud.invoke("network", INVOKE_PLAYBOOK_HEARTBEAT="2"))
-    beats = [l for l in run.out.splitlines() if "still running" in l]
+    beats = [ln for ln in run.out.splitlines() if "still running" in ln]
     assert beats, run.out
     # Both VPCs are made at once, so each step's lines come whole at its end;
     # its heartbeat comes at once, named by its step.
     assert re.search(rf"^  \[network : VPC {NET1}\] \d+s: `gcloud compute networks create \.\.\.` still running; "
                      rf"network {NET1}: present \(mtu 8896", "\n".join(beats), re.M), beats
-    first = next(l for l in beats if NET1 in l)
+    first = next(ln for ln in beats if NET1 in ln)
     assert run.out.index(first) < run.out.index(f"TASK [network : VPC {NET1}] *")
     assert run.out.splitlines()[1].startswith("logs: .state/"), run.out[:300]   # where the logs go, at the start

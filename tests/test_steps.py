@@ -21,7 +21,7 @@ def net(name, mtu=8896, auto=False):
 
 
 def applied(lines):
-    return [l.split("apply  ", 1)[1] for l in lines if l.startswith("  apply")]
+    return [ln.split("apply  ", 1)[1] for ln in lines if ln.startswith("  apply")]
 
 
 def test_absent_network_is_created_then_verified():
@@ -31,7 +31,7 @@ def test_absent_network_is_created_then_verified():
     assert recap.counters() == "ok=0 changed=1 failed=0 skipped=0"
     assert applied(out) == ["CLOUDSDK_CORE_VERBOSITY=debug gcloud compute networks create maxtext-multislice-net-1 --subnet-mode=custom "
                             "--mtu=8896 --project=my-tpu-project"]
-    assert any(l.startswith("  verify") and l.endswith("=> ok") for l in out)
+    assert any(ln.startswith("  verify") and ln.endswith("=> ok") for ln in out)
 
 
 def test_present_network_is_ok_with_no_command():
@@ -71,8 +71,8 @@ def test_subnet_on_another_network_is_drift():
             "gcloud compute networks subnets list --regions=us-east5 --format=json --project=my-tpu-project")
     other = {"name": "tpu-subnet-1", "network": "https://x/projects/p/global/networks/other-net",
              "ipCidrRange": "10.51.0.0/16"}
-    recap, out = run_with_facts(network.steps(DEV)[2:3], {subs: [other]})
-    assert "drift: subnet tpu-subnet-1: it is on network 'other-net', want 'maxtext-multislice-net-1'; " \
+    _recap, out = run_with_facts(network.steps(DEV)[2:3], {subs: [other]})
+    assert "drift: subnet tpu-subnet-1: it is on network 'other-net', want 'maxtext-multislice-net-1'; "\
            "range is 10.51.0.0/16, want 10.50.0.0/16" in out.text()
 
 
@@ -87,7 +87,7 @@ def pool(name, status="RUNNING", topology="4x4", nodes=4):
 
 
 def test_node_pool_with_another_topology_is_drift():
-    recap, out = run_with_facts(nodepools.steps(DEV)[:1], {POOLS: [pool("v6e-16-0", topology="2x4")]})
+    _recap, out = run_with_facts(nodepools.steps(DEV)[:1], {POOLS: [pool("v6e-16-0", topology="2x4")]})
     assert "drift: node pool v6e-16-0: TPU topology is 2x4, want 4x4" in out.text()
 
 
@@ -128,7 +128,7 @@ def test_cluster_being_created_elsewhere_is_waited_for_not_created_again():
 def test_autopilot_cluster_found_where_standard_is_asked_is_drift():
     c = {"name": "maxtext-multislice", "status": "RUNNING", "location": "us-east5", "autopilot": {"enabled": True},
          "addonsConfig": {"rayOperatorConfig": {"enabled": True}}}
-    recap, out = run_with_facts(cluster.steps(DEV)[:1], {CLUSTERS: [c]})
+    _recap, out = run_with_facts(cluster.steps(DEV)[:1], {CLUSTERS: [c]})
     assert "it is in us-east5, want us-east5-b; it is Autopilot, want Standard" in out.text()
 
 
@@ -151,7 +151,7 @@ def test_teardown_leaves_a_subnet_of_another_network_alone():
             "gcloud compute networks subnets list --regions=us-east5 --format=json --project=my-tpu-project")
     other = {"name": "tpu-subnet-1", "network": "projects/p/global/networks/someone-else"}
     step = [s for s in teardown.steps(DEV) if s.id == "teardown:subnet-1"]
-    recap, out = run_with_facts(step, {subs: [other]})
+    _recap, out = run_with_facts(step, {subs: [other]})
     assert applied(out) == []
     assert "belongs to network someone-else, not maxtext-multislice-net-1: left alone" in out.text()
 
@@ -161,7 +161,7 @@ def test_check_mode_prints_but_does_not_verify():
     recap, out = run_with_facts(network.steps(DEV)[:1], {NETS: []}, mode=Mode.CHECK)
     assert recap.counters() == "ok=0 changed=1 failed=0 skipped=0"
     assert "would change: created" in out.text()
-    assert not any(l.startswith("  verify") for l in out)
+    assert not any(ln.startswith("  verify") for ln in out)
 
 
 def test_check_mode_skips_what_needs_a_change_it_does_not_make_and_fails_the_rest():
@@ -176,7 +176,7 @@ def test_check_mode_skips_what_needs_a_change_it_does_not_make_and_fails_the_res
     c = Step("t", "c", lambda look: fail("c's own problem"), id="c", after=("b",))
     recap, out = run_with_facts([a, b, c], {}, mode=Mode.CHECK)
     assert recap.counters() == "ok=0 changed=1 failed=0 skipped=2"
-    assert "skipped: [t : b] cannot be checked before t : a changes (check mode changes nothing): a is not there" \
+    assert "skipped: [t : b] cannot be checked before t : a changes (check mode changes nothing): a is not there"\
         in out.text()
     assert "skipped: [t : c] cannot be checked before t : a changes" in out.text()  # the change it waits on
     d = Step("t", "d", lambda look: fail("denied"), id="d")
@@ -188,8 +188,8 @@ def test_check_mode_skips_what_needs_a_change_it_does_not_make_and_fails_the_res
 
 def test_more_than_64_chips_are_said_before_any_pool_is_made():
     big = env("dev", slices=4, topology="8x8")
-    recap, out = run_with_facts(nodepools.steps(big)[:1], {})
-    assert "this environment asks for 256 TPU v6e chips: 4 slices of 8x8 (64 chips, 16 ct6e-standard-4t hosts " \
+    _recap, out = run_with_facts(nodepools.steps(big)[:1], {})
+    assert "this environment asks for 256 TPU v6e chips: 4 slices of 8x8 (64 chips, 16 ct6e-standard-4t hosts "\
            "each), more than 64" in out.text()
     assert [s.name for s in nodepools.steps(DEV)] == ["TPU node pool v6e-16-0", "TPU node pool v6e-16-1"]
 
@@ -233,12 +233,11 @@ def test_skip_and_unchecked_are_decisions_with_their_words():
 
 
 def test_a_dry_run_says_what_it_would_check_and_do_never_that_it_did():
-    from playbooks.core.facts import Fact
+    from playbooks.core.facts import Action, Fact
     from playbooks.core.play import Playbook
     from playbooks.core.recap import Reporter
     from playbooks.core.runner import Mode, Runner
     from playbooks.core.step import Step, change, ok
-    from playbooks.core.facts import Action
     probe = Fact(name="zones", python=lambda: ["z"], display="list zones", assumed=["z"])
     steps = [Step("p", "offered", lambda look: ok(f"zone {look(probe)[0]} offers it")),
              Step("p", "no look", lambda look: ok("nothing looked at")),
@@ -268,7 +267,7 @@ def test_an_await_is_polled_by_the_engine_between_two_commands():
                                                       reason="restarted"))]
     recap, out = run_with_facts(steps, {"look ghost": Answers("listed", "listed", "gone")})
     assert recap.counters() == "ok=0 changed=1 failed=0 skipped=0", out.text()
-    waits = [l for l in out if l.startswith("  wait")]
+    waits = [ln for ln in out if ln.startswith("  wait")]
     assert waits == ["  wait   look ghost  (until the ghost gone)  => still listed",
                      "  wait   look ghost  (until the ghost gone)  => ok"], out.text()
     timed_out, out = run_with_facts(steps, {"look ghost": "listed"})
@@ -312,7 +311,7 @@ def test_status_of_a_stopped_local_cluster_says_what_is():
              "curl -fsS 'http://127.0.0.2:8265/api/v0/nodes?limit=10000&detail=true'  # what `ray list nodes "
              "--address http://127.0.0.2:8265` reads": ABSENT,
              "curl -fsS http://127.0.0.2:8265/api/jobs/": ABSENT}
-    recap, out = run_with_facts(status.steps(local), facts, mode=Mode.CHECK)
+    recap, _out = run_with_facts(status.steps(local), facts, mode=Mode.CHECK)
     doc = status.report(local, recap)
     rows = {i["what"]: (i["verdict"], i["reason"]) for i in doc["items"]}
     assert rows["twin : Ray head http://127.0.0.2:8265"] == ("not running", "not running")

@@ -13,9 +13,8 @@ import pytest
 from tests.conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "trainer"))
-import maxtext_ray as mr  # noqa: E402
-
-from playbooks.trainlog import Summary  # noqa: E402
+import maxtext_ray as mr
+from playbooks.trainlog import Summary
 
 TRAINER = ROOT / "trainer"
 
@@ -40,7 +39,7 @@ def test_worker_requirements_are_pinned_from_the_lock():
         if "==" in line and not line.startswith("#"):
             k, v = line.split("==")
             lock[re.sub(r"[-_.]+", "-", k.lower())] = v
-    pins = [l for l in (TRAINER / "requirements.txt").read_text().splitlines() if l and not l.startswith("#")]
+    pins = [ln for ln in (TRAINER / "requirements.txt").read_text().splitlines() if ln and not ln.startswith("#")]
     assert len(pins) > 200
     for p in pins:
         k, v = p.split("==")
@@ -88,8 +87,8 @@ def test_a_config_without_the_models_dimensions_is_refused():
 def test_layout_defaults_are_the_tutorials_and_env_overrides_them():
     assert mr.Layout.from_env({}) == mr.Layout(2, 4, "4x4", 4, "TPU-V6E")
     assert mr.Layout.from_env({}).workers == 8
-    l = mr.Layout.from_env({"TRAINER_SLICES": "2", "TRAINER_HOSTS_PER_SLICE": "1", "TRAINER_TOPOLOGY": "2x2"})
-    assert (l.workers, l.topology) == (2, "2x2")
+    ln = mr.Layout.from_env({"TRAINER_SLICES": "2", "TRAINER_HOSTS_PER_SLICE": "1", "TRAINER_TOPOLOGY": "2x2"})
+    assert (ln.workers, ln.topology) == (2, "2x2")
 
 
 def test_worker_runtime_env_installs_the_pinned_requirements(tmp_path, monkeypatch):

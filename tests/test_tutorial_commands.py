@@ -42,7 +42,7 @@ def transcripts(tmp_path_factory):
 
 
 def lines(text):
-    return [l.split("apply  ", 1)[1] for l in text.splitlines() if l.startswith("  apply")]
+    return [ln.split("apply  ", 1)[1] for ln in text.splitlines() if ln.startswith("  apply")]
 
 
 def test_provisioning_commands(transcripts):
@@ -74,13 +74,13 @@ def test_provisioning_commands(transcripts):
     for e in expected:
         assert e in up, f"missing: {e}"
     assert f"PROJECT_NUMBER=$(gcloud projects describe {P} '--format=value(projectNumber)')" in transcripts["up"]
-    apply = [l for l in up if "kubectl apply -f -" in l]
+    apply = [ln for ln in up if "kubectl apply -f -" in ln]
     assert len(apply) == 1
     assert apply[0].endswith(f"< manifests/ray-cluster.tpu-multi-slice.yaml | kubectl apply -f - {CTX}")
     for v in (f"KSA_NAME={K}", f"GS_BUCKET={B}", "SLICES=3", "HOSTS_PER_SLICE=4", "CHIPS_PER_HOST=4",
               "\"cloud.google.com/gke-tpu-topology\": \"4x4\"", f"NAMESPACE={NS}"):
         assert v in apply[0]
-    assert f"kubectl port-forward svc/maxtext-tpu-cluster-head-svc 8265:8265 --namespace {NS} {CTX}" in \
+    assert f"kubectl port-forward svc/maxtext-tpu-cluster-head-svc 8265:8265 --namespace {NS} {CTX}" in\
            transcripts["up"]
     # the tutorial's `ray list nodes`, read from the State API endpoint it calls
     assert ("curl -fsS 'http://localhost:8265/api/v0/nodes?limit=10000&detail=true'  "
@@ -93,14 +93,14 @@ def test_autopilot_cluster_command(transcripts):
     assert (f"gcloud container clusters create-auto llm-auto --enable-ray-operator --location={R} "
             f"--cluster-version=1.35.2-gke.1842000 --project={P}") in up
     assert f"gcloud container clusters get-credentials llm-auto --location={R} --project={P}" in up
-    assert not any("node-pools create" in l for l in up)
+    assert not any("node-pools create" in ln for ln in up)
     assert "skipped: [nodepools : TPU node pools] Autopilot has no node pools" in transcripts["auto"]
     # No VPC of ours (GKE makes the networks: the ComputeClass's profile auto), in up or teardown.
-    assert not any("compute networks" in l for l in up + lines(transcripts["auto-teardown"]))
+    assert not any("compute networks" in ln for ln in up + lines(transcripts["auto-teardown"]))
     assert "skipped: [network : DCN networks] Autopilot: GKE makes and manages" in transcripts["auto"]
     # The ComputeClass with DRA networking, applied before the RayCluster, which selects it; no privileged.
-    [i] = [n for n, l in enumerate(up) if "< manifests/compute-class.tpu-dranet.yaml" in l]
-    [j] = [n for n, l in enumerate(up) if "< manifests/ray-cluster.tpu-multi-slice.yaml" in l]
+    [i] = [n for n, ln in enumerate(up) if "< manifests/compute-class.tpu-dranet.yaml" in ln]
+    [j] = [n for n, ln in enumerate(up) if "< manifests/ray-cluster.tpu-multi-slice.yaml" in ln]
     assert i < j
     assert "PRIORITIES='[{\"machineType\": \"ct6e-standard-4t\", \"acceleratorNetworkProfile\": \"auto\"}]'" in up[i]
     assert "WORKER_SECURITY_CONTEXT='{}'" in up[j] and "\"cloud.google.com/compute-class\": \"maxtext-tpu-dranet\"" in up[j]
@@ -109,7 +109,7 @@ def test_autopilot_cluster_command(transcripts):
 
 
 def _submit(text):
-    s = [l for l in lines(text) if l.startswith("ray job submit")]
+    s = [ln for ln in lines(text) if ln.startswith("ray job submit")]
     assert len(s) == 1
     head, job = s[0].split(" -- ", 1)
     assert head.startswith("ray job submit --address http://localhost:8265 --working-dir trainer "
@@ -158,5 +158,5 @@ def test_teardown_deletes_in_dependency_order(transcripts):
         f"{D}gcloud compute networks delete {C}-net-2 --project={P} --quiet",
     ]
     assert got == expected
-    assert f"gcloud container clusters delete llm-auto --location={R} --project={P} --quiet" in \
+    assert f"gcloud container clusters delete llm-auto --location={R} --project={P} --quiet" in\
            lines(transcripts["auto-teardown"])

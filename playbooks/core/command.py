@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import re
 import shlex
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 PLACEHOLDER = re.compile("\x00([A-Z][A-Z0-9_]*)\x00")
 
@@ -20,12 +21,12 @@ def placeholder(name: str) -> str:
     """The dry-run stand-in for a value a probe would look up. It is marked
     (not a literal ``${NAME}``) so that a real ``${...}`` in an argument, such
     as envsubst's variable list, stays single-quoted."""
-    return "\x00%s\x00" % name
+    return f"\x00{name}\x00"
 
 
 def shown(text: str) -> str:
     """Text with placeholders written as ``${NAME}``."""
-    return PLACEHOLDER.sub(lambda m: "${%s}" % m.group(1), text)
+    return PLACEHOLDER.sub(lambda m: f"${{{m.group(1)}}}", text)
 
 
 def quote(arg: str) -> str:
@@ -36,7 +37,7 @@ def quote(arg: str) -> str:
     pos = 0
     for m in PLACEHOLDER.finditer(arg):
         out.append(_dq_escape(arg[pos:m.start()]))
-        out.append("${%s}" % m.group(1))
+        out.append(f"${{{m.group(1)}}}")
         pos = m.end()
     out.append(_dq_escape(arg[pos:]))
     return '"' + "".join(out) + '"'
@@ -74,18 +75,18 @@ class Command:
     argv: tuple[str, ...]
     env: tuple[tuple[str, str], ...] = ()
     stdin_file: str | None = None
-    pipe_from: "Command | None" = None
+    pipe_from: Command | None = None
     background: bool = False
     log: str | None = None
     binds: str | None = None
     timeout: float | None = None
     cwd: str | None = None
     secrets: tuple[str, ...] = field(default=(), compare=False)
-    pipe_check: "Callable[[str], str | None] | None" = field(default=None, compare=False, repr=False)
+    pipe_check: Callable[[str], str | None] | None = field(default=None, compare=False, repr=False)
     patience: float | None = field(default=None, compare=False)
     here: bool = False
     pid_file: Any = field(default=None, compare=False, repr=False)
-    stderr_filter: "Callable[[str], str] | None" = field(default=None, compare=False, repr=False)
+    stderr_filter: Callable[[str], str] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.argv, list):

@@ -4,8 +4,9 @@ in-process change shown as a line)."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from .command import Command, shown
 from .errors import error_line
@@ -14,7 +15,7 @@ from .errors import error_line
 class _Absent:
     _inst = None
 
-    def __new__(cls):
+    def __new__(cls) -> _Absent:
         if cls._inst is None:
             cls._inst = super().__new__(cls)
         return cls._inst

@@ -26,11 +26,13 @@ def get_json(url: str, timeout: float = 10.0, absent_if_refused: bool = True) ->
     except urllib.error.URLError as e:
         if absent_if_refused and isinstance(e.reason, ConnectionRefusedError):
             return ABSENT
-        raise ProbeFailed("http", f"curl -fsS {url}", None, "", str(e.reason), why=f"could not look: {e.reason}") from None
-    except (socket.timeout, TimeoutError):
+        raise ProbeFailed("http", f"curl -fsS {url}", None, "", str(e.reason),
+                          why=f"could not look: {e.reason}") from None
+    except TimeoutError:
         raise ProbeFailed("http", f"curl -fsS {url}", None, "", "timed out", why="could not look: timed out") from None
     except json.JSONDecodeError:
-        raise ProbeFailed("http", f"curl -fsS {url}", None, "", "not JSON", why="could not look: the answer is not JSON") from None
+        raise ProbeFailed("http", f"curl -fsS {url}", None, "", "not JSON",
+                          why="could not look: the answer is not JSON") from None
 
 
 def port_open(host: str, port: int, timeout: float = 1.0) -> bool:

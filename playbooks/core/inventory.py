@@ -11,9 +11,10 @@ from __future__ import annotations
 import copy
 import difflib
 import re
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any
 
 from . import yamlfile
 from .errors import InputError, shown_value
@@ -73,8 +74,8 @@ class Schema:
 
     kinds: Mapping[str, tuple[Key, ...]]
     default_kind: str
-    across: Callable[[Mapping[str, "Env"]], str | None] | None = None
-    env_type: type["Env"] | None = None
+    across: Callable[[Mapping[str, Env]], str | None] | None = None
+    env_type: type[Env] | None = None
 
     def keys(self, kind: str) -> dict[str, Key]:
         return {k.name: k for k in self.kinds[kind]}

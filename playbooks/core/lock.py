@@ -9,9 +9,9 @@ from __future__ import annotations
 import fcntl
 import os
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator
 
 
 def holder(path: Path) -> str:

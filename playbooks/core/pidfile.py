@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 from .command import quote
 from .connector.base import Connector
@@ -18,7 +19,7 @@ class PidFile:
     The file and the process are on the host of ``via`` (a connector: this
     machine or a controller), ``dir`` relative to its root."""
 
-    def __init__(self, directory, name: str, marker: str, via: Connector):
+    def __init__(self, directory: str | Path, name: str, marker: str, via: Connector):
         self.via = via
         self.path = Path(directory) / f"{name}.pid"
         self.name = name
@@ -43,7 +44,7 @@ class PidFile:
         pid = self.pid()
         return pid is not None and pid > 0 and self.via.alive(pid, self.marker)
 
-    def write(self, pid: int, **extra) -> None:
+    def write(self, pid: int, **extra: Any) -> None:
         text = json.dumps({"pid": pid, "marker": self.marker, "started": time.time(), **extra})
         self.via.write(str(self.path), text.encode())
 

@@ -7,18 +7,17 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from .command import Command, shown
 from .errors import PlaybookError, Unreachable, cause_of
-from .executor import file_name
 from .facts import Action, Completed, Fact
 from .recap import CHANGED, FAILED, FAILING, OK, SKIPPED, UNREACHABLE, Recap, Reporter, StepResult, banner
 from .runner import Mode, Runner, StepLog
-from .step import CHANGE, DRIFT, FAIL, SKIP, UNCHECKED, WAIT, Await, Broken, Step, poll
+from .step import CHANGE, DRIFT, FAIL, SKIP, UNCHECKED, WAIT, Await, Broken, Step, Verify, poll
 from .step import OK as D_OK
 
 
@@ -66,7 +65,7 @@ class StepContext:
         with _Beat(self, f"`{' '.join(what.argv[:4])} ...`", self.state):
             return self.runner.act(what, self.log, self.step.title, recheck)
 
-    def beating(self, words: str, state: Callable[[], str]) -> "_Beat":
+    def beating(self, words: str, state: Callable[[], str]) -> _Beat:
         """A sign of life while ``words`` runs quietly (see _Beat)."""
         return _Beat(self, words, state)
 
@@ -166,7 +165,7 @@ def watch(ctx: StepContext, step: Step, fact: Fact, check: Callable[[Any], str |
         return str(e)
 
 
-def _check(v, value) -> str | None:
+def _check(v: Verify, value: Any) -> str | None:
     try:
         return v.check(value)
     except Broken as e:
@@ -179,12 +178,12 @@ class _Beat:
     run and what ``state()`` shows now (for a command: a fresh look at the
     step's verify fact). ``touch()``: the step just printed a line."""
 
-    def __init__(self, ctx: "StepContext", words: str, state: Callable[[], str]):
+    def __init__(self, ctx: StepContext, words: str, state: Callable[[], str]):
         self.ctx, self.words, self.state = ctx, words, state
         self._stop = threading.Event()
         self._start = self._last = time.monotonic()
 
-    def __enter__(self) -> "_Beat":
+    def __enter__(self) -> _Beat:
         threading.Thread(target=self._beat, daemon=True, name="heartbeat").start()
         return self
 
@@ -205,7 +204,7 @@ class _Beat:
                                    + (f"; {state}" if state else ""))
             self._last = time.monotonic()
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self._stop.set()
 
 
@@ -233,7 +232,9 @@ def execute(step: Step, ctx: StepContext) -> Outcome:
     if step.skip:
         return Outcome(SKIPPED, step.skip)
     if step.run is not None:
-        return step.run(ctx)
+        out = step.run(ctx)
+        assert isinstance(out, Outcome), f"step {step.title}: a run returns an Outcome"
+        return out
     assert step.decide is not None
     decision = step.decide(ctx.look)
     # A dry run answers every probe with an assumption: what it decided on
@@ -264,7 +265,7 @@ def execute(step: Step, ctx: StepContext) -> Outcome:
             else:
                 ctx.act(c, recheck)
         # Check mode and dry runs never say that something happened.
-        said = decision.reason if ctx.acting else \
+        said = decision.reason if ctx.acting else\
             f"would {decision.would}" if decision.would else f"would change: {decision.reason}".rstrip(": ")
         if ctx.mode is Mode.CHECK:
             return Outcome(CHANGED, said, found=decision.found)
@@ -343,7 +344,7 @@ class Playbook:
             if cause and first != step.title:
                 # Printed once, in full, by the first step that met it.
                 out.reason = f"the same failure as [{first}] (above)"
-            end = f"{out.outcome}: [{step.title}]\n" + "\n".join("  " + l for l in out.reason.splitlines())
+            end = f"{out.outcome}: [{step.title}]\n" + "\n".join("  " + ln for ln in out.reason.splitlines())
         if buffered:
             self.reporter.block([head] + log.lines + [end])
         else:
@@ -354,15 +355,10 @@ class Playbook:
     def _keep_traceback(self, step: Step) -> str:
         """The traceback, kept in the run's log folder: where it is."""
         import traceback
-        logdir = getattr(self.runner.executor, "logdir", None)
-        if not logdir:
+        if self.runner.log is None:
             return ""
-        path = Path(logdir) / f"traceback-{file_name(step.id)}.txt"
-        try:
-            path.write_text(traceback.format_exc())
-        except OSError:
-            return ""
-        return f" (traceback in {path})"
+        path = self.runner.log.traceback(step.id, traceback.format_exc())
+        return f" (traceback in {path})" if path else ""
 
     def _check_mode_dependents(self, step: Step, out: Outcome) -> Outcome:
         """Check mode changes nothing, so a step that needs (directly or not)

@@ -7,11 +7,12 @@ The bottom layer: nothing of the project is imported here (pid files, which
 go through a connector, are ``pidfile.py``)."""
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Callable, Iterable
 
 
 def _read(path: str) -> bytes | None:
@@ -33,7 +34,7 @@ def _state(pid: int) -> str:
     return stat_state(_read(f"/proc/{pid}/stat"))
 
 
-def alive_from(read: "Callable[[str], bytes | None]", pid: int, marker: str = "") -> bool:
+def alive_from(read: Callable[[str], bytes | None], pid: int, marker: str = "") -> bool:
     """The process exists, is not a zombie, and its command line holds
     ``marker`` (so a recycled pid is not mistaken for ours); /proc read with
     ``read`` (this machine's files, or a connector's)."""
@@ -79,10 +80,8 @@ def terminate(pids: Iterable[int], grace: float = 10.0, poll: float = 0.2) -> li
     Returns the pids that had to be killed."""
     pids = [p for p in pids if _state(p) not in ("", "Z", "X")]
     for p in pids:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(p, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline and any(_state(p) not in ("", "Z", "X") for p in pids):
         time.sleep(poll)
@@ -100,7 +99,5 @@ def terminate(pids: Iterable[int], grace: float = 10.0, poll: float = 0.2) -> li
 def kill_now(pids: Iterable[int]) -> None:
     """SIGKILL at once: a host lost without warning (preemption)."""
     for p in pids:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(p, signal.SIGKILL)
-        except ProcessLookupError:
-            pass

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 OK, CHANGED, FAILED, SKIPPED = "ok", "changed", "failed", "skipped"
 # Ansible's word: the host that runs the commands could not be reached (or

@@ -8,8 +8,8 @@ is checked for any ``${...}`` left before it reaches its reader.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 from .command import Command
 from .errors import InputError
@@ -61,7 +61,7 @@ def envsubst(path: str, values: Mapping[str, str], root: Path | None = None) -> 
     """``VAR=value ... envsubst '${VAR} ...' < path``, the variables checked."""
     text = ((root / path) if root else Path(path)).read_text()
     used = check_values(path, text, values)
-    shell_format = " ".join("${%s}" % n for n in used)
+    shell_format = " ".join(f"${{{n}}}" for n in used)
     return Command(("envsubst", shell_format), env=tuple((n, str(values[n])) for n in used), stdin_file=path)
 
 

@@ -8,27 +8,34 @@
          (by default: absent) and every action is printed.
 
 A fixture mode (``Runner(facts=...)``, ``fixtures.py``) answers probes from
-declared facts, for tests. The facts themselves are in ``facts.py``, the
-commands' executor in ``executor.py``.
+declared facts, for tests. The facts themselves are in ``facts.py``.
+
+Commands run through the Runner's connector (this machine, or a controller
+host), one marked ``here`` through this machine's: pipes and stdin files
+are fed by the Runner, never a shell of ours; each command and in-process
+fact is written to the run's log (``runlog.py``).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from . import fixtures
 from .command import Command
+from .connector import Connector
 from .errors import CommandFailed, PlaybookError
-from .executor import Executor, shown_part
 from .facts import Action, Completed, Fact
 from .fixtures import Value
+from .runlog import RunLog
 
 
-class Mode(str, enum.Enum):
+class Mode(enum.StrEnum):
     APPLY = "apply"
     CHECK = "check"
     DRY = "dry-run"
@@ -98,13 +105,17 @@ class Runner:
     def __init__(
         self,
         mode: Mode = Mode.APPLY,
-        executor: Executor | None = None,
+        connector: Connector | None = None,
         retry: RetryPolicy | None = None,
         facts: dict[str, Any] | None = None,
         probe_timeout: float = 180.0,
+        here: Connector | None = None,
+        log: RunLog | None = None,
     ):
         self.mode = Mode(mode)
-        self.executor = executor
+        self.connector = connector
+        self.here = here or connector
+        self.log = log
         self.retry = retry or RetryPolicy()
         self.declared = facts  # fixture mode when not None
         self.probe_timeout = probe_timeout
@@ -167,29 +178,80 @@ class Runner:
             if key in self._cache:
                 return
             if fact.python is not None:
-                try:
+                with contextlib.suppress(PlaybookError):  # the step looks again, and says why
                     self._cache[key] = _Prefetched(Value(self._python(fact, "prefetch")))
-                except PlaybookError:
-                    pass  # the step looks again, and says why
                 return
             assert fact.command is not None
             self._record(fact.command)
             command = fact.command
             if command.timeout is None:
                 command = dataclasses.replace(command, timeout=self.probe_timeout)
-            assert self.executor is not None
             try:
-                c = self.executor.run(command, label="prefetch")
+                c = self._run(command, label="prefetch")
             except PlaybookError:
                 return  # a host that cannot be reached: the step looks again, and says so
             transient = not c.ok and self.retry.is_transient(c, command.patience is not None)
             self._cache[key] = _Transient(c) if transient else _Prefetched(shown_part(c, command))
 
     def _python(self, fact: Fact, label: str) -> Any:
+        """An in-process fact (an HTTP read, a pid file): answered by its
+        function, logged like a command, with its answer or its error."""
         assert fact.python is not None
-        if self.executor is None:
+        if self.log is None:
             return fact.python()
-        return self.executor.look(label, fact.line(), fact.python)
+        where = self.connector.name if self.connector is not None else "this machine"
+        start = time.monotonic()
+        try:
+            value = fact.python()
+        except Exception as e:
+            self.log.fact(label, fact.line(), where, time.monotonic() - start, f"error: {type(e).__name__}: {e}")
+            raise
+        self.log.fact(label, fact.line(), where, time.monotonic() - start, repr(value))
+        return value
+
+    # -- commands, through the connectors ----------------------------------------------
+    def _where(self, command: Command) -> Connector:
+        where = self.here if command.here else self.connector
+        assert where is not None, "no process may start in a dry run"
+        return where
+
+    def _logged(self, label: str, command: Command, where: Connector, r: Any) -> Completed:
+        c = Completed(command.line(), r.rc, r.stdout, r.stderr, r.seconds)
+        if self.log is not None:
+            self.log.command(label or command.program, c, where.name)
+        return c
+
+    def _run(self, command: Command, label: str = "") -> Completed:
+        """Run a command to its end: its pipe's first command, then this one
+        fed with its output (checked first), or with its stdin file."""
+        where = self._where(command)
+        data: str | None = None
+        if command.pipe_from is not None:
+            first = self._run(command.pipe_from, label)
+            if not first.ok:
+                return Completed(command.line(), first.rc, first.stdout, first.stderr, first.seconds)
+            data = first.stdout
+            if command.pipe_check is not None and (why := command.pipe_check(data)):
+                return Completed(command.line(), 3, "", why, first.seconds)
+        if command.stdin_file is not None:
+            try:
+                raw, err = where.read(command.stdin_file), "no such file"
+            except OSError as e:
+                raw, err = None, str(e)
+            if raw is None:
+                return Completed(command.line(), 127, "",
+                                 f"cannot read {command.stdin_file} on {where.name}: {err}", 0.0)
+            data = raw.decode()
+        r = where.run(command.argv, env=command.env, input=data, cwd=command.cwd, timeout=command.timeout)
+        return self._logged(label, command, where, r)
+
+    def _start(self, command: Command) -> int:
+        """Start a background command in its own session; its pid, written
+        to the command's pid file when it has one."""
+        pid = self._where(command).spawn(command.argv, env=command.env, cwd=command.cwd, log=command.log)
+        if command.pid_file is not None:
+            command.pid_file.write(pid)
+        return pid
 
     def _answer(self, fact: Fact, log: StepLog, step: str, first: Completed | None = None) -> tuple[Any, str]:
         if first is None:
@@ -214,12 +276,11 @@ class Runner:
         logged. A change is tried again only after ``recheck`` (a fresh
         look at the world) shows it was not made after all; if it was, the
         failure was only in the answer."""
-        assert self.executor is not None, "no process may start in a dry run"
         start = time.monotonic()
         delay = self.retry.base
         attempt = 1
         while True:
-            c, first = (first, None) if first is not None else (self.executor.run(command, label=step), None)
+            c, first = (first, None) if first is not None else (self._run(command, label=step), None)
             if c.ok or not self.retry.is_transient(c, command.patience is not None):
                 return shown_part(c, command)
             if command.patience is not None:
@@ -266,9 +327,8 @@ class Runner:
         if what.background:
             log.emit("apply", what.line())
             if self.acting:
-                assert self.executor is not None
                 self.changed()
-                self.executor.spawn(what)
+                self._start(what)
             return None
         log.emit("apply", what.line())
         if not self.acting:
@@ -284,18 +344,18 @@ class Runner:
         log.emit("apply", command.line())
         if not self.acting:
             return None
-        assert self.executor is not None
         self.changed()
-        return self.executor.stream(command, on_line, label=step)
+        where = self._where(command)
+        return self._logged(step, command, where, where.stream(command.argv, on_line, env=command.env,
+                                                               cwd=command.cwd))
 
     def spawn(self, command: Command, log: StepLog, step: str) -> int | None:
         self._record(command)
         log.emit("apply", command.line())
         if not self.acting:
             return None
-        assert self.executor is not None
         self.changed()
-        return self.executor.spawn(command)
+        return self._start(command)
 
     @property
     def acting(self) -> bool:
@@ -306,3 +366,10 @@ class Runner:
     def probing(self) -> bool:
         """True when probes really run (apply or check mode, not a fixture)."""
         return self.mode is not Mode.DRY and self.declared is None
+
+
+def shown_part(c: Completed, command: Command) -> Completed:
+    """What is shown of a completed command (its log keeps all of it)."""
+    if command.stderr_filter is None:
+        return c
+    return dataclasses.replace(c, stderr=command.stderr_filter(c.stderr))

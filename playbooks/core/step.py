@@ -39,8 +39,9 @@ step asks its context, never the runner, what the mode allows
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence, Union
+from typing import Any
 
 from .command import Command
 from .facts import Action, Fact
@@ -61,7 +62,7 @@ class Await:
     interval: float = 2.0
 
 
-Act = Union[Command, Action, Await]
+Act = Command | Action | Await
 
 
 @dataclass(frozen=True)

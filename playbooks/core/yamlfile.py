@@ -29,7 +29,7 @@ _Base = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 class _StrictLoader(_Base):  # type: ignore[misc, valid-type]
     """SafeLoader that refuses a key given twice in one mapping."""
 
-    def construct_mapping(self, node, deep=False):  # noqa: D401 - PyYAML's hook
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
         if isinstance(node, yaml.MappingNode):
             seen: dict[Any, Any] = {}
             for key_node, _ in node.value:

@@ -49,8 +49,9 @@ def sync_step(env: Environment) -> Step:
     target = hosts.controller(env)
     files = project_files()
     fact = Fact(name="controller files", python=lambda: stale(env), assumed=files,
-                display=f"sha256sum {' '.join(d + '/...' for d in SYNCED)}  # on {target}, in {env.remote_dir}, over SFTP",
-                describe=lambda s: f"{len(s)} of {len(files)} file(s) to copy" if s else f"all {len(files)} file(s) current")
+                display=f"sha256sum {' '.join(d + '/...' for d in SYNCED)}  # on {target}, in {env.remote_dir}",
+                describe=lambda s: f"{len(s)} of {len(files)} file(s) to copy" if s
+                else f"all {len(files)} file(s) current")
 
     def put(names: list[str]) -> None:
         via = hosts.connector(env)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from .. import capacity_options as cap
 from .. import tutorial as T
 from ..clients import gcloud
 from ..core.errors import PlaybookError
@@ -19,7 +20,6 @@ from ..gke import (
     subnet_name,
 )
 from ..schema import Environment
-from .. import capacity_options as cap
 
 PLAY = "nodepools"
 CREATE_TIMEOUT = 60 * 60

@@ -42,7 +42,7 @@ def fit(ctx: StepContext, env: Environment, job: Job, extra: F.Extra = (), slice
             return hit
         # libtpu writes its logs (the compiler's own memory account) only
         # into a folder that exists.
-        hosts.local().make_dirs(paths.preflight_tpu_logs(F.cache_key(args)))
+        hosts.this_machine().make_dirs(paths.preflight_tpu_logs(F.cache_key(args)))
         what = f"compiling for {slices or env.slices} x v6e-{chips(env.topology)}"
         with ctx.beating(what, lambda: ""):
             result = ctx.look(F.compile_fact(args))

@@ -103,7 +103,7 @@ def binding_step(env: Environment) -> Step:
     def granted(p):
         # The member holds the project number, which the decide step looked up
         # (cached); in a dry run nothing is verified.
-        return None if any(T.BUCKET_ROLE == b.get("role") and any(
+        return None if any(b.get("role") == T.BUCKET_ROLE and any(
             m.endswith(f"/subject/ns/{env.namespace}/sa/{env.ksa_name}") for m in b.get("members") or [])
             for b in (p or {}).get("bindings") or []) else f"{T.BUCKET_ROLE} not granted yet"
 

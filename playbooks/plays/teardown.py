@@ -12,6 +12,7 @@ from ..core.command import Command, quote
 from ..core.facts import ABSENT, Action, Fact, assume
 from ..core.pidfile import running_fact
 from ..core.step import Step, Verify, change, ok
+from ..endpoints import forward_pidfile
 from ..gke import (
     bucket_fact,
     clusters_fact,
@@ -25,7 +26,6 @@ from ..gke import (
     subnets_fact,
 )
 from ..kubeconfig import has_context, kubeconfig_fact
-from ..endpoints import forward_pidfile
 from ..schema import Environment
 
 PLAY = "teardown"
@@ -102,7 +102,8 @@ def bucket_step(env: Environment) -> Step:
     def decide(look):
         if look(probe) is ABSENT:
             return ok(f"bucket gs://{env.gs_bucket} is not there")
-        return change(Command(("gsutil", "rm", "-r", f"gs://{env.gs_bucket}")), reason="deleted with its objects", found="present")
+        return change(Command(("gsutil", "rm", "-r", f"gs://{env.gs_bucket}")), reason="deleted with its objects",
+                      found="present")
 
     return Step(PLAY, f"bucket gs://{env.gs_bucket}", decide, id="teardown:bucket",
                 verify=Verify(probe, gone("bucket"), timeout=120, interval=5))

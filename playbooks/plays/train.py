@@ -73,7 +73,8 @@ class Follower:
     def __init__(self, ctx: StepContext, log_file: Path | None):
         self.ctx = ctx
         self.summary = Summary()
-        self.out: IO[str] | None = open(log_file, "a") if (log_file and ctx.acting) else None
+        # Open while the job is followed; closed by close().
+        self.out: IO[str] | None = open(log_file, "a") if (log_file and ctx.acting) else None  # noqa: SIM115
         self.beat: Any = None
 
     def line(self, line: str) -> None:
@@ -122,7 +123,8 @@ def _verdict(job: Job, sid: str, final: Any, summary: Summary, log_file: Path | 
     status = final.get("status") if isinstance(final, dict) else "UNKNOWN"
     if status != "SUCCEEDED":
         msg = final.get("message") if isinstance(final, dict) else ""
-        return Outcome(FAILED, f"job {sid} {status}: {msg or 'see the log'}" + (f" (log: {log_file})" if log_file else ""))
+        return Outcome(FAILED, f"job {sid} {status}: {msg or 'see the log'}"
+                       + (f" (log: {log_file})" if log_file else ""))
     if (mismatch := summary.params_mismatch()):
         return Outcome(FAILED, f"job {sid} SUCCEEDED, but {mismatch}")
     if not summary.steps:
@@ -141,7 +143,8 @@ def job_step(job: Job, log_file: Path | None = None) -> Step:
             return Outcome(SKIPPED, f"run {job.run_name} is already complete")
         listed = ctx.look(listing)
         if listed is ABSENT:
-            return Outcome(FAILED, f"no Ray dashboard answers at {job.address}: run `invoke up` (or `invoke dashboard`)")
+            return Outcome(FAILED, f"no Ray dashboard answers at {job.address}: run `invoke up` (or `invoke "
+                                   f"dashboard`)")
         mine = ours(job.run_name, listed)
         active = [j for j in mine if j.get("status") in ("PENDING", "RUNNING")]
         if active:

@@ -41,7 +41,7 @@ def ports_taken_fact(env: Environment) -> Fact:
     lo, hi = port_range(env)
 
     def look() -> list[int]:
-        here = hosts.local()
+        here = hosts.this_machine()
         return [p for p in range(lo, hi + 1) if here.port_open(env.ray_ip, p)]
 
     return Fact(name="local ports", python=look, assumed=[],
@@ -64,7 +64,8 @@ def _started(env: Environment, name: str, what: str):
 
 
 def head_step(env: Environment) -> Step:
-    pidf, version, taken = pid_fact(env, HEAD), version_fact(dashboard(env), hosts.local()), ports_taken_fact(env)
+    pidf, taken = pid_fact(env, HEAD), ports_taken_fact(env)
+    version = version_fact(dashboard(env), hosts.this_machine())
 
     def decide(look):
         running, answering = look(pidf), look(version)
@@ -88,7 +89,8 @@ def head_step(env: Environment) -> Step:
 
 
 def _ghost_gone(env: Environment, host: Host) -> Await:
-    return Await(nodes_fact(dashboard(env), hosts.local()), lambda ns: "still listed" if registered(ns, host) else None,
+    return Await(nodes_fact(dashboard(env), hosts.this_machine()),
+                 lambda ns: "still listed" if registered(ns, host) else None,
                  f"the old {host.name} gone from Ray's nodes", timeout=GHOST_TIMEOUT, interval=2)
 
 
@@ -104,7 +106,7 @@ def _host_verify(env: Environment, host: Host) -> Verify:
 
 
 def host_step(env: Environment, host: Host) -> Step:
-    pidf, nodes = pid_fact(env, host.name), nodes_fact(dashboard(env), hosts.local())
+    pidf, nodes = pid_fact(env, host.name), nodes_fact(dashboard(env), hosts.this_machine())
 
     def decide(look):
         running, listed = look(pidf), look(nodes)
@@ -161,7 +163,7 @@ def chaos_steps(env: Environment, restore_after: float) -> list[Step]:
 
     def kill(pf: PidFile) -> Action:
         return Action(f"kill -KILL $(cat {quote(str(pf.path))})  # with its child processes",
-                      lambda: hosts.local().kill(pf.pid() or -1))
+                      lambda: hosts.this_machine().kill(pf.pid() or -1))
 
     def decide_kill(look):
         for h in all_hosts:
@@ -173,7 +175,7 @@ def chaos_steps(env: Environment, restore_after: float) -> list[Step]:
     out = [Step("chaos", "kill one TPU host", decide_kill, id="chaos:kill")]
     if restore_after > 0:
         stopped = {h.name: pid_fact(env, h.name) for h in all_hosts}
-        nodes = nodes_fact(dashboard(env), hosts.local())
+        nodes = nodes_fact(dashboard(env), hosts.this_machine())
 
         def decide_restore(look):
             # The host the kill stopped: the first whose process is gone (a

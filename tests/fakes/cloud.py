@@ -22,10 +22,11 @@ import socket
 import subprocess
 import threading
 import time
-from contextlib import contextmanager
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import yaml
@@ -94,10 +95,8 @@ class StraySink:
                 except OSError:
                     line = "(no request line)"
                 self.lines.append(line)
-                try:
+                with suppress(OSError):
                     conn.sendall(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
-                except OSError:
-                    pass
 
     def close(self) -> None:
         self._stop = True

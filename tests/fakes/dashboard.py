@@ -4,7 +4,8 @@ built from the fake cluster's Ray pods (head + TPU workers), and the Jobs
 API's list (no jobs unless a test adds some)."""
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from .server import Fake, FakeServer, Request, Response
 

@@ -25,8 +25,9 @@ import itertools
 import re
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 from urllib.parse import unquote
 
 from .server import Fake, FakeServer, HttpError, Request, Response
@@ -555,7 +556,7 @@ class FakeGcp(Fake):
                              {"channel": "REGULAR", "defaultVersion": v, "validVersions": [v]}]}
 
     def _clusters_in(self, loc: str) -> list[dict]:
-        return [c for (l, _), c in self.st.clusters.items() if loc in ("-", l)]
+        return [c for (ln, _), c in self.st.clusters.items() if loc in ("-", ln)]
 
     def clusters_list(self, req: Request, p: str, loc: str) -> dict:
         self._project(p)
@@ -570,7 +571,7 @@ class FakeGcp(Fake):
         self._project(p)
         c = self.st.clusters.get((loc, name))
         if c is None and loc == "-":
-            c = next((x for (l, n), x in self.st.clusters.items() if n == name), None)
+            c = next((x for (ln, n), x in self.st.clusters.items() if n == name), None)
         if c is None:
             raise fail(404, f"Not found: projects/{p}/locations/{loc}/clusters/{name}.")
         return c

@@ -521,8 +521,8 @@ class FakeKube(Fake):
             group = g.get("groupName", "")
             want = int(g.get("replicas") or 0) * int(g.get("numOfHosts") or 1)
             desired += want
-            have = [p for p in self.list("pods", ns, f"ray.io/cluster={name},ray.io/group={group},"
-                                                     f"ray.io/node-type=worker")]
+            have = list(self.list("pods", ns, f"ray.io/cluster={name},ray.io/group={group},"
+                                                     f"ray.io/node-type=worker"))
             for _ in range(want - len(have)):
                 self._pod(rc, "worker", group)
             for p in have[want:]:

@@ -7,9 +7,10 @@ import json
 import re
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable, Self
+from typing import Any, Self
 from urllib.parse import parse_qs, urlsplit
 
 from .tls import Pki
@@ -130,7 +131,7 @@ class FakeServer:
         self._thread = threading.Thread(target=self.httpd.serve_forever, name=f"fake-{name}", daemon=True)
 
     # -- lifecycle --------------------------------------------------------
-    def start(self) -> "FakeServer":
+    def start(self) -> FakeServer:
         self._thread.start()
         return self
 

@@ -41,7 +41,7 @@ def make_pki(directory: Path, label: str, hosts: tuple[str, ...] = ("127.0.0.1",
     """A fresh CA named ``label`` and a certificate for ``hosts`` (IP
     addresses or DNS names), both valid for a day."""
     directory.mkdir(parents=True, exist_ok=True)
-    now = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(minutes=5)
+    now = datetime.datetime.now(datetime.UTC) - datetime.timedelta(minutes=5)
     later = now + datetime.timedelta(days=1)
 
     ca_key = ec.generate_private_key(ec.SECP256R1())

@@ -10,8 +10,9 @@ are relative to the connector's ``root``; absolute ones are taken as they are.
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from pathlib import PurePosixPath
-from typing import Any, Callable, Iterable, Protocol
+from typing import Any, Protocol
 
 NOT_FOUND = 127   # the program does not exist (a shell's exit code for it)
 TIMED_OUT = 124   # the command ran past its timeout (coreutils ``timeout``'s code)
@@ -20,7 +21,7 @@ TIMED_OUT = 124   # the command ran past its timeout (coreutils ``timeout``'s co
 class Ran:
     """What a process did: exit code, output, time taken."""
 
-    __slots__ = ("rc", "stdout", "stderr", "seconds")
+    __slots__ = ("rc", "seconds", "stderr", "stdout")
 
     def __init__(self, rc: int, stdout: str, stderr: str, seconds: float):
         self.rc, self.stdout, self.stderr, self.seconds = rc, stdout, stderr, seconds

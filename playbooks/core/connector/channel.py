@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 CHUNK = 65536
 SLICE = 0.1  # seconds between looks at the deadline
@@ -65,7 +66,7 @@ def call(transport: Any, line: str, stdin: bytes | None, on_out: Callable[[bytes
                 return None
         if failed:
             raise failed[0]
-        return chan.recv_exit_status()
+        return int(chan.recv_exit_status())
     finally:
         chan.close()
 

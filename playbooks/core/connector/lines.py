@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import io
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 PID_MARK = "@playbook-pid "
 

@@ -3,14 +3,16 @@ of it in the project), files in the local filesystem, kills through this
 machine's /proc (``procs``)."""
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
 from .. import procs
 from ..errors import CommandFailed
@@ -100,7 +102,7 @@ class LocalConnector(Connector):
         path = Path(self.path(log)) if log else None
         if path:
             path.parent.mkdir(parents=True, exist_ok=True)
-        out = open(path, "ab") if path else subprocess.DEVNULL
+        out = open(path, "ab") if path else subprocess.DEVNULL  # noqa: SIM115 - the child keeps it; closed below
         try:
             proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     env=self._env(env), cwd=self._cwd(cwd), start_new_session=True)
@@ -124,10 +126,8 @@ class LocalConnector(Connector):
         p.write_bytes(data)
 
     def remove(self, path: str) -> None:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             Path(self.path(path)).unlink()
-        except FileNotFoundError:
-            pass
 
     def make_dirs(self, path: str) -> None:
         Path(self.path(path)).mkdir(parents=True, exist_ok=True)
@@ -159,6 +159,6 @@ class LocalConnector(Connector):
         pass
 
 
-def _missing_is_fine(function, path, exc) -> None:
+def _missing_is_fine(function: Any, path: str, exc: BaseException) -> None:
     if not isinstance(exc, FileNotFoundError):
         raise exc

@@ -6,6 +6,7 @@ controller's sshd offers no SFTP subsystem (a hardened bastion), through
 from __future__ import annotations
 
 import codecs
+import contextlib
 import json
 import logging
 import os
@@ -15,8 +16,9 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Callable, Iterable
 from pathlib import PurePosixPath
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from .. import procs
 from ..errors import CommandFailed, ProbeFailed, Unreachable, first_line
@@ -63,10 +65,8 @@ def _no_delay(conn: Any) -> None:
         client = getattr(c, "client", None)    # a gateway may be a ProxyCommand string
         sock = getattr(client.get_transport() if client is not None else None, "sock", None)
         if isinstance(sock, socket.socket):
-            try:
+            with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            except OSError:
-                pass
 
 
 class _Text:
@@ -133,7 +133,7 @@ class SshConnector(Connector):
         return under(self.root, rel)
 
     # -- the connection -----------------------------------------------------------
-    def _connection(self, target: str, gateway=None):
+    def _connection(self, target: str, gateway: Any = None) -> Any:
         fabric, paramiko = _libs()
         user, host, port = parse_target(target)
         kwargs: dict[str, Any] = {"allow_agent": False, "look_for_keys": self.identity_file is None}
@@ -147,7 +147,7 @@ class SshConnector(Connector):
             c.client.load_host_keys(hosts)
         return c
 
-    def connection(self):
+    def connection(self) -> Any:
         """The open ``fabric.Connection`` (opened on first use, and again
         when it dropped since, as Fabric's own ``run`` would)."""
         with self._lock:
@@ -168,7 +168,7 @@ class SshConnector(Connector):
                 self._conn = conn
             return self._conn
 
-    def _open(self, conn) -> None:
+    def _open(self, conn: Any) -> None:
         _, paramiko = _libs()
         where = self.target + (f" (through {self.gateway})" if self.gateway else "")
         try:
@@ -188,7 +188,7 @@ class SshConnector(Connector):
                                   f"after checking its fingerprint, add it: ssh-keyscan -p {self.port} "
                                   f"{self.host} >> {self.known_hosts or '~/.ssh/known_hosts'}") from None
             raise Unreachable(f"controller {where} is unreachable: {text}") from None
-        except (OSError, socket.timeout, EOFError) as e:
+        except (TimeoutError, OSError, EOFError) as e:
             why = getattr(e, "strerror", None) or str(e) or type(e).__name__
             if type(e).__name__ == "NoValidConnectionsError":
                 why = "connection refused"
@@ -240,7 +240,8 @@ class SshConnector(Connector):
         # place; a missing program exits 127 as locally.
         return f"cd {where} && echo {PID_MARK}$$ >&2 && exec {prog}"
 
-    def _exec(self, argv, env, input: str | None, cwd, timeout: float | None, out_lines: Lines | None = None,
+    def _exec(self, argv: Iterable[str], env: Iterable[tuple[str, str]], input: str | None, cwd: str | None,
+              timeout: float | None, out_lines: Lines | None = None,
               err_lines: PidStripper | None = None) -> Ran:
         line = self._line(argv, env, cwd)
         if input is None:
@@ -266,10 +267,8 @@ class SshConnector(Connector):
 
     def _kill(self, pid: int | None, sig: int) -> None:
         if pid:
-            try:
+            with contextlib.suppress(Exception):
                 self._shell(f"kill -{int(sig)} {int(pid)}")
-            except Exception:
-                pass
 
     def run(self, argv: Iterable[str], env: Iterable[tuple[str, str]] = (), input: str | None = None,
             cwd: str | None = None, timeout: float | None = None) -> Ran:
@@ -297,7 +296,7 @@ class SshConnector(Connector):
         return int(text.strip())
 
     # -- files ------------------------------------------------------------------------
-    def _sftp(self):
+    def _sftp(self) -> Any:
         """One SFTP session per connection, used by one thread at a time
         (Paramiko's SFTPClient hangs when threads share it); None when the
         controller refuses the SFTP subsystem (found once per connection)."""
@@ -367,7 +366,7 @@ class SshConnector(Connector):
         with self._sftp_lock:
             try:
                 with sftp.open(full, "rb") as f:
-                    return f.read()
+                    return bytes(f.read())
             except FileNotFoundError:
                 return None
             except OSError as e:
@@ -387,9 +386,8 @@ class SshConnector(Connector):
             if r.rc != 0:
                 raise OSError(f"cannot make {parent} on {self.target}: {r.stderr.strip()}")
             self._made.add(parent)
-        with self._sftp_lock:
-            with sftp.open(full, "wb") as f:
-                f.write(data)
+        with self._sftp_lock, sftp.open(full, "wb") as f:
+            f.write(data)
 
     def remove(self, path: str) -> None:
         full = self.path(path)
@@ -397,11 +395,8 @@ class SshConnector(Connector):
         if sftp is None:
             self._shell(f"rm -f -- {shlex.quote(full)}")
             return
-        with self._sftp_lock:
-            try:
-                sftp.remove(full)
-            except OSError:
-                pass
+        with self._sftp_lock, contextlib.suppress(OSError):
+            sftp.remove(full)
 
     def make_dirs(self, path: str) -> None:
         full = self.path(path)

@@ -1,0 +1,44 @@
+"""The run's log folder: one file per command that ran (its line, where,
+exit code, whole stdout and stderr) and per in-process fact (its answer or
+its error), numbered in the order they came, and a traceback file for a
+step that met an error nobody foresaw."""
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from .facts import Completed
+
+
+def file_name(label: str) -> str:
+    """A label made safe as a file name in the run's log folder."""
+    return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in label)[:60]
+
+
+class RunLog:
+    def __init__(self, folder: Path):
+        self.folder = folder
+        self._n = 0
+        self._lock = threading.Lock()
+
+    def _next(self, label: str) -> Path:
+        with self._lock:
+            self._n += 1
+            n = self._n
+        return self.folder / f"{n:03d}-{file_name(label)}.log"
+
+    def command(self, label: str, c: Completed, where: str) -> None:
+        self._next(label).write_text(f"$ {c.line}\n# on {where}; exit {c.rc} after {c.seconds:.1f}s\n"
+                                     f"--- stdout\n{c.stdout}\n--- stderr\n{c.stderr}\n")
+
+    def fact(self, label: str, line: str, where: str, seconds: float, answer: str) -> None:
+        self._next(label).write_text(f"$ {line}\n# in-process fact, through {where}; {seconds:.1f}s\n"
+                                     f"--- answer\n{answer[:100_000]}\n")
+
+    def traceback(self, step_id: str, text: str) -> Path | None:
+        path = self.folder / f"traceback-{file_name(step_id)}.txt"
+        try:
+            path.write_text(text)
+        except OSError:
+            return None
+        return path
