@@ -1,7 +1,13 @@
 """The real thing on this machine: a local Ray cluster of simulated TPU
-hosts, MaxText training on CPU through Ray Train's JaxTrainer, elastic
-training through a lost and restored host, and a teardown that stops only
-this project's processes. Minutes, not seconds."""
+hosts, MaxText training on CPU through Ray Train's JaxTrainer, and a
+teardown that stops only this project's processes. Minutes, not seconds.
+
+One elastic run carries every end-to-end assertion: the tutorial's job,
+scaled down, with hostile values among its settings; a host killed mid-run
+(chaos.delete-worker) and brought back (`invoke up`); the job shrinks, grows
+back and succeeds; its summary, kept metrics, picture and log; a second
+`up` and `train` that change nothing. (The non-elastic trainer runs end to
+end in test_controller_train.py.)"""
 import json
 import os
 import re
@@ -9,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -18,6 +25,12 @@ from tests.conftest import INVOKE, ROOT
 
 pytestmark = pytest.mark.e2e
 ENV = "e2e-local"
+STEPS = 100
+RUN = "rayjob-elastic-8b"
+# Another checkout of this project may run these tests on the same machine at
+# the same time: it sets its own offset for the local cluster's address and ports.
+OFFSET = int(os.environ.get("PLAYBOOK_E2E_OFFSET", "0"))
+GCS_PORT = 6500 if OFFSET == 0 else 9000 + 100 * OFFSET  # (+ about 30 ports after it)
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +38,7 @@ def local(tmp_path_factory):
     """A local environment of its own (ports, state folder), torn down after."""
     d = tmp_path_factory.mktemp("e2e")
     base = yaml.safe_load((ROOT / "inventory.yaml").read_text())["environments"]["local"]
-    env = {**base, "gcs_port": 6500, "dashboard_port": 8275, "ray_ip": "127.0.0.3"}
+    env = {**base, "gcs_port": GCS_PORT, "dashboard_port": 8275 + OFFSET, "ray_ip": f"127.0.0.{3 + OFFSET}"}
     inv = d / "inventory.yaml"
     inv.write_text(yaml.safe_dump({"default": ENV, "environments": {ENV: env}}))
     shutil.rmtree(ROOT / ".state" / ENV, ignore_errors=True)
@@ -41,30 +54,9 @@ def local(tmp_path_factory):
         return r.returncode, r.stdout + r.stderr
 
     invoke.env = e
+    invoke.dir = d
     yield invoke
     invoke("teardown", "--yes", timeout=120)
-
-
-def summary_value(out: str, key: str) -> str:
-    m = re.search(rf"^\s+{re.escape(key)}: (.+)$", out, re.M)
-    assert m, f"no {key!r} in the summary:\n{out[-3000:]}"
-    return m.group(1)
-
-
-def pids(name_glob: str) -> list[int]:
-    out = []
-    for p in (ROOT / ".state" / ENV / "nodes").glob(name_glob):
-        import json
-        out.append(json.loads(p.read_text())["pid"])
-    return out
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state not in ("Z", "X")
 
 
 def hostile(markers: Path) -> dict[str, str]:
@@ -80,51 +72,118 @@ def hostile(markers: Path) -> dict[str, str]:
     }
 
 
-def test_train_locally_to_succeeded(local, tmp_path):
-    """The tutorial's job, scaled down, to SUCCEEDED, with hostile values
-    among its settings: `ray job submit` joins the entrypoint into one shell
-    command line on the head; nothing of them may reach a shell, and the
-    trainer must see each one as it was given."""
-    markers = tmp_path / "markers"
-    markers.mkdir()
+@dataclass
+class Run:
+    rc: int
+    out: str
+    values: dict[str, str]
+    markers: Path
+    chaos: str = ""
+    restore: str = ""
+
+
+@pytest.fixture(scope="module")
+def run(local, tmp_path_factory) -> Run:
+    """The one elastic run: started on both simulated slices, one host
+    killed after step 12, the job going on with one, the host brought back
+    by `invoke up`, the job growing back to two and ending SUCCEEDED."""
+    markers = tmp_path_factory.mktemp("markers")
     values = hostile(markers)
     sets = [a for k, v in values.items() for a in ("--set", f"{k}={v}")]
-    rc, out = local("train", "--fresh", *sets)
-    assert rc == 0, out[-5000:]
-    assert list(markers.iterdir()) == [], "a value reached a shell"
-    [argv] = [json.loads(line.split("trainer argv: ", 1)[1]) for line in out.splitlines() if "trainer argv: " in line]
-    for k, v in values.items():
+    job = subprocess.Popen([INVOKE, "train", "--elastic", "--fresh", f"--steps={STEPS}", *sets], cwd=ROOT,
+                           env=local.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen: list[str] = []
+
+    def wait_for(pattern: str, minutes: float = 10) -> None:
+        deadline = time.monotonic() + minutes * 60
+        assert job.stdout is not None
+        for line in job.stdout:
+            seen.append(line)
+            if re.search(pattern, line):
+                return
+            assert time.monotonic() < deadline, f"no {pattern!r} within {minutes} minutes"
+        pytest.fail(f"the job ended before {pattern!r}:\n{''.join(seen)[-4000:]}")
+
+    r = Run(1, "", values, markers)
+    try:
+        wait_for(r"completed step: 1[2-9]")
+        rc, r.chaos = local("chaos.delete-worker", "--restore-after=0", timeout=300)
+        assert rc == 0, r.chaos
+        wait_for(r"Started training worker group of size 1")
+        rc, r.restore = local("up", timeout=300)
+        assert rc == 0, r.restore
+        rest, _ = job.communicate(timeout=900)
+        seen.append(rest)
+    finally:
+        if job.poll() is None:
+            job.send_signal(signal.SIGINT)
+            job.wait(30)
+    r.rc, r.out = job.returncode, "".join(seen)
+    return r
+
+
+def summary_value(out: str, key: str) -> str:
+    m = re.search(rf"^\s+{re.escape(key)}: (.+)$", out, re.M)
+    assert m, f"no {key!r} in the summary:\n{out[-3000:]}"
+    return m.group(1)
+
+
+def test_the_job_succeeds_and_no_hostile_value_reaches_a_shell(run: Run):
+    """`ray job submit` joins the entrypoint into one shell command line on
+    the head; nothing of the values may reach a shell, and the trainer must
+    see each one as it was given."""
+    assert run.rc == 0, run.out[-6000:]
+    assert list(run.markers.iterdir()) == [], "a value reached a shell"
+    [argv] = [json.loads(line.split("trainer argv: ", 1)[1]) for line in run.out.splitlines()
+              if "trainer argv: " in line]
+    for k, v in run.values.items():
         assert f"{k}={v}" in argv, (k, argv)
     # ... and MaxText's workers read them (those its YAML parse keeps as they are).
     log = (sorted((ROOT / ".state" / ENV / "runs").glob("*-train"))[-1] / "job.log").read_text()
     for k in ("dataset_path", "hf_path", "hf_data_dir", "hf_train_files"):
-        assert f"Config param {k}: {values[k]}" in log, k
-    assert re.search(r"Job 'rayjob-multi-slice-\d+' succeeded", out)
-    assert summary_value(out, "steps") == "20 (last step 19)"
+        assert f"Config param {k}: {run.values[k]}" in log, k
+    assert re.search(rf"Job '{RUN}-\d+' succeeded", run.out)
+    assert f"changed: [train : job {RUN} (llama3-8b, elastic)] job {RUN}-1 SUCCEEDED" in run.out
+
+
+def test_the_summary_says_what_the_job_did(run: Run):
+    out = run.out
+    assert summary_value(out, "steps") == f"{STEPS} (last step {STEPS - 1})"
     loss = float(summary_value(out, "final loss"))
     assert 0 < loss < 7.5  # it learned: step 0 is ~7.5 for a 1024-token vocabulary
     assert 0 < float(summary_value(out, "median step time").split()[0]) < 10
     assert float(summary_value(out, "tokens/s/device (median)")) > 0
     assert summary_value(out, "parameters").startswith("0.002 billion (llama3-8b: 0.002 expected)")
     assert "simulated TPU: 2 host(s) = 2 slice(s) of 1" in out
-    assert "changed: [train : job rayjob-multi-slice (llama3-8b)] job rayjob-multi-slice-1 SUCCEEDED" in out
     # A quiet job (starting, compiling) gives a sign of life: its status and last step.
-    assert re.search(r"^  waiting \d+s: job rayjob-multi-slice-1 still running; status (PENDING|RUNNING), "
+    assert re.search(rf"^  waiting \d+s: job {RUN}-1 still running; status (PENDING|RUNNING), "
                      r"(no step yet|last step \d+)$", out, re.M), out[-5000:]
     mfu = re.match(r"([\d.e-]+)% \(([\d.]+) TFLOP/s/device of a v6e chip's 918 bf16 peak\)", summary_value(out, "MFU"))
     assert mfu and float(mfu.group(1)) > 0 and float(mfu.group(2)) > 0, out[-3000:]
     assert abs(float(mfu.group(1)) / (100 * float(mfu.group(2)) / 918) - 1) < 0.05  # MFU = TFLOP/s / peak
 
-    # The run's step metrics are kept, from MaxText's own metrics_file.
+
+def test_the_job_goes_on_with_one_slice_and_grows_back(run: Run):
+    assert "changed: [chaos : kill one TPU host] killed TPU host tpu-group-0-0" in run.chaos
+    assert "changed: [twin : TPU host tpu-group-0-0] TPU host tpu-group-0-0 joined" in run.restore
+    assert summary_value(run.out, "worker group sizes") == "2 -> 1 -> 2"
+    restored = [int(x) for x in summary_value(run.out, "restored from checkpoint step(s)").split(", ")]
+    assert len(restored) >= 2 and all(s > 0 for s in restored), restored
+    assert "resize the worker group from 1 -> 2 workers" in run.out
+    resized = re.findall(r"^\s+resize (\d) -> (\d) workers after step (\d+)$", run.out, re.M)
+    assert [(a, b) for a, b, _ in resized] == [("2", "1"), ("1", "2")], resized
+
+
+def test_the_runs_metrics_are_kept_and_drawn(local, run: Run):
     from playbooks import metrics
-    run = summary_value(out, "metrics").split()[0]
-    kept = ROOT / run
+    kept = ROOT / summary_value(run.out, "metrics").split()[0]
     header, steps, events = metrics.read(kept)
-    assert header["source"] == "metrics_file" and header["job"] == "rayjob-multi-slice-1", header
-    assert [r["step"] for r in steps] == list(range(20))
+    assert header["source"] == "metrics_file" and header["job"] == f"{RUN}-1", header
+    assert [r["step"] for r in steps] == list(range(STEPS))  # steps replayed after a restore count once
     assert all(r["source"] == "metrics_file" and r["loss"] > 0 and r["step_seconds"] > 0 for r in steps)
-    assert abs(steps[-1]["loss"] - loss) < 1e-3  # the same last loss the log printed
-    assert events == []
+    assert abs(steps[-1]["loss"] - float(summary_value(run.out, "final loss"))) < 1e-3
+    resizes = re.findall(r"^\s+resize \d -> \d workers after step (\d+)$", run.out, re.M)
+    assert [e["after_step"] for e in events if e["event"] == "resize"] == [int(s) for s in resizes]
     # `invoke metrics` draws them; the panels plot exactly the kept records.
     rc, out = local("metrics")
     assert rc == 0, out
@@ -135,71 +194,40 @@ def test_train_locally_to_succeeded(local, tmp_path):
     assert drawn == [metrics.series(steps)[key] for key, _ in metrics.SERIES]
     rc, out = local("metrics")  # converged: the picture is newer than its data
     assert rc == 0 and "is up to date" in out, out
-    # `invoke logs`: the driver log of the run's newest job, through the Jobs SDK.
+
+
+def test_logs_and_a_second_run_change_nothing(local, run: Run):
+    # `invoke logs`: the driver log of the run's newest job.
     rc, out = local("logs")
     assert rc == 0, out
-    assert "completed step: 19" in out and "job rayjob-multi-slice-1 SUCCEEDED" in out
-
+    assert f"completed step: {STEPS - 1}" in out and f"job {RUN}-1 SUCCEEDED" in out
     # Converged: the cluster is reused, nothing changes.
     rc, out = local("up")
     assert rc == 0 and re.search(r"ok=\d+ changed=0 failed=0", out), out
     # The run is complete: a second `invoke train` does not resubmit it.
-    rc, out = local("train")
+    rc, out = local("train", "--elastic", f"--steps={STEPS}")
     assert rc == 0, out
-    assert "already trained to step 19 of 20: nothing to do" in out
+    assert f"already trained to step {STEPS - 1} of {STEPS}: nothing to do" in out
     assert "ray job submit" not in out
+    # `invoke status` says so, read-only.
+    rc, out = local("status")
+    assert rc == 0 and "diagnosis: everything is as the inventory asks" in out, out
+    assert f"{RUN}-1  SUCCEEDED" in out
 
 
-def test_elastic_training_survives_a_lost_host(local):
-    """Kill a simulated TPU host mid-run (chaos.delete-worker); once the job
-    went on with fewer workers, start the host again (`invoke up`, the
-    idempotent bring-up) and see the job grow back and succeed."""
-    env = local.env
-    job = subprocess.Popen([INVOKE, "train", "--elastic", "--fresh", "--steps=100"], cwd=ROOT, env=env,
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    seen: list[str] = []
+def pids(name_glob: str) -> list[int]:
+    return [json.loads(p.read_text())["pid"] for p in (ROOT / ".state" / ENV / "nodes").glob(name_glob)]
 
-    def wait_for(pattern: str, minutes: float = 10) -> None:
-        deadline = time.monotonic() + minutes * 60
-        for line in job.stdout:
-            seen.append(line)
-            if re.search(pattern, line):
-                return
-            assert time.monotonic() < deadline, f"no {pattern!r} within {minutes} minutes"
-        pytest.fail(f"the job ended before {pattern!r}:\n{''.join(seen)[-4000:]}")
 
+def alive(pid: int) -> bool:
     try:
-        wait_for(r"completed step: 1[2-9]")
-        rc, chaos = local("chaos.delete-worker", "--restore-after=0", timeout=300)
-        assert rc == 0, chaos
-        assert "changed: [chaos : kill one TPU host] killed TPU host tpu-group-0-0" in chaos
-        wait_for(r"Started training worker group of size 1")
-        rc, up = local("up", timeout=300)
-        assert rc == 0, up
-        assert "changed: [local : TPU host tpu-group-0-0] TPU host tpu-group-0-0 joined" in up
-        rest, _ = job.communicate(timeout=900)
-        seen.append(rest)
-    finally:
-        if job.poll() is None:
-            job.send_signal(signal.SIGINT)
-            job.wait(30)
-    out = "".join(seen)
-    assert job.returncode == 0, out[-6000:]
-    assert summary_value(out, "worker group sizes") == "2 -> 1 -> 2"
-    restored = [int(x) for x in summary_value(out, "restored from checkpoint step(s)").split(", ")]
-    assert len(restored) >= 2 and all(s > 0 for s in restored), restored
-    assert "resize the worker group from 1 -> 2 workers" in out
-    resized = re.findall(r"^\s+resize (\d) -> (\d) workers after step (\d+)$", out, re.M)
-    assert [(a, b) for a, b, _ in resized] == [("2", "1"), ("1", "2")], resized
-    from playbooks import metrics
-    _, steps, events = metrics.read(ROOT / summary_value(out, "metrics").split()[0])
-    assert [e["event"] for e in events if e["event"] == "resize"] == ["resize", "resize"]
-    assert [e["after_step"] for e in events if e["event"] == "resize"] == [int(s) for _, _, s in resized]
-    assert steps[-1]["step"] == 99
-    assert summary_value(out, "steps").endswith("(last step 99)")
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
 
 
-def test_teardown_stops_only_this_projects_processes(local, tmp_path):
+def test_teardown_stops_only_this_projects_processes(local, run: Run, tmp_path):
     decoy_bin = tmp_path / "raylet"  # what `ray stop` would kill by name
     shutil.copy("/bin/sleep", decoy_bin)
     decoy = subprocess.Popen([str(decoy_bin), "300"])
@@ -223,7 +251,8 @@ def test_a_ray_head_that_exits_fails_the_step_at_once_with_its_last_log_line(tmp
     base = yaml.safe_load((ROOT / "inventory.yaml").read_text())["environments"]["local"]
     inv = tmp_path / "inventory.yaml"
     inv.write_text(yaml.safe_dump({"default": name, "environments": {name: {
-        **base, "slices": 1, "gcs_port": 6700, "dashboard_port": 8295, "ray_ip": "127.0.0.5"}}}))
+        **base, "slices": 1, "gcs_port": GCS_PORT + 50, "dashboard_port": 8295 + OFFSET,
+        "ray_ip": f"127.0.0.{50 + OFFSET}"}}}))
     deep = tmp_path / ("t" * 100)
     deep.mkdir()
     e = {k: v for k, v in os.environ.items() if not k.startswith("INVOKE_")}
