@@ -9,7 +9,8 @@ once and refreshes its token when it expires), and the same output kubectl
 prints: the API server's JSON (a list as kubectl's ``List``), or kubectl's
 ``Error from server (Reason): message`` with exit code 1. A command line it
 does not recognise runs as a process. ``tests`` compare both answers against
-the fake API server.
+the fake API server. (The client runs GKE's exec credential plugin with this
+process's environment, of which the connector's is the stated part.)
 
 The client is imported only when a command comes (it is a heavy import).
 """

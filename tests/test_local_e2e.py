@@ -201,6 +201,17 @@ def test_logs_and_a_second_run_change_nothing(local, run: Run):
     rc, out = local("logs")
     assert rc == 0, out
     assert f"completed step: {STEPS - 1}" in out and f"job {RUN}-1 SUCCEEDED" in out
+    # The Jobs SDK answers `ray job logs` here as the CLI does (a speed-up of
+    # the local connector): the same lines, whole and followed to the end.
+    from playbooks.rayapi import RayJobLogs
+    address = f"http://127.0.0.{3 + OFFSET}:{8275 + OFFSET}"
+    for follow in ((), ("--follow",)):
+        argv = ["ray", "job", "logs", *follow, "--address", address, f"{RUN}-1"]
+        cli = subprocess.run(argv, env=local.env, capture_output=True, text=True, timeout=120)
+        sdk = RayJobLogs().stream(argv, local.env, lambda line: None) if follow else \
+            RayJobLogs().run(argv, local.env, 120)
+        assert cli.returncode == 0 and sdk is not None and sdk.rc == 0, (cli.stderr, sdk and sdk.stderr)
+        assert [ln for ln in sdk.stdout.splitlines() if ln.strip()] == cli_lines(cli.stdout)
     # Converged: the cluster is reused, nothing changes.
     rc, out = local("up")
     assert rc == 0 and re.search(r"ok=\d+ changed=0 failed=0", out), out
@@ -213,6 +224,36 @@ def test_logs_and_a_second_run_change_nothing(local, run: Run):
     rc, out = local("status")
     assert rc == 0 and "diagnosis: everything is as the inventory asks" in out, out
     assert f"{RUN}-1  SUCCEEDED" in out
+
+
+CLI_FRAME = re.compile(r"^\S+ \S+\t(?:INFO|SUCC|WARNING|ERROR) cli\.py:\d+ -- (.*)$")
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def cli_lines(text: str) -> list[str]:
+    """The lines of `ray job logs` without the CLI's own logger frame: the
+    server address it says first, its prefix on the log's first line, the
+    rules around its closing status line."""
+    out = []
+    for line in ANSI.sub("", text).splitlines():
+        m = CLI_FRAME.match(line)
+        if m:
+            line = m.group(1)
+            if line.startswith("Job submission server address") or set(line) <= set("-"):
+                continue
+        if line.strip():
+            out.append(line)
+    return out
+
+
+def test_the_cli_frame_is_taken_off_as_the_cli_prints_it():
+    printed = ("2026-12-01 22:56:24,105\tINFO cli.py:42 -- \x1b[37mJob submission server address\x1b[39m: x\n"
+               "2026-12-01 22:56:24,110\tINFO cli.py:569 -- 2026-12-01 22:55:59,270\tINFO job_manager.py:581 -- "
+               "Runtime env is setting up.\nhello\n"
+               "2026-12-01 22:56:29,200\tSUCC cli.py:66 -- \x1b[32m-----------------------\x1b[39m\n"
+               "2026-12-01 22:56:29,201\tSUCC cli.py:67 -- \x1b[32mJob 'probe-1' succeeded\x1b[39m\n")
+    assert cli_lines(printed) == ["2026-12-01 22:55:59,270\tINFO job_manager.py:581 -- Runtime env is setting up.",
+                                  "hello", "Job 'probe-1' succeeded"]
 
 
 def pids(name_glob: str) -> list[int]:

@@ -776,3 +776,63 @@ def test_a_long_create_gives_a_sign_of_life_also_while_other_steps_run(cloud: Cl
     first = next(ln for ln in beats if NET1 in ln)
     assert run.out.index(first) < run.out.index(f"TASK [network : VPC {NET1}] *")
     assert run.out.splitlines()[1].startswith("logs: .state/"), run.out[:300]   # where the logs go, at the start
+
+
+# -- 11. the client libraries as speed-ups: the same answers as the CLIs -----------------
+def test_the_kubernetes_client_answers_kubectl_as_kubectl_does(cloud: Cloud, monkeypatch):
+    """Every kubectl read of the plays, once through the real kubectl and
+    once through the local connector's shortcut (the `kubernetes` client):
+    the same JSON (as the plays parse it), the same errors, the same exit.
+    (The client runs GKE's auth plugin with this process's environment, as
+    `invoke` does: the fakes' client environment is set here.)"""
+    import json as _json
+
+    from playbooks import gke, k8s
+    from playbooks.kube_client import KubectlShortcut
+    cloud.seed_full()
+    cloud.get_credentials()
+    e = cloud.envdata()
+    pod = cloud.kube.worker_pods("default")[0]
+    cloud.kube.break_pod("default", pod, phase="Running", waiting=("CrashLoopBackOff", "back-off"), restarts=2,
+                         log="one\ntwo\nthree\nfour\n")
+    reads = [
+        gke.kube_get(e, "raycluster", "maxtext-tpu-cluster", "default").command.argv,       # three refs, one List
+        gke.kube_get(e, "namespace", "default").command.argv,                               # one named object
+        gke.kube_get(e, "computeclass", "absent-class").command.argv,                       # none: empty output
+        gke.kube(e, "get", "pods", "--namespace", "default", "-l", "ray.io/node-type=worker", "--output=json").argv,
+        gke.kube(e, "get", "nodes", "-l", "cloud.google.com/gke-nodepool", "--output=json").argv,
+        gke.kube(e, "get", "events", "--namespace", "default", "--output=json").argv,
+        gke.kube(e, "get", "raycluster/nope", "--namespace", "default", "--output=json").argv,  # NotFound, exit 1
+        gke.kube(e, "logs", pod, "--namespace", "default", "--tail=3").argv,
+    ]
+    shortcut, env = KubectlShortcut(), cloud.env()
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+
+    def shape(text: str):
+        if not text.strip():
+            return None
+        doc = _json.loads(text) if text.lstrip().startswith("{") else text
+        if isinstance(doc, dict) and "items" in doc:
+            return ("List", sorted((i.get("kind"), (i.get("metadata") or {}).get("name")) for i in doc["items"]))
+        if isinstance(doc, dict):
+            return (doc.get("kind"), (doc.get("metadata") or {}).get("name"), doc.get("spec"), doc.get("status"))
+        return doc
+
+    for argv in reads:
+        cli = cloud.client(*argv)
+        fast = shortcut.run(list(argv), env, 30)
+        assert fast is not None, f"the shortcut does not answer {argv}"
+        assert (fast.rc, shape(fast.stdout)) == (cli.returncode, shape(cli.stdout)), (argv, cli.stderr, fast.stderr)
+        if cli.returncode:
+            assert fast.stderr.split(":")[0] == cli.stderr.split(":")[0], (fast.stderr, cli.stderr)
+    # What the plays read through it parses to the same values.
+    parse = gke.raycluster_fact(e).parse
+    from playbooks.core.facts import Completed
+    argv = reads[0]
+    cli, fast = cloud.client(*argv), shortcut.run(list(argv), env, 30)
+    assert parse(Completed("", 0, fast.stdout, "")) == parse(Completed("", 0, cli.stdout, ""))
+    assert k8s.ready(e, parse(Completed("", 0, fast.stdout, ""))) == "head ready, 7 of 8 TPU workers ready"
+    # A command it does not know runs as a process.
+    assert shortcut.run(["kubectl", "get", "pods", "--watch"], env, 30) is None
+    assert shortcut.run(["kubectl", "apply", "-f", "-"], env, 30) is None
