@@ -1,5 +1,5 @@
 # The two commands of the README's quick start, and a few more.
-.PHONY: venv train test goldens lock clean-local
+.PHONY: venv train test check goldens lock clean-local
 
 venv:
 	@scripts/bootstrap
@@ -14,6 +14,14 @@ test: venv
 	.venv/bin/ruff check playbooks tasks.py tests bench
 	.venv/bin/mypy
 	.venv/bin/python -m pytest
+
+## What a contributor runs before each commit (under 2 minutes): lint, types, unit tests, golden dry runs
+## (not the real clients against the fakes, the AOT compiles or the local Ray runs: `make test` runs those too).
+check: venv
+	@scripts/test-deps
+	.venv/bin/ruff check playbooks tasks.py tests bench
+	.venv/bin/mypy
+	.venv/bin/python -m pytest -m "not e2e and not clients and not compile"
 
 ## Regenerate the golden dry-run transcripts after an intended change of commands.
 goldens: venv

@@ -133,3 +133,26 @@ def test_project_files_reach_a_controller_without_sftp_through_cat(cloud: Cloud,
         assert "subsystem request for sftp by user root failed" in (tmp_path / "sshd" / "sshd.log").read_text()
     finally:
         server.stop()
+
+
+def test_doctor_through_the_controller_checks_the_controllers_tools(cloud: Cloud, controller, tmp_path):
+    """`invoke doctor` with a controller: every tool, gcloud's account, the
+    project, the kubectl context and the parse of the plan's gcloud lines
+    are checked where the commands run (this machine's PATH has no gcloud or
+    kubectl); the parser runs from the synced remote_dir, fed on its stdin."""
+    cloud.seed_project()
+    cloud.seed_cluster()
+    run = cloud.invoke("doctor", **NOWHERE)
+    assert re.search(r"doctor : kubectl context \S+ +failed", run.out), run.out   # no context there yet
+    cloud.invoke("cluster", **NOWHERE)                                            # get-credentials there
+    run = cloud.invoke("doctor", **NOWHERE)
+    assert run.rc == 0, run.out
+    for tool in ("gcloud", "gsutil", "kubectl", "gke-gcloud-auth-plugin", "envsubst", "ray"):
+        assert re.search(rf"ok: \[doctor : {re.escape(tool)}\] {re.escape(tool)} \d", run.out), (tool, run.out)
+    assert re.search(r"ok: \[doctor : gcloud commands parse\] all \d+ gcloud command lines of the plan parse", run.out)
+    assert "reaches Kubernetes" in run.out
+    assert (tmp_path / "remote" / "playbooks" / "gcloud_parse.py").is_file()
+    logs = sorted((ROOT / ".state" / STANDARD / "runs").glob("*-doctor"))[-1]
+    parse = [p.read_text() for p in logs.glob("*.log") if "gcloud_parse.py" in p.read_text().splitlines()[0]]
+    assert parse and all(f"# on controller {controller.target}" in t for t in parse), parse
+    assert not (ROOT / ".state" / STANDARD / "gcloud-lines.jsonl").exists()    # nothing written here

@@ -77,6 +77,7 @@ def test_every_gcloud_command_of_every_plan_parses(hermetic):
             "--location-policy", "--no-enable-autorepair", "--max-nodes", "--min-nodes"} <= flags
 
 
+@pytest.mark.clients
 def test_parser_agrees_with_the_cli(hermetic):
     """Known-good and known-bad lines through both: the CLI exits 2 on a parse
     error and 1 ("no active account") once parsed."""
@@ -99,6 +100,7 @@ def test_parser_agrees_with_the_cli(hermetic):
     assert "unrecognized arguments: --machine-type=n1-standard-16" in parsed[-3]["error"]
 
 
+@pytest.mark.clients
 def test_invoke_doctor_checks_the_plan_and_lists_every_problem(hermetic):
     """No gcloud account here: doctor says so, and that the project cannot be
     read for that reason (once, for the two checks it stops), and still runs

@@ -31,6 +31,7 @@ from tests.controller_cases import (  # noqa: E402,F401
     controller,
     test_an_unreachable_controller_is_one_line_and_unreachable_in_the_recap,
     test_dns_control_plane_asks_for_the_dns_endpoint,
+    test_doctor_through_the_controller_checks_the_controllers_tools,
     test_internal_control_plane_without_a_controller_is_refused_in_one_line,
     test_project_files_reach_a_controller_without_sftp_through_cat,
     test_the_dry_run_through_a_controller_is_the_local_one_naming_the_controller,
