@@ -30,7 +30,10 @@ from typing import Any
 
 from .clients import gcloud
 from .core.command import Command
-from .gke import location, running_cluster
+from .core.errors import PlaybookError
+from .core.facts import ABSENT, assume
+from .core.play import StepContext
+from .gke import clusters_fact, location, running_cluster
 from .schema import Environment
 
 # gcloud's value (surface container/clusters/update: flags.AddMaintenanceExclusionFlags
@@ -141,3 +144,22 @@ def held(env: Environment, run: str, at: dt.datetime | None = None) -> dict:
     return {**running_cluster(env), "maintenancePolicy": {"window": {"maintenanceExclusions": {name(run): {
                 "startTime": at.isoformat(), "endTime": (at + HOLD).isoformat(),
                 "maintenanceExclusionOptions": {"scope": API_SCOPE}}}}}}
+
+
+def release(ctx: StepContext, env: Environment, run: str) -> str | None:
+    """The run's job ended: its exclusion goes (in the step that saw the
+    end: `train`, `logs --follow`). A line saying so, or why it could not;
+    None when there was none. A dry run assumes the hold was made."""
+    if env.kind == "local" or not env.hold_maintenance:
+        return None
+    exclusion = name(run)
+    cluster = ctx.look(assume(clusters_fact(env), held(env, run)), fresh=True)
+    if cluster is ABSENT or exclusion not in exclusions(cluster):
+        return None
+    remove = remove_command(env, exclusion)
+    try:
+        ctx.act(remove)
+    except PlaybookError as e:
+        return (f"maintenance exclusion {exclusion} is still there ({str(e).splitlines()[0]}): `invoke teardown` "
+                f"removes it, or `{remove.line()}`")
+    return f"maintenance exclusion {exclusion} removed: GKE may upgrade the nodes again"

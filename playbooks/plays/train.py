@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from .. import hosts, maintenance, metrics, paths
-from ..core.errors import InputError, PlaybookError
+from ..core.errors import InputError
 from ..core.facts import ABSENT, Action, Completed, assume
 from ..core.play import Outcome, StepContext
 from ..core.recap import CHANGED, FAILED, SKIPPED
@@ -128,25 +128,6 @@ def hold_step(job: Job) -> Step:
                 verify=Verify(probe, check, timeout=300, interval=5))
 
 
-def release(ctx: StepContext, job: Job) -> str | None:
-    """The job ended: its run's maintenance exclusion goes (a line saying
-    so, or why it could not). A dry run assumes the hold was made."""
-    env = job.env
-    if env.kind == "local" or not env.hold_maintenance:
-        return None
-    exclusion = maintenance.name(job.run_name)
-    cluster = ctx.look(assume(clusters_fact(env), maintenance.held(env, job.run_name)), fresh=True)
-    if cluster is ABSENT or exclusion not in maintenance.exclusions(cluster):
-        return None
-    remove = maintenance.remove_command(env, exclusion)
-    try:
-        ctx.act(remove)
-    except PlaybookError as e:
-        return (f"maintenance exclusion {exclusion} is still there ({str(e).splitlines()[0]}): `invoke teardown` "
-                f"removes it, or `{remove.line()}`")
-    return f"maintenance exclusion {exclusion} removed: GKE may upgrade the nodes again"
-
-
 # -- the job ----------------------------------------------------------------
 class Follower:
     """What a followed job's log lines become: the summary, the run's log
@@ -257,12 +238,12 @@ def job_step(job: Job, log_file: Path | None = None) -> Step:
         finally:
             f.close()
         if done is None:  # not acting: nothing ran
-            release(ctx, job)
+            maintenance.release(ctx, job.env, job.run_name)
             return Outcome(CHANGED, f"would run job {sid}")
         final = ctx.look(job_fact(job.address, sid, via), fresh=True)
         # The job ended (or was never made): the hold goes with it.
         ended = not (isinstance(final, dict) and final.get("status") in ("PENDING", "RUNNING"))
-        if ended and (line := release(ctx, job)):
+        if ended and (line := maintenance.release(ctx, job.env, job.run_name)):
             ctx.echo(f"  {line}")
         if not done.ok and not isinstance(final, dict):
             last = [line for line in done.stdout.splitlines() if line.strip()][-1:] or ["no output"]
