@@ -170,6 +170,9 @@ def test_teardown_deletes_in_dependency_order(transcripts):
     expected = [
         f"kubectl delete raycluster maxtext-tpu-cluster --namespace {NS} {CTX}",
         "kill -TERM $(cat .state/acme/port-forward.pid)",
+        # the runs' maintenance exclusions, once their jobs went with the RayCluster
+        f"gcloud container clusters update {C} --location={Z} --remove-maintenance-exclusion="
+        f"playbooks-train-rayjob-multi-slice --project={P} --quiet",
         f"gcloud container clusters delete {C} --zone={Z} --project={P} --quiet",
         f"gsutil rm -r gs://{B}",
         f"{D}gcloud compute networks subnets delete tpu-subnet-1 --region={R} --project={P} --quiet",
