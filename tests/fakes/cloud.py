@@ -310,16 +310,14 @@ class Cloud:
         """The KSA, the DRANET claim template and a ready RayCluster with its pods,
         from the repository's manifest rendered with the environment's values."""
         e = self.envdata(env_name)
-        from playbooks import tutorial
+        from playbooks import manifests, tutorial
         from playbooks.core.render import render
-        from playbooks.plays import raycluster
         if e.namespace != "default":
             self.kube.create("namespaces", {"metadata": {"name": e.namespace}})
         self.kube.create("serviceaccounts", {"metadata": {"name": e.ksa_name, "namespace": e.namespace}})
         if e.mode == "autopilot":
-            from playbooks.plays import autopilot
-            self.kube.create("computeclasses", autopilot.rendered_compute_class(e))
-        text = render((ROOT / tutorial.RAYCLUSTER_MANIFEST).read_text(), raycluster.manifest_values(e))
+            self.kube.create("computeclasses", manifests.compute_class_doc(e))
+        text = render((ROOT / tutorial.RAYCLUSTER_MANIFEST).read_text(), manifests.raycluster_values(e))
         for doc in yaml.safe_load_all(text):
             plural = {"RayCluster": "rayclusters", "ResourceClaimTemplate": "resourceclaimtemplates"}[doc["kind"]]
             self.kube.create(plural, doc)
