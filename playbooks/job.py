@@ -246,7 +246,7 @@ def submit_command(job: Job, submission_id: str) -> Command:
 TMP_SUFFIX = ".orbax-checkpoint-tmp"
 COMMIT_FILE = "commit_success.txt"
 STEP_NAME = re.compile(r"^(0|[1-9]\d*)$")
-TMP_STEP = re.compile(r".*?_*?(\d+)\.orbax-checkpoint-tmp")
+TMP_STEP = re.compile(r".*?_*?(\d+)" + re.escape(TMP_SUFFIX))
 UNFINISHED = f"a save that did not finish (Orbax renames <step>{TMP_SUFFIX}-* to <step> when it commits)"
 
 
