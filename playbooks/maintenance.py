@@ -14,11 +14,14 @@ fixes) still come and leave the nodes alone. GKE's limits per scope
 (kubernetes-engine/docs/concepts/maintenance-windows-and-exclusions, "Scope
 of maintenance to exclude" and "Limitations on maintenance exclusions"):
 "No upgrades" at most 30 days; "No minor upgrades" and "No minor or node
-upgrades" up to the end of support of the cluster's minor version; at most
-20 exclusions per cluster (terraform-provider-google #15279 quotes that
-page). A hold lasts HOLD from its `train` (inside every scope's limit but
-near a version's end of support, where GKE refuses the end date with its
-own message); a run still training when it ends is held again by the next
+upgrades" up to the end of support of the cluster's minor version (Google's
+own sample, terraform-google-modules/terraform-docs-samples
+gke/standard/zonal/no-channel-to-release-channel/no_minor_or_node_upgrade/
+main.tf, ends one "at the end of standard support for 1.31"); at most 20
+exclusions per cluster (terraform-provider-google #15279 quotes that page).
+A hold lasts HOLD from its `train` (inside every scope's limit, but near a
+version's end of support, where GKE refuses the end date with its own
+message); a run still training when it ends is held again by the next
 `invoke train`, which follows the running job.
 """
 from __future__ import annotations
