@@ -111,6 +111,12 @@ def clusters_fact(env: Environment) -> Fact:
                                    f"{', autopilot' if (c.get('autopilot') or {}).get('enabled') else ''})")
 
 
+def running_cluster(env: Environment) -> dict:
+    """The cluster as `clusters list` shows it once made: what a dry run
+    assumes where a step needs it to exist (teardown, a job's hold)."""
+    return {"name": env.cluster_name, "status": "RUNNING", "location": location(env)}
+
+
 def nodepools_fact(env: Environment, name: str) -> Fact:
     return fact(f"node pool {name}",
                 gcloud("container", "node-pools", "list", f"--cluster={env.cluster_name}",

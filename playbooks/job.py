@@ -72,6 +72,30 @@ class Job:
         return ["python", self.trainer, T.BASE_CONFIG] + [f"{k}={v}" for k, v in self.args]
 
 
+# The persistent compilation cache of a GKE job, in its bucket: a job
+# restarted (a lost slice, elastic) or submitted again loads what it compiled
+# before instead of compiling again. MaxText 0.2.5 hands jax_cache_dir to
+# jax.experimental.compilation_cache.set_cache_dir (maxtext/configs/pyconfig.py,
+# after os.path.expanduser, which leaves gs:// alone). The pinned jax 0.12.0.1
+# takes a gs:// path: jax/_src/compilation_cache.py get_file_cache builds an
+# LRUCache (jax/_src/lru_cache.py) on jax._src.path.Path, which is
+# etils.epath.Path when etils is installed (else it raises "Please install
+# the `etils[epath]` package" for a non-local path); epath reads gs:// through
+# fsspec and gcsfs (etils/epath/gpath.py: without TensorFlow, the fsspec
+# backend); etils 1.15.0, fsspec 2026.9.0 and gcsfs 2026.10.1 are pinned in
+# trainer/requirements.txt (and requirements.lock); the workers' credentials
+# are the bucket's workload identity (`invoke storage`). Only process 0
+# writes an entry (compiler.py _cache_write: "contention for writes on ...
+# GCS"); eviction is off (jax_compilation_cache_max_size -1), so no file
+# lock is taken on GCS. The GCS FUSE mount (/data/) is not needed. The cache
+# is trusted code (jax's set_cache_dir warns): it is the job's own bucket.
+COMPILE_CACHE = "jax_cache"
+
+
+def compile_cache(env: Environment) -> str:
+    return f"gs://{env.gs_bucket}/{COMPILE_CACHE}"
+
+
 def _set(args: list[tuple[str, str]], key: str, value: str) -> None:
     for i, (k, _) in enumerate(args):
         if k == key:
@@ -156,6 +180,7 @@ def build_job(env: Environment, model: str, elastic: bool = False, steps: int | 
         if env.worker_packages == "requirements":
             env_vars["TRAINER_WORKER_REQUIREMENTS"] = "requirements.txt"
         job.bucket = env.gs_bucket
+        _set(args, "jax_cache_dir", compile_cache(env))
     for k, v in (env.train_overrides or {}).items():
         _set(args, k, maxtext_args.as_text(v))
     for k, v in (PRESETS[model][preset] if preset else ()):
@@ -199,13 +224,114 @@ def submit_command(job: Job, submission_id: str) -> Command:
 
 
 # -- checkpoints of the run ------------------------------------------------
-def _steps_in(names: list[str]) -> list[int]:
-    return sorted(int(n) for n in names if n.isdigit())
+# Which step directories are checkpoints: Orbax's own rule, in the pinned
+# orbax-checkpoint 0.12.8. MaxText 0.2.5 saves through an Orbax v1
+# ocp.training.Checkpointer (maxtext/common/checkpointing.py,
+# create_orbax_checkpoint_manager) whose Context sets no atomicity option
+# (maxtext/common/checkpoint_context.py, build_context): AtomicityMode.AUTO.
+# Then (orbax/checkpoint/_src/path/):
+# - atomicity_defaults.py, get_default_temporary_path_class: a gs:// path
+#   takes CommitFileTemporaryPath, any other path AtomicRenameTemporaryPath;
+# - atomicity.py, AtomicRenameTemporaryPath: a save writes
+#   <step>.orbax-checkpoint-tmp-<timestamp>/ and renames it to <step>/ on
+#   commit; validate_atomic_rename_final_path: a step is final when its name
+#   holds no TMP_DIR_SUFFIX (".orbax-checkpoint-tmp") and it is a directory;
+# - atomicity.py, CommitFileTemporaryPath.validate_final: final when the step
+#   directory holds COMMIT_SUCCESS_FILE ("commit_success.txt",
+#   atomicity_types.py), which finalize() writes last; in 0.12.8
+#   AtomicRenameTemporaryPath.finalize writes it too, before its rename;
+# - step.py, _StandardNameFormat._build_metadata: a step directory that is not
+#   is_path_finalized is no step (latest_step and the restore never see it);
+#   names are (0|[1-9]\d*), and TMP_DIR_STEP_PATTERN gives a temporary one's step.
+TMP_SUFFIX = ".orbax-checkpoint-tmp"
+COMMIT_FILE = "commit_success.txt"
+STEP_NAME = re.compile(r"^(0|[1-9]\d*)$")
+TMP_STEP = re.compile(r".*?_*?(\d+)" + re.escape(TMP_SUFFIX))
+UNFINISHED = f"a save that did not finish (Orbax renames <step>{TMP_SUFFIX}-* to <step> when it commits)"
 
 
-class _Some(list):
-    """The dry run's stand-in for checkpoints it cannot list, so that
-    --fresh shows the delete it would make."""
+@dataclass(frozen=True)
+class Checkpoints:
+    """A run's checkpoints folder as Orbax counts it: the finalized steps,
+    and the step directories that are not (name, why), named and ignored.
+    ``stand_in``: the dry run's answer for --fresh (it cannot list)."""
+
+    steps: tuple[int, ...] = ()
+    partial: tuple[tuple[str, str], ...] = ()
+    stand_in: bool = False
+
+    def __bool__(self) -> bool:
+        return bool(self.steps or self.partial)
+
+    @property
+    def last(self) -> int | None:
+        return self.steps[-1] if self.steps else None
+
+    def ignored(self) -> str:
+        """The step directories ignored, and why, for a message ("" if none)."""
+        return "; ".join(f"{name}: {why}" for name, why in self.partial)
+
+    def describe(self) -> str:
+        if self.stand_in:
+            return "checkpoints, to show what --fresh deletes"
+        if not self:
+            return "none"
+        out = f"checkpoint steps {list(self.steps)}" if self.steps else "no finalized checkpoint"
+        if self.partial:
+            out += f"; not finalized, ignored: {', '.join(n for n, _ in self.partial)}"
+        return out
+
+
+def local_checkpoints(entries: list[tuple[str, bool]]) -> Checkpoints:
+    """A local (POSIX) checkpoints folder, (name, is a folder) per entry:
+    Orbax's atomic-rename rule (the rename is atomic here)."""
+    steps, partial = [], []
+    for name, is_dir in entries:
+        if not is_dir:
+            continue
+        if STEP_NAME.match(name):
+            steps.append(int(name))
+        elif TMP_STEP.match(name):
+            partial.append((name, UNFINISHED))
+    return Checkpoints(tuple(sorted(steps)), tuple(sorted(partial, key=_by_step)))
+
+
+def gcs_checkpoints(where: str, listing: str) -> Checkpoints:
+    """What `gcloud storage ls <checkpoints>/*` shows (each step directory
+    with its entries): a step counts only with Orbax's commit_success.txt in
+    it. A <step>/ whose <step>.orbax-checkpoint-tmp-*/ is still there is
+    not whole either: through GCS FUSE (/data/) the rename copies object by
+    object, so the marker may arrive before the rest."""
+    dirs: dict[str, set[str]] = {}
+    for line in listing.splitlines():
+        url = line.strip().removesuffix(":")
+        if not url.startswith(where):
+            continue
+        head, sep, rest = url[len(where):].partition("/")
+        if not sep:
+            continue  # an object beside the steps, not a step directory
+        kids = dirs.setdefault(head, set())
+        if rest.split("/", 1)[0]:
+            kids.add(rest.split("/", 1)[0])
+    tmp_steps = {int(m.group(1)) for n in dirs if (m := TMP_STEP.match(n))}
+    steps, partial = [], []
+    for name, kids in dirs.items():
+        if STEP_NAME.match(name):
+            if COMMIT_FILE not in kids:
+                partial.append((name, f"no {COMMIT_FILE}: Orbax did not finalize it"))
+            elif int(name) in tmp_steps:
+                partial.append((name, f"its {name}{TMP_SUFFIX}-* is still there: a rename through GCS FUSE that "
+                                      f"did not finish"))
+            else:
+                steps.append(int(name))
+        elif TMP_STEP.match(name):
+            partial.append((name, UNFINISHED))
+    return Checkpoints(tuple(sorted(steps)), tuple(sorted(partial, key=_by_step)))
+
+
+def _by_step(item: tuple[str, str]) -> tuple[int, str]:
+    m = TMP_STEP.match(item[0]) or STEP_NAME.match(item[0])
+    return (int(m.group(1)) if m else -1), item[0]
 
 
 def checkpoints_place(job: Job) -> tuple[str, str]:
@@ -218,41 +344,79 @@ def checkpoints_place(job: Job) -> tuple[str, str]:
         return "local", str(root / job.run_name / "checkpoints")
     if base.startswith("gs://"):
         return "gcs", f"{base.rstrip('/')}/{job.run_name}/checkpoints/"
-    mount = T.BUCKET_MOUNT.rstrip("/")
-    if base.rstrip("/") == mount or base.startswith(mount + "/"):
+    if _through_fuse(base):
         # /data is the bucket, mounted by GCS FUSE in every Ray pod.
-        sub = base[len(mount):].strip("/")
+        sub = base[len(T.BUCKET_MOUNT.rstrip("/")):].strip("/")
         prefix = f"gs://{job.bucket}/" + (f"{sub}/" if sub else "")
         return "gcs", f"{prefix}{job.run_name}/checkpoints/"
     return "unseen", (f"base_output_directory={base} is a path on the TPU workers, not the bucket "
                       f"({T.BUCKET_MOUNT} or gs://)")
 
 
+def _through_fuse(base: str) -> bool:
+    mount = T.BUCKET_MOUNT.rstrip("/")
+    return base.rstrip("/") == mount or base.startswith(mount + "/")
+
+
+def restores_unfinished(job: Job, have: Checkpoints) -> str | None:
+    """Why the job would restore from a step that is not whole, or None.
+    Through GCS FUSE the workers' Orbax sees a POSIX path and takes any
+    <step>/ as final (the rename rule), so a newer <step>/ that the bucket
+    shows unfinished is what MaxText would restore from."""
+    if job.local_data is not None or not _through_fuse(job.arg("base_output_directory") or ""):
+        return None
+    newer = [(n, why) for n, why in have.partial if STEP_NAME.match(n) and int(n) > (have.last or -1)]
+    if not newer:
+        return None
+    name, why = newer[-1]
+    where = checkpoints_place(job)[1]
+    return (f"checkpoint step {name} of run {job.run_name} is not whole ({why}), but the workers read "
+            f"{T.BUCKET_MOUNT} as a folder, where Orbax takes any <step>/ as final: MaxText would restore from "
+            f"it. Remove it (`gcloud storage rm --recursive {where}{name}/`) to resume from "
+            f"{have.last if have.last is not None else 'step 0'}, or start over with --fresh")
+
+
 def checkpoints_fact(job: Job) -> Fact:
     kind, where = checkpoints_place(job)
-    def describe(s: Any) -> str:
-        return ("checkpoints, to show what --fresh deletes" if isinstance(s, _Some)
-                else f"checkpoint steps {s}" if s else "none")
     if kind == "local":
         path = Path(where)
 
         def look():
-            if not path.is_dir():
-                return ABSENT
-            return _steps_in([p.name for p in path.iterdir() if p.is_dir()])
+            entries = hosts.this_machine().list_dir(str(path))
+            return ABSENT if entries is None else local_checkpoints(entries)
 
-        f = Fact(name="checkpoints", python=look, display=f"ls {quote(paths.shown(path))}", describe=describe)
+        f = Fact(name="checkpoints", python=look, display=f"ls {quote(paths.shown(path))}",
+                 describe=Checkpoints.describe)
     else:
         def parse(c: Completed) -> Any:
             if c.ok:
-                return _steps_in([line.rstrip("/").rsplit("/", 1)[-1] for line in c.stdout.split()])
+                return gcs_checkpoints(where, c.stdout)
             if "matched no objects" in c.stderr:
                 return ABSENT
             raise ProbeFailed("checkpoints", c.line, c.rc, c.stdout, c.stderr,
                               why=f"could not look: {c.first_error_line()}")
 
-        f = fact("checkpoints", gcloud("storage", "ls", where), parse, describe=describe)
-    return assume(f, _Some([0])) if job.fresh else f
+        # Each step directory with its entries (one listing per step, not
+        # every object of every step).
+        f = fact("checkpoints", gcloud("storage", "ls", f"{where}*"), parse, describe=Checkpoints.describe)
+    return assume(f, Checkpoints((0,), stand_in=True)) if job.fresh else f
+
+
+def run_checkpoints(env: Environment, run: str, entrypoint: str = "") -> Fact | None:
+    """The checkpoints fact of a run of this environment, where its job
+    wrote them (the base_output_directory of its entrypoint, else this
+    environment's); None where this machine cannot see them."""
+    import shlex
+    try:
+        words = shlex.split(entrypoint)
+    except ValueError:
+        words = []
+    base = next((w.split("=", 1)[1] for w in words if w.startswith("base_output_directory=")), "")
+    try:
+        job = build_job(env, MODELS[0], sets=[f"run_name={run}"] + ([f"base_output_directory={base}"] if base else []))
+    except InputError:
+        return None
+    return checkpoints_fact(job) if checkpoints_place(job)[0] != "unseen" else None
 
 
 def remove_checkpoints(job: Job) -> Command | Action:

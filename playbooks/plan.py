@@ -117,14 +117,16 @@ def _then(first: list[Step], then: list[Step]) -> list[Step]:
 
 def train_steps(env: Environment, job: Job, log_file: Path | None = None, preflight_first: bool = True) -> list[Step]:
     """Preflight first (nothing is started for a job that cannot fit), then
-    the cluster, the run's checkpoints, the job."""
+    the cluster, the run's checkpoints, GKE maintenance held off (GKE), the
+    job (which releases the hold when it ends)."""
     if preflight_first:
         checks = preflight.steps(env, job, search=False)
     else:
         checks = [skipped("preflight", "preflight", "--skip-preflight: no static checks (mesh, hosts, manifest) and no "
                                                    "AOT fit check against the TPU HBM", id="preflight:skipped")]
-    return _then(checks + train.preemption_note(env, job) + cluster_ready_steps(env) + [train.checkpoint_step(job)],
-                 [train.job_step(job, log_file)])
+    hold = [train.hold_step(job)] if env.kind != "local" else []
+    return _then(checks + train.preemption_note(env, job) + cluster_ready_steps(env) + [train.checkpoint_step(job)]
+                 + hold, [train.job_step(job, log_file)])
 
 
 def preflight_steps(env: Environment, job: Job) -> list[Step]:

@@ -457,6 +457,14 @@ GKE = (
         doc="on the controller: where manifests/ and trainer/ are synced (relative to its login directory)"),
     Key("control_plane", default="public", rules=(control_plane,),
         doc="public (the tutorial's), dns (the DNS-based endpoint) or internal (needs a controller in the VPC)"),
+    # On by default: an automatic node upgrade recreates TPU nodes, so a run
+    # loses a slice (a restart, replayed steps), while the hold costs nothing
+    # when no job runs (it is removed when the job ends), is bounded
+    # (maintenance.HOLD) and lets control-plane patches through. false: the
+    # cluster's maintenance policy is left as it is (one managed elsewhere).
+    Key("hold_maintenance", bool, default=True,
+        doc="true: `train` adds a GKE maintenance exclusion (no minor or node upgrades) for the run, removed when "
+            "the job ends; false: the cluster's maintenance policy is left alone"),
 )
 
 LOCAL = (
@@ -559,6 +567,7 @@ class Environment(Env):
     known_hosts: str | None
     remote_dir: str
     control_plane: str
+    hold_maintenance: bool
     # local
     devices_per_host: int
     ray_ip: str

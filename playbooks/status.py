@@ -11,18 +11,20 @@ import json
 import time
 from typing import Any
 
-from . import k8s, metrics, plan
+from . import k8s, maintenance, metrics, plan
 from .clients import fact
 from .core.facts import ABSENT, Completed
 from .core.recap import CHANGED, FAILED, OK, SKIPPED, UNREACHABLE, Recap, StepResult
 from .core.step import Step, fail, ok, unchecked
 from .endpoints import dashboard
-from .gke import kube, nodepool_name, raycluster_fact
+from .gke import clusters_fact, kube, nodepool_name, raycluster_fact
 from .hosts import connector
+from .job import Checkpoints, run_checkpoints
 from .rayapi import jobs_fact, ours, run_of
 from .schema import Environment
 
 PLAY = "status"
+SHOWN = 3  # the newest jobs said in the jobs line (and whose runs' checkpoints are looked at)
 POOL_LABEL = "cloud.google.com/gke-nodepool"
 
 
@@ -68,6 +70,25 @@ def tpu_nodes_step(env: Environment) -> Step:
                 after=("kube:credentials", *[f"nodepools:{nodepool_name(env, i)}" for i in range(env.slices)]))
 
 
+def maintenance_step(env: Environment) -> Step:
+    """The cluster's maintenance exclusions in force (a run's hold among
+    them: ``playbooks/maintenance.py``), read from `clusters list`."""
+    probe = clusters_fact(env)
+
+    def decide(look):
+        c = look(probe)
+        if c is ABSENT:
+            return ok("no cluster")
+        force = [maintenance.describe(n, w) for n, w in sorted(maintenance.exclusions(c).items())
+                 if maintenance.in_force(w)]
+        if force:
+            return ok("in force: " + "; ".join(force))
+        return ok("none in force: GKE may upgrade the nodes in its maintenance windows")
+
+    return Step(PLAY, "maintenance exclusions", decide, id="status:maintenance", after=("cluster:cluster",),
+                probes=(probe,))
+
+
 def workers_step(env: Environment) -> Step:
     probe = raycluster_fact(env)
 
@@ -91,9 +112,13 @@ def _age(ms: Any) -> str:
     return f"{s / 3600:.1f}h" if s >= 3600 else f"{s / 60:.0f}m" if s >= 60 else f"{s:.0f}s"
 
 
-def job_rows(env: Environment, listed: Any) -> list[dict]:
-    rows = []
-    for j in ours(None, listed):
+def job_rows(env: Environment, listed: Any, look: Any = None) -> list[dict]:
+    """One row per job of this environment's runs; with ``look``, the newest
+    ones also with their run's checkpoints as Orbax counts them (the last
+    finalized step, and the step directories ignored, by name)."""
+    rows: list[dict] = []
+    jobs = ours(None, listed)
+    for j in jobs:
         sid = str(j["submission_id"])
         run = run_of(sid)
         row = {"job": sid, "run": run, "status": j.get("status"), "age": _age(j.get("start_time"))}
@@ -105,6 +130,17 @@ def job_rows(env: Environment, listed: Any) -> list[dict]:
                 row.update(last_step=last["step"], loss=last.get("loss"),
                            tokens_per_s_per_device=last.get("tokens_per_s_per_device"))
         rows.append(row)
+    if look is not None:
+        checked: dict[str, Any] = {}
+        for row, j in list(zip(rows, jobs))[-SHOWN:]:
+            run = str(row["run"])
+            if run not in checked:
+                probe = run_checkpoints(env, run, str(j.get("entrypoint") or ""))
+                checked[run] = look(probe) if probe is not None else None
+            if isinstance(have := checked[run], Checkpoints):
+                row.update(checkpoint=have.last, not_finalized=[n for n, _ in have.partial])
+            elif have is ABSENT:
+                row.update(checkpoint=None, not_finalized=[])
     return rows
 
 
@@ -115,9 +151,9 @@ def jobs_step(env: Environment) -> Step:
         listed = look(listing)
         if listed is ABSENT:
             return unchecked(f"no Ray dashboard answers at {dashboard(env)}")
-        rows = job_rows(env, listed)
-        failed = [r["job"] for r in rows[-3:] if r["status"] == "FAILED"]
-        text = ", ".join(f"{r['job']} {r['status']}" for r in rows[-3:]) or "none"
+        rows = job_rows(env, listed, look)
+        failed = [r["job"] for r in rows[-SHOWN:] if r["status"] == "FAILED"]
+        text = ", ".join(f"{r['job']} {r['status']}" for r in rows[-SHOWN:]) or "none"
         if failed and failed[-1] == rows[-1]["job"]:
             return fail(f"{len(rows)} job(s): {text}")
         return ok(f"{len(rows)} job(s): {text}", data=rows)
@@ -129,6 +165,7 @@ def jobs_step(env: Environment) -> Step:
 def steps(env: Environment) -> list[Step]:
     out = plan.up_steps(env)
     if env.kind != "local":
+        out.append(maintenance_step(env))
         if env.mode == "standard":
             out.append(tpu_nodes_step(env))
         out.append(workers_step(env))
@@ -195,6 +232,10 @@ def table(doc: dict) -> list[str]:
                      f"{j['tokens_per_s_per_device']:.0f} tokens/s/device"
                      if j.get("last_step") is not None and j.get("loss") is not None
                      and j.get("tokens_per_s_per_device") is not None else "")
+            if "checkpoint" in j:
+                extra += (f", checkpoint {j['checkpoint']}" if j["checkpoint"] is not None else ", no checkpoint")
+                if j["not_finalized"]:
+                    extra += f" (not finalized, ignored: {', '.join(j['not_finalized'])})"
             out.append(f"    {j['job']}  {j['status']}  {j['age']} ago{extra}")
     out.append(f"diagnosis: {doc['diagnosis']}" if doc["diagnosis"] else
                "diagnosis: everything is as the inventory asks")

@@ -153,6 +153,22 @@ def test_put_and_read_files_relative_to_the_root(conn, tmp_path):
     assert (tmp_path / "root" / "abs.bin").read_bytes() == data
 
 
+def test_a_folder_is_listed_with_what_each_entry_is(conn, tmp_path):
+    assert conn.list_dir("ckpt") is None                    # not there: None, not []
+    conn.make_dirs("ckpt/10")
+    conn.make_dirs("ckpt/20.orbax-checkpoint-tmp-1733")
+    conn.make_dirs("ckpt/.hidden dir")
+    conn.write("ckpt/notes.txt", b"x")
+    conn.write("ckpt/new\nline", b"x")
+    os.symlink(tmp_path / "root" / "ckpt" / "10", tmp_path / "root" / "ckpt" / "link")
+    assert conn.list_dir("ckpt") == [(".hidden dir", True), ("10", True), ("20.orbax-checkpoint-tmp-1733", True),
+                                     ("link", True), ("new\nline", False), ("notes.txt", False)]
+    assert conn.list_dir("ckpt/10") == []
+    assert conn.list_dir(str(tmp_path / "root" / "ckpt" / "10")) == []     # an absolute path as it is
+    with pytest.raises(OSError):
+        conn.list_dir("ckpt/notes.txt")                    # a file is not a folder
+
+
 def test_files_are_binary_safe_whole_and_replaced_at_once(conn, tmp_path):
     data = os.urandom(2_500_000) + b"\r\n\x00\x1a\x03\x04"     # beyond a channel's window; ^C, ^D, ^Z
     conn.write("big/blob", data)

@@ -70,11 +70,15 @@ def test_every_gcloud_command_of_every_plan_parses(hermetic):
     for must in ("container clusters create", "container clusters create-auto", "container node-pools create",
                  "compute networks create", "storage buckets add-iam-policy-binding", "container clusters delete",
                  "compute machine-types list", "container get-server-config", "beta quotas info",
-                 "compute reservations describe"):
+                 "compute reservations describe", "container clusters update"):
         assert any(k.startswith(must) for k in kinds), must
     flags = {a.split("=")[0] for ln in lines if ln[:3] == ["container", "node-pools", "create"] for a in ln}
     assert {"--spot", "--flex-start", "--reservation-affinity", "--reservation", "--enable-autoscaling",
             "--location-policy", "--no-enable-autorepair", "--max-nodes", "--min-nodes"} <= flags
+    # The maintenance hold of a run and its release (train, teardown).
+    updates = {a.split("=")[0] for ln in lines if ln[:3] == ["container", "clusters", "update"] for a in ln}
+    assert {"--add-maintenance-exclusion-name", "--add-maintenance-exclusion-start", "--add-maintenance-exclusion-end",
+            "--add-maintenance-exclusion-scope", "--remove-maintenance-exclusion"} <= updates
 
 
 @pytest.mark.clients

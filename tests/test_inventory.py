@@ -43,6 +43,7 @@ def test_minimal_environment_gets_the_tutorials_defaults(tmp_path):
     assert (e.chips_per_host, e.hosts_per_slice) == (4, 4)
     assert (e.subnet_1_range, e.subnet_2_range) == ("10.50.0.0/16", "10.60.0.0/16")
     assert e.ray_image.startswith("rayproject/ray:2.60.0")
+    assert e.hold_maintenance is True        # GKE maintenance held off during runs, unless said otherwise
 
 
 def test_shipped_inventory_is_valid_with_both_cluster_modes():
@@ -79,6 +80,8 @@ def test_shipped_inventory_is_valid_with_both_cluster_modes():
     ({"project_id": "P"}, ["not a valid project ID"]),
     ({"user_identifier": "me"}, ["not an email address"]),
     ({"kind": "aws"}, ["'kind' = 'aws'", "allowed: gke, local"]),
+    ({"hold_maintenance": "yes"}, ["'hold_maintenance' = 'yes'", "must be true or false"]),
+    ({"hold_maintenance": 1}, ["'hold_maintenance' = 1", "must be true or false"]),
 ])
 def test_rule(tmp_path, changes, words):
     msg = error(tmp_path, **changes)

@@ -609,7 +609,7 @@ def test_teardown_deletes_everything_networks_last_and_a_second_run_deletes_noth
     assert [r for r in again.requests if r.method == "DELETE"] == []
     assert again.changes == []
     r = recap(again, "teardown")
-    assert (r["ok"], r["changed"], r["failed"]) == (8, 0, 0)
+    assert (r["ok"], r["changed"], r["failed"]) == (9, 0, 0)      # the maintenance step among them
 
 
 # -- 8. chaos ------------------------------------------------------------------------
@@ -779,7 +779,107 @@ def test_a_long_create_gives_a_sign_of_life_also_while_other_steps_run(cloud: Cl
     assert run.out.splitlines()[1].startswith("logs: .state/"), run.out[:300]   # where the logs go, at the start
 
 
-# -- 11. the client libraries as speed-ups: the same answers as the CLIs -----------------
+# -- 11. checkpoints Orbax finalized, and GKE maintenance held off during a run --------
+CKPT = "rayjob-multi-slice/checkpoints"
+SET_POLICY = rf"/clusters/{CLUSTER}:setMaintenancePolicy$"
+HOLD = "playbooks-train-rayjob-multi-slice"
+
+
+def exclusions(cloud: Cloud) -> dict:
+    c = cloud.gcp.st.clusters[("us-east5-b", CLUSTER)]
+    return ((c.get("maintenancePolicy") or {}).get("window") or {}).get("maintenanceExclusions") or {}
+
+
+def seed_checkpoints(cloud: Cloud) -> None:
+    """Steps 10 and 20 finalized (Orbax's commit_success.txt); 30 as a
+    preempted save left it, without its marker."""
+    for o in ("10/commit_success.txt", "10/model_params/d/0", "20/_CHECKPOINT_METADATA", "20/commit_success.txt",
+              "20/model_params/d/0", "30/_CHECKPOINT_METADATA", "30/model_params/d/0"):
+        cloud.gcp.add_object(BUCKET, f"{CKPT}/{o}")
+
+
+def test_a_stale_checkpoint_in_the_bucket_is_named_and_never_counted(cloud: Cloud):
+    cloud.seed_full()
+    cloud.get_credentials()
+    seed_checkpoints(cloud)
+    # The workers writing gs:// themselves: Orbax's commit-file rule skips 30 too.
+    run = ok_run(cloud.invoke("train", "--skip-preflight", "--set", f"base_output_directory=gs://{BUCKET}/",
+                              INVOKE_PLAYBOOK_MODE="check"))
+    assert (f"probe  gcloud storage ls 'gs://{BUCKET}/{CKPT}/*'  => checkpoint steps [10, 20]; not finalized, "
+            f"ignored: 30") in run.out, run.out
+    assert ("ok: [train : checkpoints of rayjob-multi-slice] run rayjob-multi-slice resumes from checkpoint step 20; "
+            "ignored, not finalized: 30: no commit_success.txt: Orbax did not finalize it") in run.out
+    assert run.changes == []
+    # Through the GCS FUSE mount (the tutorial's /data/), Orbax on the
+    # workers would take 30/ as final: refused before any job, with the command.
+    run = failed_run(cloud.invoke("train", "--skip-preflight", INVOKE_PLAYBOOK_MODE="check"))
+    assert (f"MaxText would restore from it. Remove it (`gcloud storage rm --recursive gs://{BUCKET}/{CKPT}/30/`) to "
+            f"resume from 20, or start over with --fresh") in run.out, run.out
+    assert re.search(r"train : job rayjob-multi-slice \(llama3-8b\) +not run", run.out)
+    # `invoke status` counts the run's checkpoints the same way.
+    cloud.dashboard.jobs = [{"submission_id": "rayjob-multi-slice-1", "status": "SUCCEEDED", "start_time": 1,
+                             "entrypoint": f"python maxtext_multi_slice_trainer.py base.yml base_output_directory="
+                                           f"gs://{BUCKET}/ run_name=rayjob-multi-slice"}]
+    out = cloud.invoke("status").out
+    assert "rayjob-multi-slice-1  SUCCEEDED" in out and ", checkpoint 20 (not finalized, ignored: 30)" in out, out
+
+
+def test_train_holds_maintenance_off_and_releases_it_when_the_job_ends(cloud: Cloud):
+    """The exclusion is added before the job is submitted, and removed when
+    the job ends (here: a submit the fake dashboard refuses, so no job
+    runs); a second train, the exclusion in force, adds none."""
+    cloud.seed_full()
+    cloud.get_credentials()
+    first = failed_run(cloud.invoke("train", "--skip-preflight"))
+    policy = first.calls("POST", SET_POLICY)
+    assert len(policy) == 2, first.out
+    added = policy[0].body["maintenancePolicy"]["window"]["maintenanceExclusions"][HOLD]
+    assert added["maintenanceExclusionOptions"] == {"scope": "NO_MINOR_OR_NODE_UPGRADES"}
+    start, end = (G._rfc3339(added[k]) for k in ("startTime", "endTime"))
+    assert start and end and abs((end - start).total_seconds() - 7 * 86400) < 60
+    assert HOLD not in policy[1].body["maintenancePolicy"]["window"]["maintenanceExclusions"]
+    held = first.out.index("changed: [train : hold off GKE maintenance] added maintenance exclusion " + HOLD)
+    submitted = first.out.index("apply  ray job submit")
+    released = first.out.index(f"maintenance exclusion {HOLD} removed: GKE may upgrade the nodes again")
+    assert held < submitted < released, first.out
+    assert "`ray job submit` failed" in first.out
+    assert exclusions(cloud) == {}
+
+    # The exclusion in force already (another train of the run follows its job):
+    # the hold step sends nothing; the job's end removes it.
+    cloud.gcp.add_exclusion("us-east5-b", CLUSTER, HOLD, days=6)
+    cloud.gcp.add_exclusion("us-east5-b", CLUSTER, "holidays", days=3, scope="NO_UPGRADES")
+    second = failed_run(cloud.invoke("train", "--skip-preflight"))
+    assert re.search(rf"ok: \[train : hold off GKE maintenance\] maintenance exclusion {HOLD} "
+                     r"\(no_minor_or_node_upgrades\) until \S+ \S+ UTC holds off node and minor upgrades", second.out)
+    [removed] = second.calls("POST", SET_POLICY)
+    assert list(removed.body["maintenancePolicy"]["window"]["maintenanceExclusions"]) == ["holidays"]
+    assert list(exclusions(cloud)) == ["holidays"]             # a user's exclusion is left alone
+
+    # One that ends within a day is renewed (removed, added) before the job.
+    cloud.gcp.add_exclusion("us-east5-b", CLUSTER, HOLD, days=6.5, started_days_ago=6)
+    third = failed_run(cloud.invoke("train", "--skip-preflight"))
+    assert f"renewed maintenance exclusion {HOLD} (it ends at" in third.out
+    assert len(third.calls("POST", SET_POLICY)) == 3              # remove, add, and the job's end
+
+
+def test_status_shows_an_exclusion_in_force_and_teardown_removes_ours_only(cloud: Cloud):
+    cloud.seed_full()
+    cloud.get_credentials()
+    cloud.gcp.add_exclusion("us-east5-b", CLUSTER, HOLD, days=7)
+    cloud.gcp.add_exclusion("us-east5-b", CLUSTER, "playbooks-train-rayjob-elastic-8b", days=2, started_days_ago=3)
+    out = cloud.invoke("status").out
+    assert re.search(rf"status : maintenance exclusions +as asked +in force: {HOLD} \(no_minor_or_node_upgrades\) "
+                     r"until \S+ \S+ UTC$", out, re.M), out
+    run = ok_run(cloud.invoke("teardown", "--yes"))
+    assert len(run.calls("POST", SET_POLICY)) == 2, run.out      # one update per exclusion
+    deleted = run.calls("DELETE", rf"/clusters/{CLUSTER}$")[0]
+    assert all(r.at < deleted.at for r in run.calls("POST", SET_POLICY))
+    assert "changed: [teardown : maintenance exclusions of our runs] removed playbooks-train-rayjob-elastic-8b, " \
+           f"{HOLD}" in run.out
+
+
+# -- 12. the client libraries as speed-ups: the same answers as the CLIs -----------------
 def test_the_kubernetes_client_answers_kubectl_as_kubectl_does(cloud: Cloud, monkeypatch):
     """Every kubectl read of the plays, once through the real kubectl and
     once through the local connector's shortcut (the `kubernetes` client):

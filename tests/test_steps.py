@@ -323,3 +323,163 @@ def test_status_of_a_stopped_local_cluster_says_what_is():
     assert doc["diagnosis"] == "twin : Ray head http://127.0.0.2:8265: not running"
     assert not doc["as_asked"]
     assert "would" not in "\n".join(status.table(doc))
+
+
+# -- checkpoints: only what Orbax finalized counts -------------------------------------
+def _real(steps):
+    """Run steps with real probes (in-process facts on this machine)."""
+    from playbooks.core.play import Playbook
+    from playbooks.core.recap import Reporter
+    from playbooks.core.runner import Mode, Runner
+    from tests.conftest import Transcript
+    out = Transcript()
+    recap = Playbook(Runner(Mode.APPLY), Reporter(out.append), workers=1).run("test", steps)
+    return recap, out
+
+
+@pytest.mark.parametrize("steps,want", [(31, "run rayjob-multi-slice resumes from checkpoint step 20"),
+                                        (21, "run rayjob-multi-slice already trained to step 20 of 21")])
+def test_a_half_written_local_checkpoint_is_named_and_never_counted(tmp_path, steps, want):
+    """What a preempted save leaves locally (Orbax writes <step>.orbax-
+    checkpoint-tmp-<ts>/ and renames it on commit): step 30 is not there
+    for train, though its folder is the newest."""
+    from pathlib import Path
+
+    from playbooks.job import build_job, checkpoints_place
+    from playbooks.plays import train
+    job = build_job(env("local"), "llama3-8b", steps=steps, sets=[f"base_output_directory={tmp_path}/"])
+    where = Path(checkpoints_place(job)[1])
+    for d in ("10/model_params", "20/model_params", "30.orbax-checkpoint-tmp-1733000000/model_params"):
+        (where / d).mkdir(parents=True)
+    (where / "30.orbax-checkpoint-tmp-1733000000" / "_CHECKPOINT_METADATA").write_text("{}")
+    (where / "40").write_text("a file named like a step is no step")
+    recap, out = _real([train.checkpoint_step(job)])
+    assert recap.counters() == "ok=1 changed=0 failed=0 skipped=0", out.text()
+    assert want in out.text(), out.text()
+    assert ("ignored, not finalized: 30.orbax-checkpoint-tmp-1733000000: a save that did not finish (Orbax renames "
+            "<step>.orbax-checkpoint-tmp-* to <step> when it commits)") in out.text()
+    assert f"ls {where}  => checkpoint steps [10, 20]; not finalized, ignored: 30.orbax-checkpoint-tmp-1733000000" \
+        in out.text()
+
+
+def test_fresh_deletes_a_folder_that_holds_only_a_half_written_step(tmp_path):
+    from pathlib import Path
+
+    from playbooks.job import build_job, checkpoints_place
+    from playbooks.plays import train
+    job = build_job(env("local"), "llama3-8b", fresh=True, sets=[f"base_output_directory={tmp_path}/"])
+    where = Path(checkpoints_place(job)[1])
+    (where / "10.orbax-checkpoint-tmp-1").mkdir(parents=True)
+    recap, out = _real([train.checkpoint_step(job)])
+    assert recap.counters() == "ok=0 changed=1 failed=0 skipped=0", out.text()
+    assert not where.exists()
+
+
+CKPT = "gs://my-tpu-project-maxtext-ckpt/rayjob-multi-slice/checkpoints/"
+LS = f"gcloud storage ls '{CKPT}*'"
+
+
+def _listing(*dirs):
+    """`gcloud storage ls <checkpoints>/*` as gcloud prints it: each step
+    directory, then its entries."""
+    return "\n".join(f"{CKPT}{d}/:\n" + "".join(f"{CKPT}{d}/{k}\n" for k in kids) for d, kids in dirs)
+
+
+def test_gcs_counts_a_step_only_with_orbax_commit_marker():
+    from playbooks.job import gcs_checkpoints
+    have = gcs_checkpoints(CKPT, _listing(
+        ("10", ["_CHECKPOINT_METADATA", "commit_success.txt", "model_params/"]),
+        ("20", ["_CHECKPOINT_METADATA", "model_params/"]),                  # preempted before its marker
+        ("30", ["commit_success.txt", "model_params/"]),                    # FUSE rename still copying
+        ("30.orbax-checkpoint-tmp-1733", ["optimizer_state/"]),
+        ("notes", ["x"])))
+    assert have.steps == (10,)
+    assert have.partial == (("20", "no commit_success.txt: Orbax did not finalize it"),
+                            ("30", "its 30.orbax-checkpoint-tmp-* is still there: a rename through GCS FUSE that "
+                                   "did not finish"),
+                            ("30.orbax-checkpoint-tmp-1733", "a save that did not finish (Orbax renames "
+                                                             "<step>.orbax-checkpoint-tmp-* to <step> when it "
+                                                             "commits)"))
+
+
+@pytest.mark.parametrize("base", ["/data/", "gs://my-tpu-project-maxtext-ckpt/"])
+def test_a_stale_gcs_step_is_ignored_and_a_restore_from_it_refused(base):
+    """The workers write gs:// (Orbax's commit-file rule: it skips step 20
+    too) or through GCS FUSE at /data/ (a folder to Orbax: it would take 20/
+    as final and restore from it, so train refuses, with the command)."""
+    from playbooks.job import build_job
+    from playbooks.plays import train
+    job = build_job(DEV, "llama3-8b", sets=[f"base_output_directory={base}"])
+    listing = _listing(("10", ["commit_success.txt", "model_params/"]), ("20", ["model_params/"]))
+    recap, out = run_with_facts([train.checkpoint_step(job)], {LS: listing})
+    if base.startswith("gs://"):
+        assert recap.counters() == "ok=1 changed=0 failed=0 skipped=0", out.text()
+        assert ("run rayjob-multi-slice resumes from checkpoint step 10; ignored, not finalized: 20: no "
+                "commit_success.txt: Orbax did not finalize it") in out.text()
+    else:
+        assert recap.counters() == "ok=0 changed=0 failed=1 skipped=0", out.text()
+        assert ("checkpoint step 20 of run rayjob-multi-slice is not whole (no commit_success.txt: Orbax did not "
+                "finalize it), but the workers read /data/ as a folder, where Orbax takes any <step>/ as final: "
+                f"MaxText would restore from it. Remove it (`gcloud storage rm --recursive {CKPT}20/`) to resume "
+                "from 10, or start over with --fresh") in out.text()
+    assert applied(out) == []
+
+
+# -- GKE maintenance held off during a run ------------------------------------------------
+HOLD = "playbooks-train-rayjob-multi-slice"
+UPDATE = "gcloud container clusters update maxtext-multislice --location=us-east5-b "
+ADD = (UPDATE + f"--add-maintenance-exclusion-name={HOLD} --add-maintenance-exclusion-start=P0D "
+       "--add-maintenance-exclusion-end=P7D --add-maintenance-exclusion-scope=no_minor_or_node_upgrades "
+       "--project=my-tpu-project --quiet")
+REMOVE = UPDATE + f"--remove-maintenance-exclusion={HOLD} --project=my-tpu-project --quiet"
+
+
+def _cluster(**exclusions):
+    """`clusters list` of one cluster with these exclusions: name -> (days
+    from now it started, days from now it ends, scope)."""
+    import datetime as dt
+    now = dt.datetime.now(dt.UTC)
+    windows = {n.replace("_", "-"): {"startTime": (now + dt.timedelta(days=a)).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                                     "endTime": (now + dt.timedelta(days=b)).strftime("%Y-%m-%dT%H:%M:%S.123456789Z"),
+                                     "maintenanceExclusionOptions": {"scope": scope}}
+               for n, (a, b, scope) in exclusions.items()}
+    return [{"name": "maxtext-multislice", "status": "RUNNING", "location": "us-east5-b",
+             "maintenancePolicy": {"resourceVersion": "abc", "window": {"maintenanceExclusions": windows}}}]
+
+
+NODES = "NO_MINOR_OR_NODE_UPGRADES"
+ours_ = HOLD.replace("-", "_")
+
+
+@pytest.mark.parametrize("before,after,trained_to,want,commands", [
+    ({}, {ours_: (0, 7, NODES)}, None, "add maintenance exclusion " + HOLD + " (no node or minor upgrades for 7 days", [ADD]),
+    ({ours_: (-1, 6, NODES)}, None, None, f"maintenance exclusion {HOLD} (no_minor_or_node_upgrades) until", []),
+    ({ours_: (-6, 0.5, NODES)}, {ours_: (0, 7, NODES)}, None, f"renewed maintenance exclusion {HOLD} (it ends at",
+     [REMOVE, ADD]),
+    ({ours_: (-1, 6, "NO_UPGRADES")}, {ours_: (0, 7, NODES)}, None, "its scope is NO_UPGRADES", [REMOVE, ADD]),
+    ({ours_: (-9, -2, NODES)}, {ours_: (0, 7, NODES)}, None, "not in force", [REMOVE, ADD]),
+    ({ours_: (-1, 6, NODES)}, {}, 99, "removed maintenance exclusion " + HOLD + ": run rayjob-multi-slice is "
+     "already trained", [REMOVE]),
+    ({"holidays": (0, 3, "NO_UPGRADES")}, None, 99, "run rayjob-multi-slice is already trained: nothing to hold", []),
+])
+def test_the_hold_is_added_once_renewed_when_short_and_gone_for_a_trained_run(before, after, trained_to, want,
+                                                                              commands):
+    from playbooks.job import build_job
+    from playbooks.plays import train
+    job = build_job(DEV, "llama3-8b")
+    listing = _listing((str(trained_to), ["commit_success.txt"])) if trained_to else ""
+    facts = {CLUSTERS: Answers(_cluster(**before), *([_cluster(**after)] if after is not None else [])),
+             LS: Completed(LS, 0, listing, "") if listing else Completed(LS, 1, "", "ERROR: (gcloud.storage.ls) One or "
+                                                                                  "more URLs matched no objects.")}
+    recap, out = run_with_facts([train.hold_step(job)], facts)
+    assert not recap.failed, out.text()
+    assert want in out.text(), out.text()
+    assert applied(out) == commands
+
+
+def test_no_hold_when_the_inventory_says_so():
+    from playbooks.job import build_job
+    from playbooks.plays import train
+    recap, out = run_with_facts([train.hold_step(build_job(env("dev", hold_maintenance=False), "llama3-8b"))], {})
+    assert recap.counters() == "ok=0 changed=0 failed=0 skipped=1"
+    assert "hold_maintenance: false: GKE may upgrade the TPU nodes during the run" in out.text()

@@ -117,25 +117,45 @@ def _submit(text):
     return job
 
 
+# The one setting added to the tutorial's jobs: the persistent compilation
+# cache in the bucket (a restarted job loads what it compiled).
+CACHE = f" jax_cache_dir=gs://{B}/jax_cache"
+
+
 def test_training_jobs_are_the_tutorials(transcripts):
     assert _submit(transcripts["train"]) == (
         "python maxtext_multi_slice_trainer.py base.yml base_output_directory=/data/ dataset_type=synthetic "
         "per_device_batch_size=4 max_target_length=4096 model_name=llama3-8b steps=100 ici_fsdp_parallelism=4 "
-        "ici_tensor_parallelism=4 run_name=rayjob-multi-slice")
+        "ici_tensor_parallelism=4 run_name=rayjob-multi-slice" + CACHE)
     assert _submit(transcripts["train70"]) == (
         "python maxtext_multi_slice_trainer.py base.yml base_output_directory=/data/ dataset_type=synthetic "
         "per_device_batch_size=2 max_target_length=4096 model_name=llama3-70b steps=100 ici_tensor_parallelism=4 "
         "ici_fsdp_parallelism=4 dcn_fsdp_parallelism=2 dcn_data_parallelism=1 remat_policy=full "
-        "run_name=rayjob-multi-slice-70b-fsdp")
+        "run_name=rayjob-multi-slice-70b-fsdp" + CACHE)
     assert _submit(transcripts["elastic"]) == (
         "python maxtext_elastic_trainer.py base.yml base_output_directory=/data/ dataset_type=synthetic "
         "per_device_batch_size=4 max_target_length=4096 model_name=llama3-8b steps=50 ici_fsdp_parallelism=4 "
-        "ici_tensor_parallelism=4 run_name=rayjob-elastic-8b")
+        "ici_tensor_parallelism=4 run_name=rayjob-elastic-8b" + CACHE)
     assert '"TRAINER_SLICES": "3"' in transcripts["train"]
     assert "compile_topology=v6e-16 compile_topology_num_slices=3" in transcripts["train"]
     assert "skipped: [preflight : preflight] --skip-preflight: no static checks" in transcripts["train70"]
     assert ("DCN parallelism (across slices, 3 slices): dcn_fsdp_parallelism=2 = 2, but there are 3"
             in transcripts["train70-3"]) and "ray job submit" not in transcripts["train70-3"]
+
+
+def test_maintenance_is_held_off_for_the_run_and_released(transcripts):
+    """Before the submit, the run's exclusion (no node or minor upgrades, 7
+    days); after the job, and at teardown, its removal."""
+    update = f"gcloud container clusters update {C} --location={Z} "
+    hold = (update + "--add-maintenance-exclusion-name=playbooks-train-rayjob-elastic-8b "
+            "--add-maintenance-exclusion-start=P0D --add-maintenance-exclusion-end=P7D "
+            f"--add-maintenance-exclusion-scope=no_minor_or_node_upgrades --project={P} --quiet")
+    release = update + f"--remove-maintenance-exclusion=playbooks-train-rayjob-elastic-8b --project={P} --quiet"
+    elastic = lines(transcripts["elastic"])
+    submit = next(i for i, ln in enumerate(elastic) if ln.startswith("ray job submit"))
+    assert elastic.index(hold) < submit < elastic.index(release)
+    assert (update + f"--remove-maintenance-exclusion=playbooks-train-rayjob-multi-slice --project={P} --quiet"
+            in lines(transcripts["teardown"]))
 
 
 def test_chaos_is_the_tutorials_find_then_delete(transcripts):
@@ -150,6 +170,9 @@ def test_teardown_deletes_in_dependency_order(transcripts):
     expected = [
         f"kubectl delete raycluster maxtext-tpu-cluster --namespace {NS} {CTX}",
         "kill -TERM $(cat .state/acme/port-forward.pid)",
+        # the runs' maintenance exclusions, once their jobs went with the RayCluster
+        f"gcloud container clusters update {C} --location={Z} --remove-maintenance-exclusion="
+        f"playbooks-train-rayjob-multi-slice --project={P} --quiet",
         f"gcloud container clusters delete {C} --zone={Z} --project={P} --quiet",
         f"gsutil rm -r gs://{B}",
         f"{D}gcloud compute networks subnets delete tpu-subnet-1 --region={R} --project={P} --quiet",

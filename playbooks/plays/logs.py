@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import hosts, metrics, paths
+from .. import hosts, maintenance, metrics, paths
 from ..core.facts import ABSENT, Action, Fact
 from ..core.play import Outcome, StepContext
 from ..core.recap import FAILED, OK
 from ..core.step import Step, change, fail, ok
 from ..endpoints import dashboard
-from ..rayapi import job_fact, job_logs_command, jobs_fact, ours
+from ..rayapi import job_fact, job_logs_command, jobs_fact, ours, run_of
 from ..schema import Environment
 
 
@@ -37,6 +37,10 @@ def logs_step(env: Environment, run: str | None, follow: bool) -> Step:
             return Outcome(FAILED, f"could not read the log of job {sid}: `ray job logs` exited {done.rc}")
         final = ctx.look(job_fact(addr, sid, via), fresh=True)
         status = final.get("status") if isinstance(final, dict) else "UNKNOWN"
+        # Followed to its end: the run's maintenance hold goes with the job.
+        if follow and status not in ("PENDING", "RUNNING") and \
+                (line := maintenance.release(ctx, env, run_of(sid))):
+            ctx.echo(f"  {line}")
         if status in ("FAILED", "STOPPED"):
             return Outcome(FAILED, f"job {sid} {status}: {final.get('message') or 'see its log'}")
         return Outcome(OK, f"job {sid} {status}")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .. import maintenance
 from .. import tutorial as T
 from ..clients import gcloud
 from ..core.command import Command, quote
@@ -22,6 +23,7 @@ from ..gke import (
     network_name,
     networks_fact,
     raycluster_fact,
+    running_cluster,
     subnet_name,
     subnets_fact,
 )
@@ -38,7 +40,7 @@ def gone(what: str):
 
 # A dry run of teardown assumes everything exists, to show every delete.
 def _cluster(env: Environment) -> Fact:
-    return assume(clusters_fact(env), {"name": env.cluster_name, "status": "RUNNING", "location": location(env)})
+    return assume(clusters_fact(env), running_cluster(env))
 
 
 def raycluster_step(env: Environment) -> Step:
@@ -75,6 +77,29 @@ def forward_step(env: Environment) -> Step:
     return Step(PLAY, "port-forward", decide, id="teardown:forward")
 
 
+def maintenance_step(env: Environment) -> Step:
+    """The runs' maintenance exclusions (``playbooks/maintenance.py``), once
+    their jobs went with the RayCluster: ours only, others' left as they are.
+    A dry run assumes the tutorial's run left one."""
+    run = dict(next(iter(T.TRAIN_ARGS.values())))["run_name"]
+    probe = assume(clusters_fact(env), maintenance.held(env, run))
+
+    def decide(look):
+        c = look(probe)
+        if c is ABSENT:
+            return ok(f"cluster {env.cluster_name} is gone, and its maintenance exclusions with it")
+        names = maintenance.ours(c)
+        if not names:
+            return ok("no maintenance exclusion of ours")
+        return change(*[maintenance.remove_command(env, n) for n in names], reason=f"removed {', '.join(names)}",
+                      found=", ".join(names))
+
+    return Step(PLAY, "maintenance exclusions of our runs", decide, id="teardown:maintenance",
+                after=("teardown:raycluster",),
+                verify=Verify(probe, lambda c: None if c is ABSENT or not maintenance.ours(c)
+                              else f"{', '.join(maintenance.ours(c))} still there", timeout=300, interval=5))
+
+
 def cluster_step(env: Environment) -> Step:
     probe = _cluster(env)
 
@@ -92,7 +117,7 @@ def cluster_step(env: Environment) -> Step:
                              project=env.project_id, quiet=True), reason="deleted", found="present")
 
     return Step(PLAY, f"GKE cluster {env.cluster_name}", decide, id="teardown:cluster",
-                after=("teardown:raycluster",),
+                after=("teardown:raycluster", "teardown:maintenance"),
                 verify=Verify(probe, gone("cluster"), timeout=DELETE_TIMEOUT, interval=15))
 
 
@@ -147,7 +172,7 @@ def network_step(env: Environment, i: int) -> Step:
 
 def steps(env: Environment) -> list[Step]:
     """(The local twin's teardown is ``plays/twin.py``'s stop steps.)"""
-    out = [raycluster_step(env), forward_step(env), cluster_step(env), bucket_step(env)]
+    out = [raycluster_step(env), forward_step(env), maintenance_step(env), cluster_step(env), bucket_step(env)]
     if env.mode == "autopilot":
         return out  # no VPC of ours: GKE made the nodes' networks and removes them with the cluster
     return out + [subnet_step(env, 0), subnet_step(env, 1), network_step(env, 0), network_step(env, 1)]

@@ -7,13 +7,22 @@ import re
 from pathlib import Path
 from typing import IO, Any
 
-from .. import hosts, metrics, paths
+from .. import hosts, maintenance, metrics, paths
 from ..core.errors import InputError
-from ..core.facts import ABSENT, Action, Completed
+from ..core.facts import ABSENT, Action, Completed, assume
 from ..core.play import Outcome, StepContext
 from ..core.recap import CHANGED, FAILED, SKIPPED
-from ..core.step import Step, Verify, change, ok, skipped
-from ..job import Job, checkpoints_fact, checkpoints_place, remove_checkpoints, submit_command
+from ..core.step import Step, Verify, change, fail, ok, skipped
+from ..gke import clusters_fact, running_cluster
+from ..job import (
+    Checkpoints,
+    Job,
+    checkpoints_fact,
+    checkpoints_place,
+    remove_checkpoints,
+    restores_unfinished,
+    submit_command,
+)
 from ..rayapi import job_fact, job_logs_command, jobs_fact, ours, submission_number
 from ..schema import Environment
 from ..trainlog import HIDE, SHOW, Summary, clean
@@ -25,8 +34,10 @@ NOT_READY = re.compile(r"No available agent to submit job|please try again later
 
 
 def trained(job: Job, have: Any) -> int | None:
-    """The last checkpoint step when the run is already trained to its end."""
-    return max(have) if have and max(have) >= job.steps - 1 else None
+    """The last finalized checkpoint step when the run is already trained to
+    its end (a step directory Orbax did not finalize never counts)."""
+    last = have.last if isinstance(have, Checkpoints) else None
+    return last if last is not None and last >= job.steps - 1 else None
 
 
 def checkpoint_step(job: Job) -> Step:
@@ -42,15 +53,18 @@ def checkpoint_step(job: Job) -> Step:
         have = look(probe)
         if job.fresh and have:
             return change(remove_checkpoints(job), reason=f"removed the checkpoints of run {job.run_name} (--fresh)",
-                          found=f"checkpoint steps {have}")
+                          found=have.describe())
+        ignored = f"; ignored, not finalized: {have.ignored()}" if have and have.partial else ""
         if (last := trained(job, have)) is not None:
             return ok(f"run {job.run_name} already trained to step {last} of {job.steps}: nothing to do "
-                      f"(--fresh starts it over, --set run_name=NAME starts another)")
-        if have:
-            return ok(f"run {job.run_name} resumes from checkpoint step {max(have)}")
-        return ok(f"run {job.run_name} starts from step 0")
+                      f"(--fresh starts it over, --set run_name=NAME starts another){ignored}")
+        if have and (why := restores_unfinished(job, have)):
+            return fail(why)
+        if have and have.last is not None:
+            return ok(f"run {job.run_name} resumes from checkpoint step {have.last}{ignored}")
+        return ok(f"run {job.run_name} starts from step 0{ignored}")
 
-    verify = Verify(probe, lambda have: None if not have else f"checkpoint steps {have} still there",
+    verify = Verify(probe, lambda have: None if not have else f"{have.describe()} still there",
                     timeout=60, interval=5) if job.fresh else None
     return Step(PLAY, title, decide, id="train:checkpoints", verify=verify)
 
@@ -63,6 +77,55 @@ def preemption_note(env: Environment, job: Job) -> list[Step]:
     line = (f"capacity: {env.capacity}: a preemption ends this job (it resumes from its last checkpoint when run "
             f"again); `invoke train --elastic` goes on with the slices left and grows back")
     return [Step(PLAY, "preemption", lambda look: ok(line), id="train:preemption")]
+
+
+# -- maintenance held off while the run trains (GKE) ----------------------------
+def hold_step(job: Job) -> Step:
+    """Before the job: the run's maintenance exclusion in force (added, or
+    renewed when it ends within a day). A run already trained holds nothing
+    (and a hold left from its job, unfollowed to its end, is removed). What
+    an exclusion is: ``playbooks/maintenance.py``."""
+    env, run = job.env, job.run_name
+    title = "hold off GKE maintenance"
+    if not env.hold_maintenance:
+        return skipped(PLAY, title, "hold_maintenance: false: GKE may upgrade the TPU nodes during the run",
+                       id="train:hold")
+    exclusion = maintenance.name(run)
+    probe = assume(clusters_fact(env), running_cluster(env))
+    checkpoints = checkpoints_fact(job) if checkpoints_place(job)[0] != "unseen" and not job.fresh else None
+    want = {"held": True}  # what the verify checks: held, or released (a run already trained)
+
+    def decide(look):
+        cluster = look(probe)
+        if cluster is ABSENT:
+            return fail(f"cluster {env.cluster_name} does not exist: `invoke up` makes it")
+        window = maintenance.exclusions(cluster).get(exclusion)
+        if checkpoints is not None and trained(job, look(checkpoints)) is not None:
+            want["held"] = False
+            if window is None:
+                return ok(f"run {run} is already trained: nothing to hold")
+            return change(maintenance.remove_command(env, exclusion), found=maintenance.describe(exclusion, window),
+                          reason=f"removed maintenance exclusion {exclusion}: run {run} is already trained")
+        add = maintenance.add_command(env, run)
+        hold = f"no node or minor upgrades for {maintenance.HOLD.days} days, or until the job ends"
+        if window is not None:
+            why = maintenance.short_of(window)
+            if why is None:
+                return ok(f"maintenance exclusion {maintenance.describe(exclusion, window)} holds off node and "
+                          f"minor upgrades")
+            return change(maintenance.remove_command(env, exclusion), add, found=why,
+                          reason=f"renewed maintenance exclusion {exclusion} ({why}): {hold}")
+        return change(add, found="no exclusion", reason=f"added maintenance exclusion {exclusion}: {hold}",
+                      would=f"add maintenance exclusion {exclusion} ({hold})")
+
+    def check(cluster: Any) -> str | None:
+        window = maintenance.exclusions(cluster).get(exclusion)
+        if not want["held"]:
+            return None if window is None else f"exclusion {exclusion} still there"
+        return maintenance.short_of(window)
+
+    return Step(PLAY, title, decide, id="train:hold", after=("train:checkpoints",),
+                verify=Verify(probe, check, timeout=300, interval=5))
 
 
 # -- the job ----------------------------------------------------------------
@@ -175,8 +238,13 @@ def job_step(job: Job, log_file: Path | None = None) -> Step:
         finally:
             f.close()
         if done is None:  # not acting: nothing ran
+            maintenance.release(ctx, job.env, job.run_name)
             return Outcome(CHANGED, f"would run job {sid}")
         final = ctx.look(job_fact(job.address, sid, via), fresh=True)
+        # The job ended (or was never made): the hold goes with it.
+        ended = not (isinstance(final, dict) and final.get("status") in ("PENDING", "RUNNING"))
+        if ended and (line := maintenance.release(ctx, job.env, job.run_name)):
+            ctx.echo(f"  {line}")
         if not done.ok and not isinstance(final, dict):
             last = [line for line in done.stdout.splitlines() if line.strip()][-1:] or ["no output"]
             return Outcome(FAILED, f"`ray job submit` failed (exit code {done.rc}) and no job {sid} exists: "

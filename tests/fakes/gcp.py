@@ -5,7 +5,7 @@ One server answers every API under its own path prefix, which is how the
 real clients are pointed at it (``CLOUDSDK_API_ENDPOINT_OVERRIDES_*``):
 
 - ``/compute/v1/...``       networks, subnetworks, their operations
-- ``/container/v1/...``     clusters, nodePools, operations (v1, locations)
+- ``/container/v1/...``     clusters (and their maintenance policy), nodePools, operations (v1, locations)
 - ``/serviceusage/v1/...``  services list / batchEnable, operations
 - ``/crm/v1/...``           projects get, getIamPolicy / setIamPolicy
 - ``/storage/v1/...``       buckets, objects, bucket IAM (gsutil and gcloud storage)
@@ -27,6 +27,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import unquote
 
@@ -156,6 +157,13 @@ class State:
 
 Route = tuple[str, re.Pattern, Callable[..., Any]]
 
+# GKE's limits on maintenance exclusions (kubernetes-engine/docs/concepts/
+# maintenance-windows-and-exclusions): "No upgrades" at most 30 days; the
+# other scopes up to the end of support of the minor version (here: 180 days
+# from now, the fake's stand-in); at most 20 exclusions per cluster.
+EXCLUSION_DAYS = {"NO_UPGRADES": 30, "NO_MINOR_UPGRADES": 180, "NO_MINOR_OR_NODE_UPGRADES": 180}
+MAX_EXCLUSIONS = 20
+
 
 class FakeGcp(Fake):
     """The fake's state and its HTTP handlers."""
@@ -278,6 +286,7 @@ class FakeGcp(Fake):
         r("GET", k + "/clusters")(self.clusters_list)
         r("POST", k + "/clusters")(self.cluster_create)
         r("GET", k + "/clusters/" + P)(self.cluster_get)
+        r("POST", k + "/clusters/([^/:]+):setMaintenancePolicy")(self.cluster_set_maintenance)
         r("DELETE", k + "/clusters/" + P)(self.cluster_delete)
         r("GET", k + "/clusters/" + P + "/nodePools")(self.pools_list)
         r("POST", k + "/clusters/" + P + "/nodePools")(self.pool_create)
@@ -598,6 +607,7 @@ class FakeGcp(Fake):
             "network": c.get("network") or "default", "subnetwork": c.get("subnetwork") or "default",
             "clusterIpv4Cidr": "10.100.0.0/14", "servicesIpv4Cidr": "34.118.224.0/20",
             "labelFingerprint": "a9dc16a7", "etag": _etag(name),
+            "maintenancePolicy": {"resourceVersion": _etag(name + "-policy")},
             "loggingService": "logging.googleapis.com/kubernetes",
             "monitoringService": "monitoring.googleapis.com/kubernetes",
         })
@@ -628,6 +638,53 @@ class FakeGcp(Fake):
             raise fail(409, f"Already exists: projects/{p}/locations/{loc}/clusters/{name}.")
         c = self.add_cluster(loc, spec)
         return self._container_op(p, loc, "CREATE_CLUSTER", c["selfLink"], latency="cluster", resource=c)
+
+    def cluster_set_maintenance(self, req: Request, p: str, loc: str, name: str) -> dict:
+        """clusters.setMaintenancePolicy, as `clusters update --add-/--remove-
+        maintenance-exclusion` sends it: the whole policy, with the
+        resourceVersion it read (another's change in between is refused)."""
+        c = self._cluster(p, loc, name)
+        policy = copy.deepcopy((req.body or {}).get("maintenancePolicy") or {})
+        have = c.get("maintenancePolicy") or {}
+        if have.get("resourceVersion") and policy.get("resourceVersion") != have["resourceVersion"]:
+            raise fail(400, "Cluster maintenance policy was modified since it was read: resourceVersion "
+                            f"{policy.get('resourceVersion')!r} is not the current {have['resourceVersion']!r}.",
+                       "FAILED_PRECONDITION", "failedPrecondition")
+        window = policy.setdefault("window", {})
+        exclusions = window.get("maintenanceExclusions") or {}
+        if len(exclusions) > MAX_EXCLUSIONS:
+            raise fail(400, f"At most {MAX_EXCLUSIONS} maintenance exclusions are allowed per cluster.")
+        now = datetime.now(UTC)
+        for ex_name, w in exclusions.items():
+            start, end = _rfc3339(w.get("startTime")), _rfc3339(w.get("endTime"))
+            if start is None or end is None or end <= start:
+                raise fail(400, f"Maintenance exclusion {ex_name}: end time must be after start time.")
+            scope = (w.get("maintenanceExclusionOptions") or {}).get("scope") or "NO_UPGRADES"
+            days = EXCLUSION_DAYS.get(scope)
+            if days is None:
+                raise fail(400, f"Maintenance exclusion {ex_name}: unknown scope {scope}.")
+            if end - max(start, now) > timedelta(days=days):
+                raise fail(400, f"Maintenance exclusion {ex_name} of scope {scope} exceeds the maximum of {days} "
+                                f"days.")
+            w["startTime"], w["endTime"] = (t.strftime("%Y-%m-%dT%H:%M:%SZ") for t in (start, end))
+        window["maintenanceExclusions"] = exclusions
+        policy["resourceVersion"] = _etag(repr(sorted(exclusions.items())) + _id())
+        c["maintenancePolicy"] = policy
+        return self._container_op(p, c["location"], "SET_MAINTENANCE_POLICY", c["selfLink"])
+
+    def add_exclusion(self, loc: str, cluster: str, name: str, days: float, scope: str = "NO_MINOR_OR_NODE_UPGRADES",
+                      started_days_ago: float = 0.0) -> dict:
+        """A maintenance exclusion already on the cluster (from another run,
+        or a user's), as GKE shows it."""
+        c = self.st.clusters[(loc, cluster)]
+        now = datetime.now(UTC) - timedelta(days=started_days_ago)
+        window = c.setdefault("maintenancePolicy", {}).setdefault("window", {})
+        w = {"startTime": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+             "endTime": (now + timedelta(days=days)).strftime("%Y-%m-%dT%H:%M:%SZ"),
+             "maintenanceExclusionOptions": {"scope": scope}}
+        window.setdefault("maintenanceExclusions", {})[name] = w
+        c["maintenancePolicy"]["resourceVersion"] = _etag(name + _id())
+        return w
 
     def cluster_delete(self, req: Request, p: str, loc: str, name: str) -> dict:
         c = self._cluster(p, loc, name)
@@ -876,6 +933,15 @@ class FakeGcp(Fake):
         self.object_get(req, bucket, name)
         del self.st.objects[bucket][name]
         return Response(204)
+
+
+def _rfc3339(text: Any) -> datetime | None:
+    """A time as clients send it (RFC 3339: Z or an offset, fractions)."""
+    try:
+        t = datetime.fromisoformat(re.sub(r"(\.\d{6})\d+", r"\1", str(text)).replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return t if t.tzinfo else t.replace(tzinfo=UTC)
 
 
 def _b64(data: bytes) -> str:

@@ -114,6 +114,13 @@ class Connector(Protocol):
         """A folder and everything in it (nothing when it does not exist)."""
         ...
 
+    def list_dir(self, path: str) -> list[tuple[str, bool]] | None:
+        """A folder's entries as (name, is a folder), sorted by name (a
+        symbolic link counts as what it points to); None when the folder does
+        not exist. Any other failure (not a folder, no permission) raises
+        ``OSError``."""
+        ...
+
     def alive(self, pid: int, marker: str = "") -> bool:
         """The process exists, is not a zombie, and its command line holds
         ``marker`` (a recycled pid is not ours): /proc read where this

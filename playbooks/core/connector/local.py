@@ -135,6 +135,13 @@ class LocalConnector(Connector):
     def remove_tree(self, path: str) -> None:
         shutil.rmtree(self.path(path), ignore_errors=False, onexc=_missing_is_fine)
 
+    def list_dir(self, path: str) -> list[tuple[str, bool]] | None:
+        try:
+            with os.scandir(self.path(path)) as entries:
+                return sorted((e.name, e.is_dir()) for e in entries)
+        except FileNotFoundError:
+            return None
+
     def alive(self, pid: int, marker: str = "") -> bool:
         return procs.alive_from(self.read, pid, marker)
 

@@ -412,6 +412,21 @@ class SshConnector(Connector):
         if r.rc != 0:
             raise OSError(f"cannot remove {path} on {self.target}: {r.stderr.strip()}")
 
+    def list_dir(self, path: str) -> list[tuple[str, bool]] | None:
+        # One shell line (POSIX sh, with or without SFTP): each entry as
+        # "d/name" or "f/name", NUL-ended; exit 3 when the folder is not there.
+        full = shlex.quote(self.path(path))
+        line = (f"[ -e {full} ] || exit 3; cd -- {full} || exit 4; "
+                f"for f in * .[!.]* ..?*; do [ -e \"$f\" ] || [ -L \"$f\" ] || continue; "
+                f"if [ -d \"$f\" ]; then printf 'd/%s\\0' \"$f\"; else printf 'f/%s\\0' \"$f\"; fi; done")
+        status, out, err = self._shell(line)
+        if status == 3:
+            return None
+        if status != 0:
+            raise OSError(f"cannot list {path} on {self.target}: {first_line(err) or f'exit status {status}'}")
+        items = [e.decode("utf-8", "surrogateescape") for e in out.split(b"\0") if e]
+        return sorted((e[2:], e[0] == "d") for e in items)
+
     # -- processes --------------------------------------------------------------------
     def alive(self, pid: int, marker: str = "") -> bool:
         return procs.alive_from(self.read, pid, marker)
