@@ -76,10 +76,12 @@ def test_subnet_on_another_network_is_drift():
            "range is 10.51.0.0/16, want 10.50.0.0/16" in out.text()
 
 
-def pool(name, status="RUNNING", topology="4x4", nodes=4):
+def pool(name, status="RUNNING", topology="4x4", nodes=4, capacity="on-demand"):
+    extra = {"spot": True} if capacity == "spot" else {}
     return {"name": name, "status": status, "initialNodeCount": nodes,
-            "config": {"machineType": "ct6e-standard-4t",
-                       "labels": {"cloud.google.com/gke-networking-dra-driver": "true"}},
+            "config": {"machineType": "ct6e-standard-4t", **extra,
+                       "labels": {"cloud.google.com/gke-networking-dra-driver": "true",
+                                  "tpu-playbooks/capacity": capacity}},
             "placementPolicy": {"tpuTopology": topology},
             "networkConfig": {"additionalNodeNetworkConfigs": [
                 {"network": "maxtext-multislice-net-1", "subnetwork": "tpu-subnet-1"},
