@@ -124,20 +124,23 @@ class KubectlShortcut:
                 self._clients[key] = config.new_client_from_config(config_file=files, context=context)
             return self._clients[key]
 
-    def _get(self, api: Any, path: str, query: list[tuple[str, str]], timeout: float | None) -> Any:
-        from kubernetes.client.exceptions import ApiException
+    def _get(self, api: Any, path: str, query: list[tuple[str, str]], timeout: float | None) -> str:
+        """A GET with the client's credentials (kubernetes 37: param_serialize
+        puts the token in, call_api sends it); a status that is not 2xx is
+        kubectl's "Error from server (Reason): message"."""
+        method, url, headers, body, post = api.param_serialize("GET", path, query_params=query,
+                                                               auth_settings=["BearerToken"])
+        r = api.call_api(method, url, header_params=headers, body=body, post_params=post, _request_timeout=timeout)
+        data = r.read()
+        text = data.decode() if isinstance(data, bytes) else str(data or "")
+        if 200 <= r.status < 300:
+            return text
         try:
-            r = api.call_api(path, "GET", query_params=query, auth_settings=["BearerToken"], _preload_content=False,
-                             _return_http_data_only=True, _request_timeout=timeout)
-            return r.data.decode()
-        except ApiException as e:
-            body = e.body.decode() if isinstance(e.body, bytes) else (e.body or "")
-            try:
-                doc = json.loads(body)
-                text = f"Error from server ({doc.get('reason') or e.reason}): {doc.get('message') or body}"
-            except (ValueError, AttributeError):
-                text = f"Error from server ({e.reason}): {body or e.reason}"
-            raise ServerError(int(e.status or 0), text) from None
+            doc = json.loads(text)
+            said = f"Error from server ({doc.get('reason') or r.reason}): {doc.get('message') or text}"
+        except (ValueError, AttributeError):
+            said = f"Error from server ({r.reason}): {text or r.reason}"
+        raise ServerError(int(r.status), said)
 
     def run(self, argv: list[str], env: dict[str, str], timeout: float | None) -> Ran | None:
         start = time.monotonic()
@@ -151,10 +154,8 @@ class KubectlShortcut:
             return Ran(0, self._answer(api, g, timeout), "", time.monotonic() - start)
         except ServerError as e:
             return Ran(1, "", e.text + "\n", time.monotonic() - start)
-        except Exception as e:  # the connection, the credentials (the exec plugin), the kubeconfig
-            why = " ".join(str(e).split())[:500] or type(e).__name__
-            return Ran(1, "", f"Unable to connect to the server: {type(e).__name__}: {why}\n",
-                       time.monotonic() - start)
+        except _connection_errors() as e:  # the connection, the credentials (the exec plugin), the kubeconfig
+            return self._unreachable(e, start)
 
     def _answer(self, api: Any, g: Get, timeout: float | None) -> str:
         query = [(k, v) for k, v in (("labelSelector", g.selector), ("fieldSelector", g.field_selector)) if v]
@@ -205,11 +206,29 @@ class KubectlShortcut:
             return Ran(0, text, "", time.monotonic() - start)
         except ServerError as e:
             return Ran(1, "", e.text + "\n", time.monotonic() - start)
-        except Exception as e:
-            return Ran(1, "", f"Unable to connect to the server: {type(e).__name__}: {e}\n", time.monotonic() - start)
+        except _connection_errors() as e:
+            return self._unreachable(e, start)
 
     def stream(self, argv: list[str], env: dict[str, str], on_line: Callable[[str], None]) -> Ran | None:
         return None
+
+    @staticmethod
+    def _unreachable(e: Exception, start: float) -> Ran:
+        """As kubectl says it: the server could not be reached (or the
+        credentials could not be had), exit 1."""
+        why = " ".join(str(e).split())[:500] or type(e).__name__
+        return Ran(1, "", f"Unable to connect to the server: {type(e).__name__}: {why}\n", time.monotonic() - start)
+
+
+def _connection_errors() -> tuple[type[Exception], ...]:
+    """What the client raises when it cannot reach the API server or get its
+    credentials: urllib3's errors (refused, TLS, timeouts), an OSError, the
+    kubeconfig loader's ConfigException (a missing context, an exec plugin
+    that failed). Anything else is a bug, and fails the step as one."""
+    import urllib3.exceptions
+    from kubernetes.config.config_exception import ConfigException
+    return (urllib3.exceptions.HTTPError, OSError, ConfigException)
+
 
 
 def _dump(doc: Any) -> str:
