@@ -112,13 +112,14 @@ def pool_step(env: Environment, i: int) -> Step:
         nodes = (f"0 to {env.hosts_per_slice} nodes as capacity comes" if option == "flex-start"
                  else f"{env.hosts_per_slice} nodes")
         what = f"{env.topology}, {nodes}, {cap.words(env, option)}"
-        if replacing is not ABSENT and replacing.get("status") in BROKEN:
+        if was:  # the next option, after the one before failed
+            reason = f"created ({what}), in place of {was}"
+        elif replacing is not ABSENT:
             reason = f"replaced a broken pool (was {replacing.get('status')}: {cap.pool_problem(replacing)}) ({what})"
         else:
             reason = f"created ({what})"
         cmds = ([delete_command(env, name)] if replacing is not ABSENT else []) + [create_command(env, name, option)]
-        return change(*cmds, reason=reason + (f", in place of {was}" if was else ""), notes=notes,
-                      instead=lambda look, why: instead(look, why, option))
+        return change(*cmds, reason=reason, notes=notes, instead=lambda look, why: instead(look, why, option))
 
     def instead(look, why: str, option: str):
         """After a failed create: the pool replaced by the next option's when
