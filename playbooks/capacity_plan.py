@@ -252,8 +252,8 @@ def make(env: Environment, look: Look) -> Plan:
         try:
             value = quota_value(look(quota_fact(env, q)), env.region, q[1])
             why = f"quota {label} has no value for {env.region}" if value is None else ""
-        except ProbeFailed as e:
-            value, why = None, f"quota {label}: {e.why}"
+        except ProbeFailed as e:  # the quota step says the whole of it
+            value, why = None, f"quota {label}: {_short(e.why)}"
         left[q[0]] = _Quota(label, value, used, why)
 
     res_free: int | None = 0
@@ -268,8 +268,8 @@ def make(env: Environment, look: Look) -> Plan:
                 res_free = free_hosts(r) // hosts
                 count = (r.get("specificReservation") or {}).get("count", "?")
                 res_why = f"{free_hosts(r)} of {count} hosts free"
-        except ProbeFailed as e:
-            res_free, res_why = None, f"reservation: {e.why}"
+        except ProbeFailed as e:  # the reservation step says the whole of it
+            res_free, res_why = None, f"reservation: {_short(e.why)}"
 
     def left_of(option: str) -> list[_Quota]:
         return [left[x[0]] for x in cap.QUOTAS[option]]
@@ -314,6 +314,11 @@ def make(env: Environment, look: Look) -> Plan:
                 break
         slots.append(slot or Slot(i, name, None, "none", f"no option of capacity {capacity_text(env)} can take it"))
     return Plan(tuple(slots), tuple(offers), opts, per)
+
+
+def _short(text: str, most: int = 120) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= most else text[:most - 3] + "..."
 
 
 def plan_fact(env: Environment) -> Fact:

@@ -154,7 +154,10 @@ def plan_step(env: Environment) -> Step:
                              f"{where}", data=p, notes=p.lines())
         return ok(p.summary() + where, data=p, notes=p.lines())
 
-    return Step(PLAY, f"plan for {env.slices} slice(s)", decide, id="capacity:plan", probes=firsts)
+    # After the checks (read-only too), so its lines come last and it plans
+    # only from what they did not refuse.
+    checks = ("capacity:machine-type", "capacity:version", "capacity:quota", "capacity:reservation")
+    return Step(PLAY, f"plan for {env.slices} slice(s)", decide, id="capacity:plan", probes=firsts, after=checks)
 
 
 def steps(env: Environment) -> list[Step]:
