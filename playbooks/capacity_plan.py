@@ -283,7 +283,7 @@ def make(env: Environment, look: Look) -> Plan:
         if any(x.left is None for x in qs):
             offers.append(Offer(o, o, None, "; ".join(x.why for x in qs if x.left is None)))
             continue
-        n = min(env.slices, sum(int(min(x.left or 0, env.slices * per)) // per for x in qs))
+        n = min(env.slices, sum(max(0, int(min(x.left or 0, env.slices * per))) // per for x in qs))
         offers.append(Offer(o, o, n, ", else ".join(x.permits() for x in qs)))
 
     slots = []
