@@ -1,7 +1,9 @@
 """Getting the TPUs: the capacity options (on-demand, Spot, a reservation,
-flex-start) as node pool flags and pod node selectors, and what a failed
-pool's conditions say (no capacity, no quota, or something else). The
-read-only preflight that checks them is ``plays/capacity.py``.
+flex-start) as node pool flags, our node label and the workers' affinity,
+the quotas each consumes, and what a failed pool's conditions say (no
+capacity, no quota, or something else). The plan per slice is
+``capacity_plan.py``; the read-only preflight that shows it is
+``plays/capacity.py``.
 
 Sources, for what each option needs:
 - Spot: `--spot`; GKE labels Spot nodes `cloud.google.com/gke-spot=true`
@@ -29,49 +31,76 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from .schema import FLEX_WAIT_DEFAULT, Environment
+from . import tutorial as T
+from .schema import CAPACITIES, FLEX_WAIT_DEFAULT, Environment, capacities
+
+# A node label of ours on every TPU pool we make, naming its capacity option:
+# the workers select it (worker_affinity), and a re-run and `status` read a
+# pool's option back from GKE (with the pool's own config: pool_capacity).
+LABEL = "tpu-playbooks/capacity"
 
 
 # -- the options -------------------------------------------------------------------
-def pool_flags(env: Environment) -> list[str]:
+def pool_flags(env: Environment, option: str) -> list[str]:
     """What `gcloud container node-pools create` adds for the capacity."""
-    if env.capacity == "spot":
+    if option == "spot":
         return ["--spot"]
-    if env.capacity == "reservation":
+    if option == "reservation":
         return ["--reservation-affinity=specific", f"--reservation={env.reservation}"]
-    if env.capacity == "flex-start":
+    if option == "flex-start":
         return ["--flex-start", "--enable-autoscaling", "--min-nodes=0", f"--max-nodes={env.hosts_per_slice}",
                 "--location-policy=ANY", "--reservation-affinity=none", "--no-enable-autorepair"]
     return []
 
 
-def initial_nodes(env: Environment) -> int:
+def node_labels(option: str) -> str:
+    """The pool's --node-labels: the tutorial's DRANET label and ours."""
+    return f"{T.TPU_NODE_LABEL},{LABEL}={option}"
+
+
+def initial_nodes(env: Environment, option: str) -> int:
     """A flex-start pool starts empty; the others with one slice's hosts."""
-    return 0 if env.capacity == "flex-start" else env.hosts_per_slice
+    return 0 if option == "flex-start" else env.hosts_per_slice
 
 
-def node_selector(env: Environment) -> dict[str, str]:
-    """What the TPU workers add to their nodeSelector, on Standard, to land on
-    nodes of this capacity (GKE's node labels); a reservation's pools are the
-    only ones of their shape here, so nothing is added for it. (On Autopilot
-    the ComputeClass's priorities carry the capacity: autopilot.priorities.)"""
-    if env.capacity == "spot":
-        return {"cloud.google.com/gke-spot": "true"}
-    if env.capacity == "flex-start":
-        return {"cloud.google.com/gke-flex-start": "true"}
-    return {}
+def worker_affinity(env: Environment) -> dict[str, Any]:
+    """What the TPU workers require of a node, on Standard, besides the
+    tutorial's nodeSelector: our capacity label, In every option of the
+    list, so each slice's workers land on its pool whichever option made it
+    (the plan's, or the one a failed create moved to).
+
+    One worker group for all the slices, not one per capacity: the GKE TPU
+    webhook gives each pod MEGASCALE_SLICE_ID = its replica index within its
+    worker group and MEGASCALE_COORDINATOR_ADDRESS = that group's replica 0
+    (ai-on-gke/kuberay-tpu-webhook main.go, at ef658db: "Set
+    MEGASCALE_SLICE_ID, the index of this replica within the worker group";
+    the coordinator "<group>-0-0"), so two groups would both number their
+    slices from 0 with two coordinators: not one multislice job. And one
+    group keeps `replicas: slices` fixed however the slices were got, so a
+    fallback at create time needs no new manifest. A nodeSelector cannot
+    say "spot or on-demand" (GKE labels Spot nodes, not on-demand ones);
+    a nodeAffinity `In` over our label can. (On Autopilot the ComputeClass's
+    priorities carry the same list: manifests.priorities.)"""
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": LABEL, "operator": "In", "values": list(capacities(env))}]}]}}}
 
 
 def wait_seconds(env: Environment) -> float | None:
     """How long the slices' nodes may take to come: flex-start waits for
     capacity by design (capacity_wait); the others do not say."""
-    if env.get("capacity") == "flex-start":
+    if env.get("capacity") is not None and "flex-start" in capacities(env):
         return float(env.capacity_wait or FLEX_WAIT_DEFAULT)
     return None
 
 
+def words(env: Environment, option: str) -> str:
+    """An option in the inventory's words: a reservation with its name."""
+    return f"reservation {env.reservation}" if option == "reservation" else option
+
+
 def pool_capacity(p: Any) -> str:
-    """The capacity a node pool has, in the inventory's words."""
+    """The capacity a node pool has, read from its own config, in the
+    inventory's words."""
     cfg = (p or {}).get("config") or {}
     if cfg.get("flexStart"):
         return "flex-start"
@@ -83,12 +112,46 @@ def pool_capacity(p: Any) -> str:
     return "on-demand"
 
 
-def wanted_capacity(env: Environment) -> str:
-    return f"reservation {env.reservation}" if env.capacity == "reservation" else env.capacity
+def pool_option(p: Any) -> str:
+    """The option of a node pool (its config's, without a reservation's name)."""
+    return pool_capacity(p).split(" ", 1)[0]
 
 
-def preemptible(env: Environment) -> bool:
-    return env.get("capacity") in ("spot", "flex-start")
+def as_asked(env: Environment, p: Any) -> bool:
+    """A pool whose capacity is any member of the list is as asked (a
+    reservation: the inventory's)."""
+    return pool_capacity(p) in {words(env, o) for o in capacities(env)}
+
+
+def after(env: Environment, option: str) -> list[str]:
+    """The options of the list after ``option``: where a failed create goes."""
+    opts = list(capacities(env))
+    return opts[opts.index(option) + 1:] if option in opts else []
+
+
+def preemptible(env: Environment) -> list[str]:
+    """The options of the list whose slices can be taken back (Spot, flex-start)."""
+    return [o for o in capacities(env) if o in ("spot", "flex-start")] if env.get("capacity") else []
+
+
+# Cloud Quotas ids of the Compute Engine quotas GKE's TPU nodes consume (not
+# the Cloud TPU API's): on-demand v6e chips are TPUS_PER_TPU_FAMILY with
+# tpu_family CT6E (named in Google's v6e guide); Spot, and flex-start first,
+# the preemptible v6e quota ("When you create a Flex-start VM, preemptible
+# quota is consumed. If your project lacks preemptible quota, then standard
+# quota is consumed"). The ids follow Cloud Quotas' naming; an id the API
+# does not know is "not checked", never a shortage. A reservation's pools
+# consume none (GKE's TPU docs).
+ON_DEMAND_QUOTA: tuple[str, dict[str, str]] = ("TPUS-PER-TPU-FAMILY-per-project-region", {"tpu_family": "CT6E"})
+PREEMPTIBLE_QUOTA: tuple[str, dict[str, str]] = ("PREEMPTIBLE-TPU-V6E-per-project-region", {})
+QUOTAS: dict[str, tuple[tuple[str, dict[str, str]], ...]] = {
+    "on-demand": (ON_DEMAND_QUOTA,), "spot": (PREEMPTIBLE_QUOTA,), "flex-start": (PREEMPTIBLE_QUOTA, ON_DEMAND_QUOTA),
+    "reservation": ()}
+
+
+def quota_label(quota: tuple[str, dict[str, str]]) -> str:
+    qid, dims = quota
+    return qid.split("-per-")[0] + (f" ({', '.join(dims.values())})" if dims else "")
 
 
 # -- why a pool has no nodes -----------------------------------------------------------
@@ -126,8 +189,9 @@ def options(env: Environment, kind: str, zones: list[str] | None) -> str:
         out.append(f"or set zone: to one of {', '.join(others)} (they offer {env.machine_type})")
     if kind == "quota":
         out.append("or request the quota (IAM & Admin > Quotas)")
-    alt = [c for c in ("spot", "flex-start", "reservation") if c != env.capacity]
-    out.append(f"or another capacity: ({', '.join(alt)})")
+    alt = [c for c in CAPACITIES if c not in capacities(env)]
+    if alt:
+        out.append(f"or another capacity option: ({', '.join(alt)})")
     return "; ".join(out)
 
 

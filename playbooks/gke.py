@@ -117,11 +117,18 @@ def running_cluster(env: Environment) -> dict:
     return {"name": env.cluster_name, "status": "RUNNING", "location": location(env)}
 
 
+def _nodepools_list(env: Environment) -> Command:
+    return gcloud("container", "node-pools", "list", f"--cluster={env.cluster_name}", f"--location={location(env)}",
+                  "--format=json", project=env.project_id)
+
+
+def nodepools_list_fact(env: Environment) -> Fact:
+    """Every node pool of the cluster (the same list call as each pool's fact)."""
+    return fact("node pools", _nodepools_list(env), json_list(), assumed=[], describe=_names)
+
+
 def nodepools_fact(env: Environment, name: str) -> Fact:
-    return fact(f"node pool {name}",
-                gcloud("container", "node-pools", "list", f"--cluster={env.cluster_name}",
-                       f"--location={location(env)}", "--format=json", project=env.project_id),
-                json_list(by_name(name)),
+    return fact(f"node pool {name}", _nodepools_list(env), json_list(by_name(name)),
                 describe=lambda p: f"present ({p.get('status')}, "
                                    f"{(p.get('placementPolicy') or {}).get('tpuTopology', '?')}, "
                                    f"{p.get('initialNodeCount', '?')} nodes)")

@@ -34,7 +34,7 @@ from .core.command import Command
 from .core.render import envsubst, leftover, render
 from .gke import kube
 from .project import ROOT
-from .schema import Environment, reservation_parts
+from .schema import Environment, capacities, reservation_parts
 
 # -- the RayCluster ------------------------------------------------------------------------
 # The NICs each TPU host's pod claims from DRANET (DeviceClass netdev.google.com):
@@ -54,16 +54,22 @@ def claim_name(env: Environment) -> str:
 
 
 def worker_node_selector(env: Environment) -> dict[str, str]:
-    """The tutorial's three labels, then the capacity's (Standard) or the
-    ComputeClass (Autopilot, whose priorities carry the capacity)."""
+    """The tutorial's three labels, and on Autopilot the ComputeClass (whose
+    priorities carry the capacity). On Standard the capacity is the
+    workers' affinity (worker_affinity)."""
     sel = {"iam.gke.io/gke-metadata-server-enabled": "true",
            "cloud.google.com/gke-tpu-accelerator": T.TPU_ACCELERATOR_LABEL,
            "cloud.google.com/gke-tpu-topology": env.topology}
     if env.mode == "autopilot":
         sel[SELECTOR] = COMPUTE_CLASS
-    else:
-        sel.update(capacity_options.node_selector(env))
     return sel
+
+
+def worker_affinity(env: Environment) -> dict[str, Any]:
+    """Standard: the nodes of any capacity option of the list (our label on
+    each pool; why one worker group: capacity_options.worker_affinity).
+    Autopilot: none (the ComputeClass's priorities)."""
+    return {} if env.mode == "autopilot" else capacity_options.worker_affinity(env)
 
 
 def raycluster_values(env: Environment) -> dict[str, str]:
@@ -77,6 +83,7 @@ def raycluster_values(env: Environment) -> dict[str, str]:
         "HOSTS_PER_SLICE": str(env.hosts_per_slice),
         "CHIPS_PER_HOST": str(env.chips_per_host),
         "WORKER_NODE_SELECTOR": json.dumps(worker_node_selector(env)),
+        "WORKER_AFFINITY": json.dumps(worker_affinity(env)),
         "NETDEV_CLAIM": name,
         "NETDEV_REQUEST": json.dumps(request),
         # The tutorial's workers are privileged; Autopilot denies that.
@@ -130,18 +137,23 @@ SELECTOR = "cloud.google.com/compute-class"
 
 
 def priorities(env: Environment) -> list[dict[str, Any]]:
-    """The ComputeClass's one priority: the machine type with the accelerator
-    network profile, and the inventory's capacity (the same key means the
-    same on both modes: ComputeClass fields spot, flexStart, reservations)."""
-    p: dict[str, Any] = {"machineType": env.machine_type, "acceleratorNetworkProfile": "auto"}
-    if env.capacity == "spot":
-        p["spot"] = True
-    elif env.capacity == "flex-start":
-        p["flexStart"] = {"enabled": True}
-    elif env.capacity == "reservation":
-        owner, name = reservation_parts(env)
-        p["reservations"] = {"affinity": "Specific", "specific": [{"name": name, "project": owner}]}
-    return [p]
+    """The ComputeClass's priorities: one per capacity option of the list,
+    in its order (GKE tries them best first), each the machine type with
+    the accelerator network profile and the option (the same key means the
+    same on both modes: ComputeClass fields spot, flexStart, reservations;
+    on-demand is a priority with none of them)."""
+    out = []
+    for option in capacities(env):
+        p: dict[str, Any] = {"machineType": env.machine_type, "acceleratorNetworkProfile": "auto"}
+        if option == "spot":
+            p["spot"] = True
+        elif option == "flex-start":
+            p["flexStart"] = {"enabled": True}
+        elif option == "reservation":
+            owner, name = reservation_parts(env)
+            p["reservations"] = {"affinity": "Specific", "specific": [{"name": name, "project": owner}]}
+        out.append(p)
+    return out
 
 
 def compute_class_values(env: Environment) -> dict[str, str]:

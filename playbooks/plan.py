@@ -27,7 +27,7 @@ from .plays import (
     train,
     twin,
 )
-from .schema import Environment
+from .schema import Environment, capacities
 
 GKE_ONLY = ("capacity", "prereqs", "network", "cluster", "nodepools", "storage")
 UP = ("prereqs", "network", "cluster", "nodepools", "storage", "raycluster", "dashboard")
@@ -148,7 +148,8 @@ def teardown_steps(env: Environment) -> list[Step]:
 def all_commands(env: Environment) -> list[Command]:
     """Every command the tasks can run for this environment: each task's dry
     run (nothing starts), plus the commands only a particular state brings
-    out (a broken node pool replaced, a run's checkpoints removed)."""
+    out (a broken node pool replaced, a slice's pool made by any option of
+    the capacity list, a run's checkpoints removed)."""
     from .core.play import Playbook
     from .core.recap import Reporter
     from .core.runner import Mode, Runner
@@ -165,6 +166,7 @@ def all_commands(env: Environment) -> list[Command]:
     out = list(runner.recorded)
     if env.kind != "local":
         for i in range(env.slices if env.mode == "standard" else 0):
+            out += [nodepools.create_command(env, nodepool_name(env, i), o) for o in capacities(env)]
             out.append(nodepools.delete_command(env, nodepool_name(env, i)))
         remove = remove_checkpoints(build_job(env, "llama3-8b", fresh=True))
         assert isinstance(remove, Command)  # gs://: a command, not an in-process delete

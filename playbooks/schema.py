@@ -4,6 +4,7 @@ Kubernetes and TPU hardware impose on their values (the TPU arithmetic in
 ``local_ports.py``)."""
 from __future__ import annotations
 
+import difflib
 import ipaddress
 import os
 import re
@@ -251,10 +252,41 @@ def worker_packages(v: str, env: Mapping) -> str | None:
     return None if v in WORKER_PACKAGES else f"is not allowed (allowed: {', '.join(WORKER_PACKAGES)})"
 
 
-def capacity(v: str, env: Mapping) -> str | None:
-    if v not in CAPACITIES:
-        return f"is not allowed (allowed: {', '.join(CAPACITIES)})"
-    if v == "reservation" and env.get("reservation") is None:
+def capacities(env: Mapping) -> tuple[str, ...]:
+    """The capacity options the inventory accepts, best first: one option
+    is a list of one."""
+    v = env["capacity"]
+    return tuple(v) if isinstance(v, list) else (v,)
+
+
+def capacity_text(env: Mapping) -> str:
+    """``capacity:`` as the inventory gives it, for messages."""
+    v = env["capacity"]
+    return f"[{', '.join(str(x) for x in v)}]" if isinstance(v, list) else str(v)
+
+
+def capacity(v: str | list, env: Mapping) -> str | Entry | None:
+    """One option, or an ordered list of distinct options (best first)."""
+    allowed = f"allowed: {', '.join(CAPACITIES)}"
+    if isinstance(v, list):
+        if not v:
+            return (f"is an empty list: give one option or an ordered list of distinct options, best first "
+                    f"({allowed})")
+        for i, x in enumerate(v):
+            if not isinstance(x, str):
+                return Entry(str(i), x, f"must be a string, one option of the list ({allowed})")
+            if x not in CAPACITIES:
+                close = difflib.get_close_matches(x, CAPACITIES, n=1, cutoff=0.6)
+                hint = f"; did you mean {close[0]}?" if close else ""
+                return Entry(str(i), x, f"is not allowed ({allowed}){hint}")
+        seen: set[str] = set()
+        for x in v:
+            if x in seen:
+                return f"names {x} twice: each option once, best first"
+            seen.add(x)
+    elif v not in CAPACITIES:
+        return f"is not allowed ({allowed}; or an ordered list of them, best first)"
+    if "reservation" in capacities(env) and env.get("reservation") is None:
         return "needs reservation: (the reservation's name, or projects/P/reservations/NAME for a shared one)"
     return None
 
@@ -262,9 +294,9 @@ def capacity(v: str, env: Mapping) -> str | None:
 def reservation(v: str | None, env: Mapping) -> str | None:
     if v is None:
         return None
-    if env["capacity"] != "reservation":
-        return (f"is set, but capacity is {env['capacity']}: a reservation is used only with capacity: reservation "
-                f"(exactly one capacity option)")
+    if "reservation" not in capacities(env):
+        return (f"is set, but capacity is {capacity_text(env)}: a reservation is used only when capacity holds "
+                f"reservation")
     if not _RESERVATION.match(v):
         return "is not a reservation name (1-63 lowercase letters, digits, '-') or projects/P/reservations/NAME"
     return None
@@ -273,8 +305,8 @@ def reservation(v: str | None, env: Mapping) -> str | None:
 def capacity_wait(v: int | None, env: Mapping) -> str | None:
     if v is None:
         return None
-    if env["capacity"] != "flex-start":
-        return f"is set, but capacity is {env['capacity']}: only flex-start waits for its capacity"
+    if "flex-start" not in capacities(env):
+        return f"is set, but capacity is {capacity_text(env)}: only flex-start waits for its capacity"
     if not 60 <= v <= FLEX_WAIT_MAX:
         return f"must be between 60 and {FLEX_WAIT_MAX} seconds (flex-start VMs run at most 7 days)"
     return None
@@ -440,12 +472,12 @@ GKE = (
     Key("worker_packages", default="requirements", rules=(worker_packages,),
         doc="requirements (each job installs trainer/requirements.txt on the workers) or image (the Ray image "
             "already holds MaxText at the lock's pins)"),
-    Key("capacity", default="on-demand", rules=(capacity,),
-        doc="on-demand (the tutorial's), spot, reservation or flex-start"),
+    Key("capacity", (str, list), default="on-demand", rules=(capacity,),
+        doc="on-demand (the tutorial's), spot, reservation or flex-start; or an ordered list of them, best first"),
     Key("reservation", rules=(reservation,),
-        doc="with capacity: reservation, its name or projects/P/reservations/NAME"),
+        doc="when capacity holds reservation, its name or projects/P/reservations/NAME"),
     Key("capacity_wait", int, rules=(capacity_wait,),
-        doc="with capacity: flex-start, seconds to wait for the slices' nodes (default 3600)"),
+        doc="when capacity holds flex-start, seconds to wait for the slices' nodes (default 3600)"),
     Key("controller", rules=(ssh_target,),
         doc="user@host[:port]: run the commands on this host over SSH (Cloud Shell, a bastion in the VPC)"),
     Key("gateway", rules=(needs_controller, ssh_target), doc="user@host[:port]: a jump host to the controller"),
@@ -558,7 +590,7 @@ class Environment(Env):
     subnet_2_range: str
     ray_image: str
     worker_packages: str
-    capacity: str
+    capacity: str | list[str]  # one option, or a list best first: capacities(env)
     reservation: str | None
     capacity_wait: int | None
     controller: str | None

@@ -11,13 +11,14 @@ import json
 import time
 from typing import Any
 
-from . import k8s, maintenance, metrics, plan
+from . import capacity_options, k8s, maintenance, metrics, plan
 from .clients import fact
+from .core.errors import ProbeFailed
 from .core.facts import ABSENT, Completed
 from .core.recap import CHANGED, FAILED, OK, SKIPPED, UNREACHABLE, Recap, StepResult
 from .core.step import Step, fail, ok, unchecked
 from .endpoints import dashboard
-from .gke import clusters_fact, kube, nodepool_name, raycluster_fact
+from .gke import clusters_fact, kube, nodepool_name, nodepools_list_fact, raycluster_fact
 from .hosts import connector
 from .job import Checkpoints, run_checkpoints
 from .rayapi import jobs_fact, ours, run_of
@@ -51,22 +52,33 @@ def tpu_nodes_step(env: Environment) -> Step:
                  assumed={nodepool_name(env, i): (env.hosts_per_slice, env.hosts_per_slice) for i in range(env.slices)},
                  describe=lambda d: ", ".join(f"{p} {a}/{b}" for p, (a, b) in sorted(d.items())) or "none")
 
+    pools_probe = nodepools_list_fact(env)
+
     def decide(look):
         have = look(probe)
-        short = []
+        try:  # each slice's capacity, as GKE shows it (the pool's config)
+            pools = {p.get("name"): p for p in look(pools_probe)}
+        except ProbeFailed:
+            pools = {}
+        short: list[str] = []
+        waiting: list[str] = []
+        each: list[str] = []
         for i in range(env.slices):
             name = nodepool_name(env, i)
             ready, _ = have.get(name, (0, 0))
+            what = capacity_options.pool_capacity(pools[name]) if name in pools else "capacity unknown"
+            each.append(f"{name} {what} {ready}/{env.hosts_per_slice}")
             if ready < env.hosts_per_slice:
-                short.append(f"{name} {ready} of {env.hosts_per_slice} nodes ready")
-        if short and env.capacity == "flex-start":
-            # flex-start pools have nodes only while workers ask for them
-            return ok("flex-start: " + "; ".join(short))
+                # flex-start pools have nodes only while workers ask for them
+                (waiting if what == "flex-start" else short).append(f"{name} ({what}) {ready} of "
+                                                                     f"{env.hosts_per_slice} nodes ready")
         if short:
-            return fail("; ".join(short))
-        return ok(f"every pool has its {env.hosts_per_slice} nodes ready")
+            return fail("; ".join(short + waiting))
+        if waiting:
+            return ok("flex-start, nodes come as workers ask: " + "; ".join(waiting) + " (" + ", ".join(each) + ")")
+        return ok(f"every pool has its {env.hosts_per_slice} nodes ready: {', '.join(each)}")
 
-    return Step(PLAY, "TPU nodes ready", decide, id="status:nodes", probes=(probe,),
+    return Step(PLAY, "TPU nodes ready", decide, id="status:nodes", probes=(probe, pools_probe),
                 after=("kube:credentials", *[f"nodepools:{nodepool_name(env, i)}" for i in range(env.slices)]))
 
 
@@ -205,7 +217,7 @@ def report(env: Environment, recap: Recap) -> dict:
     for r in recap.results:
         v, what = verdict(r, found)
         items.append({"what": r.title, "verdict": v, "outcome": r.outcome, "state": _state(r.lines),
-                      "reason": what})
+                      "reason": what, "notes": list(r.notes)})
     first = next((i for i in items if i["outcome"] in (CHANGED, FAILED, UNREACHABLE)), None)
     diagnosis = f"{first['what']}: {first['verdict'] if first['outcome'] == CHANGED else first['reason']}" \
         if first else None
@@ -225,6 +237,7 @@ def table(doc: dict) -> list[str]:
     for i in doc["items"]:
         why = i["reason"] or i["state"]
         out.append(f"  {i['what']:<{width}}  {i['verdict']:<13}  {why}".rstrip())
+        out += [f"  {'':<{width}}    {note}" for note in i.get("notes") or []]
     if doc["jobs"]:
         out.append("  JOBS (newest last)")
         for j in doc["jobs"][-5:]:

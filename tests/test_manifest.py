@@ -22,17 +22,24 @@ def docs(e):
     return list(yaml.safe_load_all(render(MANIFEST, manifests.raycluster_values(e))))
 
 
-@pytest.mark.parametrize("name", ["dev", "dev-autopilot"])
-def test_raycluster_validates_against_kuberays_crd(name):
+LISTED = {"capacity": ["reservation", "flex-start", "spot", "on-demand"], "reservation": "zeta-resv",
+          "capacity_wait": 600}
+
+
+@pytest.mark.parametrize("name,changes", [("dev", {}), ("dev-autopilot", {}), ("dev", LISTED),
+                                          ("dev-autopilot", LISTED)], ids=["dev", "dev-autopilot", "dev-list",
+                                                                           "dev-autopilot-list"])
+def test_raycluster_validates_against_kuberays_crd(name, changes):
     if not CRD.exists():
         pytest.skip(f"KubeRay CRD not found at {CRD} (the workspace's shared/kuberay folder)")
     crd = yaml.safe_load(CRD.read_text())
     version = next(v for v in crd["spec"]["versions"] if v["name"] == "v1")
     schema = version["schema"]["openAPIV3Schema"]
-    rc = next(d for d in docs(env(name)) if d["kind"] == "RayCluster")
+    e = env(name, **changes)
+    rc = next(d for d in docs(e) if d["kind"] == "RayCluster")
     jsonschema.validate(rc, schema)  # raises with the path of what is wrong
-    group = rc["spec"]["workerGroupSpecs"][0]
-    e = env(name)
+    # One TPU worker group for every slice, whatever option made its pool.
+    [group] = rc["spec"]["workerGroupSpecs"]
     assert (group["replicas"], group["numOfHosts"]) == (e.slices, e.hosts_per_slice)
     worker = group["template"]["spec"]["containers"][0]
     assert worker["resources"]["limits"]["google.com/tpu"] == str(e.chips_per_host)
@@ -45,6 +52,62 @@ def test_raycluster_validates_against_kuberays_crd(name):
     sel = group["template"]["spec"]["nodeSelector"]
     assert sel["cloud.google.com/gke-tpu-topology"] == e.topology
     assert ("cloud.google.com/compute-class" in sel) == (e.mode == "autopilot")
+    affinity = group["template"]["spec"]["affinity"]
+    if e.mode == "autopilot":
+        assert affinity == {}                           # the ComputeClass's priorities carry the capacity
+    else:
+        [term] = affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+        assert term == {"matchExpressions": [{"key": "tpu-playbooks/capacity", "operator": "In",
+                                              "values": changes.get("capacity", ["on-demand"])}]}
+
+
+def node_labels(e, option):
+    """A TPU node's labels, as GKE sets them on a pool made by our create
+    command for this option: the command's --node-labels, and GKE's own."""
+    from playbooks.plays import nodepools
+    argv = nodepools.create_command(e, "v6e-16-0", option).argv
+    [given] = [a.split("=", 1)[1] for a in argv if a.startswith("--node-labels=")]
+    labels = dict(kv.split("=", 1) for kv in given.split(","))
+    labels.update({"cloud.google.com/gke-nodepool": "v6e-16-0", "iam.gke.io/gke-metadata-server-enabled": "true",
+                   "cloud.google.com/gke-tpu-accelerator": "tpu-v6e-slice",
+                   "cloud.google.com/gke-tpu-topology": e.topology})
+    if option == "spot":
+        labels["cloud.google.com/gke-spot"] = "true"
+    if option == "flex-start":
+        labels["cloud.google.com/gke-flex-start"] = "true"
+    return labels
+
+
+def schedules(spec, labels):
+    """Kubernetes' rule: every nodeSelector label, and one of the required
+    node affinity's terms (each of its expressions)."""
+    if any(labels.get(k) != v for k, v in (spec.get("nodeSelector") or {}).items()):
+        return False
+    required = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution")
+    if not required:
+        return True
+    ops = {"In": lambda v, vs: v in vs, "NotIn": lambda v, vs: v not in vs}
+    return any(all(ops[x["operator"]](labels.get(x["key"]), x["values"]) for x in t["matchExpressions"])
+               for t in required["nodeSelectorTerms"])
+
+
+@pytest.mark.parametrize("listed", [["reservation", "spot"], ["spot", "on-demand"], ["flex-start"], ["on-demand"],
+                                    ["reservation", "flex-start", "spot", "on-demand"]])
+def test_the_tpu_workers_schedule_on_the_pools_of_every_option_of_the_list_and_no_other(listed):
+    """The plan may give each slice another option, and a failed create moves
+    a slice to the next: the one worker group must land on a pool of any
+    option of the list, and on nothing else of that shape."""
+    extra = {"reservation": "zeta-resv"} if "reservation" in listed else {}
+    e = env("dev", capacity=listed, **extra)
+    rc = next(d for d in docs(e) if d["kind"] == "RayCluster")
+    spec = rc["spec"]["workerGroupSpecs"][0]["template"]["spec"]
+    for option in ("on-demand", "spot", "reservation", "flex-start"):
+        assert schedules(spec, node_labels(env("dev", capacity=option, reservation="zeta-resv")
+                                           if option == "reservation" else env("dev", capacity=option), option)) \
+            == (option in listed), option
+    # ... and the rule reads a nodeSelector that does not match as not scheduling.
+    assert not schedules(spec, {**node_labels(e, listed[0]), "cloud.google.com/gke-tpu-topology": "2x4"})
 
 
 def test_a_broken_raycluster_is_caught_by_the_schema():
@@ -141,6 +204,17 @@ def test_the_autopilot_compute_class_enables_dranet_and_carries_the_capacity(cap
     sel = rc["spec"]["workerGroupSpecs"][0]["template"]["spec"]["nodeSelector"]
     assert sel["cloud.google.com/compute-class"] == manifests.COMPUTE_CLASS
     assert "cloud.google.com/gke-spot" not in sel   # the capacity rides on the ComputeClass
+
+
+def test_the_autopilot_compute_class_tries_the_capacity_list_in_its_order():
+    e = env("dev-autopilot", capacity=["reservation", "spot", "on-demand"],
+            reservation="projects/owner-proj/reservations/v6e-res")
+    prios = manifests.compute_class_doc(e)["spec"]["priorities"]
+    assert [{k: v for k, v in p.items() if k not in ("machineType", "acceleratorNetworkProfile")} for p in prios] == [
+        {"reservations": {"affinity": "Specific", "specific": [{"name": "v6e-res", "project": "owner-proj"}]}},
+        {"spot": True},
+        {}]
+    assert all((p["machineType"], p["acceleratorNetworkProfile"]) == ("ct6e-standard-4t", "auto") for p in prios)
 
 
 def test_autopilots_rules_refuse_the_tutorials_worker_and_pass_ours():

@@ -56,6 +56,19 @@ def recap(run: Run, play: str) -> dict:
     return found[-1]
 
 
+def affinity_values(pod_spec: dict) -> list[str]:
+    """The capacity options the TPU workers' node affinity admits (our label)."""
+    [term] = pod_spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    [expr] = term["matchExpressions"]
+    assert (expr["key"], expr["operator"]) == ("tpu-playbooks/capacity", "In")
+    return expr["values"]
+
+
+def recap_lines(run: Run, play: str) -> str:
+    """The recap block of a play (its step lines and their notes)."""
+    return run.out.split(f"PLAY RECAP [{play} ", 1)[1].split("\n\n", 1)[0]
+
+
 def ok_run(run: Run) -> Run:
     assert run.rc == 0, str(run)
     return run
@@ -117,7 +130,8 @@ def test_up_from_empty_creates_the_tutorial_then_second_run_changes_nothing(clou
         assert p["config"]["machineType"] == "ct6e-standard-4t"
         assert p["placementPolicy"]["tpuTopology"] == "4x4"
         assert p["initialNodeCount"] == 4
-        assert p["config"]["labels"] == {"cloud.google.com/gke-networking-dra-driver": "true"}
+        assert p["config"]["labels"] == {"cloud.google.com/gke-networking-dra-driver": "true",
+                                         "tpu-playbooks/capacity": "on-demand"}
         assert p["config"]["gvnic"] == {"enabled": True}
         assert p["config"]["advancedMachineFeatures"]["threadsPerCore"] == "1"
         assert p["config"]["oauthScopes"] == ["https://www.googleapis.com/auth/cloud-platform"]
@@ -149,7 +163,7 @@ def test_up_from_empty_creates_the_tutorial_then_second_run_changes_nothing(clou
     # Second run: every step ok, nothing sent that could change anything.
     second = ok_run(cloud.invoke("up"))
     r2 = recap(second, "up")
-    assert (r2["ok"], r2["changed"], r2["failed"], r2["skipped"]) == (22, 0, 0, 0), second.out
+    assert (r2["ok"], r2["changed"], r2["failed"], r2["skipped"]) == (23, 0, 0, 0), second.out
     assert second.changes == [], second.changes
 
 
@@ -174,7 +188,7 @@ def test_failed_create_halfway_then_rerun_converges_without_duplicates(cloud: Cl
     c = recap(second, "cluster")
     assert (c["ok"], c["changed"], c["failed"]) == (2, 0, 0)
     np2 = recap(second, "nodepools")
-    assert (np2["ok"], np2["changed"], np2["failed"]) == (4, 1, 0)     # the 3 capacity checks, the other pool
+    assert (np2["ok"], np2["changed"], np2["failed"]) == (5, 1, 0)     # the 3 capacity checks, the plan, the other pool
     assert [r.body["nodePool"]["name"] for r in second.calls("POST", r"/nodePools$")] == refused
     assert [r.path for r in second.changes] == [ZONE_PATH + f"/clusters/{CLUSTER}/nodePools"]
 
@@ -408,8 +422,8 @@ def test_stockout_is_reported_and_the_broken_pool_is_replaced_on_rerun(cloud: Cl
     # One line: the class, GKE's message, what to do.
     assert re.search(r"no TPU capacity: GCE_STOCKOUT: Instance .* does not have enough resources .*Options: re-run "
                      r"\(`invoke nodepools`\) to replace the broken pool; or set zone: to one of us-east5-a, "
-                     r"us-east5-c \(they offer ct6e-standard-4t\); or another capacity: \(spot, flex-start, "
-                     r"reservation\)", first.out), first.out
+                     r"us-east5-c \(they offer ct6e-standard-4t\); or another capacity option: \(spot, reservation, "
+                     r"flex-start\)", first.out), first.out
     pools = {p["name"]: p for p in cloud.gcp.st.clusters[("us-east5-b", CLUSTER)]["nodePools"]}
     # The two slices are created at once: the other one is there.
     assert (pools["v6e-16-0"]["status"], pools["v6e-16-1"]["status"]) == ("ERROR", "RUNNING")
@@ -423,7 +437,7 @@ def test_stockout_is_reported_and_the_broken_pool_is_replaced_on_rerun(cloud: Cl
     assert [r.body["nodePool"]["name"] for r in second.calls("POST", r"/nodePools$")] == ["v6e-16-0"]
     assert second.calls("DELETE", r"/nodePools/v6e-16-0$")[0].at < second.calls("POST", r"/nodePools$")[0].at
     np = recap(second, "nodepools")
-    assert (np["ok"], np["changed"], np["failed"]) == (4, 1, 0)     # the 3 capacity checks, the other pool
+    assert (np["ok"], np["changed"], np["failed"]) == (5, 1, 0)     # the 3 capacity checks, the plan, the other pool
     pools = cloud.gcp.st.clusters[("us-east5-b", CLUSTER)]["nodePools"]
     assert sorted((p["name"], p["status"]) for p in pools) == [
         ("default-pool", "RUNNING"), ("v6e-16-0", "RUNNING"), ("v6e-16-1", "RUNNING")]
@@ -442,7 +456,7 @@ def test_pool_that_breaks_after_its_create_is_caught_by_the_verify(cloud: Cloud)
     second = ok_run(cloud.invoke("nodepools"))
     assert [r.path.rsplit("/", 1)[-1] for r in second.calls("DELETE", r"/nodePools/")] == ["v6e-16-1"]
     np = recap(second, "nodepools")
-    assert (np["ok"], np["changed"], np["failed"]) == (4, 1, 0)     # the 3 capacity checks, the other pool
+    assert (np["ok"], np["changed"], np["failed"]) == (5, 1, 0)     # the 3 capacity checks, the plan, the other pool
 
 
 # -- 6b. capacity: options, the read-only preflight, shortages ---------------------------
@@ -451,8 +465,9 @@ def test_a_quota_shortage_stops_up_before_any_mutating_request(cloud: Cloud):
                                                                   ({}, 0)])
     run = failed_run(cloud.invoke("up"))
     assert run.changes == [], run.changes
-    assert ("quota TPUS-PER-TPU-FAMILY (CT6E) in us-east5 is 0 chips, this inventory needs 32 (2 slices x 16 chips): "
-            "request it, or use capacity: spot or reservation") in run.out
+    assert ("the capacity options cannot make every slice: on-demand 0 (quota TPUS-PER-TPU-FAMILY (CT6E) in us-east5 "
+            "permits 0 chips); missing 2 of 2 slices (32 chips, 16 per slice): request quota (IAM & Admin > Quotas), "
+            "add an option to capacity: (spot, reservation, flex-start), or set slices: lower") in run.out
     assert re.search(r"prereqs : APIs .* +not run", run.out)
     assert recap(run, "up")["failed"] == 1
 
@@ -466,8 +481,12 @@ def test_quota_permits_is_said_and_a_check_that_cannot_look_does_not_stop(cloud:
                                                               "123456789012 before or it is disabled.",
                                                               "PERMISSION_DENIED", "accessNotConfigured"), times=99)
     run = ok_run(cloud.invoke("capacity"))
-    assert re.search(r"capacity : TPU quota for 32 chips +skipped .*not checked: could not look .*Cloud Quotas API "
-                     r"has not been used", run.out), run.out
+    assert re.search(r"capacity : TPU quota for 32 chips +skipped .*not checked: quota TPUS-PER-TPU-FAMILY \(CT6E\) "
+                     r"in us-east5: could not look .*Cloud Quotas API has not been used", run.out), run.out
+    # The plan: its option possible, never proven; the run goes on.
+    assert re.search(r"capacity : plan for 2 slice\(s\) +skipped .*not checked: 2 slice\(s\): 2 on-demand: 2 slice\(s\) on "
+                     r"an option whose check could not look", run.out), run.out
+    assert "v6e-16-0: on-demand (not checked: quota TPUS-PER-TPU-FAMILY (CT6E) in us-east5: could not look" in run.out
 
 
 def test_a_zone_without_the_machine_type_is_refused_with_the_zones_that_have_it(cloud: Cloud):
@@ -499,10 +518,10 @@ def test_a_reservation_is_checked_before_anything_is_made(cloud: Cloud, case: st
     want = {
         "missing": f"no reservation tpu-res in zone us-east5-b of project {PROJECT}",
         "not-ready": "reservation tpu-res is CREATING, not READY",
-        "too-few": "reservation tpu-res has 5 free ct6e-standard-4t hosts (count 8, in use 3); this inventory needs 8 "
-                   "(2 slices x 4 hosts)",
+        "too-few": "reservation tpu-res 1 (5 of 8 hosts free); missing 1 of 2 slices (16 chips, 16 per slice)",
         "other-machine": "reservation tpu-res holds ct5lp-hightpu-4t machines, this inventory needs ct6e-standard-4t",
-        "enough-shared": "reservation tpu-res is READY with 8 free ct6e-standard-4t hosts; 8 needed",
+        "enough-shared": "reservation tpu-res is READY with 8 free ct6e-standard-4t hosts (count 8, in use 0): 2 whole "
+                         "slice(s) of 4 hosts",
     }[case]
     assert want in run.out, run.out
     if case != "enough-shared":
@@ -531,9 +550,12 @@ def test_spot_and_flex_start_pools_are_made_with_their_flags_and_the_workers_sel
     run = ok_run(cloud.invoke("capacity", "nodepools", "raycluster"))
     assert "quota PREEMPTIBLE-TPU-V6E in us-east5 permits 64 chips" in run.out
     assert all(p["nodePool"]["config"]["spot"] is True for p in bodies(run, "POST", r"/nodePools$"))
+    assert all(p["nodePool"]["config"]["labels"]["tpu-playbooks/capacity"] == "spot"
+               for p in bodies(run, "POST", r"/nodePools$"))
     [rc] = bodies(run, "POST", r"/rayclusters$")
-    sel = rc["spec"]["workerGroupSpecs"][0]["template"]["spec"]["nodeSelector"]
-    assert sel["cloud.google.com/gke-spot"] == "true" and sel["cloud.google.com/gke-tpu-topology"] == "4x4"
+    spec = rc["spec"]["workerGroupSpecs"][0]["template"]["spec"]
+    assert spec["nodeSelector"]["cloud.google.com/gke-tpu-topology"] == "4x4"
+    assert affinity_values(spec) == ["spot"]
     assert ok_run(cloud.invoke("nodepools", "raycluster")).changes == []
 
     seeded(capacity="flex-start", capacity_wait=600)
@@ -545,8 +567,7 @@ def test_spot_and_flex_start_pools_are_made_with_their_flags_and_the_workers_sel
         assert np["management"]["autoRepair"] is False
         assert np["config"]["reservationAffinity"] == {"consumeReservationType": "NO_RESERVATION"}
     [rc] = bodies(run, "POST", r"/rayclusters$")
-    assert rc["spec"]["workerGroupSpecs"][0]["template"]["spec"]["nodeSelector"][
-        "cloud.google.com/gke-flex-start"] == "true"
+    assert affinity_values(rc["spec"]["workerGroupSpecs"][0]["template"]["spec"]) == ["flex-start"]
     assert ok_run(cloud.invoke("nodepools", "raycluster")).changes == []
     # Not elastic on preemptible capacity: said once, before the job.
     train = cloud.invoke("--dry", "train", "--skip-preflight")
@@ -575,6 +596,104 @@ def test_a_quota_error_of_the_create_is_classified(cloud: Cloud):
     run = failed_run(cloud.invoke("nodepools"))
     assert re.search(r"not enough quota: GCE_QUOTA_EXCEEDED: .*Quota 'TPUS_PER_TPU_FAMILY' exceeded.*Options: re-run "
                      r".*; or request the quota", run.out), run.out
+
+
+# -- 6c. an ordered capacity list: a plan per slice, the next option after a stockout ---------
+def test_a_capacity_list_makes_each_slice_from_the_best_option_with_room_and_a_second_up_changes_nothing(
+        cloud: Cloud):
+    """[reservation, spot]: a reservation with the hosts of one slice, Spot
+    quota for the other. One pool of each, the plan said before any create
+    and in the recap; the workers admit both; a second `up` sends no change;
+    `status` shows each slice's capacity, read back from GKE."""
+    cloud.change_inventory(capacity=["reservation", "spot"], reservation="zeta-resv")
+    cloud.gcp.add_reservation("us-east5-b", "zeta-resv", count=4)
+    cloud.gcp.set_quota("PREEMPTIBLE-TPU-V6E-per-project-region", [({"region": "us-east5"}, 16), ({}, 0)])
+    first = ok_run(cloud.invoke("up"))
+    plan = ["v6e-16-0: reservation zeta-resv (4 of 4 hosts free)",
+            "v6e-16-1: spot (quota PREEMPTIBLE-TPU-V6E in us-east5 permits 16 chips)"]
+    for line in plan:
+        assert f"  note   {line}" in first.out and f"      {line}" in recap_lines(first, "up"), first.out
+    assert first.out.index(plan[1]) < first.out.index("gcloud container node-pools create")   # before any create
+    pools = {p["nodePool"]["name"]: p["nodePool"] for p in bodies(first, "POST", r"/nodePools$")}
+    assert sorted(pools) == ["v6e-16-0", "v6e-16-1"]                    # one create each: no failure, no retry
+    assert pools["v6e-16-0"]["config"]["reservationAffinity"] == {
+        "consumeReservationType": "SPECIFIC_RESERVATION", "key": "compute.googleapis.com/reservation-name",
+        "values": ["zeta-resv"]}
+    assert pools["v6e-16-0"]["config"].get("spot") is None
+    assert pools["v6e-16-1"]["config"]["spot"] is True and "reservationAffinity" not in pools["v6e-16-1"]["config"]
+    assert {n: p["config"]["labels"]["tpu-playbooks/capacity"] for n, p in pools.items()} == {
+        "v6e-16-0": "reservation", "v6e-16-1": "spot"}
+    assert cloud.gcp.st.reservations[(PROJECT, "us-east5-b", "zeta-resv")]["specificReservation"]["inUseCount"] == "4"
+    [rc] = bodies(first, "POST", r"/rayclusters$")
+    [group] = rc["spec"]["workerGroupSpecs"]                            # one group, both capacities
+    assert affinity_values(group["template"]["spec"]) == ["reservation", "spot"]
+
+    second = ok_run(cloud.invoke("up"))
+    assert second.changes == [], second.changes
+    assert recap(second, "up")["changed"] == 0
+    assert "v6e-16-0: reservation zeta-resv (its pool, RUNNING)" in second.out
+    assert "node pool v6e-16-1 is RUNNING (4x4, spot)" in second.out
+
+    status = ok_run(cloud.invoke("status"))
+    assert "every pool has its 4 nodes ready: v6e-16-0 reservation zeta-resv 4/4, v6e-16-1 spot 4/4" in status.out
+
+
+@pytest.mark.parametrize("op_fails", [True, False], ids=["the-create-fails", "the-pool-breaks-after"])
+def test_a_spot_stockout_on_one_slice_makes_that_slice_on_demand(cloud: Cloud, op_fails: bool):
+    cloud.seed_project()
+    cloud.seed_networks()
+    cloud.seed_cluster()
+    cloud.change_inventory(capacity=["spot", "on-demand"])
+    cloud.gcp.stockouts.append(G.Stockout("v6e-16-1", op_fails=op_fails, capacity="spot"))
+    run = ok_run(cloud.invoke("nodepools"))
+    creates = [(p["nodePool"]["name"], "spot" if p["nodePool"]["config"].get("spot") else "on-demand")
+               for p in bodies(run, "POST", r"/nodePools$")]
+    assert sorted(creates) == [("v6e-16-0", "spot"), ("v6e-16-1", "on-demand"), ("v6e-16-1", "spot")]
+    assert creates.index(("v6e-16-1", "spot")) < creates.index(("v6e-16-1", "on-demand"))
+    # The broken Spot pool is deleted before the on-demand one is made.
+    [delete] = run.calls("DELETE", r"/nodePools/")
+    assert delete.path.endswith("/v6e-16-1")
+    [od] = [r for r in run.calls("POST", r"/nodePools$") if not r.body["nodePool"]["config"].get("spot")]
+    assert delete.at < od.at
+    pools = {p["name"]: p for p in cloud.gcp.st.clusters[("us-east5-b", CLUSTER)]["nodePools"]}
+    assert (pools["v6e-16-0"]["status"], pools["v6e-16-1"]["status"]) == ("RUNNING", "RUNNING")
+    assert pools["v6e-16-1"]["config"]["labels"]["tpu-playbooks/capacity"] == "on-demand"
+    # Each attempt logged and named in the recap.
+    note = "spot: no TPU capacity: GCE_STOCKOUT: Instance 'gke-v6e-16-1-xxxx' creation failed"
+    assert f"  note   {note}" in run.out and f"      {note}" in recap_lines(run, "nodepools"), run.out
+    assert "; next: on-demand" in recap_lines(run, "nodepools")
+    assert re.search(r"changed: \[nodepools : TPU node pool v6e-16-1\] created \(4x4, 4 nodes, on-demand\), in place "
+                     r"of spot \(no TPU capacity\)", run.out), run.out
+    # A pool of any option of the list is as asked: a second run sends nothing.
+    again = ok_run(cloud.invoke("nodepools"))
+    assert again.changes == [] and "node pool v6e-16-1 is RUNNING (4x4, on-demand)" in again.out
+
+
+def test_a_create_refused_for_another_reason_never_moves_to_another_option(cloud: Cloud):
+    cloud.seed_project()
+    cloud.seed_networks()
+    cloud.seed_cluster()
+    cloud.change_inventory(capacity=["spot", "on-demand"])
+    cloud.gcp.server.fail("POST", r"/nodePools$", 403, G.forbidden("container.nodePools.create", CLUSTER))
+    run = failed_run(cloud.invoke("nodepools"))
+    posts = run.calls("POST", r"/nodePools$")
+    assert sorted(r.status for r in posts) == [200, 403]                # one create each, no other option tried
+    assert all(r.body["nodePool"]["config"]["spot"] is True for r in posts)
+    assert run.calls("DELETE", r"/nodePools/") == []
+    assert "container.nodePools.create" in run.out and "next: on-demand" not in run.out
+
+
+def test_quota_for_no_option_is_refused_before_any_create_with_each_options_numbers(cloud: Cloud):
+    cloud.change_inventory(capacity=["spot", "on-demand"])
+    cloud.gcp.set_quota("PREEMPTIBLE-TPU-V6E-per-project-region", [({"region": "us-east5"}, 8), ({}, 0)])
+    cloud.gcp.set_quota("TPUS-PER-TPU-FAMILY-per-project-region", [({"region": "us-east5", "tpu_family": "CT6E"}, 0),
+                                                                  ({}, 0)])
+    run = failed_run(cloud.invoke("up"))
+    assert run.changes == [], run.changes
+    assert ("the capacity options cannot make every slice: spot 0 (quota PREEMPTIBLE-TPU-V6E in us-east5 permits 8 "
+            "chips); on-demand 0 (quota TPUS-PER-TPU-FAMILY (CT6E) in us-east5 permits 0 chips); missing 2 of 2 slices "
+            "(32 chips, 16 per slice)") in run.out, run.out
+    assert re.search(r"prereqs : APIs .* +not run", run.out)
 
 
 # -- 7. teardown ----------------------------------------------------------------------

@@ -76,10 +76,12 @@ def test_subnet_on_another_network_is_drift():
            "range is 10.51.0.0/16, want 10.50.0.0/16" in out.text()
 
 
-def pool(name, status="RUNNING", topology="4x4", nodes=4):
+def pool(name, status="RUNNING", topology="4x4", nodes=4, capacity="on-demand"):
+    extra = {"spot": True} if capacity == "spot" else {}
     return {"name": name, "status": status, "initialNodeCount": nodes,
-            "config": {"machineType": "ct6e-standard-4t",
-                       "labels": {"cloud.google.com/gke-networking-dra-driver": "true"}},
+            "config": {"machineType": "ct6e-standard-4t", **extra,
+                       "labels": {"cloud.google.com/gke-networking-dra-driver": "true",
+                                  "tpu-playbooks/capacity": capacity}},
             "placementPolicy": {"tpuTopology": topology},
             "networkConfig": {"additionalNodeNetworkConfigs": [
                 {"network": "maxtext-multislice-net-1", "subnetwork": "tpu-subnet-1"},
@@ -483,3 +485,179 @@ def test_no_hold_when_the_inventory_says_so():
     recap, out = run_with_facts([train.hold_step(build_job(env("dev", hold_maintenance=False), "llama3-8b"))], {})
     assert recap.counters() == "ok=0 changed=0 failed=0 skipped=1"
     assert "hold_maintenance: false: GKE may upgrade the TPU nodes during the run" in out.text()
+
+
+# -- capacity: a plan per slice, a change that moves on, a derived fact ------------------------------
+LISTED = env("dev", capacity=["reservation", "spot"], reservation="zeta-resv")
+QUOTA = "gcloud beta quotas info describe {} --service=compute.googleapis.com --project=my-tpu-project --format=json"
+SPOT_QUOTA = QUOTA.format("PREEMPTIBLE-TPU-V6E-per-project-region")
+ON_DEMAND_QUOTA = QUOTA.format("TPUS-PER-TPU-FAMILY-per-project-region")
+RESERVATION = ("CLOUDSDK_CORE_VERBOSITY=debug gcloud compute reservations describe zeta-resv --zone=us-east5-b "
+               "--format=json --project=my-tpu-project")
+CLUSTER = {"name": "maxtext-multislice", "status": "RUNNING", "location": "us-east5-b"}
+
+
+def quota(value, **dims):
+    return {"dimensionsInfos": [{"dimensions": {"region": "us-east5", **dims}, "details": {"value": str(value)}}]}
+
+
+def reservation(count, in_use=0):
+    return {"name": "zeta-resv", "status": "READY", "specificReservation": {
+        "count": str(count), "inUseCount": str(in_use), "instanceProperties": {"machineType": "ct6e-standard-4t"}}}
+
+
+def notes(out):
+    return [ln.split("note   ", 1)[1] for ln in out if ln.startswith("  note")]
+
+
+def plan_step(e):
+    from playbooks.plays import capacity
+    [step] = [s for s in capacity.steps(e) if s.id == "capacity:plan"]
+    return step
+
+
+def test_the_plan_gives_a_reservation_its_whole_slices_then_the_next_option_its_quota():
+    recap, out = run_with_facts([plan_step(LISTED)], {CLUSTERS: [], SPOT_QUOTA: quota(64),
+                                                      RESERVATION: reservation(6)})
+    assert recap.counters() == "ok=1 changed=0 failed=0 skipped=0", out.text()
+    want = ["v6e-16-0: reservation zeta-resv (6 of 6 hosts free)",
+            "v6e-16-1: spot (quota PREEMPTIBLE-TPU-V6E in us-east5 permits 64 chips)"]
+    assert notes(out) == want
+    assert recap.results[0].notes == want                   # kept under the step's line in the recap
+    assert "\n      v6e-16-1: spot (quota" in "\n".join(recap.render())
+    assert recap.data("capacity:plan").option(1) == "spot"
+
+
+def test_a_shortfall_is_one_line_with_what_each_option_can_take_before_any_create():
+    e = env("dev", capacity=["spot", "on-demand"])
+    recap, out = run_with_facts([plan_step(e)] + nodepools.steps(e),
+                                {CLUSTERS: [], SPOT_QUOTA: quota(16), ON_DEMAND_QUOTA: quota(0, tpu_family="CT6E")})
+    assert recap.failed and recap.not_run == ["nodepools : TPU node pool v6e-16-0", "nodepools : TPU node pool v6e-16-1"]
+    assert ("the capacity options cannot make every slice: spot 1 (quota PREEMPTIBLE-TPU-V6E in us-east5 permits 16 "
+            "chips); on-demand 0 (quota TPUS-PER-TPU-FAMILY (CT6E) in us-east5 permits 0 chips); missing 1 of 2 slices "
+            "(16 chips, 16 per slice): request quota (IAM & Admin > Quotas), add an option to capacity: (reservation, "
+            "flex-start), or set slices: lower") in out.text()
+    assert notes(out) == ["v6e-16-0: spot (quota PREEMPTIBLE-TPU-V6E in us-east5 permits 16 chips)",
+                          "v6e-16-1: none (no option of capacity [spot, on-demand] can take it)"]
+    assert applied(out) == []
+
+
+def test_a_check_that_cannot_look_leaves_its_option_possible_never_proven():
+    e = env("dev", capacity=["spot", "on-demand"])
+    denied = Completed(SPOT_QUOTA, 1, "", "ERROR: (gcloud.beta.quotas.info.describe) PERMISSION_DENIED: Cloud Quotas "
+                                          "API has not been used in project 123 before or it is disabled.")
+    recap, out = run_with_facts([plan_step(e)], {CLUSTERS: [], SPOT_QUOTA: denied,
+                                                 ON_DEMAND_QUOTA: quota(0, tpu_family="CT6E")})
+    assert recap.counters() == "ok=0 changed=0 failed=0 skipped=1", out.text()
+    assert "not checked: 2 slice(s): 2 spot: 2 slice(s) on an option whose check could not look" in out.text()
+    assert notes(out)[0].startswith("v6e-16-0: spot (not checked: quota PREEMPTIBLE-TPU-V6E in us-east5: could not "
+                                    "look (exit code 1)")
+
+
+def test_a_slice_whose_pool_exists_keeps_it_and_its_quota_is_not_counted_twice():
+    """A second run: the reservation's hosts are in use by our own pool and
+    the Spot quota by the other: each slice keeps its pool, nothing is short."""
+    res = dict(pool("v6e-16-0", capacity="reservation"))
+    res["config"] = dict(res["config"], reservationAffinity={"consumeReservationType": "SPECIFIC_RESERVATION",
+                                                             "values": ["zeta-resv"]})
+    facts = {CLUSTERS: [CLUSTER], POOLS: [res, pool("v6e-16-1", capacity="spot")], SPOT_QUOTA: quota(16),
+             RESERVATION: reservation(4, in_use=4)}
+    recap, out = run_with_facts([plan_step(LISTED)] + nodepools.steps(LISTED), facts)
+    assert recap.counters() == "ok=3 changed=0 failed=0 skipped=0", out.text()
+    assert notes(out) == ["v6e-16-0: reservation zeta-resv (its pool, RUNNING)", "v6e-16-1: spot (its pool, RUNNING)"]
+    assert "node pool v6e-16-1 is RUNNING (4x4, spot)" in out.text()
+    # One more slice: the Spot quota is all held by v6e-16-1, the reservation's hosts by v6e-16-0.
+    three = env("dev", capacity=["reservation", "spot"], reservation="zeta-resv", slices=3)
+    recap, out = run_with_facts([plan_step(three)], facts)
+    assert recap.failed and "spot 0 (quota PREEMPTIBLE-TPU-V6E in us-east5 permits 16 chips, 16 of them held by this "\
+                            "cluster's pools)" in out.text()
+
+
+def test_the_pools_follow_the_plan_made_once_and_a_pool_of_another_option_of_the_list_is_as_asked():
+    from playbooks.core.runner import Mode
+    facts = {CLUSTERS: [], SPOT_QUOTA: quota(64), RESERVATION: reservation(4), POOLS: []}
+    recap, out = run_with_facts([plan_step(LISTED)] + nodepools.steps(LISTED), facts, mode=Mode.CHECK)
+    assert recap.counters() == "ok=1 changed=2 failed=0 skipped=0", out.text()
+    creates = applied(out)
+    assert "--reservation-affinity=specific --reservation=zeta-resv" in creates[0] and "--spot" not in creates[0]
+    assert creates[1].endswith("--spot --project=my-tpu-project")
+    assert "--node-labels=cloud.google.com/gke-networking-dra-driver=true,tpu-playbooks/capacity=reservation" \
+        in creates[0]
+    derived = [ln for ln in out if ln.startswith("  probe  capacity plan")]
+    assert len(derived) == 3 and sum("(cached)" not in ln for ln in derived) == 1   # made once, then held
+    # Drift: a pool of an option outside the list, or without our label.
+    recap, out = run_with_facts(nodepools.steps(env("dev"))[:1], {POOLS: [pool("v6e-16-0", capacity="spot")]})
+    assert "drift: node pool v6e-16-0: capacity is spot, want on-demand" in out.text()
+    unlabelled = pool("v6e-16-0")
+    del unlabelled["config"]["labels"]["tpu-playbooks/capacity"]
+    recap, out = run_with_facts(nodepools.steps(env("dev"))[:1], {POOLS: [unlabelled]})
+    assert "drift: node pool v6e-16-0: node label tpu-playbooks/capacity is missing" in out.text()
+
+
+def _pool_try(made, what, fails):
+    from playbooks.core.errors import CommandFailed
+    from playbooks.core.facts import Action
+
+    def fn():
+        if fails:
+            raise CommandFailed("p : pool", f"make {what}", 1, stderr=f"ERROR: {fails}")
+        made.append(what)
+    return Action(f"make {what}", fn)
+
+
+def test_a_change_that_fails_moves_to_what_the_step_offers_instead_each_attempt_named():
+    from playbooks.core.play import Playbook
+    from playbooks.core.recap import Reporter
+    from playbooks.core.runner import Mode, Runner
+    from playbooks.core.step import Step, change
+    made: list[str] = []
+    order = ["reservation", "spot", "on-demand"]
+    failing = {"reservation": "no capacity in your reservation", "spot": "GCE_STOCKOUT"}
+
+    def attempt(what, notes=()):
+        def instead(look, why):
+            if "capacity" not in why and "STOCKOUT" not in why:
+                return None        # a failure of another kind stands
+            nxt = order[order.index(what) + 1]
+            return attempt(nxt, (f"{what}: {why.splitlines()[-1].strip()}; next: {nxt}",))
+        return change(_pool_try(made, what, failing.get(what)), reason=f"made on {what}", notes=notes,
+                      instead=instead)
+
+    out: list[str] = []
+    recap = Playbook(Runner(Mode.APPLY), Reporter(out.append)).run("t", [Step("p", "pool", lambda look: attempt(
+        "reservation"))])
+    assert made == ["on-demand"] and recap.counters() == "ok=0 changed=1 failed=0 skipped=0", "\n".join(out)
+    assert recap.results[0].notes == ["reservation: ERROR: no capacity in your reservation; next: spot",
+                                      "spot: ERROR: GCE_STOCKOUT; next: on-demand"]
+    assert "changed: [p : pool] made on on-demand" in out
+    assert "      spot: ERROR: GCE_STOCKOUT; next: on-demand" in out       # the recap names each attempt
+    # A failure of another kind (a flag refused, a 403) never moves on.
+    made.clear()
+    failing["reservation"] = "(gcloud) PERMISSION_DENIED: 403"
+    out.clear()
+    recap = Playbook(Runner(Mode.APPLY), Reporter(out.append)).run("t", [Step("p", "pool", lambda look: attempt(
+        "reservation"))])
+    assert made == [] and recap.failed and recap.results[0].notes == []
+    assert "PERMISSION_DENIED: 403" in "\n".join(out)
+
+
+def test_a_derived_fact_is_made_once_and_held_across_a_change():
+    from playbooks.core.facts import Action, Fact
+    from playbooks.core.play import Playbook
+    from playbooks.core.recap import Reporter
+    from playbooks.core.runner import Mode, Runner
+    from playbooks.core.step import Step, change
+    looks: list[int] = []
+    source = Fact(name="free", python=lambda: (looks.append(1), 4 - len(looks))[1], display="look free")
+    plan = Fact(name="plan", display="the plan", derive=lambda look: f"{look(source)} free when planned")
+    seen: list[str] = []
+
+    def decide(look):
+        seen.append(look(plan))
+        return change(Action("take one", lambda: None), reason="took one")
+    out: list[str] = []
+    recap = Playbook(Runner(Mode.APPLY), Reporter(out.append)).run("t", [Step("p", "a", decide, id="a"),
+                                                                         Step("p", "b", decide, id="b")])
+    assert recap.counters() == "ok=0 changed=2 failed=0 skipped=0"
+    assert seen == ["3 free when planned", "3 free when planned"] and len(looks) == 1
+    assert "  probe  the plan  => 3 free when planned (cached)" in out

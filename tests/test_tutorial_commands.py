@@ -62,7 +62,8 @@ def test_provisioning_commands(transcripts):
           f"--threads-per-core=1 --tpu-topology=4x4 --num-nodes=4 "
           f"--additional-node-network=network={C}-net-1,subnetwork=tpu-subnet-1 "
           f"--additional-node-network=network={C}-net-2,subnetwork=tpu-subnet-2 "
-          f"--node-labels=cloud.google.com/gke-networking-dra-driver=true --enable-gvnic "
+          # the tutorial's DRANET label, and ours naming the pool's capacity option
+          f"--node-labels=cloud.google.com/gke-networking-dra-driver=true,tpu-playbooks/capacity=on-demand --enable-gvnic "
           f"--scopes=https://www.googleapis.com/auth/cloud-platform --project={P}" for i in range(3)],
         f"gsutil mb -p {P} -c STANDARD -l {R} gs://{B}",
         f"kubectl create namespace {NS} {CTX}",

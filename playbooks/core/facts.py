@@ -50,11 +50,17 @@ class Completed:
 class Fact:
     """A read-only question about the world.
 
-    Either ``command`` (a process, its output given to ``parse``) or ``python``
-    (an in-process look, e.g. an HTTP GET or a pid file, shown as ``display``).
-    ``parse`` returns the value, ``ABSENT`` only when the output proves the
-    thing does not exist, and raises ``ProbeFailed`` when it cannot tell.
-    ``assumed`` is the answer in a dry run.
+    Either ``command`` (a process, its output given to ``parse``), ``python``
+    (an in-process look, e.g. an HTTP GET or a pid file, shown as ``display``)
+    or ``derive`` (a decision made from other facts, looked at through the
+    function it is given: ``derive(look)``). ``parse`` returns the value,
+    ``ABSENT`` only when the output proves the thing does not exist, and
+    raises ``ProbeFailed`` when it cannot tell. ``assumed`` is the answer in
+    a dry run (a derived fact is derived from its facts' assumed answers).
+
+    A derived fact is answered once per run and held: a change does not
+    clear it, so a plan made before the first change stays the plan of the
+    steps that act on it (each looks at the same answer).
     """
 
     name: str
@@ -64,6 +70,7 @@ class Fact:
     display: str | None = None
     assumed: Any = ABSENT
     describe: Callable[[Any], str] | None = None
+    derive: Callable[[Callable[[Fact], Any]], Any] | None = None
 
     @property
     def key(self) -> str:

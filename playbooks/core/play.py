@@ -13,11 +13,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from .command import Command, shown
-from .errors import PlaybookError, Unreachable, cause_of
+from .errors import CommandFailed, PlaybookError, ProbeFailed, Unreachable, cause_of
 from .facts import Action, Completed, Fact
 from .recap import CHANGED, FAILED, FAILING, OK, SKIPPED, UNREACHABLE, Recap, Reporter, StepResult, banner
 from .runner import Mode, Runner, StepLog
-from .step import CHANGE, DRIFT, FAIL, SKIP, UNCHECKED, WAIT, Await, Broken, Step, Verify, poll
+from .step import CHANGE, DRIFT, FAIL, SKIP, UNCHECKED, WAIT, Await, Broken, Decision, Step, Verify, poll
 from .step import OK as D_OK
 
 
@@ -112,6 +112,7 @@ class Outcome:
     cause: str = ""  # what failed, without where (the same cause met by several steps is one)
     found: str = ""  # a change's "what is there now" (missing, not running), for reports
     data: Any = None  # what the step hands on (Ansible's register), in its StepResult
+    notes: tuple[str, ...] = ()  # lines kept under the step in the recap (a plan, the attempts of a change)
 
 
 def verify(ctx: StepContext, step: Step) -> str | None:
@@ -237,51 +238,85 @@ def execute(step: Step, ctx: StepContext) -> Outcome:
         return out
     assert step.decide is not None
     decision = step.decide(ctx.look)
+    for note in decision.notes:
+        ctx.note(note)
+    notes = decision.notes
     # A dry run answers every probe with an assumption: what it decided on
     # them is what it would check, never a finding.
     assumed = ctx.dry and ctx.looked > 0
     if decision.kind == D_OK:
         return Outcome(OK, f"would check: {decision.reason}" if assumed and decision.reason else decision.reason,
-                       data=decision.data)
+                       data=decision.data, notes=notes)
     if decision.kind == DRIFT:
-        return Outcome(FAILED, f"drift: {decision.reason}")
+        return Outcome(FAILED, f"drift: {decision.reason}", notes=notes)
     if decision.kind == FAIL:
-        return Outcome(FAILED, decision.reason)
+        return Outcome(FAILED, decision.reason, notes=notes)
     if decision.kind == SKIP:
-        return Outcome(SKIPPED, decision.reason)
+        return Outcome(SKIPPED, decision.reason, notes=notes)
     if decision.kind == UNCHECKED:
         return Outcome(SKIPPED, f"would check: {decision.reason}" if assumed else f"not checked: {decision.reason}",
-                       found="unknown", data=decision.data)
+                       found="unknown", data=decision.data, notes=notes)
     if decision.kind == CHANGE:
-        # One change with a verify: if it fails transiently, a fresh look
-        # decides whether trying it again is safe (nothing was made).
-        acts = [c for c in decision.commands if not isinstance(c, Await)]
-        recheck = ctx.made if len(acts) == 1 and step.verify is not None else None
-        for c in decision.commands:
-            if isinstance(c, Await):
-                why = wait_for(ctx, step, c)
-                if why is not None:
-                    return Outcome(FAILED, why, found=decision.found)
-            else:
-                ctx.act(c, recheck)
-        # Check mode and dry runs never say that something happened.
-        said = decision.reason if ctx.acting else\
-            f"would {decision.would}" if decision.would else f"would change: {decision.reason}".rstrip(": ")
-        if ctx.mode is Mode.CHECK:
-            return Outcome(CHANGED, said, found=decision.found)
-        why = verify(ctx, step)
-        if why is not None:
-            return Outcome(FAILED, f"not verified after the change: {why}", found=decision.found)
-        return Outcome(CHANGED, said, found=decision.found)
+        return _change(ctx, step, decision)
     if decision.kind == WAIT:
         ctx.note(decision.reason)
         if ctx.mode is Mode.CHECK:
-            return Outcome(OK, decision.reason)
+            return Outcome(OK, decision.reason, notes=notes)
         why = verify(ctx, step)
         if why is not None:
-            return Outcome(FAILED, f"{decision.reason}; still not ready: {why}")
-        return Outcome(OK, decision.reason)
+            return Outcome(FAILED, f"{decision.reason}; still not ready: {why}", notes=notes)
+        return Outcome(OK, decision.reason, notes=notes)
     raise AssertionError(f"unknown decision {decision.kind}")
+
+
+def _change(ctx: StepContext, step: Step, decision: Decision) -> Outcome:
+    """A change, then its verify; when it fails and the decision says what
+    to do instead, that next change (a new attempt, its notes said), until
+    one holds or the step offers no other."""
+    notes = decision.notes
+    while True:
+        why, failed = _attempt(ctx, step, decision)
+        if why is None:
+            # Check mode and dry runs never say that something happened.
+            said = decision.reason if ctx.acting else\
+                f"would {decision.would}" if decision.would else f"would change: {decision.reason}".rstrip(": ")
+            return Outcome(CHANGED, said, found=decision.found, notes=notes)
+        nxt = decision.instead(lambda f: ctx.look(f, fresh=True), why) \
+            if decision.instead is not None and ctx.acting else None
+        if nxt is None or nxt.kind != CHANGE:
+            cause = (failed.cause or cause_of(why)) if failed is not None else ""
+            return Outcome(FAILED, why, cause=cause, found=decision.found, notes=notes)
+        for note in nxt.notes:
+            ctx.note(note)
+        notes += nxt.notes
+        decision = nxt
+
+
+def _attempt(ctx: StepContext, step: Step, decision: Decision) -> tuple[str | None, CommandFailed | None]:
+    """One change's commands and waits, then its verify: (None, None) when
+    it holds, else why not (and the command that failed, if one did)."""
+    # One change with a verify: if it fails transiently, a fresh look
+    # decides whether trying it again is safe (nothing was made).
+    acts = [c for c in decision.commands if not isinstance(c, Await)]
+    recheck = ctx.made if len(acts) == 1 and step.verify is not None else None
+    for c in decision.commands:
+        if isinstance(c, Await):
+            why = wait_for(ctx, step, c)
+            if why is not None:
+                return why, None
+        else:
+            try:
+                ctx.act(c, recheck)
+            except ProbeFailed:
+                raise
+            except CommandFailed as e:
+                if decision.instead is None:
+                    raise
+                return str(e), e
+    if ctx.mode is Mode.CHECK:
+        return None, None
+    why = verify(ctx, step)
+    return (None, None) if why is None else (f"not verified after the change: {why}", None)
 
 
 class Playbook:
@@ -328,10 +363,10 @@ class Playbook:
             except PlaybookError:
                 why = None
             if why:
-                out = Outcome(FAILED, f"{why}\n{out.reason}", out.cause, out.found)
+                out = Outcome(FAILED, f"{why}\n{out.reason}", out.cause, out.found, notes=out.notes)
         seconds = time.monotonic() - start
         out = self._check_mode_dependents(step, Outcome(out.outcome, shown(out.reason), out.cause, out.found,
-                                                        out.data))
+                                                        out.data, out.notes))
         if out.outcome == CHANGED and not self.runner.acting and not out.reason.startswith("would "):
             # Check mode and dry runs never say that something happened.
             out.reason = f"would change: {out.reason}" if out.reason else "would change"
@@ -350,7 +385,7 @@ class Playbook:
         else:
             self.reporter.line(end)
         return StepResult(step.id, step.title, out.outcome, out.reason.splitlines()[0] if out.reason else "",
-                          seconds, log.lines, cause, out.found, out.data)
+                          seconds, log.lines, cause, out.found, out.data, list(out.notes))
 
     def _keep_traceback(self, step: Step) -> str:
         """The traceback, kept in the run's log folder: where it is."""
@@ -374,7 +409,7 @@ class Playbook:
             verb = "changes" if len(roots) == 1 else "change"
             out = Outcome(SKIPPED, f"cannot be checked before {', '.join(roots)} {verb} (check mode changes "
                                    f"nothing): {out.reason.splitlines()[0]}", found="unknown",
-                          data={"waits_on": roots})
+                          data={"waits_on": roots}, notes=out.notes)
         if out.outcome == CHANGED:
             roots = [step.title]
         if roots:

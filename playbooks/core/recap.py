@@ -26,6 +26,7 @@ class StepResult:
     cause: str = ""  # a failure's cause, without the step's own name or command
     found: str = ""  # a change's "what is there now", for reports
     data: Any = None  # what the step handed on (a decision's data)
+    notes: list[str] = field(default_factory=list)  # lines kept under the step's line (a plan, attempts)
 
 
 @dataclass
@@ -59,6 +60,7 @@ class Recap:
             t = f"  {r.seconds:7.1f}s" if self.timed else ""
             why = f"  {r.reason}" if r.reason and r.outcome in (FAILED, SKIPPED, UNREACHABLE) else ""
             out.append(f"  {r.title:<{width}}  {r.outcome:<8}{t}{why}".rstrip())
+            out += [f"      {note}" for note in r.notes]
         for title in self.not_run:
             out.append(f"  {title:<{width}}  not run (stopped after a failure)")
         by_cause: dict[str, list[StepResult]] = {}

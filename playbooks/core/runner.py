@@ -120,6 +120,7 @@ class Runner:
         self.declared = facts  # fixture mode when not None
         self.probe_timeout = probe_timeout
         self._cache: dict[str, Any] = {}
+        self._held: dict[str, Any] = {}  # derived facts: answered once per run, never cleared by a change
         self._locks: dict[str, threading.Lock] = {}
         self._cache_lock = threading.Lock()
         self.recorded: list[Command] = []  # every command probed or acted, in order
@@ -131,7 +132,10 @@ class Runner:
 
     def look(self, fact: Fact, log: StepLog, step: str, fresh: bool = False, label: str = "probe") -> Any:
         """Answer a fact. Outputs are cached per command line, so one list
-        call answers every fact built on it; ``fresh`` looks again."""
+        call answers every fact built on it; ``fresh`` looks again (but a
+        derived fact is held for the run: see ``Fact``)."""
+        if fact.derive is not None:
+            return self._derived(fact, log, step, label)
         key = fact.key
         with self._fact_lock(key):
             held = self._cache.get(key)
@@ -149,6 +153,22 @@ class Runner:
         value = self._parse(fact, raw)
         line = f"{fact.line()}  => {fact.summary(value)}{note}"
         if not (cached and f"  {label:<7}{line}" in log.lines):  # one list call, two facts: said once
+            log.emit(label, line)
+        return value
+
+    def _derived(self, fact: Fact, log: StepLog, step: str, label: str) -> Any:
+        """A derived fact: its facts looked at through this step's log (so
+        their lines show where it was first derived), then its own line."""
+        assert fact.derive is not None
+        key = fact.key
+        with self._fact_lock(key):
+            held = key in self._held
+            if held:
+                value = self._held[key]
+            else:
+                value = self._held[key] = fact.derive(lambda f: self.look(f, log, step))
+        line = f"{fact.line()}  => {fact.summary(value)}{' (cached)' if held else ''}"
+        if not (held and f"  {label:<7}{line}" in log.lines):
             log.emit(label, line)
         return value
 
@@ -171,7 +191,7 @@ class Runner:
         """Look once, ahead of the step that will ask, without retrying and
         without a log: a transient failure is kept as the step's first
         attempt (its retries are then the step's, and logged there)."""
-        if self.declared is not None or self.mode is Mode.DRY:
+        if self.declared is not None or self.mode is Mode.DRY or fact.derive is not None:
             return
         key = fact.key
         with self._fact_lock(key):

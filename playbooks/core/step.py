@@ -25,6 +25,16 @@ After a change (or a wait) the ``verify`` fact is looked up again, fresh,
 until its check passes or the timeout ends. A change may also hold an
 ``Await``: a wait the engine polls between two of its commands.
 
+A change may name what to do ``instead`` when it fails (a command exits
+non-zero, or the verify meets a final state): ``instead(look, why)``, with
+fresh looks, returns the next change to try (a node pool of the next
+capacity option) or None (the failure stands). Each next change is a new
+attempt, bounded by what the step offers; its ``notes`` say why it came.
+
+Any decision may carry ``notes``: lines printed with the step and kept
+under its line in the recap (a plan, one line per slice; the attempts of a
+change).
+
 The engine, not the step, words the modes: in check mode and a dry run a
 change says ``would change: ...`` and a decision made on assumed answers
 says ``would check: ...`` (a dry run looks at nothing).
@@ -63,6 +73,7 @@ class Await:
 
 
 Act = Command | Action | Await
+Look = Callable[[Fact], Any]
 
 
 @dataclass(frozen=True)
@@ -73,23 +84,26 @@ class Decision:
     found: str = ""
     data: Any = None
     would: str = ""
+    notes: tuple[str, ...] = ()
+    instead: Callable[[Look, str], Decision | None] | None = field(default=None, repr=False)
 
 
-def ok(reason: str = "", data: Any = None) -> Decision:
+def ok(reason: str = "", data: Any = None, notes: Sequence[str] = ()) -> Decision:
     """As asked. ``data``: what the step hands on (read from the recap)."""
-    return Decision(OK, reason, data=data)
+    return Decision(OK, reason, data=data, notes=tuple(notes))
 
 
-def change(*commands: Act, reason: str = "", would: str = "", found: str = "missing") -> Decision:
-    return Decision(CHANGE, reason, tuple(commands), found=found, would=would)
+def change(*commands: Act, reason: str = "", would: str = "", found: str = "missing", notes: Sequence[str] = (),
+           instead: Callable[[Look, str], Decision | None] | None = None) -> Decision:
+    return Decision(CHANGE, reason, tuple(commands), found=found, would=would, notes=tuple(notes), instead=instead)
 
 
 def drift(reason: str) -> Decision:
     return Decision(DRIFT, reason)
 
 
-def fail(reason: str) -> Decision:
-    return Decision(FAIL, reason)
+def fail(reason: str, notes: Sequence[str] = ()) -> Decision:
+    return Decision(FAIL, reason, notes=tuple(notes))
 
 
 def wait(reason: str) -> Decision:
@@ -100,11 +114,8 @@ def skip(reason: str) -> Decision:
     return Decision(SKIP, reason)
 
 
-def unchecked(reason: str, data: Any = None) -> Decision:
-    return Decision(UNCHECKED, reason, data=data)
-
-
-Look = Callable[[Fact], Any]
+def unchecked(reason: str, data: Any = None, notes: Sequence[str] = ()) -> Decision:
+    return Decision(UNCHECKED, reason, data=data, notes=tuple(notes))
 
 
 class Broken(Exception):

@@ -1,18 +1,21 @@
 """The capacity preflight: read-only checks, before anything is created,
-that the zone offers the machine type, that the GKE version is offered, that
-the TPU quota permits the chips, and that the reservation has the hosts. A
-check that cannot look is "not checked", never a shortage. What the options
-are is ``playbooks/capacity_options.py``."""
+that the zone offers the machine type, that the GKE version is offered, what
+the TPU quotas permit and the reservation holds, and the plan per slice
+made from them (``playbooks/capacity_plan.py``): a shortfall stops the run
+before any create. A check that cannot look is "not checked", never a
+shortage. What the options are is ``playbooks/capacity_options.py``."""
 from __future__ import annotations
 
 from typing import Any
 
-from ..clients import compute_describe, fact, gcloud, json_object
+from .. import capacity_options as cap
+from .. import capacity_plan as plan
+from ..clients import fact, gcloud, json_object
 from ..core.errors import ProbeFailed
 from ..core.facts import ABSENT, Fact
 from ..core.step import Step, fail, ok, skipped, unchecked
 from ..gke import clusters_fact, location, machine_types_fact
-from ..schema import Environment, reservation_parts
+from ..schema import Environment, capacities, reservation_parts
 from ..tpu import chips
 
 PLAY = "capacity"
@@ -78,138 +81,83 @@ def version_step(env: Environment) -> Step:
                 id="capacity:version", probes=(clusters,))  # the versions only when there is no cluster
 
 
-# Cloud Quotas ids of the Compute Engine quotas GKE's TPU nodes consume (not
-# the Cloud TPU API's): on-demand v6e chips are TPUS_PER_TPU_FAMILY with
-# tpu_family CT6E (named in Google's v6e guide); Spot, and flex-start first,
-# the preemptible v6e quota. The ids follow Cloud Quotas' naming; an id the
-# API does not know is "not checked", never a shortage.
-ON_DEMAND_QUOTA: tuple[str, dict[str, str]] = ("TPUS-PER-TPU-FAMILY-per-project-region", {"tpu_family": "CT6E"})
-PREEMPTIBLE_QUOTA: tuple[str, dict[str, str]] = ("PREEMPTIBLE-TPU-V6E-per-project-region", {})
-
-
-def quota_fact(env: Environment, quota: tuple[str, dict]) -> Fact:
-    """A quota's values; a dry run assumes it permits what the inventory needs."""
-    qid, dims = quota
-    need = env.slices * chips(env.topology)
-    assumed = {"quotaId": qid, "dimensionsInfos": [{"dimensions": {"region": env.region, **dims},
-                                                    "details": {"value": str(need)}}]}
-    return fact(f"quota {qid}",
-                gcloud("beta", "quotas", "info", "describe", qid, "--service=compute.googleapis.com",
-                       f"--project={env.project_id}", "--format=json"),
-                json_object(), assumed=assumed,
-                describe=lambda q: quota_summary(quota_value(q, env.region, dims), env.region))
-
-
-def quota_summary(value: int | None, region: str) -> str:
-    if value is None:
-        return f"no value for {region}"
-    return f"no limit in {region}" if value < 0 else f"{value} chips in {region}"
-
-
-def quota_value(info: Any, region: str, dims: dict[str, str]) -> int | None:
-    """The value in force for this region (and dimensions): the most
-    specific entry that matches; None if none does. -1 means no limit."""
-    best: tuple[int, int] | None = None
-    for d in (info or {}).get("dimensionsInfos") or []:
-        have = d.get("dimensions") or {}
-        if have.get("region", region) != region:
-            continue
-        if any(have.get(k, v) != v for k, v in dims.items()):
-            continue
-        where = d.get("applicableLocations") or []
-        if "region" not in have and where and region not in where and "global" not in where:
-            continue
-        try:
-            value = int((d.get("details") or {}).get("value", 0))
-        except (TypeError, ValueError):
-            continue
-        score = len(have)
-        if best is None or score > best[0]:
-            best = (score, value)
-    return None if best is None else best[1]
-
-
 def quota_step(env: Environment) -> Step:
+    """The quotas the options of the list consume, read (the plan step
+    decides what they permit: a slice of each option, in order)."""
     need = env.slices * chips(env.topology)
-    if env.capacity == "reservation":
+    wanted = plan.quotas(env)
+    if not wanted:
         return skipped(PLAY, "TPU quota", "a pool consuming a reservation needs no TPU quota (GKE's TPU docs): the "
                                          "reservation is checked", id="capacity:quota")
-    quotas = [PREEMPTIBLE_QUOTA, ON_DEMAND_QUOTA] if env.capacity == "flex-start" else \
-        [PREEMPTIBLE_QUOTA] if env.capacity == "spot" else [ON_DEMAND_QUOTA]
-    facts = [quota_fact(env, q) for q in quotas]
+    facts = [plan.quota_fact(env, q) for q in wanted]
+    several = len(capacities(env)) > 1
 
     def decide(look):
         seen: list[str] = []
-        for (qid, dims), probe in zip(quotas, facts):
+        for q, probe in zip(wanted, facts):
+            label = f"quota {cap.quota_label(q)} in {env.region}"
+            users = f" ({', '.join(o for o in capacities(env) if q in cap.QUOTAS[o])})" if several else ""
             try:
-                info = look(probe)
+                value = plan.quota_value(look(probe), env.region, q[1])
             except ProbeFailed as e:
-                return unchecked(e.why)
-            label = qid.split("-per-")[0] + (f" ({', '.join(dims.values())})" if dims else "")
-            value = quota_value(info, env.region, dims)
+                return unchecked(f"{label}{users}: {e.why}")
             if value is None:
-                return unchecked(f"quota {label} has no value for {env.region}")
-            if value < 0 or value >= need:
-                permits = "no limit" if value < 0 else f"{value} chips"
-                return ok(f"quota {label} in {env.region} permits {permits}; this inventory needs {need} (quota is "
-                          f"not capacity)")
-            seen.append(f"quota {label} in {env.region} is {value} chips")
-        alt = "capacity: spot or reservation" if env.capacity == "on-demand" else \
-            "capacity: on-demand or reservation" if env.capacity == "spot" else "capacity: reservation"
-        return fail(f"{' and '.join(seen)}, this inventory needs {need} ({env.slices} slices x "
-                    f"{chips(env.topology)} chips): request it, or use {alt}")
+                return unchecked(f"{label} has no value for {env.region}")
+            seen.append(f"{label} permits {'no limit' if value < 0 else f'{value} chips'}{users}")
+        return ok(f"{'; '.join(seen)}; this inventory needs {need} (quota is not capacity)")
 
     return Step(PLAY, f"TPU quota for {need} chips", decide, id="capacity:quota", probes=tuple(facts))
 
 
-def reservation_fact(env: Environment) -> Fact:
-    owner, name = reservation_parts(env)
-    return fact(f"reservation {name}",
-                gcloud("compute", "reservations", "describe", name, f"--zone={env.zone}", "--format=json",
-                       project=owner),
-                compute_describe("reservation"), assumed={"name": name, "status": "READY", "specificReservation": {
-                    "count": str(env.slices * env.hosts_per_slice), "inUseCount": "0",
-                    "instanceProperties": {"machineType": env.machine_type}}},
-                describe=lambda r: f"{r.get('status')}, {free_hosts(r)} of "
-                                   f"{(r.get('specificReservation') or {}).get('count', '?')} free")
-
-
-def free_hosts(r: Any) -> int:
-    spec = (r or {}).get("specificReservation") or {}
-    try:
-        return int(spec.get("count") or 0) - int(spec.get("inUseCount") or 0)
-    except (TypeError, ValueError):
-        return 0
-
-
 def reservation_step(env: Environment) -> Step:
-    owner, name = reservation_parts(env) if env.capacity == "reservation" else ("", "")
-    need = env.slices * env.hosts_per_slice
-    probe = reservation_fact(env)
+    """The inventory's reservation: it must exist and hold the machine type
+    (else the inventory names the wrong one); its free hosts are what it
+    can give (the plan step counts whole slices)."""
+    name = reservation_parts(env)[1]
+    probe = plan.reservation_fact(env)
 
     def decide(look):
         try:
             r = look(probe)
         except ProbeFailed as e:
             return unchecked(e.why)
-        where = f"zone {env.zone} of project {owner}"
-        if r is ABSENT:
-            return fail(f"no reservation {name} in {where}: check its name, zone and project (a shared one is "
-                        f"projects/OWNER/reservations/NAME)")
-        if r.get("status") != "READY":
-            return fail(f"reservation {name} is {r.get('status')}, not READY")
+        problem = plan.reservation_problem(env, r)
+        if problem and (r is ABSENT or r.get("status") == "READY"):
+            return fail(problem)
+        if problem:
+            return ok(f"{problem}: it takes no slice now")
         spec = r.get("specificReservation") or {}
-        mt = str((spec.get("instanceProperties") or {}).get("machineType", "")).rsplit("/", 1)[-1]
-        if mt != env.machine_type:
-            return fail(f"reservation {name} holds {mt or 'no'} machines, this inventory needs {env.machine_type}")
-        free = free_hosts(r)
-        if free < need:
-            return fail(f"reservation {name} has {free} free {env.machine_type} hosts (count {spec.get('count')}, "
-                        f"in use {spec.get('inUseCount')}); this inventory needs {need} ({env.slices} slices x "
-                        f"{env.hosts_per_slice} hosts)")
-        return ok(f"reservation {name} is READY with {free} free {env.machine_type} hosts; {need} needed")
+        free = plan.free_hosts(r)
+        return ok(f"reservation {name} is READY with {free} free {env.machine_type} hosts (count {spec.get('count')}, "
+                  f"in use {spec.get('inUseCount')}): {free // env.hosts_per_slice} whole slice(s) of "
+                  f"{env.hosts_per_slice} hosts")
 
     return Step(PLAY, f"reservation {name}", decide, id="capacity:reservation", probes=(probe,))
+
+
+def plan_step(env: Environment) -> Step:
+    """The plan per slice, before anything is created: printed one line per
+    slice; a shortfall stops the run here, with what each option can take."""
+    probe = plan.plan_fact(env)
+    firsts = (clusters_fact(env), *[plan.quota_fact(env, q) for q in plan.quotas(env)],
+              *([plan.reservation_fact(env)] if "reservation" in capacities(env) else []))
+    where = (" (on Autopilot the ComputeClass's priorities, in this order, choose each node's capacity)"
+             if env.mode == "autopilot" else "")
+
+    def decide(look):
+        p = look(probe)
+        short = p.shortfall(env)
+        if short:
+            return fail(short, notes=p.lines())
+        if p.unproven:
+            return unchecked(f"{p.summary()}: {len(p.unproven)} slice(s) on an option whose check could not look"
+                             f"{where}", data=p, notes=p.lines())
+        return ok(p.summary() + where, data=p, notes=p.lines())
+
+    # After the checks (read-only too), so its lines come last and it plans
+    # only from what they did not refuse.
+    checks = ("capacity:machine-type", "capacity:version", "capacity:quota", "capacity:reservation")
+    return Step(PLAY, f"plan for {env.slices} slice(s)", decide, id="capacity:plan", probes=firsts, after=checks)
 
 
 def steps(env: Environment) -> list[Step]:
@@ -218,6 +166,6 @@ def steps(env: Environment) -> list[Step]:
     if env.kind == "local":
         return [skipped(PLAY, "capacity", "a local environment needs no TPU capacity", id="capacity:local")]
     out = [machine_type_step(env), version_step(env), quota_step(env)]
-    if env.capacity == "reservation":
+    if "reservation" in capacities(env):
         out.append(reservation_step(env))
-    return out
+    return out + [plan_step(env)]

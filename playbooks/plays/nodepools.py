@@ -6,6 +6,7 @@ from typing import Any
 
 from .. import capacity_options as cap
 from .. import tutorial as T
+from ..capacity_plan import BROKEN, plan_fact
 from ..clients import gcloud
 from ..core.errors import PlaybookError
 from ..core.facts import ABSENT
@@ -19,11 +20,10 @@ from ..gke import (
     subnet_id,
     subnet_name,
 )
-from ..schema import Environment
+from ..schema import Environment, capacities, capacity_text
 
 PLAY = "nodepools"
 CREATE_TIMEOUT = 60 * 60
-BROKEN = ("ERROR", "RUNNING_WITH_ERROR")
 AUTOPILOT_SKIP = ("Autopilot has no node pools to create: it provisions the TPU slices from the "
                   "RayCluster's TPU requests and node selectors")
 
@@ -33,23 +33,24 @@ AUTOPILOT_SKIP = ("Autopilot has no node pools to create: it provisions the TPU 
 PATIENCE = 30 * 60
 
 
-def create_command(env: Environment, name: str):
-    """The tutorial's command, every flag kept, and the capacity's flags
-    (capacity.pool_flags; flex-start starts with 0 nodes and autoscales to
-    one slice). A single-host slice (one VM has all its chips) is created
-    without --tpu-topology: GKE refuses a topology for a single-host TPU slice
-    pool ("TPU topology can't be specified with single-host TPU slice pool",
-    as xpk met it in its PR #825)."""
+def create_command(env: Environment, name: str, option: str):
+    """The tutorial's command, every flag kept, with our capacity label next
+    to its DRANET label and the option's flags (capacity_options.pool_flags;
+    flex-start starts with 0 nodes and autoscales to one slice). A
+    single-host slice (one VM has all its chips) is created without
+    --tpu-topology: GKE refuses a topology for a single-host TPU slice pool
+    ("TPU topology can't be specified with single-host TPU slice pool", as
+    xpk met it in its PR #825)."""
     topology = [f"--tpu-topology={env.topology}"] if env.hosts_per_slice > 1 else []
     return _patient(gcloud(
         "container", "node-pools", "create", name,
         f"--location={env.zone}", f"--cluster={env.cluster_name}", f"--machine-type={env.machine_type}",
         f"--threads-per-core={T.TPU_THREADS_PER_CORE}", *topology,
-        f"--num-nodes={cap.initial_nodes(env)}",
+        f"--num-nodes={cap.initial_nodes(env, option)}",
         f"--additional-node-network=network={network_name(env, 0)},subnetwork={subnet_name(env, 0)}",
         f"--additional-node-network=network={network_name(env, 1)},subnetwork={subnet_name(env, 1)}",
-        f"--node-labels={T.TPU_NODE_LABEL}", "--enable-gvnic", f"--scopes={T.TPU_SCOPES}",
-        *cap.pool_flags(env), project=env.project_id))
+        f"--node-labels={cap.node_labels(option)}", "--enable-gvnic", f"--scopes={T.TPU_SCOPES}",
+        *cap.pool_flags(env, option), project=env.project_id))
 
 
 def _patient(c):
@@ -73,34 +74,89 @@ def shape_diffs(env: Environment, p: Any) -> list[str]:
     top = (p.get("placementPolicy") or {}).get("tpuTopology")
     if top != env.topology and (top or env.hosts_per_slice > 1):
         diffs.append(f"TPU topology is {top}, want {env.topology}")
+    option = cap.pool_option(p)
     nodes = p.get("initialNodeCount")
-    if nodes is not None and nodes != cap.initial_nodes(env):
-        diffs.append(f"{nodes} nodes, want {cap.initial_nodes(env)}")
-    have, want = cap.pool_capacity(p), cap.wanted_capacity(env)
-    if have != want:
-        diffs.append(f"capacity is {have}, want {want}")
+    if nodes is not None and nodes != cap.initial_nodes(env, option):
+        diffs.append(f"{nodes} nodes, want {cap.initial_nodes(env, option)}")
+    if not cap.as_asked(env, p):
+        want = " or ".join(cap.words(env, o) for o in capacities(env))
+        diffs.append(f"capacity is {cap.pool_capacity(p)}, want {want}")
     want_nets = {(network_name(env, i), subnet_name(env, i)) for i in (0, 1)}
     have_nets = {(_last(n.get("network")), _last(n.get("subnetwork")))
                  for n in (p.get("networkConfig") or {}).get("additionalNodeNetworkConfigs") or []}
     if have_nets != want_nets:
         diffs.append(f"additional networks are {sorted(have_nets) or 'none'}, want {sorted(want_nets)}")
+    labels = cfg.get("labels") or {}
     key, val = T.TPU_NODE_LABEL.split("=")
-    if (cfg.get("labels") or {}).get(key) != val:
+    if labels.get(key) != val:
         diffs.append(f"node label {T.TPU_NODE_LABEL} is missing")
+    ours = labels.get(cap.LABEL)
+    if ours is None:
+        diffs.append(f"node label {cap.LABEL} is missing (the TPU workers select it)")
+    elif ours != option:
+        diffs.append(f"node label {cap.LABEL}={ours}, but the pool is {option}")
     return diffs
 
 
 def pool_step(env: Environment, i: int) -> Step:
+    """Slice i's pool, of the option the capacity plan chose for it (one
+    option: that one). A create that fails for capacity or quota is replaced
+    by a pool of the next option of the list (``instead``); any other
+    failure (a flag GKE refuses, a 403) stands."""
     name = nodepool_name(env, i)
     probe = nodepools_fact(env, name)
+    planned = plan_fact(env)
+    several = len(capacities(env)) > 1
+
+    def create(option: str, replacing: Any = ABSENT, notes: tuple[str, ...] = (), was: str = ""):
+        nodes = (f"0 to {env.hosts_per_slice} nodes as capacity comes" if option == "flex-start"
+                 else f"{env.hosts_per_slice} nodes")
+        what = f"{env.topology}, {nodes}, {cap.words(env, option)}"
+        if was:  # the next option, after the one before failed
+            reason = f"created ({what}), in place of {was}"
+        elif replacing is not ABSENT:
+            reason = f"replaced a broken pool (was {replacing.get('status')}: {cap.pool_problem(replacing)}) ({what})"
+        else:
+            reason = f"created ({what})"
+        cmds = ([delete_command(env, name)] if replacing is not ABSENT else []) + [create_command(env, name, option)]
+        return change(*cmds, reason=reason, notes=notes, instead=lambda look, why: instead(look, why, option))
+
+    def instead(look, why: str, option: str):
+        """After a failed create: the pool replaced by the next option's when
+        GKE says no capacity or no quota; None (the failure stands) else."""
+        try:
+            p = look(probe)
+            chosen = look(planned) if several else None
+        except PlaybookError:
+            return None
+        broken = p is not ABSENT and p.get("status") in BROKEN
+        text = cap.pool_problem(p) if broken else why
+        kind = cap.classify(text)
+        if kind not in ("capacity", "quota"):
+            return None
+        rest = cap.after(env, option)
+        passed = [o for o in rest if chosen is not None and chosen.proven_empty(o)]
+        nxt = next((o for o in rest if o not in passed), None)
+        if nxt is None:
+            return None
+        head = "no TPU capacity" if kind == "capacity" else "not enough quota"
+        message = " ".join(text.split())
+        message = message if len(message) <= 200 else message[:197] + "..."
+        skipped = f" ({', '.join(passed)}: the plan found room for none)" if passed else ""
+        note = f"{cap.words(env, option)}: {head}: {message}; next: {cap.words(env, nxt)}{skipped}"
+        return create(nxt, p, (note,), was=f"{cap.words(env, option)} ({head})")
 
     def decide(look):
         p = look(probe)
-        if p is ABSENT:
-            nodes = (f"0 to {env.hosts_per_slice} nodes as capacity comes" if env.capacity == "flex-start"
-                     else f"{env.hosts_per_slice} nodes")
-            return change(create_command(env, name), reason=f"created ({env.topology}, {nodes}, "
-                                                            f"{cap.wanted_capacity(env)})")
+        if p is ABSENT or p.get("status") in BROKEN:
+            if p is not ABSENT and shape_diffs(env, p):
+                return drift(f"node pool {name}: " + "; ".join(shape_diffs(env, p)))
+            option = look(planned).option(i) if several else capacities(env)[0]
+            if option is None:
+                return fail(f"no option of capacity {capacity_text(env)} can take slice {name} (the capacity plan)")
+            # A pool left in ERROR (e.g. GCE_STOCKOUT: no TPU capacity in the
+            # zone) holds no usable slice: replace it rather than count it done.
+            return create(option, p)
         diffs = shape_diffs(env, p)
         if diffs:
             return drift(f"node pool {name}: " + "; ".join(diffs))
@@ -109,11 +165,6 @@ def pool_step(env: Environment, i: int) -> Step:
             return ok(f"node pool {name} is RUNNING ({env.topology}, {cap.pool_capacity(p)})")
         if status in ("PROVISIONING", "RECONCILING"):
             return wait(f"node pool {name} is {status} (another operation is making it)")
-        if status in BROKEN:
-            # A pool left in ERROR (e.g. GCE_STOCKOUT: no TPU capacity in the
-            # zone) holds no usable slice: replace it rather than count it done.
-            return change(delete_command(env, name), create_command(env, name),
-                          reason=f"replaced a broken pool (was {status}: {cap.pool_problem(p)})")
         if status == "STOPPING":
             return fail(f"node pool {name} is being deleted; wait for it to go, then re-run")
         return fail(f"node pool {name} is {status}: {p.get('statusMessage') or 'no message'}")

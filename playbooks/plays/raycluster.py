@@ -15,7 +15,7 @@ from ..core.errors import PlaybookError
 from ..core.facts import ABSENT
 from ..core.step import Step, Verify, change, drift, fail, ok, wait
 from ..gke import kube_get, raycluster_fact, workers
-from ..schema import Environment
+from ..schema import Environment, capacities, capacity_text
 from ..versions import installed
 
 PLAY = "raycluster"
@@ -56,6 +56,10 @@ def shape_diffs(env: Environment, rc: Any) -> list[str]:
     want = manifests.worker_node_selector(env)
     if sel != want and sel.get("cloud.google.com/gke-tpu-topology") == env.topology:
         diffs.append(f"worker nodeSelector {json.dumps(sel, sort_keys=True)}, want {json.dumps(want, sort_keys=True)}")
+    affinity, want_affinity = spec.get("affinity") or {}, manifests.worker_affinity(env)
+    if affinity != want_affinity:
+        diffs.append(f"worker affinity {json.dumps(affinity, sort_keys=True)}, want "
+                     f"{json.dumps(want_affinity, sort_keys=True)}")
     for c in spec.get("containers") or []:
         if c.get("image") != env.ray_image:
             diffs.append(f"image {c.get('image')}, want {env.ray_image}")
@@ -88,7 +92,7 @@ def apply_step(env: Environment) -> Step:
 
     def check(rc):
         why = k8s.ready(env, rc)
-        if why and env.capacity == "flex-start":
+        if why and "flex-start" in capacities(env):
             return f"{why} (waiting for flex-start capacity: the nodes come when GKE finds the chips)"
         return why
 
@@ -136,13 +140,13 @@ def compute_class_step(env: Environment) -> Step:
         cc = look(probe)
         if cc is ABSENT:
             return change(manifests.compute_class_apply(env),
-                          reason=f"applied (DRA networking, {env.machine_type}, {env.capacity})")
+                          reason=f"applied (DRA networking, {env.machine_type}, {capacity_text(env)})")
         have = cc.get("spec") or {}
         diffs = [f"{k}: {json.dumps(have.get(k), sort_keys=True)}, want {json.dumps(v, sort_keys=True)}"
                  for k, v in want.items() if have.get(k) != v]
         if diffs:
             return drift(f"ComputeClass {manifests.COMPUTE_CLASS}: " + "; ".join(diffs))
-        return ok(f"ComputeClass {manifests.COMPUTE_CLASS} is the one rendered (DRA networking, {env.capacity})")
+        return ok(f"ComputeClass {manifests.COMPUTE_CLASS} is the one rendered (DRA networking, {capacity_text(env)})")
 
     return Step(PLAY, f"ComputeClass {manifests.COMPUTE_CLASS}", decide, id="raycluster:compute-class",
                 after=("kube:credentials",),

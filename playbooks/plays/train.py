@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from .. import hosts, maintenance, metrics, paths
+from ..capacity_options import preemptible
 from ..core.errors import InputError
 from ..core.facts import ABSENT, Action, Completed, assume
 from ..core.play import Outcome, StepContext
@@ -24,7 +25,7 @@ from ..job import (
     submit_command,
 )
 from ..rayapi import job_fact, job_logs_command, jobs_fact, ours, submission_number
-from ..schema import Environment
+from ..schema import Environment, capacities, capacity_text
 from ..trainlog import HIDE, SHOW, Summary, clean
 
 PLAY = "train"
@@ -72,10 +73,12 @@ def checkpoint_step(job: Job) -> Step:
 def preemption_note(env: Environment, job: Job) -> list[Step]:
     """On Spot or flex-start capacity, a job that is not elastic ends with
     its first lost slice: say so, once, before it starts."""
-    if env.get("capacity") not in ("spot", "flex-start") or job.elastic:
+    taken = preemptible(env)
+    if not taken or job.elastic:
         return []
-    line = (f"capacity: {env.capacity}: a preemption ends this job (it resumes from its last checkpoint when run "
-            f"again); `invoke train --elastic` goes on with the slices left and grows back")
+    whose = "" if len(capacities(env)) == 1 else f" (of a {' or '.join(taken)} slice)"
+    line = (f"capacity: {capacity_text(env)}: a preemption{whose} ends this job (it resumes from its last checkpoint "
+            f"when run again); `invoke train --elastic` goes on with the slices left and grows back")
     return [Step(PLAY, "preemption", lambda look: ok(line), id="train:preemption")]
 
 

@@ -278,13 +278,17 @@ class Cloud:
                               "config": {"machineType": "n1-standard-16"}}]
         return self.gcp.add_cluster(e.zone, spec)
 
-    def pool_spec(self, name: str, topology: str = "4x4", nodes: int = 4, env_name: str = STANDARD) -> dict:
-        """A TPU node pool as `gcloud container node-pools create` asks for it."""
+    def pool_spec(self, name: str, topology: str = "4x4", nodes: int = 4, env_name: str = STANDARD,
+                  capacity: str = "on-demand") -> dict:
+        """A TPU node pool as `gcloud container node-pools create` asks for it
+        (on-demand, or Spot)."""
         e = self.envdata(env_name)
+        extra = {"spot": True} if capacity == "spot" else {}
         return {"name": name, "initialNodeCount": nodes,
-                "config": {"machineType": e.machine_type, "gvnic": {"enabled": True},
+                "config": {"machineType": e.machine_type, "gvnic": {"enabled": True}, **extra,
                            "advancedMachineFeatures": {"threadsPerCore": "1"},
-                           "labels": {"cloud.google.com/gke-networking-dra-driver": "true"},
+                           "labels": {"cloud.google.com/gke-networking-dra-driver": "true",
+                                      "tpu-playbooks/capacity": capacity},
                            "oauthScopes": ["https://www.googleapis.com/auth/cloud-platform"]},
                 "placementPolicy": {"tpuTopology": topology, "type": "COMPACT"},
                 "networkConfig": {"additionalNodeNetworkConfigs": [
@@ -310,15 +314,13 @@ class Cloud:
         """The KSA, the DRANET claim template and a ready RayCluster with its pods,
         from the repository's manifest rendered with the environment's values."""
         e = self.envdata(env_name)
-        from playbooks import manifests, tutorial
-        from playbooks.core.render import render
+        from playbooks import manifests
         if e.namespace != "default":
             self.kube.create("namespaces", {"metadata": {"name": e.namespace}})
         self.kube.create("serviceaccounts", {"metadata": {"name": e.ksa_name, "namespace": e.namespace}})
         if e.mode == "autopilot":
             self.kube.create("computeclasses", manifests.compute_class_doc(e))
-        text = render((ROOT / tutorial.RAYCLUSTER_MANIFEST).read_text(), manifests.raycluster_values(e))
-        for doc in yaml.safe_load_all(text):
+        for doc in manifests.raycluster_docs(e):
             plural = {"RayCluster": "rayclusters", "ResourceClaimTemplate": "resourceclaimtemplates"}[doc["kind"]]
             self.kube.create(plural, doc)
 

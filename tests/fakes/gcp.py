@@ -108,13 +108,15 @@ def changes(req: Request) -> bool:
 
 @dataclass
 class Stockout:
-    """The next create of node pool ``pool`` leaves it in ERROR, like a zone
-    out of TPU capacity. ``op_fails``: the create operation itself ends with
-    the error (gcloud exits 1); otherwise the operation succeeds and the
-    pool is found in ERROR afterwards."""
+    """The next create of node pool ``pool`` (of ``capacity`` only, when
+    given: "spot", "on-demand", "reservation", "flex-start") leaves it in
+    ERROR, like a zone out of TPU capacity. ``op_fails``: the create
+    operation itself ends with the error (gcloud exits 1); otherwise the
+    operation succeeds and the pool is found in ERROR afterwards."""
 
     pool: str
     op_fails: bool = True
+    capacity: str | None = None
     code: str = "GCE_STOCKOUT"
     message: str = ("GCE_STOCKOUT: Instance 'gke-{pool}-xxxx' creation failed: The zone '{zone}' does not have "
                     "enough resources available to fulfill the request. Try a different zone, or try again later.")
@@ -689,6 +691,8 @@ class FakeGcp(Fake):
     def cluster_delete(self, req: Request, p: str, loc: str, name: str) -> dict:
         c = self._cluster(p, loc, name)
         del self.st.clusters[(c["location"], name)]
+        for np in c.get("nodePools") or []:
+            self._release(np)
         if self.kube:
             self.kube.on_delete(c)
         return self._container_op(p, c["location"], "DELETE_CLUSTER", c["selfLink"])
@@ -739,20 +743,98 @@ class FakeGcp(Fake):
             n, s = str(net.get("network")).rsplit("/", 1)[-1], str(net.get("subnetwork")).rsplit("/", 1)[-1]
             if n not in self.st.networks or not any(k[1] == s for k in self.st.subnets):
                 raise fail(400, f"Additional node network {n}/{s} does not exist.")
-        so = next((s for s in self.stockouts if s.pool == name), None)
+        capacity = pool_capacity(spec)
+        so = next((s for s in self.stockouts if s.pool == name and s.capacity in (None, capacity)), None)
         if so is not None:
             self.stockouts.remove(so)
-            msg = so.message.format(pool=name, zone=loc)
+            refusal: tuple[str, str, bool] | None = (so.code, so.message.format(pool=name, zone=loc), so.op_fails)
+        else:
+            refusal = self._refusal(c, spec)
+        if refusal is not None:
+            code, msg, op_fails = refusal
             np = self.add_pool(c["location"], cluster, spec, status="ERROR", message=msg)
-            np["conditions"] = [{"code": so.code, "message": msg, "canonicalCode": "RESOURCE_EXHAUSTED"}]
-            return self._container_op(p, loc, "CREATE_NODE_POOL", np["selfLink"], error=msg if so.op_fails else None)
+            np["conditions"] = [{"code": code, "message": msg, "canonicalCode": "RESOURCE_EXHAUSTED"}]
+            return self._container_op(p, loc, "CREATE_NODE_POOL", np["selfLink"], error=msg if op_fails else None)
         np = self.add_pool(c["location"], cluster, spec)
+        self._hold_reservation(np)
         return self._container_op(p, loc, "CREATE_NODE_POOL", np["selfLink"], latency="nodepool", resource=np)
+
+    # What a TPU pool's create meets besides a stockout: a reservation with
+    # too few free hosts (its hosts are held while the pool lives), a quota
+    # its chips would exceed (QUOTA_OF; counted over every pool of the region).
+    def _refusal(self, c: dict, spec: dict) -> tuple[str, str, bool] | None:
+        chips = pool_chips(spec)
+        if not chips:
+            return None
+        capacity, region = pool_capacity(spec), _region(c["location"])
+        instance = f"Instance 'gke-{c['name']}-{spec.get('name')}-{_id()[-4:]}' creation failed"
+        if capacity == "reservation":
+            key = self._reservation_key(c, spec)
+            r = self.st.reservations.get(key) if key else None
+            spec_r = (r or {}).get("specificReservation") or {}
+            free = int(spec_r.get("count", 0)) - int(spec_r.get("inUseCount", 0))
+            if r is None or r.get("status") != "READY" or free < int(spec.get("initialNodeCount") or 0):
+                return ("GCE_STOCKOUT", f"TPU: the nodes cannot be created now due to lack of capacity in your "
+                                        f"reservation {key[2] if key else '?'}. {instance}.", True)
+            return None
+        if capacity not in QUOTA_OF:
+            return None
+        qid, metric = QUOTA_OF[capacity]
+        limit = self.quota_limit(qid, region)
+        used = sum(pool_chips(np) for (loc, _), cl in self.st.clusters.items()
+                   for np in cl["nodePools"] if np.get("status") != "ERROR" and pool_capacity(np) == capacity
+                   and _region(loc) == region)
+        if limit is not None and 0 <= limit < used + chips:
+            return ("GCE_QUOTA_EXCEEDED", f"{instance}: Quota '{metric}' exceeded. Limit: {limit}.0 in region "
+                                          f"{region}.", True)
+        return None
+
+    def quota_limit(self, quota_id: str, region: str) -> int | None:
+        """The value in force for a region: its own entry, else the default."""
+        info = self.st.quotas.get(quota_id)
+        if info is None:
+            return None
+        best = None
+        for d in info["dimensionsInfos"]:
+            dims = d.get("dimensions") or {}
+            if dims.get("region", region) == region and (best is None or len(dims) > len(best[0])):
+                best = (dims, int(d["details"]["value"]))
+        return None if best is None else best[1]
+
+    def _reservation_key(self, c: dict, spec: dict) -> tuple[str, str, str] | None:
+        values = ((spec.get("config") or {}).get("reservationAffinity") or {}).get("values") or []
+        if not values:
+            return None
+        m = re.match(r"^projects/([^/]+)/reservations/([^/]+)$", values[0])
+        owner, name = (m.group(1), m.group(2)) if m else (self.project, values[0])
+        zone = (c.get("locations") or [c["location"]])[0]
+        return (owner, zone, name)
+
+    def _hold_reservation(self, np: dict) -> None:
+        """A pool that consumes a reservation holds its hosts until it goes."""
+        if pool_capacity(np) != "reservation":
+            return
+        c = next(cl for cl in self.st.clusters.values() if np in cl["nodePools"])
+        key = self._reservation_key(c, np)
+        r = self.st.reservations.get(key) if key else None
+        if r is not None:
+            spec = r["specificReservation"]
+            hosts = int(np.get("initialNodeCount") or 0)
+            spec["inUseCount"] = str(int(spec["inUseCount"]) + hosts)
+            np["_reservation"] = (key, hosts)
+
+    def _release(self, np: dict) -> None:
+        key, hosts = np.pop("_reservation", (None, 0))
+        r = self.st.reservations.get(key) if key else None
+        if r is not None:
+            spec = r["specificReservation"]
+            spec["inUseCount"] = str(max(0, int(spec["inUseCount"]) - hosts))
 
     def pool_delete(self, req: Request, p: str, loc: str, cluster: str, name: str) -> dict:
         c = self._cluster(p, loc, cluster)
         np = self._pool(c, name)
         c["nodePools"].remove(np)
+        self._release(np)
         if self.kube:
             self.kube.on_pool(name, 0)
         return self._container_op(p, loc, "DELETE_NODE_POOL", np["selfLink"])
@@ -942,6 +1024,35 @@ def _rfc3339(text: Any) -> datetime | None:
     except ValueError:
         return None
     return t if t.tzinfo else t.replace(tzinfo=UTC)
+
+
+# The quota (Cloud Quotas id, Compute Engine metric) a pool of each capacity
+# consumes: Spot the preemptible v6e quota, on-demand TPUS_PER_TPU_FAMILY.
+QUOTA_OF = {"spot": ("PREEMPTIBLE-TPU-V6E-per-project-region", "PREEMPTIBLE_TPU_V6E"),
+            "on-demand": ("TPUS-PER-TPU-FAMILY-per-project-region", "TPUS_PER_TPU_FAMILY")}
+
+
+def _region(location: str) -> str:
+    """us-east5-b -> us-east5; a region is itself."""
+    return location.rsplit("-", 1)[0] if location.count("-") > 1 else location
+
+
+def pool_capacity(spec: dict) -> str:
+    """The capacity option of a node pool (as asked of the API, or as it shows)."""
+    cfg = spec.get("config") or {}
+    if cfg.get("flexStart"):
+        return "flex-start"
+    if cfg.get("spot") or cfg.get("preemptible"):
+        return "spot"
+    if (cfg.get("reservationAffinity") or {}).get("consumeReservationType") == "SPECIFIC_RESERVATION":
+        return "reservation"
+    return "on-demand"
+
+
+def pool_chips(spec: dict) -> int:
+    """The TPU chips a pool's nodes hold (ct6e-standard-4t: 4 per node)."""
+    m = re.match(r"^ct\w+-(\d+)t$", str((spec.get("config") or {}).get("machineType", "")))
+    return int(m.group(1)) * int(spec.get("initialNodeCount") or 0) if m else 0
 
 
 def _b64(data: bytes) -> str:
