@@ -202,9 +202,7 @@ class Watch:
                 hung = e
             elif e.get("kind") == "worker_resumed":
                 hung = None
-        if hung is None:
-            return None
-        return f"{hung.get('by', '?')}: {hung.get('cause') or hung['kind'].replace('_', ' ')}"
+        return timeline.who(hung) if hung is not None else None
 
     def pods(self) -> None:
         """The worker pods now, against the last look: new ones scheduled,
@@ -213,7 +211,7 @@ class Watch:
         now = {p["metadata"]["name"]: p for p in pods if k8s.is_worker(p)}
         if self._pods is not None:
             chaos = {e.get("pod") for e in self.f.job_events() if e.get("source") == "chaos"}
-            found = k8s.pod_changes(self._pods, now, events, self.clock())
+            found = k8s.pod_changes(self._pods, now, events, self.clock(), self.env.capacity)
             self.f.add([dict(e, job=self.f.sid) for e in found
                         if not (e["kind"] == "worker_lost" and e.get("pod") in chaos)])
         self._pods = now

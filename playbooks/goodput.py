@@ -37,6 +37,8 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+from .timeline import who
+
 CAUSES = ("scheduling", "startup", "compile", "checkpoint", "detection", "restart", "restore", "replayed", "stall",
           "other")
 PRODUCTIVE = "productive"
@@ -55,15 +57,6 @@ def _num(v: Any) -> float | None:
 def _step(e: dict) -> int | None:
     s = e.get("step")
     return s if isinstance(s, int) and not isinstance(s, bool) else None
-
-
-def _who(e: dict) -> str:
-    """What lost a worker, in a few words."""
-    by = e.get("by") or e.get("kind", "?")
-    what = e.get("host") or e.get("pod") or e.get("node")
-    cause = e.get("cause") or e.get("error")
-    text = f"{by}" + (f" ({what})" if what else "")
-    return text + (f": {cause}" if cause and cause != by else "")
 
 
 def account(events: Iterable[dict], run: str | None = None, now: float | None = None) -> dict:
@@ -125,11 +118,14 @@ def _account(events: Iterable[dict], run: str | None, now: float | None) -> tupl
             phase, last_step_t = "scheduling", None
         elif kind in ("workers_started", "workers_restarted"):
             phase, last_step_t = ("startup" if open_ is None else "restart"), None
+        elif kind in ("worker_started", "jax_initialized") and phase == "scheduling":
+            # The trainer's own time of a group's start (Ray's line is stamped when read).
+            phase = "startup" if open_ is None else "restart"
         elif kind in LOSSES:
             if stall is not None and kind != "resize":
                 close_stall(t)
             if open_ is None:
-                open_ = {"kind": kind, "t": t, "by": _who(e), "lost_at_step": last_step, "restored_from_step": None,
+                open_ = {"kind": kind, "t": t, "by": who(e), "lost_at_step": last_step, "restored_from_step": None,
                          "replayed_steps": None, "recover_s": None, "failures": 0}
                 if kind == "worker_lost":
                     phase = "detection"
@@ -164,11 +160,11 @@ def _account(events: Iterable[dict], run: str | None, now: float | None) -> tupl
         elif kind == "stall_started":
             since = _num(e.get("since")) or t
             if stall is None:
-                inc = {"kind": "stall", "t": since, "by": "stall", "lost_at_step": last_step,
+                inc = {"kind": "stall", "t": since, "by": "no cause recorded", "lost_at_step": last_step,
                        "restored_from_step": None, "replayed_steps": 0, "recover_s": None, "failures": 0}
                 hung = [h for h in evs[:i] if h.get("kind") == "worker_hung" and since - 60 <= float(h["t"]) <= t]
                 if hung:
-                    inc["by"] = f"stall: {_who(hung[-1])}"
+                    inc["by"] = who(hung[-1])
                 incidents.append(inc)
                 stall = {"since": since, "incident": inc}
         elif kind == "stall_ended":

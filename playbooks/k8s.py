@@ -164,7 +164,11 @@ def causes_fact(env: Environment) -> Fact:
 SLICE_LABELS = ("ray.io/worker-group-replica-name", "ray.io/worker-group-replica-index", "replicaIndex")
 _PREEMPTION = re.compile(r"(preempt|spot|impending-node-termination|ShutdownGracePeriod|flex-start)", re.I)
 _MAINTENANCE = re.compile(r"(upgrad|maintenance|drain|NodePoolUpdate|auto-repair|repair)", re.I)
-_NODE_GONE = re.compile(r"(NodeLost|NodeNotReady|NodeShutdown|DeletionByPodGC|DeletionByTaintManager|"
+# The kubelet's graceful node shutdown (a Spot VM preempted, a node stopped
+# for maintenance): DisruptionTarget TerminationByKubelet, "Pod was
+# terminated in response to imminent node shutdown."
+_SHUTDOWN = re.compile(r"(TerminationByKubelet|imminent node shutdown|NodeShutdown)", re.I)
+_NODE_GONE = re.compile(r"(NodeLost|NodeNotReady|DeletionByPodGC|DeletionByTaintManager|"
                         r"node .*(not found|deleted|not ready|unreachable)|Node is not ready|TaintManagerEviction)",
                         re.I)
 
@@ -205,9 +209,11 @@ def failing(pod: dict) -> bool:
                 or (dt and dt.get("status") == "True"))
 
 
-def loss(pod: dict, events: list[dict]) -> tuple[str, str]:
+def loss(pod: dict, events: list[dict], capacity: str = "on-demand") -> tuple[str, str]:
     """(by, cause) of a worker pod lost: a preemption, maintenance, a node
-    gone, a failed pod, or deleted; its cause in Kubernetes' words."""
+    gone, a failed pod, or deleted; its cause in Kubernetes' words. A node
+    shut down is a preemption on Spot or flex-start capacity, else
+    maintenance."""
     st = pod.get("status") or {}
     dt = _conditions(pod).get("DisruptionTarget") or {}
     texts = []
@@ -227,6 +233,8 @@ def loss(pod: dict, events: list[dict]) -> tuple[str, str]:
         by = "preemption"
     elif _MAINTENANCE.search(joined):
         by = "maintenance"
+    elif _SHUTDOWN.search(joined):
+        by = "preemption" if capacity in ("spot", "flex-start") else "maintenance"
     elif _NODE_GONE.search(joined):
         by = "node gone"
     elif st.get("phase") == "Failed" or any(t.startswith("container ") for t in texts):
@@ -236,7 +244,8 @@ def loss(pod: dict, events: list[dict]) -> tuple[str, str]:
     return by, (texts[0] if texts else "the pod was deleted (no cause recorded)")
 
 
-def pod_changes(before: dict[str, dict], now: dict[str, dict], events: list[dict], t: float) -> list[dict]:
+def pod_changes(before: dict[str, dict], now: dict[str, dict], events: list[dict], t: float,
+                capacity: str = "on-demand") -> list[dict]:
     """Timeline events from two looks at the worker pods (name -> pod):
     ``scheduled`` (a pod placed on a node: its slice, its node) and
     ``worker_lost`` (a pod going away, failed or restarted; what did it)."""
@@ -262,14 +271,14 @@ def pod_changes(before: dict[str, dict], now: dict[str, dict], events: list[dict
             out.append(base("scheduled", p, _rfc3339(sched.get("lastTransitionTime"))))
         restarted = same and _restarts(p) > _restarts(old)
         if (failing(p) and not (same and failing(old))) or (restarted and not failing(p)):
-            by, cause = loss(p, by_pod.get(name, []))
+            by, cause = loss(p, by_pod.get(name, []), capacity)
             if restarted and by == "deleted":
                 by, cause = "pod failed", f"a container restarted ({_restarts(p)} restarts)"
             dt = _conditions(p).get("DisruptionTarget") or {}
             out.append(dict(base("worker_lost", p, _rfc3339(dt.get("lastTransitionTime"))), by=by, cause=cause))
     for name, p in before.items():
         if (name not in now or uid(now[name]) != uid(p)) and not failing(p):
-            by, cause = loss(p, by_pod.get(name, []))
+            by, cause = loss(p, by_pod.get(name, []), capacity)
             out.append(dict(base("worker_lost", p, None), by=by,
                             cause=cause if by != "deleted" else "the pod is gone (no cause recorded)"))
     return out

@@ -106,6 +106,14 @@ def append(env: Any, run: str, events: Iterable[dict]) -> None:
         hosts.this_machine().append(str(path(env, run)), data.encode())
 
 
+def who(e: dict) -> str:
+    """What did it, in a few words: by whom (where): its cause."""
+    by = e.get("by") or e.get("kind", "?")
+    where = e.get("host") or e.get("pod") or e.get("node")
+    cause = e.get("cause") or e.get("error")
+    return f"{by}" + (f" ({where})" if where else "") + (f": {cause}" if cause and cause != by else "")
+
+
 def event(kind: str, source: str, step: int | None = None, t: float | None = None, **fields: Any) -> dict:
     return {"t": round(time.time() if t is None else t, 3), "kind": kind, "step": step, "source": source, **fields}
 

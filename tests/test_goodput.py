@@ -51,6 +51,13 @@ def test_a_clean_run_each_second_has_one_cause_and_they_add_up():
     assert r["goodput_pct"] == pytest.approx(100 * r["productive_s"] / 37, abs=0.01)
 
 
+def test_a_worker_group_starts_at_the_trainers_time_not_when_rays_line_is_read():
+    events = [ev(0, "submitted"), ev(9, "jax_initialized"), ev(10, "workers_started", workers=2),
+              *steps(0, 3, 20), ev(24, "job_end")]
+    r = goodput.account(events, "run")
+    assert r["badput_s"]["scheduling"] == 9.0 and r["badput_s"]["startup"] == 10.0
+
+
 def incident(t: float, lost_by: str = "chaos", restored: int = 10, first: int = 11, upto: int = 20) -> list[dict]:
     """A worker lost at t; Ray Train's failure at t+5; a new group at t+20;
     restore t+25..t+26; compile t+27..t+37; step ``first`` at t+38 (12 s),
@@ -225,3 +232,41 @@ def test_a_log_read_again_from_its_start_adds_nothing_twice(tmp_path, monkeypatc
     assert len(timeline.Writer(Env(), "run", "run-1", since=1000.0).events) == 9
     assert timeline.Writer(Env(), "run", "run-1").events == []
     assert len(timeline.Writer(Env(), "run", "run-2").events) == 9
+
+
+# -- the pod watch (GKE): what lost a worker, in Kubernetes' words ------------------------------
+def pod(name: str, uid: str = "u1", node: str | None = "gke-tpu-1", **status) -> dict:
+    return {"metadata": {"name": name, "uid": uid, "labels": {"ray.io/node-type": "worker",
+                                                                "ray.io/worker-group-replica-name": "tpu-group-x1"}},
+            "spec": {"nodeName": node},
+            "status": {"phase": "Running", "conditions": [
+                {"type": "PodScheduled", "status": "True", "lastTransitionTime": "2026-12-01T10:00:00Z"}], **status}}
+
+
+def test_the_pod_watch_says_a_pod_scheduled_and_what_lost_one():
+    from playbooks import k8s
+    a, b, c = pod("w-a"), pod("w-b", "u2"), pod("w-c", "u3", node=None, phase="Pending")
+    assert k8s.pod_changes({}, {"w-a": a}, [], 5.0)[0]["kind"] == "scheduled"  # a first look sees it placed
+    # Spot: the kubelet shut the node down (GKE's graceful node shutdown).
+    shut = pod("w-a", deletionTimestamp="2026-12-01T10:05:00Z", reason="Terminated",
+               message="Pod was terminated in response to imminent node shutdown.")
+    shut["status"]["conditions"].append({"type": "DisruptionTarget", "status": "True", "reason": "TerminationByKubelet",
+                                         "message": "Pod was terminated in response to imminent node shutdown.",
+                                         "lastTransitionTime": "2026-12-01T10:04:59Z"})
+    [lost] = k8s.pod_changes({"w-a": a}, {"w-a": shut}, [], 100.0, capacity="spot")
+    assert (lost["kind"], lost["by"], lost["pod"], lost["slice"]) == ("worker_lost", "preemption", "w-a", "tpu-group-x1")
+    assert "TerminationByKubelet" in lost["cause"] and lost["t"] == 1796119499.0
+    assert k8s.pod_changes({"w-a": a}, {"w-a": shut}, [], 100.0)[0]["by"] == "maintenance"  # on-demand
+    assert k8s.pod_changes({"w-a": shut}, {"w-a": shut}, [], 101.0) == []  # said once
+    # A container that failed; a pod gone with its node; a new pod scheduled.
+    oom = pod("w-b", "u2", phase="Failed", containerStatuses=[
+        {"name": "ray-worker", "restartCount": 0, "state": {"terminated": {"reason": "OOMKilled", "exitCode": 137}}}])
+    [failed] = k8s.pod_changes({"w-b": b}, {"w-b": oom}, [], 100.0)
+    assert failed["by"] == "pod failed" and failed["cause"] == "container ray-worker OOMKilled (exit code 137)"
+    gone = k8s.pod_changes({"w-b": b}, {}, [{"involvedObject": {"name": "w-b"}, "type": "Warning",
+                                             "reason": "NodeNotReady", "message": "Node is not ready"}], 100.0)
+    assert [(e["by"], e["cause"]) for e in gone] == [("node gone", "NodeNotReady: Node is not ready")]
+    assert k8s.pod_changes({"w-b": b}, {}, [], 100.0)[0]["by"] == "deleted"
+    placed = pod("w-c", "u3", node="gke-tpu-2")
+    [s] = k8s.pod_changes({"w-c": c}, {"w-c": placed}, [], 100.0)
+    assert (s["kind"], s["node"], s["slice"]) == ("scheduled", "gke-tpu-2", "tpu-group-x1")

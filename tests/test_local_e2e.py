@@ -263,7 +263,8 @@ def test_a_hung_worker_is_a_stall_reported_within_stall_after_and_a_heartbeat(ru
     assert "changed: [chaos : resume the training worker] resumed the training worker" in run.hang
     # One stall, said once, with what was done to the worker, and its end.
     stalls = re.findall(r"^stalled: no step since \d\d:\d\d \((\d+) s; last step (\d+); p90 step ([\d.]+) s\)\n"
-                        r"  why: chaos: chaos.hang-worker: SIGSTOP", run.out, re.M)
+                        r"  why: chaos \(tpu-group-\d-0\): SIGSTOP of its training worker, pid \d+ \(chaos.hang-worker\)$",
+                        run.out, re.M)
     assert len(stalls) == 1, run.out[-6000:]
     assert re.search(r"^stall ended: step \d+ after \d+ s without a step$", run.out, re.M)
     evs = events()

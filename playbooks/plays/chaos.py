@@ -41,7 +41,7 @@ def delete_step(env: Environment) -> Step:
         if pod is ABSENT:
             return fail(f"no pod labelled {T.WORKER_SELECTOR} in namespace {env.namespace}: is the RayCluster up?")
         return change(kube(env, "delete", "pod", pod, "--namespace", env.namespace),
-                      record(env, "worker_lost", pod=pod, by="chaos", cause=f"chaos.delete-worker: pod {pod} deleted"),
+                      record(env, "worker_lost", pod=pod, by="chaos", cause="the pod deleted (chaos.delete-worker)"),
                       reason=f"deleted pod {pod}", found=f"pod {pod} running")
 
     return Step("chaos", "delete one Ray TPU worker pod", decide, id="chaos:delete", after=("kube:credentials",))
@@ -87,10 +87,11 @@ def hang_steps(env: Environment, restore_after: float) -> list[Step]:
         if restore_after > 0:
             then = (Action(f"sleep {restore_after:g}", lambda: time.sleep(restore_after)),
                     signal_workers(env, pod, "CONT"),
-                    record(env, "worker_resumed", pod=pod, by="chaos", cause=f"SIGCONT after {restore_after:g}s"))
+                    record(env, "worker_resumed", pod=pod, by="chaos",
+                           cause=f"SIGCONT after {restore_after:g}s (chaos.hang-worker)"))
         return change(signal_workers(env, pod, "STOP"),
                       record(env, "worker_hung", pod=pod, by="chaos",
-                             cause=f"chaos.hang-worker: SIGSTOP of the training worker in pod {pod}"), *then,
+                             cause="SIGSTOP of its training worker (chaos.hang-worker)"), *then,
                       reason=f"stopped the training worker in pod {pod}" + (
                           f", resumed it after {restore_after:g}s" if restore_after > 0 else
                           f" (left stopped: `{signal_workers(env, pod, 'CONT').line()}` resumes it)"),

@@ -171,7 +171,7 @@ def chaos_steps(env: Environment, restore_after: float) -> list[Step]:
             if look(running[h.name]):
                 return change(kill(pidfile(env, h.name)),
                               record(env, "worker_lost", host=h.name, by="chaos",
-                                     cause=f"chaos.delete-worker: SIGKILL of TPU host {h.name}'s Ray node"),
+                                     cause="SIGKILL of its Ray node (chaos.delete-worker)"),
                               reason=f"killed TPU host {h.name}",
                               would=f"kill TPU host {h.name}", found=f"TPU host {h.name} running")
         return fail("no simulated TPU host is running: run `invoke up` first")
@@ -234,8 +234,7 @@ def hang_steps(env: Environment, restore_after: float) -> list[Step]:
         pids = [str(w["pid"]) for w in ws]
         return change(Command(("kill", "-STOP", *pids)),
                       record(env, "worker_hung", host=host, pids=pids, by="chaos",
-                             cause=f"chaos.hang-worker: SIGSTOP of TPU host {host}'s training worker "
-                                   f"(pid {', '.join(pids)})"),
+                             cause=f"SIGSTOP of its training worker, pid {', '.join(pids)} (chaos.hang-worker)"),
                       reason=f"froze the training worker of TPU host {host} (pid {', '.join(pids)}, SIGSTOP); its "
                              f"Ray node stays up", would=f"freeze the training worker of TPU host {host}",
                       found=f"pid {', '.join(pids)} running")
@@ -255,7 +254,7 @@ def hang_steps(env: Environment, restore_after: float) -> list[Step]:
             return change(Action(f"sleep {restore_after:g}", lambda: time.sleep(restore_after)),
                           Command(("kill", "-CONT", *pids)),
                           record(env, "worker_resumed", host=h, pids=pids, by="chaos",
-                                 cause=f"SIGCONT after {restore_after:g}s"),
+                                 cause=f"SIGCONT after {restore_after:g}s (chaos.hang-worker)"),
                           reason=f"resumed the training worker of TPU host {h} after {restore_after:g}s (SIGCONT)",
                           would=f"resume it after {restore_after:g}s", found=f"pid {', '.join(pids)} frozen")
 
