@@ -145,7 +145,12 @@ class Watch:
             self.thread.join(timeout=self.interval + 30)
 
     def _run(self) -> None:
-        while not self._stop.wait(self.interval):
+        # At a fixed rate: a look that takes a while does not push the next one back.
+        beat = time.monotonic()
+        while True:
+            beat += self.interval
+            if self._stop.wait(max(0.0, beat - time.monotonic())):
+                return
             try:
                 self.tick()
             except PlaybookError as e:  # a look that failed: said, and tried again next time
@@ -165,10 +170,12 @@ class Watch:
             f.timeline.others()
         if self.env.kind != "local":
             self.pods()
-        if self.status() != "RUNNING" or f.stalled is not None:
+        if not any(e.get("kind") == "submitted" for e in f.job_events()):
+            self.status()  # its start time, once the job is listed
+        if f.stalled is not None:
             return
         s = stall.check(f.job_events(), self.clock(), self.env.stall_after)
-        if s is None:
+        if s is None or self.status() != "RUNNING":
             return
         with f.lock:
             if f.stalled is not None:
