@@ -108,6 +108,10 @@ def append(env: Any, run: str, events: Iterable[dict]) -> None:
 
 def who(e: dict) -> str:
     """What did it, in a few words: by whom (where): its cause."""
+    if e.get("kind") == "resize":
+        return f"Ray Train resized the worker group {e.get('workers_from', '?')} -> {e.get('workers', '?')}"
+    if e.get("kind") == "failure":
+        return f"Ray Train's failure policy: {e.get('decision', '?')}" + (f" ({e['error']})" if e.get("error") else "")
     by = e.get("by") or e.get("kind", "?")
     where = e.get("host") or e.get("pod") or e.get("node")
     cause = e.get("cause") or e.get("error")

@@ -270,3 +270,77 @@ def test_the_pod_watch_says_a_pod_scheduled_and_what_lost_one():
     placed = pod("w-c", "u3", node="gke-tpu-2")
     [s] = k8s.pod_changes({"w-c": c}, {"w-c": placed}, [], 100.0)
     assert (s["kind"], s["node"], s["slice"]) == ("scheduled", "gke-tpu-2", "tpu-group-x1")
+
+
+# -- the watch beside a followed job ------------------------------------------------------------
+class FakeContext:
+    """What a follower asks of its step: the mode, a look at the job, a
+    command run, lines said."""
+
+    acting = True
+
+    def __init__(self, status: str = "RUNNING"):
+        self.said: list[str] = []
+        self.ran: list[str] = []
+        self.status = status
+
+    def echo(self, line: str) -> None:
+        self.said.append(line)
+
+    def note(self, text: str) -> None:
+        self.said.append(f"note {text}")
+
+    def peek(self, fact) -> dict:
+        return {"status": self.status, "start_time": (T0 - 100) * 1000}
+
+    def act(self, command) -> None:
+        self.ran.append(command.line())
+
+
+class WatchedEnv:
+    name, kind = "e", "local"
+
+    def __init__(self, stall_after: int | None, stall_action: str):
+        self.stall_after, self.stall_action = stall_after, stall_action
+
+
+@pytest.mark.parametrize("action", ["report", "stop"])
+def test_a_stalled_job_is_said_once_with_its_cause_and_stopped_when_asked(tmp_path, monkeypatch, action):
+    from playbooks import follow, paths
+    monkeypatch.setattr(paths, "here", lambda rel: tmp_path / rel)
+    ctx, env = FakeContext(), WatchedEnv(30, action)
+    f = follow.Follower(ctx, env, "run", "run-1")
+    lines = [f"(RayTrainWorker pid=1) trainer event: {json.dumps(e)}"
+             for e in start() + steps(1, 5, 27)]
+    for line in lines:
+        f.line(line)
+    timeline.append(env, "run", [ev(32, "worker_hung", by="chaos", host="tpu-group-1-0",
+                                    cause="SIGSTOP of its training worker, pid 7 (chaos.hang-worker)")])
+    now = [T0 + 40.0]
+    w = follow.Watch(f, "http://127.0.0.1:8265", None, 1.0, clock=lambda: now[0])
+    w.tick()
+    assert not [s for s in ctx.said if s.startswith("stalled")]  # 9 s without a step: not yet
+    now[0] = T0 + 31 + 30
+    w.tick()
+    w.tick()
+    stalled = [s for s in ctx.said if s.startswith("stalled")]
+    assert len(stalled) == 1 and stalled[0].endswith("(30 s; last step 5; p90 step 1.0 s)")
+    assert "  why: chaos (tpu-group-1-0): SIGSTOP of its training worker, pid 7 (chaos.hang-worker)" in ctx.said
+    assert ctx.ran == (["ray job stop --address http://127.0.0.1:8265 run-1"] if action == "stop" else [])
+    assert f.stopped == (action == "stop")
+    f.line(f"(RayTrainWorker pid=1) trainer event: {json.dumps(ev(70, 'step', 6, seconds=39.0))}")
+    assert ctx.said[-1] == "stall ended: step 6 after 39 s without a step"
+    kinds = [e["kind"] for e in timeline.read(env, "run")]
+    assert kinds.count("stall_started") == 1 and kinds.count("stall_ended") == 1
+    assert ("stopped" in kinds) == (action == "stop") and "submitted" in kinds
+
+
+def test_a_job_that_is_not_running_is_not_stalled(tmp_path, monkeypatch):
+    from playbooks import follow, paths
+    monkeypatch.setattr(paths, "here", lambda rel: tmp_path / rel)
+    ctx, env = FakeContext(status="PENDING"), WatchedEnv(30, "stop")
+    f = follow.Follower(ctx, env, "run", "run-1")
+    for e in start():
+        f.line(f"trainer event: {json.dumps(e)}")
+    follow.Watch(f, "http://127.0.0.1:8265", None, 1.0, clock=lambda: T0 + 10_000).tick()
+    assert ctx.said == [] and ctx.ran == []

@@ -37,7 +37,7 @@ HEARTBEAT = 3
 # The hang phase: a stall is no step for STALL_AFTER seconds (this
 # environment's stall_after); the frozen worker is resumed after HANG_FOR.
 STALL_AFTER = 20
-HANG_FOR = 35
+HANG_FOR = 30
 EVENTS = ROOT / ".state" / ENV / "training" / RUN / "events.jsonl"
 
 
@@ -107,13 +107,13 @@ def run(local, tmp_path_factory) -> Run:
                            env=local.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     seen: list[str] = []
 
-    def wait_for(pattern: str, minutes: float = 10) -> None:
+    def wait_for(pattern: str, minutes: float = 10) -> re.Match:
         deadline = time.monotonic() + minutes * 60
         assert job.stdout is not None
         for line in job.stdout:
             seen.append(line)
-            if re.search(pattern, line):
-                return
+            if (m := re.search(pattern, line)):
+                return m
             assert time.monotonic() < deadline, f"no {pattern!r} within {minutes} minutes"
         pytest.fail(f"the job ended before {pattern!r}:\n{''.join(seen)[-4000:]}")
 
@@ -126,12 +126,15 @@ def run(local, tmp_path_factory) -> Run:
         rc, r.restore = local("up", timeout=300)
         assert rc == 0, r.restore
         # -- the hang phase (issue 21): once the job has grown back to two
-        # workers and made a step, one worker's trainer is frozen
-        # (chaos.hang-worker: SIGSTOP, its Ray node left up) and resumed
-        # HANG_FOR seconds later. The follower must say "stalled" within
-        # stall_after plus a heartbeat, and the job goes on.
+        # workers, one worker's trainer is frozen (chaos.hang-worker:
+        # SIGSTOP, its Ray node left up) and resumed HANG_FOR seconds later.
+        # The follower must say "stalled" within stall_after plus a
+        # heartbeat, and the job goes on. Frozen after the regrown group's
+        # first save: by then its collectives are set up (setting one up
+        # waits 30 s at most for the other worker; a running one waits).
         wait_for(r"Started training worker group of size 2")
-        wait_for(r"completed step: \d+")
+        restored = int(wait_for(r"restoring from this run's directory step (\d+)").group(1))
+        wait_for(rf"completed step: {min(restored + 11, STEPS - 5)},")
         hang = subprocess.Popen([INVOKE, "-r", str(ROOT), "chaos.hang-worker", f"--restore-after={HANG_FOR}"],
                                 cwd=local.dir, env=local.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True)
