@@ -298,7 +298,7 @@ class FakeContext:
 
 
 class WatchedEnv:
-    name, kind = "e", "local"
+    name, kind, ray_ip, dashboard_port = "e", "local", "127.0.0.1", 8265
 
     def __init__(self, stall_after: int | None, stall_action: str):
         self.stall_after, self.stall_action = stall_after, stall_action
@@ -344,3 +344,30 @@ def test_a_job_that_is_not_running_is_not_stalled(tmp_path, monkeypatch):
         f.line(f"trainer event: {json.dumps(e)}")
     follow.Watch(f, "http://127.0.0.1:8265", None, 1.0, clock=lambda: T0 + 10_000).tick()
     assert ctx.said == [] and ctx.ran == []
+
+
+def test_status_says_a_running_job_is_stalled_from_its_log_and_its_chaos(tmp_path, monkeypatch):
+    """`invoke status` reads the job's log (the trainer's events carry their
+    time; Ray's lines, stamped when read, do not count) and what the chaos
+    tasks recorded in the run's timeline."""
+    from playbooks import paths, status
+    from playbooks.core.facts import Completed
+    monkeypatch.setattr(paths, "here", lambda rel: tmp_path / rel)
+    now = time.time()
+
+    def log(events: list[dict]) -> Completed:
+        text = "\n".join(["(TrainController pid=9) Started training worker group of size 2:"]
+                         + [f"(RayTrainWorker pid=1) trainer event: {json.dumps(dict(e, t=now - 100 + e['t'] - T0))}"
+                            for e in events])
+        return Completed("ray job logs ...", 0, text, "")
+
+    env = WatchedEnv(30, "report")
+    fact = status.stall_fact(env, "run-1")
+    line = fact.parse(log(start() + steps(1, 5, 27)))  # the last step 100 - 31 = 69 s ago
+    assert line.startswith("stalled: no step since ") and line.endswith("(1 min; last step 5; p90 step 1.0 s)")
+    assert fact.parse(log(start() + steps(1, 5, 27) + [ev(95, "step", 6, seconds=1.0)])) == ""
+    # A worker lost (recorded by chaos) 10 s ago: the job is recovering, not stalled.
+    timeline.append(env, "run", [timeline.event("worker_lost", "chaos", t=now - 10, job="run-1", by="chaos")])
+    assert fact.parse(log(start() + steps(1, 5, 27))) == ""
+    with pytest.raises(Exception, match="could not read it"):
+        fact.parse(Completed("ray job logs ...", 1, "", "RuntimeError: no such job"))
