@@ -36,6 +36,7 @@ def logs_step(env: Environment, run: str | None, follow: bool) -> Step:
                 return Outcome(OK, f"would show the log of the newest job of {which}")
             return Outcome(FAILED, f"no job of {f'run {run}' if run else 'any run'} at {addr}")
         sid = str(mine[-1]["submission_id"])
+        f: Follower | None = None
         if not follow:
             done = ctx.stream(job_logs_command(addr, sid, follow), ctx.echo)
         else:
@@ -51,7 +52,7 @@ def logs_step(env: Environment, run: str | None, follow: bool) -> Step:
         if done is not None and not done.ok:
             return Outcome(FAILED, f"could not read the log of job {sid}: `ray job logs` exited {done.rc}")
         final = ctx.look(job_fact(addr, sid, via), fresh=True)
-        if follow and done is not None:
+        if f is not None and done is not None:
             f.ended(final)
         status = final.get("status") if isinstance(final, dict) else "UNKNOWN"
         if status in ("FAILED", "STOPPED"):
