@@ -190,6 +190,43 @@ def delete_worker(c, restore_after="60"):
         s.run("chaos", plan.chaos_steps(s.env, seconds("--restore-after", restore_after)), parallel=False)
 
 
+@task(help={"restore_after": "seconds before the frozen worker is resumed (default 60; 0: never)"})
+def hang_worker(c, restore_after="60"):
+    """Freeze one worker's trainer (SIGSTOP; local: one simulated host's), resume it after --restore-after: a stall."""
+    from playbooks import plan
+
+    with clean_errors():
+        s = open_session(c.config, "chaos")
+        s.run("chaos", plan.hang_steps(s.env, seconds("--restore-after", restore_after)), parallel=False)
+
+
+@task(help={"run": "the run (its run_name); default: the newest run with a timeline",
+            "json": "print it as one JSON object (run, wall_s, productive_s, goodput_pct, badput_s, incidents)"})
+def goodput(c, run="", json_=False):
+    """What each second of a run went to: productive steps, badput by cause, each incident (read-only)."""
+    import json
+
+    from playbooks import goodput as gp
+    from playbooks.core.recap import Reporter
+    from playbooks.core.runner import Mode
+    from playbooks.plays import logs as lg
+    from playbooks.session import Failed
+
+    with clean_errors():
+        lines: list[str] = []
+        s = open_session(c.config, "goodput", reporter=Reporter(lines.append), read_only=True)
+        step = lg.goodput_step(s.env, _run_flag(run))
+        if s.mode is Mode.DRY:
+            s.book.reporter = Reporter()
+            s.run("goodput", [step])
+            return
+        recap = s.book.run(f"goodput {s.env.name}", [step])
+        report = recap.data("goodput:report")
+        if report is None:
+            raise Failed(f"goodput: {recap.results[0].reason if recap.results else 'not run'}")
+        print(json.dumps(report) if json_ else "\n".join(gp.lines(report)))
+
+
 @task(help={"yes": "do not ask for confirmation"})
 def teardown(c, yes=False):
     """§10 Delete the RayCluster, the cluster, the bucket, the subnets and networks (a second run is a no-op)."""
@@ -252,9 +289,10 @@ def doctor(c):
 
 chaos = Collection("chaos")
 chaos.add_task(delete_worker)
+chaos.add_task(hang_worker)
 
 ns = Collection(capacity, prereqs, network, cluster, nodepools, storage, raycluster, dashboard, up, status, train,
-                preflight, logs, metrics, teardown, doctor)
+                preflight, logs, metrics, goodput, teardown, doctor)
 ns.add_collection(chaos)
 # Defaults of None (not 4, not "apply"): Invoke converts an INVOKE_PLAYBOOK_*
 # variable to its default's type, and int("abc") would be its traceback;

@@ -120,9 +120,12 @@ def gcloud(*args: str, project: str | None = None, quiet: bool = False) -> Comma
 
 
 def kubectl(*args: str, context: str | None = None) -> Command:
+    """kubectl with its context named; before a ``--`` (`kubectl exec POD
+    -- CMD`), after which every argument is the command's."""
     argv = ["kubectl", *args]
     if context:
-        argv.append(f"--context={context}")
+        at = argv.index("--") if "--" in argv else len(argv)
+        argv.insert(at, f"--context={context}")
     return Command(tuple(argv))
 
 

@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from . import hosts, paths
+from . import goodput, hosts, paths, timeline
 from .schema import Environment
 from .trainlog import Summary
 
@@ -105,16 +105,44 @@ def series(steps: Iterable[dict]) -> dict[str, list[tuple[int, float]]]:
     return {key: [(r["step"], float(r[key])) for r in steps if r.get(key) is not None] for key, _ in SERIES}
 
 
+# The band's colours: productive green, each badput its own.
+COLOURS = {"productive": "tab:green", "scheduling": "tab:gray", "startup": "tab:olive", "compile": "tab:purple",
+           "checkpoint": "tab:cyan", "detection": "tab:orange", "restart": "tab:red", "restore": "tab:blue",
+           "replayed": "tab:pink", "stall": "black", "other": "lightgray"}
+
+
+def band(events: list[dict]) -> tuple[list[tuple[float, float, str]], list[tuple[float, str]]]:
+    """The timeline under the curves: (start s, length s, cause) of each part
+    of the wall time, from its start; and each incident (at s, label)."""
+    segs = goodput.segments(events, now=time.time())
+    if not segs:
+        return [], []
+    t0 = segs[0][0]
+    report = goodput.account(events, now=time.time())
+    marks = [(i["at"] - t0, f"{i['kind']} at step {i['lost_at_step']}") for i in report["incidents"]]
+    return [(a - t0, b - a, c) for a, b, c in segs], marks
+
+
 def plot(path: Path) -> tuple[Path, Any]:
     """metrics.png beside metrics.jsonl: loss, tokens/s per device and step
-    time against step, resizes and restores marked. Returns (png, figure)."""
+    time against step, resizes and restores marked; under them, when the
+    run has a timeline (events.jsonl), the wall time as a band of causes
+    (goodput.py), incidents marked. Returns (png, figure)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     header, steps, events = read(path)
     data = series(steps)
-    fig, axes = plt.subplots(len(SERIES), 1, figsize=(9, 8), sharex=True)
+    kept = path.with_name(timeline.FILE)
+    segs, incidents = band(timeline.parse(kept.read_text())) if kept.is_file() else ([], [])
+    if segs:
+        fig = plt.figure(figsize=(9, 9.5))
+        grid = fig.add_gridspec(len(SERIES) + 1, 1, height_ratios=[3] * len(SERIES) + [1.2])
+        axes = [fig.add_subplot(grid[0])]
+        axes += [fig.add_subplot(grid[i], sharex=axes[0]) for i in range(1, len(SERIES))]
+    else:
+        fig, axes = plt.subplots(len(SERIES), 1, figsize=(9, 8), sharex=True)
     for ax, (key, label) in zip(axes, SERIES):
         pts = data[key]
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=".", linewidth=1, label=label)
@@ -133,6 +161,18 @@ def plot(path: Path) -> tuple[Path, Any]:
         marks.append("green dots: restores")
     fig.suptitle(f"run {header.get('run', '?')} (job {header.get('job', '?')}; from its {header.get('source', '?')})"
                  + (f" - {', '.join(marks)}" if marks else ""), fontsize=10)
+    if segs:
+        ax = fig.add_subplot(grid[len(SERIES)])
+        for cause in dict.fromkeys(c for _, _, c in segs):
+            ax.broken_barh([(a, w) for a, w, c in segs if c == cause], (0, 1), color=COLOURS.get(cause, "white"),
+                           label=cause)
+        for at, label in incidents:
+            ax.axvline(at, color="tab:red", linewidth=1.5)
+            ax.annotate(label, (at, 1.02), fontsize=7, rotation=0, annotation_clip=False)
+        ax.set_yticks([])
+        ax.set_xlabel("seconds since the job was submitted")
+        ax.set_xlim(0, segs[-1][0] + segs[-1][1])
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.55), ncol=6, fontsize=7, frameon=False)
     fig.tight_layout()
     png = path.with_name(PNG)
     fig.savefig(png, dpi=100)

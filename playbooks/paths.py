@@ -12,7 +12,8 @@ or written here: a local job's folders, the kept metrics, the logs).
     .state/<env>/nodes/<node>.pid             the local twin's Ray nodes (pid, marker)
     .state/<env>/logs/<node>.log              their output
     .state/<env>/port-forward.pid, .log       the Ray dashboard's port-forward (GKE)
-    .state/<env>/training/<run>/              a run's kept metrics, plot and timeline
+    .state/<env>/training/<run>/              a run's kept metrics and plot
+    .state/<env>/training/<run>/events.jsonl  its timeline: one JSON line per event (goodput, stalls)
     .state/<env>/data/, jax_cache/, ...       what a local job writes (MaxText, libtpu, Ray Train)
 """
 from __future__ import annotations
@@ -82,6 +83,12 @@ def training(env: str) -> str:
 def run_dir(env: str, run: str) -> str:
     """A run's kept records: metrics.jsonl, metrics.png, MaxText's own metrics files."""
     return f"{STATE}/{env}/training/{run}"
+
+
+def events(env: str, run: str) -> str:
+    """A run's timeline, the same locally and on GKE: one JSON line per event
+    (the followed job log's, the chaos tasks', the pod watch's)."""
+    return f"{run_dir(env, run)}/events.jsonl"
 
 
 def local_job(env: str) -> dict[str, str]:

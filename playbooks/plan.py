@@ -139,6 +139,14 @@ def chaos_steps(env: Environment, restore_after: float) -> list[Step]:
     return gke_play(env, "chaos")
 
 
+def hang_steps(env: Environment, restore_after: float) -> list[Step]:
+    """chaos.hang-worker: one worker's trainer frozen, resumed after
+    ``restore_after`` seconds (0: never)."""
+    if env.kind == "local":
+        return twin.hang_steps(env, restore_after)
+    return [cluster.credentials_step(env, "chaos")] + chaos.hang_steps(env, restore_after)
+
+
 def teardown_steps(env: Environment) -> list[Step]:
     if env.kind == "local":
         return twin.stop_steps(env, "teardown")
@@ -162,6 +170,7 @@ def all_commands(env: Environment) -> list[Command]:
             sets = ["dcn_fsdp_parallelism=-1"] if elastic and model == "llama3-70b" else []
             book.run("train", train_steps(env, build_job(env, model, elastic, sets=sets)))
     book.run("chaos", chaos_steps(env, 0))
+    book.run("chaos", hang_steps(env, 60))
     book.run("teardown", teardown_steps(env))
     out = list(runner.recorded)
     if env.kind != "local":

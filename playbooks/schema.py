@@ -431,6 +431,34 @@ def overrides(v: Mapping, env: Mapping) -> str | Entry | None:
     return None
 
 
+# -- a running job: stalls ---------------------------------------------------
+STALL_ACTIONS = ("report", "stop")
+STALL_AFTER_MIN, STALL_AFTER_MAX = 5, 7 * 24 * 3600
+
+
+def stall_after(v: int | None, env: Mapping) -> str | None:
+    if v is None:
+        return None
+    if not STALL_AFTER_MIN <= v <= STALL_AFTER_MAX:
+        return (f"must be between {STALL_AFTER_MIN} and {STALL_AFTER_MAX} seconds (a watch looks every heartbeat; "
+                f"7 days is longer than any step); unset, it is the larger of 10 x the run's p90 step time and "
+                f"600 s")
+    return None
+
+
+def stall_action(v: str, env: Mapping) -> str | None:
+    return None if v in STALL_ACTIONS else f"is not allowed (allowed: {', '.join(STALL_ACTIONS)})"
+
+
+STALL = (
+    Key("stall_after", int, rules=(stall_after,),
+        doc="seconds without a new step that make a RUNNING job stalled (default: the larger of 10 x the run's p90 "
+            "step time and 600; the compile is allowed for before a worker group's first step)"),
+    Key("stall_action", default="report", rules=(stall_action,),
+        doc="report (a line, an event of the run's timeline) or stop (also `ray job stop`: no chips burn on a hung "
+            "job; a later `invoke train` resumes it from its checkpoint)"),
+)
+
 # -- schema -----------------------------------------------------------------
 KIND = Key("kind", str, rules=(lambda v, e: None if v in ("gke", "local") else "is not allowed (allowed: gke, local)",),
            doc="gke (default) or local")
@@ -497,6 +525,7 @@ GKE = (
     Key("hold_maintenance", bool, default=True,
         doc="true: `train` adds a GKE maintenance exclusion (no minor or node upgrades) for the run, removed when "
             "the job ends; false: the cluster's maintenance policy is left alone"),
+    *STALL,
 )
 
 LOCAL = (
@@ -518,6 +547,7 @@ LOCAL = (
     Key("dashboard_port", int, default=8265,
         rules=(port, lambda v, e: "must differ from gcs_port" if v == e["gcs_port"] else None)),
     Key("train_overrides", dict, default={}, rules=(overrides,)),
+    *STALL,
 )
 
 def owned(env: Mapping) -> list[tuple[str, str, str]]:
@@ -572,6 +602,8 @@ class Environment(Env):
     hosts_per_slice: int
     dashboard_port: int
     train_overrides: dict[str, Any]
+    stall_after: int | None
+    stall_action: str
     # gke
     project_id: str
     region: str

@@ -11,17 +11,17 @@ import json
 import time
 from typing import Any
 
-from . import capacity_options, k8s, maintenance, metrics, plan
+from . import capacity_options, k8s, maintenance, metrics, plan, stall, timeline
 from .clients import fact
 from .core.errors import ProbeFailed
-from .core.facts import ABSENT, Completed
+from .core.facts import ABSENT, Completed, Fact
 from .core.recap import CHANGED, FAILED, OK, SKIPPED, UNREACHABLE, Recap, StepResult
 from .core.step import Step, fail, ok, unchecked
 from .endpoints import dashboard
 from .gke import clusters_fact, kube, nodepool_name, nodepools_list_fact, raycluster_fact
 from .hosts import connector
 from .job import Checkpoints, run_checkpoints
-from .rayapi import jobs_fact, ours, run_of
+from .rayapi import job_logs_command, jobs_fact, ours, run_of
 from .schema import Environment
 
 PLAY = "status"
@@ -156,6 +156,25 @@ def job_rows(env: Environment, listed: Any, look: Any = None) -> list[dict]:
     return rows
 
 
+def stall_fact(env: Environment, sid: str) -> Fact:
+    """Whether a RUNNING job is stalled: its log's events with a time of
+    their own (the trainer's), and what the chaos tasks and the pod watch
+    recorded in its run's timeline."""
+    def parse(c: Completed) -> Any:
+        if not c.ok:
+            raise ProbeFailed(f"the log of job {sid}", c.line, c.rc, c.stdout, c.stderr,
+                              why=f"could not read it: {c.first_error_line()}")
+        reader = timeline.Reader(sid)
+        events = [e for line in c.stdout.splitlines() for e in reader.feed(line) if e["source"] == "trainer"]
+        events += [e for e in timeline.read(env, run_of(sid))
+                   if e.get("job") == sid and e.get("source") in ("chaos", "pods")]
+        found = stall.check(events, time.time(), env.stall_after)
+        return found.line() if found else ""
+
+    return fact(f"stall of job {sid}", job_logs_command(dashboard(env), sid, follow=False), parse, assumed="",
+                describe=lambda line: line or "steps coming")
+
+
 def jobs_step(env: Environment) -> Step:
     listing = jobs_fact(dashboard(env), connector(env))
 
@@ -164,8 +183,16 @@ def jobs_step(env: Environment) -> Step:
         if listed is ABSENT:
             return unchecked(f"no Ray dashboard answers at {dashboard(env)}")
         rows = job_rows(env, listed, look)
+        stalled = []
+        for r in rows:
+            if r["status"] == "RUNNING" and (line := look(stall_fact(env, r["job"]))):
+                r["stalled"] = line
+                stalled.append(f"job {r['job']} {line}")
         failed = [r["job"] for r in rows[-SHOWN:] if r["status"] == "FAILED"]
         text = ", ".join(f"{r['job']} {r['status']}" for r in rows[-SHOWN:]) or "none"
+        if stalled:
+            causes = look(k8s.causes_fact(env)) if env.kind != "local" else []
+            return fail("; ".join(stalled) + (f"; why: {causes[0]}" if causes else ""))
         if failed and failed[-1] == rows[-1]["job"]:
             return fail(f"{len(rows)} job(s): {text}")
         return ok(f"{len(rows)} job(s): {text}", data=rows)

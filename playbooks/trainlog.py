@@ -20,7 +20,7 @@ SHOW = re.compile(
     r"(completed step:|TrainController|restoring from|number parameters|model check|simulated TPU|"
     r"Training complete|Job '|Error|error:|Traceback|Exception|FAILED|SUCCEEDED|failed|succeeded|"
     r"Tailing logs|Running entrypoint|No existing checkpoints|trainer argv:)")
-HIDE = re.compile(r"(Config param |Created BasePyTreeCheckpointHandler|^\s*$)")
+HIDE = re.compile(r"(Config param |Created BasePyTreeCheckpointHandler|trainer event: |^\s*$)")
 
 
 def clean(line: str) -> str:

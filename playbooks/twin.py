@@ -19,8 +19,8 @@ from typing import Any
 
 from . import hosts, paths
 from . import tutorial as T
-from .core.command import Command
-from .core.errors import error_line
+from .core.command import Command, placeholder, shown
+from .core.errors import ProbeFailed, error_line
 from .core.facts import ABSENT, Fact
 from .core.pidfile import PidFile, running_fact
 from .endpoints import dashboard
@@ -166,3 +166,65 @@ def hosts_state_fact(env: Environment) -> Fact:
                 display=f"kill -0 $(cat {paths.nodes(env.name)}/tpu-*.pid) && curl -fsS {dashboard(env)}/api/v0/nodes"
                         f"  # every TPU host ALIVE",
                 describe=lambda s: f"{sum(1 for v in s.values() if v['joined'])} of {len(s)} joined")
+
+
+# -- a hung worker (chaos.hang-worker) ---------------------------------------------
+# Ray Train runs one training worker per TPU host: a `ray::RayTrainWorker`
+# process under the host's Ray node (its raylet's child). Freezing it leaves
+# the raylet up, so Ray does not declare the node dead: the job hangs.
+TRAIN_WORKER = "ray::RayTrainWorker"
+PS = ("ps", "-e", "-o", "pid=,ppid=,stat=,args=")
+
+
+def process_table(text: str) -> dict[int, tuple[int, str, str]]:
+    """pid -> (ppid, state, command line), from `ps -e -o pid=,ppid=,stat=,args=`."""
+    out = {}
+    for line in text.splitlines():
+        parts = line.split(None, 3)
+        if len(parts) == 4 and parts[0].isdigit() and parts[1].isdigit():
+            out[int(parts[0])] = (int(parts[1]), parts[2], parts[3])
+    return out
+
+
+def training_workers(table: dict[int, tuple[int, str, str]], root: int) -> list[dict]:
+    """The training worker processes under ``root`` (a host's Ray node): pid,
+    and whether they are stopped (state T)."""
+    kids: dict[int, list[int]] = {}
+    for pid, (ppid, _, _) in table.items():
+        kids.setdefault(ppid, []).append(pid)
+    out, todo = [], list(kids.get(root, []))
+    while todo:
+        p = todo.pop(0)
+        todo.extend(kids.get(p, []))
+        ppid, state, args = table[p]
+        if args.startswith(TRAIN_WORKER):
+            out.append({"pid": p, "stopped": state.startswith("T")})
+    return sorted(out, key=lambda w: w["pid"])
+
+
+def workers_state(env: Environment) -> dict[str, list[dict]]:
+    """Each running simulated host's training worker processes (through
+    this machine's connector: its pid file, `ps`)."""
+    here = hosts.this_machine()
+    r = here.run(list(PS), timeout=30)
+    if r.rc != 0:
+        raise ProbeFailed("training workers", " ".join(PS), r.rc, r.stdout, r.stderr,
+                          why=f"could not list the processes: {r.stderr.strip()[:200]}")
+    table = process_table(r.stdout)
+    out = {}
+    for h in hosts_of(env):
+        pid = pidfile(env, h.name).pid()
+        if pid is not None and here.alive(pid, ""):
+            out[h.name] = training_workers(table, pid)
+    return out
+
+
+def workers_fact(env: Environment) -> Fact:
+    first = hosts_of(env)[0].name
+    return Fact(name="training workers", python=lambda: workers_state(env),
+                display=f"ps -e -o pid=,ppid=,stat=,args=  # the {TRAIN_WORKER} processes under each TPU host's "
+                        f"pid ({paths.nodes(env.name)}/<host>.pid)",
+                assumed={first: [{"pid": placeholder("PID"), "stopped": False}]},
+                describe=lambda s: shown(", ".join(f"{h}: " + (" ".join(
+                    f"{w['pid']}{' (stopped)' if w['stopped'] else ''}" for w in ws) or "none")
+                    for h, ws in s.items()) or "no TPU host running"))

@@ -32,6 +32,8 @@ TASKS = {
     "preflight-llama3-70b": ["preflight", "--model=llama3-70b"],
     "train-llama3-70b-fits": ["train", "--model=llama3-70b", "--preset=fits"],
     "chaos": ["chaos.delete-worker"],
+    "chaos-hang": ["chaos.hang-worker"],
+    "goodput": ["goodput"],
     "teardown": ["teardown"],
 }
 

@@ -5,8 +5,9 @@ teardown that stops only this project's processes. Minutes, not seconds.
 One elastic run carries every end-to-end assertion: the tutorial's job,
 scaled down, with hostile values among its settings; a host killed mid-run
 (chaos.delete-worker) and brought back (`invoke up`); the job shrinks, grows
-back and succeeds; its summary, kept metrics, picture and log; a second
-`up` and `train` that change nothing. (The non-elastic trainer runs end to
+back; one worker frozen (chaos.hang-worker) and resumed: a stall reported in
+time; the job succeeds; its summary, kept metrics, picture, log, timeline and
+goodput; a second `up` and `train` that change nothing. (The non-elastic trainer runs end to
 end in test_controller_train.py.)"""
 import json
 import os
@@ -15,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import time
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +33,12 @@ RUN = "rayjob-elastic-8b"
 # the same time: it sets its own offset for the local cluster's address and ports.
 OFFSET = int(os.environ.get("PLAYBOOK_E2E_OFFSET", "0"))
 GCS_PORT = 6500 if OFFSET == 0 else 9000 + 100 * OFFSET  # (+ about 30 ports after it)
+HEARTBEAT = 3
+# The hang phase: a stall is no step for STALL_AFTER seconds (this
+# environment's stall_after); the frozen worker is resumed after HANG_FOR.
+STALL_AFTER = 20
+HANG_FOR = 30
+EVENTS = ROOT / ".state" / ENV / "training" / RUN / "events.jsonl"
 
 
 @pytest.fixture(scope="module")
@@ -38,13 +46,14 @@ def local(tmp_path_factory):
     """A local environment of its own (ports, state folder), torn down after."""
     d = tmp_path_factory.mktemp("e2e")
     base = yaml.safe_load((ROOT / "inventory.yaml").read_text())["environments"]["local"]
-    env = {**base, "gcs_port": GCS_PORT, "dashboard_port": 8275 + OFFSET, "ray_ip": f"127.0.0.{3 + OFFSET}"}
+    env = {**base, "gcs_port": GCS_PORT, "dashboard_port": 8275 + OFFSET, "ray_ip": f"127.0.0.{3 + OFFSET}",
+           "stall_after": STALL_AFTER}
     inv = d / "inventory.yaml"
     inv.write_text(yaml.safe_dump({"default": ENV, "environments": {ENV: env}}))
     shutil.rmtree(ROOT / ".state" / ENV, ignore_errors=True)
     e = {k: v for k, v in os.environ.items() if not k.startswith("INVOKE_")}
     e.update({"INVOKE_PLAYBOOK_INVENTORY": str(inv), "HOME": str(d), "RAY_USAGE_STATS_ENABLED": "0",
-              "INVOKE_PLAYBOOK_HEARTBEAT": "3"})
+              "INVOKE_PLAYBOOK_HEARTBEAT": str(HEARTBEAT)})
 
     def invoke(*args, timeout=900):
         # Run from elsewhere (Invoke finds tasks.py through -r): nothing may
@@ -80,27 +89,31 @@ class Run:
     markers: Path
     chaos: str = ""
     restore: str = ""
+    hang: str = ""
+    seconds: float = 0.0  # `invoke train`, start to end, as this test saw it
 
 
 @pytest.fixture(scope="module")
 def run(local, tmp_path_factory) -> Run:
     """The one elastic run: started on both simulated slices, one host
     killed after step 12, the job going on with one, the host brought back
-    by `invoke up`, the job growing back to two and ending SUCCEEDED."""
+    by `invoke up`, the job growing back to two; then one worker frozen and
+    resumed (a stall); the job ending SUCCEEDED."""
     markers = tmp_path_factory.mktemp("markers")
     values = hostile(markers)
     sets = [a for k, v in values.items() for a in ("--set", f"{k}={v}")]
+    started = time.monotonic()
     job = subprocess.Popen([INVOKE, "train", "--elastic", "--fresh", f"--steps={STEPS}", *sets], cwd=ROOT,
                            env=local.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     seen: list[str] = []
 
-    def wait_for(pattern: str, minutes: float = 10) -> None:
+    def wait_for(pattern: str, minutes: float = 10) -> re.Match:
         deadline = time.monotonic() + minutes * 60
         assert job.stdout is not None
         for line in job.stdout:
             seen.append(line)
-            if re.search(pattern, line):
-                return
+            if (m := re.search(pattern, line)):
+                return m
             assert time.monotonic() < deadline, f"no {pattern!r} within {minutes} minutes"
         pytest.fail(f"the job ended before {pattern!r}:\n{''.join(seen)[-4000:]}")
 
@@ -112,13 +125,36 @@ def run(local, tmp_path_factory) -> Run:
         wait_for(r"Started training worker group of size 1")
         rc, r.restore = local("up", timeout=300)
         assert rc == 0, r.restore
+        # -- the hang phase (issue 21): once the job has grown back to two
+        # workers, one worker's trainer is frozen (chaos.hang-worker:
+        # SIGSTOP, its Ray node left up) and resumed HANG_FOR seconds later.
+        # The follower must say "stalled" within stall_after plus a
+        # heartbeat, and the job goes on. Frozen after the regrown group's
+        # first save: by then its collectives are set up (setting one up
+        # waits 30 s at most for the other worker; a running one waits).
+        wait_for(r"Started training worker group of size 2")
+        restored = int(wait_for(r"restoring from this run's directory step (\d+)").group(1))
+        wait_for(rf"completed step: {min(restored + 11, STEPS - 5)},")
+        hang = subprocess.Popen([INVOKE, "-r", str(ROOT), "chaos.hang-worker", f"--restore-after={HANG_FOR}"],
+                                cwd=local.dir, env=local.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True)
+        try:
+            wait_for(r"^stalled: no step since ", minutes=3)
+            wait_for(r"^stall ended: ", minutes=3)
+            r.hang, _ = hang.communicate(timeout=300)
+        finally:
+            if hang.poll() is None:
+                hang.kill()
+        assert hang.returncode == 0, r.hang
         rest, _ = job.communicate(timeout=900)
         seen.append(rest)
     finally:
         if job.poll() is None:
             job.send_signal(signal.SIGINT)
             job.wait(30)
+    r.seconds = time.monotonic() - started
     r.rc, r.out = job.returncode, "".join(seen)
+    print(f"\nthe elastic run: {r.seconds:.0f} s")
     return r
 
 
@@ -190,8 +226,14 @@ def test_the_runs_metrics_are_kept_and_drawn(local, run: Run):
     png = kept.with_name(metrics.PNG)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
     _, figure = metrics.plot(kept)
-    drawn = [list(zip(*ax.lines[0].get_data())) for ax in figure.axes]
+    drawn = [list(zip(*ax.lines[0].get_data())) for ax in figure.axes[:len(metrics.SERIES)]]
     assert drawn == [metrics.series(steps)[key] for key, _ in metrics.SERIES]
+    # Under them, the run's timeline: a band of every cause its wall time went to.
+    from playbooks import goodput, timeline
+    band = figure.axes[len(metrics.SERIES)]
+    causes = {c for _, _, c in goodput.segments(timeline.parse(EVENTS.read_text()))}
+    assert {t.get_text() for t in band.get_legend().get_texts()} == causes
+    assert {"productive", "restart", "stall"} <= causes
     rc, out = local("metrics")  # converged: the picture is newer than its data
     assert rc == 0 and "is up to date" in out, out
 
@@ -254,6 +296,71 @@ def test_the_cli_frame_is_taken_off_as_the_cli_prints_it():
                "2026-12-01 22:56:29,201\tSUCC cli.py:67 -- \x1b[32mJob 'probe-1' succeeded\x1b[39m\n")
     assert cli_lines(printed) == ["2026-12-01 22:55:59,270\tINFO job_manager.py:581 -- Runtime env is setting up.",
                                   "hello", "Job 'probe-1' succeeded"]
+
+
+def events() -> list[dict]:
+    return [json.loads(line) for line in EVENTS.read_text().splitlines()]
+
+
+def test_a_hung_worker_is_a_stall_reported_within_stall_after_and_a_heartbeat(run: Run):
+    assert "changed: [chaos : freeze one TPU host's training worker] froze the training worker of TPU host" in run.hang
+    assert "changed: [chaos : resume the training worker] resumed the training worker" in run.hang
+    # One stall, said once, with what was done to the worker, and its end.
+    stalls = re.findall(r"^stalled: no step since \d\d:\d\d \((\d+) s; last step (\d+); p90 step ([\d.]+) s\)\n"
+                        r"  why: chaos \(tpu-group-\d-0\): SIGSTOP of its training worker, pid \d+ \(chaos.hang-worker\)$",
+                        run.out, re.M)
+    assert len(stalls) == 1, run.out[-6000:]
+    assert re.search(r"^stall ended: step \d+ after \d+ (s|min) without a step$", run.out, re.M)
+    evs = events()
+    [hung] = [e for e in evs if e["kind"] == "worker_hung"]
+    [resumed] = [e for e in evs if e["kind"] == "worker_resumed"]
+    [stall] = [e for e in evs if e["kind"] == "stall_started"]
+    [ended] = [e for e in evs if e["kind"] == "stall_ended"]
+    assert stall["since"] <= hung["t"] <= stall["t"] <= resumed["t"] <= ended["t"]
+    assert stall["step"] == int(stalls[0][1])
+    # Reported in time: the watch looks every heartbeat (and a look takes a moment).
+    late = stall["t"] - stall["since"]
+    assert STALL_AFTER <= late <= STALL_AFTER + HEARTBEAT + 2, late
+
+
+def test_goodput_accounts_for_every_second_and_each_replayed_step(local, run: Run):
+    rc, out = local("goodput", "--json")
+    assert rc == 0, out
+    g = json.loads(out)
+    print(f"\ngoodput: {json.dumps(g)}")
+    assert g["run"] == RUN and g["jobs"] == [f"{RUN}-1"] and not g["running"]
+    # The parts add up to the wall time; the wall time is the job's, as Ray
+    # has it, and within what this test saw of `invoke train`.
+    parts = g["productive_s"] + sum(g["badput_s"].values())
+    assert abs(parts - g["wall_s"]) <= 0.02 * g["wall_s"], (parts, g["wall_s"])
+    job = json.loads(urllib.request.urlopen(f"http://127.0.0.{3 + OFFSET}:{8275 + OFFSET}/api/jobs/{RUN}-1").read())
+    ray_wall = (job["end_time"] - job["start_time"]) / 1000
+    assert abs(g["wall_s"] - ray_wall) <= 0.02 * ray_wall, (g["wall_s"], ray_wall)
+    assert g["wall_s"] < run.seconds
+    assert 0 < g["goodput_pct"] < 100 and g["productive_s"] > 0
+    assert g["steps"]["counted"] == STEPS
+    for cause in ("scheduling", "startup", "compile", "checkpoint", "detection", "restart", "replayed", "stall"):
+        assert g["badput_s"][cause] > 0, cause
+    # The killed host: lost at the step the job shrank after, restored from
+    # the checkpoint the summary names, the steps between them run again.
+    [lost] = [i for i in g["incidents"] if i["kind"] == "worker_lost" and "chaos" in i["by"]]
+    assert "chaos (tpu-group-0-0): SIGKILL of its Ray node (chaos.delete-worker)" in lost["by"]
+    shrank = re.search(r"^\s+resize 2 -> 1 workers after step (\d+)$", run.out, re.M)
+    assert shrank and lost["lost_at_step"] == int(shrank.group(1)), (lost, run.out[-3000:])
+    restored = [int(x) for x in summary_value(run.out, "restored from checkpoint step(s)").split(", ")]
+    assert lost["restored_from_step"] in restored
+    assert lost["replayed_steps"] == lost["lost_at_step"] - lost["restored_from_step"] >= 0
+    assert 0 < lost["recover_s"] < g["wall_s"]
+    # Each step run again after a restore is badput, counted once as replayed.
+    assert g["steps"]["replayed"] >= lost["replayed_steps"]
+    # The hang: a stall incident, and as much stall badput.
+    [hang] = [i for i in g["incidents"] if i["kind"] == "stall"]
+    assert "chaos (tpu-group" in hang["by"] and hang["replayed_steps"] == 0
+    assert hang["recover_s"] >= STALL_AFTER and abs(g["badput_s"]["stall"] - hang["recover_s"]) < 1
+    # The same, for a person.
+    rc, text = local("goodput")
+    assert rc == 0 and f"goodput of run {RUN} (job {RUN}-1): {g['goodput_pct']:.1f}% of" in text, text
+    assert f"lost at step {lost['lost_at_step']}, restored from step {lost['restored_from_step']}" in text
 
 
 def pids(name_glob: str) -> list[int]:

@@ -5,6 +5,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from importlib import metadata
 from pathlib import Path
 
@@ -145,3 +146,90 @@ def test_maxtext_metrics_file_read_one_record_per_step(tmp_path):
     f.write_text("".join(json.dumps(r) + "\n" for r in rows) + "not json\n")
     got = metrics.from_maxtext(f)
     assert [(r["step"], r["loss"], r["step_seconds"]) for r in got] == [(0, 7.5, 9.0), (1, 7.3, 4.0)]
+
+
+# -- the trainer's events (the run's timeline) -----------------------------------------
+# MaxText 0.2.5's and Orbax's own lines, as a local elastic job logged them.
+MAXTEXT_LINES = [
+    "Waiting for step 10 to finish before checkpoint...",
+    "Waited 28.489091873168945 seconds for step 10 to finish before starting checkpointing.",
+    "Started an asynchronous checkpoint save for step 10",
+    "completed step: 11, seconds: 3.029, TFLOP/s/device: 0.000, Tokens/s/device: 42.253, total_weights: 1024, "
+    "loss: 7.216, lm_loss: 7.216, perplexity: 1361.549",
+    "checkpoint manager exists so trying to load this run's existing checkpoint",
+    "restoring from this run's directory step 10",
+    "[process=0] [sync] Started load checkpoint @ /data/rayjob-elastic-8b/checkpoints/10.",
+    "[process=0] [sync] Finished load in 0.34 seconds @ /data/rayjob-elastic-8b/checkpoints/10",
+    "completed step: 11, seconds: 9.514, TFLOP/s/device: 0.000, Tokens/s/device: 13.010, total_weights: 1024, "
+    "loss: 7.216, lm_loss: 7.216, perplexity: 1361.549",
+    "completed step: 12, seconds: 0.270, TFLOP/s/device: 0.004, Tokens/s/device: 474.788, total_weights: 1024, "
+    "loss: 7.182, lm_loss: 7.182, perplexity: 1316.023",
+]
+
+
+def test_maxtexts_own_log_lines_become_events_with_their_time(capsys):
+    """Through the logger MaxText and Orbax log to (absl's), as in a worker;
+    each event one JSON line the follower reads back, with its time."""
+    import logging
+
+    from absl import logging as absl_logging
+
+    from playbooks import timeline
+    level = logging.getLogger("absl").level
+    handler = mr.listen_to_maxtext()
+    try:
+        for line in MAXTEXT_LINES:
+            absl_logging.info(line)
+    finally:
+        logging.getLogger("absl").removeHandler(handler)
+        logging.getLogger("absl").setLevel(level)
+    printed = capsys.readouterr().out.splitlines()
+    assert all(line.startswith(mr.EVENT) for line in printed)
+    reader = timeline.Reader("job-1")
+    events = [e for line in printed for e in reader.feed(f"(RayTrainWorker pid=7) {line}")]
+    assert [(e["kind"], e["step"]) for e in events] == [
+        ("checkpoint_saved", 10), ("step", 11), ("first_step", 11), ("restore_started", 10), ("restored", 10),
+        ("step", 11), ("step", 12)]
+    saved, restored = events[0], events[4]
+    assert 0 <= saved["seconds"] < 5 and 0 <= restored["seconds"] < 5
+    assert all(e["source"] == "trainer" and e["job"] == "job-1" and abs(e["t"] - time.time()) < 60 for e in events)
+
+
+def test_a_worker_group_after_a_restore_says_its_first_step_is_after_it(capsys):
+    h = mr.MaxTextEvents()
+    for line in MAXTEXT_LINES[5:]:
+        h.line(line, 100.0)
+    kinds = [json.loads(line[len(mr.EVENT):])["kind"] for line in capsys.readouterr().out.splitlines()]
+    assert kinds == ["restore_started", "restored", "step", "first_step_after_restore", "step"]
+
+
+def test_a_save_holds_the_training_from_the_end_of_the_step_it_saves():
+    """MaxText first waits for the step to finish (the step's own time,
+    28.5 s here: its compile), then saves; only the save is the save's."""
+    h = mr.MaxTextEvents()
+    times = (100.0, 128.5, 129.25)
+    for line, t in zip(MAXTEXT_LINES[:3], times):
+        out = h.line(line, t)
+    assert out["kind"] == "checkpoint_saved" and out["step"] == 10 and out["seconds"] == 0.75
+
+
+def test_compile_spans_are_the_pinned_jaxs_and_short_ones_are_left_out(capsys):
+    import jax
+    import jax.monitoring
+    import jax.numpy as jnp
+    seen: list[str] = []
+
+    def listen(name, start, end, **kw):
+        seen.append(name)
+    jax.monitoring.register_event_time_span_listener(listen)
+    try:
+        jax.jit(lambda x: jnp.sin(x) * 3 + 1)(jnp.arange(7.0)).block_until_ready()
+    finally:
+        jax.monitoring.unregister_event_time_span_listener(listen)
+    assert set(mr.COMPILE_SPANS) <= set(seen), seen
+    assert mr.compile_span("/jax/core/compile/backend_compile_duration", 10.0, 10.2, fun_name="f") == []
+    started, ended = mr.compile_span("/jax/core/compile/backend_compile_duration", 10.0, 22.5, fun_name="train_step")
+    assert (started["kind"], started["t"], ended["kind"], ended["t"], ended["seconds"]) == \
+        ("compile_started", 10.0, "compile_ended", 22.5, 12.5)
+    assert ended["function"] == "train_step" and ended["phase"] == "compile"
+    assert mr.compile_span("/jax/other", 0.0, 100.0) == []

@@ -9,7 +9,11 @@ without it the tutorial's values apply: 2 slices of v6e 4x4, 4 hosts each.
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
+import threading
+import time
 from dataclasses import dataclass
 
 import yaml
@@ -202,12 +206,139 @@ def patch_hybrid_mesh(processes_per_slice: int) -> None:
     mesh_utils.create_hybrid_device_mesh = hybrid
 
 
+# -- the run's timeline: this job's events, one JSON line each -----------------
+# The playbook that follows the job reads them from its log (``trainer event:
+# {...}``), each with the time it happened here (not when the log reached the
+# follower): the run's events.jsonl, its goodput, its stall watch.
+EVENT = "trainer event: "
+# Compiles shorter than this are left out (JAX compiles many small functions
+# while MaxText sets up; they are part of its startup).
+COMPILE_MIN_S = 0.5
+# jax.monitoring's spans of one compile: tracing, lowering, the XLA compile.
+COMPILE_SPANS = {"/jax/core/compile/jaxpr_trace_duration": "trace",
+                 "/jax/core/compile/jaxpr_to_mlir_module_duration": "lower",
+                 "/jax/core/compile/backend_compile_duration": "compile"}
+
+
+def event(kind: str, t: float | None = None, step: int | None = None, **fields) -> dict:
+    """Print one event of the run's timeline, as one JSON line."""
+    e = {"t": round(time.time() if t is None else t, 3), "kind": kind, "step": step, **fields}
+    print(EVENT + json.dumps(e, default=str), flush=True)
+    return e
+
+
+class MaxTextEvents(logging.Handler):
+    """MaxText's (and Orbax's) own log lines, as events with the time they
+    were logged: each step, a checkpoint save (from "Waited ... seconds for
+    step N to finish before starting checkpointing" to the save started), a
+    restore (from
+    "restoring from this run's directory step N" to Orbax's "Finished load"),
+    and the first step of this worker group (after a restore, or not)."""
+
+    STEP = re.compile(r"^completed step: (\d+), seconds: ([\d.]+)")
+    # The save holds the training from when the step it saves has finished
+    # (MaxText first waits for it: that wait is the step's own time).
+    SAVE_START = re.compile(r"^(?:Waiting for step (\d+) to finish before checkpoint|Waited [\d.e-]+ seconds for step "
+                            r"(\d+) to finish before starting checkpointing)")
+    SAVED = re.compile(r"^(?:Started an asynchronous checkpoint save for step|Saved a checkpoint at step) (\d+)")
+    RESTORE = re.compile(r"^restoring from this run's directory step (\d+)")
+    RESTORED = re.compile(r"Finished load in ([\d.]+) seconds @ .*?(\d+)/?$")
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.saving: dict[int, float] = {}
+        self.restoring: tuple[int, float] | None = None
+        self.restored: int | None = None
+        self.stepped = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.line(record.getMessage().strip(), record.created)
+        except Exception:  # never let the timeline break the training
+            pass
+
+    def line(self, msg: str, t: float) -> dict | None:
+        if (m := self.STEP.match(msg)):
+            step = int(m.group(1))
+            out = event("step", t, step, seconds=float(m.group(2)))
+            if not self.stepped:
+                self.stepped = True
+                if self.restored is not None:
+                    return event("first_step_after_restore", t, step, restored_from=self.restored)
+                return event("first_step", t, step)
+            return out
+        if (m := self.SAVE_START.match(msg)):
+            self.saving[int(m.group(1) or m.group(2))] = t
+        elif (m := self.SAVED.match(msg)):
+            step = int(m.group(1))
+            start = self.saving.pop(step, t)
+            return event("checkpoint_saved", t, step, seconds=round(t - start, 3))
+        elif (m := self.RESTORE.match(msg)):
+            self.restoring = (int(m.group(1)), t)
+            return event("restore_started", t, int(m.group(1)))
+        elif (m := self.RESTORED.search(msg)) and self.restoring is not None:
+            step, start = self.restoring
+            self.restoring, self.restored = None, step
+            return event("restored", t, step, seconds=round(t - start, 3))
+        return None
+
+
+def compile_span(name: str, start: float, end: float, **kw) -> list[dict]:
+    """jax.monitoring's time span of a compile's part, as two events."""
+    phase = COMPILE_SPANS.get(name)
+    if phase is None or end - start < COMPILE_MIN_S:
+        return []
+    what = str(kw.get("fun_name", "?"))
+    return [event("compile_started", start, phase=phase, function=what),
+            event("compile_ended", end, phase=phase, function=what, seconds=round(end - start, 3))]
+
+
+_WATCHING = threading.Lock()
+_watching = False
+
+
+def watch_events() -> None:
+    """In this process (rank 0 of the worker group): compiles, through
+    jax.monitoring's time spans; steps, saves and restores, through MaxText's
+    own log lines."""
+    global _watching
+    with _WATCHING:
+        if _watching:
+            return
+        _watching = True
+    import jax.monitoring
+
+    jax.monitoring.register_event_time_span_listener(compile_span)
+    listen_to_maxtext()
+
+
+def listen_to_maxtext() -> MaxTextEvents:
+    """MaxText (max_logging) and Orbax log through absl: its "absl" logger's
+    records, at INFO (what a Ray worker already shows; without it the
+    records of MaxText's INFO lines would not even be made)."""
+    logger = logging.getLogger("absl")
+    if logger.getEffectiveLevel() > logging.INFO:
+        logger.setLevel(logging.INFO)
+    handler = MaxTextEvents()
+    logger.addHandler(handler)
+    return handler
+
+
 def train_loop_per_worker(config: dict) -> None:
     """Ray Train's per-worker function: MaxText with the job's argv."""
     import ray.train
 
     ctx = ray.train.get_context()
-    run_maxtext(config["argv"], config["layout"], ctx.get_world_size(), ctx.get_world_rank())
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    # Placed and running, with JAX's distributed service up: Ray Train's JAX
+    # backend ran jax.distributed.initialize on every worker before this.
+    event("worker_started", rank=rank, workers=world, slice=os.environ.get("TPU_NAME"),
+          host=os.environ.get("TPU_WORKER_ID"))
+    if rank == 0:
+        steps = overrides(config["argv"]).get("steps", "")
+        event("jax_initialized", workers=world, **({"steps": int(steps)} if steps.isdigit() else {}))
+        watch_events()
+    run_maxtext(config["argv"], config["layout"], world, rank)
 
 
 def fit(argv: list[str], elastic: bool) -> None:

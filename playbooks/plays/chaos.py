@@ -3,13 +3,15 @@ tutorial does (find it by label, delete it)."""
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Any
 
+from .. import timeline
 from .. import tutorial as T
 from ..clients import fact
 from ..core.command import placeholder
 from ..core.errors import ProbeFailed
-from ..core.facts import ABSENT, Completed
+from ..core.facts import ABSENT, Action, Completed
 from ..core.step import Step, change, fail
 from ..gke import kube
 from ..schema import Environment
@@ -38,8 +40,9 @@ def delete_step(env: Environment) -> Step:
         pod = look(probe)
         if pod is ABSENT:
             return fail(f"no pod labelled {T.WORKER_SELECTOR} in namespace {env.namespace}: is the RayCluster up?")
-        return change(kube(env, "delete", "pod", pod, "--namespace", env.namespace), reason=f"deleted pod {pod}",
-                      found=f"pod {pod} running")
+        return change(kube(env, "delete", "pod", pod, "--namespace", env.namespace),
+                      record(env, "worker_lost", pod=pod, by="chaos", cause="the pod deleted (chaos.delete-worker)"),
+                      reason=f"deleted pod {pod}", found=f"pod {pod} running")
 
     return Step("chaos", "delete one Ray TPU worker pod", decide, id="chaos:delete", after=("kube:credentials",))
 
@@ -48,3 +51,51 @@ def steps(env: Environment) -> list[Step]:
     """KubeRay recreates the deleted pod itself: nothing to restore. (The
     local twin's chaos is ``plays/twin.py``.)"""
     return [delete_step(env)]
+
+
+def record(env: Environment, kind: str, **fields: Any) -> Action:
+    """A chaos event, in the timeline of the running job's run (found
+    through the Ray dashboard's port-forward; none: not recorded)."""
+    def go() -> None:
+        timeline.record(env, kind, **fields)
+    return Action(timeline.record_line(env, kind), go)
+
+
+# What stops (or resumes) the training worker in a worker pod: every process
+# whose command line is Ray Train's worker's (its raylet, the pod's Ray node,
+# stays up). /proc, not pkill: the Ray image need not have procps.
+SIGNAL_WORKERS = ('n=0; for d in /proc/[0-9]*; do case "$(tr "\\0" " " 2>/dev/null < "$d/cmdline")" in '
+                  '"ray::RayTrainWorker"*) kill -{sig} "${{d#/proc/}}" && n=$((n+1));; esac; done; '
+                  '[ "$n" -gt 0 ] || {{ echo "no ray::RayTrainWorker process in this pod" >&2; exit 1; }}')
+
+
+def signal_workers(env: Environment, pod: str, sig: str):
+    return kube(env, "exec", pod, "--namespace", env.namespace, "--", "sh", "-c", SIGNAL_WORKERS.format(sig=sig))
+
+
+def hang_steps(env: Environment, restore_after: float) -> list[Step]:
+    """Stop the trainer process in one worker pod (SIGSTOP through kubectl
+    exec): the pod and its Ray node stay up, the job hangs; resume it after
+    ``restore_after`` seconds (SIGCONT; 0: leave it stopped)."""
+    probe = first_worker_fact(env)
+
+    def decide(look):
+        pod = look(probe)
+        if pod is ABSENT:
+            return fail(f"no pod labelled {T.WORKER_SELECTOR} in namespace {env.namespace}: is the RayCluster up?")
+        then: tuple = ()
+        if restore_after > 0:
+            then = (Action(f"sleep {restore_after:g}", lambda: time.sleep(restore_after)),
+                    signal_workers(env, pod, "CONT"),
+                    record(env, "worker_resumed", pod=pod, by="chaos",
+                           cause=f"SIGCONT after {restore_after:g}s (chaos.hang-worker)"))
+        return change(signal_workers(env, pod, "STOP"),
+                      record(env, "worker_hung", pod=pod, by="chaos",
+                             cause="SIGSTOP of its training worker (chaos.hang-worker)"), *then,
+                      reason=f"stopped the training worker in pod {pod}" + (
+                          f", resumed it after {restore_after:g}s" if restore_after > 0 else
+                          f" (left stopped: `{signal_workers(env, pod, 'CONT').line()}` resumes it)"),
+                      found=f"pod {pod} training")
+
+    return [Step("chaos", "stop the training worker in one Ray TPU worker pod", decide, id="chaos:hang",
+                 after=("kube:credentials",))]

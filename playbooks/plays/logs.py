@@ -1,15 +1,19 @@
-"""`invoke logs` (a run's driver log, whole or followed to the job's end)
-and `invoke metrics` (a run's kept step metrics drawn into metrics.png)."""
+"""`invoke logs` (a run's driver log, whole or followed to the job's end),
+`invoke metrics` (a run's kept step metrics drawn into metrics.png, its
+timeline as a band under them) and `invoke goodput` (what each second of a
+run went to, from its timeline)."""
 from __future__ import annotations
 
+import time
 from typing import Any
 
-from .. import hosts, maintenance, metrics, paths
+from .. import goodput, hosts, maintenance, metrics, paths, timeline
 from ..core.facts import ABSENT, Action, Fact
 from ..core.play import Outcome, StepContext
 from ..core.recap import FAILED, OK
 from ..core.step import Step, change, fail, ok
 from ..endpoints import dashboard
+from ..follow import Follower, Watch, watch_note
 from ..rayapi import job_fact, job_logs_command, jobs_fact, ours, run_of
 from ..schema import Environment
 
@@ -32,10 +36,24 @@ def logs_step(env: Environment, run: str | None, follow: bool) -> Step:
                 return Outcome(OK, f"would show the log of the newest job of {which}")
             return Outcome(FAILED, f"no job of {f'run {run}' if run else 'any run'} at {addr}")
         sid = str(mine[-1]["submission_id"])
-        done = ctx.stream(job_logs_command(addr, sid, follow), ctx.echo)
+        f: Follower | None = None
+        if not follow:
+            done = ctx.stream(job_logs_command(addr, sid, follow), ctx.echo)
+        else:
+            # Followed: the run's timeline and the stall watch, as `train` does.
+            f = Follower(ctx, env, run_of(sid), sid, show_all=True, source="logs", job=mine[-1])
+            ctx.note(watch_note(env, addr, sid, run_of(sid)))
+            f.started(mine[-1])
+            try:
+                with Watch(f, addr, via, ctx.heartbeat):
+                    done = ctx.stream(job_logs_command(addr, sid, follow), f.line)
+            finally:
+                f.close()
         if done is not None and not done.ok:
             return Outcome(FAILED, f"could not read the log of job {sid}: `ray job logs` exited {done.rc}")
         final = ctx.look(job_fact(addr, sid, via), fresh=True)
+        if f is not None and done is not None:
+            f.ended(final)
         status = final.get("status") if isinstance(final, dict) else "UNKNOWN"
         # Followed to its end: the run's maintenance hold goes with the job.
         if follow and status not in ("PENDING", "RUNNING") and \
@@ -50,14 +68,17 @@ def logs_step(env: Environment, run: str | None, follow: bool) -> Step:
 
 def plot_state(env: Environment, run: str | None) -> dict:
     """The run (the newest with metrics when none is named), its metrics
-    file and whether its picture is newer than it."""
+    file and whether its picture is newer than it and than its timeline."""
     name = run or metrics.newest_run(env)
     if name is None:
         return {"run": None}
     path = metrics.run_dir(env, name) / metrics.FILE
     png = path.with_name(metrics.PNG)
-    return {"run": name, "metrics": path.is_file(),
-            "current": path.is_file() and png.is_file() and png.stat().st_mtime >= path.stat().st_mtime}
+    events = timeline.path(env, name)
+    newest = max([path.stat().st_mtime] + ([events.stat().st_mtime] if events.is_file() else [])) \
+        if path.is_file() else 0.0
+    return {"run": name, "metrics": path.is_file(), "current": path.is_file() and png.is_file()
+            and png.stat().st_mtime >= newest}
 
 
 def metrics_step(env: Environment, run: str | None) -> Step:
@@ -81,7 +102,45 @@ def metrics_step(env: Environment, run: str | None) -> Step:
         if s.get("current"):
             return ok(f"{paths.shown(png)} is up to date with run {name}'s metrics")
         return change(Action(f"# draw {paths.shown(path)} into {paths.shown(png)}", lambda: metrics.plot(path)),
-                      reason=f"wrote {paths.shown(png)}: loss, tokens/s per device and step time of run {name}",
+                      reason=f"wrote {paths.shown(png)}: loss, tokens/s per device and step time of run {name}"
+                             + (", its timeline under them" if timeline.path(env, name).is_file() else ""),
                       would=f"write {paths.shown(png)}", found="no picture, or an older one")
 
     return Step("metrics", f"metrics of {run or 'the newest run'}", decide, id="metrics:png", probes=(probe,))
+
+
+def newest_timeline(env: Environment) -> str | None:
+    runs = [p.parent for p in paths.here(paths.training(env.name)).glob(f"*/{timeline.FILE}")]
+    return max(runs, key=lambda d: (d / timeline.FILE).stat().st_mtime).name if runs else None
+
+
+def goodput_step(env: Environment, run: str | None) -> Step:
+    """The goodput report of a run (the newest with a timeline when none is
+    named), read from its events.jsonl; a running job's until now."""
+    shown = paths.events(env.name, run or "*")
+    probe = Fact(name="timeline", python=lambda: _timeline(env, run), display=f"cat {shown}",
+                 assumed={"run": run or "RUN", "events": [], "assumed": True},
+                 describe=lambda s: "no run" if not s.get("run") else f"run {s['run']}: {len(s['events'])} event(s)")
+
+    def decide(look):
+        s: dict[str, Any] = look(probe)
+        name = s.get("run")
+        if name is None:
+            return fail(f"no run of environment {env.name} has a timeline yet "
+                        f"({paths.events(env.name, '<run>')}): `invoke train` keeps one")
+        if not s["events"]:
+            if s.get("assumed"):
+                return ok(f"the goodput of run {name}, from its timeline")
+            return fail(f"run {name} has no events ({paths.events(env.name, name)}): `invoke train` (or `invoke "
+                        f"logs --follow`) writes them while it follows a job")
+        report = goodput.account(s["events"], name, now=time.time())
+        return ok(f"run {name}: goodput {report['goodput_pct']:.1f}% of {report['wall_s']:.1f} s, "
+                  f"{len(report['incidents'])} incident(s)", data=report)
+
+    return Step("goodput", f"goodput of {f'run {run}' if run else 'the newest run'}", decide, id="goodput:report",
+                probes=(probe,))
+
+
+def _timeline(env: Environment, run: str | None) -> dict:
+    name = run or newest_timeline(env)
+    return {"run": name, "events": timeline.read(env, name) if name else []}

@@ -5,15 +5,16 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
-from .. import hosts, maintenance, metrics, paths
+from .. import hosts, maintenance, metrics, paths, timeline
 from ..capacity_options import preemptible
 from ..core.errors import InputError
-from ..core.facts import ABSENT, Action, Completed, assume
+from ..core.facts import ABSENT, Action, Completed, Fact, assume
 from ..core.play import Outcome, StepContext
 from ..core.recap import CHANGED, FAILED, SKIPPED
 from ..core.step import Step, Verify, change, fail, ok, skipped
+from ..follow import Follower, Watch, watch_note
 from ..gke import clusters_fact, running_cluster
 from ..job import (
     Checkpoints,
@@ -26,7 +27,7 @@ from ..job import (
 )
 from ..rayapi import job_fact, job_logs_command, jobs_fact, ours, submission_number
 from ..schema import Environment, capacities, capacity_text
-from ..trainlog import HIDE, SHOW, Summary, clean
+from ..trainlog import Summary, clean
 
 PLAY = "train"
 SUBMIT_ATTEMPTS = 5
@@ -49,12 +50,21 @@ def checkpoint_step(job: Job) -> Step:
             raise InputError(f"--fresh cannot delete the checkpoints of run {job.run_name}: {where}")
         return skipped(PLAY, title, f"not checked: {where}", id="train:checkpoints")
     probe = checkpoints_fact(job)
+    # --fresh starts the run over: its timeline too (goodput counts from the
+    # new start).
+    kept = timeline.path(job.env, job.run_name)
+    events = Fact(name="timeline", python=kept.is_file, display=f"ls {paths.shown(kept)}", assumed=True,
+                  describe=lambda b: "kept" if b else "none")
 
     def decide(look):
         have = look(probe)
-        if job.fresh and have:
-            return change(remove_checkpoints(job), reason=f"removed the checkpoints of run {job.run_name} (--fresh)",
-                          found=have.describe())
+        old = look(events) if job.fresh else False
+        if job.fresh and (have or old):
+            drop = Action(f"rm {paths.shown(kept)}", lambda: hosts.this_machine().remove(str(kept)))
+            what = " and ".join(w for w, c in (("checkpoints", have), ("timeline", old)) if c)
+            return change(*([remove_checkpoints(job)] if have else []), *([drop] if old else []),
+                          reason=f"removed the {what} of run {job.run_name} (--fresh)",
+                          found=have.describe() if have else "a timeline")
         ignored = f"; ignored, not finalized: {have.ignored()}" if have and have.partial else ""
         if (last := trained(job, have)) is not None:
             return ok(f"run {job.run_name} already trained to step {last} of {job.steps}: nothing to do "
@@ -132,32 +142,6 @@ def hold_step(job: Job) -> Step:
 
 
 # -- the job ----------------------------------------------------------------
-class Follower:
-    """What a followed job's log lines become: the summary, the run's log
-    file, the lines shown (the rest only in the file), a sign of life."""
-
-    def __init__(self, ctx: StepContext, log_file: Path | None):
-        self.ctx = ctx
-        self.summary = Summary()
-        # Open while the job is followed; closed by close().
-        self.out: IO[str] | None = open(log_file, "a") if (log_file and ctx.acting) else None  # noqa: SIM115
-        self.beat: Any = None
-
-    def line(self, line: str) -> None:
-        self.summary.feed(line)
-        if self.out:
-            self.out.write(line + "\n")
-        text = clean(line)
-        if SHOW.search(text) and not HIDE.search(text):
-            self.ctx.echo(text)
-            if self.beat is not None:
-                self.beat.touch()
-
-    def close(self) -> None:
-        if self.out:
-            self.out.close()
-
-
 def _follow_or_submit(ctx: StepContext, job: Job, sid: str, attach: bool, f: Follower) -> Completed | None:
     """Follow the job's log to its end: a job already running through `ray
     job logs --follow`, a new one through `ray job submit` (tried again
@@ -219,7 +203,10 @@ def job_step(job: Job, log_file: Path | None = None) -> Step:
                      f"not submitting another")
         else:
             sid = f"{job.run_name}-{max((submission_number(j) for j in mine), default=0) + 1}"
-        f = Follower(ctx, log_file)
+        f = Follower(ctx, job.env, job.run_name, sid, log_file, job=active[-1] if active else None)
+        ctx.note(watch_note(job.env, job.address, sid, job.run_name))
+        if active:
+            f.started(active[-1])
 
         def now() -> str:
             """What a heartbeat says of the job: its status, its last step."""
@@ -230,7 +217,7 @@ def job_step(job: Job, log_file: Path | None = None) -> Step:
 
         try:
             if ctx.acting:
-                with ctx.beating(f"job {sid}", now) as f.beat:
+                with ctx.beating(f"job {sid}", now) as f.beat, Watch(f, job.address, via, ctx.heartbeat):
                     done = _follow_or_submit(ctx, job, sid, bool(active), f)
             else:
                 done = _follow_or_submit(ctx, job, sid, bool(active), f)
@@ -244,6 +231,7 @@ def job_step(job: Job, log_file: Path | None = None) -> Step:
             maintenance.release(ctx, job.env, job.run_name)
             return Outcome(CHANGED, f"would run job {sid}")
         final = ctx.look(job_fact(job.address, sid, via), fresh=True)
+        f.ended(final)
         # The job ended (or was never made): the hold goes with it.
         ended = not (isinstance(final, dict) and final.get("status") in ("PENDING", "RUNNING"))
         if ended and (line := maintenance.release(ctx, job.env, job.run_name)):
@@ -255,6 +243,9 @@ def job_step(job: Job, log_file: Path | None = None) -> Step:
         for line in f.summary.lines():
             ctx.echo(f"  {line}")
         _keep_metrics(ctx, job, f.summary, sid)
+        if f.stopped and isinstance(final, dict) and final.get("status") == "STOPPED":
+            return Outcome(FAILED, f"job {sid} STOPPED after a stall (stall_action: stop): `invoke train` resumes "
+                                   f"run {job.run_name} from its last checkpoint")
         return _verdict(job, sid, final, f.summary, log_file)
 
     return Step(PLAY, f"job {job.run_name} ({job.model}{', elastic' if job.elastic else ''})", run=run,

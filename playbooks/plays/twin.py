@@ -6,8 +6,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from .. import hosts
-from ..core.command import quote
+from .. import hosts, timeline
+from ..core.command import Command, quote
 from ..core.facts import ABSENT, Action, Fact, assume
 from ..core.pidfile import PidFile
 from ..core.step import Await, Broken, Step, Verify, change, fail, ok, wait
@@ -28,6 +28,7 @@ from ..twin import (
     pod_type,
     port_range,
     registered,
+    workers_fact,
 )
 
 PLAY = "twin"
@@ -168,7 +169,10 @@ def chaos_steps(env: Environment, restore_after: float) -> list[Step]:
     def decide_kill(look):
         for h in all_hosts:
             if look(running[h.name]):
-                return change(kill(pidfile(env, h.name)), reason=f"killed TPU host {h.name}",
+                return change(kill(pidfile(env, h.name)),
+                              record(env, "worker_lost", host=h.name, by="chaos",
+                                     cause="SIGKILL of its Ray node (chaos.delete-worker)"),
+                              reason=f"killed TPU host {h.name}",
                               would=f"kill TPU host {h.name}", found=f"TPU host {h.name} running")
         return fail("no simulated TPU host is running: run `invoke up` first")
 
@@ -197,4 +201,64 @@ def chaos_steps(env: Environment, restore_after: float) -> list[Step]:
         out.append(Step("chaos", "bring the TPU host back", decide_restore, id="chaos:restore",
                         after=("chaos:kill",),
                         verify=Verify(hosts_state_fact(env), all_joined, timeout=START_TIMEOUT, interval=2)))
+    return out
+
+
+def record(env: Environment, kind: str, **fields: Any) -> Action:
+    """A chaos event, in the timeline of the running job's run."""
+    def go() -> None:
+        timeline.record(env, kind, **fields)
+    return Action(timeline.record_line(env, kind), go)
+
+
+def hang_steps(env: Environment, restore_after: float) -> list[Step]:
+    """Freeze the training worker of one simulated TPU host (SIGSTOP: its
+    Ray node, the raylet, stays up, so Ray does not declare the node dead:
+    the job hangs, as a worker stuck in a collective or in
+    jax.distributed.initialize does); resume it after ``restore_after``
+    seconds (SIGCONT; 0: leave it frozen)."""
+    workers = workers_fact(env)
+
+    def frozen(s: Any) -> list[tuple[str, list[dict]]]:
+        return [(h, ws) for h, ws in (s or {}).items() if ws and all(w["stopped"] for w in ws)]
+
+    def decide_hang(look):
+        s = look(workers)
+        if frozen(s):
+            h, ws = frozen(s)[0]
+            return ok(f"the training worker of TPU host {h} is already frozen "
+                      f"(pid {', '.join(str(w['pid']) for w in ws)})")
+        host, ws = next(((h, w) for h, w in (s or {}).items() if w), (None, []))
+        if host is None:
+            return fail("no training worker runs on any simulated TPU host: start a job first (`invoke train`)")
+        pids = [str(w["pid"]) for w in ws]
+        return change(Command(("kill", "-STOP", *pids)),
+                      record(env, "worker_hung", host=host, pids=pids, by="chaos",
+                             cause=f"SIGSTOP of its training worker, pid {', '.join(pids)} (chaos.hang-worker)"),
+                      reason=f"froze the training worker of TPU host {host} (pid {', '.join(pids)}, SIGSTOP); its "
+                             f"Ray node stays up", would=f"freeze the training worker of TPU host {host}",
+                      found=f"pid {', '.join(pids)} running")
+
+    out = [Step("chaos", "freeze one TPU host's training worker", decide_hang, id="chaos:hang",
+                verify=Verify(workers, lambda s: None if frozen(s) else "not stopped yet", timeout=30, interval=1))]
+    if restore_after > 0:
+        # A dry run assumes the freeze took, so it shows the resume.
+        stopped = assume(workers, {h: [dict(w, stopped=True) for w in ws] for h, ws in workers.assumed.items()})
+
+        def decide_resume(look):
+            s = look(stopped)
+            if not frozen(s):
+                return ok("no training worker is frozen: nothing to resume")
+            h, ws = frozen(s)[0]
+            pids = [str(w["pid"]) for w in ws]
+            return change(Action(f"sleep {restore_after:g}", lambda: time.sleep(restore_after)),
+                          Command(("kill", "-CONT", *pids)),
+                          record(env, "worker_resumed", host=h, pids=pids, by="chaos",
+                                 cause=f"SIGCONT after {restore_after:g}s (chaos.hang-worker)"),
+                          reason=f"resumed the training worker of TPU host {h} after {restore_after:g}s (SIGCONT)",
+                          would=f"resume it after {restore_after:g}s", found=f"pid {', '.join(pids)} frozen")
+
+        out.append(Step("chaos", "resume the training worker", decide_resume, id="chaos:resume", after=("chaos:hang",),
+                        verify=Verify(stopped, lambda s: "still stopped" if frozen(s) else None, timeout=30,
+                                      interval=1)))
     return out

@@ -125,6 +125,19 @@ class LocalConnector(Connector):
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_bytes(data)
 
+    def append(self, path: str, data: bytes) -> None:
+        """Add ``data`` at the end of a file (made, with its folders, when
+        missing) in one write: lines appended by several processes at once
+        (a job's follower, a chaos task) never interleave. This machine only:
+        a run's records are kept here."""
+        p = Path(self.path(path))
+        p.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(p, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+
     def remove(self, path: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             Path(self.path(path)).unlink()

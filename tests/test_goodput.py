@@ -1,0 +1,373 @@
+"""A run's timeline and what it costs: the goodput accounting on synthetic
+timelines (every second given to one cause; replayed steps; two incidents;
+a stall), the stall rule and its line, and the events read from real Ray
+Train and Ray log lines."""
+from __future__ import annotations
+
+import itertools
+import json
+import time
+
+import pytest
+
+from playbooks import goodput, stall, timeline
+
+T0 = 1_800_000_000.0
+
+
+def ev(t: float, kind: str, step: int | None = None, **fields) -> dict:
+    return {"t": T0 + t, "kind": kind, "step": step, "source": "test", "job": "run-1", **fields}
+
+
+def steps(first: int, last: int, t: float, every: float = 1.0, seconds: float | None = None) -> list[dict]:
+    """Steps first..last, one every ``every`` seconds, the first at ``t``."""
+    return [ev(t + i * every, "step", s, seconds=seconds or every) for i, s in enumerate(range(first, last + 1))]
+
+
+def start(t_group: float = 10.0, first_step_at: float = 26.0) -> list[dict]:
+    """Submitted at 0, a worker group at 10, a compile 15-25, step 0 at 26 (14 s with its compile)."""
+    return [ev(0, "submitted"), ev(t_group, "workers_started", workers=2), ev(12, "jax_initialized"),
+            ev(15, "compile_started"), ev(25, "compile_ended", seconds=10.0),
+            ev(first_step_at, "step", 0, seconds=14.0), ev(first_step_at, "first_step", 0)]
+
+
+def adds_up(r: dict) -> float:
+    return r["productive_s"] + sum(r["badput_s"].values())
+
+
+def test_a_clean_run_each_second_has_one_cause_and_they_add_up():
+    events = start() + steps(1, 9, 27) + [ev(31.5, "checkpoint_saved", 5, seconds=0.4), ev(37, "job_end",
+                                                                                          status="SUCCEEDED")]
+    r = goodput.account(events, "run")
+    assert r["wall_s"] == 37.0 and not r["running"]
+    assert r["badput_s"]["scheduling"] == 10.0
+    assert r["badput_s"]["startup"] == 2.0  # the group at 10 until step 0 began (26 - 14)
+    assert r["badput_s"]["compile"] == 10.0
+    assert r["badput_s"]["checkpoint"] == pytest.approx(0.4)
+    assert r["badput_s"]["other"] == 2.0  # after the last step until the job's end
+    assert r["productive_s"] == pytest.approx(4.0 + 9 - 0.4)
+    assert adds_up(r) == pytest.approx(r["wall_s"], abs=1e-6)
+    assert r["steps"] == {"counted": 10, "replayed": 0} and r["incidents"] == []
+    assert r["goodput_pct"] == pytest.approx(100 * r["productive_s"] / 37, abs=0.01)
+
+
+def test_a_worker_group_starts_at_the_trainers_time_not_when_rays_line_is_read():
+    events = [ev(0, "submitted"), ev(9, "jax_initialized"), ev(10, "workers_started", workers=2),
+              *steps(0, 3, 20), ev(24, "job_end")]
+    r = goodput.account(events, "run")
+    assert r["badput_s"]["scheduling"] == 9.0 and r["badput_s"]["startup"] == 10.0
+
+
+def incident(t: float, lost_by: str = "chaos", restored: int = 10, first: int = 11, upto: int = 20) -> list[dict]:
+    """A worker lost at t; Ray Train's failure at t+5; a new group at t+20;
+    restore t+25..t+26; compile t+27..t+37; step ``first`` at t+38 (12 s),
+    then one step a second up to ``upto``."""
+    return [ev(t, "worker_lost", by=lost_by, host="tpu-group-0-0"),
+            ev(t + 5, "failure", decision="RETRY", n=1),
+            ev(t + 20, "workers_restarted", workers=1),
+            ev(t + 25, "restore_started", restored), ev(t + 26, "restored", restored, seconds=1.0),
+            ev(t + 37, "compile_ended", seconds=10.0),
+            ev(t + 38, "step", first, seconds=12.0), ev(t + 38, "first_step_after_restore", first,
+                                                          restored_from=restored),
+            *steps(first + 1, upto, t + 39)]
+
+
+def test_one_incident_lost_at_restored_from_replayed_and_time_to_recover():
+    events = start() + steps(1, 15, 27) + incident(42.5) + [ev(100, "job_end", status="SUCCEEDED")]
+    r = goodput.account(events, "run")
+    [i] = r["incidents"]
+    assert (i["kind"], i["lost_at_step"], i["restored_from_step"], i["replayed_steps"]) == ("worker_lost", 15, 10, 5)
+    assert i["recover_s"] == 38.0 and i["detect_s"] == 5.0 and "chaos" in i["by"]
+    # Steps 11..15 ran twice: the second time is badput.
+    assert r["steps"] == {"counted": 21, "replayed": 5}
+    b = r["badput_s"]
+    assert b["detection"] == 5.0  # the loss until Ray Train's failure
+    assert b["restore"] == 1.0 and b["compile"] == 20.0
+    # Lost work: the step in progress at the loss (step 15 ended at 41);
+    # then steps 11..15 again: step 11's 12 s less its 10 s compile, 4 x 1 s.
+    assert b["replayed"] == pytest.approx(1.5 + 2.0 + 4.0)
+    assert adds_up(r) == pytest.approx(r["wall_s"], abs=1e-6)
+
+
+def test_two_incidents_are_two_and_a_second_loss_before_recovering_is_the_same_one():
+    events = (start() + steps(1, 15, 27) + incident(42.5, upto=25)
+              + [ev(110, "resize", workers_from=1, workers=2, n=1), ev(112, "workers_restarted", workers=2, n=2),
+                 ev(113, "failure", decision="RETRY", n=2), ev(120, "workers_restarted", workers=2, n=3),
+                 ev(121, "restore_started", 20), ev(122, "restored", 20, seconds=1.0),
+                 *steps(21, 30, 130), ev(145, "job_end", status="SUCCEEDED")])
+    r = goodput.account(events, "run")
+    first, second = r["incidents"]
+    assert (first["lost_at_step"], first["restored_from_step"], first["replayed_steps"]) == (15, 10, 5)
+    assert second["kind"] == "resize" and second["failures"] == 1
+    assert (second["lost_at_step"], second["restored_from_step"], second["replayed_steps"]) == (25, 20, 5)
+    assert second["recover_s"] == 20.0
+    assert r["steps"]["replayed"] == 10
+    assert adds_up(r) == pytest.approx(r["wall_s"], abs=1e-6)
+
+
+def test_a_stall_is_its_own_badput_and_incident():
+    events = start() + steps(1, 5, 27) + [
+        ev(29.0, "worker_hung", by="chaos", host="tpu-group-1-0", cause="SIGSTOP"),
+        ev(43.0, "stall_started", 5, since=T0 + 31.0), ev(71.0, "step", 6, seconds=40.0),
+        ev(71.0, "stall_ended", 6, since=T0 + 31.0, seconds=40.0), *steps(7, 9, 72), ev(75, "job_end")]
+    r = goodput.account(events, "run")
+    [i] = r["incidents"]
+    assert i["kind"] == "stall" and i["lost_at_step"] == 5 and i["replayed_steps"] == 0
+    assert i["recover_s"] == 40.0 and "chaos (tpu-group-1-0)" in i["by"]
+    assert r["badput_s"]["stall"] == 40.0
+    assert adds_up(r) == pytest.approx(r["wall_s"], abs=1e-6)
+
+
+def test_a_running_job_is_accounted_until_now_and_segments_tile_the_wall_time():
+    events = start() + steps(1, 5, 27)
+    r = goodput.account(events, "run", now=T0 + 40)
+    assert r["running"] and r["wall_s"] == 40.0
+    segs = goodput.segments(events, now=T0 + 40)
+    assert segs[0][0] == T0 and segs[-1][1] == T0 + 40
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(segs))
+    assert [s[2] for s in segs[:3]] == ["scheduling", "startup", "productive"]
+    assert goodput.account([], "run")["wall_s"] == 0.0
+
+
+def test_the_report_as_lines_and_json():
+    events = start() + steps(1, 15, 27) + incident(42.5) + [ev(100, "job_end", status="SUCCEEDED")]
+    r = goodput.account(events, "run")
+    text = "\n".join(goodput.lines(r))
+    assert "goodput of run run (job run-1)" in text
+    assert "lost at step 15, restored from step 10, 5 steps replayed, recovered in 38.0 s" in text
+    doc = json.loads(json.dumps(r))
+    for k in ("run", "wall_s", "productive_s", "goodput_pct", "badput_s", "incidents"):
+        assert k in doc
+    assert set(doc["badput_s"]) == set(goodput.CAUSES)
+    assert set(doc["incidents"][0]) >= {"kind", "lost_at_step", "restored_from_step", "replayed_steps", "recover_s"}
+
+
+# -- stalls -----------------------------------------------------------------------------
+def test_a_stall_is_no_step_for_stall_after_and_the_line_says_it():
+    events = start() + steps(1, 40, 27, every=2.0)  # p90 of the warm steps: 2 s
+    last = T0 + 27 + 39 * 2
+    assert stall.check(events, last + 599) is None  # default: max(10 x 2 s, 10 min)
+    s = stall.check(events, last + 600)
+    assert s is not None and s.last_step == 40 and s.p90 == 2.0
+    since = time.strftime("%H:%M", time.localtime(last))
+    assert s.line() == f"stalled: no step since {since} (10 min; last step 40; p90 step 2.0 s)"
+    assert stall.check(events, last + 14, stall_after=15) is None
+    assert stall.check(events, last + 15, stall_after=15) is not None
+    # A job of 41 steps whose last is done saves and ends: no step is due.
+    told = events + [ev(11, "jax_initialized", steps=41)]
+    assert stall.check(told, last + 3600, stall_after=15) is None
+    assert stall.check(told[:-3] + told[-1:], last + 3600, stall_after=15) is not None
+
+
+def test_before_a_groups_first_step_the_compile_is_allowed_for_and_a_loss_starts_it_again():
+    events = start()[:3]  # submitted, the group, jax initialized at 12
+    assert stall.check(events, T0 + 12 + 15 + 599, stall_after=15) is None  # 15 s + the compile allowance
+    assert stall.check(events, T0 + 12 + 15 + 600, stall_after=15) is not None
+    running = start() + steps(1, 5, 27)
+    lost = running + [ev(40, "worker_lost", by="chaos")]
+    assert stall.check(running, T0 + 60, stall_after=15) is not None
+    assert stall.check(lost, T0 + 60, stall_after=15) is None  # recovering, not hung
+    assert stall.compile_allowance([ev(1, "compile_ended", seconds=400.0)]) == 1200.0
+
+
+# -- the events of real log lines ---------------------------------------------------------------
+RAY_LINES = """\
+\x1b[36m(TrainController pid=12637)\x1b[0m Started training worker group of size 2:
+\x1b[36m(RayTrainWorker pid=12785)\x1b[0m trainer event: {"t": 1796165880.5, "kind": "worker_started", "step": null, "rank": 0, "workers": 2, "slice": "tpu-group-0", "host": "0"}
+\x1b[36m(RayTrainWorker pid=12785)\x1b[0m trainer event: {"t": 1796165930.25, "kind": "step", "step": 15, "seconds": 1.18}
+\x1b[36m(RayTrainWorker pid=12786)\x1b[0m jax.errors.JaxRuntimeError: UNKNOWN: Gloo all-reduce failed: Connection reset by peer
+(TrainController pid=12637) [FailurePolicy] RETRY
+(TrainController pid=12637)   Source: worker group
+(TrainController pid=12637)   Error count: 1 (max allowed: 3)
+(TrainController pid=12637) Error: Training failed due to worker errors:
+(TrainController pid=12637) [Rank 0 Error Snippet]:
+(raylet) The node with node id: 0547ab5ee06571eb03a6f22c63b2e1b382a5728dc349381c3d1c60ce and address: 127.0.0.13 and node name: 127.0.0.13 has been marked dead because the detector has missed too many heartbeats from it. This can happen when a 	(1) raylet crashes unexpectedly (OOM, etc.)
+(TrainController pid=12637) Detected ready resources for 1 workers in the cluster. Deciding to start/restart training with this worker group size.
+(TrainController pid=12637) Started training worker group of size 1:
+(TrainController pid=12637) Detected changes in the cluster resources. Deciding to resize the worker group from 1 -> 2 workers.
+(TrainController pid=12637) Started training worker group of size 2:
+(RayTrainWorker pid=1) trainer event: {"t": "not a time", "kind": "step"}
+(RayTrainWorker pid=1) trainer event: {not json
+"""
+
+
+def test_ray_train_and_ray_lines_become_events_stamped_when_read():
+    clock = iter(range(100, 200)).__next__
+    r = timeline.Reader("run-1", clock=lambda: float(clock()))
+    out = [e for line in RAY_LINES.splitlines() for e in r.feed(line)] + r.end()
+    kinds = [e["kind"] for e in out]
+    assert kinds == ["workers_started", "worker_started", "step", "failure", "worker_lost", "workers_restarted",
+                     "resize", "workers_restarted"]
+    by = {e["kind"]: e for e in out}
+    assert by["worker_started"]["t"] == 1796165880.5 and by["worker_started"]["source"] == "trainer"
+    assert by["failure"]["decision"] == "RETRY" and by["failure"]["origin"] == "worker group"
+    assert by["failure"]["error"] == "Training failed due to worker errors:" and by["failure"]["count"] == 1
+    assert by["failure"]["step"] == 15  # the last step the log had shown
+    assert by["worker_lost"]["by"] == "node" and "missed too many heartbeats" in by["worker_lost"]["cause"]
+    assert by["resize"]["workers_from"] == 1 and by["resize"]["workers"] == 2
+    assert [e["workers"] for e in out if e["kind"].startswith("workers_")] == [2, 1, 2]
+    assert all(e["job"] == "run-1" for e in out)
+
+
+def test_a_log_read_again_from_its_start_adds_nothing_twice(tmp_path, monkeypatch):
+    from playbooks import paths
+    monkeypatch.setattr(paths, "here", lambda rel: tmp_path / rel)
+
+    class Env:
+        name = "e"
+
+    w = timeline.Writer(Env(), "run", "run-1")
+    for n in range(2):
+        r = timeline.Reader("run-1", clock=lambda n=n: 1000.0 + n)
+        for line in RAY_LINES.splitlines():
+            w.add(r.feed(line))
+        w.add(r.end())
+        assert len(timeline.read(Env(), "run")) == 8
+    # A stamp is the first reading's; what another process appends is read back.
+    assert {e["t"] for e in timeline.read(Env(), "run") if e["source"] == "ray_train"} == {1000.0}
+    timeline.append(Env(), "run", [timeline.event("worker_lost", "chaos", t=2000.0, job="run-1", by="chaos")])
+    assert [e["kind"] for e in w.others()] == ["worker_lost"] and w.others() == []
+    # Attached to the job that started at 1000: all of it is this job's. A
+    # job of the same id submitted now (a new cluster) is another job.
+    assert len(timeline.Writer(Env(), "run", "run-1", since=1000.0).events) == 9
+    assert timeline.Writer(Env(), "run", "run-1").events == []
+    assert len(timeline.Writer(Env(), "run", "run-2").events) == 9
+
+
+# -- the pod watch (GKE): what lost a worker, in Kubernetes' words ------------------------------
+def pod(name: str, uid: str = "u1", node: str | None = "gke-tpu-1", **status) -> dict:
+    return {"metadata": {"name": name, "uid": uid, "labels": {"ray.io/node-type": "worker",
+                                                                "ray.io/worker-group-replica-name": "tpu-group-x1"}},
+            "spec": {"nodeName": node},
+            "status": {"phase": "Running", "conditions": [
+                {"type": "PodScheduled", "status": "True", "lastTransitionTime": "2026-12-01T10:00:00Z"}], **status}}
+
+
+def test_the_pod_watch_says_a_pod_scheduled_and_what_lost_one():
+    from playbooks import k8s
+    a, b, c = pod("w-a"), pod("w-b", "u2"), pod("w-c", "u3", node=None, phase="Pending")
+    assert k8s.pod_changes({}, {"w-a": a}, [], 5.0)[0]["kind"] == "scheduled"  # a first look sees it placed
+    # Spot: the kubelet shut the node down (GKE's graceful node shutdown).
+    shut = pod("w-a", deletionTimestamp="2026-12-01T10:05:00Z", reason="Terminated",
+               message="Pod was terminated in response to imminent node shutdown.")
+    shut["status"]["conditions"].append({"type": "DisruptionTarget", "status": "True", "reason": "TerminationByKubelet",
+                                         "message": "Pod was terminated in response to imminent node shutdown.",
+                                         "lastTransitionTime": "2026-12-01T10:04:59Z"})
+    [lost] = k8s.pod_changes({"w-a": a}, {"w-a": shut}, [], 100.0, capacity="spot")
+    assert (lost["kind"], lost["by"], lost["pod"], lost["slice"]) == ("worker_lost", "preemption", "w-a", "tpu-group-x1")
+    assert "TerminationByKubelet" in lost["cause"] and lost["t"] == 1796119499.0
+    assert k8s.pod_changes({"w-a": a}, {"w-a": shut}, [], 100.0)[0]["by"] == "maintenance"  # on-demand
+    assert k8s.pod_changes({"w-a": shut}, {"w-a": shut}, [], 101.0) == []  # said once
+    # A container that failed; a pod gone with its node; a new pod scheduled.
+    oom = pod("w-b", "u2", phase="Failed", containerStatuses=[
+        {"name": "ray-worker", "restartCount": 0, "state": {"terminated": {"reason": "OOMKilled", "exitCode": 137}}}])
+    [failed] = k8s.pod_changes({"w-b": b}, {"w-b": oom}, [], 100.0)
+    assert failed["by"] == "pod failed" and failed["cause"] == "container ray-worker OOMKilled (exit code 137)"
+    gone = k8s.pod_changes({"w-b": b}, {}, [{"involvedObject": {"name": "w-b"}, "type": "Warning",
+                                             "reason": "NodeNotReady", "message": "Node is not ready"}], 100.0)
+    assert [(e["by"], e["cause"]) for e in gone] == [("node gone", "NodeNotReady: Node is not ready")]
+    assert k8s.pod_changes({"w-b": b}, {}, [], 100.0)[0]["by"] == "deleted"
+    placed = pod("w-c", "u3", node="gke-tpu-2")
+    [s] = k8s.pod_changes({"w-c": c}, {"w-c": placed}, [], 100.0)
+    assert (s["kind"], s["node"], s["slice"]) == ("scheduled", "gke-tpu-2", "tpu-group-x1")
+
+
+# -- the watch beside a followed job ------------------------------------------------------------
+class FakeContext:
+    """What a follower asks of its step: the mode, a look at the job, a
+    command run, lines said."""
+
+    acting = True
+
+    def __init__(self, status: str = "RUNNING"):
+        self.said: list[str] = []
+        self.ran: list[str] = []
+        self.status = status
+
+    def echo(self, line: str) -> None:
+        self.said.append(line)
+
+    def note(self, text: str) -> None:
+        self.said.append(f"note {text}")
+
+    def peek(self, fact) -> dict:
+        return {"status": self.status, "start_time": (T0 - 100) * 1000}
+
+    def act(self, command) -> None:
+        self.ran.append(command.line())
+
+
+class WatchedEnv:
+    name, kind, ray_ip, dashboard_port = "e", "local", "127.0.0.1", 8265
+
+    def __init__(self, stall_after: int | None, stall_action: str):
+        self.stall_after, self.stall_action = stall_after, stall_action
+
+
+@pytest.mark.parametrize("action", ["report", "stop"])
+def test_a_stalled_job_is_said_once_with_its_cause_and_stopped_when_asked(tmp_path, monkeypatch, action):
+    from playbooks import follow, paths
+    monkeypatch.setattr(paths, "here", lambda rel: tmp_path / rel)
+    ctx, env = FakeContext(), WatchedEnv(30, action)
+    f = follow.Follower(ctx, env, "run", "run-1")
+    lines = [f"(RayTrainWorker pid=1) trainer event: {json.dumps(e)}"
+             for e in start() + steps(1, 5, 27)]
+    for line in lines:
+        f.line(line)
+    timeline.append(env, "run", [ev(32, "worker_hung", by="chaos", host="tpu-group-1-0",
+                                    cause="SIGSTOP of its training worker, pid 7 (chaos.hang-worker)")])
+    now = [T0 + 40.0]
+    w = follow.Watch(f, "http://127.0.0.1:8265", None, 1.0, clock=lambda: now[0])
+    w.tick()
+    assert not [s for s in ctx.said if s.startswith("stalled")]  # 9 s without a step: not yet
+    now[0] = T0 + 31 + 30
+    w.tick()
+    w.tick()
+    stalled = [s for s in ctx.said if s.startswith("stalled")]
+    assert len(stalled) == 1 and stalled[0].endswith("(30 s; last step 5; p90 step 1.0 s)")
+    assert "  why: chaos (tpu-group-1-0): SIGSTOP of its training worker, pid 7 (chaos.hang-worker)" in ctx.said
+    assert ctx.ran == (["ray job stop --address http://127.0.0.1:8265 run-1"] if action == "stop" else [])
+    assert f.stopped == (action == "stop")
+    f.line(f"(RayTrainWorker pid=1) trainer event: {json.dumps(ev(70, 'step', 6, seconds=39.0))}")
+    assert ctx.said[-1] == "stall ended: step 6 after 39 s without a step"
+    kinds = [e["kind"] for e in timeline.read(env, "run")]
+    assert kinds.count("stall_started") == 1 and kinds.count("stall_ended") == 1
+    assert ("stopped" in kinds) == (action == "stop") and "submitted" in kinds
+
+
+def test_a_job_that_is_not_running_is_not_stalled(tmp_path, monkeypatch):
+    from playbooks import follow, paths
+    monkeypatch.setattr(paths, "here", lambda rel: tmp_path / rel)
+    ctx, env = FakeContext(status="PENDING"), WatchedEnv(30, "stop")
+    f = follow.Follower(ctx, env, "run", "run-1")
+    for e in start():
+        f.line(f"trainer event: {json.dumps(e)}")
+    follow.Watch(f, "http://127.0.0.1:8265", None, 1.0, clock=lambda: T0 + 10_000).tick()
+    assert ctx.said == [] and ctx.ran == []
+
+
+def test_status_says_a_running_job_is_stalled_from_its_log_and_its_chaos(tmp_path, monkeypatch):
+    """`invoke status` reads the job's log (the trainer's events carry their
+    time; Ray's lines, stamped when read, do not count) and what the chaos
+    tasks recorded in the run's timeline."""
+    from playbooks import paths, status
+    from playbooks.core.facts import Completed
+    monkeypatch.setattr(paths, "here", lambda rel: tmp_path / rel)
+    now = time.time()
+
+    def log(events: list[dict]) -> Completed:
+        text = "\n".join(["(TrainController pid=9) Started training worker group of size 2:"]
+                         + [f"(RayTrainWorker pid=1) trainer event: {json.dumps(dict(e, t=now - 100 + e['t'] - T0))}"
+                            for e in events])
+        return Completed("ray job logs ...", 0, text, "")
+
+    env = WatchedEnv(30, "report")
+    fact = status.stall_fact(env, "run-1")
+    line = fact.parse(log(start() + steps(1, 5, 27)))  # the last step 100 - 31 = 69 s ago
+    assert line.startswith("stalled: no step since ") and line.endswith("(1 min; last step 5; p90 step 1.0 s)")
+    assert fact.parse(log(start() + steps(1, 5, 27) + [ev(95, "step", 6, seconds=1.0)])) == ""
+    # A worker lost (recorded by chaos) 10 s ago: the job is recovering, not stalled.
+    timeline.append(env, "run", [timeline.event("worker_lost", "chaos", t=now - 10, job="run-1", by="chaos")])
+    assert fact.parse(log(start() + steps(1, 5, 27))) == ""
+    with pytest.raises(Exception, match="could not read it"):
+        fact.parse(Completed("ray job logs ...", 1, "", "RuntimeError: no such job"))
