@@ -21,6 +21,7 @@ from .gke import kube, nodepool_name, raycluster_fact
 from .hosts import connector
 from .rayapi import jobs_fact, ours, run_of
 from .schema import Environment
+from .slices import pods_fact
 
 PLAY = "status"
 POOL_LABEL = "cloud.google.com/gke-nodepool"
@@ -59,7 +60,11 @@ def tpu_nodes_step(env: Environment) -> Step:
                 short.append(f"{name} {ready} of {env.hosts_per_slice} nodes ready")
         if short and env.capacity == "flex-start":
             # flex-start pools have nodes only while workers ask for them
-            return ok("flex-start: " + "; ".join(short))
+            return ok("flex-start: " + "; ".join(short), note="waiting: " + "; ".join(short))
+        if short and env.slices - len(short) >= env.min_slices:
+            # min_slices whole pools are enough; the others are still coming
+            return ok(f"{env.slices - len(short)} of {env.slices} pools have their nodes (min_slices "
+                      f"{env.min_slices}); waiting: " + "; ".join(short), note="waiting: " + "; ".join(short))
         if short:
             return fail("; ".join(short))
         return ok(f"every pool has its {env.hosts_per_slice} nodes ready")
@@ -69,19 +74,24 @@ def tpu_nodes_step(env: Environment) -> Step:
 
 
 def workers_step(env: Environment) -> Step:
-    probe = raycluster_fact(env)
+    """The RayCluster's slices: as asked when min_slices are whole; the
+    slices still waiting named, with their Kubernetes causes."""
+    probe, pods = raycluster_fact(env), pods_fact(env)
 
     def decide(look):
-        rc = look(probe)
-        if rc is ABSENT:
+        if look(probe) is ABSENT:
             return ok("no RayCluster yet")
-        why = k8s.ready(env, rc)
-        if why is None:
-            return ok(f"head and {env.slices * env.hosts_per_slice} TPU workers ready")
+        s = look(pods)
+        if s.complete:
+            return ok(f"head and {env.slices * env.hosts_per_slice} TPU workers ready ({s.text()})")
         causes = look(k8s.causes_fact(env))
-        return fail(f"{why}" + (f"; why: {'; '.join(causes)}" if causes else ""))
+        why = f"; why: {'; '.join(causes)}" if causes else ""
+        if s.enough(env.min_slices):
+            return ok(f"{s.text(env.min_slices)}{why}", note=s.waiting_text())
+        return fail(f"{s.text(env.min_slices)}{why}")
 
-    return Step(PLAY, "RayCluster workers", decide, id="status:workers", after=("raycluster:apply",), probes=(probe,))
+    return Step(PLAY, "RayCluster workers", decide, id="status:workers", after=("raycluster:slices",),
+                probes=(probe, pods))
 
 
 def _age(ms: Any) -> str:
@@ -127,11 +137,14 @@ def jobs_step(env: Environment) -> Step:
 
 
 def steps(env: Environment) -> list[Step]:
+    """`up`'s probes, with the TPU nodes and the workers (why they are not
+    ready) before the dashboard's steps: a worker's Kubernetes cause is the
+    diagnosis, not the Ray node it is missing."""
     out = plan.up_steps(env)
     if env.kind != "local":
-        if env.mode == "standard":
-            out.append(tpu_nodes_step(env))
-        out.append(workers_step(env))
+        mine = ([tpu_nodes_step(env)] if env.mode == "standard" else []) + [workers_step(env)]
+        at = next((i for i, s in enumerate(out) if s.play == "dashboard"), len(out))
+        out = out[:at] + mine + out[at:]
     out.append(jobs_step(env))
     return out
 

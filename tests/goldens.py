@@ -33,6 +33,8 @@ TASKS = {
     "train-llama3-70b-fits": ["train", "--model=llama3-70b", "--preset=fits"],
     "chaos": ["chaos.delete-worker"],
     "teardown": ["teardown"],
+    # A chain that will make node pools: the capacity checks run first, in its first task.
+    "chain-network-cluster-nodepools": ["network", "cluster", "nodepools"],
 }
 
 

@@ -723,7 +723,7 @@ def test_each_cause_of_a_stuck_worker_is_said_in_one_line_by_the_kubernetes_clie
                                                                                  monkeypatch):
     """The real `kubernetes` client (its exec plugin: gke-gcloud-auth-plugin)
     against the fake API server: pods, their states and events."""
-    from playbooks import k8s
+    from playbooks import k8s, slices
     cloud.seed_full()
     cloud.get_credentials()
     kwargs, words = CAUSES[cause]
@@ -735,8 +735,12 @@ def test_each_cause_of_a_stuck_worker_is_said_in_one_line_by_the_kubernetes_clie
     from playbooks import hosts
     monkeypatch.setattr(hosts, "_local", None)  # this machine's connector, with the fakes' environment
     e = cloud.envdata()
-    rc = cloud.kube.get("rayclusters", "maxtext-tpu-cluster", "default")
-    assert k8s.ready(e, rc) == "head ready, 6 of 8 TPU workers ready"
+    # A slice is whole when every worker of its replica is ready: the broken
+    # pods' replicas are not.
+    broken = {slices.replica(cloud.kube.get("pods", p, "default")) for p in pods}
+    s = slices.from_pods(e, cloud.kube.list("pods", "default"))
+    assert s.head is True and set(s.whole) == {"slice 0", "slice 1"} - broken, s
+    assert [name for name, _ in s.waiting] == sorted(broken), s
     found = k8s.causes(e)
     assert len(found) == 1, found               # one line per cause, not one per pod
     assert words in found[0] and f"(2 pods: {pods[0]}, {pods[1]})" in found[0], found

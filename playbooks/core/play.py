@@ -17,7 +17,7 @@ from .errors import PlaybookError, Unreachable, cause_of
 from .facts import Action, Completed, Fact
 from .recap import CHANGED, FAILED, FAILING, OK, SKIPPED, UNREACHABLE, Recap, Reporter, StepResult, banner
 from .runner import Mode, Runner, StepLog
-from .step import CHANGE, DRIFT, FAIL, SKIP, UNCHECKED, WAIT, Await, Broken, Step, Verify, poll
+from .step import CHANGE, DRIFT, FAIL, SKIP, UNCHECKED, WAIT, Await, Broken, Decision, Step, Verify, poll
 from .step import OK as D_OK
 
 
@@ -112,6 +112,7 @@ class Outcome:
     cause: str = ""  # what failed, without where (the same cause met by several steps is one)
     found: str = ""  # a change's "what is there now" (missing, not running), for reports
     data: Any = None  # what the step hands on (Ansible's register), in its StepResult
+    note: str = ""  # what the recap says beside an ok (what is not whole yet)
 
 
 def verify(ctx: StepContext, step: Step) -> str | None:
@@ -242,7 +243,7 @@ def execute(step: Step, ctx: StepContext) -> Outcome:
     assumed = ctx.dry and ctx.looked > 0
     if decision.kind == D_OK:
         return Outcome(OK, f"would check: {decision.reason}" if assumed and decision.reason else decision.reason,
-                       data=decision.data)
+                       data=decision.data, note=decision.note)
     if decision.kind == DRIFT:
         return Outcome(FAILED, f"drift: {decision.reason}")
     if decision.kind == FAIL:
@@ -280,8 +281,23 @@ def execute(step: Step, ctx: StepContext) -> Outcome:
         why = verify(ctx, step)
         if why is not None:
             return Outcome(FAILED, f"{decision.reason}; still not ready: {why}")
-        return Outcome(OK, decision.reason)
+        return _after_wait(ctx, step, decision)
     raise AssertionError(f"unknown decision {decision.kind}")
+
+
+def _after_wait(ctx: StepContext, step: Step, waited: Decision) -> Outcome:
+    """A wait passed: the step decides again, on what its verify saw (the
+    runner's latest answers, no new probe lines), to say what is now; the
+    wait's own reason if that decision is not ok."""
+    quiet = _Quiet(ctx.log)
+    assert step.decide is not None
+    try:
+        again = step.decide(lambda f: ctx.runner.look(f, quiet, step.title))
+    except PlaybookError:
+        again = waited
+    if again.kind == D_OK:
+        return Outcome(OK, again.reason or waited.reason, data=again.data, note=again.note)
+    return Outcome(OK, waited.reason)
 
 
 class Playbook:
@@ -331,7 +347,7 @@ class Playbook:
                 out = Outcome(FAILED, f"{why}\n{out.reason}", out.cause, out.found)
         seconds = time.monotonic() - start
         out = self._check_mode_dependents(step, Outcome(out.outcome, shown(out.reason), out.cause, out.found,
-                                                        out.data))
+                                                        out.data, shown(out.note)))
         if out.outcome == CHANGED and not self.runner.acting and not out.reason.startswith("would "):
             # Check mode and dry runs never say that something happened.
             out.reason = f"would change: {out.reason}" if out.reason else "would change"
@@ -350,7 +366,7 @@ class Playbook:
         else:
             self.reporter.line(end)
         return StepResult(step.id, step.title, out.outcome, out.reason.splitlines()[0] if out.reason else "",
-                          seconds, log.lines, cause, out.found, out.data)
+                          seconds, log.lines, cause, out.found, out.data, out.note)
 
     def _keep_traceback(self, step: Step) -> str:
         """The traceback, kept in the run's log folder: where it is."""

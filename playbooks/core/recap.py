@@ -26,6 +26,7 @@ class StepResult:
     cause: str = ""  # a failure's cause, without the step's own name or command
     found: str = ""  # a change's "what is there now", for reports
     data: Any = None  # what the step handed on (a decision's data)
+    note: str = ""  # said beside an ok in the recap: what is as asked for now, not whole yet
 
 
 @dataclass
@@ -57,7 +58,8 @@ class Recap:
         width = max([len(r.title) for r in self.results] + [len(t) for t in self.not_run] + [10])
         for r in self.results:
             t = f"  {r.seconds:7.1f}s" if self.timed else ""
-            why = f"  {r.reason}" if r.reason and r.outcome in (FAILED, SKIPPED, UNREACHABLE) else ""
+            why = f"  {r.reason}" if r.reason and r.outcome in (FAILED, SKIPPED, UNREACHABLE) else \
+                f"  {r.note}" if r.note else ""
             out.append(f"  {r.title:<{width}}  {r.outcome:<8}{t}{why}".rstrip())
         for title in self.not_run:
             out.append(f"  {title:<{width}}  not run (stopped after a failure)")

@@ -9,13 +9,14 @@ from typing import IO, Any
 
 from .. import hosts, metrics, paths
 from ..core.errors import InputError
-from ..core.facts import ABSENT, Action, Completed
+from ..core.facts import ABSENT, Action, Completed, Fact, assume
 from ..core.play import Outcome, StepContext
 from ..core.recap import CHANGED, FAILED, SKIPPED
-from ..core.step import Step, Verify, change, ok, skipped
+from ..core.step import Step, Verify, change, fail, ok, skipped
 from ..job import Job, checkpoints_fact, checkpoints_place, remove_checkpoints, submit_command
-from ..rayapi import job_fact, job_logs_command, jobs_fact, ours, submission_number
+from ..rayapi import job_fact, job_logs_command, jobs_fact, nodes_fact, ours, submission_number
 from ..schema import Environment
+from ..slices import from_ray, ray_nodes_as_asked
 from ..trainlog import HIDE, SHOW, Summary, clean
 
 PLAY = "train"
@@ -63,6 +64,35 @@ def preemption_note(env: Environment, job: Job) -> list[Step]:
     line = (f"capacity: {env.capacity}: a preemption ends this job (it resumes from its last checkpoint when run "
             f"again); `invoke train --elastic` goes on with the slices left and grows back")
     return [Step(PLAY, "preemption", lambda look: ok(line), id="train:preemption")]
+
+
+def ray_nodes(job: Job) -> Fact:
+    """Ray's nodes, where the job is submitted (a dry run assumes every slice)."""
+    return assume(nodes_fact(job.address, hosts.connector(job.env)), ray_nodes_as_asked(job.env))
+
+
+def slices_step(env: Environment, job: Job) -> Step:
+    """A job starts on whole slices, as Ray sees them: an elastic one on
+    those ready (it grows when the rest arrive); one that is not elastic
+    only on every slice, else it is refused before it is submitted."""
+    probe = ray_nodes(job)
+
+    def decide(look):
+        nodes = look(probe)
+        if nodes is ABSENT:
+            return fail(f"no Ray dashboard answers at {job.address}: run `invoke up` (or `invoke dashboard`)")
+        s = from_ray(env, nodes)
+        if s.complete:
+            return ok(f"every slice is whole in Ray ({s.count} of {s.want})")
+        if job.elastic and s.count >= 1:
+            return ok(f"{s.text()}: the elastic job starts on {s.count} and grows when the rest arrive",
+                      note=s.waiting_text())
+        if job.elastic:
+            return fail(f"{s.text()}: no whole slice to start on yet (`invoke up` waits for min_slices of them)")
+        return fail(f"{s.text()}: a job that is not elastic needs every slice; `invoke train --elastic` would start "
+                    f"on the {s.count} ready and grow when the rest arrive")
+
+    return Step(PLAY, "slices in Ray", decide, id="train:slices", probes=(probe,))
 
 
 # -- the job ----------------------------------------------------------------
@@ -156,11 +186,13 @@ def job_step(job: Job, log_file: Path | None = None) -> Step:
         f = Follower(ctx, log_file)
 
         def now() -> str:
-            """What a heartbeat says of the job: its status, its last step."""
+            """What a heartbeat says of the job: its status, its last step,
+            and the slices not (yet) whole in Ray."""
             j = ctx.peek(job_fact(job.address, sid, via))
             status = j.get("status", "?") if isinstance(j, dict) else "not listed yet"
             step = f"last step {f.summary.last_step}" if f.summary.last_step is not None else "no step yet"
-            return f"status {status}, {step}"
+            s = from_ray(job.env, ctx.peek(ray_nodes(job)))
+            return f"status {status}, {step}" + ("" if s.complete else f"; {s.text()}")
 
         try:
             if ctx.acting:
