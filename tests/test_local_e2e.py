@@ -35,8 +35,9 @@ OFFSET = int(os.environ.get("PLAYBOOK_E2E_OFFSET", "0"))
 GCS_PORT = 6500 if OFFSET == 0 else 9000 + 100 * OFFSET  # (+ about 30 ports after it)
 # Slice 1's host joins this long after `invoke train` starts it: after the
 # job has started on slice 0 (its submit, driver and first worker group take
-# 10-30 s on a loaded machine), so that it visibly grows from one slice to two.
-LATE = 45
+# 10-30 s on a loaded machine) and trained on it for a while (its first
+# compile takes 30-90 s), so that it visibly grows from one slice to two.
+LATE = 120
 
 
 @pytest.fixture(scope="module")
@@ -128,6 +129,7 @@ def run(local, tmp_path_factory) -> Run:
         rc, r.chaos = local("chaos.delete-worker", "--restore-after=0", timeout=300)
         assert rc == 0, r.chaos
         wait_for(r"Started training worker group of size 1")
+        wait_for(r"completed step: ")          # it goes on with one slice (from its last checkpoint)
         rc, r.restore = local("up", timeout=300)
         assert rc == 0, r.restore
         rest, _ = job.communicate(timeout=900)
@@ -208,9 +210,9 @@ def test_the_job_goes_on_with_one_slice_and_grows_back(run: Run):
     restored = [int(x) for x in summary_value(run.out, "restored from checkpoint step(s)").split(", ")]
     assert len(restored) >= 2 and all(s > 0 for s in restored), restored
     assert run.out.count("resize the worker group from 1 -> 2 workers") >= 2
-    # (the first grow may come before the first step is done: "after step n/a")
     resized = re.findall(r"^\s+resize (\d) -> (\d) workers after step (\d+|n/a)$", run.out, re.M)
     assert [(a, b) for a, b, _ in resized] == [("1", "2"), ("2", "1"), ("1", "2")], resized
+    assert all(at != "n/a" for _, _, at in resized), resized   # each size trained before it changed
 
 
 def test_the_runs_metrics_are_kept_and_drawn(local, run: Run):
