@@ -34,10 +34,12 @@ RUN = "rayjob-elastic-8b"
 OFFSET = int(os.environ.get("PLAYBOOK_E2E_OFFSET", "0"))
 GCS_PORT = 6500 if OFFSET == 0 else 9000 + 100 * OFFSET  # (+ about 30 ports after it)
 # Slice 1's host joins this long after `invoke train` starts it: after the
-# job has started on slice 0 (its submit, driver and first worker group take
-# 10-30 s on a loaded machine) and trained on it for a while (its first
-# compile takes 30-90 s), so that it visibly grows from one slice to two.
-LATE = 120
+# job has started on slice 0 (its submit, driver and first worker group: 10-30
+# s), and well before 100 steps on one slice could end the job (its first
+# step comes 40 s after on an idle machine, 100 s under load; a step takes
+# 0.4-0.8 s). So the job always starts on one slice and grows to two, after
+# a few dozen steps on an idle machine, during its first compile under load.
+LATE = 45
 
 
 @pytest.fixture(scope="module")
@@ -212,7 +214,8 @@ def test_the_job_goes_on_with_one_slice_and_grows_back(run: Run):
     assert run.out.count("resize the worker group from 1 -> 2 workers") >= 2
     resized = re.findall(r"^\s+resize (\d) -> (\d) workers after step (\d+|n/a)$", run.out, re.M)
     assert [(a, b) for a, b, _ in resized] == [("1", "2"), ("2", "1"), ("1", "2")], resized
-    assert all(at != "n/a" for _, _, at in resized), resized   # each size trained before it changed
+    # (the first grow may come during the first compile: "after step n/a")
+    assert all(at != "n/a" for _, _, at in resized[1:]), resized
 
 
 def test_the_runs_metrics_are_kept_and_drawn(local, run: Run):

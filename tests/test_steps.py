@@ -452,5 +452,5 @@ def test_a_chain_that_will_make_node_pools_checks_capacity_in_its_first_task():
     auto = env("dev-autopilot")
     same = plan.play_steps(auto, "cluster")
     assert plan.chained(auto, "cluster", list(same), ("cluster", "nodepools")) == same   # Autopilot: no pools
-    assert [s.id for s in plan.chained(auto, "cluster", plan.play_steps(auto, "cluster"), ("cluster", "up"))][0] \
-        == "capacity:machine-type"
+    first_up = plan.chained(auto, "cluster", plan.play_steps(auto, "cluster"), ("cluster", "up"))
+    assert first_up[0].id == "capacity:machine-type"                                   # `up` checks capacity
