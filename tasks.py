@@ -30,11 +30,11 @@ install_last_resort()
 
 
 def _play(c, name):
-    from playbooks import plan
+    from playbooks import chain, plan
 
     with clean_errors():
         s = open_session(c.config, name)
-        s.run(name, plan.play_steps(s.env, name))
+        s.run(name, plan.chained(s.env, name, plan.play_steps(s.env, name), chain.current()))
 
 
 @task
@@ -88,11 +88,11 @@ def dashboard(c):
 @task
 def up(c):
     """Everything above, in the tutorial's order (local: start the local Ray cluster)."""
-    from playbooks import plan
+    from playbooks import chain, plan
 
     with clean_errors():
         s = open_session(c.config, "up")
-        s.run("up", plan.up_steps(s.env))
+        s.run("up", plan.chained(s.env, "up", plan.up_steps(s.env), chain.current()))
 
 
 JOB_HELP = {

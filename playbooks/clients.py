@@ -41,11 +41,22 @@ TRANSIENT_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 # 403 rateLimitExceeded, which Google's docs say to retry with backoff).
 _RATE_LIMITED = re.compile(r"(rateLimitExceeded|Rate Limit Exceeded|RATE_LIMIT_EXCEEDED|"
                            r"Quota exceeded for quota metric .* per (minute|100 seconds|second))", re.I)
-# GKE refuses a node pool operation while another runs on the cluster (a
-# 400 FAILED_PRECONDITION that means "wait"): retried only by commands
-# given patience for it (node pool creates and deletes).
-_OPERATION_RUNNING = re.compile(r"(incompatible operation|operation .* is currently running|"
-                                r"Please wait and try again)", re.I)
+# GKE runs one cluster-level operation, or one per node pool, at a time, and
+# its own (upgrades, repairs: right after a cluster is made) count. Another
+# one running is said in three forms (GKE's concurrent-operations
+# troubleshooting page), each a 400 FAILED_PRECONDITION that means "wait":
+#   Cluster is running incompatible operation OPERATION
+#   Operation OPERATION is currently ACTIONING cluster CLUSTER. Please wait and try again once it is done
+#   Cluster is currently being created, deleted, updated or repaired and cannot be updated
+# and past five at once as a 429 (`Too many operations: cluster "X" hits the
+# concurrent operations quota 5`, transient anyway). Retried only by commands
+# given patience for it: every cluster and node pool change
+# (gke.container_change).
+_OPERATION_RUNNING = re.compile(r"(is running incompatible operation|incompatible operation|"
+                                r"Operation \S+ is currently \w+ cluster|operation .* is currently running|"
+                                r"Please wait and try again|"
+                                r"is currently being created, deleted, updated or repaired|"
+                                r"Too many operations)", re.I)
 # No status at all: the request never got an answer.
 _NO_ANSWER = re.compile(r"(Connection reset by peer|Connection aborted|RemoteDisconnected|timed out|"
                         r"TLS handshake timeout|i/o timeout|the server is currently unable to handle the request|"

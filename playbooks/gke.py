@@ -50,8 +50,18 @@ def nodepool_name(env: Environment, i: int) -> str:
     return f"v6e-{chips(env.topology)}-{i}"
 
 
-def workers(env: Environment) -> int:
-    return env.slices * env.hosts_per_slice
+# Another operation on the cluster (GKE's own upgrades and repairs count) is
+# waited out for this long, each refused attempt logged (clients.py:
+# _OPERATION_RUNNING says which refusals mean "wait").
+OPERATION_PATIENCE = 30 * 60
+
+
+def container_change(env: Environment, *args: str, quiet: bool = False) -> Command:
+    """A cluster or node pool change (`gcloud container clusters|node-pools
+    create|delete|update ...`): patient for another operation of the
+    cluster, bounded by OPERATION_PATIENCE."""
+    return dataclasses.replace(gcloud("container", *args, project=env.project_id, quiet=quiet),
+                               patience=OPERATION_PATIENCE)
 
 
 def kube(env: Environment, *args: str) -> Command:

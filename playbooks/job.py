@@ -174,6 +174,15 @@ def build_job(env: Environment, model: str, elastic: bool = False, steps: int | 
             "RAY_DEDUP_LOGS": "0",
             # A lost simulated host is noticed sooner than the 60 s default.
             "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "30",
+            # An elastic job takes in a slice that came (late, or back)
+            # within 10 s, not Ray Train's 60 s default.
+            "TRAINER_RESIZE_INTERVAL_S": "10",
+            # This cluster's address for what the job's actors look up
+            # through Ray's state API (Ray Train's placement group cleaner
+            # asks whether its controller lives): without it Ray takes the
+            # newest Ray cluster on this machine, another checkout's, finds no
+            # such controller there and removes this job's placement groups.
+            "RAY_ADDRESS": f"{env.ray_ip}:{env.gcs_port}",
         })
         job.local_data = Path(p["data"])
     else:

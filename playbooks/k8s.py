@@ -1,6 +1,6 @@
 """The cluster's RayCluster, pods and events as kubectl reads them where
-the commands run: whether the RayCluster is ready, and why its workers are
-not running, one line per cause."""
+the commands run: why its workers are not running, one line per cause
+(whether its slices are whole: ``slices.py``)."""
 from __future__ import annotations
 
 import re
@@ -10,24 +10,9 @@ from typing import Any
 from . import hosts
 from . import tutorial as T
 from .clients import json_object
-from .core.facts import ABSENT, Completed, Fact
-from .gke import kube, kube_context, workers
+from .core.facts import Completed, Fact
+from .gke import kube, kube_context
 from .schema import Environment
-
-
-def ready(env: Environment, rc: Any) -> str | None:
-    """None when the head pod is ready and every worker is (KubeRay's
-    conditions and counts, not the deprecated state alone)."""
-    if rc is ABSENT or rc is None:
-        return "RayCluster not found"
-    st = rc.get("status") or {}
-    want = workers(env)
-    conds = {c.get("type"): c.get("status") for c in st.get("conditions") or []}
-    have = st.get("readyWorkerReplicas", st.get("availableWorkerReplicas", 0)) or 0
-    head = conds.get("HeadPodReady") == "True" if conds else st.get("state") == "ready"
-    if head and have >= want and (not conds or conds.get("ReplicaFailure") != "True"):
-        return None
-    return f"head {'ready' if head else 'not ready'}, {have} of {want} TPU workers ready"
 
 
 # -- reads: kubectl where the commands run ----------------------------------------------

@@ -26,17 +26,15 @@ message); a run still training when it ends is held again by the next
 """
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 import re
 from typing import Any
 
-from .clients import gcloud
 from .core.command import Command
 from .core.errors import PlaybookError
 from .core.facts import ABSENT, assume
 from .core.play import StepContext
-from .gke import clusters_fact, location, running_cluster
+from .gke import clusters_fact, container_change, location, running_cluster
 from .schema import Environment
 
 # gcloud's value (surface container/clusters/update: flags.AddMaintenanceExclusionFlags
@@ -50,8 +48,6 @@ HOLD = dt.timedelta(days=7)
 HOLD_START, HOLD_END = "P0D", f"P{HOLD.days}D"
 # An exclusion of ours ending sooner than this is renewed (removed and added).
 RENEW_WITHIN = dt.timedelta(days=1)
-# Cluster updates wait out another cluster operation (an upgrade GKE began).
-PATIENCE = 10 * 60.0
 PREFIX = "playbooks-train-"
 
 
@@ -61,9 +57,10 @@ def name(run: str) -> str:
 
 
 def _update(env: Environment, *flags: str) -> Command:
-    return dataclasses.replace(gcloud("container", "clusters", "update", env.cluster_name,
-                                      f"--location={location(env)}", *flags, project=env.project_id, quiet=True),
-                               patience=PATIENCE)
+    """A cluster update: patient for another operation of the cluster, as
+    every cluster and node pool change is (gke.container_change)."""
+    return container_change(env, "clusters", "update", env.cluster_name, f"--location={location(env)}", *flags,
+                            quiet=True)
 
 
 def add_command(env: Environment, run: str) -> Command:

@@ -60,7 +60,8 @@ def gke_play(env: Environment, play: str) -> list[Step]:
     if play in KUBECTL:
         steps = [cluster.credentials_step(env, play)] + steps
     if play == "raycluster" and env.mode == "autopilot":
-        steps = steps[:-1] + nodepools.chips_step(env, play) + steps[-1:]
+        at = next(i for i, s in enumerate(steps) if s.id == "raycluster:apply")
+        steps = steps[:at] + nodepools.chips_step(env, play) + steps[at:]
     return steps
 
 
@@ -100,6 +101,31 @@ def up_steps(env: Environment) -> list[Step]:
     return _then(capacity.steps(env), rest)
 
 
+def checks_capacity(env: Environment, task: str) -> bool:
+    """Whether a task's own steps start with the capacity checks (it makes
+    TPUs: node pools, or `up`)."""
+    return env.kind != "local" and (task == "up" or (task == "nodepools" and env.mode == "standard"))
+
+
+# The tasks that make things (a chain of them may end with node pools).
+MAKERS = ("prereqs", "network", "cluster", "nodepools", "storage", "raycluster", "dashboard", "up")
+
+
+def chained(env: Environment, task: str, steps: list[Step], chain: tuple[str, ...]) -> list[Step]:
+    """``task``'s steps as a part of the command line's ``chain``: any chain
+    that will make node pools (`invoke network cluster nodepools`) checks
+    capacity before its first change, so its first task runs the capacity
+    checks first (a proven shortage stops it before the networks are
+    made). A chain where something else comes first (a teardown) is left
+    as it is."""
+    if not chain or chain[0] != task or task not in MAKERS or checks_capacity(env, task):
+        return steps
+    later = next((i for i, t in enumerate(chain) if checks_capacity(env, t)), None)
+    if later is None or any(t not in MAKERS for t in chain[:later]):
+        return steps
+    return _then(capacity.steps(env), steps)
+
+
 def cluster_ready_steps(env: Environment) -> list[Step]:
     """What a job needs before it is submitted: a reachable Ray dashboard."""
     if env.kind == "local":
@@ -125,8 +151,8 @@ def train_steps(env: Environment, job: Job, log_file: Path | None = None, prefli
         checks = [skipped("preflight", "preflight", "--skip-preflight: no static checks (mesh, hosts, manifest) and no "
                                                    "AOT fit check against the TPU HBM", id="preflight:skipped")]
     hold = [train.hold_step(job)] if env.kind != "local" else []
-    return _then(checks + train.preemption_note(env, job) + cluster_ready_steps(env) + [train.checkpoint_step(job)]
-                 + hold, [train.job_step(job, log_file)])
+    return _then(checks + train.preemption_note(env, job) + cluster_ready_steps(env)
+                 + [train.slices_step(env, job), train.checkpoint_step(job)] + hold, [train.job_step(job, log_file)])
 
 
 def preflight_steps(env: Environment, job: Job) -> list[Step]:

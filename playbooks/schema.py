@@ -159,6 +159,34 @@ def multislice_hosts(v: int, env: Mapping) -> str | None:
     return None
 
 
+def min_slices(v: int, env: Mapping) -> str | None:
+    """A job starts on whole slices: at least one, at most every slice."""
+    if v < 1:
+        return "must be at least 1 (a job needs a whole slice to start on)"
+    if v > env["slices"]:
+        return f"must be at most slices ({env['slices']}): the slices ready before `up` is done"
+    return None
+
+
+def every_slice(env: Mapping) -> int:
+    return env["slices"]
+
+
+REHEARSE_MAX = 3600
+
+
+def late_slice(v: int | None, env: Mapping) -> str | None:
+    """Rehearsal: the last slice's hosts join this many seconds late."""
+    if v is None:
+        return None
+    if not 1 <= v <= REHEARSE_MAX:
+        return f"must be between 1 and {REHEARSE_MAX} seconds"
+    if env["min_slices"] >= env["slices"]:
+        return (f"holds back the last of {env['slices']} slices, but min_slices is {env['min_slices']} (every "
+                f"slice): nothing would start without it; set min_slices below slices")
+    return None
+
+
 def local_hosts(v: int, env: Mapping) -> str | None:
     total = env["slices"] * v
     if total > MAX_LOCAL_HOSTS:
@@ -466,6 +494,8 @@ KIND = Key("kind", str, rules=(lambda v, e: None if v in ("gke", "local") else "
 GKE = (
     KIND,
     Key("slices", int, default=2, rules=(between(1, MAX_SLICES, SLICES_WHY),), doc="TPU slices (one node pool each)"),
+    Key("min_slices", int, derive=every_slice, rules=(min_slices,),
+        doc="whole slices `up` waits for (default: every slice); the rest are named as waiting"),
     Key("project_id", required=True, rules=(project_id,), doc="the Google Cloud project ID"),
     Key("region", required=True, rules=(region,), doc="a region with TPU v6e capacity"),
     Key("zone", required=True, rules=(zone,), doc="a zone of that region with TPU v6e capacity"),
@@ -533,6 +563,11 @@ LOCAL = (
     Key("slices", int, default=2, rules=(between(1, MAX_LOCAL_HOSTS, "each slice's hosts are Ray node processes "
                                                                      "on this machine"),),
         doc="simulated TPU slices"),
+    Key("min_slices", int, derive=every_slice, rules=(min_slices,),
+        doc="whole slices `up` waits for (default: every slice); the rest are named as waiting"),
+    Key("rehearse_late_slice", int, rules=(late_slice,),
+        doc="rehearsal: the last slice's hosts join this many seconds after they are started (1-3600; "
+            "needs min_slices below slices)"),
     Key("topology", default="2x2", rules=(local_topology,)),
     Key("chips_per_host", int, derive=default_chips_per_host, rules=(chips_per_host,)),
     Key("hosts_per_slice", int, derive=hosts_per_slice,
@@ -597,6 +632,7 @@ class Environment(Env):
 
     kind: str
     slices: int
+    min_slices: int
     topology: str
     chips_per_host: int
     hosts_per_slice: int
@@ -633,6 +669,7 @@ class Environment(Env):
     control_plane: str
     hold_maintenance: bool
     # local
+    rehearse_late_slice: int | None
     devices_per_host: int
     ray_ip: str
     gcs_port: int

@@ -23,6 +23,7 @@ from .hosts import connector
 from .job import Checkpoints, run_checkpoints
 from .rayapi import job_logs_command, jobs_fact, ours, run_of
 from .schema import Environment
+from .slices import pods_fact
 
 PLAY = "status"
 SHOWN = 3  # the newest jobs said in the jobs line (and whose runs' checkpoints are looked at)
@@ -72,10 +73,15 @@ def tpu_nodes_step(env: Environment) -> Step:
                 # flex-start pools have nodes only while workers ask for them
                 (waiting if what == "flex-start" else short).append(f"{name} ({what}) {ready} of "
                                                                      f"{env.hosts_per_slice} nodes ready")
+        if short and env.slices - len(short) >= env.min_slices:
+            # min_slices whole pools are enough; the others are still coming
+            return ok(f"{env.slices - len(short)} of {env.slices} pools have their nodes (min_slices "
+                      f"{env.min_slices}): " + ", ".join(each), notes=["waiting: " + "; ".join(short + waiting)])
         if short:
             return fail("; ".join(short + waiting))
         if waiting:
-            return ok("flex-start, nodes come as workers ask: " + "; ".join(waiting) + " (" + ", ".join(each) + ")")
+            return ok("flex-start, nodes come as workers ask: " + "; ".join(waiting) + " (" + ", ".join(each) + ")",
+                      notes=["waiting: " + "; ".join(waiting)])
         return ok(f"every pool has its {env.hosts_per_slice} nodes ready: {', '.join(each)}")
 
     return Step(PLAY, "TPU nodes ready", decide, id="status:nodes", probes=(probe, pools_probe),
@@ -102,19 +108,24 @@ def maintenance_step(env: Environment) -> Step:
 
 
 def workers_step(env: Environment) -> Step:
-    probe = raycluster_fact(env)
+    """The RayCluster's slices: as asked when min_slices are whole; the
+    slices still waiting named, with their Kubernetes causes."""
+    probe, pods = raycluster_fact(env), pods_fact(env)
 
     def decide(look):
-        rc = look(probe)
-        if rc is ABSENT:
+        if look(probe) is ABSENT:
             return ok("no RayCluster yet")
-        why = k8s.ready(env, rc)
-        if why is None:
-            return ok(f"head and {env.slices * env.hosts_per_slice} TPU workers ready")
+        s = look(pods)
+        if s.complete:
+            return ok(f"head and {env.slices * env.hosts_per_slice} TPU workers ready ({s.text()})")
         causes = look(k8s.causes_fact(env))
-        return fail(f"{why}" + (f"; why: {'; '.join(causes)}" if causes else ""))
+        why = f"; why: {'; '.join(causes)}" if causes else ""
+        if s.enough(env.min_slices):
+            return ok(f"{s.text(env.min_slices)}{why}", notes=[s.waiting_text()])
+        return fail(f"{s.text(env.min_slices)}{why}")
 
-    return Step(PLAY, "RayCluster workers", decide, id="status:workers", after=("raycluster:apply",), probes=(probe,))
+    return Step(PLAY, "RayCluster workers", decide, id="status:workers", after=("raycluster:slices",),
+                probes=(probe, pods))
 
 
 def _age(ms: Any) -> str:
@@ -202,12 +213,15 @@ def jobs_step(env: Environment) -> Step:
 
 
 def steps(env: Environment) -> list[Step]:
+    """`up`'s probes, with the TPU nodes and the workers (why they are not
+    ready) before the dashboard's steps: a worker's Kubernetes cause is the
+    diagnosis, not the Ray node it is missing."""
     out = plan.up_steps(env)
     if env.kind != "local":
-        out.append(maintenance_step(env))
-        if env.mode == "standard":
-            out.append(tpu_nodes_step(env))
-        out.append(workers_step(env))
+        mine = [maintenance_step(env)] + ([tpu_nodes_step(env)] if env.mode == "standard" else []) \
+            + [workers_step(env)]
+        at = next((i for i, s in enumerate(out) if s.play == "dashboard"), len(out))
+        out = out[:at] + mine + out[at:]
     out.append(jobs_step(env))
     return out
 

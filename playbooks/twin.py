@@ -14,6 +14,7 @@ pid is kept in a pid file, and only those pids are ever stopped.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +28,7 @@ from .endpoints import dashboard
 from .local_ports import LOCAL_PORTS_FIRST_NODE, LOCAL_PORTS_PER_NODE, local_port_span
 from .rayapi import alive, labels, list_nodes
 from .schema import Environment
+from .slices import Slices, name
 from .tpu import chips
 
 HEAD = "head"
@@ -83,14 +85,35 @@ def head_command(env: Environment) -> Command:
                    pid_file=pidfile(env, HEAD))
 
 
-def host_command(env: Environment, host: Host) -> Command:
+# Rehearsal (rehearse_late_slice): a late host is started as any host is (its
+# pid file, its log), by a process that sleeps, then becomes `ray start` (exec
+# keeps the pid, so the pid file, a re-run, status and teardown see one
+# process throughout; its command line holds the pid file's marker).
+LATER = "import os, sys, time; time.sleep(float(sys.argv[1])); os.execvp(sys.argv[2], sys.argv[2:])"
+# The late slice's hosts join one after another, as the others do.
+LATE_STAGGER = 5.0
+
+
+def late_seconds(env: Environment, host: Host) -> float:
+    """How long after its start a host joins: rehearse_late_slice's seconds
+    for the last slice's hosts (staggered), 0 for every other host."""
+    late = env.rehearse_late_slice
+    if not late or host.slice != env.slices - 1:
+        return 0.0
+    return late + LATE_STAGGER * host.worker
+
+
+def host_command(env: Environment, host: Host, late: float = 0.0) -> Command:
     k = 1 + host.slice * env.hosts_per_slice + host.worker
     # One log monitor (the head's) forwards every node's logs on this machine;
     # a second one would print each line twice.
-    return Command(("ray", "start", f"--address={env.ray_ip}:{env.gcs_port}", "--block",
-                    f"--node-ip-address={env.ray_ip}", "--num-cpus=1",
-                    "--resources=" + json.dumps({"TPU": env.chips_per_host}), *node_ports(env, k),
-                    "--include-log-monitor=false", "--disable-usage-stats"),
+    argv: tuple[str, ...] = (
+        "ray", "start", f"--address={env.ray_ip}:{env.gcs_port}", "--block", f"--node-ip-address={env.ray_ip}",
+        "--num-cpus=1", "--resources=" + json.dumps({"TPU": env.chips_per_host}), *node_ports(env, k),
+        "--include-log-monitor=false", "--disable-usage-stats")
+    if late:
+        argv = ("python", "-c", LATER, f"{late:g}", *argv)
+    return Command(argv,
                    # A TPU host to Ray (TPU_*), CPU devices to JAX: every job on
                    # the twin, also one submitted as to GKE, sees this host's
                    # chips as devices_per_host CPU devices.
@@ -157,6 +180,8 @@ def hosts_state(env: Environment) -> dict:
                              "joined": nodes is not ABSENT and registered(nodes, h)}
         if not s["process"]:
             s["exited"] = log_error(env, h.name)
+        elif not s["joined"] and (d := pf.read()):
+            s["started"] = d.get("started")
         out[h.name] = s
     return out
 
@@ -165,7 +190,33 @@ def hosts_state_fact(env: Environment) -> Fact:
     return Fact(name="TPU hosts", python=lambda: hosts_state(env),
                 display=f"kill -0 $(cat {paths.nodes(env.name)}/tpu-*.pid) && curl -fsS {dashboard(env)}/api/v0/nodes"
                         f"  # every TPU host ALIVE",
+                assumed={h.name: {"process": True, "joined": True} for h in hosts_of(env)},
                 describe=lambda s: f"{sum(1 for v in s.values() if v['joined'])} of {len(s)} joined")
+
+
+def _not_joined(env: Environment, host: Host, s: dict) -> str:
+    if not s.get("process"):
+        return f"{host.name} not running: {s.get('exited')}"
+    late = late_seconds(env, host)
+    if late and s.get("started"):
+        left = float(s["started"]) + late - time.time()
+        when = f"in about {left:.0f}s" if left > 0 else f"{-left:.0f}s ago, not registered yet"
+        return f"{host.name} joins {late:g}s after its start (rehearse_late_slice): {when}"
+    return f"{host.name} not registered yet"
+
+
+def slices_of(env: Environment, state: dict) -> Slices:
+    """The twin's slices: whole when every host of the slice has joined."""
+    whole, waiting = [], []
+    for i in range(env.slices):
+        hs = [h for h in hosts_of(env) if h.slice == i]
+        gone = [h for h in hs if not (state.get(h.name) or {}).get("joined")]
+        if not gone:
+            whole.append(name(i))
+        else:
+            waiting.append((name(i), f"{len(hs) - len(gone)} of {len(hs)} hosts joined; "
+                                     + _not_joined(env, gone[0], state.get(gone[0].name) or {})))
+    return Slices(env.slices, tuple(whole), tuple(waiting))
 
 
 # -- a hung worker (chaos.hang-worker) ---------------------------------------------

@@ -35,6 +35,8 @@ TASKS = {
     "chaos-hang": ["chaos.hang-worker"],
     "goodput": ["goodput"],
     "teardown": ["teardown"],
+    # A chain that will make node pools: the capacity checks run first, in its first task.
+    "chain-network-cluster-nodepools": ["network", "cluster", "nodepools"],
 }
 
 

@@ -3,11 +3,13 @@ hosts, MaxText training on CPU through Ray Train's JaxTrainer, and a
 teardown that stops only this project's processes. Minutes, not seconds.
 
 One elastic run carries every end-to-end assertion: the tutorial's job,
-scaled down, with hostile values among its settings; a host killed mid-run
-(chaos.delete-worker) and brought back (`invoke up`); the job shrinks, grows
-back; one worker frozen (chaos.hang-worker) and resumed: a stall reported in
-time; the job succeeds; its summary, kept metrics, picture, log, timeline and
-goodput; a second `up` and `train` that change nothing. (The non-elastic trainer runs end to
+scaled down, with hostile values among its settings; slice 1 held back at
+the start (rehearse_late_slice, min_slices: 1), so the job starts on one
+slice and grows to two; a host killed mid-run (chaos.delete-worker) and
+brought back (`invoke up`); the job shrinks and grows back; one worker
+frozen (chaos.hang-worker) and resumed: a stall reported in time; the job
+succeeds; its summary, kept metrics, picture, log, timeline and goodput; a
+second `up` and `train` that change nothing. (The non-elastic trainer runs end to
 end in test_controller_train.py.)"""
 import json
 import os
@@ -39,6 +41,13 @@ HEARTBEAT = 3
 STALL_AFTER = 20
 HANG_FOR = 30
 EVENTS = ROOT / ".state" / ENV / "training" / RUN / "events.jsonl"
+# Slice 1's host joins this long after `invoke train` starts it: after the
+# job has started on slice 0 (its submit, driver and first worker group: 10-30
+# s), and well before 100 steps on one slice could end the job (its first
+# step comes 40 s after on an idle machine, 100 s under load; a step takes
+# 0.4-0.8 s). So the job always starts on one slice and grows to two, after
+# a few dozen steps on an idle machine, during its first compile under load.
+LATE = 45
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +56,7 @@ def local(tmp_path_factory):
     d = tmp_path_factory.mktemp("e2e")
     base = yaml.safe_load((ROOT / "inventory.yaml").read_text())["environments"]["local"]
     env = {**base, "gcs_port": GCS_PORT, "dashboard_port": 8275 + OFFSET, "ray_ip": f"127.0.0.{3 + OFFSET}",
-           "stall_after": STALL_AFTER}
+           "stall_after": STALL_AFTER, "min_slices": 1, "rehearse_late_slice": LATE}
     inv = d / "inventory.yaml"
     inv.write_text(yaml.safe_dump({"default": ENV, "environments": {ENV: env}}))
     shutil.rmtree(ROOT / ".state" / ENV, ignore_errors=True)
@@ -95,10 +104,11 @@ class Run:
 
 @pytest.fixture(scope="module")
 def run(local, tmp_path_factory) -> Run:
-    """The one elastic run: started on both simulated slices, one host
-    killed after step 12, the job going on with one, the host brought back
-    by `invoke up`, the job growing back to two; then one worker frozen and
-    resumed (a stall); the job ending SUCCEEDED."""
+    """The one elastic run: started on one simulated slice while slice 1 is
+    held back, growing to two when it joins; one host killed after step 12,
+    the job going on with one, the host brought back by `invoke up`, the job
+    growing back to two; then one worker frozen and resumed (a stall); the
+    job ending SUCCEEDED."""
     markers = tmp_path_factory.mktemp("markers")
     values = hostile(markers)
     sets = [a for k, v in values.items() for a in ("--set", f"{k}={v}")]
@@ -112,17 +122,28 @@ def run(local, tmp_path_factory) -> Run:
         assert job.stdout is not None
         for line in job.stdout:
             seen.append(line)
-            if (m := re.search(pattern, line)):
+            if m := re.search(pattern, line):
                 return m
             assert time.monotonic() < deadline, f"no {pattern!r} within {minutes} minutes"
         pytest.fail(f"the job ended before {pattern!r}:\n{''.join(seen)[-4000:]}")
 
+    def wait_for_step(at_least: int) -> None:
+        while int(wait_for(r"completed step: (\d+)").group(1)) < at_least:
+            pass
+
     r = Run(1, "", values, markers)
     try:
-        wait_for(r"completed step: 1[2-9]")
+        # -- the start (issue 20): slice 1 is held back (rehearse_late_slice):
+        # the job starts on one slice and grows to two when it joins.
+        wait_for(r"Started training worker group of size 1")
+        wait_for(r"Started training worker group of size 2")
+        # -- a host lost and brought back: killed once the two-slice group has
+        # trained past a checkpoint (step 10), so each restart restores one.
+        wait_for_step(12)
         rc, r.chaos = local("chaos.delete-worker", "--restore-after=0", timeout=300)
         assert rc == 0, r.chaos
         wait_for(r"Started training worker group of size 1")
+        wait_for(r"completed step: ")          # it goes on with one slice (from its last checkpoint)
         rc, r.restore = local("up", timeout=300)
         assert rc == 0, r.restore
         # -- the hang phase (issue 21): once the job has grown back to two
@@ -190,24 +211,46 @@ def test_the_summary_says_what_the_job_did(run: Run):
     assert 0 < float(summary_value(out, "median step time").split()[0]) < 10
     assert float(summary_value(out, "tokens/s/device (median)")) > 0
     assert summary_value(out, "parameters").startswith("0.002 billion (llama3-8b: 0.002 expected)")
-    assert "simulated TPU: 2 host(s) = 2 slice(s) of 1" in out
-    # A quiet job (starting, compiling) gives a sign of life: its status and last step.
+    assert "simulated TPU: 1 host(s) = 1 slice(s) of 1" in out and "simulated TPU: 2 host(s) = 2 slice(s) of 1" in out
+    # A quiet job (starting, compiling) gives a sign of life: its status and last step,
+    # and, while slice 1 is held back, the slice it waits for.
     assert re.search(rf"^  waiting \d+s: job {RUN}-1 still running; status (PENDING|RUNNING), "
                      r"(no step yet|last step \d+)$", out, re.M), out[-5000:]
+    assert re.search(rf"^  waiting \d+s: job {RUN}-1 still running; status (PENDING|RUNNING), "
+                     r"(no step yet|last step \d+); 1 of 2 slices ready; waiting: slice 1 \(no host in Ray yet\)$",
+                     out, re.M), out[:8000]
     mfu = re.match(r"([\d.e-]+)% \(([\d.]+) TFLOP/s/device of a v6e chip's 918 bf16 peak\)", summary_value(out, "MFU"))
     assert mfu and float(mfu.group(1)) > 0 and float(mfu.group(2)) > 0, out[-3000:]
     assert abs(float(mfu.group(1)) / (100 * float(mfu.group(2)) / 918) - 1) < 0.05  # MFU = TFLOP/s / peak
 
 
+def test_the_job_starts_on_the_slice_it_has_and_grows_when_the_late_one_joins(run: Run):
+    """min_slices: 1 with slice 1 held back: the cluster is up with slice 0,
+    slice 1 named as waiting; the elastic job starts on one slice."""
+    out = run.out
+    assert re.search(rf"^changed: \[twin : TPU host tpu-group-1-0\] TPU host tpu-group-1-0 started \(v6e-4, 4 "
+                     rf"chips\); it joins {LATE}s later \(rehearse_late_slice", out, re.M), out[:6000]
+    assert re.search(r"^ok: \[twin : TPU slices\] 1 of 2 slices ready \(min_slices 1\); waiting: slice 1 \(0 of 1 "
+                     rf"hosts joined; tpu-group-1-0 joins {LATE}s after its start \(rehearse_late_slice\): in about "
+                     r"\d+s\)$", out, re.M), out[:6000]
+    assert re.search(r"^  twin : TPU slices +ok +[\d.]+s  waiting: slice 1 ", out, re.M)   # named in the recap
+    assert ("ok: [train : slices in Ray] 1 of 2 slices ready; waiting: slice 1 (no host in Ray yet): the elastic job "
+            "starts on 1 and grows when the rest arrive") in out
+    assert out.index("Started training worker group of size 1") < out.index("Started training worker group of size 2")
+
+
 def test_the_job_goes_on_with_one_slice_and_grows_back(run: Run):
     assert "changed: [chaos : kill one TPU host] killed TPU host tpu-group-0-0" in run.chaos
     assert "changed: [twin : TPU host tpu-group-0-0] TPU host tpu-group-0-0 joined" in run.restore
-    assert summary_value(run.out, "worker group sizes") == "2 -> 1 -> 2"
+    # 1 -> 2: the late slice joined; 2 -> 1 -> 2: a host lost and brought back.
+    assert summary_value(run.out, "worker group sizes") == "1 -> 2 -> 1 -> 2"
     restored = [int(x) for x in summary_value(run.out, "restored from checkpoint step(s)").split(", ")]
     assert len(restored) >= 2 and all(s > 0 for s in restored), restored
-    assert "resize the worker group from 1 -> 2 workers" in run.out
-    resized = re.findall(r"^\s+resize (\d) -> (\d) workers after step (\d+)$", run.out, re.M)
-    assert [(a, b) for a, b, _ in resized] == [("2", "1"), ("1", "2")], resized
+    assert run.out.count("resize the worker group from 1 -> 2 workers") >= 2
+    resized = re.findall(r"^\s+resize (\d) -> (\d) workers after step (\d+|n/a)$", run.out, re.M)
+    assert [(a, b) for a, b, _ in resized] == [("1", "2"), ("2", "1"), ("1", "2")], resized
+    # (the first grow may come during the first compile: "after step n/a")
+    assert all(at != "n/a" for _, _, at in resized[1:]), resized
 
 
 def test_the_runs_metrics_are_kept_and_drawn(local, run: Run):
@@ -218,8 +261,10 @@ def test_the_runs_metrics_are_kept_and_drawn(local, run: Run):
     assert [r["step"] for r in steps] == list(range(STEPS))  # steps replayed after a restore count once
     assert all(r["source"] == "metrics_file" and r["loss"] > 0 and r["step_seconds"] > 0 for r in steps)
     assert abs(steps[-1]["loss"] - float(summary_value(run.out, "final loss"))) < 1e-3
-    resizes = re.findall(r"^\s+resize \d -> \d workers after step (\d+)$", run.out, re.M)
-    assert [e["after_step"] for e in events if e["event"] == "resize"] == [int(s) for s in resizes]
+    resizes = re.findall(r"^\s+resize \d -> \d workers after step (\d+|n/a)$", run.out, re.M)
+    assert [e["after_step"] for e in events if e["event"] == "resize"] == [None if s == "n/a" else int(s)
+                                                                            for s in resizes]
+    assert [(e["from"], e["to"]) for e in events if e["event"] == "resize"] == [(1, 2), (2, 1), (1, 2)]
     # `invoke metrics` draws them; the panels plot exactly the kept records.
     rc, out = local("metrics")
     assert rc == 0, out

@@ -696,6 +696,93 @@ def test_quota_for_no_option_is_refused_before_any_create_with_each_options_numb
     assert re.search(r"prereqs : APIs .* +not run", run.out)
 
 
+# -- 6c. a chain, another operation of the cluster, min_slices ----------------------------
+def test_a_chain_that_will_make_node_pools_checks_capacity_before_its_first_change(cloud: Cloud):
+    """`invoke network cluster nodepools` with 16 chips of quota for 32:
+    the capacity checks run first, in the chain's first task; nothing is made."""
+    cloud.gcp.set_quota("TPUS-PER-TPU-FAMILY-per-project-region", [({"region": "us-east5", "tpu_family": "CT6E"}, 16),
+                                                                  ({}, 16)])
+    run = failed_run(cloud.invoke("network", "cluster", "nodepools"))
+    assert run.changes == [], run.changes
+    refusal = ("quota TPUS-PER-TPU-FAMILY (CT6E) in us-east5 is 16 chips, this inventory needs 32 (2 slices x 16 "
+               "chips): request it, or use capacity: spot or reservation")
+    assert f"failed: [capacity : TPU quota for 32 chips]\n  {refusal}\n" in run.out, run.out
+    assert "PLAY [network" in run.out and "PLAY [cluster" not in run.out        # the chain stops there
+    assert re.search(r"network : VPC maxtext-multislice-net-1 +not run", run.out), run.out
+    assert recap(run, "network")["failed"] == 1
+
+
+BUSY = {  # GKE's three forms of "another operation runs on the cluster"
+    "incompatible": "Cluster is running incompatible operation operation-1700000000000-4a5b6c7d.",
+    "currently": "Operation operation-1700000000000-4a5b6c7d is currently upgrading cluster maxtext-multislice. "
+                 "Please wait and try again once it is done.",
+    "repaired": "Cluster is currently being created, deleted, updated or repaired and cannot be updated.",
+}
+
+
+def test_node_pool_creates_wait_out_another_operation_of_the_cluster(cloud: Cloud):
+    cloud.seed_project()
+    cloud.seed_networks()
+    cloud.seed_cluster()
+    cloud.gcp.server.fail("POST", r"/nodePools$", 400, G.gerror(400, BUSY["repaired"], "FAILED_PRECONDITION"), times=2)
+    run = ok_run(cloud.invoke("nodepools"))
+    posts = run.calls("POST", r"/nodePools$")
+    assert sorted(r.status for r in posts) == [200, 200, 400, 400], [(r.status, r.body) for r in posts]
+    assert sorted(r.body["nodePool"]["name"] for r in posts if r.status == 200) == ["v6e-16-0", "v6e-16-1"]
+    waits = re.findall(r"^  retry  attempt \d+ until 1800s failed \(.*cannot be updated\.; a fresh look shows "
+                       r"nothing changed\); again in [\d.]+s$", run.out, re.M)
+    assert len(waits) == 2, run.out
+    assert recap(run, "nodepools")["changed"] == 2
+
+
+def test_teardown_waits_out_another_operation_of_the_cluster(cloud: Cloud):
+    cloud.seed_full()
+    cloud.get_credentials()
+    cloud.gcp.server.fail("DELETE", rf"/clusters/{CLUSTER}$", 400,
+                          G.gerror(400, BUSY["incompatible"], "FAILED_PRECONDITION"), times=1)
+    run = ok_run(cloud.invoke("teardown", "--yes"))
+    assert [r.status for r in run.calls("DELETE", rf"/clusters/{CLUSTER}$")] == [400, 200]
+    assert re.search(r"^  retry  attempt 1 until 1800s failed \(.*running incompatible operation.*; a fresh look "
+                     r"shows nothing changed\); again in", run.out, re.M), run.out
+    assert not cloud.gcp.st.clusters
+
+
+def test_a_flex_start_pool_that_stays_empty_leaves_one_slice_ready_and_names_the_other(cloud: Cloud):
+    """min_slices: 1 and a flex-start pool that finds no capacity: `up` ends
+    with one whole slice, the other named as waiting (here, in the recap,
+    in `status`); a second `up` changes nothing; a job that is not elastic
+    is refused, saying --elastic would start; the slice comes when the
+    pool's nodes do."""
+    cloud.change_inventory(capacity="flex-start", capacity_wait=600, min_slices=1)
+    cloud.gcp.flex_start_empty.add("v6e-16-1")
+    cloud.seed_project()
+    cloud.seed_networks()
+    cloud.seed_cluster()
+    run = ok_run(cloud.invoke("up"))
+    waiting = "waiting: slice 1 (0 of 4 TPU workers ready: Pending: 0/"
+    assert f"RayCluster maxtext-tpu-cluster: 1 of 2 slices ready (min_slices 1); {waiting}" in run.out, run.out
+    assert re.search(r"^  raycluster : TPU slices of maxtext-tpu-cluster +ok +[\d.]+s  " + re.escape(waiting), run.out,
+                     re.M), run.out
+    assert "1 head + 4 of 8 TPU workers alive; 1 of 2 slices ready (min_slices 1); waiting: slice 1 (no host in Ray " \
+           "yet)" in run.out
+    assert recap(run, "up")["failed"] == 0
+
+    status = ok_run(cloud.invoke("status"))
+    assert re.search(r"status : RayCluster workers +as asked +1 of 2 slices ready \(min_slices 1\); " + re.escape(waiting)
+                     + r".*; why: no node with free TPU chips", status.out), status.out
+    assert re.search(r"status : TPU nodes ready +as asked +flex-start: v6e-16-1 0 of 4 nodes ready", status.out)
+
+    assert ok_run(cloud.invoke("up")).changes == []
+    refused = failed_run(cloud.invoke("train", "--skip-preflight"))
+    assert ("1 of 2 slices ready; waiting: slice 1 (no host in Ray yet): a job that is not elastic needs every slice; "
+            "`invoke train --elastic` would start on the 1 ready and grow when the rest arrive") in refused.out
+    assert not refused.calls("POST", r"/api/jobs")
+
+    cloud.kube.set_pool_nodes("v6e-16-1", 4)                    # GKE found the chips: the pending workers run
+    status = ok_run(cloud.invoke("status"))
+    assert re.search(r"status : RayCluster workers +as asked +head and 8 TPU workers ready", status.out), status.out
+
+
 # -- 7. teardown ----------------------------------------------------------------------
 def test_teardown_deletes_everything_networks_last_and_a_second_run_deletes_nothing(cloud: Cloud):
     cloud.seed_full()
@@ -843,7 +930,7 @@ def test_each_cause_of_a_stuck_worker_is_said_in_one_line_by_the_kubernetes_clie
                                                                                  monkeypatch):
     """The real `kubernetes` client (its exec plugin: gke-gcloud-auth-plugin)
     against the fake API server: pods, their states and events."""
-    from playbooks import k8s
+    from playbooks import k8s, slices
     cloud.seed_full()
     cloud.get_credentials()
     kwargs, words = CAUSES[cause]
@@ -855,8 +942,12 @@ def test_each_cause_of_a_stuck_worker_is_said_in_one_line_by_the_kubernetes_clie
     from playbooks import hosts
     monkeypatch.setattr(hosts, "_local", None)  # this machine's connector, with the fakes' environment
     e = cloud.envdata()
-    rc = cloud.kube.get("rayclusters", "maxtext-tpu-cluster", "default")
-    assert k8s.ready(e, rc) == "head ready, 6 of 8 TPU workers ready"
+    # A slice is whole when every worker of its replica is ready: the broken
+    # pods' replicas are not.
+    broken = {slices.replica(cloud.kube.get("pods", p, "default")) for p in pods}
+    s = slices.from_pods(e, cloud.kube.list("pods", "default"))
+    assert s.head is True and set(s.whole) == {"slice 0", "slice 1"} - broken, s
+    assert [name for name, _ in s.waiting] == sorted(broken), s
     found = k8s.causes(e)
     assert len(found) == 1, found               # one line per cause, not one per pod
     assert words in found[0] and f"(2 pods: {pods[0]}, {pods[1]})" in found[0], found
@@ -873,9 +964,11 @@ def test_status_names_a_pending_workers_cause_and_its_json_parses(cloud: Cloud):
     run = failed_run(cloud.invoke("status"))
     assert run.changes == []
     [line] = [ln for ln in run.out.splitlines() if ln.startswith("diagnosis: ")]
-    assert line.startswith("diagnosis: status : RayCluster workers: head ready, 7 of 8 TPU workers ready; why: no node "
-                           "with free TPU chips: the scheduler says '0/5 nodes are available: 5 Insufficient "
-                           "google.com/tpu.'"), line
+    # One worker down: its slice is not whole (every slice is asked for).
+    assert re.match(r"diagnosis: status : RayCluster workers: 1 of 2 slices ready; waiting: slice [01] \(3 of 4 TPU "
+                    r"workers ready: Pending: 0/5 nodes are available: 5 Insufficient google\.com/tpu\.\); why: no node "
+                    r"with free TPU chips: the scheduler says '0/5 nodes are available: 5 Insufficient "
+                    r"google\.com/tpu\.'", line), line
     assert re.search(r"status : jobs +as asked +0 job\(s\): none", run.out), run.out
     out = cloud.invoke("status", "--json").out      # (its one-line verdict is on stderr, merged here)
     doc = json.loads(out[out.index("{\n"):out.rindex("\n}") + 2])

@@ -319,6 +319,7 @@ def test_status_of_a_stopped_local_cluster_says_what_is():
     assert rows["twin : Ray head http://127.0.0.2:8265"] == ("not running", "not running")
     assert rows["twin : TPU host tpu-group-0-0"] == ("not running", "not running")
     assert rows["dashboard : Ray nodes"][0] == "unknown"
+    assert rows["twin : TPU slices"][0] == "unknown"
     assert rows["dashboard : Ray nodes"][1].startswith("unknown because twin : Ray head http://127.0.0.2:8265 is "
                                                        "not running")
     assert rows["status : jobs"] == ("unknown", "unknown because no Ray dashboard answers at http://127.0.0.2:8265")
@@ -661,3 +662,133 @@ def test_a_derived_fact_is_made_once_and_held_across_a_change():
     assert recap.counters() == "ok=0 changed=2 failed=0 skipped=0"
     assert seen == ["3 free when planned", "3 free when planned"] and len(looks) == 1
     assert "  probe  the plan  => 3 free when planned (cached)" in out
+
+
+# -- min_slices: done when that many slices are whole; the rest named as waiting ----------
+PODS = ("kubectl get pods --namespace default -l ray.io/cluster=maxtext-tpu-cluster --output=json "
+        "--context=gke_my-tpu-project_us-east5-b_maxtext-multislice")
+UNSCHEDULABLE = "0/9 nodes are available: 5 Insufficient google.com/tpu."
+
+
+def tpu_pod(replica, host, ready=True, label="replicaIndex"):
+    """A TPU worker pod of replica ``replica``, labelled as GKE's TPU webhook
+    (replicaIndex: tpu-group-N) or KubeRay >= 1.5 (its replica index) does."""
+    value = f"tpu-group-{replica}" if label == "replicaIndex" else str(replica)
+    status = ({"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]} if ready else
+              {"phase": "Pending", "conditions": [{"type": "Ready", "status": "False"},
+                                                  {"type": "PodScheduled", "status": "False",
+                                                   "message": UNSCHEDULABLE}]})
+    return {"metadata": {"name": f"w-{replica}-{host}", "labels": {
+        "ray.io/cluster": "maxtext-tpu-cluster", "ray.io/node-type": "worker", "ray.io/group": "tpu-group",
+        label: value}}, "status": status}
+
+
+HEAD_POD = {"metadata": {"name": "h", "labels": {"ray.io/node-type": "head"}},
+            "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+
+
+def pods(ready_replicas, label="replicaIndex"):
+    return {"items": [HEAD_POD] + [tpu_pod(r, h, r in ready_replicas, label) for r in (0, 1) for h in range(4)]}
+
+
+@pytest.mark.parametrize("label", ["replicaIndex", "ray.io/worker-group-replica-index"])
+def test_raycluster_is_done_with_min_slices_whole_and_names_the_slice_still_waiting(label):
+    from playbooks.plays import raycluster
+    one = env("dev", min_slices=1)
+    recap, out = run_with_facts([raycluster.slices_step(one)], {PODS: pods({0}, label)})
+    assert recap.counters() == "ok=1 changed=0 failed=0 skipped=0", out.text()
+    waiting = f"waiting: slice 1 (0 of 4 TPU workers ready: Pending: {UNSCHEDULABLE})"
+    assert f"RayCluster maxtext-tpu-cluster: 1 of 2 slices ready (min_slices 1); {waiting}" in out.text()
+    # ... and the recap names it
+    assert any(ln.startswith("  raycluster : TPU slices of maxtext-tpu-cluster") and ln.endswith(waiting)
+               for ln in out), out.text()
+    # Every slice asked for (the default): one slice whole is not done.
+    recap, out = run_with_facts([raycluster.slices_step(DEV)], {PODS: pods({0}, label)})
+    assert recap.failed and "1 of 2 slices ready; waiting: slice 1" in out.text()
+
+
+def test_a_slice_with_one_worker_missing_is_not_whole():
+    from playbooks.slices import from_pods
+    half = pods({0})
+    half["items"][5]["status"] = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}  # 1-0
+    s = from_pods(DEV, half["items"])
+    assert (s.whole, [w for w, _ in s.waiting]) == (("slice 0",), ["slice 1"])
+    assert "1 of 4 TPU workers ready" in s.waiting_text()
+
+
+def test_a_wait_that_passes_says_what_is_after_it_not_what_it_waited_for():
+    from playbooks.plays import raycluster
+    one = env("dev", min_slices=1)
+    recap, out = run_with_facts([raycluster.slices_step(one)], {PODS: Answers(pods(set()), pods(set()), pods({1}))})
+    assert recap.counters() == "ok=1 changed=0 failed=0 skipped=0", out.text()
+    assert "note   RayCluster maxtext-tpu-cluster: 0 of 2 slices ready (min_slices 1)" in out.text()
+    [last] = [ln for ln in out if ln.startswith("ok: ")]
+    assert last.startswith("ok: [raycluster : TPU slices of maxtext-tpu-cluster] RayCluster maxtext-tpu-cluster: 1 of "
+                           "2 slices ready (min_slices 1); waiting: slice 0"), last
+
+
+NODES = ("curl -fsS 'http://localhost:8265/api/v0/nodes?limit=10000&detail=true'  # what `ray list nodes "
+         "--address http://localhost:8265` reads")
+
+
+def ray_nodes(slices_up):
+    return [{"state": "ALIVE", "is_head_node": True, "resources_total": {}}] + [
+        {"state": "ALIVE", "is_head_node": False, "resources_total": {"TPU": 4},
+         "labels": {"ray.io/tpu-slice-name": f"tpu-group-{s}", "ray.io/tpu-worker-id": str(w)}}
+        for s in slices_up for w in range(4)]
+
+
+def test_a_job_that_is_not_elastic_refuses_to_start_on_fewer_than_every_slice():
+    from playbooks.job import build_job
+    from playbooks.plays import train
+    recap, out = run_with_facts([train.slices_step(DEV, build_job(DEV, "llama3-8b"))], {NODES: ray_nodes([0])})
+    assert recap.failed
+    assert ("1 of 2 slices ready; waiting: slice 1 (no host in Ray yet): a job that is not elastic needs every "
+            "slice; `invoke train --elastic` would start on the 1 ready and grow when the rest arrive") in out.text()
+    recap, out = run_with_facts([train.slices_step(DEV, build_job(DEV, "llama3-8b", elastic=True))],
+                                {NODES: ray_nodes([0])})
+    assert recap.counters() == "ok=1 changed=0 failed=0 skipped=0"
+    assert "the elastic job starts on 1 and grows when the rest arrive" in out.text()
+    # A slice with a host missing is not one to start on.
+    partial = ray_nodes([0, 1])[:-1]
+    recap, out = run_with_facts([train.slices_step(DEV, build_job(DEV, "llama3-8b"))], {NODES: partial})
+    assert recap.failed and "waiting: slice 1 (3 of 4 hosts in Ray)" in out.text()
+    recap, _ = run_with_facts([train.slices_step(DEV, build_job(DEV, "llama3-8b"))], {NODES: ray_nodes([0, 1])})
+    assert recap.counters() == "ok=1 changed=0 failed=0 skipped=0"
+
+
+def test_the_late_slice_of_the_rehearsal_is_named_with_when_it_joins():
+    import time
+
+    from playbooks.twin import slices_of
+    late = env("local-late-slice")
+    state = {"tpu-group-0-0": {"process": True, "joined": True},
+             "tpu-group-1-0": {"process": True, "joined": False, "started": time.time() - 10}}
+    s = slices_of(late, state)
+    assert s.whole == ("slice 0",) and s.enough(late.min_slices) and not s.complete
+    assert s.waiting_text().startswith("waiting: slice 1 (0 of 1 hosts joined; tpu-group-1-0 joins 40s after its "
+                                       "start (rehearse_late_slice): in about 3")
+    gone = dict(state, **{"tpu-group-0-0": {"process": False, "joined": False, "exited": "ValueError: x"}})
+    assert slices_of(late, gone).text() == ("0 of 2 slices ready; waiting: slice 0 (0 of 1 hosts joined; "
+                                            "tpu-group-0-0 not running: ValueError: x); slice 1 (0 of 1 hosts joined; "
+                                            "tpu-group-1-0 joins 40s after its start (rehearse_late_slice): in about "
+                                            "30s)")
+
+
+def test_a_chain_that_will_make_node_pools_checks_capacity_in_its_first_task():
+    from playbooks import plan
+    first = plan.chained(DEV, "network", plan.play_steps(DEV, "network"), ("network", "cluster", "nodepools"))
+    ids = [s.id for s in first]
+    assert ids[:3] == ["capacity:machine-type", "capacity:version", "capacity:quota"], ids
+    assert all(set(s.after) >= set(ids[:3]) for s in first[3:])  # nothing of the network before them
+    for task, chain in (("network", ("network", "cluster")),                      # no node pools: as it is
+                        ("cluster", ("network", "cluster", "nodepools")),         # not the first task
+                        ("network", ("teardown", "network", "nodepools")),
+                        ("teardown", ("teardown", "up"))):                        # a teardown first: as it is
+        steps = plan.play_steps(DEV, task) if task != "teardown" else plan.teardown_steps(DEV)
+        assert [s.id for s in plan.chained(DEV, task, list(steps), chain)] == [s.id for s in steps], (task, chain)
+    auto = env("dev-autopilot")
+    same = plan.play_steps(auto, "cluster")
+    assert plan.chained(auto, "cluster", list(same), ("cluster", "nodepools")) == same   # Autopilot: no pools
+    first_up = plan.chained(auto, "cluster", plan.play_steps(auto, "cluster"), ("cluster", "up"))
+    assert first_up[0].id == "capacity:machine-type"                                   # `up` checks capacity

@@ -90,6 +90,12 @@ def test_layout_defaults_are_the_tutorials_and_env_overrides_them():
     assert mr.Layout.from_env({}).workers == 8
     ln = mr.Layout.from_env({"TRAINER_SLICES": "2", "TRAINER_HOSTS_PER_SLICE": "1", "TRAINER_TOPOLOGY": "2x2"})
     assert (ln.workers, ln.topology) == (2, "2x2")
+    # Elastic: Ray Train's 60 s between looks for slices that came, unless the job says otherwise.
+    assert mr.scaling_config(ln, elastic=True).elastic_resize_monitor_interval_s == 60.0
+    quick = mr.Layout.from_env({"TRAINER_SLICES": "2", "TRAINER_HOSTS_PER_SLICE": "1", "TRAINER_TOPOLOGY": "2x2",
+                                "TRAINER_RESIZE_INTERVAL_S": "10"})
+    assert mr.scaling_config(quick, elastic=True).elastic_resize_monitor_interval_s == 10.0
+    assert mr.scaling_config(quick, elastic=True).num_workers == (1, 2)
 
 
 def test_worker_runtime_env_installs_the_pinned_requirements(tmp_path, monkeypatch):

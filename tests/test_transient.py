@@ -63,10 +63,29 @@ def test_status_and_transience_as_the_clients_print_them(stderr, status, transie
     assert is_transient(c(stderr)) is transient
 
 
-def test_an_operation_of_someone_else_is_waited_out_only_by_patient_commands():
-    busy = c("ERROR: (gcloud.container.node-pools.create) ResponseError: code=400, message=Cluster is running "
-             "incompatible operation operation-1234.")
+# GKE's three forms of "another operation runs" (its concurrent-operations
+# troubleshooting page), as gcloud container prints a 400 FAILED_PRECONDITION.
+BUSY = (
+    "Cluster is running incompatible operation operation-1234.",
+    "Operation operation-1234 is currently upgrading cluster maxtext-multislice. Please wait and try again once it "
+    "is done.",
+    "Cluster is currently being created, deleted, updated or repaired and cannot be updated.",
+)
+
+
+@pytest.mark.parametrize("message", BUSY)
+def test_an_operation_of_someone_else_is_waited_out_only_by_patient_commands(message):
+    busy = c(f"ERROR: (gcloud.container.node-pools.create) ResponseError: code=400, message={message}")
     assert is_transient(busy, patient=True) and not is_transient(busy, patient=False)
+
+
+def test_too_many_operations_is_waited_out_and_another_400_is_not():
+    many = c('ERROR: (gcloud.container.node-pools.create) ResponseError: code=429, message=Too many operations: '
+             'cluster "maxtext-multislice" hits the concurrent operations quota 5, please try again later.')
+    assert is_transient(many, patient=True) and is_transient(many, patient=False)
+    other = c("ERROR: (gcloud.container.node-pools.create) ResponseError: code=400, message=Cluster is not "
+              "updatable: its version is not supported.")
+    assert not is_transient(other, patient=True)
 
 
 def test_a_parse_error_or_a_missing_program_is_never_transient():

@@ -27,6 +27,9 @@ ENV_ACCELERATOR = "TRAINER_ACCELERATOR_TYPE"
 ENV_WORKER_REQUIREMENTS = "TRAINER_WORKER_REQUIREMENTS"
 ENV_STORAGE_PATH = "TRAINER_STORAGE_PATH"
 ENV_EXPECTED_MODEL = "TRAINER_EXPECTED_MODEL"
+# Elastic: how often a healthy worker group looks for slices that came (Ray
+# Train's default, 60 s, when unset).
+ENV_RESIZE_INTERVAL = "TRAINER_RESIZE_INTERVAL_S"
 
 MODEL_KEYS = ("base_emb_dim", "base_num_query_heads", "base_num_kv_heads", "base_num_decoder_layers",
               "base_mlp_dim", "head_dim", "vocab_size")
@@ -39,16 +42,19 @@ class Layout:
     topology: str = "4x4"
     chips_per_host: int = 4
     accelerator_type: str = "TPU-V6E"
+    resize_interval_s: float | None = None
 
     @classmethod
     def from_env(cls, environ=os.environ) -> "Layout":
         d = cls()
+        interval = environ.get(ENV_RESIZE_INTERVAL)
         return cls(
             slices=int(environ.get(ENV_SLICES, d.slices)),
             hosts_per_slice=int(environ.get(ENV_HOSTS_PER_SLICE, d.hosts_per_slice)),
             topology=environ.get(ENV_TOPOLOGY, d.topology),
             chips_per_host=int(environ.get(ENV_CHIPS_PER_HOST, d.chips_per_host)),
             accelerator_type=environ.get(ENV_ACCELERATOR, d.accelerator_type),
+            resize_interval_s=float(interval) if interval else None,
         )
 
     @property
@@ -60,6 +66,8 @@ def scaling_config(layout: Layout, elastic: bool):
     from ray.train.v2.api.config import ScalingConfig
 
     workers = (layout.hosts_per_slice, layout.workers) if elastic else layout.workers
+    interval = ({"elastic_resize_monitor_interval_s": layout.resize_interval_s}
+                if elastic and layout.resize_interval_s is not None else {})
     return ScalingConfig(
         use_tpu=True,
         num_workers=workers,
@@ -67,6 +75,7 @@ def scaling_config(layout: Layout, elastic: bool):
         accelerator_type=layout.accelerator_type,
         resources_per_worker={"TPU": layout.chips_per_host},
         placement_strategy="SPREAD",
+        **interval,
     )
 
 

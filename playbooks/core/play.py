@@ -265,8 +265,23 @@ def execute(step: Step, ctx: StepContext) -> Outcome:
         why = verify(ctx, step)
         if why is not None:
             return Outcome(FAILED, f"{decision.reason}; still not ready: {why}", notes=notes)
-        return Outcome(OK, decision.reason, notes=notes)
+        return _after_wait(ctx, step, decision)
     raise AssertionError(f"unknown decision {decision.kind}")
+
+
+def _after_wait(ctx: StepContext, step: Step, waited: Decision) -> Outcome:
+    """A wait passed: the step decides again, on what its verify saw (the
+    runner's latest answers, no new probe lines), to say what is now; the
+    wait's own reason if that decision is not ok."""
+    quiet = _Quiet(ctx.log)
+    assert step.decide is not None
+    try:
+        again = step.decide(lambda f: ctx.runner.look(f, quiet, step.title))
+    except PlaybookError:
+        again = waited
+    if again.kind == D_OK:
+        return Outcome(OK, again.reason or waited.reason, data=again.data, notes=waited.notes + again.notes)
+    return Outcome(OK, waited.reason, notes=waited.notes)
 
 
 def _change(ctx: StepContext, step: Step, decision: Decision) -> Outcome:

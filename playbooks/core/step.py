@@ -2,7 +2,9 @@
 
 A step's ``decide`` looks at facts (through ``look``) and returns a Decision:
 
-- ``ok(reason)``: the world already is as asked; nothing runs.
+- ``ok(reason)``: the world already is as asked; nothing runs. Its
+  ``note`` says what is as asked for now but not whole yet (slices still
+  to come): the recap shows it.
 - ``change(*actions, reason=..., would=..., found=...)``: these commands
   (and waits) bring it there. ``reason`` says what the change did,
   ``would`` what it would do (for check mode and a dry run: "start the Ray
@@ -22,7 +24,9 @@ A step's ``decide`` looks at facts (through ``look``) and returns a Decision:
   answered 403).
 
 After a change (or a wait) the ``verify`` fact is looked up again, fresh,
-until its check passes or the timeout ends. A change may also hold an
+until its check passes or the timeout ends; after a wait that passed, the
+step decides again on what the verify saw, so its outcome says what is
+(not what it waited for). A change may also hold an
 ``Await``: a wait the engine polls between two of its commands.
 
 A change may name what to do ``instead`` when it fails (a command exits
@@ -90,7 +94,7 @@ class Decision:
 
 def ok(reason: str = "", data: Any = None, notes: Sequence[str] = ()) -> Decision:
     """As asked. ``data``: what the step hands on (read from the recap)."""
-    return Decision(OK, reason, data=data, notes=tuple(notes))
+    return Decision(OK, reason, data=data, notes=tuple(n for n in notes if n))
 
 
 def change(*commands: Act, reason: str = "", would: str = "", found: str = "missing", notes: Sequence[str] = (),

@@ -4,10 +4,9 @@ from __future__ import annotations
 from typing import Any
 
 from .. import tutorial as T
-from ..clients import gcloud
 from ..core.facts import ABSENT
 from ..core.step import Step, Verify, change, drift, fail, ok, wait
-from ..gke import clusters_fact, kube_context, location
+from ..gke import clusters_fact, container_change, kube_context, location
 from ..kubeconfig import credentials_command, has_context, kubeconfig_fact
 from ..schema import Environment
 
@@ -20,13 +19,12 @@ def create_command(env: Environment):
         # The tutorial also passes --machine-type=n1-standard-16 here, but
         # gcloud 528 rejects it for create-auto (exit 2, "unrecognized
         # arguments"): Autopilot picks its own machines, so it is left out.
-        return gcloud("container", "clusters", "create-auto", env.cluster_name, "--enable-ray-operator",
-                      f"--location={env.region}", f"--cluster-version={env.cluster_version}",
-                      project=env.project_id)
-    return gcloud("container", "clusters", "create", env.cluster_name, f"--addons={T.STANDARD_ADDONS}",
-                  f"--machine-type={T.CLUSTER_MACHINE_TYPE}", "--enable-dataplane-v2",
-                  f"--workload-pool={env.project_id}.svc.id.goog", f"--location={env.zone}",
-                  f"--cluster-version={env.cluster_version}", project=env.project_id)
+        return container_change(env, "clusters", "create-auto", env.cluster_name, "--enable-ray-operator",
+                                f"--location={env.region}", f"--cluster-version={env.cluster_version}")
+    return container_change(env, "clusters", "create", env.cluster_name, f"--addons={T.STANDARD_ADDONS}",
+                            f"--machine-type={T.CLUSTER_MACHINE_TYPE}", "--enable-dataplane-v2",
+                            f"--workload-pool={env.project_id}.svc.id.goog", f"--location={env.zone}",
+                            f"--cluster-version={env.cluster_version}")
 
 
 def shape_diffs(env: Environment, c: Any) -> list[str]:

@@ -8,9 +8,9 @@ from .. import hosts, paths, rayapi
 from ..core.facts import ABSENT, Fact, assume
 from ..core.step import Step, Verify, change, fail, ok
 from ..endpoints import dashboard, forward_command
-from ..gke import workers
 from ..rayapi import version_fact
 from ..schema import Environment
+from ..slices import from_ray, ray_nodes_as_asked
 
 PLAY = "dashboard"
 FORWARD_TIMEOUT = 30
@@ -30,23 +30,16 @@ def forward_step(env: Environment) -> Step:
                     f"dashboard_port in the inventory")
 
     return Step(PLAY, f"port-forward {dashboard(env)}", decide, id="dashboard:forward",
-                after=("raycluster:apply", "kube:credentials"), probes=(version,),
+                after=("raycluster:slices", "kube:credentials"), probes=(version,),
                 verify=Verify(version, lambda v: f"not answering (see {paths.forward_log(env.name)})"
                               if v is ABSENT else None, timeout=FORWARD_TIMEOUT, interval=1))
-
-
-def expected_nodes(env: Environment) -> list[dict]:
-    """What `ray list nodes` shows of a cluster as asked (a dry run's assumption)."""
-    return [{"state": "ALIVE", "is_head_node": True, "resources_total": {}}] + [
-        {"state": "ALIVE", "is_head_node": False, "resources_total": {"TPU": env.chips_per_host}}
-        for _ in range(workers(env))]
 
 
 def nodes_fact(env: Environment) -> Fact:
     """The tutorial's `ray list nodes --address ...`, read from the State API
     endpoint that command calls (no process: the ray CLI alone costs seconds
     of CPU, the request milliseconds)."""
-    return assume(rayapi.nodes_fact(dashboard(env), hosts.connector(env)), expected_nodes(env))
+    return assume(rayapi.nodes_fact(dashboard(env), hosts.connector(env)), ray_nodes_as_asked(env))
 
 
 def count(nodes: Any) -> tuple[int, int]:
@@ -57,17 +50,24 @@ def count(nodes: Any) -> tuple[int, int]:
 
 
 def nodes_step(env: Environment) -> Step:
+    """1 head and every TPU worker alive in Ray; with min_slices below
+    slices, at least that many whole slices (the others named as waiting)."""
     probe = nodes_fact(env)
-    want = workers(env)
+    want = env.slices * env.hosts_per_slice
 
     def decide(look):
         nodes = look(probe)
         if nodes is ABSENT:
             return fail(f"no Ray dashboard answers at {dashboard(env)}: run `invoke up`")
         heads, tpus = count(nodes)
+        s = from_ray(env, nodes)
         if heads == 1 and tpus == want:
             return ok(f"1 head + {tpus} TPU workers alive")
-        return fail(f"want 1 head + {want} TPU workers, found {heads} head(s) + {tpus} TPU worker(s) alive")
+        if heads == 1 and s.enough(env.min_slices):
+            return ok(f"1 head + {tpus} of {want} TPU workers alive; {s.text(env.min_slices)}",
+                      notes=[s.waiting_text()])
+        return fail(f"want 1 head + {want} TPU workers, found {heads} head(s) + {tpus} TPU worker(s) alive"
+                    + ("" if s.complete else f"; {s.text(env.min_slices)}"))
 
     return Step(PLAY, "Ray nodes", decide, id="dashboard:nodes", after=("dashboard:forward",), probes=(probe,))
 

@@ -1,17 +1,16 @@
 """§4 TPU node pools: one multi-host v6e slice per pool (Standard only)."""
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 from .. import capacity_options as cap
 from .. import tutorial as T
 from ..capacity_plan import BROKEN, plan_fact
-from ..clients import gcloud
 from ..core.errors import PlaybookError
 from ..core.facts import ABSENT
 from ..core.step import Broken, Step, Verify, change, drift, fail, ok, skipped, wait
 from ..gke import (
+    container_change,
     location,
     machine_types_fact,
     network_name,
@@ -28,11 +27,6 @@ AUTOPILOT_SKIP = ("Autopilot has no node pools to create: it provisions the TPU 
                   "RayCluster's TPU requests and node selectors")
 
 
-# GKE runs one operation per node pool at once, but none while a cluster-level
-# operation (the cluster's own creation or upgrade) runs: wait that out.
-PATIENCE = 30 * 60
-
-
 def create_command(env: Environment, name: str, option: str):
     """The tutorial's command, every flag kept, with our capacity label next
     to its DRANET label and the option's flags (capacity_options.pool_flags;
@@ -42,24 +36,20 @@ def create_command(env: Environment, name: str, option: str):
     ("TPU topology can't be specified with single-host TPU slice pool", as
     xpk met it in its PR #825)."""
     topology = [f"--tpu-topology={env.topology}"] if env.hosts_per_slice > 1 else []
-    return _patient(gcloud(
-        "container", "node-pools", "create", name,
+    return container_change(
+        env, "node-pools", "create", name,
         f"--location={env.zone}", f"--cluster={env.cluster_name}", f"--machine-type={env.machine_type}",
         f"--threads-per-core={T.TPU_THREADS_PER_CORE}", *topology,
         f"--num-nodes={cap.initial_nodes(env, option)}",
         f"--additional-node-network=network={network_name(env, 0)},subnetwork={subnet_name(env, 0)}",
         f"--additional-node-network=network={network_name(env, 1)},subnetwork={subnet_name(env, 1)}",
         f"--node-labels={cap.node_labels(option)}", "--enable-gvnic", f"--scopes={T.TPU_SCOPES}",
-        *cap.pool_flags(env, option), project=env.project_id))
-
-
-def _patient(c):
-    return dataclasses.replace(c, patience=PATIENCE)
+        *cap.pool_flags(env, option))
 
 
 def delete_command(env: Environment, name: str):
-    return _patient(gcloud("container", "node-pools", "delete", name, f"--location={location(env)}",
-                           f"--cluster={env.cluster_name}", project=env.project_id, quiet=True))
+    return container_change(env, "node-pools", "delete", name, f"--location={location(env)}",
+                            f"--cluster={env.cluster_name}", quiet=True)
 
 
 def _last(v: Any) -> str:

@@ -14,8 +14,9 @@ from .. import tutorial as T
 from ..core.errors import PlaybookError
 from ..core.facts import ABSENT
 from ..core.step import Step, Verify, change, drift, fail, ok, wait
-from ..gke import kube_get, raycluster_fact, workers
+from ..gke import kube_get, raycluster_fact
 from ..schema import Environment, capacities, capacity_text
+from ..slices import pods_fact
 from ..versions import installed
 
 PLAY = "raycluster"
@@ -70,6 +71,8 @@ def shape_diffs(env: Environment, rc: Any) -> list[str]:
 
 
 def apply_step(env: Environment) -> Step:
+    """The RayCluster and its NIC claims, applied as rendered (its slices'
+    readiness is the next step's)."""
     probe = raycluster_fact(env)
     claims = kube_get(env, "resourceclaimtemplate", manifests.claim_name(env), env.namespace)
 
@@ -81,24 +84,39 @@ def apply_step(env: Environment) -> Step:
         diffs = shape_diffs(env, rc)
         if diffs:
             return drift(f"RayCluster {T.RAYCLUSTER_NAME}: " + "; ".join(diffs))
-        why = k8s.ready(env, rc)
-        if why:
-            return wait(f"RayCluster {T.RAYCLUSTER_NAME} exists, not ready yet ({why})")
-        return ok(f"RayCluster {T.RAYCLUSTER_NAME} ready with {workers(env)} TPU workers")
-
-    # flex-start nodes come when capacity does: the workers wait for them up
-    # to capacity_wait (the pools themselves start empty).
-    timeout = max(READY_TIMEOUT, capacity_options.wait_seconds(env) or 0)
-
-    def check(rc):
-        why = k8s.ready(env, rc)
-        if why and "flex-start" in capacities(env):
-            return f"{why} (waiting for flex-start capacity: the nodes come when GKE finds the chips)"
-        return why
+        return ok(f"RayCluster {T.RAYCLUSTER_NAME} is the one rendered ({env.slices} x {env.hosts_per_slice} TPU "
+                  f"workers)")
 
     after: tuple[str, ...] = ("kube:credentials", "storage:ksa", "storage:binding", "storage:bucket")
     if env.mode == "autopilot":
         after += ("raycluster:autopilot-rules", "raycluster:compute-class")
+    return Step(PLAY, f"RayCluster {T.RAYCLUSTER_NAME}", decide, id="raycluster:apply", after=after,
+                verify=Verify(probe, lambda rc: "RayCluster not found" if rc is ABSENT else None, timeout=60,
+                              interval=5), probes=(claims, probe))
+
+
+def slices_step(env: Environment) -> Step:
+    """Done when min_slices slices are whole: every worker pod of their
+    replica ready (and the head). The others are named as waiting (a
+    flex-start pool with no nodes yet, a pool being replaced), here, in the
+    recap, in `status` and in the heartbeats."""
+    probe = pods_fact(env)
+    need = env.min_slices
+    # flex-start nodes come when capacity does: the workers wait for them up
+    # to capacity_wait (the pools themselves start empty).
+    timeout = max(READY_TIMEOUT, capacity_options.wait_seconds(env) or 0)
+    flex = " (waiting for flex-start capacity: the nodes come when GKE finds the chips)" \
+        if "flex-start" in capacities(env) else ""
+
+    def decide(look):
+        s = look(probe)
+        if s.enough(need):
+            return ok(f"RayCluster {T.RAYCLUSTER_NAME}: {s.text(need)}", notes=[s.waiting_text()])
+        return wait(f"RayCluster {T.RAYCLUSTER_NAME}: {s.text(need)}")
+
+    def check(s):
+        why = s.why(need)
+        return f"{why}{flex}" if why else None
 
     def explain(look, reason: str) -> str | None:
         """The wait ended without readiness: why, one line per cause."""
@@ -108,8 +126,9 @@ def apply_step(env: Environment) -> Step:
             return f"and why could not be read: {str(e).splitlines()[0]}"
         return ("why: " + "; ".join(found)) if found else None
 
-    return Step(PLAY, f"RayCluster {T.RAYCLUSTER_NAME}", decide, id="raycluster:apply", after=after,
-                verify=Verify(probe, check, timeout=timeout, interval=5), probes=(claims, probe), explain=explain)
+    return Step(PLAY, f"TPU slices of {T.RAYCLUSTER_NAME}", decide, id="raycluster:slices",
+                after=("raycluster:apply",), verify=Verify(probe, check, timeout=timeout, interval=5),
+                explain=explain)
 
 
 def image_step(env: Environment) -> Step:
@@ -159,4 +178,4 @@ def steps(env: Environment) -> list[Step]:
     """On Autopilot the RayCluster's TPU requests are what makes the chips:
     its rules are checked and its ComputeClass applied first."""
     autopilot = [rules_step(env), compute_class_step(env)] if env.mode == "autopilot" else []
-    return [*autopilot, image_step(env), apply_step(env)]
+    return [*autopilot, image_step(env), apply_step(env), slices_step(env)]

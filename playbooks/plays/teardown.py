@@ -17,6 +17,7 @@ from ..endpoints import forward_pidfile
 from ..gke import (
     bucket_fact,
     clusters_fact,
+    container_change,
     kube,
     kube_context,
     location,
@@ -113,8 +114,8 @@ def cluster_step(env: Environment) -> Step:
         # The tutorial writes --zone=$ZONE (its Standard cluster); an
         # Autopilot cluster is regional, so it is named by --location.
         where = f"--zone={env.zone}" if env.mode == "standard" else f"--location={env.region}"
-        return change(gcloud("container", "clusters", "delete", env.cluster_name, where,
-                             project=env.project_id, quiet=True), reason="deleted", found="present")
+        return change(container_change(env, "clusters", "delete", env.cluster_name, where, quiet=True),
+                      reason="deleted", found="present")
 
     return Step(PLAY, f"GKE cluster {env.cluster_name}", decide, id="teardown:cluster",
                 after=("teardown:raycluster", "teardown:maintenance"),

@@ -25,8 +25,9 @@ from ..job import (
     restores_unfinished,
     submit_command,
 )
-from ..rayapi import job_fact, job_logs_command, jobs_fact, ours, submission_number
+from ..rayapi import job_fact, job_logs_command, jobs_fact, nodes_fact, ours, submission_number
 from ..schema import Environment, capacities, capacity_text
+from ..slices import from_ray, ray_nodes_as_asked
 from ..trainlog import Summary, clean
 
 PLAY = "train"
@@ -141,6 +142,35 @@ def hold_step(job: Job) -> Step:
                 verify=Verify(probe, check, timeout=300, interval=5))
 
 
+def ray_nodes(job: Job) -> Fact:
+    """Ray's nodes, where the job is submitted (a dry run assumes every slice)."""
+    return assume(nodes_fact(job.address, hosts.connector(job.env)), ray_nodes_as_asked(job.env))
+
+
+def slices_step(env: Environment, job: Job) -> Step:
+    """A job starts on whole slices, as Ray sees them: an elastic one on
+    those ready (it grows when the rest arrive); one that is not elastic
+    only on every slice, else it is refused before it is submitted."""
+    probe = ray_nodes(job)
+
+    def decide(look):
+        nodes = look(probe)
+        if nodes is ABSENT:
+            return fail(f"no Ray dashboard answers at {job.address}: run `invoke up` (or `invoke dashboard`)")
+        s = from_ray(env, nodes)
+        if s.complete:
+            return ok(f"every slice is whole in Ray ({s.count} of {s.want})")
+        if job.elastic and s.count >= 1:
+            return ok(f"{s.text()}: the elastic job starts on {s.count} and grows when the rest arrive",
+                      notes=[s.waiting_text()])
+        if job.elastic:
+            return fail(f"{s.text()}: no whole slice to start on yet (`invoke up` waits for min_slices of them)")
+        return fail(f"{s.text()}: a job that is not elastic needs every slice; `invoke train --elastic` would start "
+                    f"on the {s.count} ready and grow when the rest arrive")
+
+    return Step(PLAY, "slices in Ray", decide, id="train:slices", probes=(probe,))
+
+
 # -- the job ----------------------------------------------------------------
 def _follow_or_submit(ctx: StepContext, job: Job, sid: str, attach: bool, f: Follower) -> Completed | None:
     """Follow the job's log to its end: a job already running through `ray
@@ -209,11 +239,13 @@ def job_step(job: Job, log_file: Path | None = None) -> Step:
             f.started(active[-1])
 
         def now() -> str:
-            """What a heartbeat says of the job: its status, its last step."""
+            """What a heartbeat says of the job: its status, its last step,
+            and the slices not (yet) whole in Ray."""
             j = ctx.peek(job_fact(job.address, sid, via))
             status = j.get("status", "?") if isinstance(j, dict) else "not listed yet"
             step = f"last step {f.summary.last_step}" if f.summary.last_step is not None else "no step yet"
-            return f"status {status}, {step}"
+            s = from_ray(job.env, ctx.peek(ray_nodes(job)))
+            return f"status {status}, {step}" + ("" if s.complete else f"; {s.text()}")
 
         try:
             if ctx.acting:

@@ -21,6 +21,7 @@ from ..twin import (
     host_command,
     hosts_of,
     hosts_state_fact,
+    late_seconds,
     log,
     node_state_fact,
     pid_fact,
@@ -28,6 +29,7 @@ from ..twin import (
     pod_type,
     port_range,
     registered,
+    slices_of,
     workers_fact,
 )
 
@@ -50,15 +52,17 @@ def ports_taken_fact(env: Environment) -> Fact:
                 describe=lambda ps: f"port {ps[0]} taken" if ps else "free")
 
 
-def _started(env: Environment, name: str, what: str):
-    """The verify of a node just started: its process alive, then joined;
-    a process that exits ends the wait at once, with its log's line."""
+def _started(env: Environment, name: str, what: str, join: bool = True):
+    """The verify of a node just started: its process alive, then joined
+    (``join``; a late host of the rehearsal joins later: its process alive
+    is enough); a process that exits ends the wait at once, with its log's
+    line."""
     def check(s: Any) -> str | None:
         if not s.get("process"):
             raise Broken(f"{what} exited: {s.get('exited')}; see {log(env, name)}")
         if not s.get("answering"):
             return f"dashboard not answering yet (see {log(env, name)})"
-        if not s.get("joined"):
+        if join and not s.get("joined"):
             return f"{what} not registered yet (see {log(env, name)})"
         return None
     return check
@@ -95,19 +99,27 @@ def _ghost_gone(env: Environment, host: Host) -> Await:
                  f"the old {host.name} gone from Ray's nodes", timeout=GHOST_TIMEOUT, interval=2)
 
 
-def _start_host(env: Environment, host: Host, nodes: Any, reason: str, would: str, *before: Any):
+def _start_host(env: Environment, host: Host, nodes: Any, reason: str, would: str, *before: Any,
+                late: float = 0.0):
     """The change that starts a host (after its ghost is gone, if listed)."""
     ghost = (_ghost_gone(env, host),) if nodes is not ABSENT and registered(nodes, host) else ()
-    return change(*before, *ghost, host_command(env, host), reason=reason, would=would, found="not running")
+    return change(*before, *ghost, host_command(env, host, late), reason=reason, would=would, found="not running")
 
 
 def _host_verify(env: Environment, host: Host) -> Verify:
-    joined = node_state_fact(env, host.name, lambda nodes: registered(nodes, host), f"{host.name} ALIVE")
-    return Verify(joined, _started(env, host.name, f"TPU host {host.name}"), timeout=START_TIMEOUT, interval=2)
+    late = late_seconds(env, host)
+    what = f"{host.name}'s process (it joins {late:g}s after its start)" if late else f"{host.name} ALIVE"
+    joined = node_state_fact(env, host.name, lambda nodes: registered(nodes, host), what)
+    return Verify(joined, _started(env, host.name, f"TPU host {host.name}", join=not late), timeout=START_TIMEOUT,
+                  interval=2)
+
+
+REHEARSAL = "rehearse_late_slice: a slice that comes late, as a flex-start pool's nodes do"
 
 
 def host_step(env: Environment, host: Host) -> Step:
     pidf, nodes = pid_fact(env, host.name), nodes_fact(dashboard(env), hosts.this_machine())
+    late = late_seconds(env, host)
 
     def decide(look):
         running, listed = look(pidf), look(nodes)
@@ -116,8 +128,14 @@ def host_step(env: Environment, host: Host) -> Step:
                 return fail(f"no Ray head answers at {dashboard(env)}: run `invoke up`")
             if registered(listed, host):
                 return ok(f"TPU host {host.name} is in the cluster")
+            if late:
+                return ok(f"TPU host {host.name}'s process runs; it joins {late:g}s after its start ({REHEARSAL})")
             return wait(f"TPU host {host.name}'s process runs; it has not joined yet")
         shape = f"({pod_type(env)}, {env.chips_per_host} chips)"
+        if late:
+            return _start_host(env, host, listed, f"TPU host {host.name} started {shape}; it joins {late:g}s later "
+                                                  f"({REHEARSAL})",
+                               f"start TPU host {host.name} {shape}, joining {late:g}s later ({REHEARSAL})", late=late)
         return _start_host(env, host, listed, f"TPU host {host.name} joined {shape}",
                            f"start TPU host {host.name} {shape}")
 
@@ -125,15 +143,43 @@ def host_step(env: Environment, host: Host) -> Step:
                 probes=(pidf, nodes), verify=_host_verify(env, host))
 
 
+def slices_step(env: Environment, after: str) -> Step:
+    """Done when min_slices slices are whole (every host joined); the
+    others are named as waiting (in the recap, status, the heartbeats)."""
+    probe = hosts_state_fact(env)
+    need = env.min_slices
+    longest = max((late_seconds(env, h) for h in hosts_of(env)), default=0.0)
+
+    def decide(look):
+        s = slices_of(env, look(probe))
+        if s.enough(need):
+            return ok(s.text(need), notes=[s.waiting_text()])
+        return wait(s.text(need))
+
+    def check(state: Any) -> str | None:
+        s = slices_of(env, state)
+        if s.enough(need):
+            return None
+        gone = [f"TPU host {n} exited: {v.get('exited')}; see {log(env, n)}" for n, v in state.items()
+                if not v.get("process")]
+        if gone:
+            raise Broken(gone[0])
+        return s.why(need)
+
+    return Step(PLAY, "TPU slices", decide, id="twin:slices", after=(after,), probes=(probe,),
+                verify=Verify(probe, check, timeout=START_TIMEOUT + longest, interval=2))
+
+
 def steps(env: Environment) -> list[Step]:
     """Bring the local cluster up (a running one is reused). Hosts join one
-    after another: Ray nodes starting at once on one machine race for ports."""
+    after another: Ray nodes starting at once on one machine race for ports.
+    Then the slices: min_slices of them whole."""
     out = [head_step(env)]
     for h in hosts_of(env):
         step = host_step(env, h)
         step.after = (out[-1].id,)
         out.append(step)
-    return out
+    return out + [slices_step(env, out[-1].id)]
 
 
 def stop_step(env: Environment, name: str, play: str) -> Step:

@@ -360,7 +360,9 @@ def fake_cloud(base: Path) -> Iterator[Cloud]:
     gcp.start()
 
     def ray_pods() -> list[dict]:
-        return [p for p in kube.list("pods") if (p["metadata"].get("labels") or {}).get("ray.io/is-ray-node")]
+        """The Ray pods that run (a Pending pod has no Ray node)."""
+        return [p for p in kube.list("pods") if (p["metadata"].get("labels") or {}).get("ray.io/is-ray-node")
+                and (p.get("status") or {}).get("phase") == "Running"]
 
     dash = FakeDashboard(ray_pods).start()
     dash_auto = FakeDashboard(ray_pods).start()

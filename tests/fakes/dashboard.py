@@ -1,7 +1,8 @@
 """A fake Ray dashboard (plain HTTP on 127.0.0.1), standing in for the
 port-forwarded head service: /api/version, the state API's node list
-built from the fake cluster's Ray pods (head + TPU workers), and the Jobs
-API's list (no jobs unless a test adds some)."""
+built from the fake cluster's running Ray pods (head + TPU workers: a pod
+that is Pending has no Ray node), and the Jobs API's list (no jobs unless
+a test adds some)."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -28,11 +29,16 @@ class FakeDashboard(Fake):
             labels = pod["metadata"].get("labels") or {}
             head = labels.get("ray.io/node-type") == "head"
             res = {"CPU": 8.0, "memory": 17179869184.0}
+            node_labels = {"ray.io/node-id": f"{i:056x}"}
             if not head:
                 res.update({"TPU": 4.0, "accelerator_type:TPU-V6E": 1.0})
+                # Ray labels a TPU host from the TPU_NAME and TPU_WORKER_ID
+                # GKE's TPU webhook sets on the pod: its replica and host.
+                node_labels.update({"ray.io/tpu-slice-name": f"{labels.get('ray.io/group')}-{pod.get('_replica', 0)}",
+                                    "ray.io/tpu-worker-id": str(pod.get("_host", 0))})
             out.append({"node_id": f"{i:056x}", "node_ip": f"10.0.0.{i + 2}", "is_head_node": head,
                         "state": "ALIVE", "state_message": None, "node_name": pod["metadata"]["name"],
-                        "resources_total": res, "labels": {"ray.io/node-id": f"{i:056x}"},
+                        "resources_total": res, "labels": node_labels,
                         "start_time_ms": 1700000000000, "end_time_ms": 0})
         return out
 

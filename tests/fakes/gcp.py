@@ -181,6 +181,10 @@ class FakeGcp(Fake):
         self.latency: dict[str, float] = {}
         self._pending: list[dict] = []
         self.stockouts: list[Stockout] = []
+        # Flex-start pools that find no capacity: they stay empty (the others
+        # get their nodes at once, as if GKE found the chips when the
+        # workers asked for them).
+        self.flex_start_empty: set[str] = set()
         self.st = State(project, number)
         self._default_quotas()
         self.routes: list[Route] = []
@@ -194,6 +198,7 @@ class FakeGcp(Fake):
             self.st = State(self.project, self.number)
             self._default_quotas()
             self.stockouts.clear()
+            self.flex_start_empty = set()
             self.op_polls = 0
             self.latency = {}
             self._pending = []
@@ -716,7 +721,10 @@ class FakeGcp(Fake):
             np["statusMessage"] = message
         c["nodePools"].append(np)
         if self.kube and np["name"] != "default-pool":
-            self.kube.on_pool(np["name"], int(np.get("initialNodeCount") or 0) if status == "RUNNING" else 0)
+            nodes = int(np.get("initialNodeCount") or 0)
+            if (np.get("config") or {}).get("flexStart") and np["name"] not in self.flex_start_empty:
+                nodes = int((np.get("autoscaling") or {}).get("maxNodeCount") or nodes)
+            self.kube.on_pool(np["name"], nodes if status == "RUNNING" else 0)
         return np
 
     def pools_list(self, req: Request, p: str, loc: str, cluster: str) -> dict:

@@ -3,7 +3,16 @@ own CA, enough for kubectl: /version, legacy discovery, namespaced CRUD with
 label and field selectors, client-side ``kubectl apply`` (GET, then POST or
 PATCH), and a stand-in for KubeRay that makes a RayCluster ready and gives it
 pods (one head, ``replicas x numOfHosts`` workers labelled
-``ray.io/node-type=worker``), recreating a worker pod that is deleted.
+``ray.io/node-type=worker``, each multi-host replica's pods labelled
+``replicaIndex: <group>-<replica>`` as GKE's TPU webhook labels them),
+recreating a worker pod that is deleted.
+
+It also decides which worker pods run, as the scheduler would: once the
+cluster has TPU node pools (``set_pool_nodes``, called by the GCP fake), a
+replica runs only on a pool with a whole slice of nodes (one replica per
+``numOfHosts`` nodes of a pool); the others stay Pending, unschedulable
+("Insufficient google.com/tpu"), until nodes come. Without TPU pools
+(Autopilot makes its nodes itself) every pod runs.
 """
 from __future__ import annotations
 
@@ -97,6 +106,9 @@ def merge_patch(target: Any, patch: Any) -> Any:
         else:
             out[k] = merge_patch(out.get(k), v)
     return out
+
+
+RUNNING = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
 
 
 def _ready(pod: dict) -> bool:
@@ -230,6 +242,7 @@ class FakeKube(Fake):
         self.ray_gate = lambda: True
         self._ray_pending: dict[tuple[str, str], float] = {}
         self.autopilot = False      # set when the cluster it serves is Autopilot (its rules apply)
+        self.tpu_pools: dict[str, int] = {}   # TPU node pool -> its ready nodes (set_pool_nodes)
         self.server = FakeServer("kube", pki, self.handle, self.check_auth)
         self.url = self.server.url
         self.endpoint = self.url.split("://", 1)[1]
@@ -240,6 +253,7 @@ class FakeKube(Fake):
         with self.lock:
             self.objects.clear()
             self.autopilot = False
+            self.tpu_pools = {}
             for ns in ("default", "kube-system", "kube-public"):
                 self._put(KIND["namespaces"], {"metadata": {"name": ns}, "spec": {"finalizers": ["kubernetes"]},
                                                "status": {"phase": "Active"}})
@@ -463,8 +477,8 @@ class FakeKube(Fake):
             labels = md.get("labels") or {}
             rc = self.get("rayclusters", labels.get("ray.io/cluster", ""), md.get("namespace", ""))
             if rc is not None and labels.get("ray.io/node-type") == "worker":
-                # KubeRay replaces a lost worker.
-                self._pod(rc, "worker", labels.get("ray.io/group", ""))
+                # KubeRay replaces a lost worker (the same replica and host).
+                self._pod(rc, "worker", labels.get("ray.io/group", ""), obj.get("_replica", 0), obj.get("_host", 0))
 
     def _admit(self, rc: dict, node_type: str, group: str) -> str | None:
         """Why the pod of this group would be refused or left Pending (None:
@@ -493,7 +507,24 @@ class FakeKube(Fake):
                                                       "namespace": md.get("namespace")},
                                    "reason": reason, "message": message, "type": "Warning"})
 
-    def _pod(self, rc: dict, node_type: str, group: str = "") -> dict | None:
+    def _hosts(self, rc: dict, group: str) -> int:
+        return next((int(g.get("numOfHosts") or 1) for g in (rc.get("spec") or {}).get("workerGroupSpecs") or []
+                     if g.get("groupName") == group), 1)
+
+    def _fits(self, hosts: int, replica: int) -> bool:
+        """Replica ``replica`` has a pool of its own with a whole slice of nodes."""
+        if not self.tpu_pools:
+            return True
+        return replica < sum(n // hosts for n in self.tpu_pools.values())
+
+    def _unschedulable(self) -> dict:
+        n = len(self.list("nodes"))
+        return {"phase": "Pending", "conditions": [
+            {"type": "Ready", "status": "False"},
+            {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+             "message": f"0/{n} nodes are available: {n} Insufficient google.com/tpu."}]}
+
+    def _pod(self, rc: dict, node_type: str, group: str = "", replica: int = 0, host: int = 0) -> dict | None:
         why = self._admit(rc, node_type, group)
         if why is not None:
             self._event(rc, "FailedCreateWorkerPod" if node_type == "worker" else "FailedCreateHeadPod", why)
@@ -503,11 +534,19 @@ class FakeKube(Fake):
         name = f"{md['name']}-head-{suffix}" if node_type == "head" else f"{md['name']}-{group}-worker-{suffix}"
         labels = {"ray.io/cluster": md["name"], "ray.io/node-type": node_type, "ray.io/is-ray-node": "yes",
                   "ray.io/group": group or "headgroup", "app.kubernetes.io/created-by": "kuberay-operator"}
+        hosts = self._hosts(rc, group) if node_type == "worker" else 1
+        if node_type == "worker" and hosts > 1:
+            labels["replicaIndex"] = f"{group}-{replica}"   # GKE's TPU webhook, on a multi-host replica's pods
+        fits = node_type == "head" or self._fits(hosts, replica)
         pod = {"metadata": {"name": name, "namespace": md["namespace"], "labels": labels,
                             "ownerReferences": [{"apiVersion": "ray.io/v1", "kind": "RayCluster",
                                                  "name": md["name"], "uid": md["uid"], "controller": True}]},
                "spec": {"containers": [{"name": f"ray-{node_type}", "image": "rayproject/ray"}]},
-               "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}}
+               "status": copy.deepcopy(RUNNING) if fits else self._unschedulable()}
+        if node_type == "worker":
+            pod.update({"_replica": replica, "_host": host})
+            if not fits:
+                pod["_unscheduled"] = True
         return self._put(KIND["pods"], pod)
 
     def _reconcile_ray(self, rc: dict) -> None:
@@ -519,14 +558,23 @@ class FakeKube(Fake):
         desired = made = 0
         for g in spec.get("workerGroupSpecs") or []:
             group = g.get("groupName", "")
-            want = int(g.get("replicas") or 0) * int(g.get("numOfHosts") or 1)
-            desired += want
+            replicas, hosts = int(g.get("replicas") or 0), int(g.get("numOfHosts") or 1)
+            desired += replicas * hosts
             have = list(self.list("pods", ns, f"ray.io/cluster={name},ray.io/group={group},"
                                                      f"ray.io/node-type=worker"))
-            for _ in range(want - len(have)):
-                self._pod(rc, "worker", group)
-            for p in have[want:]:
-                self.objects.pop(("pods", ns, p["metadata"]["name"]), None)
+            taken = {(p.get("_replica", 0), p.get("_host", 0)) for p in have}
+            for r in range(replicas):
+                for h in range(hosts):
+                    if (r, h) not in taken:
+                        self._pod(rc, "worker", group, r, h)
+            for p in have:
+                if p.get("_replica", 0) >= replicas:
+                    self.objects.pop(("pods", ns, p["metadata"]["name"]), None)
+                elif p.get("_unscheduled") and self._fits(hosts, p.get("_replica", 0)):
+                    # Nodes came: the scheduler places the pending pod.
+                    p["status"] = copy.deepcopy(RUNNING)
+                    del p["_unscheduled"]
+                    p["metadata"]["resourceVersion"] = str(next(self._rv))
             made += len([p for p in self.list("pods", ns, f"ray.io/cluster={name},ray.io/group={group},"
                                                           f"ray.io/node-type=worker") if _ready(p)])
         cur = self.objects[("rayclusters", ns, name)]
@@ -546,8 +594,10 @@ class FakeKube(Fake):
         cur["metadata"]["resourceVersion"] = str(next(self._rv))
 
     def set_pool_nodes(self, pool: str, count: int) -> None:
-        """The nodes of a node pool (made by the GCP fake with the pool): Ready."""
+        """The nodes of a node pool (made by the GCP fake with the pool): Ready.
+        Pending workers that now fit are scheduled."""
         with self.lock:
+            self.tpu_pools[pool] = count
             for key in [k for k, o in self.objects.items() if k[0] == "nodes" and
                         (o["metadata"].get("labels") or {}).get("cloud.google.com/gke-nodepool") == pool]:
                 del self.objects[key]
@@ -555,6 +605,9 @@ class FakeKube(Fake):
                 self._put(KIND["nodes"], {"metadata": {"name": f"gke-{pool}-{i:04d}", "labels": {
                     "cloud.google.com/gke-nodepool": pool}}, "spec": {},
                     "status": {"conditions": [{"type": "Ready", "status": "True"}]}})
+            for rc in self.list("rayclusters"):
+                if self.ray_ready and (rc["metadata"]["namespace"], rc["metadata"]["name"]) not in self._ray_pending:
+                    self._reconcile_ray(rc)
 
     # -- views and faults for tests ---------------------------------------------------
     def worker_pods(self, namespace: str) -> list[str]:
