@@ -699,9 +699,9 @@ def test_raycluster_is_done_with_min_slices_whole_and_names_the_slice_still_wait
     assert recap.counters() == "ok=1 changed=0 failed=0 skipped=0", out.text()
     waiting = f"waiting: slice 1 (0 of 4 TPU workers ready: Pending: {UNSCHEDULABLE})"
     assert f"RayCluster maxtext-tpu-cluster: 1 of 2 slices ready (min_slices 1); {waiting}" in out.text()
-    # ... and the recap names it
-    assert any(ln.startswith("  raycluster : TPU slices of maxtext-tpu-cluster") and ln.endswith(waiting)
-               for ln in out), out.text()
+    # ... and the recap names it, under the step's line
+    [at] = [i for i, ln in enumerate(out) if ln.startswith("  raycluster : TPU slices of maxtext-tpu-cluster  ok")]
+    assert out[at + 1] == f"      {waiting}", out.text()
     # Every slice asked for (the default): one slice whole is not done.
     recap, out = run_with_facts([raycluster.slices_step(DEV)], {PODS: pods({0}, label)})
     assert recap.failed and "1 of 2 slices ready; waiting: slice 1" in out.text()
