@@ -172,8 +172,6 @@ def build_job(env: Environment, model: str, elastic: bool = False, steps: int | 
             "TRAINER_STORAGE_PATH": p["ray_results"],
             # Every step line, not one per worker group ("repeated Nx").
             "RAY_DEDUP_LOGS": "0",
-            # A lost simulated host is noticed sooner than the 60 s default.
-            "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "30",
             # An elastic job takes in a slice that came (late, or back)
             # within 10 s, not Ray Train's 60 s default.
             "TRAINER_RESIZE_INTERVAL_S": "10",

@@ -278,7 +278,7 @@ def table(doc: dict) -> list[str]:
     for i in doc["items"]:
         why = i["reason"] or i["state"]
         out.append(f"  {i['what']:<{width}}  {i['verdict']:<13}  {why}".rstrip())
-        out += [f"  {'':<{width}}    {note}" for note in i.get("notes") or []]
+        out += [f"  {'':<{width}}    {note}" for note in i.get("notes") or [] if note not in why]  # said once
     if doc["jobs"]:
         out.append("  JOBS (newest last)")
         for j in doc["jobs"][-5:]:

@@ -86,10 +86,15 @@ def head_command(env: Environment) -> Command:
 
 
 # Rehearsal (rehearse_late_slice): a late host is started as any host is (its
-# pid file, its log), by a process that sleeps, then becomes `ray start` (exec
+# pid file, its log), by a process that waits, then becomes `ray start` (exec
 # keeps the pid, so the pid file, a re-run, status and teardown see one
-# process throughout; its command line holds the pid file's marker).
-LATER = "import os, sys, time; time.sleep(float(sys.argv[1])); os.execvp(sys.argv[2], sys.argv[2:])"
+# process throughout; its command line holds the pid file's marker). It
+# waits the seconds asked, or until it gets SIGUSR1 (`kill -USR1 <its pid>`:
+# the slice joins now, when a rehearsal, or a test, wants it at a moment of
+# the job rather than of the clock).
+LATER = ("import os, signal, sys; s = {signal.SIGUSR1}; signal.pthread_sigmask(signal.SIG_BLOCK, s); "
+         "signal.sigtimedwait(s, float(sys.argv[1])); signal.pthread_sigmask(signal.SIG_UNBLOCK, s); "
+         "os.execvp(sys.argv[2], sys.argv[2:])")
 # The late slice's hosts join one after another, as the others do.
 LATE_STAGGER = 5.0
 

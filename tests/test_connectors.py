@@ -10,6 +10,7 @@ import http.server
 import json
 import os
 import signal
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -356,6 +357,34 @@ def test_a_dropped_connection_is_opened_again_on_the_next_use(server, tmp_path):
         assert c.run(["cat", "f"]).stdout == "1"
         c.write("f", b"2")                                    # a new SFTP session on the new connection
         assert c.read("f") == b"2"
+    finally:
+        c.close()
+
+
+def test_an_sftp_session_that_drops_is_opened_again(server, tmp_path):
+    """The controller's SFTP session ends under us (its sshd child killed,
+    the connection kept): the next file read opens another session, never
+    an internal error."""
+    c = SshConnector(server.target, str(tmp_path), identity_file=server.identity_file,
+                     known_hosts=server.known_hosts)
+    try:
+        c.write("f", b"1")
+        ps = subprocess.run(["ps", "-eo", "pid=,ppid=,args="], capture_output=True, text=True, check=True).stdout
+        procs = {int(pid): (int(ppid), args) for pid, ppid, args in (line.split(None, 2) for line in ps.splitlines())}
+
+        def ours(pid: int) -> bool:  # a descendant of this test's sshd (other tests run theirs)
+            while pid in procs and pid != server.proc.pid:
+                pid = procs[pid][0]
+            return pid == server.proc.pid
+
+        sessions = [pid for pid, (_, args) in procs.items() if args.strip().endswith("@internal-sftp") and ours(pid)]
+        assert sessions, ps
+        for pid in sessions:
+            os.kill(pid, signal.SIGKILL)
+        time.sleep(0.3)
+        assert c.read("f") == b"1"
+        c.write("f", b"2")
+        assert c.read("f") == b"2" and c.files == "sftp"
     finally:
         c.close()
 

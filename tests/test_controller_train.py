@@ -7,7 +7,7 @@ forward to). `ray job submit` and `ray job logs --follow` run on the
 controller, the job runs on the twin, MaxText trains a tiny model on CPU.
 
 Its own fakes, environment names, ports and `.state/` folders: it may run
-beside test_real_clients.py in another worker."""
+beside the other tests of clients in another worker."""
 from __future__ import annotations
 
 import contextlib

@@ -132,6 +132,36 @@ def test_check_mode_and_dry_runs_never_say_a_thing_happened():
         assert "changed: [t : x] would change: port-forward started" in lines, lines
 
 
+def test_check_mode_looks_once_where_a_pending_change_explains_the_failure():
+    """Check mode: a step after one that would change probes once (its
+    failure is expected, a skip with the reason); a step that waits on no
+    change retries a transient failure as apply mode does."""
+    from playbooks.clients import json_object
+    from playbooks.core.command import Command
+    from playbooks.core.connector import LocalConnector
+    from playbooks.core.facts import Fact
+    from playbooks.core.runner import RetryPolicy
+    from playbooks.core.step import change, ok
+
+    slept: list[float] = []
+    busy = Command(("sh", "-c", "echo 'code=503 try again' >&2; exit 1"))
+    probe = Fact(name="thing", command=busy, parse=json_object("thing"))
+
+    def runner() -> Runner:
+        return Runner(Mode.CHECK, LocalConnector("."), RetryPolicy(attempts=3, base=1.0,
+                                                                   is_transient=lambda c, p: True, sleep=slept.append))
+
+    lines: list[str] = []
+    a = Step("t", "a", lambda look: change(Command(("true",)), reason="made"), id="a")
+    b = Step("t", "b", lambda look: ok(look(probe)), id="b", after=("a",))
+    recap = Playbook(runner(), Reporter(lines.append), workers=1).run("t", [a, b])
+    assert recap.counters() == "ok=0 changed=1 failed=0 skipped=1", lines
+    assert slept == [] and not any("retry" in ln for ln in lines), lines
+    alone = Step("t", "c", lambda look: ok(look(probe)), id="c")
+    recap = Playbook(runner(), Reporter(lines.append), workers=1).run("t", [alone])
+    assert recap.counters() == "ok=0 changed=0 failed=1 skipped=0" and slept == [1.0, 2.0], lines
+
+
 def test_a_long_wait_says_what_it_waits_for_even_while_others_run(monkeypatch):
     from playbooks.core.facts import Fact
     from playbooks.core.step import Verify, change

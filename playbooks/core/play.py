@@ -223,6 +223,7 @@ class _Quiet(StepLog):
     def __init__(self, log: StepLog):
         super().__init__(None, True)
         self._log = log
+        self.look_once = log.look_once
 
     def emit(self, kind: str, text: str) -> None:
         if kind == "retry":
@@ -359,6 +360,9 @@ class Playbook:
             self.reporter.line(head)
         elif announce:
             self.reporter.line(f"{head.split(' *')[0]} started")
+        # Check mode: a step after one that would change cannot look yet;
+        # its probe fails for that reason, so it is not retried.
+        log.look_once = self.runner.mode is Mode.CHECK and any(self._pending.get(d) for d in step.after)
         ctx = StepContext(self.runner, step, log, self.sleep, self.heartbeat, self.clock)
         start = time.monotonic()
         try:

@@ -64,6 +64,9 @@ class StepLog:
         self.buffered = buffered
         self.title = title
         self.lines: list[str] = []
+        # A step whose probes may fail for a known reason (check mode: what
+        # it needs would be made first) looks once: a failure is not retried.
+        self.look_once = False
 
     def heartbeat(self, text: str) -> None:
         line = f"  waiting {text}"
@@ -301,7 +304,7 @@ class Runner:
         attempt = 1
         while True:
             c, first = (first, None) if first is not None else (self._run(command, label=step), None)
-            if c.ok or not self.retry.is_transient(c, command.patience is not None):
+            if c.ok or log.look_once or not self.retry.is_transient(c, command.patience is not None):
                 return shown_part(c, command)
             if command.patience is not None:
                 if time.monotonic() - start + delay > command.patience:

@@ -16,6 +16,7 @@ test empty fakes and fresh client folders.
 """
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import socket
@@ -45,9 +46,12 @@ PROJECT = "fake-tpu-project"
 PROJECT_NUMBER = "123456789012"
 USER = "tester@example.com"
 
-# Environment names unique to these tests (the tool keeps .state/<env>/).
-STANDARD = "clients-test-standard"
-AUTOPILOT = "clients-test-autopilot"
+# Environment names unique to these tests and to this pytest-xdist worker:
+# the tool keeps .state/<env>/, and the test files of clients run at once,
+# one per worker, each with its own fakes.
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+STANDARD = "clients-test-standard" + (f"-{_WORKER}" if _WORKER else "")
+AUTOPILOT = "clients-test-autopilot" + (f"-{_WORKER}" if _WORKER else "")
 
 RECAP = re.compile(r"^(?P<play>\S+) (?P<env>\S+): ok=(?P<ok>\d+) changed=(?P<changed>\d+) "
                    r"(?:unreachable=(?P<unreachable>\d+) )?failed=(?P<failed>\d+) skipped=(?P<skipped>\d+)", re.M)

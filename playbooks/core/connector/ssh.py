@@ -328,6 +328,35 @@ class SshConnector(Connector):
                     return None
             return self._sftp_client
 
+    def _with_sftp[T](self, sftp: Any, do: Callable[[Any], T]) -> T:
+        """``do(sftp)`` by one thread at a time. An SFTP session that
+        dropped (its channel closed under it: Paramiko's SSHException,
+        EOFError, or "Socket is closed") is opened again once; a second drop, or a connection that
+        is gone, is the controller unreachable (never an internal error)."""
+        _, paramiko = _libs()
+        for attempt in (1, 2):
+            try:
+                with self._sftp_lock:
+                    return do(sftp)
+            except (paramiko.SSHException, EOFError, OSError) as e:
+                if isinstance(e, OSError) and not getattr(sftp.get_channel(), "closed", False):
+                    raise  # the server's answer about the file (a permission, a missing folder)
+                with self._lock:
+                    if self._sftp_client is sftp:
+                        self._sftp_client = None
+                transport = self._conn.client.get_transport() if self._conn is not None else None
+                if attempt == 2 or transport is None or not transport.is_active():
+                    raise Unreachable(f"controller {self.target} is unreachable: its SFTP session dropped "
+                                      f"({type(e).__name__}: {e})") from None
+                log.info("controller %s: the SFTP session dropped (%s: %s); opening another",
+                         self.target, type(e).__name__, e)
+                again = self._sftp()
+                if again is None:
+                    raise Unreachable(f"controller {self.target} is unreachable: its SFTP session dropped and "
+                                      f"another was refused ({type(e).__name__}: {e})") from None
+                sftp = again
+        raise AssertionError("unreachable")  # pragma: no cover
+
     def _no_cat(self, status: int, err: str) -> Unreachable:
         why = (first_line(err) or f"exit {status}")[:200]
         return Unreachable(
@@ -363,7 +392,8 @@ class SshConnector(Connector):
         sftp = self._sftp()
         if sftp is None:
             return self._cat_read(full)
-        with self._sftp_lock:
+
+        def get(sftp: Any) -> bytes | None:
             try:
                 with sftp.open(full, "rb") as f:
                     return bytes(f.read())
@@ -373,6 +403,8 @@ class SshConnector(Connector):
                 if getattr(e, "errno", None) == 2 or "No such file" in str(e):
                     return None
                 raise
+
+        return self._with_sftp(sftp, get)
 
     def write(self, path: str, data: bytes) -> None:
         full = self.path(path)
@@ -386,8 +418,12 @@ class SshConnector(Connector):
             if r.rc != 0:
                 raise OSError(f"cannot make {parent} on {self.target}: {r.stderr.strip()}")
             self._made.add(parent)
-        with self._sftp_lock, sftp.open(full, "wb") as f:
-            f.write(data)
+
+        def put(sftp: Any) -> None:
+            with sftp.open(full, "wb") as f:
+                f.write(data)
+
+        self._with_sftp(sftp, put)
 
     def remove(self, path: str) -> None:
         full = self.path(path)
@@ -395,8 +431,12 @@ class SshConnector(Connector):
         if sftp is None:
             self._shell(f"rm -f -- {shlex.quote(full)}")
             return
-        with self._sftp_lock, contextlib.suppress(OSError):
-            sftp.remove(full)
+
+        def rm(sftp: Any) -> None:
+            with contextlib.suppress(OSError):
+                sftp.remove(full)
+
+        self._with_sftp(sftp, rm)
 
     def make_dirs(self, path: str) -> None:
         full = self.path(path)

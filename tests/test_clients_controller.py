@@ -5,9 +5,9 @@ gcloud, kubectl, envsubst or curl and its KUBECONFIG and CLOUDSDK_CONFIG
 point nowhere, so a command or a kubernetes-client read that ran here
 instead of on the controller would fail the run.
 
-Collected through test_real_clients.py (imported there): both use the fakes'
-environment and its `.state/` folder, so they must run in one worker, one
-after the other (pytest-xdist's --dist loadfile keeps a file together)."""
+The fakes and their environment are this file's own (tests/fakes/cloud.py):
+its tests run one after the other in one worker (pytest-xdist's --dist
+loadfile keeps a file together), beside the other files of clients."""
 from __future__ import annotations
 
 import re
