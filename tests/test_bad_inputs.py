@@ -1,7 +1,8 @@
 """Every input of tests/data/bad_inputs.yaml, refused cleanly: a non-zero
 exit (2 unless the case says), one line on stderr that holds each of the
 case's words (the place, the value, the rule), nothing on stdout, no
-traceback, no process started, no file written outside .state/, within 5 s.
+traceback, no process started, no file written outside .state/, within 5 s
+(15 s for the sample through the real CLI: a new interpreter on a loaded machine).
 The valid ones (``accept: true``) run.
 
 Every case runs in this process, through Invoke's own Program, as the
@@ -48,6 +49,11 @@ GKE = {  # the tutorial's variables, lower-cased
     "namespace": "default", "user_identifier": "me@example.com",
 }
 LIMIT = 5.0
+# A case through the real CLI is a new interpreter with its imports: on this
+# two-core machine, inside the whole suite (a MaxText run and AOT compiles at
+# once), that alone has taken 5 s. Still bounded: the worst inputs would take
+# minutes (or forever) if they were not refused up front.
+CLI_LIMIT = 15.0
 # How a case gives its input (the corpus header); each has a case run through the real CLI.
 FORMS = ("gke", "local", "envs", "inventory", "inventory_python", "inventory_path", "config", "env", "args", "fifo",
          "cwd")
@@ -241,7 +247,7 @@ def run_in_process(case: dict, tmp: Path) -> dict:
                    outside=outside)
 
 
-def problems(case: dict, r: dict) -> list[str]:
+def problems(case: dict, r: dict, limit: float = LIMIT) -> list[str]:
     """What is wrong with how the CLI answered a case (nothing: clean)."""
     out = []
     text = r["out"] + r["err"]
@@ -249,8 +255,8 @@ def problems(case: dict, r: dict) -> list[str]:
         out.append("a traceback")
     if r["started"]:
         out.append(f"processes started: {r['started'].strip()}")
-    if r["seconds"] > LIMIT:
-        out.append(f"took {r['seconds']:.1f}s (limit {LIMIT:.0f}s)")
+    if r["seconds"] > limit:
+        out.append(f"took {r['seconds']:.1f}s (limit {limit:.0f}s)")
     if case.get("accept"):
         if r["rc"] != 0:
             out.append(f"a valid input was refused (exit {r['rc']}): {r['err'].strip()[:300]}")
@@ -285,7 +291,7 @@ def test_the_corpus_is_well_formed():
 
 
 def _clean(case: dict, r: dict, how: str) -> list[str]:
-    why = problems(case, r)
+    why = problems(case, r, CLI_LIMIT if how == "real CLI" else LIMIT)
     if case.get("accept") and "PLAY [" not in r["out"]:  # what a run prints is seen: an empty stdout means something
         why.append(f"a valid input ran, but its stdout shows no play: {r['out'][:200]!r}")
     return [f"{case['name']} ({how}): {'; '.join(why)}\n    stderr: {r['err'].strip()[:400]}"] if why else []

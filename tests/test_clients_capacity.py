@@ -86,7 +86,11 @@ def test_a_reservation_is_checked_before_anything_is_made(cloud: Cloud, case: st
                                   status="CREATING" if case == "not-ready" else "READY",
                                   machine_type="ct5lp-hightpu-4t" if case == "other-machine" else "ct6e-standard-4t",
                                   project=owner)
-    run = cloud.invoke("up")
+    if case == "enough-shared":      # what comes before the pools is made elsewhere: here, only the pools
+        cloud.seed_project()
+        cloud.seed_networks()
+        cloud.seed_cluster()
+    run = cloud.invoke("nodepools" if case == "enough-shared" else "up")
     want = {
         "missing": f"no reservation tpu-res in zone us-east5-b of project {PROJECT}",
         "not-ready": "reservation tpu-res is CREATING, not READY",
@@ -180,6 +184,9 @@ def test_a_capacity_list_makes_each_slice_from_the_best_option_with_room_and_a_s
     cloud.change_inventory(capacity=["reservation", "spot"], reservation="zeta-resv")
     cloud.gcp.add_reservation("us-east5-b", "zeta-resv", count=4)
     cloud.gcp.set_quota("PREEMPTIBLE-TPU-V6E-per-project-region", [({"region": "us-east5"}, 16), ({}, 0)])
+    cloud.seed_project()               # the networks and the cluster are not what this is about
+    cloud.seed_networks()
+    cloud.seed_cluster()
     first = ok_run(cloud.invoke("up"))
     plan = ["v6e-16-0: reservation zeta-resv (4 of 4 hosts free)",
             "v6e-16-1: spot (quota PREEMPTIBLE-TPU-V6E in us-east5 permits 16 chips)"]

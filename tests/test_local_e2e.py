@@ -304,7 +304,7 @@ def test_logs_and_a_second_run_change_nothing(local, run: Run):
         sdk = RayJobLogs().stream(argv, local.env, lambda line: None) if follow else \
             RayJobLogs().run(argv, local.env, 120)
         assert cli.returncode == 0 and sdk is not None and sdk.rc == 0, (cli.stderr, sdk and sdk.stderr)
-        assert [ln for ln in sdk.stdout.splitlines() if ln.strip()] == cli_lines(cli.stdout)
+        assert [ANSI.sub("", ln) for ln in sdk.stdout.splitlines() if ln.strip()] == cli_lines(cli.stdout)
     # Converged: the cluster is reused, nothing changes.
     rc, out = local("up")
     assert rc == 0 and re.search(r"ok=\d+ changed=0 failed=0", out), out
