@@ -181,10 +181,10 @@ class Watch:
             if f.stalled is not None:
                 return
             f.stalled = s
-        f.ctx.echo(s.line())
         why = self.cause()
-        if why:
-            f.ctx.echo(f"  why: {why}")
+        # The stall and its cause in one write: the job's own lines, streamed
+        # at the same time, never come between them.
+        f.ctx.echo(s.line() + (f"\n  why: {why}" if why else ""))
         f.add([timeline.event("stall_started", f.source, s.last_step, t=s.now, job=f.sid, since=s.since,
                               p90=s.p90, limit=s.limit, line=s.line(), **({"cause": why} if why else {}))])
         if f.beat is not None:

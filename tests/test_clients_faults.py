@@ -182,16 +182,17 @@ def test_doctor_checks_credentials_project_and_context(cloud: Cloud):
     assert "does not exist yet: no context to check" in run.out
     cloud.seed_project()
     cloud.seed_cluster()
-    run = failed_run(cloud.invoke("doctor"))
-    assert f"but the kubeconfig has no context gke_{PROJECT}_us-east5-b_{CLUSTER}" in run.out
-    assert recap(run, "doctor")["failed"] == 1        # and every other check ran
-    cloud.get_credentials()
-    run = ok_run(cloud.invoke("doctor"))
-    assert f"context gke_{PROJECT}_us-east5-b_{CLUSTER} reaches Kubernetes" in run.out
+    # Two problems at once: no context for the cluster, and the project denied.
     cloud.gcp.server.fail("GET", r"/crm/v1/projects/", 403, G.forbidden("resourcemanager.projects.get",
                                                                        f"projects/{PROJECT}"), times=99)
     run = failed_run(cloud.invoke("doctor"))
+    assert f"but the kubeconfig has no context gke_{PROJECT}_us-east5-b_{CLUSTER}" in run.out
     assert "resourcemanager.projects.get" in run.out
+    assert recap(run, "doctor")["failed"] == 2        # each listed, and every other check ran
+    cloud.gcp.server.clear_faults()
+    cloud.get_credentials()
+    run = ok_run(cloud.invoke("doctor"))
+    assert f"context gke_{PROJECT}_us-east5-b_{CLUSTER} reaches Kubernetes" in run.out
 
 
 # -- 6. a node pool left in ERROR (GCE_STOCKOUT) ----------------------------------------

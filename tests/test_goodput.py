@@ -281,11 +281,13 @@ class FakeContext:
 
     def __init__(self, status: str = "RUNNING"):
         self.said: list[str] = []
+        self.writes: list[str] = []
         self.ran: list[str] = []
         self.status = status
 
     def echo(self, line: str) -> None:
-        self.said.append(line)
+        self.writes.append(line)
+        self.said.extend(line.split("\n"))  # one write may hold lines that belong together
 
     def note(self, text: str) -> None:
         self.said.append(f"note {text}")
@@ -326,6 +328,8 @@ def test_a_stalled_job_is_said_once_with_its_cause_and_stopped_when_asked(tmp_pa
     stalled = [s for s in ctx.said if s.startswith("stalled")]
     assert len(stalled) == 1 and stalled[0].endswith("(30 s; last step 5; p90 step 1.0 s)")
     assert "  why: chaos (tpu-group-1-0): SIGSTOP of its training worker, pid 7 (chaos.hang-worker)" in ctx.said
+    assert next(w for w in ctx.writes if w.startswith("stalled")).endswith(
+        "\n  why: chaos (tpu-group-1-0): SIGSTOP of its training worker, pid 7 (chaos.hang-worker)")  # one write
     assert ctx.ran == (["ray job stop --address http://127.0.0.1:8265 run-1"] if action == "stop" else [])
     assert f.stopped == (action == "stop")
     f.line(f"(RayTrainWorker pid=1) trainer event: {json.dumps(ev(70, 'step', 6, seconds=39.0))}")

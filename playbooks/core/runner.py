@@ -81,7 +81,9 @@ class StepLog:
             self.sink(line)
 
     def raw(self, line: str) -> None:
-        self.lines.append(line)
+        """A line as it is (or several, joined by newlines: printed in one
+        write, so that nothing printed at the same time comes between them)."""
+        self.lines.extend(line.split("\n"))
         if not self.buffered and self.sink:
             self.sink(line)
 
