@@ -12,9 +12,9 @@ finds it and `ray list nodes` reads the fake cluster's Ray pods from it.
 """
 from __future__ import annotations
 
-from tests.fakes.cloud import AUTOPILOT, PROJECT, PROJECT_NUMBER, ROOT, TOKEN, USER, Cloud, Run, cloud, cloud_session
+from tests.fakes.cloud import AUTOPILOT, PROJECT, PROJECT_NUMBER, ROOT, TOKEN, USER, Cloud, Run
 
-__all__ = ["AUTOPILOT", "PROJECT", "PROJECT_NUMBER", "ROOT", "TOKEN", "USER", "Cloud", "Run", "cloud", "cloud_session"]
+__all__ = ["AUTOPILOT", "PROJECT", "PROJECT_NUMBER", "ROOT", "TOKEN", "USER", "Cloud", "Run"]
 
 NET1, NET2 = "maxtext-multislice-net-1", "maxtext-multislice-net-2"
 CLUSTER = "maxtext-multislice"

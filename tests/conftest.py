@@ -16,6 +16,12 @@ from playbooks.core.recap import Reporter  # noqa: E402
 from playbooks.core.runner import Mode, Runner  # noqa: E402
 from playbooks.schema import load_inventory  # noqa: E402
 
+# The fakes of the real-client tests (tests/test_clients_*.py), as fixtures of
+# every test module: one fake cloud per module (its own environment names).
+from tests.fakes.cloud import cloud, cloud_session  # noqa: E402
+
+__all__ = ["cloud", "cloud_session"]  # fixtures, used by name
+
 INVOKE = str(Path(sys.executable).parent / "invoke")
 
 

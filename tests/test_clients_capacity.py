@@ -17,8 +17,6 @@ from tests.clients import (
     Cloud,
     affinity_values,
     bodies,
-    cloud,
-    cloud_session,
     failed_run,
     ok_run,
     recap,
@@ -28,7 +26,6 @@ from tests.fakes import gcp as G
 
 pytestmark = pytest.mark.clients
 
-__all__ = ["cloud", "cloud_session"]  # fixtures, used by name
 
 
 # -- 6b. capacity: options, the read-only preflight, shortages ---------------------------
@@ -87,9 +84,7 @@ def test_a_reservation_is_checked_before_anything_is_made(cloud: Cloud, case: st
                                   machine_type="ct5lp-hightpu-4t" if case == "other-machine" else "ct6e-standard-4t",
                                   project=owner)
     if case == "enough-shared":      # what comes before the pools is made elsewhere: here, only the pools
-        cloud.seed_project()
-        cloud.seed_networks()
-        cloud.seed_cluster()
+        cloud.seed_to_cluster()
     run = cloud.invoke("nodepools" if case == "enough-shared" else "up")
     want = {
         "missing": f"no reservation tpu-res in zone us-east5-b of project {PROJECT}",
@@ -117,9 +112,7 @@ def test_spot_and_flex_start_pools_are_made_with_their_flags_and_the_workers_sel
     def seeded(**capacity):
         cloud.reset()
         cloud.change_inventory(**capacity)
-        cloud.seed_project()
-        cloud.seed_networks()
-        cloud.seed_cluster()
+        cloud.seed_to_cluster()
         cloud.get_credentials()
 
     seeded(capacity="spot")
@@ -151,9 +144,7 @@ def test_spot_and_flex_start_pools_are_made_with_their_flags_and_the_workers_sel
 
 
 def test_a_spot_pool_where_on_demand_is_asked_is_drift(cloud: Cloud):
-    cloud.seed_project()
-    cloud.seed_networks()
-    cloud.seed_cluster()
+    cloud.seed_to_cluster()
     cloud.seed_pools()
     pool = cloud.gcp.st.clusters[("us-east5-b", CLUSTER)]["nodePools"][1]
     pool["config"]["spot"] = True
@@ -163,9 +154,7 @@ def test_a_spot_pool_where_on_demand_is_asked_is_drift(cloud: Cloud):
 
 
 def test_a_quota_error_of_the_create_is_classified(cloud: Cloud):
-    cloud.seed_project()
-    cloud.seed_networks()
-    cloud.seed_cluster()
+    cloud.seed_to_cluster()
     cloud.gcp.stockouts.append(G.Stockout("v6e-16-0", op_fails=True, code="GCE_QUOTA_EXCEEDED",
                                           message="Instance 'gke-{pool}' creation failed: Quota 'TPUS_PER_TPU_FAMILY' "
                                                   "exceeded. Limit: 16.0 in region us-east5."))
@@ -184,9 +173,7 @@ def test_a_capacity_list_makes_each_slice_from_the_best_option_with_room_and_a_s
     cloud.change_inventory(capacity=["reservation", "spot"], reservation="zeta-resv")
     cloud.gcp.add_reservation("us-east5-b", "zeta-resv", count=4)
     cloud.gcp.set_quota("PREEMPTIBLE-TPU-V6E-per-project-region", [({"region": "us-east5"}, 16), ({}, 0)])
-    cloud.seed_project()               # the networks and the cluster are not what this is about
-    cloud.seed_networks()
-    cloud.seed_cluster()
+    cloud.seed_to_cluster()               # the networks and the cluster are not what this is about
     first = ok_run(cloud.invoke("up"))
     plan = ["v6e-16-0: reservation zeta-resv (4 of 4 hosts free)",
             "v6e-16-1: spot (quota PREEMPTIBLE-TPU-V6E in us-east5 permits 16 chips)"]
@@ -219,9 +206,7 @@ def test_a_capacity_list_makes_each_slice_from_the_best_option_with_room_and_a_s
 
 @pytest.mark.parametrize("op_fails", [True, False], ids=["the-create-fails", "the-pool-breaks-after"])
 def test_a_spot_stockout_on_one_slice_makes_that_slice_on_demand(cloud: Cloud, op_fails: bool):
-    cloud.seed_project()
-    cloud.seed_networks()
-    cloud.seed_cluster()
+    cloud.seed_to_cluster()
     cloud.change_inventory(capacity=["spot", "on-demand"])
     cloud.gcp.stockouts.append(G.Stockout("v6e-16-1", op_fails=op_fails, capacity="spot"))
     run = ok_run(cloud.invoke("nodepools"))
@@ -249,9 +234,7 @@ def test_a_spot_stockout_on_one_slice_makes_that_slice_on_demand(cloud: Cloud, o
 
 
 def test_a_create_refused_for_another_reason_never_moves_to_another_option(cloud: Cloud):
-    cloud.seed_project()
-    cloud.seed_networks()
-    cloud.seed_cluster()
+    cloud.seed_to_cluster()
     cloud.change_inventory(capacity=["spot", "on-demand"])
     cloud.gcp.server.fail("POST", r"/nodePools$", 403, G.forbidden("container.nodePools.create", CLUSTER))
     run = failed_run(cloud.invoke("nodepools"))

@@ -16,11 +16,10 @@ import subprocess
 import pytest
 
 from tests import sshd
-from tests.fakes.cloud import INVOKE, ROOT, STANDARD, VENV_BIN, Cloud, cloud, cloud_session
+from tests.fakes.cloud import INVOKE, ROOT, STANDARD, VENV_BIN, Cloud
 
 pytestmark = pytest.mark.clients
 
-__all__ = ["cloud", "cloud_session"]  # fixtures, used by name
 
 NOWHERE = {"PATH": str(VENV_BIN), "KUBECONFIG": "/nonexistent/kubeconfig", "CLOUDSDK_CONFIG": "/nonexistent/gcloud",
            "BOTO_CONFIG": "/nonexistent/boto"}

@@ -19,8 +19,6 @@ from tests.clients import (
     PROJECT,
     Cloud,
     Run,
-    cloud,
-    cloud_session,
     failed_run,
     ok_run,
     recap,
@@ -29,7 +27,6 @@ from tests.fakes import gcp as G
 
 pytestmark = pytest.mark.clients
 
-__all__ = ["cloud", "cloud_session"]  # fixtures, used by name
 
 
 # -- 4. 401/403 on a probe (and a list that says it is incomplete) -----------------
@@ -144,9 +141,7 @@ def test_a_403_or_400_with_an_unseen_text_is_never_retried(cloud: Cloud):
     assert retries(run) == [], run.out
     assert "something nobody wrote a rule for" in run.out
     cloud.reset()
-    cloud.seed_project()
-    cloud.seed_networks()
-    cloud.seed_cluster()
+    cloud.seed_to_cluster()
     cloud.gcp.server.fail("POST", r"/nodePools$", 400, unseen(400), times=99)
     run = failed_run(cloud.invoke("nodepools"))
     assert len(run.calls("POST", r"/nodePools$")) == 2 and retries(run) == [], run.out
@@ -197,9 +192,7 @@ def test_doctor_checks_credentials_project_and_context(cloud: Cloud):
 
 # -- 6. a node pool left in ERROR (GCE_STOCKOUT) ----------------------------------------
 def test_stockout_is_reported_and_the_broken_pool_is_replaced_on_rerun(cloud: Cloud):
-    cloud.seed_project()
-    cloud.seed_networks()
-    cloud.seed_cluster()
+    cloud.seed_to_cluster()
     cloud.gcp.stockouts.append(G.Stockout("v6e-16-0", op_fails=True))
     first = failed_run(cloud.invoke("nodepools"))
     assert "GCE_STOCKOUT" in first.out and "does not have enough resources" in first.out
@@ -228,9 +221,7 @@ def test_stockout_is_reported_and_the_broken_pool_is_replaced_on_rerun(cloud: Cl
 
 
 def test_pool_that_breaks_after_its_create_is_caught_by_the_verify(cloud: Cloud):
-    cloud.seed_project()
-    cloud.seed_networks()
-    cloud.seed_cluster()
+    cloud.seed_to_cluster()
     cloud.gcp.stockouts.append(G.Stockout("v6e-16-1", op_fails=False))
     first = failed_run(cloud.invoke("nodepools"))
     assert "node pool v6e-16-1 is ERROR: GCE_STOCKOUT" in first.out and "to replace the broken pool" in first.out

@@ -26,8 +26,6 @@ from tests.clients import (
     ZONE_PATH,
     Cloud,
     bodies,
-    cloud,
-    cloud_session,
     failed_run,
     ok_run,
     recap,
@@ -36,7 +34,6 @@ from tests.fakes import gcp as G
 
 pytestmark = pytest.mark.clients
 
-__all__ = ["cloud", "cloud_session"]  # fixtures, used by name
 
 
 # -- 1. up from empty, then up again -------------------------------------------------
@@ -200,9 +197,7 @@ def test_network_with_another_mtu_is_drift(cloud: Cloud):
 
 
 def test_node_pool_with_another_topology_is_drift(cloud: Cloud):
-    cloud.seed_project()
-    cloud.seed_networks()
-    cloud.seed_cluster()
+    cloud.seed_to_cluster()
     cloud.seed_pools(topology="2x2")
     run = failed_run(cloud.invoke("nodepools"))
     assert "drift: node pool v6e-16-0: TPU topology is 2x2, want 4x4" in run.out

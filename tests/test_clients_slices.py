@@ -20,8 +20,6 @@ from tests.clients import (
     PROJECT,
     ROOT,
     Cloud,
-    cloud,
-    cloud_session,
     failed_run,
     ok_run,
     recap,
@@ -30,7 +28,6 @@ from tests.fakes import gcp as G
 
 pytestmark = pytest.mark.clients
 
-__all__ = ["cloud", "cloud_session"]  # fixtures, used by name
 
 
 # -- 6c. a chain, another operation of the cluster, min_slices ----------------------------
@@ -59,9 +56,7 @@ BUSY = {  # GKE's three forms of "another operation runs on the cluster"
 
 
 def test_node_pool_creates_wait_out_another_operation_of_the_cluster(cloud: Cloud):
-    cloud.seed_project()
-    cloud.seed_networks()
-    cloud.seed_cluster()
+    cloud.seed_to_cluster()
     cloud.gcp.server.fail("POST", r"/nodePools$", 400, G.gerror(400, BUSY["repaired"], "FAILED_PRECONDITION"), times=2)
     run = ok_run(cloud.invoke("nodepools"))
     posts = run.calls("POST", r"/nodePools$")
@@ -93,9 +88,7 @@ def test_a_flex_start_pool_that_stays_empty_leaves_one_slice_ready_and_names_the
     pool's nodes do."""
     cloud.change_inventory(capacity="flex-start", capacity_wait=600, min_slices=1)
     cloud.gcp.flex_start_empty.add("v6e-16-1")
-    cloud.seed_project()
-    cloud.seed_networks()
-    cloud.seed_cluster()
+    cloud.seed_to_cluster()
     run = ok_run(cloud.invoke("up"))
     waiting = "waiting: slice 1 (0 of 4 TPU workers ready: Pending: 0/"
     assert f"RayCluster maxtext-tpu-cluster: 1 of 2 slices ready (min_slices 1); {waiting}" in run.out, run.out

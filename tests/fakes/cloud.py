@@ -328,11 +328,16 @@ class Cloud:
             plural = {"RayCluster": "rayclusters", "ResourceClaimTemplate": "resourceclaimtemplates"}[doc["kind"]]
             self.kube.create(plural, doc)
 
-    def seed_full(self, env_name: str = STANDARD) -> None:
+    def seed_to_cluster(self, env_name: str = STANDARD) -> None:
+        """What comes before the node pools: the project, its networks (not on
+        Autopilot: no VPCs of ours) and the cluster."""
         self.seed_project()
-        if self.envdata(env_name).mode == "standard":  # Autopilot: no VPCs of ours
+        if self.envdata(env_name).mode == "standard":
             self.seed_networks(env_name=env_name)
         self.seed_cluster(env_name)
+
+    def seed_full(self, env_name: str = STANDARD) -> None:
+        self.seed_to_cluster(env_name)
         if self.envdata(env_name).mode == "standard":
             self.seed_pools(env_name=env_name)
         self.seed_bucket(("rayjob-elastic-8b/checkpoints/10/state", "rayjob-elastic-8b/checkpoints/10/meta",
