@@ -63,6 +63,16 @@ _NO_ANSWER = re.compile(r"(Connection reset by peer|Connection aborted|RemoteDis
                         r"Unable to connect to the server)", re.I)
 
 
+# gcloud keeps its configuration and credentials in SQLite files of its
+# config folder; gcloud commands running at once (parallel steps, prefetched
+# probes) can find one locked, and gcloud then crashes before or after its
+# request: "ERROR: gcloud crashed (OperationalError): database is locked"
+# (exit 1; Google's scripting page: parallel gcloud commands are "not
+# supported"). Local contention that passes: worth another try. A change is
+# tried again only after a fresh look shows it was not made (Runner.act).
+_GCLOUD_DB_LOCKED = re.compile(r"gcloud crashed \(OperationalError\): database is locked")
+
+
 def http_status(c: Completed) -> int | None:
     """The HTTP status of the call that failed, from the client's output:
     the last error status it shows (4xx/5xx), if it shows one."""
@@ -83,7 +93,7 @@ def is_transient(c: Completed, patient: bool = False) -> bool:
     if c.rc in (0, 2, 127):  # success; gcloud's parse error; no such program
         return False
     text = c.stderr + "\n" + c.stdout
-    if _RATE_LIMITED.search(text):
+    if _RATE_LIMITED.search(text) or _GCLOUD_DB_LOCKED.search(text):
         return True
     if patient and _OPERATION_RUNNING.search(text):
         return True

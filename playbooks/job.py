@@ -91,6 +91,10 @@ class Job:
 # is trusted code (jax's set_cache_dir warns): it is the job's own bucket.
 COMPILE_CACHE = "jax_cache"
 
+# How often a local elastic job looks for hosts that came (resize_interval
+# unset): a local host joins in seconds, so 10 s, not Ray Train's 60.
+LOCAL_RESIZE_INTERVAL = 10
+
 
 def compile_cache(env: Environment) -> str:
     return f"gs://{env.gs_bucket}/{COMPILE_CACHE}"
@@ -173,8 +177,8 @@ def build_job(env: Environment, model: str, elastic: bool = False, steps: int | 
             # Every step line, not one per worker group ("repeated Nx").
             "RAY_DEDUP_LOGS": "0",
             # An elastic job takes in a slice that came (late, or back)
-            # within 10 s, not Ray Train's 60 s default.
-            "TRAINER_RESIZE_INTERVAL_S": "10",
+            # within 10 s, not Ray Train's 60 s default (resize_interval).
+            "TRAINER_RESIZE_INTERVAL_S": str(env.resize_interval or LOCAL_RESIZE_INTERVAL),
             # This cluster's address for what the job's actors look up
             # through Ray's state API (Ray Train's placement group cleaner
             # asks whether its controller lives): without it Ray takes the
@@ -184,6 +188,8 @@ def build_job(env: Environment, model: str, elastic: bool = False, steps: int | 
         })
         job.local_data = Path(p["data"])
     else:
+        if env.resize_interval is not None:
+            env_vars["TRAINER_RESIZE_INTERVAL_S"] = str(env.resize_interval)
         if env.worker_packages == "requirements":
             env_vars["TRAINER_WORKER_REQUIREMENTS"] = "requirements.txt"
         job.bucket = env.gs_bucket

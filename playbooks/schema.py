@@ -487,6 +487,21 @@ STALL = (
             "job; a later `invoke train` resumes it from its checkpoint)"),
 )
 
+# -- an elastic job: how soon it takes in a slice that came ----------------------
+RESIZE_INTERVAL_MAX = 3600
+
+def resize_interval(v: int | None, env: Mapping) -> str | None:
+    if v is None:
+        return None
+    return between(1, RESIZE_INTERVAL_MAX, "an hour: a slice that came would stay idle longer than that")(v, env)
+
+
+ELASTIC = (
+    Key("resize_interval", int, rules=(resize_interval,),
+        doc="seconds between an elastic job's looks for slices that came (Ray Train's "
+            "elastic_resize_monitor_interval_s; default: Ray's 60 on GKE, 10 locally)"),
+)
+
 # -- schema -----------------------------------------------------------------
 KIND = Key("kind", str, rules=(lambda v, e: None if v in ("gke", "local") else "is not allowed (allowed: gke, local)",),
            doc="gke (default) or local")
@@ -556,6 +571,7 @@ GKE = (
         doc="true: `train` adds a GKE maintenance exclusion (no minor or node upgrades) for the run, removed when "
             "the job ends; false: the cluster's maintenance policy is left alone"),
     *STALL,
+    *ELASTIC,
 )
 
 LOCAL = (
@@ -583,6 +599,7 @@ LOCAL = (
         rules=(port, lambda v, e: "must differ from gcs_port" if v == e["gcs_port"] else None)),
     Key("train_overrides", dict, default={}, rules=(overrides,)),
     *STALL,
+    *ELASTIC,
 )
 
 def owned(env: Mapping) -> list[tuple[str, str, str]]:
@@ -640,6 +657,7 @@ class Environment(Env):
     train_overrides: dict[str, Any]
     stall_after: int | None
     stall_action: str
+    resize_interval: int | None
     # gke
     project_id: str
     region: str

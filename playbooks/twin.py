@@ -76,12 +76,23 @@ def pod_type(env: Environment) -> str:
     return f"v6e-{chips(env.topology)}"
 
 
+# The head's GCS sees a host of this machine that died (chaos.delete-worker,
+# a crash) as dead after 3 missed health checks 1 s apart, not Ray's 5 checks
+# 3 s apart (~15 s): an elastic job's retry after a lost host then sizes its
+# new worker group from the hosts alive. Seen alive 15 s on, the lost host
+# made the retry ask for the old size and wait out Ray Train's 60-s worker
+# group start timeout first. A live host answers a check in milliseconds
+# here; a check fails only unanswered for health_check_timeout_ms (Ray's
+# 10 s, kept) or refused (a dead raylet's port).
+HEALTH_CHECKS = (("RAY_health_check_period_ms", "1000"), ("RAY_health_check_failure_threshold", "3"))
+
+
 def head_command(env: Environment) -> Command:
     return Command(("ray", "start", "--head", "--block", f"--node-ip-address={env.ray_ip}", f"--port={env.gcs_port}",
                     f"--dashboard-host={env.ray_ip}", f"--dashboard-port={env.dashboard_port}",
                     f"--ray-client-server-port={env.gcs_port + 1}", *node_ports(env, 0), "--num-cpus=1",
                     "--disable-usage-stats"),
-                   env=(("JAX_PLATFORMS", "cpu"),), background=True, log=log(env, HEAD),
+                   env=(("JAX_PLATFORMS", "cpu"), *HEALTH_CHECKS), background=True, log=log(env, HEAD),
                    pid_file=pidfile(env, HEAD))
 
 

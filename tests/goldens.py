@@ -11,6 +11,8 @@ from pathlib import Path
 
 import yaml
 
+from tests.inproc import run_invoke
+
 ROOT = Path(__file__).resolve().parent.parent
 GOLDENS = ROOT / "tests" / "goldens"
 INVOKE = str(Path(sys.executable).parent / "invoke")
@@ -58,24 +60,29 @@ def cases() -> list[tuple[str, str, Path | None]]:
     return out
 
 
-def dry_run(env: str, args: list[str], inventory: Path | None = None) -> tuple[int, str, str]:
-    """Run `invoke --dry ...` with process creation disabled in the child."""
+def dry_run(env: str, args: list[str], inventory: Path | None = None, real_cli: bool = False) -> tuple[int, str, str]:
+    """`invoke --dry ...` with process creation refused: in this process
+    (tests/inproc.py), or, ``real_cli``, through the `invoke` executable with
+    process creation disabled in the child (tests/noproc)."""
     with tempfile.TemporaryDirectory() as tmp:
         log = Path(tmp) / "procs.log"
         e = dict(os.environ)
-        e.update({
-            "INVOKE_PLAYBOOK_ENV": env,
-            "PYTHONPATH": str(ROOT / "tests" / "noproc"),
-            "NOPROC_LOG": str(log),
-            "HOME": tmp,
-        })
+        e.update({"INVOKE_PLAYBOOK_ENV": env, "HOME": tmp})
         if inventory:
             e["INVOKE_PLAYBOOK_INVENTORY"] = str(inventory)
         else:
             e.pop("INVOKE_PLAYBOOK_INVENTORY", None)
-        r = subprocess.run([INVOKE, "--dry", *args], cwd=ROOT, env=e, capture_output=True, text=True, timeout=120)
-        started = log.read_text() if log.exists() else ""
-    return r.returncode, normalize(r.stdout), r.stderr + (f"\nPROCESSES STARTED:\n{started}" if started else "")
+        argv = [INVOKE, "--dry", *args]
+        if real_cli:
+            e.update({"PYTHONPATH": str(ROOT / "tests" / "noproc"), "NOPROC_LOG": str(log)})
+            r = subprocess.run(argv, cwd=ROOT, env=e, capture_output=True, text=True, timeout=120)
+            rc, out, err = r.returncode, r.stdout, r.stderr
+            started = log.read_text() if log.exists() else ""
+        else:
+            (Path(tmp) / "t").mkdir()
+            ran = run_invoke(argv, e, ROOT, Path(tmp), limit=30.0)
+            rc, out, err, started = ran.rc, ran.out, ran.err, ran.started
+    return rc, normalize(out), err + (f"\nPROCESSES STARTED:\n{started}" if started else "")
 
 
 def normalize(text: str) -> str:

@@ -21,18 +21,11 @@ Then the worst inputs in-process, each refused in under a second, and the
 teardown prompt on a real terminal."""
 from __future__ import annotations
 
-import contextlib
-import io
 import os
 import pty
 import select
-import signal
 import subprocess
-import sys
-import tempfile
-import threading
 import time
-import traceback
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -40,6 +33,7 @@ import pytest
 import yaml
 
 from tests.conftest import INVOKE, ROOT
+from tests.inproc import CHILDREN, as_the_cli_runs, run_invoke
 
 CORPUS = ROOT / "tests" / "data" / "bad_inputs.yaml"
 CASES = yaml.safe_load(CORPUS.read_text())
@@ -123,13 +117,10 @@ def _result(case: dict, tmp: Path, rc: int, out: str, err: str, seconds: float, 
 
 
 # -- through the real CLI ----------------------------------------------------------------------
-_CHILDREN = threading.local()  # set in the threads that start the real CLI: they may start processes
-
-
 def run_cli(case: dict, tmp: Path, prepared: tuple[list[str], dict[str, str], Path]) -> dict:
     """``prepared``: what prepare() gave, in the main thread (whose
     os.environ the in-process cases change meanwhile)."""
-    _CHILDREN.allowed = True
+    CHILDREN.allowed = True
     argv, env, cwd = prepared
     start = time.monotonic()
     r = subprocess.run(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
@@ -139,112 +130,13 @@ def run_cli(case: dict, tmp: Path, prepared: tuple[list[str], dict[str, str], Pa
     return _result(case, tmp, r.returncode, r.stdout, r.stderr, seconds, started)
 
 
-# -- in this process -------------------------------------------------------------------------
-class NoProcesses:
-    """While a case runs in this process, starting a process fails and is
-    logged (as tests/noproc does in a child): subprocess's fork_exec (every
-    Popen, however it was imported), posix_spawn, fork, exec*, system; and so
-    does signalling one (kill, killpg: a case must not stop anything of this
-    machine's, such as a running local cluster), a liveness probe (signal 0)
-    aside. The threads that run the real CLI are let through."""
-
-    NAMES = ("posix_spawn", "posix_spawnp", "fork", "forkpty", "system", "execv", "execve", "execvp", "execvpe",
-             "execl", "execle", "execlp", "execlpe", "kill", "killpg")
-
-    def __init__(self) -> None:
-        self.log: list[str] = []
-        self._saved: list[tuple[object, str, object]] = []
-
-    def _guard(self, what: str, real):
-        def refuse(*args, **kwargs):
-            if getattr(_CHILDREN, "allowed", False) or (what in ("kill", "killpg") and args[1:2] == (0,)):
-                return real(*args, **kwargs)
-            self.log.append(f"{what}: {args[:1]!r}")
-            raise RuntimeError(f"a case under test called {what}: {args[:1]!r}")
-        return refuse
-
-    def __enter__(self) -> NoProcesses:
-        targets = [(subprocess, "_fork_exec")] + [(os, n) for n in self.NAMES if hasattr(os, n)]
-        for owner, name in targets:
-            real = getattr(owner, name)
-            self._saved.append((owner, name, real))
-            setattr(owner, name, self._guard(name, real))
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for owner, name, real in reversed(self._saved):
-            setattr(owner, name, real)
-
-
-class _Timeout(BaseException):
-    """Not an Exception: no handler of the code under test takes it."""
-
-
-def _timed_out(signum, frame):
-    raise _Timeout()
-
-
-@contextlib.contextmanager
-def _as_the_cli_runs(argv: list[str], env: dict[str, str], cwd: Path, tmp: Path):
-    """This process as `invoke` would start: its argv, environment, working
-    directory, temporary folder and stdin; what tasks.py sets at import (the
-    SIGPIPE handler, sys.excepthook) put back afterwards."""
-    saved_env, saved_cwd, saved_argv, saved_stdin = dict(os.environ), os.getcwd(), sys.argv, sys.stdin
-    saved_hook, saved_pipe, saved_tmp = sys.excepthook, signal.getsignal(signal.SIGPIPE), tempfile.tempdir
-    saved_alarm = signal.signal(signal.SIGALRM, _timed_out)
-    devnull = open(os.devnull)  # noqa: SIM115 - closed in finally
-    try:
-        os.environ.clear()
-        os.environ.update(env)
-        os.chdir(cwd)
-        sys.argv, sys.stdin, tempfile.tempdir = argv, devnull, str(tmp / "t")
-        signal.setitimer(signal.ITIMER_REAL, 4 * LIMIT)  # a case that blocks (a fifo) fails, not hangs
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, saved_alarm)
-        os.environ.clear()
-        os.environ.update(saved_env)
-        os.chdir(saved_cwd)
-        sys.argv, sys.stdin, tempfile.tempdir, sys.excepthook = saved_argv, saved_stdin, saved_tmp, saved_hook
-        signal.signal(signal.SIGPIPE, saved_pipe)
-        devnull.close()
-
-
+# -- in this process (tests/inproc.py) ------------------------------------------------------
 def run_in_process(case: dict, tmp: Path) -> dict:
-    """The case through Invoke's Program in this process (what .venv/bin/invoke
-    runs): its exit code, stdout, stderr, and the processes it tried to start."""
-    from invoke import Program
-    from invoke.main import program as cli  # what .venv/bin/invoke runs, built anew (a Program keeps state)
-
-    from playbooks import session
-
+    """The case through Invoke's Program in this process: its exit code,
+    stdout, stderr, and the processes it tried to start."""
     argv, env, cwd = prepare(case, tmp)
-    out, err = io.StringIO(), io.StringIO()
-    rc, outside = 0, False
-    start = time.monotonic()
-    with NoProcesses() as procs, _as_the_cli_runs(argv, env, cwd, tmp), \
-            contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            Program(name=cli._name, binary=cli._binary, binary_names=cli._binary_names, version=cli.version,
-                    namespace=cli.namespace, loader_class=cli.loader_class, executor_class=cli.executor_class,
-                    config_class=cli.config_class).run(argv)
-        except SystemExit as e:
-            rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-        except _Timeout:
-            rc = -1
-            err.write(f"blocked for {4 * LIMIT:.0f}s\n")
-        except Exception as e:  # raised outside every task: what sys.excepthook would print
-            if sys.excepthook is session._last_resort:
-                line, rc = session.last_resort_line(type(e), e, e.__traceback__)
-                err.write(line + "\n")
-                outside = True
-            else:
-                rc = 1
-                err.write("".join(traceback.format_exception(e)))
-    seconds = time.monotonic() - start
-    return _result(case, tmp, rc, out.getvalue(), err.getvalue(), seconds, "".join(f"{x}\n" for x in procs.log),
-                   outside=outside)
+    r = run_invoke(argv, env, cwd, tmp, LIMIT)
+    return _result(case, tmp, r.rc, r.out, r.err, r.seconds, r.started, outside=r.outside)
 
 
 def problems(case: dict, r: dict, limit: float = LIMIT) -> list[str]:
@@ -441,7 +333,7 @@ def test_the_worst_flags_are_refused_in_under_a_second(tmp_path, value):
     r = run_in_process(case, tmp_path / "cli")
     assert problems(case, r) == [] and len(r["err"]) < 600, r["err"][:300]
     (tmp_path / "t").mkdir()
-    with _as_the_cli_runs([INVOKE, "--dry", "train", "--set", value], dict(os.environ), ROOT, tmp_path):
+    with as_the_cli_runs([INVOKE, "--dry", "train", "--set", value], dict(os.environ), ROOT, tmp_path, LIMIT):
         spec = importlib.util.spec_from_file_location("tasks_under_test", ROOT / "tasks.py")
         tasks = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(tasks)

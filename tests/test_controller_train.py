@@ -82,7 +82,11 @@ def test_train_through_the_controller_reaches_succeeded_on_a_local_ray_cluster(t
     for name in (GKE_ENV, TWIN):
         shutil.rmtree(ROOT / ".state" / name, ignore_errors=True)
     shipped = yaml.safe_load((ROOT / "inventory.yaml").read_text())["environments"]["local"]
-    overrides = dict(shipped["train_overrides"], base_output_directory=f"{tmp_path}/data/")
+    # The job's outputs and its compilation cache on this machine, where the
+    # twin's workers are (a GKE job's are in its bucket: gs:// is not here,
+    # and each cache read would wait for a DNS lookup that cannot answer).
+    overrides = dict(shipped["train_overrides"], base_output_directory=f"{tmp_path}/data/",
+                     jax_cache_dir=f"{tmp_path}/jax_cache")
     twin_inv = tmp_path / "twin.yaml"
     twin_inv.write_text(yaml.safe_dump({"default": TWIN, "environments": {TWIN: dict(
         shipped, slices=1, topology="2x2", ray_ip=TWIN_IP, gcs_port=TWIN_GCS, dashboard_port=TWIN_DASHBOARD)}}))
@@ -118,6 +122,7 @@ def test_train_through_the_controller_reaches_succeeded_on_a_local_ray_cluster(t
             assert f"on controller {server.target}" in run.out
             assert "Ray 2.60.0 dashboard at http://localhost:" in run.out       # the relay, as a port-forward
             assert "SUCCEEDED" in run.out and "completed step: 2" in run.out, run.out[-4000:]
+            assert "storage.googleapis.com" not in run.out       # the compilation cache read here
 
             # The job ran on the twin, submitted from the controller.
             with urllib.request.urlopen(f"http://{TWIN_IP}:{TWIN_DASHBOARD}/api/jobs/", timeout=10) as r:

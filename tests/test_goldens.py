@@ -1,6 +1,8 @@
 """`invoke --dry <task>` for every environment of inventory.yaml, compared
 line by line with tests/goldens/<env>/<task>.txt. A dry run starts no
-process at all: the child runs with process creation disabled.
+process at all: each runs in this process with process creation refused
+(tests/inproc.py), and a sample through the real `invoke` executable with
+process creation disabled in the child (tests/noproc): the same transcript.
 
 After an intended change of commands: `make goldens`, then review the diff."""
 import difflib
@@ -22,3 +24,18 @@ def test_dry_run_matches_golden(env, task, inventory):
         diff = "\n".join(difflib.unified_diff(want.splitlines(), out.splitlines(), "golden", "now", lineterm=""))
         pytest.fail(f"dry run of {task} on {env} differs from {golden_path(env, task)} "
                     f"(`make goldens` if intended):\n{diff}")
+
+
+# Through the real CLI: a Standard, an Autopilot and a local environment, a
+# provisioning chain, a job and a teardown (a new interpreter each: ~0.5 s).
+CLI_SAMPLE = [("dev", "up", None), ("dev-autopilot", "train-elastic", None), ("local", "train-fresh", None),
+              ("dev", "teardown", None)]
+
+
+@pytest.mark.parametrize("env,task,inventory", CLI_SAMPLE, ids=[f"{e}-{t}" for e, t, _ in CLI_SAMPLE])
+def test_the_real_cli_prints_the_same_dry_run(env, task, inventory):
+    assert (env, task, inventory) in CASES
+    rc, out, err = dry_run(env, TASKS[task], inventory, real_cli=True)
+    assert "PROCESSES STARTED" not in err, err
+    assert rc == 0, err
+    assert out == golden_path(env, task).read_text()

@@ -29,7 +29,7 @@ from tests.conftest import INVOKE, ROOT
 
 pytestmark = pytest.mark.e2e
 ENV = "e2e-local"
-STEPS = 200
+STEPS = 140
 RUN = "rayjob-elastic-8b"
 # Another checkout of this project may run these tests on the same machine at
 # the same time: it sets its own offset for the local cluster's address and ports.
@@ -45,9 +45,13 @@ EVENTS = ROOT / ".state" / ENV / "training" / RUN / "events.jsonl"
 # worker group (one slice) has started; the test then tells it to join
 # (SIGUSR1 to its waiting process, as a rehearsal may), so the job always
 # starts on one slice and grows to two however fast or loaded this machine
-# is. LATE only bounds the wait (it is never reached). A host that joins is
-# taken in within ~15 s (Ray Train's look every 10 s): up to ~75 steps of
-# this tiny model on an idle machine, so the run has STEPS to spare.
+# is. LATE only bounds the wait (it is never reached). The job looks for
+# hosts that came every RESIZE_INTERVAL seconds (resize_interval): the host
+# killed and brought back by `invoke up` is taken in ~20 s after the
+# one-slice group's first step: ~70 steps of this tiny model on an idle
+# machine (~35 in the loaded suite); with the ~16 steps before the kill and
+# the 11 before the hang, the run has STEPS to spare (~40 on an idle machine).
+RESIZE_INTERVAL = 3
 LATE = 900
 LATE_HOST = ROOT / ".state" / ENV / "nodes" / "tpu-group-1-0.pid"
 
@@ -58,7 +62,8 @@ def local(tmp_path_factory):
     d = tmp_path_factory.mktemp("e2e")
     base = yaml.safe_load((ROOT / "inventory.yaml").read_text())["environments"]["local"]
     env = {**base, "gcs_port": GCS_PORT, "dashboard_port": 8275 + OFFSET, "ray_ip": f"127.0.0.{3 + OFFSET}",
-           "stall_after": STALL_AFTER, "min_slices": 1, "rehearse_late_slice": LATE}
+           "stall_after": STALL_AFTER, "min_slices": 1, "rehearse_late_slice": LATE,
+           "resize_interval": RESIZE_INTERVAL}
     inv = d / "inventory.yaml"
     inv.write_text(yaml.safe_dump({"default": ENV, "environments": {ENV: env}}))
     shutil.rmtree(ROOT / ".state" / ENV, ignore_errors=True)
@@ -247,6 +252,7 @@ def test_the_job_starts_on_the_slice_it_has_and_grows_when_the_late_one_joins(ru
 def test_the_job_goes_on_with_one_slice_and_grows_back(run: Run):
     assert "changed: [chaos : kill one TPU host] killed TPU host tpu-group-0-0" in run.chaos
     assert "changed: [twin : TPU host tpu-group-0-0] TPU host tpu-group-0-0 joined" in run.restore
+    assert '"TRAINER_RESIZE_INTERVAL_S": "3"' in run.out       # resize_interval, to the trainer
     # 1 -> 2: the late slice joined; 2 -> 1 -> 2: a host lost and brought back.
     assert summary_value(run.out, "worker group sizes") == "1 -> 2 -> 1 -> 2"
     restored = [int(x) for x in summary_value(run.out, "restored from checkpoint step(s)").split(", ")]

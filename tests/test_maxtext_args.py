@@ -233,3 +233,11 @@ def test_invoke_dry_train_with_a_typo_is_one_line_and_exit_2(hermetic):
     assert r.stderr.strip().splitlines() == [
         "error: --set 'per_device_batch_size=one': 'one' is not an integer or a number, as MaxText 0.2.5 wants "
         "for per_device_batch_size (The batch size per device.)"]
+
+
+def test_resize_interval_reaches_the_elastic_trainer_of_either_kind():
+    from tests.conftest import env
+    assert build_job(env("local"), "llama3-8b", elastic=True).env_vars["TRAINER_RESIZE_INTERVAL_S"] == "10"
+    assert build_job(env("local", resize_interval=3), "llama3-8b", True).env_vars["TRAINER_RESIZE_INTERVAL_S"] == "3"
+    assert "TRAINER_RESIZE_INTERVAL_S" not in build_job(env("dev"), "llama3-8b", elastic=True).env_vars  # Ray's 60 s
+    assert build_job(env("dev", resize_interval=30), "llama3-8b", True).env_vars["TRAINER_RESIZE_INTERVAL_S"] == "30"

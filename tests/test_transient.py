@@ -57,6 +57,9 @@ def c(stderr: str, rc: int = 1, stdout: str = "") -> Completed:
      "'Queries' and limit 'Queries per minute' of service 'compute.googleapis.com'", None, True),
     ("Error: Failed to make request to http://localhost:8299/api/v0/nodes. Failed to connect to API server.",
      None, False),
+    # gcloud commands at once, one config folder: its SQLite store locked (seen in the clients tests).
+    ("ERROR: gcloud crashed (OperationalError): database is locked\n\nIf you would like to report this issue, "
+     "please run the following command:\n  gcloud feedback", None, True),
 ])
 def test_status_and_transience_as_the_clients_print_them(stderr, status, transient):
     assert http_status(c(stderr)) == status
