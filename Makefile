@@ -1,6 +1,11 @@
 # The two commands of the README's quick start, and a few more.
 .PHONY: venv train test check goldens lock clean-local
 
+# The project's modules compiled once: every `invoke` the tests start imports
+# them, and where PYTHONDONTWRITEBYTECODE is set (CI's environment) each would
+# compile them again (~0.15 s of CPU a process). compileall writes anyway.
+BYTECODE = .venv/bin/python -m compileall -q playbooks tasks.py > /dev/null
+
 venv:
 	@scripts/bootstrap
 
@@ -13,6 +18,7 @@ test: venv
 	@scripts/test-deps
 	.venv/bin/ruff check playbooks tasks.py tests bench
 	.venv/bin/mypy
+	@$(BYTECODE)
 	.venv/bin/python -m pytest
 
 ## What a contributor runs before each commit (under 2 minutes): lint, types, unit tests, golden dry runs
@@ -21,6 +27,7 @@ check: venv
 	@scripts/test-deps
 	.venv/bin/ruff check playbooks tasks.py tests bench
 	.venv/bin/mypy
+	@$(BYTECODE)
 	.venv/bin/python -m pytest -m "not e2e and not clients and not compile"
 
 ## Regenerate the golden dry-run transcripts after an intended change of commands.
