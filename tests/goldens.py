@@ -79,7 +79,6 @@ def dry_run(env: str, args: list[str], inventory: Path | None = None, real_cli: 
             rc, out, err = r.returncode, r.stdout, r.stderr
             started = log.read_text() if log.exists() else ""
         else:
-            (Path(tmp) / "t").mkdir()
             ran = run_invoke(argv, e, ROOT, Path(tmp), limit=30.0)
             rc, out, err, started = ran.rc, ran.out, ran.err, ran.started
     return rc, normalize(out), err + (f"\nPROCESSES STARTED:\n{started}" if started else "")

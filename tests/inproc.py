@@ -71,8 +71,10 @@ def _timed_out(signum, frame):
 @contextlib.contextmanager
 def as_the_cli_runs(argv: list[str], env: dict[str, str], cwd: Path, tmp: Path, limit: float = 5.0):
     """This process as `invoke` would start: its argv, environment, working
-    directory, temporary folder and stdin; what tasks.py sets at import (the
-    SIGPIPE handler, sys.excepthook) put back afterwards."""
+    directory, temporary folder (``tmp``/t, made here) and stdin; what
+    tasks.py sets at import (the SIGPIPE handler, sys.excepthook) put back
+    afterwards."""
+    (tmp / "t").mkdir(exist_ok=True)
     saved_env, saved_cwd, saved_argv, saved_stdin = dict(os.environ), os.getcwd(), sys.argv, sys.stdin
     saved_hook, saved_pipe, saved_tmp = sys.excepthook, signal.getsignal(signal.SIGPIPE), tempfile.tempdir
     saved_alarm = signal.signal(signal.SIGALRM, _timed_out)
@@ -107,7 +109,7 @@ class Ran:
 
 def run_invoke(argv: list[str], env: dict[str, str], cwd: Path, tmp: Path, limit: float = 5.0) -> Ran:
     """``argv`` (``[invoke, ...]``) through Invoke's Program in this process
-    (what .venv/bin/invoke runs). ``tmp`` holds a ``t`` folder (TMPDIR)."""
+    (what .venv/bin/invoke runs); its temporary folder is ``tmp``/t."""
     from invoke import Program
     from invoke.main import program as cli  # what .venv/bin/invoke runs, built anew (a Program keeps state)
 

@@ -332,7 +332,6 @@ def test_the_worst_flags_are_refused_in_under_a_second(tmp_path, value):
     (tmp_path / "cli").mkdir()
     r = run_in_process(case, tmp_path / "cli")
     assert problems(case, r) == [] and len(r["err"]) < 600, r["err"][:300]
-    (tmp_path / "t").mkdir()
     with as_the_cli_runs([INVOKE, "--dry", "train", "--set", value], dict(os.environ), ROOT, tmp_path, LIMIT):
         spec = importlib.util.spec_from_file_location("tasks_under_test", ROOT / "tasks.py")
         tasks = importlib.util.module_from_spec(spec)
