@@ -26,9 +26,12 @@ checkpoint, compile, replayed, productive, then the phase (the rest), so
 the parts add up to the wall time exactly.
 
 An incident is a worker lost, a failure, a resize or a stall: lost at step
-N (the last step before it), restored from step K, N - K steps replayed,
-and the time to recover (from the loss to the first step after it); what
-else goes wrong before that first step belongs to the same incident.
+N (the last step its worker group finished), restored from step K, N - K
+steps replayed, and the time to recover (from the loss to the first step of
+a new worker group); what else goes wrong before that first step belongs to
+the same incident. A step the old group still finishes after the loss (a
+survivor logs the step it was in when its peer was killed) is that group's
+last work: it moves N, it does not end the incident.
 """
 from __future__ import annotations
 
@@ -45,6 +48,9 @@ PRODUCTIVE = "productive"
 # Which cause a second gets when several intervals cover it (higher wins).
 RANK = {"stall": 9, "restore": 8, "checkpoint": 7, "compile": 6, "replayed": 5, PRODUCTIVE: 4}
 LOSSES = ("worker_lost", "failure", "resize")
+# Events of a new worker group: after one of these, a step is the recovery's.
+REGROUP = ("workers_started", "workers_restarted", "worker_started", "jax_initialized", "restore_started",
+           "restored", "first_step_after_restore")
 WHAT = {"scheduling": "waiting for capacity and scheduling", "startup": "start-up", "compile": "compile",
         "checkpoint": "checkpoint saves", "detection": "failure detection", "restart": "restart",
         "restore": "restore", "replayed": "replayed steps", "stall": "stalls", "other": "other"}
@@ -106,8 +112,11 @@ def _account(events: Iterable[dict], run: str | None, now: float | None) -> tupl
             stall["incident"]["recover_s"] = round(t - stall["since"], 3)
             stall = None
 
+    regrouped = False  # a new worker group seen since the open incident's loss
     for i, e in enumerate(evs):
         t, kind = float(e["t"]), e.get("kind")
+        if kind in REGROUP:
+            regrouped = True
         if t > prev:
             cause = phase
             if phase == "running":  # after a step: lost work if a loss comes next, else the job's end
@@ -127,6 +136,7 @@ def _account(events: Iterable[dict], run: str | None, now: float | None) -> tupl
             if open_ is None:
                 open_ = {"kind": kind, "t": t, "by": who(e), "lost_at_step": last_step, "restored_from_step": None,
                          "replayed_steps": None, "recover_s": None, "failures": 0}
+                regrouped = False
                 if kind == "worker_lost":
                     phase = "detection"
                 else:
@@ -184,6 +194,12 @@ def _account(events: Iterable[dict], run: str | None, now: float | None) -> tupl
             else:
                 intervals.append((begin, t, "replayed"))
                 replayed += 1
+            lost = open_["lost_at_step"] if open_ is not None else None
+            if open_ is not None and not regrouped and (lost is None or n > lost):
+                # The old group's last step, finished after the loss: the
+                # incident was lost at it, and is not over.
+                open_["lost_at_step"] = last_step = n
+                continue
             if open_ is not None:
                 # MaxText resumes at the step after the one restored.
                 k, lost = open_["restored_from_step"], open_["lost_at_step"]

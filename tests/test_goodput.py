@@ -89,6 +89,27 @@ def test_one_incident_lost_at_restored_from_replayed_and_time_to_recover():
     assert adds_up(r) == pytest.approx(r["wall_s"], abs=1e-6)
 
 
+def test_a_step_the_old_group_finishes_after_the_loss_is_where_it_was_lost_not_its_recovery():
+    """The survivor logs the step it was in when its peer was killed (MaxText
+    logs a step once the next one is dispatched): step 16, a second after the
+    loss, is the old group's last work; the incident ends at the new group's
+    first step, and 11..16 are replayed."""
+    events = (start() + steps(1, 15, 27) + [ev(42.5, "worker_lost", by="chaos", host="tpu-group-0-0"),
+                                            ev(43.5, "step", 16, seconds=1.0)]
+              + incident(42.5)[1:] + [ev(100, "job_end", status="SUCCEEDED")])
+    r = goodput.account(events, "run")
+    [i] = r["incidents"]
+    assert (i["kind"], i["lost_at_step"], i["restored_from_step"], i["replayed_steps"]) == ("worker_lost", 16, 10, 6)
+    assert i["recover_s"] == 38.0 and i["detect_s"] == 5.0 and i["first_step"] == 11
+    assert r["steps"] == {"counted": 21, "replayed": 6}  # 0..16, then 17..20 after 11..16 again
+    assert adds_up(r) == pytest.approx(r["wall_s"], abs=1e-6)
+    # Without a new group's events, a step at or below N is still the recovery.
+    bare = (start() + steps(1, 15, 27) + [ev(42.5, "worker_lost", by="chaos"), ev(60, "step", 11, seconds=1.0),
+                                          ev(70, "job_end")])
+    [j] = goodput.account(bare, "run")["incidents"]
+    assert (j["lost_at_step"], j["first_step"], j["recover_s"]) == (15, 11, 17.5)
+
+
 def test_two_incidents_are_two_and_a_second_loss_before_recovering_is_the_same_one():
     events = (start() + steps(1, 15, 27) + incident(42.5, upto=25)
               + [ev(110, "resize", workers_from=1, workers=2, n=1), ev(112, "workers_restarted", workers=2, n=2),
