@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import hosts, paths
+from . import hosts, paths, staleness
 from .clients import is_transient
 from .core.errors import InputError, PlaybookError, shown_value
 from .core.inventory import name_problem
@@ -296,7 +296,8 @@ def open_session(config, task: str, reporter: Reporter | None = None, read_only:
     else:
         logdir = paths.here(paths.run_logs(env.name, time.strftime('%Y%m%d-%H%M%S'), task))
         logdir.mkdir(parents=True, exist_ok=True)
-        runner = Runner(mode, hosts.connector(env), retry, here=hosts.this_machine(), log=RunLog(logdir))
+        runner = Runner(mode, hosts.connector(env), retry, here=hosts.this_machine(), log=RunLog(logdir),
+                        stale=staleness.stale)
     book = Playbook(runner, reporter or Reporter(), workers=parallel, heartbeat=settings["heartbeat"])
     return Session(env, mode, runner, book, logdir)
 

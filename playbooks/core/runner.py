@@ -116,6 +116,7 @@ class Runner:
         probe_timeout: float = 180.0,
         here: Connector | None = None,
         log: RunLog | None = None,
+        stale: Callable[[Command | Action, Fact], bool] | None = None,
     ):
         self.mode = Mode(mode)
         self.connector = connector
@@ -125,6 +126,8 @@ class Runner:
         self.declared = facts  # fixture mode when not None
         self.probe_timeout = probe_timeout
         self._cache: dict[str, Any] = {}
+        self._facts: dict[str, Fact] = {}  # a cached answer's fact (for ``stale``)
+        self.stale = stale
         self._held: dict[str, Any] = {}  # derived facts: answered once per run, never cleared by a change
         self._locks: dict[str, threading.Lock] = {}
         self._cache_lock = threading.Lock()
@@ -154,7 +157,7 @@ class Runner:
             else:
                 first = held.completed if isinstance(held, _Transient) and not fresh else None
                 raw, note = self._answer(fact, log, step, first=first)
-                self._cache[key] = raw
+                self._cache[key], self._facts[key] = raw, fact
         value = self._parse(fact, raw)
         line = f"{fact.line()}  => {fact.summary(value)}{note}"
         if not (cached and f"  {label:<7}{line}" in log.lines):  # one list call, two facts: said once
@@ -205,6 +208,7 @@ class Runner:
             if fact.python is not None:
                 with contextlib.suppress(PlaybookError):  # the step looks again, and says why
                     self._cache[key] = _Prefetched(Value(self._python(fact, "prefetch")))
+                    self._facts[key] = fact
                 return
             assert fact.command is not None
             self._record(fact.command)
@@ -217,6 +221,7 @@ class Runner:
                 return  # a host that cannot be reached: the step looks again, and says so
             transient = not c.ok and self.retry.is_transient(c, command.patience is not None)
             self._cache[key] = _Transient(c) if transient else _Prefetched(shown_part(c, command))
+            self._facts[key] = fact
 
     def _python(self, fact: Fact, label: str) -> Any:
         """An in-process fact (an HTTP read, a pid file): answered by its
@@ -335,30 +340,36 @@ class Runner:
             attempt += 1
 
     # -- actions --------------------------------------------------------
-    def changed(self) -> None:
-        """The world changed: answers looked up before may be stale now."""
+    def changed(self, what: Command | Action) -> None:
+        """``what`` is about to change the world: answers looked up before
+        may be stale now. Which ones is the ``stale`` policy's to say (the
+        Runner's caller knows the tools); without one, all of them."""
         with self._cache_lock:
-            self._cache.clear()
+            if self.stale is None:
+                self._cache.clear()
+                return
+            for key in [k for k in self._cache if self.stale(what, self._facts[k])]:
+                del self._cache[key]
 
     def act(self, what: Command | Action, log: StepLog, step: str,
             recheck: Callable[[], bool] | None = None) -> Completed | None:
         if isinstance(what, Action):
             log.emit("apply", what.line)
             if self.acting:
-                self.changed()
+                self.changed(what)
                 what.fn()
             return None
         self._record(what)
         if what.background:
             log.emit("apply", what.line())
             if self.acting:
-                self.changed()
+                self.changed(what)
                 self._start(what)
             return None
         log.emit("apply", what.line())
         if not self.acting:
             return None
-        self.changed()
+        self.changed(what)
         c = self._run_with_retry(what, log, step, recheck)
         if not c.ok:
             raise CommandFailed(step, what.line(), c.rc, c.stdout, c.stderr)
@@ -369,7 +380,7 @@ class Runner:
         log.emit("apply", command.line())
         if not self.acting:
             return None
-        self.changed()
+        self.changed(command)
         where = self._where(command)
         return self._logged(step, command, where, where.stream(command.argv, on_line, env=command.env,
                                                                cwd=command.cwd))
@@ -379,7 +390,7 @@ class Runner:
         log.emit("apply", command.line())
         if not self.acting:
             return None
-        self.changed()
+        self.changed(command)
         return self._start(command)
 
     @property
