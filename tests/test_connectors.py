@@ -197,8 +197,18 @@ def test_a_killed_process_and_its_children_are_gone_at_once(conn):
     assert not conn.alive(pid, "trap")
 
 
+@pytest.fixture
+def ctrl_c_raises():
+    """Python's own Ctrl-C, whatever this process inherited: started in the
+    background by a shell without job control (`make test &`, nohup), it
+    ignores SIGINT, as Python leaves an inherited SIG_IGN in place."""
+    saved = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, saved)
+
+
 @pytest.mark.parametrize("how", ["run", "stream"])
-def test_ctrl_c_here_stops_the_command_there(conn, tmp_path, how):
+def test_ctrl_c_here_stops_the_command_there(conn, tmp_path, how, ctrl_c_raises):
     pidfile = tmp_path / "root" / "pid"
     argv = ["sh", "-c", "echo $$ > pid; exec sleep 23"]     # bounded, should SIGINT never come
 
