@@ -202,7 +202,7 @@ def _account(events: Iterable[dict], run: str | None, now: float | None) -> tupl
                 continue
             if open_ is not None:
                 # MaxText resumes at the step after the one restored.
-                k, lost = open_["restored_from_step"], open_["lost_at_step"]
+                k = open_["restored_from_step"]
                 if k is None:
                     k = open_["restored_from_step"] = n - 1 if lost is not None and n - 1 <= lost else None
                 open_["replayed_steps"] = max(0, lost - k) if k is not None and lost is not None else 0

@@ -19,9 +19,10 @@ the family of its command:
 Anything else clears every answer: ``gcloud services enable`` (an API
 turned on changes what can be read), a role granted with ``gcloud projects
 add-iam-policy-binding`` (a read denied before may be allowed now),
-``gcloud iam``, ray, the local twin's processes, in-process actions. An in-process fact (the Kubernetes client,
-an HTTP read, a pid file) is always cleared, whatever changed; so is a fact
-whose command is not one of the families above.
+``gcloud iam``, ray, the local twin's processes, in-process actions. An
+in-process fact (the Kubernetes client, an HTTP read, a pid file) is always
+cleared, whatever changed; so is a fact whose command is not one of the
+families above.
 
 A step's verify always looks afresh, whatever this says.
 """
