@@ -32,6 +32,12 @@ a new worker group); what else goes wrong before that first step belongs to
 the same incident. A step the old group still finishes after the loss (a
 survivor logs the step it was in when its peer was killed) is that group's
 last work: it moves N, it does not end the incident.
+
+Rank 0 says each step it finishes (``step``); the first host of every other
+slice says them too (``peer_step``), so that a step is known when rank 0's
+host is lost before logging it. A step counts once per worker group, when
+the first host says it; a host saying a step again is a new group running
+it again.
 """
 from __future__ import annotations
 
@@ -51,6 +57,8 @@ LOSSES = ("worker_lost", "failure", "resize")
 # Events of a new worker group: after one of these, a step is the recovery's.
 REGROUP = ("workers_started", "workers_restarted", "worker_started", "jax_initialized", "restore_started",
            "restored", "first_step_after_restore")
+# The trainer's own events of a worker group's start (its time, not when a line was read).
+GROUP_START = ("worker_started", "jax_initialized")
 WHAT = {"scheduling": "waiting for capacity and scheduling", "startup": "start-up", "compile": "compile",
         "checkpoint": "checkpoint saves", "detection": "failure detection", "restart": "restart",
         "restore": "restore", "replayed": "replayed steps", "stall": "stalls", "other": "other"}
@@ -113,10 +121,13 @@ def _account(events: Iterable[dict], run: str | None, now: float | None) -> tupl
             stall = None
 
     regrouped = False  # a new worker group seen since the open incident's loss
+    reported: dict[int, set[str]] = {}  # this worker group's steps: which hosts said each
     for i, e in enumerate(evs):
         t, kind = float(e["t"]), e.get("kind")
         if kind in REGROUP:
             regrouped = True
+        if kind in GROUP_START:
+            reported = {}
         if t > prev:
             cause = phase
             if phase == "running":  # after a step: lost work if a loss comes next, else the job's end
@@ -182,9 +193,18 @@ def _account(events: Iterable[dict], run: str | None, now: float | None) -> tupl
         elif kind == "job_end":
             close_stall(t)
             phase, last_step_t = "other", None
-        elif kind == "step" and _step(e) is not None:
+        elif kind in ("step", "peer_step") and _step(e) is not None:
             n = _step(e)
             assert n is not None
+            reporter = f"peer {e.get('rank')!r}" if kind == "peer_step" else "rank 0"
+            said = reported.setdefault(n, set())
+            if reporter in said:  # the same host again: a new group runs it again
+                reported = {n: said}
+                said.clear()
+            elif said:  # another host of this group said it first
+                said.add(reporter)
+                continue
+            said.add(reporter)
             close_stall(t)
             secs = _num(e.get("seconds")) or 0.0
             begin = last_step_t if last_step_t is not None else t - secs

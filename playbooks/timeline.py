@@ -11,7 +11,8 @@ Where they come from:
   slice), ``jax_initialized``, ``compile_started``/``compile_ended``
   (jax.monitoring's spans), ``step``, ``first_step``, ``checkpoint_saved``
   (step, seconds), ``restore_started``, ``restored`` (step, seconds),
-  ``first_step_after_restore`` (restored_from).
+  ``first_step_after_restore`` (restored_from); from the first host of each
+  other slice, ``peer_step`` (its rank: the steps it finishes).
 - ``ray_train``/``ray``: Ray Train's and Ray's lines in the followed log,
   stamped when read: ``workers_started`` and ``workers_restarted`` (how
   many), ``failure`` (Ray Train's failure policy: RETRY or RAISE, its
@@ -176,6 +177,8 @@ class Reader:
             e.update(source="trainer", job=self.job)
             if e["kind"] == "step" and isinstance(e.get("step"), int):
                 self.last_step = e["step"]
+            elif e["kind"] == "peer_step" and isinstance(e.get("step"), int) and e["step"] > (self.last_step or -1):
+                self.last_step = e["step"]  # rank 0's host may be the one lost before logging it
             return out + [e]
         if (m := GROUP.search(line)):
             kind = "workers_restarted" if self.disrupted else "workers_started"

@@ -110,6 +110,38 @@ def test_a_step_the_old_group_finishes_after_the_loss_is_where_it_was_lost_not_i
     assert (j["lost_at_step"], j["first_step"], j["recover_s"]) == (15, 11, 17.5)
 
 
+def peer(events: list[dict], rank: int = 1, lag: float = 0.1) -> list[dict]:
+    """What the first host of another slice says of the same steps, a little later."""
+    return [dict(e, kind="peer_step", rank=rank, t=e["t"] + lag) for e in events if e["kind"] == "step"]
+
+
+def test_a_step_only_a_peer_said_before_rank_0s_host_was_lost_is_where_it_was_lost():
+    """Rank 0's host is killed before it logs step 16; the other slice's first
+    host logs it (peer_step): lost at 16, 11..16 replayed. A step said by two
+    hosts counts once; the new group's steps, said by both again, are replays
+    of the old group's and count once each too."""
+    old = start() + steps(1, 15, 27)
+    events = (old + peer(old) + [ev(42.3, "peer_step", 16, seconds=1.0, rank=1)]
+              + incident(42.5) + peer(incident(42.5)) + [ev(100, "job_end", status="SUCCEEDED")])
+    r = goodput.account(events, "run")
+    [i] = r["incidents"]
+    assert (i["lost_at_step"], i["restored_from_step"], i["replayed_steps"], i["first_step"]) == (16, 10, 6, 11)
+    assert i["recover_s"] == 38.0
+    assert r["steps"] == {"counted": 21, "replayed": 6}
+    assert adds_up(r) == pytest.approx(r["wall_s"], abs=1e-6)
+    # The peer's step 16 after the loss (the survivor's last step): the same.
+    late = old + peer(old) + [ev(43.0, "peer_step", 16, seconds=1.0, rank=1)] + incident(42.5)
+    [j] = goodput.account(late + [ev(100, "job_end")], "run")["incidents"]
+    assert (j["lost_at_step"], j["replayed_steps"], j["first_step"]) == (16, 6, 11)
+    # Rank 0 says step 15 after its peer did and after the loss (its host lost
+    # next): still the old group's, not the recovery.
+    both = start() + steps(1, 14, 27) + [ev(41.2, "peer_step", 15, seconds=1.0, rank=1), ev(42.5, "worker_lost"),
+                                         ev(42.6, "step", 15, seconds=1.0)] + incident(42.5)[1:]
+    k = goodput.account(both + [ev(100, "job_end")], "run")
+    assert [(x["lost_at_step"], x["first_step"]) for x in k["incidents"]] == [(15, 11)]
+    assert k["steps"] == {"counted": 21, "replayed": 5}
+
+
 def test_two_incidents_are_two_and_a_second_loss_before_recovering_is_the_same_one():
     events = (start() + steps(1, 15, 27) + incident(42.5, upto=25)
               + [ev(110, "resize", workers_from=1, workers=2, n=1), ev(112, "workers_restarted", workers=2, n=2),

@@ -209,6 +209,18 @@ def test_a_worker_group_after_a_restore_says_its_first_step_is_after_it(capsys):
     assert kinds == ["restore_started", "restored", "step", "first_step_after_restore", "step"]
 
 
+def test_a_peer_host_says_only_the_steps_it_finishes_with_its_rank(capsys):
+    """Another slice's first host: its steps as peer_step (goodput's "lost at"
+    when rank 0's host dies first), nothing of saves, restores or first steps."""
+    h = mr.MaxTextEvents(peer_rank=4)
+    for line in MAXTEXT_LINES:
+        h.line(line, 100.0)
+    printed = [json.loads(line[len(mr.EVENT):]) for line in capsys.readouterr().out.splitlines()]
+    assert [(e["kind"], e["step"], e["rank"]) for e in printed] == [("peer_step", 11, 4), ("peer_step", 11, 4),
+                                                                    ("peer_step", 12, 4)]
+    assert all(isinstance(e["seconds"], float) for e in printed)
+
+
 def test_a_save_holds_the_training_from_the_end_of_the_step_it_saves():
     """MaxText first waits for the step to finish (the step's own time,
     28.5 s here: its compile), then saves; only the save is the save's."""

@@ -242,7 +242,10 @@ class MaxTextEvents(logging.Handler):
     step N to finish before starting checkpointing" to the save started), a
     restore (from
     "restoring from this run's directory step N" to Orbax's "Finished load"),
-    and the first step of this worker group (after a restore, or not)."""
+    and the first step of this worker group (after a restore, or not).
+
+    On another host (``peer_rank``): only the steps it finishes, as
+    ``peer_step`` events with its rank."""
 
     STEP = re.compile(r"^completed step: (\d+), seconds: ([\d.]+)")
     # The save holds the training from when the step it saves has finished
@@ -253,8 +256,9 @@ class MaxTextEvents(logging.Handler):
     RESTORE = re.compile(r"^restoring from this run's directory step (\d+)")
     RESTORED = re.compile(r"Finished load in ([\d.]+) seconds @ .*?(\d+)/?$")
 
-    def __init__(self) -> None:
+    def __init__(self, peer_rank: int | None = None) -> None:
         super().__init__(logging.INFO)
+        self.peer_rank = peer_rank
         self.saving: dict[int, float] = {}
         self.restoring: tuple[int, float] | None = None
         self.restored: int | None = None
@@ -269,6 +273,8 @@ class MaxTextEvents(logging.Handler):
     def line(self, msg: str, t: float) -> dict | None:
         if (m := self.STEP.match(msg)):
             step = int(m.group(1))
+            if self.peer_rank is not None:
+                return event("peer_step", t, step, seconds=float(m.group(2)), rank=self.peer_rank)
             out = event("step", t, step, seconds=float(m.group(2)))
             if not self.stepped:
                 self.stepped = True
@@ -276,6 +282,8 @@ class MaxTextEvents(logging.Handler):
                     return event("first_step_after_restore", t, step, restored_from=self.restored)
                 return event("first_step", t, step)
             return out
+        if self.peer_rank is not None:
+            return None
         if (m := self.SAVE_START.match(msg)):
             self.saving[int(m.group(1) or m.group(2))] = t
         elif (m := self.SAVED.match(msg)):
@@ -306,29 +314,30 @@ _WATCHING = threading.Lock()
 _watching = False
 
 
-def watch_events() -> None:
-    """In this process (rank 0 of the worker group): compiles, through
+def watch_events(peer_rank: int | None = None) -> None:
+    """In this process, once. Rank 0 of the worker group: compiles, through
     jax.monitoring's time spans; steps, saves and restores, through MaxText's
-    own log lines."""
+    own log lines. A peer (``peer_rank``): the steps it finishes."""
     global _watching
     with _WATCHING:
         if _watching:
             return
         _watching = True
-    import jax.monitoring
+    if peer_rank is None:
+        import jax.monitoring
 
-    jax.monitoring.register_event_time_span_listener(compile_span)
-    listen_to_maxtext()
+        jax.monitoring.register_event_time_span_listener(compile_span)
+    listen_to_maxtext(peer_rank)
 
 
-def listen_to_maxtext() -> MaxTextEvents:
+def listen_to_maxtext(peer_rank: int | None = None) -> MaxTextEvents:
     """MaxText (max_logging) and Orbax log through absl: its "absl" logger's
     records, at INFO (what a Ray worker already shows; without it the
     records of MaxText's INFO lines would not even be made)."""
     logger = logging.getLogger("absl")
     if logger.getEffectiveLevel() > logging.INFO:
         logger.setLevel(logging.INFO)
-    handler = MaxTextEvents()
+    handler = MaxTextEvents(peer_rank)
     logger.addHandler(handler)
     return handler
 
@@ -347,6 +356,11 @@ def train_loop_per_worker(config: dict) -> None:
         steps = overrides(config["argv"]).get("steps", "")
         event("jax_initialized", workers=world, **({"steps": int(steps)} if steps.isdigit() else {}))
         watch_events()
+    elif os.environ.get("TPU_WORKER_ID", "0") == "0":
+        # The first host of every other slice says the steps it finishes: when
+        # rank 0's host is lost, its last step may not have been logged, and a
+        # survivor's is where the group was lost (goodput's "lost at").
+        watch_events(peer_rank=rank)
     run_maxtext(config["argv"], config["layout"], world, rank)
 
 
