@@ -16,7 +16,7 @@ train: venv
 ## Run every test (lint, type check, unit, golden transcripts, real clients on loopback fakes, sshd on loopback, local Ray + MaxText runs).
 test: venv
 	@scripts/test-deps
-	.venv/bin/ruff check playbooks tasks.py tests bench
+	.venv/bin/ruff check playbooks trainer tasks.py tests bench
 	.venv/bin/mypy
 	@$(BYTECODE)
 	.venv/bin/python -m pytest
@@ -25,7 +25,7 @@ test: venv
 ## (not the real clients against the fakes, the AOT compiles or the local Ray runs: `make test` runs those too).
 check: venv
 	@scripts/test-deps
-	.venv/bin/ruff check playbooks tasks.py tests bench
+	.venv/bin/ruff check playbooks trainer tasks.py tests bench
 	.venv/bin/mypy
 	@$(BYTECODE)
 	.venv/bin/python -m pytest -m "not e2e and not clients and not compile"

@@ -8,6 +8,7 @@ without it the tutorial's values apply: 2 slices of v6e 4x4, 4 hosts each.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -45,7 +46,7 @@ class Layout:
     resize_interval_s: float | None = None
 
     @classmethod
-    def from_env(cls, environ=os.environ) -> "Layout":
+    def from_env(cls, environ=os.environ) -> Layout:
         d = cls()
         interval = environ.get(ENV_RESIZE_INTERVAL)
         return cls(
@@ -89,12 +90,8 @@ def worker_runtime_env() -> dict | None:
 
 
 def _requirements(path: str) -> list[str]:
-    lines = []
-    for line in open(path):
-        line = line.split("#", 1)[0].strip()
-        if line:
-            lines.append(line)
-    return lines
+    with open(path) as f:
+        return [line for line in (raw.split("#", 1)[0].strip() for raw in f) if line]
 
 
 def absolute_config(argv: list[str]) -> list[str]:
@@ -265,10 +262,8 @@ class MaxTextEvents(logging.Handler):
         self.stepped = False
 
     def emit(self, record: logging.LogRecord) -> None:
-        try:
+        with contextlib.suppress(Exception):  # never let the timeline break the training
             self.line(record.getMessage().strip(), record.created)
-        except Exception:  # never let the timeline break the training
-            pass
 
     def line(self, msg: str, t: float) -> dict | None:
         if (m := self.STEP.match(msg)):
