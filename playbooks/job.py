@@ -94,6 +94,9 @@ COMPILE_CACHE = "jax_cache"
 # How often a local elastic job looks for hosts that came (resize_interval
 # unset): a local host joins in seconds, so 10 s, not Ray Train's 60.
 LOCAL_RESIZE_INTERVAL = 10
+# How long a local elastic job's worker group waits for its placement group
+# (Ray Train's RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S, 60 s by default): below.
+LOCAL_ELASTIC_START_TIMEOUT = 20
 
 
 def compile_cache(env: Environment) -> str:
@@ -186,6 +189,16 @@ def build_job(env: Environment, model: str, elastic: bool = False, steps: int | 
             # such controller there and removes this job's placement groups.
             "RAY_ADDRESS": f"{env.ray_ip}:{env.gcs_port}",
         })
+        if elastic:
+            # A crashed host (chaos.delete-worker) takes the survivors down with
+            # it within ~0.1 s (JAX's coordination service), seconds before
+            # Ray's health checks mark it dead: the retry still counts its
+            # resources and waits for a placement group it cannot get. Ray
+            # Train's worker group start timeout bounds only that wait (a
+            # placement group here is ready in a second or two, ~5 s with the
+            # machine busy): 20 s, not 60, then a retry sized from the hosts
+            # alive.
+            env_vars["RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"] = str(LOCAL_ELASTIC_START_TIMEOUT)
         job.local_data = Path(p["data"])
     else:
         if env.resize_interval is not None:

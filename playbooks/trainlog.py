@@ -40,7 +40,7 @@ class Summary:
     records: list[tuple[int, int, float, float, float, float]] = field(default_factory=list)
     groups: list[int] = field(default_factory=list)
     resizes: list[tuple[int, int]] = field(default_factory=list)
-    resize_steps: list[int | None] = field(default_factory=list)  # the last step before each resize
+    resize_steps: list[int | None] = field(default_factory=list)  # the last step of the group each resize ended
     _restores: dict[int, int] = field(default_factory=dict)  # worker group -> step restored
     params: float | None = None
     expected_params: float | None = None
@@ -70,7 +70,7 @@ class Summary:
             size = int(m.group(1))
             if self.groups and self.groups[-1] != size:
                 self.resizes.append((self.groups[-1], size))
-                self.resize_steps.append(self.last_step)
+                self.resize_steps.append(self.group_last_step)
             self.groups.append(size)
         elif (m := RESTORE.search(line)):
             self._restores.setdefault(len(self.groups), int(m.group(1)))
@@ -87,6 +87,16 @@ class Summary:
     @property
     def steps(self) -> set[int]:
         return {r[1] for r in self.records}
+
+    @property
+    def group_last_step(self) -> int | None:
+        """The highest step of the latest worker group that logged one (by
+        any worker): where a resize found it, also when an earlier group had
+        gone further before a restore from an older checkpoint."""
+        if not self.records:
+            return None
+        group = self.records[-1][0]
+        return max(r[1] for r in self.records if r[0] == group)
 
     @property
     def last_step(self) -> int | None:

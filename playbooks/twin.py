@@ -77,13 +77,12 @@ def pod_type(env: Environment) -> str:
 
 
 # The head's GCS sees a host of this machine that died (chaos.delete-worker,
-# a crash) as dead after 3 missed health checks 1 s apart, not Ray's 5 checks
-# 3 s apart (~15 s): an elastic job's retry after a lost host then sizes its
-# new worker group from the hosts alive. Seen alive 15 s on, the lost host
-# made the retry ask for the old size and wait out Ray Train's 60-s worker
-# group start timeout first. A live host answers a check in milliseconds
-# here; a check fails only unanswered for health_check_timeout_ms (Ray's
-# 10 s, kept) or refused (a dead raylet's port).
+# a crash) as dead after 3 missed health checks 1 s apart (~2.5 s), not Ray's
+# 5 checks 3 s apart (~15 s): the elastic job's second try (after its first
+# waited out the worker group start timeout, 20 s locally: job.py) and
+# `invoke status` see the host gone. A live host answers a check in
+# milliseconds here; a check fails only unanswered for
+# health_check_timeout_ms (Ray's 10 s, kept) or refused (a dead raylet's port).
 HEALTH_CHECKS = (("RAY_health_check_period_ms", "1000"), ("RAY_health_check_failure_threshold", "3"))
 
 

@@ -241,3 +241,11 @@ def test_resize_interval_reaches_the_elastic_trainer_of_either_kind():
     assert build_job(env("local", resize_interval=3), "llama3-8b", True).env_vars["TRAINER_RESIZE_INTERVAL_S"] == "3"
     assert "TRAINER_RESIZE_INTERVAL_S" not in build_job(env("dev"), "llama3-8b", elastic=True).env_vars  # Ray's 60 s
     assert build_job(env("dev", resize_interval=30), "llama3-8b", True).env_vars["TRAINER_RESIZE_INTERVAL_S"] == "30"
+
+
+def test_a_local_elastic_job_waits_20_s_for_a_placement_group_it_cannot_get_not_60():
+    from tests.conftest import env
+    timeout = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
+    assert build_job(env("local"), "llama3-8b", elastic=True).env_vars[timeout] == "20"
+    assert timeout not in build_job(env("local"), "llama3-8b", elastic=False).env_vars  # a late slice may take longer
+    assert timeout not in build_job(env("dev"), "llama3-8b", elastic=True).env_vars  # GKE keeps Ray's defaults

@@ -125,6 +125,22 @@ LOG = """\
 """
 
 
+def test_a_resize_is_after_the_last_step_of_the_group_it_ends_not_the_furthest_step_ever():
+    """A group ran to step 5; the next restored step 2 and was lost at step 4:
+    the shrink is after step 4 (what goodput's incident says), not 5."""
+    s = Summary()
+    line = ("(RayTrainWorker pid={p}) completed step: {n}, seconds: 1.0, TFLOP/s/device: 1.0, Tokens/s/device: 5.0, "
+            "total_weights: 8, loss: 6.0")
+    s.feed("(TrainController pid=9) Started training worker group of size 1:")
+    for n in range(6):
+        s.feed(line.format(p=1, n=n))
+    s.feed("(TrainController pid=9) Started training worker group of size 2:")
+    for n, p in ((3, 2), (3, 3), (4, 3), (4, 2)):
+        s.feed(line.format(p=p, n=n))
+    s.feed("(TrainController pid=9) Started training worker group of size 1:")
+    assert s.resize_steps == [5, 4] and s.last_step == 5
+
+
 def test_summary_of_a_job_log():
     s = Summary()
     for line in LOG.splitlines():
