@@ -15,7 +15,7 @@ from . import capacity_options, k8s, maintenance, metrics, plan, stall, timeline
 from .clients import fact
 from .core.errors import ProbeFailed
 from .core.facts import ABSENT, Completed, Fact
-from .core.recap import CHANGED, FAILED, OK, SKIPPED, UNREACHABLE, Recap, StepResult
+from .core.recap import CHANGED, FAILED, NOT_READY, OK, SKIPPED, UNREACHABLE, Recap, StepResult
 from .core.step import Step, fail, ok, unchecked
 from .endpoints import dashboard
 from .gke import clusters_fact, kube, nodepool_name, nodepools_list_fact, raycluster_fact
@@ -239,6 +239,8 @@ def verdict(r: StepResult, found: dict[str, str]) -> tuple[str, str]:
     change would do."""
     if r.outcome == OK:
         return "as asked", r.reason
+    if r.outcome == CHANGED and r.found == NOT_READY:
+        return NOT_READY, r.reason.removeprefix("would wait: ")
     if r.outcome == CHANGED:
         return r.found or "missing", _state(r.lines) or r.found
     if r.outcome in (FAILED, UNREACHABLE):
@@ -260,6 +262,10 @@ def report(env: Environment, recap: Recap) -> dict:
         items.append({"what": r.title, "verdict": v, "outcome": r.outcome, "state": _state(r.lines),
                       "reason": what, "notes": list(r.notes)})
     first = next((i for i in items if i["outcome"] in (CHANGED, FAILED, UNREACHABLE)), None)
+    if first is not None and first["verdict"] == NOT_READY:
+        # Something on its way (slices not whole yet): a failure after it
+        # often says why (a worker's Kubernetes cause), and is the diagnosis.
+        first = next((i for i in items if i["outcome"] in (FAILED, UNREACHABLE)), first)
     diagnosis = f"{first['what']}: {first['verdict'] if first['outcome'] == CHANGED else first['reason']}" \
         if first else None
     # A check that could not look (unknown) is not a finding; what it waits

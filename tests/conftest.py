@@ -65,7 +65,7 @@ class Clock:
         return self.now
 
 
-def run_with_facts(steps, facts, mode=Mode.APPLY):
+def run_with_facts(steps, facts, mode=Mode.APPLY, keep_going=False):
     """Run steps with every probe answered by ``facts`` (keyed by the probe's
     command line); an undeclared probe fails the step. Nothing starts, and
     no wait takes time."""
@@ -73,7 +73,7 @@ def run_with_facts(steps, facts, mode=Mode.APPLY):
     runner = Runner(mode, facts=facts)
     clock = Clock()
     book = Playbook(runner, Reporter(out.append), workers=1, sleep=clock.sleep, clock=clock)
-    recap = book.run("test", steps)
+    recap = book.run("test", steps, keep_going=keep_going)
     return recap, out
 
 

@@ -188,6 +188,30 @@ def test_check_mode_skips_what_needs_a_change_it_does_not_make_and_fails_the_res
     assert "failed=1" in recap.counters()
 
 
+def test_check_mode_says_a_step_that_would_wait_is_not_ready_never_as_asked():
+    """Check mode waits for nothing: a wait is what is (not ready), counted
+    as changed (not converged); status shows it "not ready" with why. What
+    is there can be looked at: a failure that needs it stays a failure, and
+    is the diagnosis (it may say why: a worker's Kubernetes cause)."""
+    from playbooks import status
+    from playbooks.core.runner import Mode
+    from playbooks.core.step import Step, fail, ok, wait
+    a = Step("t", "slices", lambda look: wait("1 of 2 slices ready"), id="a")
+    b = Step("t", "workers", lambda look: fail("a worker Pending: no node with free TPU chips"), id="b",
+             after=("a",))
+    c = Step("t", "jobs", lambda look: ok("none"), id="c", after=("a",))
+    recap, out = run_with_facts([a, b, c], {}, mode=Mode.CHECK, keep_going=True)
+    assert recap.counters() == "ok=1 changed=1 failed=1 skipped=0"
+    assert "changed: [t : slices] would wait: 1 of 2 slices ready" in out.text()
+    doc = status.report(env("local"), recap)
+    assert [(i["verdict"], i["reason"]) for i in doc["items"]] == [
+        ("not ready", "1 of 2 slices ready"), ("not as asked", "a worker Pending: no node with free TPU chips"),
+        ("as asked", "none")]
+    assert not doc["as_asked"] and doc["diagnosis"] == "t : workers: a worker Pending: no node with free TPU chips"
+    recap, _ = run_with_facts([a, c], {}, mode=Mode.CHECK)
+    assert status.report(env("local"), recap)["diagnosis"] == "t : slices: not ready"
+
+
 def test_more_than_64_chips_are_said_before_any_pool_is_made():
     big = env("dev", slices=4, topology="8x8")
     _recap, out = run_with_facts(nodepools.steps(big)[:1], {})

@@ -15,7 +15,7 @@ from typing import Any
 from .command import Command, shown
 from .errors import CommandFailed, PlaybookError, ProbeFailed, Unreachable, cause_of
 from .facts import Action, Completed, Fact
-from .recap import CHANGED, FAILED, FAILING, OK, SKIPPED, UNREACHABLE, Recap, Reporter, StepResult, banner
+from .recap import CHANGED, FAILED, FAILING, NOT_READY, OK, SKIPPED, UNREACHABLE, Recap, Reporter, StepResult, banner
 from .runner import Mode, Runner, StepLog
 from .step import CHANGE, DRIFT, FAIL, SKIP, UNCHECKED, WAIT, Await, Broken, Decision, Step, Verify, poll
 from .step import OK as D_OK
@@ -262,7 +262,9 @@ def execute(step: Step, ctx: StepContext) -> Outcome:
     if decision.kind == WAIT:
         ctx.note(decision.reason)
         if ctx.mode is Mode.CHECK:
-            return Outcome(OK, decision.reason, notes=notes)
+            # Check mode waits for nothing: what is, is not ready yet, and a
+            # run would wait for it (counted with the changes: not converged).
+            return Outcome(CHANGED, f"would wait: {decision.reason}", found=NOT_READY, notes=notes)
         why = verify(ctx, step)
         if why is not None:
             return Outcome(FAILED, f"{decision.reason}; still not ready: {why}", notes=notes)
@@ -429,7 +431,9 @@ class Playbook:
             out = Outcome(SKIPPED, f"cannot be checked before {', '.join(roots)} {verb} (check mode changes "
                                    f"nothing): {out.reason.splitlines()[0]}", found="unknown",
                           data={"waits_on": roots}, notes=out.notes)
-        if out.outcome == CHANGED:
+        if out.outcome == CHANGED and out.found != NOT_READY:
+            # (What is there but not ready can be looked at: a failure that
+            # needs it stays one, and may say why it is not ready.)
             roots = [step.title]
         if roots:
             self._pending[step.id] = roots

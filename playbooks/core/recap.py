@@ -13,6 +13,8 @@ OK, CHANGED, FAILED, SKIPPED = "ok", "changed", "failed", "skipped"
 # was not the host it claims to be). It stops the play like a failure.
 UNREACHABLE = "unreachable"
 FAILING = (FAILED, UNREACHABLE)
+# What check mode found of a step that would wait (changed: not converged).
+NOT_READY = "not ready"
 
 
 @dataclass
