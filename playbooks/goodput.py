@@ -319,7 +319,8 @@ def lines(r: dict) -> list[str]:
         when = time.strftime("%H:%M:%S", time.localtime(i["at"]))
         k = i["restored_from_step"]
         rec = f"recovered in {i['recover_s']:.1f} s" if i["recover_s"] is not None else "not recovered"
-        out.append(f"    {when} {i['kind']} ({i['by']}): lost at step {i['lost_at_step']}, "
+        lost = f"lost at step {i['lost_at_step']}" if i["lost_at_step"] is not None else "before any step"
+        out.append(f"    {when} {i['kind']} ({i['by']}): {lost}, "
                    + (f"restored from step {k}, " if k is not None else "no restore, ")
                    + f"{i['replayed_steps'] if i['replayed_steps'] is not None else '?'} steps replayed, {rec}")
     return out

@@ -193,6 +193,11 @@ def test_the_report_as_lines_and_json():
         assert k in doc
     assert set(doc["badput_s"]) == set(goodput.CAUSES)
     assert set(doc["incidents"][0]) >= {"kind", "lost_at_step", "restored_from_step", "replayed_steps", "recover_s"}
+    # A resize before any step: said so, not "lost at step None".
+    early = [ev(0, "submitted"), ev(10, "workers_started", workers=1), ev(12, "resize", workers_from=1, workers=2, n=1),
+             ev(14, "workers_restarted", workers=2, n=2), *steps(0, 3, 30), ev(35, "job_end")]
+    assert "resize (Ray Train resized the worker group 1 -> 2): before any step, no restore, 0 steps replayed, " \
+           "recovered in 18.0 s" in "\n".join(goodput.lines(goodput.account(early, "run")))
 
 
 # -- stalls -----------------------------------------------------------------------------
