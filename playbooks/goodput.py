@@ -197,14 +197,12 @@ def _account(events: Iterable[dict], run: str | None, now: float | None) -> tupl
             n = _step(e)
             assert n is not None
             reporter = f"peer {e.get('rank')!r}" if kind == "peer_step" else "rank 0"
-            said = reported.setdefault(n, set())
-            if reporter in said:  # the same host again: a new group runs it again
-                reported = {n: said}
-                said.clear()
-            elif said:  # another host of this group said it first
-                said.add(reporter)
+            if reporter in reported.get(n, ()):  # the same host again: a new group runs it again
+                reported = {}
+            elif n in reported:  # another host of this group said it first
+                reported[n].add(reporter)
                 continue
-            said.add(reporter)
+            reported.setdefault(n, set()).add(reporter)
             close_stall(t)
             secs = _num(e.get("seconds")) or 0.0
             begin = last_step_t if last_step_t is not None else t - secs

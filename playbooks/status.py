@@ -1,10 +1,10 @@
 """`invoke status`: everything the environment owns, as it is, in one table,
 and one diagnosis line: the first thing that is not as the inventory asks,
-and why (when that is something not ready yet, the first failure after it:
-it often says why). Read-only: the plays of `up` run in check mode (every probe at once,
-before the steps), plus what only status shows: the TPU nodes of each pool,
-the RayCluster's workers (why they are not running), the jobs of this
-environment's runs. A report says what is (as asked, missing, not running,
+and why (when that is something not ready yet, the first failure after
+it: it often says why). Read-only: the plays of `up` run in check mode
+(every probe at once, before the steps), plus what only status shows: the
+TPU nodes of each pool, the RayCluster's workers (why they are not
+running), the jobs of this environment's runs. A report says what is (as asked, missing, not running,
 not ready, unknown because ...), never what a change would do."""
 from __future__ import annotations
 
