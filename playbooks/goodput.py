@@ -297,13 +297,25 @@ def _sweep(base: list[tuple[float, float, str]], intervals: list[tuple[float, fl
     return out
 
 
+def _library_line(lib: dict | None) -> list[str]:
+    """The second opinion's headline (goodput_reference.py), if it was asked."""
+    if not lib:
+        return []
+    if lib.get("error"):
+        return [f"  {lib['library']} on the same steps: not computed ({lib['error']})"]
+    return [f"  {lib['library']} {lib.get('version', '')} on the same steps: {lib['goodput_pct']:.1f}% "
+            f"(its badput types beside ours: --json)"]
+
+
 def lines(r: dict) -> list[str]:
     """The report for a person."""
+    note = [f"note: {r['note']}"] if r.get("note") else []
     if not r["wall_s"]:
-        return [f"run {r['run']}: no events yet"]
+        return [f"run {r['run']}: no events yet", *note]
     jobs = ", ".join(r["jobs"]) or "?"
     out = [f"goodput of run {r['run']} ({'job' if len(r['jobs']) == 1 else 'jobs'} {jobs}"
            f"{', still running' if r['running'] else ''}): {r['goodput_pct']:.1f}% of {r['wall_s']:.1f} s",
+           *_library_line(r.get("library")),
            f"  {'productive':<40} {r['productive_s']:9.1f} s  {r['steps']['counted']} steps",
            f"  {'badput':<40} {r['wall_s'] - r['productive_s']:9.1f} s"
            + (f"  ({r['steps']['replayed']} steps replayed)" if r["steps"]["replayed"] else "")]
@@ -321,4 +333,4 @@ def lines(r: dict) -> list[str]:
         out.append(f"    {when} {i['kind']} ({i['by']}): {lost}, "
                    + (f"restored from step {k}, " if k is not None else "no restore, ")
                    + f"{i['replayed_steps'] if i['replayed_steps'] is not None else '?'} steps replayed, {rec}")
-    return out
+    return out + note

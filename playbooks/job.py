@@ -94,9 +94,14 @@ COMPILE_CACHE = "jax_cache"
 # How often a local elastic job looks for hosts that came (resize_interval
 # unset): a local host joins in seconds, so 10 s, not Ray Train's 60.
 LOCAL_RESIZE_INTERVAL = 10
-# How long a local elastic job's worker group waits for its placement group
-# (Ray Train's RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S, 60 s by default): below.
-LOCAL_ELASTIC_START_TIMEOUT = 20
+# Every job saves a checkpoint when it is told it will be stopped (SIGTERM:
+# a preemption, a pod deleted with its grace period, or the elastic
+# trainer's save before a resize): MaxText 0.2.5's enable_autocheckpoint
+# (maxtext/common/checkpointing.py: on JAX's preemption sync point it saves,
+# waits for the save, then stops). The tutorial's jobs leave it off, and
+# MaxText then stops at that point without a save: the run resumes from its
+# last periodic checkpoint and replays every step since.
+AUTOCHECKPOINT = ("enable_autocheckpoint", "true")
 
 
 def compile_cache(env: Environment) -> str:
@@ -155,7 +160,7 @@ def build_job(env: Environment, model: str, elastic: bool = False, steps: int | 
     for k, v in (PRESETS[model][preset] if preset else ()):
         if k in given and given[k] != v:
             raise InputError(f"--preset {preset} sets {k}={v}, --set {k}={given[k]} says otherwise: give one")
-    args = list(T.TRAIN_ARGS[model])
+    args = [*T.TRAIN_ARGS[model], AUTOCHECKPOINT]
     if elastic:
         _set(args, "run_name", T.ELASTIC_RUN_NAME[model])
     env_vars = {
@@ -165,6 +170,11 @@ def build_job(env: Environment, model: str, elastic: bool = False, steps: int | 
         "TRAINER_CHIPS_PER_HOST": str(env.chips_per_host),
         "TRAINER_ACCELERATOR_TYPE": T.ACCELERATOR_TYPE,
     }
+    if elastic:
+        # trainer/elastic_control.py: the starts it retries, how long a
+        # resize waits for its save.
+        env_vars["TRAINER_START_RETRIES"] = str(env.start_retries)
+        env_vars["TRAINER_RESIZE_SAVE_TIMEOUT_S"] = str(env.resize_save_timeout)
     job = Job(model, elastic, T.ELASTIC_TRAINER if elastic else T.TRAINER, args, env_vars, dashboard(env), env,
               fresh, preset=preset)
     if env.kind == "local":
@@ -179,6 +189,16 @@ def build_job(env: Environment, model: str, elastic: bool = False, steps: int | 
             "TRAINER_STORAGE_PATH": p["ray_results"],
             # Every step line, not one per worker group ("repeated Nx").
             "RAY_DEDUP_LOGS": "0",
+            # Every executable in the compilation cache, also those that
+            # compile in under a second (jax's default floor, 1 s): a
+            # restarted worker group loads MaxText's many small ones instead of
+            # compiling them again (on GKE the cache is in the bucket, where
+            # each entry is a request: Ray's floor is kept).
+            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+            # Ray Train's controller looks at its workers every second, not
+            # every 2 s: a lost host's group (JAX ends it within ~0.1 s) is
+            # seen sooner, as the local head's health checks see the host.
+            "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "1",
             # An elastic job takes in a slice that came (late, or back)
             # within 10 s, not Ray Train's 60 s default (resize_interval).
             "TRAINER_RESIZE_INTERVAL_S": str(env.resize_interval or LOCAL_RESIZE_INTERVAL),
@@ -189,16 +209,6 @@ def build_job(env: Environment, model: str, elastic: bool = False, steps: int | 
             # such controller there and removes this job's placement groups.
             "RAY_ADDRESS": f"{env.ray_ip}:{env.gcs_port}",
         })
-        if elastic:
-            # A crashed host (chaos.delete-worker) takes the survivors down with
-            # it within ~0.1 s (JAX's coordination service), seconds before
-            # Ray's health checks mark it dead: the retry still counts its
-            # resources and waits for a placement group it cannot get. Ray
-            # Train's worker group start timeout bounds only that wait (a
-            # placement group here is ready in a second or two, ~5 s with the
-            # machine busy): 20 s, not 60, then a retry sized from the hosts
-            # alive.
-            env_vars["RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"] = str(LOCAL_ELASTIC_START_TIMEOUT)
         job.local_data = Path(p["data"])
     else:
         if env.resize_interval is not None:
@@ -239,8 +249,15 @@ def check_elastic(job: Job) -> None:
                              f"N slices; use --set {k}=-1 (fill from the slices present)")
 
 
+# Each worker process of the job runs it as it starts: on a training worker
+# it imports MaxText while Ray Train makes the worker group
+# (trainer/maxtext_ray.py, preimport).
+SETUP_HOOK = "maxtext_ray.preimport"
+
+
 def runtime_env(job: Job) -> str:
-    return json.dumps({"excludes": list(T.RUNTIME_EXCLUDES), "env_vars": job.env_vars})
+    return json.dumps({"excludes": list(T.RUNTIME_EXCLUDES), "env_vars": job.env_vars,
+                       "worker_process_setup_hook": SETUP_HOOK})
 
 
 def submit_command(job: Job, submission_id: str) -> Command:

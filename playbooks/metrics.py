@@ -135,7 +135,7 @@ def plot(path: Path) -> tuple[Path, Any]:
     header, steps, events = read(path)
     data = series(steps)
     kept = path.with_name(timeline.FILE)
-    segs, incidents = band(timeline.parse(kept.read_text())) if kept.is_file() else ([], [])
+    segs, incidents = band(timeline.parse_lines(kept.read_bytes().splitlines()).events) if kept.is_file() else ([], [])
     if segs:
         fig = plt.figure(figsize=(9, 9.5))
         grid = fig.add_gridspec(len(SERIES) + 1, 1, height_ratios=[3] * len(SERIES) + [1.2])

@@ -11,6 +11,7 @@ or written here: a local job's folders, the kept metrics, the logs).
     .state/<env>/runs/<stamp>-<task>/         one task run: a log per command, job.log
     .state/<env>/nodes/<node>.pid             the local twin's Ray nodes (pid, marker)
     .state/<env>/logs/<node>.log              their output
+    /tmp/ray-twin-<hash>/                     a simulated TPU host's own Ray folder (node_temp)
     .state/<env>/port-forward.pid, .log       the Ray dashboard's port-forward (GKE)
     .state/<env>/training/<run>/              a run's kept metrics and plot
     .state/<env>/training/<run>/events.jsonl  its timeline: one JSON line per event (goodput, stalls)
@@ -18,6 +19,7 @@ or written here: a local job's folders, the kept metrics, the logs).
 """
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
@@ -64,6 +66,22 @@ def nodes(env: str) -> str:
 
 def node_log(env: str, node: str) -> str:
     return f"{STATE}/{env}/logs/{node}.log"
+
+
+def node_temp(env: str, node: str) -> str:
+    """A simulated TPU host's own Ray temp folder (`ray start --temp-dir`: its
+    session, logs and runtime_resources), as each TPU pod on GKE has its own
+    disk. Nodes sharing one folder share the job's unpacked working
+    directory, which Ray 2.60's working_dir plugin deletes and unpacks again
+    on each node's first use (``download_and_unpack_package(...,
+    overwrite=True)`` in ray/_private/runtime_env/working_dir.py): a worker
+    starting elsewhere meanwhile finds no trainer module. Outside the project
+    and short, because Ray binds unix sockets under it (at most 107 bytes):
+    /tmp/ray-twin-<12 hex digits of the environment and the node>. Another
+    checkout's cluster of the same names is another Ray session, so another
+    folder inside it (``session_<its head's start>``)."""
+    digest = hashlib.sha256(f"{env}\0{node}".encode()).hexdigest()[:12]
+    return f"/tmp/ray-twin-{digest}"
 
 
 # -- the port-forward to a GKE Ray head ---------------------------------------------

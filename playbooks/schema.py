@@ -496,10 +496,21 @@ def resize_interval(v: int | None, env: Mapping) -> str | None:
     return between(1, RESIZE_INTERVAL_MAX, "an hour: a slice that came would stay idle longer than that")(v, env)
 
 
+START_RETRIES_MAX = 100
+RESIZE_SAVE_TIMEOUT_MAX = 6 * 3600
+
 ELASTIC = (
     Key("resize_interval", int, rules=(resize_interval,),
         doc="seconds between an elastic job's looks for slices that came (Ray Train's "
             "elastic_resize_monitor_interval_s; default: Ray's 60 on GKE, 10 locally)"),
+    Key("start_retries", int, default=3,
+        rules=(between(0, START_RETRIES_MAX, "a worker that cannot load the trainer that often will not"),),
+        doc="how many times an elastic job retries a worker group whose start failed on a worker's system error "
+            "(it could not load the trainer); Ray Train otherwise takes that as fatal"),
+    Key("resize_save_timeout", int, default=600,
+        rules=(between(1, RESIZE_SAVE_TIMEOUT_MAX, "6 hours: no checkpoint save takes that long"),),
+        doc="seconds an elastic job's resize waits for the checkpoint it saves first (a grow then replays no "
+            "step); past it the resize goes on from the last checkpoint"),
 )
 
 # -- schema -----------------------------------------------------------------
@@ -658,6 +669,8 @@ class Environment(Env):
     stall_after: int | None
     stall_action: str
     resize_interval: int | None
+    start_retries: int
+    resize_save_timeout: int
     # gke
     project_id: str
     region: str

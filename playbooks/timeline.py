@@ -35,11 +35,13 @@ time they were first written with.
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from . import hosts, paths
 from .core.facts import ABSENT
@@ -73,28 +75,95 @@ def key(e: dict) -> tuple:
     return (e.get("job"), e.get("kind"), e.get("t"), e.get("rank"), e.get("step"), e.get("pod"), e.get("host"))
 
 
+# A time of an event: seconds since the epoch, finite, before the year 2286.
+LATEST = 1e10
+# An event is a short line; a longer one is damage, skipped unread.
+MAX_LINE = 64 * 1024
+
+
 def valid(e: Any) -> bool:
-    return (isinstance(e, dict) and isinstance(e.get("kind"), str) and isinstance(e.get("t"), (int, float))
-            and not isinstance(e.get("t"), bool))
+    t = e.get("t") if isinstance(e, dict) else None
+    return (isinstance(e, dict) and isinstance(e.get("kind"), str) and isinstance(t, (int, float))
+            and not isinstance(t, bool) and math.isfinite(t) and 0 <= t <= LATEST)
+
+
+def event_of(line: bytes | str) -> dict | None:
+    """The event of one line of events.jsonl, or None when it is not one
+    (cut short, not UTF-8, not JSON, not an event, too long)."""
+    if len(line) > MAX_LINE:
+        return None
+    try:
+        text = line.decode() if isinstance(line, bytes) else line
+        e = json.loads(text)
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return None
+    return e if valid(e) else None
+
+
+@dataclass
+class Read:
+    """What a timeline holds that can be read, and how many lines could not."""
+
+    events: list[dict] = field(default_factory=list)
+    skipped: int = 0
+
+    def note(self, where: str) -> str | None:
+        if not self.skipped:
+            return None
+        return (f"{self.skipped} line(s) of {where} could not be read (cut short, not UTF-8, not an event, or over "
+                f"{MAX_LINE // 1024} KiB) and were skipped")
+
+
+def parse_lines(lines: Iterable[bytes | str]) -> Read:
+    out = Read()
+    for line in lines:
+        if not line.strip():
+            continue
+        e = event_of(line)
+        if e is None:
+            out.skipped += 1
+        else:
+            out.events.append(e)
+    return out
 
 
 def parse(text: str) -> list[dict]:
     """The events of an events.jsonl text (a line that is not one is skipped)."""
-    out = []
-    for line in text.splitlines():
-        try:
-            e = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if valid(e):
-            out.append(e)
-    return out
+    return parse_lines(text.splitlines()).events
+
+
+def lines_of(f: BinaryIO) -> Iterator[bytes]:
+    """The lines of a binary file, each at most MAX_LINE + 1 bytes held in
+    memory: the rest of a longer line is read past in chunks, and the line
+    comes back too long (so it is skipped)."""
+    while True:
+        line = f.readline(MAX_LINE + 1)
+        if not line:
+            return
+        if len(line) > MAX_LINE and not line.endswith(b"\n"):
+            while (chunk := f.readline(MAX_LINE)) and not chunk.endswith(b"\n"):
+                pass
+        yield line.rstrip(b"\n")
+
+
+def read_checked(env: Any, run: str) -> Read:
+    """A run's events, in time order, and how many lines were skipped (none
+    of a missing file)."""
+    p = path(env, run)
+    if not p.is_file():
+        return Read()
+    try:
+        with open(p, "rb") as f:
+            got = parse_lines(lines_of(f))
+    except OSError:
+        return Read()
+    got.events = ordered(got.events)
+    return got
 
 
 def read(env: Any, run: str) -> list[dict]:
     """A run's events, in time order ([] when it has none)."""
-    p = path(env, run)
-    return ordered(parse(p.read_text())) if p.is_file() else []
+    return read_checked(env, run).events
 
 
 def ordered(events: Iterable[dict]) -> list[dict]:
@@ -234,7 +303,7 @@ class Writer:
             data = f.read()
         whole = data[:data.rfind(b"\n") + 1]
         self.offset += len(whole)
-        new = [e for e in parse(whole.decode(errors="replace")) if key(e) not in self.keys]
+        new = [e for e in parse_lines(whole.splitlines()).events if key(e) not in self.keys]
         for e in new:
             self.keys.add(key(e))
         self.events.extend(new)

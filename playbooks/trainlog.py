@@ -11,6 +11,9 @@ STEP = re.compile(r"completed step: (\d+), seconds: ([\d.]+), TFLOP/s/device: ([
 WORKER = re.compile(r"\((?:RayTrainWorker|pid=)[^)]*?pid=(\d+)[^)]*\)|\(RayTrainWorker pid=(\d+)")
 GROUP = re.compile(r"Started training worker group of size (\d+)")
 RESTORE = re.compile(r"restoring from this run's directory step (\d+)")
+# A checkpoint saved at step N: step N ran, also when its line never came
+# (a save on a preemption notice stops MaxText before it logs that step).
+SAVED = re.compile(r"(?:Started an asynchronous checkpoint save for step|Saved a checkpoint at step) (\d+)")
 PARAMS = re.compile(r"number parameters: ([\d.]+) billion")
 EXPECTED = re.compile(r"model check: (\S+) applied, ([\d.]+) billion parameters expected")
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -42,6 +45,7 @@ class Summary:
     resizes: list[tuple[int, int]] = field(default_factory=list)
     resize_steps: list[int | None] = field(default_factory=list)  # the last step of the group each resize ended
     _restores: dict[int, int] = field(default_factory=dict)  # worker group -> step restored
+    _saved: dict[int, set[int]] = field(default_factory=dict)  # worker group -> steps it saved
     params: float | None = None
     expected_params: float | None = None
     model: str | None = None
@@ -72,6 +76,8 @@ class Summary:
                 self.resizes.append((self.groups[-1], size))
                 self.resize_steps.append(self.group_last_step)
             self.groups.append(size)
+        elif (m := SAVED.search(line)):
+            self._saved.setdefault(len(self.groups), set()).add(int(m.group(1)))
         elif (m := RESTORE.search(line)):
             self._restores.setdefault(len(self.groups), int(m.group(1)))
         elif (m := PARAMS.search(line)):
@@ -89,14 +95,21 @@ class Summary:
         return {r[1] for r in self.records}
 
     @property
+    def done_steps(self) -> set[int]:
+        """The steps that ran: those logged, and those saved (a save on a
+        preemption notice comes before its step's line)."""
+        return self.steps | {s for saved in self._saved.values() for s in saved}
+
+    @property
     def group_last_step(self) -> int | None:
         """The highest step of the latest worker group that logged one (by
-        any worker): where a resize found it, also when an earlier group had
-        gone further before a restore from an older checkpoint."""
+        any worker) or saved it: where a resize found it, also when an
+        earlier group had gone further before a restore from an older
+        checkpoint."""
         if not self.records:
             return None
         group = self.records[-1][0]
-        return max(r[1] for r in self.records if r[0] == group)
+        return max([r[1] for r in self.records if r[0] == group] + list(self._saved.get(group, ())))
 
     @property
     def last_step(self) -> int | None:
@@ -164,7 +177,7 @@ class Summary:
             return "n/a" if v is None else format(100 * v, ".2f" if 100 * v >= 1 else ".2g")
         mfu = self.mfu()
         out = [
-            f"steps: {len(self.steps)} (last step {f(self.last_step, 'd')})",
+            f"steps: {len(self.done_steps)} (last step {f(self.last_step, 'd')})",
             f"final loss: {f(self.final_loss, '.3f')}",
             f"median step time: {f(self.median_step_seconds, '.3f')} s "
             f"(p50 {f(self.step_seconds_quantile(0.5), '.3f')}, "

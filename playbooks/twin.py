@@ -120,12 +120,14 @@ def late_seconds(env: Environment, host: Host) -> float:
 
 def host_command(env: Environment, host: Host, late: float = 0.0) -> Command:
     k = 1 + host.slice * env.hosts_per_slice + host.worker
-    # One log monitor (the head's) forwards every node's logs on this machine;
-    # a second one would print each line twice.
+    # Its own temp folder, as a pod has its own disk (paths.node_temp: nodes
+    # sharing one would share, and pull from under each other, the job's
+    # unpacked working directory). So its own log monitor forwards its
+    # workers' output, as on GKE.
     argv: tuple[str, ...] = (
         "ray", "start", f"--address={env.ray_ip}:{env.gcs_port}", "--block", f"--node-ip-address={env.ray_ip}",
         "--num-cpus=1", "--resources=" + json.dumps({"TPU": env.chips_per_host}), *node_ports(env, k),
-        "--include-log-monitor=false", "--disable-usage-stats")
+        f"--temp-dir={paths.node_temp(env.name, host.name)}", "--disable-usage-stats")
     if late:
         argv = ("python", "-c", LATER, f"{late:g}", *argv)
     return Command(argv,

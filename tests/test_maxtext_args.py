@@ -3,6 +3,7 @@ compile or a TPU job), by MaxText's own rules: the schema shipped in
 playbooks/data is the pinned maxtext's, and the verdicts agree with its
 pydantic validation."""
 import importlib.util
+import json
 import subprocess
 from typing import Annotated
 
@@ -243,9 +244,28 @@ def test_resize_interval_reaches_the_elastic_trainer_of_either_kind():
     assert build_job(env("dev", resize_interval=30), "llama3-8b", True).env_vars["TRAINER_RESIZE_INTERVAL_S"] == "30"
 
 
-def test_a_local_elastic_job_waits_20_s_for_a_placement_group_it_cannot_get_not_60():
+def test_an_elastic_job_carries_its_start_retries_and_resize_save_timeout_and_keeps_rays_start_timeout():
+    """The retry after a loss is sized from the hosts alive (the trainer's
+    FreshClusterView), so no job shortens Ray Train's placement group wait."""
     from tests.conftest import env
     timeout = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
-    assert build_job(env("local"), "llama3-8b", elastic=True).env_vars[timeout] == "20"
-    assert timeout not in build_job(env("local"), "llama3-8b", elastic=False).env_vars  # a late slice may take longer
-    assert timeout not in build_job(env("dev"), "llama3-8b", elastic=True).env_vars  # GKE keeps Ray's defaults
+    for e in (env("local"), env("dev")):
+        job = build_job(e, "llama3-8b", elastic=True)
+        assert timeout not in job.env_vars
+        assert (job.env_vars["TRAINER_START_RETRIES"], job.env_vars["TRAINER_RESIZE_SAVE_TIMEOUT_S"]) == ("3", "600")
+        assert "TRAINER_START_RETRIES" not in build_job(e, "llama3-8b").env_vars  # a fixed-size job has no resize
+    job = build_job(env("local", start_retries=0, resize_save_timeout=30), "llama3-8b", elastic=True)
+    assert (job.env_vars["TRAINER_START_RETRIES"], job.env_vars["TRAINER_RESIZE_SAVE_TIMEOUT_S"]) == ("0", "30")
+
+
+def test_every_job_saves_on_a_preemption_notice_and_its_workers_run_the_setup_hook():
+    from playbooks.job import runtime_env
+    from tests.conftest import env
+    for e in (env("local"), env("dev")):
+        for elastic in (False, True):
+            job = build_job(e, "llama3-8b", elastic=elastic)
+            assert job.arg("enable_autocheckpoint") == "true"
+            assert json.loads(runtime_env(job))["worker_process_setup_hook"] == "maxtext_ray.preimport"
+    # A user may still turn it off.
+    assert build_job(env("local"), "llama3-8b", sets=["enable_autocheckpoint=false"]).arg("enable_autocheckpoint") \
+        == "false"

@@ -98,12 +98,41 @@ def test_layout_defaults_are_the_tutorials_and_env_overrides_them():
     assert mr.scaling_config(quick, elastic=True).num_workers == (1, 2)
 
 
-def test_worker_runtime_env_installs_the_pinned_requirements(tmp_path, monkeypatch):
+def test_worker_runtime_env_installs_the_pinned_requirements_and_marks_the_training_workers(tmp_path, monkeypatch):
     monkeypatch.delenv(mr.ENV_WORKER_REQUIREMENTS, raising=False)
-    assert mr.worker_runtime_env() is None
+    assert mr.worker_runtime_env() == {"env_vars": {mr.ENV_PREIMPORT: "1"}}
     monkeypatch.setenv(mr.ENV_WORKER_REQUIREMENTS, str(TRAINER / "requirements.txt"))
     pkgs = mr.worker_runtime_env()["pip"]["packages"]
     assert "maxtext==0.2.5" in pkgs and not any(p.startswith("#") for p in pkgs)
+    assert mr.worker_runtime_env()["env_vars"] == {mr.ENV_PREIMPORT: "1"}
+
+
+def test_the_setup_hook_imports_maxtext_in_the_background_only_on_a_training_worker(monkeypatch, tmp_path):
+    """The job's worker_process_setup_hook runs in every worker process of the
+    job (the controller too): only a training worker (the mark) imports, in
+    a thread of its own, and an import that fails stays in that thread."""
+    import sys
+    import threading
+
+    (tmp_path / "preimport_probe.py").write_text("LOADED = True\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(mr, "PREIMPORT", ("preimport_probe", "no_such_module_for_the_hook"))
+    threads: list[threading.Thread] = []
+    real = threading.Thread.start
+
+    def start(self):
+        threads.append(self)
+        real(self)
+    monkeypatch.setattr(threading.Thread, "start", start)
+    monkeypatch.delenv(mr.ENV_PREIMPORT, raising=False)
+    mr.preimport()
+    assert threads == [] and "preimport_probe" not in sys.modules
+    monkeypatch.setenv(mr.ENV_PREIMPORT, "1")
+    mr.preimport()
+    assert [t.name for t in threads] == ["preimport-maxtext"] and threads[0].daemon
+    threads[0].join(10)
+    assert sys.modules["preimport_probe"].LOADED
+    monkeypatch.delitem(sys.modules, "preimport_probe")
 
 
 LOG = """\
@@ -139,6 +168,50 @@ def test_a_resize_is_after_the_last_step_of_the_group_it_ends_not_the_furthest_s
         s.feed(line.format(p=p, n=n))
     s.feed("(TrainController pid=9) Started training worker group of size 1:")
     assert s.resize_steps == [5, 4] and s.last_step == 5
+
+
+def test_a_step_saved_on_a_preemption_notice_counts_though_its_line_never_came():
+    """The save before a grow: MaxText saves step 20 and stops before it logs
+    it; the next group resumes at 21. The run's steps are 0-39, all of them."""
+    from playbooks.job import build_job
+    from playbooks.plays.train import _verdict, entrypoint_steps
+    from tests.conftest import env
+    s = Summary()
+    line = ("(RayTrainWorker pid={p}) completed step: {n}, seconds: 1.0, TFLOP/s/device: 1.0, Tokens/s/device: 5.0, "
+            "total_weights: 8, loss: 6.0")
+    s.feed("(TrainController pid=9) Started training worker group of size 1:")
+    for n in range(20):
+        s.feed(line.format(p=1, n=n))
+    s.feed("(RayTrainWorker pid=1) Started an asynchronous checkpoint save for step 20")
+    s.feed("(TrainController pid=9) Started training worker group of size 2:")
+    s.feed("(RayTrainWorker pid=2) restoring from this run's directory step 20")
+    for n in range(21, 40):
+        s.feed(line.format(p=2, n=n))
+    assert len(s.steps) == 39 and s.done_steps == set(range(40)) and s.resize_steps == [20]
+    assert s.lines()[0] == "steps: 40 (last step 39)"
+    job = build_job(env("local"), "llama3-8b", elastic=True, steps=40)
+    entry = "python maxtext_elastic_trainer.py base.yml steps=40 run_name=rayjob-elastic-8b"
+    assert entrypoint_steps(entry) == 40 and entrypoint_steps("python x.py 'unclosed") is None
+    done = _verdict(job, "rayjob-elastic-8b-1", {"status": "SUCCEEDED", "entrypoint": entry}, s, None)
+    assert done.reason == "job rayjob-elastic-8b-1 SUCCEEDED: 40 steps, final loss 6.000"
+
+
+def test_a_job_that_succeeded_short_of_its_last_step_is_not_a_success():
+    """MaxText returns as if done when it stops early (a SIGTERM the trainer
+    did not see): SUCCEEDED at step 19 of a job of 40 is not a trained run."""
+    from playbooks.core.recap import FAILED
+    from playbooks.job import build_job
+    from playbooks.plays.train import _verdict
+    from tests.conftest import env
+    s = Summary()
+    for n in range(20):
+        s.feed(f"(RayTrainWorker pid=1) completed step: {n}, seconds: 1.0, TFLOP/s/device: 1.0, Tokens/s/device: "
+               f"5.0, total_weights: 8, loss: 6.0")
+    job = build_job(env("local"), "llama3-8b", steps=20)  # the flags say 20; the job followed says 40
+    done = _verdict(job, "run-2", {"status": "SUCCEEDED", "entrypoint": "python t.py base.yml steps=40"}, s, None)
+    assert done.outcome == FAILED
+    assert done.reason == ("job run-2 SUCCEEDED, but its last step is 19, not 39: MaxText stopped early (see the "
+                           "log); `invoke train` resumes run rayjob-multi-slice from its last checkpoint")
 
 
 def test_summary_of_a_job_log():

@@ -1,6 +1,7 @@
 """Against an inventory the goldens never saw: every command of the tutorial
 appears in the dry run, with this inventory's values, to the flag (our only
-additions: --project=, --quiet on deletes, kubectl's --context=)."""
+additions: --project=, --quiet on deletes, kubectl's --context=; the jobs'
+two settings, CACHE below)."""
 import pytest
 import yaml
 
@@ -118,9 +119,11 @@ def _submit(text):
     return job
 
 
-# The one setting added to the tutorial's jobs: the persistent compilation
-# cache in the bucket (a restarted job loads what it compiled).
-CACHE = f" jax_cache_dir=gs://{B}/jax_cache"
+# The two settings added to the tutorial's jobs: a checkpoint saved when the
+# job is told it will stop (SIGTERM: a preemption, a pod deleted, the elastic
+# trainer's save before a resize), and the persistent compilation cache in
+# the bucket (a restarted job loads what it compiled).
+CACHE = f" enable_autocheckpoint=true jax_cache_dir=gs://{B}/jax_cache"
 
 
 def test_training_jobs_are_the_tutorials(transcripts):

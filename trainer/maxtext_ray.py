@@ -80,13 +80,41 @@ def scaling_config(layout: Layout, elastic: bool):
     )
 
 
-def worker_runtime_env() -> dict | None:
-    """The pinned MaxText for the TPU workers (a requirements file in the
-    working directory), or None where the workers already have it."""
+# Set on the training workers only (worker_runtime_env): preimport() acts there.
+ENV_PREIMPORT = "TRAINER_PREIMPORT"
+PREIMPORT = ("maxtext.configs.pyconfig", "maxtext.trainers.pre_train.train")
+
+
+def worker_runtime_env() -> dict:
+    """The training workers' runtime environment: the pinned MaxText (a
+    requirements file in the working directory) where the workers do not
+    have it, and the mark that has them import MaxText at once."""
+    out: dict = {"env_vars": {ENV_PREIMPORT: "1"}}
     req = os.environ.get(ENV_WORKER_REQUIREMENTS)
-    if not req:
-        return None
-    return {"pip": {"packages": _requirements(req)}}
+    if req:
+        out["pip"] = {"packages": _requirements(req)}
+    return out
+
+
+def preimport() -> None:
+    """The job's worker_process_setup_hook (every worker process of the job
+    runs it as it starts): on a training worker, import MaxText in the
+    background, while Ray Train makes the worker group (its actors, the
+    train context, jax.distributed.initialize) instead of after it: MaxText
+    0.2.5's import takes 6-10 s of CPU, the largest part of a restart. The
+    training function's own import then finds it done (or waits for it); a
+    failure here is only that import's, which the function's import says."""
+    if not os.environ.get(ENV_PREIMPORT):
+        return
+
+    def load() -> None:
+        import importlib
+
+        with contextlib.suppress(Exception):
+            for name in PREIMPORT:
+                importlib.import_module(name)
+
+    threading.Thread(target=load, name="preimport-maxtext", daemon=True).start()
 
 
 def _requirements(path: str) -> list[str]:
@@ -252,14 +280,33 @@ class MaxTextEvents(logging.Handler):
     SAVED = re.compile(r"^(?:Started an asynchronous checkpoint save for step|Saved a checkpoint at step) (\d+)")
     RESTORE = re.compile(r"^restoring from this run's directory step (\d+)")
     RESTORED = re.compile(r"Finished load in ([\d.]+) seconds @ .*?(\d+)/?$")
+    STOPPED = re.compile(r"^Training stopped: .*termination signal")
 
     def __init__(self, peer_rank: int | None = None) -> None:
         super().__init__(logging.INFO)
         self.peer_rank = peer_rank
         self.saving: dict[int, float] = {}
+        self.saved: dict[int, float] = {}  # step -> when it had finished (its save's start)
         self.restoring: tuple[int, float] | None = None
         self.restored: int | None = None
         self.stepped = False
+        self.last_step: int | None = None
+        self.last_step_t = 0.0
+        self.stopped_on_notice = False
+
+    def finish(self) -> dict | None:
+        """After MaxText returned: on a preemption notice it saves step N and
+        stops before it logs N (its line would come a step later): the step
+        ran. Its event, after the last step's line (which MaxText logs one
+        step late, after the save began)."""
+        if not self.stopped_on_notice or not self.saved:
+            return None
+        step = max(self.saved)
+        if self.last_step is not None and step <= self.last_step:
+            return None
+        self.last_step = step
+        return event("step", max(self.saved[step], self.last_step_t + 0.001), step, seconds=None,
+                     unlogged="saved on a preemption notice, then MaxText stopped")
 
     def emit(self, record: logging.LogRecord) -> None:
         with contextlib.suppress(Exception):  # never let the timeline break the training
@@ -271,6 +318,7 @@ class MaxTextEvents(logging.Handler):
             if self.peer_rank is not None:
                 return event("peer_step", t, step, seconds=float(m.group(2)), rank=self.peer_rank)
             out = event("step", t, step, seconds=float(m.group(2)))
+            self.last_step, self.last_step_t = step, t
             if not self.stepped:
                 self.stepped = True
                 if self.restored is not None:
@@ -284,7 +332,10 @@ class MaxTextEvents(logging.Handler):
         elif (m := self.SAVED.match(msg)):
             step = int(m.group(1))
             start = self.saving.pop(step, t)
+            self.saved[step] = start
             return event("checkpoint_saved", t, step, seconds=round(t - start, 3))
+        elif self.STOPPED.match(msg):
+            self.stopped_on_notice = True
         elif (m := self.RESTORE.match(msg)):
             self.restoring = (int(m.group(1)), t)
             return event("restore_started", t, int(m.group(1)))
@@ -305,8 +356,83 @@ def compile_span(name: str, start: float, end: float, **kw) -> list[dict]:
             event("compile_ended", end, phase=phase, function=what, seconds=round(end - start, 3))]
 
 
+class Progress(logging.Handler):
+    """What this process's MaxText has done, from its own log lines: the
+    last step it finished, the last checkpoint it saved, and whether it
+    stopped early (MaxText's "Training stopped: ..." after a preemption
+    notice). On every host; the controller asks rank 0 (``progress()``)."""
+
+    STOPPED = re.compile(r"^Training stopped: (.+)")
+    # MaxText stops this way after a SIGTERM (JAX's preemption notice), once
+    # the hosts agreed on a step and its checkpoint is saved.
+    NOTICE = "termination signal"
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.last_step: int | None = None
+        self.last_saved: int | None = None
+        self.stopped: str | None = None
+        self.ended = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        with contextlib.suppress(Exception):
+            self.line(record.getMessage().strip())
+
+    def line(self, msg: str) -> None:
+        if (m := MaxTextEvents.STEP.match(msg)):
+            self.last_step = int(m.group(1))
+        elif (m := MaxTextEvents.SAVED.match(msg)):
+            self.last_saved = int(m.group(1))
+        elif (m := self.STOPPED.match(msg)):
+            self.stopped = m.group(1)
+
+    @property
+    def for_notice(self) -> bool:
+        return bool(self.stopped) and self.NOTICE in (self.stopped or "")
+
+    def state(self) -> dict:
+        return {"last_step": self.last_step, "last_saved": self.last_saved, "stopped": self.stopped,
+                "stopped_for_notice": self.for_notice, "ended": self.ended}
+
+
+PROGRESS = Progress()
+
+
+def progress() -> dict:
+    """This process's MaxText progress (run in a worker by the controller)."""
+    return PROGRESS.state()
+
+
+def ready() -> bool:
+    """Run in a worker before its train context is made: that it could be
+    sent proves this module imports there."""
+    return True
+
+
+def preemption_notice() -> bool:
+    """Send this process SIGTERM, as a preemption would, where JAX's
+    preemption service is up (jax.distributed.initialize starts it: its
+    notifier, not Ray's handler, takes the signal): the hosts then agree on
+    a step, and MaxText saves there and stops. False where it is not up (the
+    signal would end the process)."""
+    import signal
+
+    from jax._src import distributed
+
+    if getattr(distributed.global_state, "preemption_sync_manager", None) is None:
+        return False
+    os.kill(os.getpid(), signal.SIGTERM)
+    return True
+
+
+class StoppedEarly(RuntimeError):
+    """MaxText stopped before its last step after a preemption notice (its
+    checkpoint is saved): a failure to Ray Train, never a finished run."""
+
+
 _WATCHING = threading.Lock()
 _watching = False
+_events: MaxTextEvents | None = None  # this process's (rank 0's or a peer's)
 
 
 def watch_events(peer_rank: int | None = None) -> None:
@@ -329,12 +455,26 @@ def listen_to_maxtext(peer_rank: int | None = None) -> MaxTextEvents:
     """MaxText (max_logging) and Orbax log through absl: its "absl" logger's
     records, at INFO (what a Ray worker already shows; without it the
     records of MaxText's INFO lines would not even be made)."""
+    global _events
+    logger = _absl_info()
+    handler = MaxTextEvents(peer_rank)
+    logger.addHandler(handler)
+    _events = handler
+    return handler
+
+
+def _absl_info() -> logging.Logger:
     logger = logging.getLogger("absl")
     if logger.getEffectiveLevel() > logging.INFO:
         logger.setLevel(logging.INFO)
-    handler = MaxTextEvents(peer_rank)
-    logger.addHandler(handler)
-    return handler
+    return logger
+
+
+def watch_progress() -> None:
+    """Every host: ``PROGRESS`` reads this process's MaxText lines."""
+    logger = _absl_info()
+    if PROGRESS not in logger.handlers:
+        logger.addHandler(PROGRESS)
 
 
 def train_loop_per_worker(config: dict) -> None:
@@ -346,7 +486,7 @@ def train_loop_per_worker(config: dict) -> None:
     # Placed and running, with JAX's distributed service up: Ray Train's JAX
     # backend ran jax.distributed.initialize on every worker before this.
     event("worker_started", rank=rank, workers=world, slice=os.environ.get("TPU_NAME"),
-          host=os.environ.get("TPU_WORKER_ID"))
+          host=os.environ.get("TPU_WORKER_ID"), cwd=os.getcwd())
     if rank == 0:
         steps = overrides(config["argv"]).get("steps", "")
         event("jax_initialized", workers=world, **({"steps": int(steps)} if steps.isdigit() else {}))
@@ -356,7 +496,13 @@ def train_loop_per_worker(config: dict) -> None:
         # rank 0's host is lost, its last step may not have been logged, and a
         # survivor's is where the group was lost (goodput's "lost at").
         watch_events(peer_rank=rank)
-    run_maxtext(config["argv"], config["layout"], world, rank)
+    watch_progress()
+    try:
+        run_maxtext(config["argv"], config["layout"], world, rank)
+    finally:
+        if rank == 0 and _events is not None:
+            _events.finish()
+        PROGRESS.ended = True
 
 
 def fit(argv: list[str], elastic: bool) -> None:
@@ -377,7 +523,7 @@ def fit(argv: list[str], elastic: bool) -> None:
         name="maxtext_jaxtrainer",
         storage_path=os.environ.get(ENV_STORAGE_PATH),
         worker_runtime_env=worker_runtime_env(),
-        **({"failure_config": FailureConfig(max_failures=3)} if elastic else {}),
+        **({"failure_config": FailureConfig(max_failures=3), "callbacks": elastic_callbacks()} if elastic else {}),
     )
     trainer = JaxTrainer(
         train_loop_per_worker=train_loop_per_worker,
@@ -388,6 +534,13 @@ def fit(argv: list[str], elastic: bool) -> None:
     trainer.fit()
     print("Training complete!", flush=True)
     ray.shutdown()
+
+
+def elastic_callbacks() -> list:
+    """The elastic job's additions to Ray Train's controller (elastic_control.py)."""
+    import elastic_control
+
+    return elastic_control.callbacks()
 
 
 def per_rank(argv: list[str], rank: int) -> list[str]:
@@ -421,3 +574,14 @@ def run_maxtext(argv: list[str], layout: Layout, world_size: int, rank: int = 0)
         print(f"model check: {getattr(config, 'model_name', '?')} applied, "
               f"{llama_params(expected) / 1e9:.3f} billion parameters expected", flush=True)
     maxtext_main(argv)
+    stopped_early(int(config.steps))
+
+
+def stopped_early(steps: int, p: Progress = PROGRESS) -> None:
+    """MaxText returns as if done when a preemption notice (SIGTERM) stopped
+    it: raise, so that Ray Train restarts the group (it restores the step
+    just saved) instead of taking the run as finished."""
+    last = max((s for s in (p.last_step, p.last_saved) if s is not None), default=None)
+    if p.for_notice and (last is None or last < steps - 1):
+        raise StoppedEarly(f"MaxText stopped after step {last} of {steps} ({p.stopped}): its checkpoint at step "
+                           f"{p.last_saved} is saved; the next worker group resumes there")

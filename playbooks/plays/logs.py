@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from .. import goodput, hosts, maintenance, metrics, paths, timeline
+from .. import goodput, goodput_reference, hosts, maintenance, metrics, paths, timeline
 from ..core.facts import ABSENT, Action, Fact
 from ..core.play import Outcome, StepContext
 from ..core.recap import FAILED, OK
@@ -129,11 +129,19 @@ def goodput_step(env: Environment, run: str | None) -> Step:
             return fail(f"no run of environment {env.name} has a timeline yet "
                         f"({paths.events(env.name, '<run>')}): `invoke train` keeps one")
         if not s["events"]:
+            if s.get("skipped"):
+                return fail(f"run {name}: no event of its timeline could be read: "
+                            f"{timeline.Read(skipped=s['skipped']).note(paths.events(env.name, name))}")
             if s.get("assumed"):
                 return ok(f"the goodput of run {name}, from its timeline")
             return fail(f"run {name} has no events ({paths.events(env.name, name)}): `invoke train` (or `invoke "
                         f"logs --follow`) writes them while it follows a job")
         report = goodput.account(s["events"], name, now=time.time())
+        report["library"] = goodput_reference.compute(s["events"])
+        report["badput_library_type"] = dict(goodput_reference.LIBRARY_TYPE)
+        if s.get("skipped"):
+            report["skipped_lines"] = s["skipped"]
+            report["note"] = timeline.Read(skipped=s["skipped"]).note(paths.events(env.name, name))
         return ok(f"run {name}: goodput {report['goodput_pct']:.1f}% of {report['wall_s']:.1f} s, "
                   f"{len(report['incidents'])} incident(s)", data=report)
 
@@ -143,4 +151,5 @@ def goodput_step(env: Environment, run: str | None) -> Step:
 
 def _timeline(env: Environment, run: str | None) -> dict:
     name = run or newest_timeline(env)
-    return {"run": name, "events": timeline.read(env, name) if name else []}
+    got = timeline.read_checked(env, name) if name else timeline.Read()
+    return {"run": name, "events": got.events, "skipped": got.skipped}

@@ -4,6 +4,7 @@ its final status read from the Ray Jobs API, and a summary. What the job is
 from __future__ import annotations
 
 import re
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -209,7 +210,27 @@ def _verdict(job: Job, sid: str, final: Any, summary: Summary, log_file: Path | 
         return Outcome(FAILED, f"job {sid} SUCCEEDED, but {mismatch}")
     if not summary.steps:
         return Outcome(FAILED, f"job {sid} SUCCEEDED without a single training step in its log")
-    return Outcome(CHANGED, f"job {sid} SUCCEEDED: {len(summary.steps)} steps, final loss {summary.final_loss:.3f}")
+    steps = entrypoint_steps(str(final.get("entrypoint") or "")) or job.steps
+    if steps and summary.last_step is not None and summary.last_step < steps - 1:
+        # MaxText returns as if done when it stops early (a preemption notice
+        # the trainer did not see, data that ran out): the run is not trained
+        # to its end.
+        return Outcome(FAILED, f"job {sid} SUCCEEDED, but its last step is {summary.last_step}, not "
+                               f"{steps - 1}: MaxText stopped early (see the log); `invoke train` resumes run "
+                               f"{job.run_name} from its last checkpoint")
+    return Outcome(CHANGED, f"job {sid} SUCCEEDED: {len(summary.done_steps)} steps, final loss "
+                            f"{summary.final_loss:.3f}")
+
+
+def entrypoint_steps(entrypoint: str) -> int | None:
+    """The steps=N of a job's entrypoint (the job's own, which a job
+    followed, not submitted, may have other than the flags)."""
+    try:
+        words = shlex.split(entrypoint)
+    except ValueError:
+        return None
+    found = [w.split("=", 1)[1] for w in words if w.startswith("steps=")]
+    return int(found[-1]) if found and found[-1].isdigit() else None
 
 
 def job_step(job: Job, log_file: Path | None = None) -> Step:

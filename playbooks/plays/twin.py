@@ -212,9 +212,12 @@ def chaos_steps(env: Environment, restore_after: float) -> list[Step]:
         return Action(f"kill -KILL $(cat {quote(str(pf.path))})  # with its child processes",
                       lambda: hosts.this_machine().kill(pf.pid() or -1))
 
+    killed: dict[str, Host] = {}  # the host this run kills: the one it brings back
+
     def decide_kill(look):
         for h in all_hosts:
             if look(running[h.name]):
+                killed["host"] = h
                 return change(kill(pidfile(env, h.name)),
                               record(env, "worker_lost", host=h.name, by="chaos",
                                      cause="SIGKILL of its Ray node (chaos.delete-worker)"),
@@ -228,25 +231,30 @@ def chaos_steps(env: Environment, restore_after: float) -> list[Step]:
         nodes = nodes_fact(dashboard(env), hosts.this_machine())
 
         def decide_restore(look):
-            # The host the kill stopped: the first whose process is gone (a
-            # dry run assumes none runs: the first).
-            host = next((h for h in all_hosts if not look(stopped[h.name])), None)
-            if host is None:
-                return ok("every TPU host runs: nothing to bring back")
+            # The host this run killed (another chaos run may have killed
+            # another host meanwhile: that run brings back its own).
+            host = killed.get("host")
+            if host is None or look(stopped[host.name]):
+                return ok("every TPU host runs: nothing to bring back" if host is None else
+                          f"TPU host {host.name} runs again: nothing to bring back")
             return _start_host(env, host, look(nodes), f"TPU host {host.name} back after {restore_after:g}s",
                                f"bring TPU host {host.name} back after {restore_after:g}s",
                                Action(f"sleep {restore_after:g}", lambda: time.sleep(restore_after)))
 
-        def all_joined(s: Any) -> str | None:
-            gone = [f"TPU host {n} exited: {v['exited']}; see {log(env, n)}" for n, v in s.items() if not v["process"]]
-            if gone:
-                raise Broken(gone[0])
-            waiting = [n for n, v in s.items() if not v["joined"]]
-            return f"{', '.join(waiting)} not registered yet" if waiting else None
+        def back(s: Any) -> str | None:
+            # Only the host this run brought back (another may be down for
+            # another chaos run's sake).
+            host = killed.get("host")
+            if host is None or host.name not in s:
+                return None
+            v = s[host.name]
+            if not v["process"]:
+                raise Broken(f"TPU host {host.name} exited: {v.get('exited')}; see {log(env, host.name)}")
+            return None if v["joined"] else f"{host.name} not registered yet"
 
         out.append(Step("chaos", "bring the TPU host back", decide_restore, id="chaos:restore",
                         after=("chaos:kill",),
-                        verify=Verify(hosts_state_fact(env), all_joined, timeout=START_TIMEOUT, interval=2)))
+                        verify=Verify(hosts_state_fact(env), back, timeout=START_TIMEOUT, interval=2)))
     return out
 
 

@@ -1,0 +1,492 @@
+"""A chaos soak of elastic training on the local twin: each scenario is its
+own elastic run, driven by the tasks a user types (`invoke train --elastic
+--fresh`, `invoke chaos.delete-worker`, `invoke chaos.hang-worker`, `invoke
+up`, `invoke goodput --json`), and a table of how each came out.
+
+    .venv/bin/python bench/soak.py [--repeat 3] [--load] [--only back-20s,...] [--readme]
+
+Scenarios (a host is a simulated TPU host: one slice of the twin):
+
+- back-never: a host lost after step 12, never back by itself; `invoke up`
+  brings it back once the job goes on with one slice;
+- back-5s, back-20s, back-60s: a host lost after step 12 and back after 5,
+  20 or 60 s (`--restore-after`), as KubeRay recreates a deleted pod;
+- in-compile: a host lost during the job's first compile (before any step),
+  back after 20 s;
+- in-save: a host lost while a checkpoint is being written (its
+  `<step>.orbax-checkpoint-tmp-*` folder there), back after 20 s;
+- two-lost: a host lost after step 12 (back after 30 s), and the other once
+  the job goes on without it (back after 15 s): for a while no slice is left;
+- hung-resumed: a host's training worker frozen (SIGSTOP) after step 12,
+  resumed after 10 s;
+- hang-stop: `stall_after: 15`, `stall_action: stop`: a worker frozen for
+  good; the follower stops the job; `invoke train --elastic` (no --fresh)
+  resumes the run from its checkpoint and finishes it.
+
+A scenario passes when its run SUCCEEDED to its last step, each lost host's
+incident recovered, each grow replayed no step (when a save before it was
+possible), and its goodput parts add up to its wall time within 2 %. The
+table gives each run's outcome, its goodput (ours, and Google's
+ml-goodput-measurement on the same steps), and each incident: the step it
+was lost at, the checkpoint restored, the steps replayed, the time to
+recover (the loss to the first step after it); then the median and p90 of
+the time to recover over the lost hosts.
+
+`--load` runs a CPU hog on one core meanwhile. `--readme` writes the table,
+dated, into README.md (between its soak markers). Uses its own environment
+(soak: ray_ip 127.0.0.12, gcs_port 7400, dashboard_port 8305, its own
+.state folder) and stops its cluster at the end.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+INVOKE = str(Path(sys.executable).parent / "invoke")
+ENV = "soak"
+STATE = ROOT / ".state" / ENV
+RUN = "rayjob-elastic-8b"
+STEP = re.compile(r"completed step: (\d+),")
+SHRUNK = re.compile(r"Started training worker group of size 1\b")
+OUTCOME = re.compile(r"^(?:changed|failed|ok|skipped): \[train : job [^\]]+\] (.+)$")
+BEGIN, END = "<!-- soak:begin -->", "<!-- soak:end -->"
+LOSSES = ("worker_lost", "failure")
+
+
+def soak_env(**extra) -> dict:
+    base = yaml.safe_load((ROOT / "inventory.yaml").read_text())["environments"]["local"]
+    return {**base, "ray_ip": "127.0.0.12", "gcs_port": 7400, "dashboard_port": 8305, **extra}
+
+
+@dataclass
+class Result:
+    scenario: str
+    rep: int
+    ok: bool = False
+    outcome: str = ""
+    why: list[str] = field(default_factory=list)
+    goodput: dict = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+class Soak:
+    """The soak's environment: an inventory of one local environment, and
+    the tasks, run as a user runs them."""
+
+    def __init__(self, tmp: Path):
+        self.tmp = tmp
+        self.inventory = tmp / "inventory.yaml"
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("INVOKE_")}
+        self.env.update({"INVOKE_PLAYBOOK_INVENTORY": str(self.inventory), "RAY_USAGE_STATS_ENABLED": "0",
+                         "PYTHONUNBUFFERED": "1"})
+        self.configure()
+
+    def configure(self, **extra) -> None:
+        self.inventory.write_text(yaml.safe_dump({"default": ENV, "environments": {ENV: soak_env(**extra)}}))
+
+    def invoke(self, *args: str, timeout: float = 900) -> tuple[int, str]:
+        r = subprocess.run([INVOKE, *args], cwd=ROOT, env=self.env, capture_output=True, text=True,
+                           timeout=timeout)
+        return r.returncode, r.stdout + r.stderr
+
+    def background(self, *args: str) -> subprocess.Popen:
+        return subprocess.Popen([INVOKE, *args], cwd=ROOT, env=self.env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+
+    def events(self) -> list[dict]:
+        p = STATE / "training" / RUN / "events.jsonl"
+        out = []
+        for line in (p.read_bytes().decode(errors="replace").splitlines() if p.is_file() else []):
+            try:
+                e = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(e, dict):
+                out.append(e)
+        return out
+
+    def checkpoints(self) -> Path:
+        return STATE / "data" / RUN / "checkpoints"
+
+
+class Train:
+    """`invoke train` in the background, its output kept line by line."""
+
+    def __init__(self, soak: Soak, *args: str):
+        self.p = soak.background("train", "--elastic", *args)
+        self.lines: list[str] = []
+        self.cv = threading.Condition()
+        self.rc: int | None = None
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.p.stdout is not None
+        for line in self.p.stdout:
+            with self.cv:
+                self.lines.append(line.rstrip("\n"))
+                self.cv.notify_all()
+        with self.cv:
+            self.rc = self.p.wait()
+            self.cv.notify_all()
+
+    def wait_for(self, test: Callable[[str], bool], minutes: float = 15, after: int = 0) -> int:
+        """The index of the first line from ``after`` on that passes ``test``."""
+        deadline = time.monotonic() + minutes * 60
+        with self.cv:
+            i = after
+            while True:
+                while i < len(self.lines):
+                    if test(self.lines[i]):
+                        return i
+                    i += 1
+                if self.rc is not None:
+                    raise Failed(f"the job ended (exit {self.rc}) first: {self.last()}")
+                if time.monotonic() > deadline:
+                    raise Failed(f"not within {minutes:g} minutes")
+                self.cv.wait(timeout=5)
+
+    def step_at_least(self, n: int, after: int = 0) -> int:
+        return self.wait_for(lambda ln: bool((m := STEP.search(ln)) and int(m.group(1)) >= n), after=after)
+
+    def end(self, minutes: float = 30) -> int:
+        deadline = time.monotonic() + minutes * 60
+        with self.cv:
+            while self.rc is None:
+                if time.monotonic() > deadline:
+                    self.p.terminate()
+                    raise Failed(f"`invoke train` did not end within {minutes:g} minutes")
+                self.cv.wait(timeout=5)
+        return self.rc
+
+    def outcome(self) -> str:
+        return next((m.group(1) for ln in reversed(self.lines) if (m := OUTCOME.match(ln))), self.last())
+
+    def last(self) -> str:
+        return next((ln for ln in reversed(self.lines) if ln.strip()), "no output")[:300]
+
+    def stop(self) -> None:
+        if self.p.poll() is None:
+            self.p.terminate()
+            self.p.wait(60)
+
+
+class Failed(Exception):
+    pass
+
+
+# -- the scenarios: each drives one run ------------------------------------------
+def chaos_kill(soak: Soak, restore_after: float) -> subprocess.Popen:
+    """`invoke chaos.delete-worker --restore-after S`, in the background
+    (it returns when the host is back); the kill is done when it prints it."""
+    p = soak.background("chaos.delete-worker", f"--restore-after={restore_after:g}")
+    return p
+
+
+def chaos_done(p: subprocess.Popen, what: str, timeout: float = 600) -> str:
+    out, _ = p.communicate(timeout=timeout)
+    if p.returncode != 0:
+        raise Failed(f"{what} failed (exit {p.returncode}): {out.strip().splitlines()[-1:] or ['no output']}")
+    return out
+
+
+def lost_and_back(restore_after: float, steps: int) -> Callable[[Soak, Result], Train]:
+    def go(soak: Soak, r: Result) -> Train:
+        job = Train(soak, "--fresh", f"--steps={steps}")
+        at = job.step_at_least(12)
+        kill = chaos_kill(soak, restore_after)
+        if restore_after == 0:
+            chaos_done(kill, "chaos.delete-worker")
+            shrunk = job.wait_for(SHRUNK.search, after=at)
+            job.wait_for(STEP.search, after=shrunk)
+            rc, out = soak.invoke("up", timeout=600)
+            if rc != 0:
+                raise Failed(f"`invoke up` failed: {out.strip().splitlines()[-1:]}")
+        job.end()
+        if restore_after:
+            chaos_done(kill, "chaos.delete-worker")
+        return job
+    return go
+
+
+def in_compile(soak: Soak, r: Result) -> Train:
+    job = Train(soak, "--fresh", "--steps=60")
+    deadline = time.monotonic() + 600
+    while True:
+        evs = soak.events()
+        if any(e.get("kind") in ("step", "peer_step") for e in evs):
+            raise Failed("the first step came before a compile was seen")
+        if any(e.get("kind") == "compile_started" for e in evs):
+            break
+        if job.rc is not None or time.monotonic() > deadline:
+            raise Failed("no compile seen")
+        time.sleep(0.05)
+    kill = chaos_kill(soak, 20)
+    job.end()
+    chaos_done(kill, "chaos.delete-worker")
+    return job
+
+
+TMP = re.compile(r"^(\d+)\.orbax-checkpoint-tmp")
+
+
+# in-save: a model whose checkpoint takes ~2 s to write here (a ~40M-parameter
+# llama3 shape: its step ~2.5 s), so that the chaos task (~1 s to start)
+# lands inside the save it was started for.
+SAVE_MODEL = ("base_emb_dim=512", "base_mlp_dim=2048", "vocab_size=32768", "head_dim=128", "checkpoint_period=5")
+
+
+def in_save(soak: Soak, r: Result) -> Train:
+    """The host killed once a save's temporary folder appears (a save of
+    step 10 or later): the save it cuts short stays a
+    `<step>.orbax-checkpoint-tmp-*` folder (Orbax leaves it), which the
+    restore must not take."""
+    job = Train(soak, "--fresh", "--steps=40", *(a for kv in SAVE_MODEL for a in ("--set", kv)))
+    folder = soak.checkpoints()
+    deadline = time.monotonic() + 900
+    while True:
+        names = [n for n in (os.listdir(folder) if folder.is_dir() else []) if (m := TMP.match(n))
+                 and int(m.group(1)) >= 10]
+        if names:
+            break
+        if job.rc is not None or time.monotonic() > deadline:
+            raise Failed("no checkpoint save of step 10 or later seen")
+        time.sleep(0.01)
+    kill = chaos_kill(soak, 20)
+    job.end()
+    chaos_done(kill, "chaos.delete-worker")
+    left = sorted(n for n in os.listdir(folder) if TMP.match(n))
+    restored = [e.get("step") for e in soak.events() if e.get("kind") == "restore_started"]
+    if left:
+        cut = int(TMP.match(left[0]).group(1))  # type: ignore[union-attr]
+        r.notes.append(f"the kill cut the save of step {cut} short (left {left[0].split('-tmp')[0]}-tmp-*); "
+                       f"restored from {', '.join(map(str, restored)) or 'nothing'}")
+        if cut in restored:
+            r.why.append(f"restored from the unfinished save of step {cut}")
+    else:
+        r.notes.append(f"the save of {names[0].split('.')[0]} finished before the kill")
+    return job
+
+
+def two_lost(soak: Soak, r: Result) -> Train:
+    job = Train(soak, "--fresh", "--steps=120")
+    job.step_at_least(12)
+    first = chaos_kill(soak, 30)
+    shrunk = job.wait_for(SHRUNK.search)
+    job.wait_for(STEP.search, after=shrunk)
+    second = chaos_kill(soak, 15)
+    job.end()
+    chaos_done(first, "the first chaos.delete-worker")
+    chaos_done(second, "the second chaos.delete-worker")
+    return job
+
+
+def hung_resumed(soak: Soak, r: Result) -> Train:
+    job = Train(soak, "--fresh", "--steps=60")
+    job.step_at_least(12)
+    rc, out = soak.invoke("chaos.hang-worker", "--restore-after=10", timeout=300)
+    if rc != 0:
+        raise Failed(f"chaos.hang-worker failed: {out.strip().splitlines()[-1:]}")
+    job.end()
+    return job
+
+
+def hang_stop(soak: Soak, r: Result) -> Train:
+    soak.configure(stall_after=15, stall_action="stop")
+    try:
+        job = Train(soak, "--fresh", "--steps=60")
+        job.step_at_least(12)
+        rc, out = soak.invoke("chaos.hang-worker", "--restore-after=0", timeout=300)
+        if rc != 0:
+            raise Failed(f"chaos.hang-worker failed: {out.strip().splitlines()[-1:]}")
+        if job.end() == 0 or "STOPPED after a stall" not in job.outcome():
+            raise Failed(f"the stalled job was not stopped: {job.outcome()}")
+        r.notes.append(f"first job: {job.outcome()[:120]}")
+    finally:
+        soak.configure()
+    again = Train(soak, "--steps=60")
+    again.end()
+    restored = [e.get("step") for e in soak.events() if e.get("kind") == "restore_started"]
+    r.notes.append(f"resumed from checkpoint {restored[-1] if restored else 'none'}")
+    if not restored:
+        r.why.append("the resumed job restored no checkpoint")
+    return again
+
+
+SCENARIOS: dict[str, Callable[[Soak, Result], Train]] = {
+    "back-never": lost_and_back(0, 100),
+    "back-5s": lost_and_back(5, 80),
+    "back-20s": lost_and_back(20, 100),
+    "back-60s": lost_and_back(60, 240),
+    "in-compile": in_compile,
+    "in-save": in_save,
+    "two-lost": two_lost,
+    "hung-resumed": hung_resumed,
+    "hang-stop": hang_stop,
+}
+LOST = {"back-never", "back-5s", "back-20s", "back-60s", "in-compile", "in-save", "two-lost"}
+
+
+# -- checks -------------------------------------------------------------------------
+def check(r: Result, job: Train, soak: Soak) -> None:
+    r.outcome = job.outcome()
+    if job.rc != 0 or "SUCCEEDED" not in r.outcome:
+        r.why.append(f"exit {job.rc}: {r.outcome[:200]}")
+    rc, out = soak.invoke("goodput", "--json", f"--run={RUN}", timeout=300)
+    try:
+        g = json.loads(out.strip().splitlines()[-1]) if rc == 0 else {}
+    except (json.JSONDecodeError, IndexError):
+        g = {}
+    if not g:
+        r.why.append(f"invoke goodput failed: {out.strip()[-200:]}")
+        return
+    r.goodput = g
+    parts = g["productive_s"] + sum(g["badput_s"].values())
+    if g["wall_s"] and abs(parts - g["wall_s"]) > 0.02 * g["wall_s"]:
+        r.why.append(f"goodput parts {parts:.1f} s != wall {g['wall_s']:.1f} s")
+    incidents = g.get("incidents", [])
+    losses = [i for i in incidents if i["kind"] in LOSSES]
+    if r.scenario in LOST and not losses:
+        r.why.append("no lost host in the timeline")
+    for i in incidents:
+        if i["recover_s"] is None:
+            r.why.append(f"{i['kind']} at {i['at']:.0f} not recovered")
+    for e in soak.events():
+        if e.get("kind") == "save_before_resize" and e.get("outcome") == "saved":
+            grow = next((i for i in incidents if i["kind"] == "resize" and abs(i["at"] - float(e["t"])) < 60), None)
+            if grow is not None and grow["replayed_steps"]:
+                r.why.append(f"a grow after a save replayed {grow['replayed_steps']} steps")
+    r.ok = not r.why
+
+
+def one(soak: Soak, name: str, rep: int) -> Result:
+    r = Result(name, rep)
+    start = time.monotonic()
+    rc, out = soak.invoke("up", timeout=600)
+    if rc != 0:
+        r.why.append(f"`invoke up` failed: {out.strip().splitlines()[-1:]}")
+        return r
+    job = None
+    try:
+        job = SCENARIOS[name](soak, r)
+        check(r, job, soak)
+    except (Failed, subprocess.TimeoutExpired) as e:
+        r.why.append(str(e))
+        r.outcome = job.outcome() if job else ""
+    finally:
+        if job is not None:
+            job.stop()
+    r.seconds = time.monotonic() - start
+    return r
+
+
+# -- the table --------------------------------------------------------------------
+def incident_text(i: dict) -> str:
+    lost = i["lost_at_step"] if i["lost_at_step"] is not None else "-"
+    k = i["restored_from_step"] if i["restored_from_step"] is not None else "-"
+    rec = f"{i['recover_s']:.1f} s" if i["recover_s"] is not None else "not recovered"
+    return f"{i['kind']}: lost {lost}, restored {k}, replayed {i['replayed_steps']}, {rec}"
+
+
+def table(results: list[Result]) -> list[str]:
+    out = ["| rep | scenario | outcome | goodput (ours / library) | incidents (lost at, restored from, replayed, "
+           "time to recover) |", "| --- | --- | --- | --- | --- |"]
+    for r in results:
+        g = r.goodput
+        lib = (g.get("library") or {}).get("goodput_pct")
+        gp = f"{g['goodput_pct']:.1f}% / {lib:.1f}%" if g and lib is not None else (
+            f"{g['goodput_pct']:.1f}% / n/a" if g else "n/a")
+        incidents = "; ".join(incident_text(i) for i in g.get("incidents", [])) if g else ""
+        notes = ("; " + "; ".join(r.notes)) if r.notes else ""
+        verdict = "passed" if r.ok else "FAILED: " + "; ".join(r.why)
+        out.append(f"| {r.rep} | {r.scenario} | {verdict} | {gp} | {incidents}{notes} |")
+    return out
+
+
+def recovery(results: list[Result]) -> str:
+    times = sorted(i["recover_s"] for r in results for i in (r.goodput or {}).get("incidents", [])
+                   if i["kind"] in LOSSES and i["recover_s"] is not None)
+    if not times:
+        return "time to recover: no lost host recovered"
+    p90 = times[min(len(times) - 1, int(0.9 * len(times)))]
+    return (f"time to recover from a lost host (the loss to the first step after it), {len(times)} incidents: "
+            f"median {statistics.median(times):.1f} s, p90 {p90:.1f} s, range {times[0]:.1f}-{times[-1]:.1f} s")
+
+
+def write_readme(lines: list[str]) -> None:
+    readme = ROOT / "README.md"
+    text = readme.read_text()
+    if BEGIN not in text or END not in text:
+        sys.exit(f"README.md has no {BEGIN} ... {END} markers")
+    head, rest = text.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    readme.write_text(head + BEGIN + "\n" + "\n".join(lines) + "\n" + END + tail)
+
+
+def hog() -> subprocess.Popen:
+    """A CPU hog on one core (the first this process may use)."""
+    core = min(os.sched_getaffinity(0))
+    return subprocess.Popen([sys.executable, "-c", f"import os\nos.sched_setaffinity(0, {{{core}}})\n"
+                                                   "while True:\n    pass\n"])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--repeat", type=int, default=1, help="how many times the whole matrix runs")
+    ap.add_argument("--load", action="store_true", help="a CPU hog on one core meanwhile")
+    ap.add_argument("--only", default="", help=f"some scenarios, comma-separated (of {', '.join(SCENARIOS)})")
+    ap.add_argument("--readme", action="store_true", help="write the table, dated, into README.md")
+    a = ap.parse_args()
+    names = [n for n in a.only.split(",") if n] or list(SCENARIOS)
+    if bad := [n for n in names if n not in SCENARIOS]:
+        sys.exit(f"--only: no scenario {', '.join(bad)} (scenarios: {', '.join(SCENARIOS)})")
+    if a.repeat < 1:
+        sys.exit("--repeat must be at least 1")
+    tmp = Path(tempfile.mkdtemp(prefix="soak-"))
+    soak = Soak(tmp)
+    shutil.rmtree(STATE, ignore_errors=True)
+    load = hog() if a.load else None
+    results: list[Result] = []
+    started = datetime.datetime.now()
+    try:
+        for rep in range(1, a.repeat + 1):
+            for name in names:
+                print(f"[{rep}/{a.repeat}] {name} ...", flush=True)
+                r = one(soak, name, rep)
+                results.append(r)
+                print(f"  {'passed' if r.ok else 'FAILED'} in {r.seconds:.0f} s: " + "; ".join(
+                    [incident_text(i) for i in (r.goodput or {}).get("incidents", [])] + r.notes + r.why), flush=True)
+    finally:
+        if load is not None:
+            load.kill()
+        subprocess.run([INVOKE, "teardown", "--yes"], cwd=ROOT, env=soak.env, capture_output=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+    passed = sum(r.ok for r in results)
+    took = (datetime.datetime.now() - started).total_seconds() / 60
+    lines = [f"Soak of {started:%Y-%m-%d} (`bench/soak.py --repeat {a.repeat}{' --load' if a.load else ''}`"
+             f"{' --only ' + a.only if a.only else ''}, {os.cpu_count()} CPU cores, {took:.0f} min): "
+             f"{passed} of {len(results)} runs passed.", "", *table(results), "", recovery(results)]
+    print("\n" + "\n".join(lines))
+    if a.readme:
+        write_readme(lines)
+    sys.exit(0 if passed == len(results) else 1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,119 @@
+"""`invoke goodput` as a user runs it, on recorded and damaged timelines:
+its figure beside Google's ml-goodput-measurement on the same run, the
+library's badput type of each of our causes, and a timeline damaged any way
+(bytes that are not UTF-8, cut lines, wrong types, a huge line) read for
+what it holds, with a one-line note, never a traceback."""
+import json
+import shutil
+import subprocess
+
+import pytest
+import yaml
+
+from playbooks import goodput, goodput_reference, timeline
+from tests.conftest import INVOKE, ROOT
+
+ENV = "goodput-report-test"
+RECORDED = ROOT / "tests" / "data" / "timelines" / "lost-host-recovered.jsonl"
+
+
+@pytest.fixture
+def cli(tmp_path, hermetic):
+    base = yaml.safe_load((ROOT / "inventory.yaml").read_text())["environments"]["local"]
+    inv = tmp_path / "inventory.yaml"
+    inv.write_text(yaml.safe_dump({"default": ENV, "environments": {ENV: {**base, "gcs_port": 7700,
+                                                                          "dashboard_port": 8310}}}))
+    e = {**hermetic, "INVOKE_PLAYBOOK_INVENTORY": str(inv)}
+    state = ROOT / ".state" / ENV
+
+    def goodput_of(run: str, data: bytes, *flags: str) -> subprocess.CompletedProcess:
+        d = state / "training" / run
+        d.mkdir(parents=True, exist_ok=True)
+        (d / timeline.FILE).write_bytes(data)
+        return subprocess.run([INVOKE, "goodput", f"--run={run}", *flags], cwd=ROOT, env=e, capture_output=True,
+                              text=True, timeout=60)
+    yield goodput_of
+    shutil.rmtree(state, ignore_errors=True)
+
+
+def test_ours_and_the_librarys_on_a_recorded_run_that_recovers_from_a_loss(cli):
+    """The run: two slices, one host killed after step 16, the job going on
+    with one slice from checkpoint 10 (6 steps replayed), recovered in 20.3 s."""
+    r = cli("recorded", RECORDED.read_bytes(), "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    ours, lib = doc["goodput_pct"], doc["library"]
+    assert lib["library"] == "ml-goodput-measurement" and lib["version"] == "0.2.3"
+    assert (lib["max_productive_step"], lib["disruptions"]) == (59, 1)
+    assert (ours, lib["goodput_pct"]) == (30.62, 31.78)
+    assert abs(ours - lib["goodput_pct"]) < 3  # the README says why where they differ more
+    [lost] = doc["incidents"]
+    assert (lost["lost_at_step"], lost["restored_from_step"], lost["replayed_steps"]) == (16, 10, 6)
+    assert lib["badput_pct"]["WASTED_PROGRESS_FROM_DISRUPTION"] > 0
+    assert lib["badput_pct"]["INFRASTRUCTURE_RECOVERY_FROM_DISRUPTION"] > 0
+    # Every cause of ours named by the library's badput type it falls under.
+    assert set(doc["badput_library_type"]) == set(goodput.CAUSES)
+    from ml_goodput_measurement.src.goodput_utils import BadputType
+    assert set(doc["badput_library_type"].values()) <= {t.name for t in BadputType}
+    text = cli("recorded", RECORDED.read_bytes())
+    assert text.returncode == 0
+    assert "goodput of run recorded (job rayjob-elastic-8b-3): 30.6% of 88.3 s" in text.stdout
+    assert "ml-goodput-measurement 0.2.3 on the same steps: 31.8%" in text.stdout
+
+
+def test_the_librarys_records_are_maxtexts_a_start_per_worker_group_each_step_each_time_it_runs():
+    events = timeline.parse(RECORDED.read_text())
+    recs = goodput_reference.records(events)
+    starts = [r for r in recs if "job_start_time" in r]
+    steps = [r["step_count"] for r in recs if "step_count" in r]
+    assert len(starts) == 2 and starts[0]["job_start_time"] == min(float(e["t"]) for e in events)
+    assert steps == list(range(0, 17)) + list(range(11, 60))  # 11-16 again after the restore from 10
+    assert next(r for r in recs if "job_end_time" in r)["job_end_time"] == max(float(e["t"]) for e in events)
+    assert goodput_reference.compute([])["error"] == "no step recorded"
+
+
+DAMAGE = {
+    "not UTF-8": b'{"t": 1796299000.0, "kind": "step", "step": 3, "note": "\xff\xfe"}\n',
+    "cut short": b'{"t": 1796299000.0, "kind": "st',
+    "not JSON": b"<<<<<<< HEAD\n",
+    "wrong types": b'{"t": "soon", "kind": "step"}\n{"t": 1796299000.0, "kind": 7}\n[1, 2]\n"a string"\n',
+    "not a time": b'{"t": NaN, "kind": "step"}\n{"t": 1e300, "kind": "step"}\n{"t": true, "kind": "step"}\n',
+    "huge line": b'{"t": 1796299000.0, "kind": "step", "x": "' + b"y" * (1 << 20) + b'"}\n',
+    "deep nesting": b'{"t": 1796299000.0, "kind": "step", "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n",
+}
+
+
+@pytest.mark.parametrize("what", list(DAMAGE))
+def test_a_damaged_timeline_gives_the_events_that_can_be_read_and_says_how_many_lines_were_skipped(cli, what):
+    good = RECORDED.read_bytes()
+    lines = good.splitlines(keepends=True)
+    bad = DAMAGE[what]
+    damaged = b"".join(lines[:40]) + bad + b"".join(lines[40:]) + (b"\n" if not bad.endswith(b"\n") else b"")
+    skipped = len([ln for ln in bad.splitlines() if ln.strip()])
+    r = cli("damaged", damaged, "--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "Traceback" not in r.stderr and "internal error" not in r.stdout + r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["skipped_lines"] == skipped
+    assert doc["note"].startswith(f"{skipped} line(s) of .state/{ENV}/training/damaged/events.jsonl could not be "
+                                  f"read")
+    assert (doc["goodput_pct"], len(doc["incidents"])) == (30.62, 1)  # the events around it, all read
+    if what == "not UTF-8":  # the person's report says it too, last
+        text = cli("damaged", damaged)
+        assert text.returncode == 0 and text.stdout.strip().splitlines()[-1].startswith(f"note: {skipped} line(s)")
+
+
+def test_a_timeline_of_nothing_but_damage_is_one_line(cli):
+    r = cli("rubbish", b"\xff\xfe\x00\x01\n\x80\x80\n")
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert "no event of its timeline could be read: 2 line(s) of" in r.stdout + r.stderr
+
+
+def test_a_huge_line_is_read_past_in_bounded_pieces(tmp_path):
+    p = tmp_path / "t.jsonl"
+    p.write_bytes(b'{"t": 1.0, "kind": "a"}\n' + b"z" * (5 * timeline.MAX_LINE) + b'\n{"t": 2.0, "kind": "b"}\n')
+    with open(p, "rb") as f:
+        lines = list(timeline.lines_of(f))
+    assert [len(ln) for ln in lines] == [23, timeline.MAX_LINE + 1, 23]
+    got = timeline.parse_lines(lines)
+    assert [e["kind"] for e in got.events] == ["a", "b"] and got.skipped == 1
