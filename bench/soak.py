@@ -33,7 +33,8 @@ recover (the loss to the first step after it); then the median and p90 of
 the time to recover over the lost hosts.
 
 `--load` runs a CPU hog on one core meanwhile. `--readme` writes the table,
-dated, into README.md (between its soak markers). Uses its own environment
+dated, into README.md (between its soak markers). Each run's timeline is
+kept: .state/soak/kept/<rep>-<scenario>.jsonl. Uses its own environment
 (soak: ray_ip 127.0.0.12, gcs_port 7400, dashboard_port 8305, its own
 .state folder) and stops its cluster at the end.
 """
@@ -45,6 +46,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -125,6 +127,26 @@ class Soak:
     def checkpoints(self) -> Path:
         return STATE / "data" / RUN / "checkpoints"
 
+    def dashboard(self) -> str:
+        e = soak_env()
+        return f"http://{e['ray_ip']}:{e['dashboard_port']}"
+
+    def stop_jobs(self) -> list[str]:
+        """A job of the run left running (a scenario that failed, an
+        interrupted follow): stopped as a user does (`ray job stop`), so the
+        next scenario's `--fresh` run is its own."""
+        import urllib.request
+        try:
+            jobs = json.loads(urllib.request.urlopen(f"{self.dashboard()}/api/jobs/", timeout=10).read())
+        except OSError:
+            return []
+        active = [j["submission_id"] for j in jobs if str(j.get("submission_id", "")).startswith(RUN + "-")
+                  and j.get("status") in ("PENDING", "RUNNING")]
+        for sid in active:
+            subprocess.run([str(Path(INVOKE).parent / "ray"), "job", "stop", "--address", self.dashboard(), sid],
+                           env=self.env, capture_output=True, timeout=120)
+        return active
+
 
 class Train:
     """`invoke train` in the background, its output kept line by line."""
@@ -161,6 +183,13 @@ class Train:
                 if time.monotonic() > deadline:
                     raise Failed(f"not within {minutes:g} minutes")
                 self.cv.wait(timeout=5)
+
+    def sid(self) -> str:
+        """The submission id of the job this train submitted (or follows)."""
+        i = self.wait_for(lambda ln: "--submission-id=" in ln or "is already RUNNING: following it" in ln)
+        m = re.search(r"--submission-id=(\S+)|job (\S+) of run", self.lines[i])
+        assert m
+        return m.group(1) or m.group(2)
 
     def step_at_least(self, n: int, after: int = 0) -> int:
         return self.wait_for(lambda ln: bool((m := STEP.search(ln)) and int(m.group(1)) >= n), after=after)
@@ -227,9 +256,10 @@ def lost_and_back(restore_after: float, steps: int) -> Callable[[Soak, Result], 
 
 def in_compile(soak: Soak, r: Result) -> Train:
     job = Train(soak, "--fresh", "--steps=60")
+    sid = job.sid()
     deadline = time.monotonic() + 600
     while True:
-        evs = soak.events()
+        evs = [e for e in soak.events() if e.get("job") == sid]
         if any(e.get("kind") in ("step", "peer_step") for e in evs):
             raise Failed("the first step came before a compile was seen")
         if any(e.get("kind") == "compile_started" for e in evs):
@@ -271,16 +301,16 @@ def in_save(soak: Soak, r: Result) -> Train:
     kill = chaos_kill(soak, 20)
     job.end()
     chaos_done(kill, "chaos.delete-worker")
-    left = sorted(n for n in os.listdir(folder) if TMP.match(n))
+    saving = int(TMP.match(names[0]).group(1))  # type: ignore[union-attr]
     restored = [e.get("step") for e in soak.events() if e.get("kind") == "restore_started"]
-    if left:
-        cut = int(TMP.match(left[0]).group(1))  # type: ignore[union-attr]
-        r.notes.append(f"the kill cut the save of step {cut} short (left {left[0].split('-tmp')[0]}-tmp-*); "
-                       f"restored from {', '.join(map(str, restored)) or 'nothing'}")
-        if cut in restored:
-            r.why.append(f"restored from the unfinished save of step {cut}")
+    if not restored:
+        r.why.append("no restore after the kill")
+    elif restored[0] < saving:
+        # The save of that step never finalized: the restore took the one before
+        # (Orbax's rule; the next group's checkpoint manager cleans up its folder).
+        r.notes.append(f"the kill cut the save of step {saving} short: restored from {restored[0]}")
     else:
-        r.notes.append(f"the save of {names[0].split('.')[0]} finished before the kill")
+        r.notes.append(f"the save of step {saving} finished before the kill (restored from {restored[0]})")
     return job
 
 
@@ -375,6 +405,15 @@ def check(r: Result, job: Train, soak: Soak) -> None:
     r.ok = not r.why
 
 
+def keep_timeline(name: str, rep: int) -> None:
+    """The run's timeline, kept past the next scenario's --fresh:
+    .state/soak/kept/<rep>-<scenario>.jsonl."""
+    src = STATE / "training" / RUN / "events.jsonl"
+    if src.is_file():
+        (STATE / "kept").mkdir(parents=True, exist_ok=True)
+        shutil.copy(src, STATE / "kept" / f"{rep}-{name}.jsonl")
+
+
 def one(soak: Soak, name: str, rep: int) -> Result:
     r = Result(name, rep)
     start = time.monotonic()
@@ -392,6 +431,9 @@ def one(soak: Soak, name: str, rep: int) -> Result:
     finally:
         if job is not None:
             job.stop()
+        if left := soak.stop_jobs():
+            r.notes.append(f"stopped job(s) left running: {', '.join(left)}")
+        keep_timeline(name, rep)
     r.seconds = time.monotonic() - start
     return r
 
@@ -446,7 +488,14 @@ def hog() -> subprocess.Popen:
                                                    "while True:\n    pass\n"])
 
 
+def interrupted(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
 def main() -> None:
+    # A SIGTERM (a CI timeout, `kill`) ends the soak as Ctrl-C does: its
+    # cluster torn down, the hog stopped.
+    signal.signal(signal.SIGTERM, interrupted)
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeat", type=int, default=1, help="how many times the whole matrix runs")
     ap.add_argument("--load", action="store_true", help="a CPU hog on one core meanwhile")
@@ -460,7 +509,7 @@ def main() -> None:
         sys.exit("--repeat must be at least 1")
     tmp = Path(tempfile.mkdtemp(prefix="soak-"))
     soak = Soak(tmp)
-    shutil.rmtree(STATE, ignore_errors=True)
+    shutil.rmtree(STATE, ignore_errors=True)  # each run's timeline is kept in .state/soak/kept/
     load = hog() if a.load else None
     results: list[Result] = []
     started = datetime.datetime.now()

@@ -44,7 +44,7 @@ LIBRARY_TYPE = {
     "stall": "OTHER",
     "other": "OTHER",
 }
-GROUP_START = ("worker_started", "jax_initialized")
+GROUP_START = "jax_initialized"
 
 
 def _num(v: Any) -> float | None:
@@ -58,21 +58,18 @@ def records(events: Iterable[dict], job: str = "run") -> list[dict]:
         return []
     start = next((float(e["t"]) for e in evs if e.get("kind") == "submitted"), float(evs[0]["t"]))
     out: list[dict] = [{"job_name": job, "job_start_time": start}]
-    group_started = False  # a group of ours started since the last one recorded
     groups = 0
     said: set[int] = set()
     last_end: float | None = None
     end: float | None = None
     for e in evs:
         t, kind = float(e["t"]), e.get("kind")
-        if kind in GROUP_START and e.get("rank", 0) in (0, None) and not group_started:
-            group_started = True
+        if kind == GROUP_START:  # rank 0's, once per worker group
             groups += 1
             said, last_end = set(), None
             if groups > 1:
                 out.append({"job_name": job, "job_start_time": t})
         elif kind in ("step", "peer_step") and isinstance(e.get("step"), int) and not isinstance(e["step"], bool):
-            group_started = False
             n = e["step"]
             if n in said:
                 continue

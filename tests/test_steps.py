@@ -394,12 +394,42 @@ def test_fresh_deletes_a_folder_that_holds_only_a_half_written_step(tmp_path):
 
     from playbooks.job import build_job, checkpoints_place
     from playbooks.plays import train
-    job = build_job(env("local"), "llama3-8b", fresh=True, sets=[f"base_output_directory={tmp_path}/"])
+    # A dashboard port nothing answers on: no job of the run is running.
+    job = build_job(env("local", dashboard_port=8399), "llama3-8b", fresh=True,
+                    sets=[f"base_output_directory={tmp_path}/"])
     where = Path(checkpoints_place(job)[1])
     (where / "10.orbax-checkpoint-tmp-1").mkdir(parents=True)
     recap, out = _real([train.checkpoint_step(job)])
     assert recap.counters() == "ok=0 changed=1 failed=0 skipped=0", out.text()
     assert not where.exists()
+
+
+def test_fresh_never_deletes_the_checkpoints_a_running_job_of_the_run_writes(tmp_path):
+    """A job of the run RUNNING (a follow that was interrupted, another
+    terminal): --fresh is refused before anything is deleted."""
+    from pathlib import Path
+
+    from playbooks.job import build_job, checkpoints_place
+    from playbooks.plays import train
+    job = build_job(env("local"), "llama3-8b", elastic=True, fresh=True, sets=[f"base_output_directory={tmp_path}/"])
+    where = Path(checkpoints_place(job)[1])
+    jobs = "curl -fsS http://127.0.0.2:8265/api/jobs/"
+    running = [{"submission_id": "rayjob-elastic-8b-2", "status": "RUNNING"},
+               {"submission_id": "other-run-1", "status": "RUNNING"},
+               {"submission_id": "rayjob-elastic-8b-1", "status": "SUCCEEDED"}]
+    from playbooks.job import Checkpoints
+    kept = "ls .state/local/training/rayjob-elastic-8b/events.jsonl"
+    recap, out = run_with_facts([train.checkpoint_step(job)], {jobs: running, f"ls {where}": Checkpoints((10,)),
+                                                               kept: True})
+    assert recap.counters() == "ok=0 changed=0 failed=1 skipped=0", out.text()
+    assert ("job rayjob-elastic-8b-2 of run rayjob-elastic-8b is RUNNING: --fresh would delete the checkpoints it "
+            "writes; stop it first (`ray job stop --address http://127.0.0.2:8265 rayjob-elastic-8b-2`), or follow "
+            "it (`invoke logs --run rayjob-elastic-8b --follow`)") in out.text()
+    assert "rm -r" not in out.text()
+    done = [{"submission_id": "rayjob-elastic-8b-2", "status": "STOPPED"}, running[1]]
+    recap, out = run_with_facts([train.checkpoint_step(job)], {jobs: done, kept: True,
+                                                               f"ls {where}": Answers(Checkpoints((10,)), Checkpoints())})
+    assert recap.counters() == "ok=0 changed=1 failed=0 skipped=0", out.text()
 
 
 CKPT = "gs://my-tpu-project-maxtext-ckpt/rayjob-multi-slice/checkpoints/"

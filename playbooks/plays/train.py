@@ -58,7 +58,19 @@ def checkpoint_step(job: Job) -> Step:
     events = Fact(name="timeline", python=kept.is_file, display=f"ls {paths.shown(kept)}", assumed=True,
                   describe=lambda b: "kept" if b else "none")
 
+    # --fresh never deletes what a running job of the run writes to.
+    listing = assume(jobs_fact(job.address, hosts.connector(job.env)), []) if job.fresh else None
+
     def decide(look):
+        if listing is not None:
+            listed = look(listing)
+            active = [j for j in (ours(job.run_name, listed) if listed is not ABSENT else [])
+                      if j.get("status") in ("PENDING", "RUNNING")]
+            if active:
+                sid = active[-1]["submission_id"]
+                return fail(f"job {sid} of run {job.run_name} is {active[-1]['status']}: --fresh would delete the "
+                            f"checkpoints it writes; stop it first (`ray job stop --address {job.address} {sid}`), "
+                            f"or follow it (`invoke logs --run {job.run_name} --follow`)")
         have = look(probe)
         old = look(events) if job.fresh else False
         if job.fresh and (have or old):
