@@ -15,8 +15,9 @@ Scenarios (a host is a simulated TPU host: one slice of the twin):
   back after 20 s;
 - in-save: a host lost while a checkpoint is being written (its
   `<step>.orbax-checkpoint-tmp-*` folder there), back after 20 s;
-- two-lost: a host lost after step 12 (back after 30 s), and the other once
-  the job goes on without it (back after 15 s): for a while no slice is left;
+- two-lost: a host lost after step 12 (back after 60 s), and the other as
+  soon as the job starts again on it (back after 20 s): for a while no
+  slice is left;
 - hung-resumed: a host's training worker frozen (SIGSTOP) after step 12,
   resumed after 10 s;
 - hang-stop: `stall_after: 15`, `stall_action: stop`: a worker frozen for
@@ -66,7 +67,8 @@ STATE = ROOT / ".state" / ENV
 RUN = "rayjob-elastic-8b"
 STEP = re.compile(r"completed step: (\d+),")
 SHRUNK = re.compile(r"Started training worker group of size 1\b")
-OUTCOME = re.compile(r"^(?:changed|failed|ok|skipped): \[train : job [^\]]+\] (.+)$")
+OUTCOME = re.compile(r"^(?:changed|ok|skipped): \[train : job [^\]]+\] (.+)$")
+FAILED_STEP = re.compile(r"^failed: \[train : job [^\]]+\]$")
 BEGIN, END = "<!-- soak:begin -->", "<!-- soak:end -->"
 LOSSES = ("worker_lost", "failure")
 
@@ -205,7 +207,13 @@ class Train:
         return self.rc
 
     def outcome(self) -> str:
-        return next((m.group(1) for ln in reversed(self.lines) if (m := OUTCOME.match(ln))), self.last())
+        """The job step's line: its reason on the line (ok, changed) or under it (failed)."""
+        for i in range(len(self.lines) - 1, -1, -1):
+            if (m := OUTCOME.match(self.lines[i])):
+                return m.group(1)
+            if FAILED_STEP.match(self.lines[i]) and i + 1 < len(self.lines):
+                return self.lines[i + 1].strip()
+        return self.last()
 
     def last(self) -> str:
         return next((ln for ln in reversed(self.lines) if ln.strip()), "no output")[:300]
@@ -315,12 +323,13 @@ def in_save(soak: Soak, r: Result) -> Train:
 
 
 def two_lost(soak: Soak, r: Result) -> Train:
+    """The second host killed as soon as the job has started again on it
+    (the first is still down: back after 60 s), itself back after 20 s."""
     job = Train(soak, "--fresh", "--steps=120")
-    job.step_at_least(12)
-    first = chaos_kill(soak, 30)
-    shrunk = job.wait_for(SHRUNK.search)
-    job.wait_for(STEP.search, after=shrunk)
-    second = chaos_kill(soak, 15)
+    at = job.step_at_least(12)
+    first = chaos_kill(soak, 60)
+    job.wait_for(SHRUNK.search, after=at)
+    second = chaos_kill(soak, 20)
     job.end()
     chaos_done(first, "the first chaos.delete-worker")
     chaos_done(second, "the second chaos.delete-worker")
