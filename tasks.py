@@ -14,7 +14,7 @@ from invoke import Collection, task
 signal.signal(signal.SIGPIPE, signal.SIG_DFL)
 
 # Only light modules here: `invoke --list` must stay instant.
-from playbooks.session import (  # noqa: E402 - after SIGPIPE
+from playbooks.cli.session import (  # noqa: E402 - after SIGPIPE
     bare_flag,
     clean_errors,
     install_last_resort,
@@ -30,11 +30,11 @@ install_last_resort()
 
 
 def _play(c, name):
-    from playbooks import chain, plan
+    from playbooks.cli import chain, task_steps
 
     with clean_errors():
         s = open_session(c.config, name)
-        s.run(name, plan.chained(s.env, name, plan.play_steps(s.env, name), chain.current()))
+        s.run(name, task_steps.chained(s.env, name, task_steps.play_steps(s.env, name), chain.current()))
 
 
 @task
@@ -88,11 +88,11 @@ def dashboard(c):
 @task
 def up(c):
     """Everything above, in the tutorial's order (local: start the local Ray cluster)."""
-    from playbooks import chain, plan
+    from playbooks.cli import chain, task_steps
 
     with clean_errors():
         s = open_session(c.config, "up")
-        s.run("up", plan.chained(s.env, "up", plan.up_steps(s.env), chain.current()))
+        s.run("up", task_steps.chained(s.env, "up", task_steps.up_steps(s.env), chain.current()))
 
 
 JOB_HELP = {
@@ -106,12 +106,12 @@ JOB_HELP = {
 
 def _job(s, model, elastic, steps, sets, fresh, preset):
     """The job the flags ask for (a bad flag is one line, exit 2)."""
-    from playbooks import job
+    from playbooks.job import spec
 
     # Invoke passes a bare `--set` (no key=value after it) as no --set at all.
     bare_flag("--set", "-t")
-    n = whole_number("--steps", steps, 1, job.MAX_STEPS, "the tutorial's jobs run 100") if steps != "" else None
-    return job.build_job(s.env, model, elastic, n, sets or [], fresh, preset)
+    n = whole_number("--steps", steps, 1, spec.MAX_STEPS, "the tutorial's jobs run 100") if steps != "" else None
+    return spec.build_job(s.env, model, elastic, n, sets or [], fresh, preset)
 
 
 @task(
@@ -124,29 +124,29 @@ def _job(s, model, elastic, steps, sets, fresh, preset):
 )
 def train(c, model="llama3-8b", elastic=False, steps="", set_=None, fresh=False, preset="", skip_preflight=False):
     """§8-9 Submit the tutorial's training job with `ray job submit`, follow it, exit with its status."""
-    from playbooks import plan
+    from playbooks.cli import task_steps
 
     with clean_errors():
         s = open_session(c.config, "train")
         job = _job(s, model, elastic, steps, set_, fresh, preset)
         log = (s.logdir / "job.log") if s.logdir else None
-        s.run("train", plan.train_steps(s.env, job, log, preflight_first=not skip_preflight), parallel=False)
+        s.run("train", task_steps.train_steps(s.env, job, log, preflight_first=not skip_preflight), parallel=False)
 
 
 @task(iterable=["set_"], help=JOB_HELP)
 def preflight(c, model="llama3-8b", elastic=False, steps="", set_=None, preset=""):
     """Prove a job fits its TPUs: static checks, an AOT compile (if it does not fit, the smallest change that does)."""
-    from playbooks import plan
+    from playbooks.cli import task_steps
 
     with clean_errors():
         s = open_session(c.config, "preflight")
         job = _job(s, model, elastic, steps, set_, False, preset)
-        s.run("preflight", plan.preflight_steps(s.env, job), parallel=False)
+        s.run("preflight", task_steps.preflight_steps(s.env, job), parallel=False)
 
 
 def _run_flag(run: str) -> str | None:
+    from playbooks.config.maxtext_settings import run_name_problem
     from playbooks.core.errors import InputError
-    from playbooks.maxtext_args import run_name_problem
 
     if run == "":
         return None
@@ -160,13 +160,13 @@ def _run_flag(run: str) -> str | None:
             "follow": "follow the log to the job's end (the exit code is then its outcome)"})
 def logs(c, run="", follow=False):
     """The driver log of a run's newest job (Ray Jobs SDK); --follow to its end, exiting with its outcome."""
-    from playbooks import plan
+    from playbooks.cli import task_steps
     from playbooks.plays import logs as lg
 
     with clean_errors():
         s = open_session(c.config, "logs")
         name = _run_flag(run)
-        steps = [] if s.env.kind == "local" else plan.cluster_ready_steps(s.env)
+        steps = [] if s.env.kind == "local" else task_steps.cluster_ready_steps(s.env)
         s.run("logs", steps + [lg.logs_step(s.env, name, follow)], parallel=False)
 
 
@@ -183,21 +183,21 @@ def metrics(c, run=""):
 @task(help={"restore_after": "local only: seconds before the killed host comes back (default 60; 0: never)"})
 def delete_worker(c, restore_after="60"):
     """§9 Delete one Ray TPU worker pod (local: kill one simulated TPU host), as a preemption would."""
-    from playbooks import plan
+    from playbooks.cli import task_steps
 
     with clean_errors():
         s = open_session(c.config, "chaos")
-        s.run("chaos", plan.chaos_steps(s.env, seconds("--restore-after", restore_after)), parallel=False)
+        s.run("chaos", task_steps.chaos_steps(s.env, seconds("--restore-after", restore_after)), parallel=False)
 
 
 @task(help={"restore_after": "seconds before the frozen worker is resumed (default 60; 0: never)"})
 def hang_worker(c, restore_after="60"):
     """Freeze one worker's trainer (SIGSTOP; local: one simulated host's), resume it after --restore-after: a stall."""
-    from playbooks import plan
+    from playbooks.cli import task_steps
 
     with clean_errors():
         s = open_session(c.config, "chaos")
-        s.run("chaos", plan.hang_steps(s.env, seconds("--restore-after", restore_after)), parallel=False)
+        s.run("chaos", task_steps.hang_steps(s.env, seconds("--restore-after", restore_after)), parallel=False)
 
 
 @task(help={"run": "the run (its run_name); default: the newest run with a timeline",
@@ -206,11 +206,11 @@ def goodput(c, run="", json_=False):
     """What each second of a run went to: productive steps, badput by cause, each incident (read-only)."""
     import json
 
-    from playbooks import goodput as gp
+    from playbooks.cli.session import Failed
     from playbooks.core.recap import Reporter
     from playbooks.core.runner import Mode
     from playbooks.plays import logs as lg
-    from playbooks.session import Failed
+    from playbooks.runs import goodput as gp
 
     with clean_errors():
         lines: list[str] = []
@@ -232,7 +232,7 @@ def teardown(c, yes=False):
     """§10 Delete the RayCluster, the cluster, the bucket, the subnets and networks (a second run is a no-op)."""
     import sys
 
-    from playbooks import plan
+    from playbooks.cli import task_steps
     from playbooks.core.runner import Mode
     from playbooks.plays import teardown as td
 
@@ -251,16 +251,16 @@ def teardown(c, yes=False):
             if answer.strip() != s.env.name:
                 from invoke.exceptions import Exit
                 raise Exit("teardown cancelled", code=1)
-        s.run("teardown", plan.teardown_steps(s.env))
+        s.run("teardown", task_steps.teardown_steps(s.env))
 
 
 @task(help={"json": "print it as one JSON document (the exit code: 0 when everything is as the inventory asks)"})
 def status(c, json_=False):
     """Everything the environment owns, as it is, and the first thing not as the inventory asks, and why (read-only)."""
-    from playbooks import status as st
+    from playbooks.cli import status as st
+    from playbooks.cli.session import Failed
     from playbooks.core.recap import Reporter
     from playbooks.core.runner import Mode
-    from playbooks.session import Failed
 
     with clean_errors():
         lines: list[str] = []
@@ -280,7 +280,7 @@ def status(c, json_=False):
 @task
 def doctor(c):
     """What would stop a run: the tools, gcloud's account, the project, the kubectl context, the gcloud lines' parse."""
-    from playbooks import doctor as dr
+    from playbooks.cli import doctor as dr
 
     with clean_errors():
         s = open_session(c.config, "doctor")

@@ -24,7 +24,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from playbooks.trainlog import STEP, Summary  # noqa: E402
+from playbooks.runs.train_summary import STEP, Summary  # noqa: E402
 
 INVOKE = str(Path(sys.executable).parent / "invoke")
 ENV = "bench-local"

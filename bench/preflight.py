@@ -19,9 +19,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from playbooks import fit as pf  # noqa: E402
-from playbooks import job as tr  # noqa: E402
-from playbooks.schema import load_inventory  # noqa: E402
+from playbooks.config.schema import load_inventory  # noqa: E402
+from playbooks.job import fit as pf  # noqa: E402
+from playbooks.job import spec as tr  # noqa: E402
 
 CASES = {
     "8b": ("llama3-8b", ""),

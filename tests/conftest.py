@@ -11,10 +11,10 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from playbooks.config.schema import load_inventory  # noqa: E402
 from playbooks.core.play import Playbook  # noqa: E402
 from playbooks.core.recap import Reporter  # noqa: E402
 from playbooks.core.runner import Mode, Runner  # noqa: E402
-from playbooks.schema import load_inventory  # noqa: E402
 
 # The fakes of the real-client tests (tests/test_clients_*.py), as fixtures of
 # every test module: one fake cloud per module (its own environment names).

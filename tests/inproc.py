@@ -113,7 +113,7 @@ def run_invoke(argv: list[str], env: dict[str, str], cwd: Path, tmp: Path, limit
     from invoke import Program
     from invoke.main import program as cli  # what .venv/bin/invoke runs, built anew (a Program keeps state)
 
-    from playbooks import session
+    from playbooks.cli import session
 
     out, err = io.StringIO(), io.StringIO()
     rc, outside = 0, False

@@ -239,8 +239,8 @@ def test_a_near_miss_of_playbook_in_any_invoke_config_file_is_refused(tmp_path, 
     own keys and other words are left alone."""
     from invoke.config import Config
 
+    from playbooks.cli.session import playbook_config
     from playbooks.core.errors import InputError
-    from playbooks.session import playbook_config
 
     for var in [v for v in os.environ if v.startswith("INVOKE_")]:
         monkeypatch.delenv(var)
@@ -301,8 +301,8 @@ WORST = {
 
 @pytest.mark.parametrize("name", list(WORST))
 def test_the_worst_inputs_are_refused_in_under_a_second(tmp_path, name):
+    from playbooks.config.schema import load_inventory
     from playbooks.core.errors import InputError
-    from playbooks.schema import load_inventory
 
     p = tmp_path / "inventory.yaml"
     p.write_text(WORST[name])

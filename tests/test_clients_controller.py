@@ -150,7 +150,7 @@ def test_doctor_through_the_controller_checks_the_controllers_tools(cloud: Cloud
         assert re.search(rf"ok: \[doctor : {re.escape(tool)}\] {re.escape(tool)} \d", run.out), (tool, run.out)
     assert re.search(r"ok: \[doctor : gcloud commands parse\] all \d+ gcloud command lines of the plan parse", run.out)
     assert "reaches Kubernetes" in run.out
-    assert (tmp_path / "remote" / "playbooks" / "gcloud_parse.py").is_file()
+    assert (tmp_path / "remote" / "playbooks" / "access" / "gcloud_parse.py").is_file()
     logs = sorted((ROOT / ".state" / STANDARD / "runs").glob("*-doctor"))[-1]
     parse = [p.read_text() for p in logs.glob("*.log") if "gcloud_parse.py" in p.read_text().splitlines()[0]]
     assert parse and all(f"# on controller {controller.target}" in t for t in parse), parse

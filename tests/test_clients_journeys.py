@@ -367,8 +367,8 @@ def test_the_kubernetes_client_answers_kubectl_as_kubectl_does(cloud: Cloud, mon
     `invoke` does: the fakes' client environment is set here.)"""
     import json as _json
 
-    from playbooks import gke, slices
-    from playbooks.kube_client import KubectlShortcut
+    from playbooks.access.kube_api import KubectlShortcut
+    from playbooks.cloud import gke, slices
     cloud.seed_full()
     cloud.get_credentials()
     e = cloud.envdata()

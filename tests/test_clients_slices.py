@@ -154,7 +154,8 @@ def test_autopilot_up_admits_the_workers_through_its_compute_class_and_makes_no_
     assert recap(second, "up")["changed"] == 0
 
     # The tutorial's own worker (privileged) on the same Autopilot cluster: refused.
-    from playbooks import manifests, tutorial
+    from playbooks.cloud import manifests
+    from playbooks.config import tutorial
     from playbooks.core.render import render
     e = cloud.envdata(AUTOPILOT)
     values = dict(manifests.raycluster_values(e), WORKER_SECURITY_CONTEXT='{"privileged": true}')
@@ -208,7 +209,7 @@ def test_each_cause_of_a_stuck_worker_is_said_in_one_line_by_the_kubernetes_clie
                                                                                  monkeypatch):
     """The real `kubernetes` client (its exec plugin: gke-gcloud-auth-plugin)
     against the fake API server: pods, their states and events."""
-    from playbooks import k8s, slices
+    from playbooks.cloud import kube_objects, slices
     cloud.seed_full()
     cloud.get_credentials()
     kwargs, words = CAUSES[cause]
@@ -217,8 +218,8 @@ def test_each_cause_of_a_stuck_worker_is_said_in_one_line_by_the_kubernetes_clie
         cloud.kube.break_pod("default", p, **kwargs)
     for k, v in cloud.env().items():
         monkeypatch.setenv(k, v)
-    from playbooks import hosts
-    monkeypatch.setattr(hosts, "_local", None)  # this machine's connector, with the fakes' environment
+    from playbooks.access import connectors
+    monkeypatch.setattr(connectors, "_local", None)  # this machine's connector, with the fakes' environment
     e = cloud.envdata()
     # A slice is whole when every worker of its replica is ready: the broken
     # pods' replicas are not.
@@ -226,7 +227,7 @@ def test_each_cause_of_a_stuck_worker_is_said_in_one_line_by_the_kubernetes_clie
     s = slices.from_pods(e, cloud.kube.list("pods", "default"))
     assert s.head is True and set(s.whole) == {"slice 0", "slice 1"} - broken, s
     assert [name for name, _ in s.waiting] == sorted(broken), s
-    found = k8s.causes(e)
+    found = kube_objects.causes(e)
     assert len(found) == 1, found               # one line per cause, not one per pod
     assert words in found[0] and f"(2 pods: {pods[0]}, {pods[1]})" in found[0], found
 

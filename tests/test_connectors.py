@@ -300,11 +300,11 @@ def test_unknown_or_wrong_host_key_and_refused_port_are_unreachable(server, tmp_
 
 
 def test_children_here_get_a_stated_environment_not_a_copy_of_the_callers(tmp_path):
-    from playbooks import hosts
+    from playbooks.access import connectors
     caller = {"PATH": "/usr/bin:/bin", "HOME": "/home/me", "CLOUDSDK_CONFIG": "/g", "KUBECONFIG": "/k",
               "LC_ALL": "C.UTF-8", "https_proxy": "http://p:1", "GITHUB_TOKEN": "secret", "INVOKE_PLAYBOOK_ENV": "dev",
               "BASH_FUNC_x%%": "() { :; }"}
-    conn = LocalConnector(str(tmp_path), hosts.tool_env(caller))
+    conn = LocalConnector(str(tmp_path), connectors.tool_env(caller))
     r = conn.run(["env", "-0"])
     got = dict(kv.split("=", 1) for kv in r.stdout.split("\0") if kv)
     assert {k: got.get(k) for k in ("HOME", "CLOUDSDK_CONFIG", "KUBECONFIG", "LC_ALL", "https_proxy")} == {

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from playbooks.doctor import BAD, GOOD, gcloud_lines
-from playbooks.schema import load_inventory
+from playbooks.cli.doctor import BAD, GOOD, gcloud_lines
+from playbooks.config.schema import load_inventory
 from tests.conftest import INVOKE, ROOT, env
 from tests.goldens import CAPACITY_INVENTORY
 
@@ -29,7 +29,7 @@ pytestmark = pytest.mark.skipif(ROOT_SDK is None, reason="gcloud is not installe
 
 def parse(lines, hermetic):
     py = ROOT_SDK / "platform" / "bundledpythonunix" / "bin" / "python3"
-    r = subprocess.run([str(py), str(ROOT / "playbooks" / "gcloud_parse.py"), str(ROOT_SDK)],
+    r = subprocess.run([str(py), str(ROOT / "playbooks" / "access" / "gcloud_parse.py"), str(ROOT_SDK)],
                        input="".join(json.dumps(ln) + "\n" for ln in lines), capture_output=True, text=True,
                        env=hermetic, timeout=300)
     assert r.returncode == 0, r.stderr

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from playbooks import goodput, stall, timeline
+from playbooks.runs import goodput, stall, timeline
 
 T0 = 1_800_000_000.0
 
@@ -268,7 +268,7 @@ def test_ray_train_and_ray_lines_become_events_stamped_when_read():
 
 
 def test_a_log_read_again_from_its_start_adds_nothing_twice(tmp_path, monkeypatch):
-    from playbooks import paths
+    from playbooks.config import paths
     monkeypatch.setattr(paths, "here", lambda rel: tmp_path / rel)
 
     class Env:
@@ -302,31 +302,31 @@ def pod(name: str, uid: str = "u1", node: str | None = "gke-tpu-1", **status) ->
 
 
 def test_the_pod_watch_says_a_pod_scheduled_and_what_lost_one():
-    from playbooks import k8s
+    from playbooks.cloud import kube_objects
     a, b, c = pod("w-a"), pod("w-b", "u2"), pod("w-c", "u3", node=None, phase="Pending")
-    assert k8s.pod_changes({}, {"w-a": a}, [], 5.0)[0]["kind"] == "scheduled"  # a first look sees it placed
+    assert kube_objects.pod_changes({}, {"w-a": a}, [], 5.0)[0]["kind"] == "scheduled"  # a first look sees it placed
     # Spot: the kubelet shut the node down (GKE's graceful node shutdown).
     shut = pod("w-a", deletionTimestamp="2026-12-01T10:05:00Z", reason="Terminated",
                message="Pod was terminated in response to imminent node shutdown.")
     shut["status"]["conditions"].append({"type": "DisruptionTarget", "status": "True", "reason": "TerminationByKubelet",
                                          "message": "Pod was terminated in response to imminent node shutdown.",
                                          "lastTransitionTime": "2026-12-01T10:04:59Z"})
-    [lost] = k8s.pod_changes({"w-a": a}, {"w-a": shut}, [], 100.0, capacity="spot")
+    [lost] = kube_objects.pod_changes({"w-a": a}, {"w-a": shut}, [], 100.0, capacity="spot")
     assert (lost["kind"], lost["by"], lost["pod"], lost["slice"]) == ("worker_lost", "preemption", "w-a", "tpu-group-x1")
     assert "TerminationByKubelet" in lost["cause"] and lost["t"] == 1796119499.0
-    assert k8s.pod_changes({"w-a": a}, {"w-a": shut}, [], 100.0)[0]["by"] == "maintenance"  # on-demand
-    assert k8s.pod_changes({"w-a": shut}, {"w-a": shut}, [], 101.0) == []  # said once
+    assert kube_objects.pod_changes({"w-a": a}, {"w-a": shut}, [], 100.0)[0]["by"] == "maintenance"  # on-demand
+    assert kube_objects.pod_changes({"w-a": shut}, {"w-a": shut}, [], 101.0) == []  # said once
     # A container that failed; a pod gone with its node; a new pod scheduled.
     oom = pod("w-b", "u2", phase="Failed", containerStatuses=[
         {"name": "ray-worker", "restartCount": 0, "state": {"terminated": {"reason": "OOMKilled", "exitCode": 137}}}])
-    [failed] = k8s.pod_changes({"w-b": b}, {"w-b": oom}, [], 100.0)
+    [failed] = kube_objects.pod_changes({"w-b": b}, {"w-b": oom}, [], 100.0)
     assert failed["by"] == "pod failed" and failed["cause"] == "container ray-worker OOMKilled (exit code 137)"
-    gone = k8s.pod_changes({"w-b": b}, {}, [{"involvedObject": {"name": "w-b"}, "type": "Warning",
+    gone = kube_objects.pod_changes({"w-b": b}, {}, [{"involvedObject": {"name": "w-b"}, "type": "Warning",
                                              "reason": "NodeNotReady", "message": "Node is not ready"}], 100.0)
     assert [(e["by"], e["cause"]) for e in gone] == [("node gone", "NodeNotReady: Node is not ready")]
-    assert k8s.pod_changes({"w-b": b}, {}, [], 100.0)[0]["by"] == "deleted"
+    assert kube_objects.pod_changes({"w-b": b}, {}, [], 100.0)[0]["by"] == "deleted"
     placed = pod("w-c", "u3", node="gke-tpu-2")
-    [s] = k8s.pod_changes({"w-c": c}, {"w-c": placed}, [], 100.0)
+    [s] = kube_objects.pod_changes({"w-c": c}, {"w-c": placed}, [], 100.0)
     assert (s["kind"], s["node"], s["slice"]) == ("scheduled", "gke-tpu-2", "tpu-group-x1")
 
 
@@ -366,7 +366,8 @@ class WatchedEnv:
 
 @pytest.mark.parametrize("action", ["report", "stop"])
 def test_a_stalled_job_is_said_once_with_its_cause_and_stopped_when_asked(tmp_path, monkeypatch, action):
-    from playbooks import follow, paths
+    from playbooks.config import paths
+    from playbooks.runs import follow
     monkeypatch.setattr(paths, "here", lambda rel: tmp_path / rel)
     ctx, env = FakeContext(), WatchedEnv(30, action)
     f = follow.Follower(ctx, env, "run", "run-1")
@@ -398,7 +399,8 @@ def test_a_stalled_job_is_said_once_with_its_cause_and_stopped_when_asked(tmp_pa
 
 
 def test_a_job_that_is_not_running_is_not_stalled(tmp_path, monkeypatch):
-    from playbooks import follow, paths
+    from playbooks.config import paths
+    from playbooks.runs import follow
     monkeypatch.setattr(paths, "here", lambda rel: tmp_path / rel)
     ctx, env = FakeContext(status="PENDING"), WatchedEnv(30, "stop")
     f = follow.Follower(ctx, env, "run", "run-1")
@@ -412,7 +414,8 @@ def test_status_says_a_running_job_is_stalled_from_its_log_and_its_chaos(tmp_pat
     """`invoke status` reads the job's log (the trainer's events carry their
     time; Ray's lines, stamped when read, do not count) and what the chaos
     tasks recorded in the run's timeline."""
-    from playbooks import paths, status
+    from playbooks.cli import status
+    from playbooks.config import paths
     from playbooks.core.facts import Completed
     monkeypatch.setattr(paths, "here", lambda rel: tmp_path / rel)
     now = time.time()

@@ -10,7 +10,7 @@ import subprocess
 import pytest
 import yaml
 
-from playbooks import goodput, goodput_reference, timeline
+from playbooks.runs import goodput, goodput_reference, timeline
 from tests.conftest import INVOKE, ROOT
 
 ENV = "goodput-report-test"

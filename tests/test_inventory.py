@@ -5,8 +5,8 @@ import subprocess
 import pytest
 import yaml
 
+from playbooks.config.schema import load_inventory
 from playbooks.core.errors import InputError
-from playbooks.schema import load_inventory
 from tests.conftest import INVOKE, ROOT
 
 MINIMAL = {  # only the tutorial's variables, lower-cased
@@ -92,7 +92,7 @@ def test_rule(tmp_path, changes, words):
 def test_a_mutable_default_is_each_environments_own(tmp_path):
     """train_overrides defaults to {}: each environment that omits it gets a
     dict of its own, not the schema's one object."""
-    from playbooks.schema import GKE
+    from playbooks.config.schema import GKE
 
     p = tmp_path / "inventory.yaml"
     p.write_text(yaml.safe_dump({"default": "a", "environments": {
@@ -136,7 +136,7 @@ def test_user_identifier_is_granted_as_the_member_it_names(identifier, member):
     """The tutorial grants its roles with --member=user:$USER_IDENTIFIER; a
     service account is a serviceAccount: member. The command lines, and the
     check that a role is already there, use that member."""
-    from playbooks import tutorial as T
+    from playbooks.config import tutorial as T
     from playbooks.core.fixtures import Answers
     from playbooks.plays import prereqs
     from tests.conftest import env, run_with_facts

@@ -313,7 +313,7 @@ def test_the_retry_after_the_loss_is_sized_from_the_hosts_alive_and_each_host_ha
     after = run.out[run.out.index("[FailurePolicy] RETRY"):]
     assert re.search(r"Attempting to start training worker group of size (\d+)", after).group(1) == "1", after[:3000]
     assert "No module named" not in run.out and not [e for e in evs if e["kind"] == "start_failed"]
-    from playbooks import paths
+    from playbooks.config import paths
     cwd = {(e["slice"], e["cwd"]) for e in evs if e["kind"] == "worker_started"}
     for slice_name, folder in cwd:
         assert folder.startswith(paths.node_temp(ENV, f"{slice_name}-0") + "/"), (slice_name, folder)
@@ -321,7 +321,7 @@ def test_the_retry_after_the_loss_is_sized_from_the_hosts_alive_and_each_host_ha
 
 
 def test_the_runs_metrics_are_kept_and_drawn(local, run: Run):
-    from playbooks import metrics
+    from playbooks.runs import metrics
     kept = ROOT / summary_value(run.out, "metrics").split()[0]
     header, steps, events = metrics.read(kept)
     assert header["source"] == "metrics_file" and header["job"] == f"{RUN}-1", header
@@ -346,7 +346,7 @@ def test_the_runs_metrics_are_kept_and_drawn(local, run: Run):
     drawn = [list(zip(*ax.lines[0].get_data())) for ax in figure.axes[:len(metrics.SERIES)]]
     assert drawn == [metrics.series(steps)[key] for key, _ in metrics.SERIES]
     # Under them, the run's timeline: a band of every cause its wall time went to.
-    from playbooks import goodput, timeline
+    from playbooks.runs import goodput, timeline
     band = figure.axes[len(metrics.SERIES)]
     causes = {c for _, _, c in goodput.segments(timeline.parse(EVENTS.read_text()))}
     assert {t.get_text() for t in band.get_legend().get_texts()} == causes
@@ -362,7 +362,7 @@ def test_logs_and_a_second_run_change_nothing(local, run: Run):
     assert f"completed step: {STEPS - 1}" in out and f"job {RUN}-1 SUCCEEDED" in out
     # The Jobs SDK answers `ray job logs` here as the CLI does (a speed-up of
     # the local connector): the same lines, whole and followed to the end.
-    from playbooks.rayapi import RayJobLogs
+    from playbooks.access.ray_api import RayJobLogs
     address = f"http://127.0.0.{3 + OFFSET}:{8275 + OFFSET}"
     for follow in ((), ("--follow",)):
         argv = ["ray", "job", "logs", *follow, "--address", address, f"{RUN}-1"]

@@ -8,7 +8,7 @@ import textwrap
 import time
 
 from playbooks.core.lock import machine_lock
-from playbooks.fit import parse_compile
+from playbooks.job.fit import parse_compile
 
 HOLD = textwrap.dedent("""
     import sys, time
@@ -63,12 +63,12 @@ def test_libtpus_advice_to_delete_its_lock_is_not_passed_on():
 
 
 def test_the_preflight_compile_takes_the_lock(tmp_path, monkeypatch):
-    from playbooks import fit as F
-    from playbooks import job
     from playbooks.core.connector import LocalConnector, Ran
     from playbooks.core.play import StepContext
     from playbooks.core.runner import Mode, Runner, StepLog
     from playbooks.core.step import Step
+    from playbooks.job import fit as F
+    from playbooks.job import spec
     from playbooks.plays import preflight
     from tests.conftest import env
 
@@ -84,7 +84,7 @@ def test_the_preflight_compile_takes_the_lock(tmp_path, monkeypatch):
     ctx = StepContext(Runner(Mode.APPLY, Compiler(str(tmp_path))), Step("preflight", "fit", run=lambda ctx: None),
                       StepLog(lines.append, False))
     dev = env("dev")
-    fit = preflight.fit(ctx, dev, job.build_job(dev, "llama3-8b", sets=["per_device_batch_size=3"]))
+    fit = preflight.fit(ctx, dev, spec.build_job(dev, "llama3-8b", sets=["per_device_batch_size=3"]))
     first.wait(5)
     assert fit is not None and not fit.fits and fit.needed == 40.0
     assert any(f"waiting for pid {first.pid}" in line for line in lines), lines

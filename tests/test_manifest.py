@@ -8,8 +8,8 @@ import jsonschema
 import pytest
 import yaml
 
-from playbooks import manifests
-from playbooks import tutorial as T
+from playbooks.cloud import manifests
+from playbooks.config import tutorial as T
 from playbooks.core.errors import InputError
 from playbooks.core.render import check_values, envsubst, leftover, render, variables
 from tests.conftest import ROOT, env

@@ -9,12 +9,12 @@ from typing import Annotated
 
 import pytest
 
-from playbooks import maxtext_args as M
-from playbooks import tutorial as T
+from playbooks.config import maxtext_settings as M
+from playbooks.config import tutorial as T
+from playbooks.config.schema import load_inventory
 from playbooks.core.errors import InputError
-from playbooks.fit import CANDIDATES
-from playbooks.job import PRESETS, build_job
-from playbooks.schema import load_inventory
+from playbooks.job.fit import CANDIDATES
+from playbooks.job.spec import PRESETS, build_job
 from tests.conftest import INVOKE, ROOT
 from tests.test_inventory import resolve
 
@@ -259,7 +259,7 @@ def test_an_elastic_job_carries_its_start_retries_and_resize_save_timeout_and_ke
 
 
 def test_every_job_saves_on_a_preemption_notice_and_its_workers_run_the_setup_hook():
-    from playbooks.job import runtime_env
+    from playbooks.job.spec import runtime_env
     from tests.conftest import env
     for e in (env("local"), env("dev")):
         for elastic in (False, True):

@@ -136,7 +136,7 @@ def test_check_mode_looks_once_where_a_pending_change_explains_the_failure():
     """Check mode: a step after one that would change probes once (its
     failure is expected, a skip with the reason); a step that waits on no
     change retries a transient failure as apply mode does."""
-    from playbooks.clients import json_object
+    from playbooks.access.cli_clients import json_object
     from playbooks.core.command import Command
     from playbooks.core.connector import LocalConnector
     from playbooks.core.facts import Fact

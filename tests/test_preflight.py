@@ -10,9 +10,9 @@ import time
 import pytest
 import yaml
 
-from playbooks import fit as pf
-from playbooks import job as tr
-from playbooks.schema import Environment, load_inventory
+from playbooks.config.schema import Environment, load_inventory
+from playbooks.job import fit as pf
+from playbooks.job import spec as tr
 from tests.conftest import INVOKE, ROOT, env
 
 OOM_LINE = ("jax.errors.JaxRuntimeError: RESOURCE_EXHAUSTED: E1000: CompileTimeHbmOom: Ran out of memory on HBM, "

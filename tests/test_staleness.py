@@ -1,4 +1,4 @@
-"""Which cached answers a change clears (playbooks/staleness.py, the
+"""Which cached answers a change clears (playbooks/access/staleness.py, the
 Runner's ``stale`` policy): a compute change keeps the bucket's answer and
 reads the networks again; a role granted, an API enabled, a change of an
 unknown family and an in-process action clear everything, as does any
@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from playbooks import staleness
-from playbooks.clients import gcloud, kubectl
+from playbooks.access import staleness
+from playbooks.access.cli_clients import gcloud, kubectl
 from playbooks.core.command import Command
 from playbooks.core.connector import LocalConnector, Ran
 from playbooks.core.facts import Action, Fact

@@ -193,7 +193,7 @@ def test_check_mode_says_a_step_that_would_wait_is_not_ready_never_as_asked():
     as changed (not converged); status shows it "not ready" with why. What
     is there can be looked at: a failure that needs it stays a failure, and
     is the diagnosis (it may say why: a worker's Kubernetes cause)."""
-    from playbooks import status
+    from playbooks.cli import status
     from playbooks.core.runner import Mode
     from playbooks.core.step import Step, fail, ok, wait
     a = Step("t", "slices", lambda look: wait("1 of 2 slices ready"), id="a")
@@ -325,7 +325,7 @@ def test_a_step_hands_data_on_through_the_recap():
 
 def test_status_of_a_stopped_local_cluster_says_what_is():
     """Not running, and unknown because of it: never what a change would do."""
-    from playbooks import status
+    from playbooks.cli import status
     from playbooks.core.facts import ABSENT
     from playbooks.core.runner import Mode
     local = env("local")
@@ -372,7 +372,7 @@ def test_a_half_written_local_checkpoint_is_named_and_never_counted(tmp_path, st
     for train, though its folder is the newest."""
     from pathlib import Path
 
-    from playbooks.job import build_job, checkpoints_place
+    from playbooks.job.spec import build_job, checkpoints_place
     from playbooks.plays import train
     job = build_job(env("local"), "llama3-8b", steps=steps, sets=[f"base_output_directory={tmp_path}/"])
     where = Path(checkpoints_place(job)[1])
@@ -392,7 +392,7 @@ def test_a_half_written_local_checkpoint_is_named_and_never_counted(tmp_path, st
 def test_fresh_deletes_a_folder_that_holds_only_a_half_written_step(tmp_path):
     from pathlib import Path
 
-    from playbooks.job import build_job, checkpoints_place
+    from playbooks.job.spec import build_job, checkpoints_place
     from playbooks.plays import train
     # A dashboard port nothing answers on: no job of the run is running.
     job = build_job(env("local", dashboard_port=8399), "llama3-8b", fresh=True,
@@ -443,7 +443,7 @@ def _listing(*dirs):
 
 
 def test_gcs_counts_a_step_only_with_orbax_commit_marker():
-    from playbooks.job import gcs_checkpoints
+    from playbooks.job.spec import gcs_checkpoints
     have = gcs_checkpoints(CKPT, _listing(
         ("10", ["_CHECKPOINT_METADATA", "commit_success.txt", "model_params/"]),
         ("20", ["_CHECKPOINT_METADATA", "model_params/"]),                  # preempted before its marker
@@ -464,7 +464,7 @@ def test_a_stale_gcs_step_is_ignored_and_a_restore_from_it_refused(base):
     """The workers write gs:// (Orbax's commit-file rule: it skips step 20
     too) or through GCS FUSE at /data/ (a folder to Orbax: it would take 20/
     as final and restore from it, so train refuses, with the command)."""
-    from playbooks.job import build_job
+    from playbooks.job.spec import build_job
     from playbooks.plays import train
     job = build_job(DEV, "llama3-8b", sets=[f"base_output_directory={base}"])
     listing = _listing(("10", ["commit_success.txt", "model_params/"]), ("20", ["model_params/"]))
@@ -521,7 +521,7 @@ ours_ = HOLD.replace("-", "_")
 ])
 def test_the_hold_is_added_once_renewed_when_short_and_gone_for_a_trained_run(before, after, trained_to, want,
                                                                               commands):
-    from playbooks.job import build_job
+    from playbooks.job.spec import build_job
     from playbooks.plays import train
     job = build_job(DEV, "llama3-8b")
     listing = _listing((str(trained_to), ["commit_success.txt"])) if trained_to else ""
@@ -535,7 +535,7 @@ def test_the_hold_is_added_once_renewed_when_short_and_gone_for_a_trained_run(be
 
 
 def test_no_hold_when_the_inventory_says_so():
-    from playbooks.job import build_job
+    from playbooks.job.spec import build_job
     from playbooks.plays import train
     recap, out = run_with_facts([train.hold_step(build_job(env("dev", hold_maintenance=False), "llama3-8b"))], {})
     assert recap.counters() == "ok=0 changed=0 failed=0 skipped=1"
@@ -762,7 +762,7 @@ def test_raycluster_is_done_with_min_slices_whole_and_names_the_slice_still_wait
 
 
 def test_a_slice_with_one_worker_missing_is_not_whole():
-    from playbooks.slices import from_pods
+    from playbooks.cloud.slices import from_pods
     half = pods({0})
     half["items"][5]["status"] = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}  # 1-0
     s = from_pods(DEV, half["items"])
@@ -793,7 +793,7 @@ def ray_nodes(slices_up):
 
 
 def test_a_job_that_is_not_elastic_refuses_to_start_on_fewer_than_every_slice():
-    from playbooks.job import build_job
+    from playbooks.job.spec import build_job
     from playbooks.plays import train
     recap, out = run_with_facts([train.slices_step(DEV, build_job(DEV, "llama3-8b"))], {NODES: ray_nodes([0])})
     assert recap.failed
@@ -814,7 +814,7 @@ def test_a_job_that_is_not_elastic_refuses_to_start_on_fewer_than_every_slice():
 def test_the_late_slice_of_the_rehearsal_is_named_with_when_it_joins():
     import time
 
-    from playbooks.twin import slices_of
+    from playbooks.twin.nodes import slices_of
     late = env("local-late-slice")
     state = {"tpu-group-0-0": {"process": True, "joined": True},
              "tpu-group-1-0": {"process": True, "joined": False, "started": time.time() - 10}}
@@ -830,8 +830,8 @@ def test_the_late_slice_of_the_rehearsal_is_named_with_when_it_joins():
 
 
 def test_a_chain_that_will_make_node_pools_checks_capacity_in_its_first_task():
-    from playbooks import plan
-    first = plan.chained(DEV, "network", plan.play_steps(DEV, "network"), ("network", "cluster", "nodepools"))
+    from playbooks.cli import task_steps
+    first = task_steps.chained(DEV, "network", task_steps.play_steps(DEV, "network"), ("network", "cluster", "nodepools"))
     ids = [s.id for s in first]
     assert ids[:3] == ["capacity:machine-type", "capacity:version", "capacity:quota"], ids
     assert all(set(s.after) >= set(ids[:3]) for s in first[3:])  # nothing of the network before them
@@ -839,10 +839,10 @@ def test_a_chain_that_will_make_node_pools_checks_capacity_in_its_first_task():
                         ("cluster", ("network", "cluster", "nodepools")),         # not the first task
                         ("network", ("teardown", "network", "nodepools")),
                         ("teardown", ("teardown", "up"))):                        # a teardown first: as it is
-        steps = plan.play_steps(DEV, task) if task != "teardown" else plan.teardown_steps(DEV)
-        assert [s.id for s in plan.chained(DEV, task, list(steps), chain)] == [s.id for s in steps], (task, chain)
+        steps = task_steps.play_steps(DEV, task) if task != "teardown" else task_steps.teardown_steps(DEV)
+        assert [s.id for s in task_steps.chained(DEV, task, list(steps), chain)] == [s.id for s in steps], (task, chain)
     auto = env("dev-autopilot")
-    same = plan.play_steps(auto, "cluster")
-    assert plan.chained(auto, "cluster", list(same), ("cluster", "nodepools")) == same   # Autopilot: no pools
-    first_up = plan.chained(auto, "cluster", plan.play_steps(auto, "cluster"), ("cluster", "up"))
+    same = task_steps.play_steps(auto, "cluster")
+    assert task_steps.chained(auto, "cluster", list(same), ("cluster", "nodepools")) == same   # Autopilot: no pools
+    first_up = task_steps.chained(auto, "cluster", task_steps.play_steps(auto, "cluster"), ("cluster", "up"))
     assert first_up[0].id == "capacity:machine-type"                                   # `up` checks capacity

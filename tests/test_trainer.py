@@ -15,7 +15,7 @@ from tests.conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "trainer"))
 import maxtext_ray as mr
-from playbooks.trainlog import Summary
+from playbooks.runs.train_summary import Summary
 
 TRAINER = ROOT / "trainer"
 
@@ -173,7 +173,7 @@ def test_a_resize_is_after_the_last_step_of_the_group_it_ends_not_the_furthest_s
 def test_a_step_saved_on_a_preemption_notice_counts_though_its_line_never_came():
     """The save before a grow: MaxText saves step 20 and stops before it logs
     it; the next group resumes at 21. The run's steps are 0-39, all of them."""
-    from playbooks.job import build_job
+    from playbooks.job.spec import build_job
     from playbooks.plays.train import _verdict, entrypoint_steps
     from tests.conftest import env
     s = Summary()
@@ -200,7 +200,7 @@ def test_a_job_that_succeeded_short_of_its_last_step_is_not_a_success():
     """MaxText returns as if done when it stops early (a SIGTERM the trainer
     did not see): SUCCEEDED at step 19 of a job of 40 is not a trained run."""
     from playbooks.core.recap import FAILED
-    from playbooks.job import build_job
+    from playbooks.job.spec import build_job
     from playbooks.plays.train import _verdict
     from tests.conftest import env
     s = Summary()
@@ -232,7 +232,7 @@ def test_summary_of_a_job_log():
 def test_maxtext_metrics_file_read_one_record_per_step(tmp_path):
     """MaxText writes `step` as a float and appends across restarts: a step
     run again after a restore counts as its last run; other lines are not records."""
-    from playbooks import metrics
+    from playbooks.runs import metrics
     rows = [{"step": 0.0, "learning/loss": 7.5, "perf/step_time_seconds": 9.0},
             {"step": 1.0, "learning/loss": 7.4, "perf/step_time_seconds": 0.5},
             {"step": 1.0, "learning/loss": 7.3, "perf/step_time_seconds": 4.0},  # again, after a restore
@@ -269,7 +269,7 @@ def test_maxtexts_own_log_lines_become_events_with_their_time(capsys):
 
     from absl import logging as absl_logging
 
-    from playbooks import timeline
+    from playbooks.runs import timeline
     level = logging.getLogger("absl").level
     handler = mr.listen_to_maxtext()
     try:

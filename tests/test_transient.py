@@ -3,7 +3,7 @@ from gcloud 528, gsutil, kubectl and ray against the loopback fakes, with
 messages no rule knows); and the line of an output that says what failed."""
 import pytest
 
-from playbooks.clients import http_status, is_transient, without_debug_log
+from playbooks.access.cli_clients import http_status, is_transient, without_debug_log
 from playbooks.core.errors import error_line
 from playbooks.core.facts import Completed
 

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
+from playbooks.config.schema import SCHEMA, Environment
 from playbooks.core.inventory import Env
-from playbooks.schema import SCHEMA, Environment
 from tests.conftest import ROOT, env
 
 
@@ -32,7 +32,7 @@ def test_a_misspelt_attribute_fails_at_run_time_and_an_environment_is_read_only(
 
 def test_the_type_checker_refuses_a_misspelt_attribute(tmp_path):
     mod = tmp_path / "uses_env.py"
-    mod.write_text("from playbooks.schema import Environment\n\n\n"
+    mod.write_text("from playbooks.config.schema import Environment\n\n\n"
                    "def slices(env: Environment) -> int:\n    return env.slcies\n")
     r = subprocess.run([sys.executable, "-m", "mypy", "--no-incremental", "--config-file", str(ROOT / "pyproject.toml"),
                         str(mod)], cwd=ROOT, capture_output=True, text=True, timeout=300)

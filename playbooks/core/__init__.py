@@ -12,6 +12,6 @@ each with one name:
   controller host over SSH. Nothing else in the project starts a process,
   touches a file of a run, reads over HTTP or kills.
 
-A ``Session`` (``playbooks/session.py``, the project's, not the engine's) is
+A ``Session`` (``playbooks/cli/session.py``, the project's, not the engine's) is
 one task run: the inventory's environment, the mode, and these three.
 """

@@ -1,22 +1,22 @@
 """The capacity preflight: read-only checks, before anything is created,
 that the zone offers the machine type, that the GKE version is offered, what
 the TPU quotas permit and the reservation holds, and the plan per slice
-made from them (``playbooks/capacity_plan.py``): a shortfall stops the run
+made from them (``playbooks/cloud/capacity_plan.py``): a shortfall stops the run
 before any create. A check that cannot look is "not checked", never a
-shortage. What the options are is ``playbooks/capacity_options.py``."""
+shortage. What the options are is ``playbooks/cloud/capacity_options.py``."""
 from __future__ import annotations
 
 from typing import Any
 
-from .. import capacity_options as cap
-from .. import capacity_plan as plan
-from ..clients import fact, gcloud, json_object
-from ..core.errors import ProbeFailed
-from ..core.facts import ABSENT, Fact
-from ..core.step import Step, fail, ok, skipped, unchecked
-from ..gke import clusters_fact, location, machine_types_fact
-from ..schema import Environment, capacities, reservation_parts
-from ..tpu import chips
+from playbooks.access.cli_clients import fact, gcloud, json_object
+from playbooks.cloud import capacity_options as cap
+from playbooks.cloud import capacity_plan
+from playbooks.cloud.gke import clusters_fact, location, machine_types_fact
+from playbooks.config.schema import Environment, capacities, reservation_parts
+from playbooks.config.tpu import chips
+from playbooks.core.errors import ProbeFailed
+from playbooks.core.facts import ABSENT, Fact
+from playbooks.core.step import Step, fail, ok, skipped, unchecked
 
 PLAY = "capacity"
 
@@ -85,11 +85,11 @@ def quota_step(env: Environment) -> Step:
     """The quotas the options of the list consume, read (the plan step
     decides what they permit: a slice of each option, in order)."""
     need = env.slices * chips(env.topology)
-    wanted = plan.quotas(env)
+    wanted = capacity_plan.quotas(env)
     if not wanted:
         return skipped(PLAY, "TPU quota", "a pool consuming a reservation needs no TPU quota (GKE's TPU docs): the "
                                          "reservation is checked", id="capacity:quota")
-    facts = [plan.quota_fact(env, q) for q in wanted]
+    facts = [capacity_plan.quota_fact(env, q) for q in wanted]
     several = len(capacities(env)) > 1
 
     def decide(look):
@@ -98,7 +98,7 @@ def quota_step(env: Environment) -> Step:
             label = f"quota {cap.quota_label(q)} in {env.region}"
             users = f" ({', '.join(o for o in capacities(env) if q in cap.QUOTAS[o])})" if several else ""
             try:
-                value = plan.quota_value(look(probe), env.region, q[1])
+                value = capacity_plan.quota_value(look(probe), env.region, q[1])
             except ProbeFailed as e:
                 return unchecked(f"{label}{users}: {e.why}")
             if value is None:
@@ -114,20 +114,20 @@ def reservation_step(env: Environment) -> Step:
     (else the inventory names the wrong one); its free hosts are what it
     can give (the plan step counts whole slices)."""
     name = reservation_parts(env)[1]
-    probe = plan.reservation_fact(env)
+    probe = capacity_plan.reservation_fact(env)
 
     def decide(look):
         try:
             r = look(probe)
         except ProbeFailed as e:
             return unchecked(e.why)
-        problem = plan.reservation_problem(env, r)
+        problem = capacity_plan.reservation_problem(env, r)
         if problem and (r is ABSENT or r.get("status") == "READY"):
             return fail(problem)
         if problem:
             return ok(f"{problem}: it takes no slice now")
         spec = r.get("specificReservation") or {}
-        free = plan.free_hosts(r)
+        free = capacity_plan.free_hosts(r)
         return ok(f"reservation {name} is READY with {free} free {env.machine_type} hosts (count {spec.get('count')}, "
                   f"in use {spec.get('inUseCount')}): {free // env.hosts_per_slice} whole slice(s) of "
                   f"{env.hosts_per_slice} hosts")
@@ -138,9 +138,9 @@ def reservation_step(env: Environment) -> Step:
 def plan_step(env: Environment) -> Step:
     """The plan per slice, before anything is created: printed one line per
     slice; a shortfall stops the run here, with what each option can take."""
-    probe = plan.plan_fact(env)
-    firsts = (clusters_fact(env), *[plan.quota_fact(env, q) for q in plan.quotas(env)],
-              *([plan.reservation_fact(env)] if "reservation" in capacities(env) else []))
+    probe = capacity_plan.plan_fact(env)
+    firsts = (clusters_fact(env), *[capacity_plan.quota_fact(env, q) for q in capacity_plan.quotas(env)],
+              *([capacity_plan.reservation_fact(env)] if "reservation" in capacities(env) else []))
     where = (" (on Autopilot the ComputeClass's priorities, in this order, choose each node's capacity)"
              if env.mode == "autopilot" else "")
 

@@ -6,15 +6,15 @@ import dataclasses
 import time
 from typing import Any
 
-from .. import timeline
-from .. import tutorial as T
-from ..clients import fact
-from ..core.command import placeholder
-from ..core.errors import ProbeFailed
-from ..core.facts import ABSENT, Action, Completed
-from ..core.step import Step, change, fail
-from ..gke import kube
-from ..schema import Environment
+from playbooks.access.cli_clients import fact
+from playbooks.cloud.gke import kube
+from playbooks.config import tutorial as T
+from playbooks.config.schema import Environment
+from playbooks.core.command import placeholder
+from playbooks.core.errors import ProbeFailed
+from playbooks.core.facts import ABSENT, Action, Completed
+from playbooks.core.step import Step, change, fail
+from playbooks.runs import timeline
 
 
 def first_worker_fact(env: Environment):

@@ -3,12 +3,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import tutorial as T
-from ..core.facts import ABSENT
-from ..core.step import Step, Verify, change, drift, fail, ok, wait
-from ..gke import clusters_fact, container_change, kube_context, location
-from ..kubeconfig import credentials_command, has_context, kubeconfig_fact
-from ..schema import Environment
+from playbooks.cloud.gke import clusters_fact, container_change, kube_context, location
+from playbooks.cloud.kube_context import credentials_command, has_context, kubeconfig_fact
+from playbooks.config import tutorial as T
+from playbooks.config.schema import Environment
+from playbooks.core.facts import ABSENT
+from playbooks.core.step import Step, Verify, change, drift, fail, ok, wait
 
 PLAY = "cluster"
 CREATE_TIMEOUT = 45 * 60

@@ -7,15 +7,15 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 
-from .. import hosts
-from ..core.facts import Action, Fact
-from ..core.step import Step, Verify, change, ok
-from ..project import ROOT
-from ..schema import Environment
+from playbooks.access import connectors
+from playbooks.config.project import ROOT
+from playbooks.config.schema import Environment
+from playbooks.core.facts import Action, Fact
+from playbooks.core.step import Step, Verify, change, ok
 
 PLAY = "controller"
 SYNCED = ("manifests", "trainer")
-SYNCED_FILES = ("playbooks/gcloud_parse.py",)
+SYNCED_FILES = ("playbooks/access/gcloud_parse.py",)
 SYNC_ID = "controller:sync"
 
 
@@ -36,7 +36,7 @@ def _digest(data: bytes | None) -> str | None:
 
 def stale(env: Environment) -> list[str]:
     """The project files whose copy on the controller is missing or differs."""
-    via = hosts.connector(env)
+    via = connectors.connector(env)
     out = []
     for rel in project_files():
         here = _digest((ROOT / rel).read_bytes())
@@ -46,7 +46,7 @@ def stale(env: Environment) -> list[str]:
 
 
 def sync_step(env: Environment) -> Step:
-    target = hosts.controller(env)
+    target = connectors.controller(env)
     files = project_files()
     fact = Fact(name="controller files", python=lambda: stale(env), assumed=files,
                 display=f"sha256sum {' '.join(d + '/...' for d in SYNCED)}  # on {target}, in {env.remote_dir}",
@@ -54,7 +54,7 @@ def sync_step(env: Environment) -> Step:
                 else f"all {len(files)} file(s) current")
 
     def put(names: list[str]) -> None:
-        via = hosts.connector(env)
+        via = connectors.connector(env)
         for rel in names:
             via.write(rel, (ROOT / rel).read_bytes())
 
@@ -71,7 +71,7 @@ def sync_step(env: Environment) -> Step:
 
 def on_controller(env: Environment, steps: list[Step]) -> list[Step]:
     """With a controller: the sync first, and every other step after it."""
-    if not hosts.controller(env) or not steps:
+    if not connectors.controller(env) or not steps:
         return steps
     rest = [dataclasses.replace(s, after=tuple(dict.fromkeys((SYNC_ID, *s.after)))) for s in steps]
     return [sync_step(env), *rest]

@@ -4,20 +4,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import hosts, paths, rayapi
-from ..core.facts import ABSENT, Fact, assume
-from ..core.step import Step, Verify, change, fail, ok
-from ..endpoints import dashboard, forward_command
-from ..rayapi import version_fact
-from ..schema import Environment
-from ..slices import from_ray, ray_nodes_as_asked
+from playbooks.access import connectors, ray_api
+from playbooks.access.ray_api import version_fact
+from playbooks.cloud.endpoints import dashboard, forward_command
+from playbooks.cloud.slices import from_ray, ray_nodes_as_asked
+from playbooks.config import paths
+from playbooks.config.schema import Environment
+from playbooks.core.facts import ABSENT, Fact, assume
+from playbooks.core.step import Step, Verify, change, fail, ok
 
 PLAY = "dashboard"
 FORWARD_TIMEOUT = 30
 
 
 def forward_step(env: Environment) -> Step:
-    version = version_fact(dashboard(env), hosts.connector(env))
+    version = version_fact(dashboard(env), connectors.connector(env))
 
     def decide(look):
         v = look(version)
@@ -39,11 +40,11 @@ def nodes_fact(env: Environment) -> Fact:
     """The tutorial's `ray list nodes --address ...`, read from the State API
     endpoint that command calls (no process: the ray CLI alone costs seconds
     of CPU, the request milliseconds)."""
-    return assume(rayapi.nodes_fact(dashboard(env), hosts.connector(env)), ray_nodes_as_asked(env))
+    return assume(ray_api.nodes_fact(dashboard(env), connectors.connector(env)), ray_nodes_as_asked(env))
 
 
 def count(nodes: Any) -> tuple[int, int]:
-    alive = rayapi.alive(nodes)
+    alive = ray_api.alive(nodes)
     heads = sum(1 for n in alive if n.get("is_head_node"))
     tpus = sum(1 for n in alive if (n.get("resources_total") or {}).get("TPU"))
     return heads, tpus

@@ -7,22 +7,25 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from .. import goodput, goodput_reference, hosts, maintenance, metrics, paths, timeline
-from ..core.facts import ABSENT, Action, Fact
-from ..core.play import Outcome, StepContext
-from ..core.recap import FAILED, OK
-from ..core.step import Step, change, fail, ok
-from ..endpoints import dashboard
-from ..follow import Follower, Watch, watch_note
-from ..rayapi import job_fact, job_logs_command, jobs_fact, ours, run_of
-from ..schema import Environment
+from playbooks.access import connectors
+from playbooks.access.ray_api import job_fact, job_logs_command, jobs_fact, ours, run_of
+from playbooks.cloud import maintenance
+from playbooks.cloud.endpoints import dashboard
+from playbooks.config import paths
+from playbooks.config.schema import Environment
+from playbooks.core.facts import ABSENT, Action, Fact
+from playbooks.core.play import Outcome, StepContext
+from playbooks.core.recap import FAILED, OK
+from playbooks.core.step import Step, change, fail, ok
+from playbooks.runs import goodput, goodput_reference, metrics, timeline
+from playbooks.runs.follow import Follower, Watch, watch_note
 
 
 def logs_step(env: Environment, run: str | None, follow: bool) -> Step:
     """A run step: the log streams as it comes. The outcome is the job's
     status, read from the Jobs API."""
     addr = dashboard(env)
-    via = hosts.connector(env)
+    via = connectors.connector(env)
     listing = jobs_fact(addr, via)
     which = f"run {run}" if run else "this environment"
 

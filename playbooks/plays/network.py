@@ -3,12 +3,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import tutorial as T
-from ..clients import gcloud
-from ..core.facts import ABSENT
-from ..core.step import Step, Verify, change, drift, ok, skipped
-from ..gke import network_id, network_name, networks_fact, subnet_id, subnet_name, subnet_range, subnets_fact
-from ..schema import Environment
+from playbooks.access.cli_clients import gcloud
+from playbooks.cloud.gke import (
+    network_id,
+    network_name,
+    networks_fact,
+    subnet_id,
+    subnet_name,
+    subnet_range,
+    subnets_fact,
+)
+from playbooks.config import tutorial as T
+from playbooks.config.schema import Environment
+from playbooks.core.facts import ABSENT
+from playbooks.core.step import Step, Verify, change, drift, ok, skipped
 
 PLAY = "network"
 

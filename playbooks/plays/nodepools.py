@@ -3,13 +3,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import capacity_options as cap
-from .. import tutorial as T
-from ..capacity_plan import BROKEN, plan_fact
-from ..core.errors import PlaybookError
-from ..core.facts import ABSENT
-from ..core.step import Broken, Step, Verify, change, drift, fail, ok, skipped, wait
-from ..gke import (
+from playbooks.cloud import capacity_options as cap
+from playbooks.cloud.capacity_plan import BROKEN, plan_fact
+from playbooks.cloud.gke import (
     container_change,
     location,
     machine_types_fact,
@@ -19,7 +15,11 @@ from ..gke import (
     subnet_id,
     subnet_name,
 )
-from ..schema import Environment, capacities, capacity_text
+from playbooks.config import tutorial as T
+from playbooks.config.schema import Environment, capacities, capacity_text
+from playbooks.core.errors import PlaybookError
+from playbooks.core.facts import ABSENT
+from playbooks.core.step import Broken, Step, Verify, change, drift, fail, ok, skipped, wait
 
 PLAY = "nodepools"
 CREATE_TIMEOUT = 60 * 60
@@ -194,7 +194,7 @@ CHIPS_TO_SAY = 64
 
 def chips_step(env: Environment, play: str) -> list[Step]:
     """A line with the total, before more than CHIPS_TO_SAY chips are made."""
-    from ..tpu import chips
+    from playbooks.config.tpu import chips
     per_slice = chips(env.topology)
     total = env.slices * per_slice
     if total <= CHIPS_TO_SAY:

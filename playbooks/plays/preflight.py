@@ -1,19 +1,20 @@
 """Preflight: prove a training job fits the chips before anyone pays for TPUs:
 its static checks, then its AOT compile (and, when it does not fit, the
 search for the smallest change that does). What is checked and how a compile
-is read is ``playbooks/fit.py``."""
+is read is ``playbooks/job/fit.py``."""
 from __future__ import annotations
 
-from .. import fit as F
-from .. import hosts, paths
-from ..core.lock import machine_lock
-from ..core.play import Outcome, StepContext
-from ..core.recap import FAILED, OK
-from ..core.step import Step, fail, ok, skipped
-from ..job import PRESETS, Job
-from ..schema import Environment
-from ..tpu import chips
-from ..versions import installed
+from playbooks.access import connectors
+from playbooks.config import paths
+from playbooks.config.schema import Environment
+from playbooks.config.tpu import chips
+from playbooks.config.versions import installed
+from playbooks.core.lock import machine_lock
+from playbooks.core.play import Outcome, StepContext
+from playbooks.core.recap import FAILED, OK
+from playbooks.core.step import Step, fail, ok, skipped
+from playbooks.job import fit as F
+from playbooks.job.spec import PRESETS, Job
 
 PLAY = "preflight"
 
@@ -42,7 +43,7 @@ def fit(ctx: StepContext, env: Environment, job: Job, extra: F.Extra = (), slice
             return hit
         # libtpu writes its logs (the compiler's own memory account) only
         # into a folder that exists.
-        hosts.this_machine().make_dirs(paths.preflight_tpu_logs(F.cache_key(args)))
+        connectors.this_machine().make_dirs(paths.preflight_tpu_logs(F.cache_key(args)))
         what = f"compiling for {slices or env.slices} x v6e-{chips(env.topology)}"
         with ctx.beating(what, lambda: ""):
             result = ctx.look(F.compile_fact(args))

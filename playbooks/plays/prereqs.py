@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import tutorial as T
-from ..clients import fact, gcloud, json_list, json_object
-from ..core.step import Step, Verify, change, ok
-from ..schema import Environment
+from playbooks.access.cli_clients import fact, gcloud, json_list, json_object
+from playbooks.config import tutorial as T
+from playbooks.config.schema import Environment
+from playbooks.core.step import Step, Verify, change, ok
 
 PLAY = "prereqs"
 

@@ -2,22 +2,22 @@
 ``slices`` replicas x ``hosts_per_slice`` hosts; applied, then waited for.
 On Autopilot, first the rendered manifests are checked against Autopilot's
 rules and the ComputeClass that opts the TPU nodes into managed DRANET is
-applied (``playbooks/manifests.py`` renders both)."""
+applied (``playbooks/cloud/manifests.py`` renders both)."""
 from __future__ import annotations
 
 import json
 import re
 from typing import Any
 
-from .. import capacity_options, k8s, manifests
-from .. import tutorial as T
-from ..core.errors import PlaybookError
-from ..core.facts import ABSENT
-from ..core.step import Step, Verify, change, drift, fail, ok, wait
-from ..gke import kube_get, raycluster_fact
-from ..schema import Environment, capacities, capacity_text
-from ..slices import pods_fact
-from ..versions import installed
+from playbooks.cloud import capacity_options, kube_objects, manifests
+from playbooks.cloud.gke import kube_get, raycluster_fact
+from playbooks.cloud.slices import pods_fact
+from playbooks.config import tutorial as T
+from playbooks.config.schema import Environment, capacities, capacity_text
+from playbooks.config.versions import installed
+from playbooks.core.errors import PlaybookError
+from playbooks.core.facts import ABSENT
+from playbooks.core.step import Step, Verify, change, drift, fail, ok, wait
 
 PLAY = "raycluster"
 READY_TIMEOUT = 30 * 60
@@ -121,7 +121,7 @@ def slices_step(env: Environment) -> Step:
     def explain(look, reason: str) -> str | None:
         """The wait ended without readiness: why, one line per cause."""
         try:
-            found = look(k8s.causes_fact(env))
+            found = look(kube_objects.causes_fact(env))
         except PlaybookError as e:
             return f"and why could not be read: {str(e).splitlines()[0]}"
         return ("why: " + "; ".join(found)) if found else None

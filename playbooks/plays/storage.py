@@ -5,13 +5,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from .. import tutorial as T
-from ..clients import fact, gcloud, json_object, text_value
-from ..core.command import Command, placeholder
-from ..core.facts import ABSENT
-from ..core.step import Step, Verify, change, drift, ok
-from ..gke import bucket_fact, kube, kube_get
-from ..schema import Environment
+from playbooks.access.cli_clients import fact, gcloud, json_object, text_value
+from playbooks.cloud.gke import bucket_fact, kube, kube_get
+from playbooks.config import tutorial as T
+from playbooks.config.schema import Environment
+from playbooks.core.command import Command, placeholder
+from playbooks.core.facts import ABSENT
+from playbooks.core.step import Step, Verify, change, drift, ok
 
 PLAY = "storage"
 

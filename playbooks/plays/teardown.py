@@ -6,15 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import maintenance
-from .. import tutorial as T
-from ..clients import gcloud
-from ..core.command import Command, quote
-from ..core.facts import ABSENT, Action, Fact, assume
-from ..core.pidfile import running_fact
-from ..core.step import Step, Verify, change, ok
-from ..endpoints import forward_pidfile
-from ..gke import (
+from playbooks.access.cli_clients import gcloud
+from playbooks.cloud import maintenance
+from playbooks.cloud.endpoints import forward_pidfile
+from playbooks.cloud.gke import (
     bucket_fact,
     clusters_fact,
     container_change,
@@ -28,8 +23,13 @@ from ..gke import (
     subnet_name,
     subnets_fact,
 )
-from ..kubeconfig import has_context, kubeconfig_fact
-from ..schema import Environment
+from playbooks.cloud.kube_context import has_context, kubeconfig_fact
+from playbooks.config import tutorial as T
+from playbooks.config.schema import Environment
+from playbooks.core.command import Command, quote
+from playbooks.core.facts import ABSENT, Action, Fact, assume
+from playbooks.core.pidfile import running_fact
+from playbooks.core.step import Step, Verify, change, ok
 
 PLAY = "teardown"
 DELETE_TIMEOUT = 30 * 60
@@ -79,7 +79,7 @@ def forward_step(env: Environment) -> Step:
 
 
 def maintenance_step(env: Environment) -> Step:
-    """The runs' maintenance exclusions (``playbooks/maintenance.py``), once
+    """The runs' maintenance exclusions (``playbooks/cloud/maintenance.py``), once
     their jobs went with the RayCluster: ours only, others' left as they are.
     A dry run assumes the tutorial's run left one."""
     run = dict(next(iter(T.TRAIN_ARGS.values())))["run_name"]
@@ -109,7 +109,7 @@ def cluster_step(env: Environment) -> Step:
         if c is ABSENT:
             return ok(f"cluster {env.cluster_name} is not there")
         if c.get("status") == "STOPPING":
-            from ..core.step import wait
+            from playbooks.core.step import wait
             return wait(f"cluster {env.cluster_name} is already being deleted")
         # The tutorial writes --zone=$ZONE (its Standard cluster); an
         # Autopilot cluster is regional, so it is named by --location.

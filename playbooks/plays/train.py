@@ -1,6 +1,6 @@
 """§8-9 Training jobs: the tutorial's `ray job submit`, followed to the end,
 its final status read from the Ray Jobs API, and a summary. What the job is
-(its arguments, its checkpoints) is ``playbooks/job.py``."""
+(its arguments, its checkpoints) is ``playbooks/job/spec.py``."""
 from __future__ import annotations
 
 import re
@@ -8,16 +8,20 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from .. import hosts, maintenance, metrics, paths, timeline
-from ..capacity_options import preemptible
-from ..core.errors import InputError
-from ..core.facts import ABSENT, Action, Completed, Fact, assume
-from ..core.play import Outcome, StepContext
-from ..core.recap import CHANGED, FAILED, SKIPPED
-from ..core.step import Step, Verify, change, fail, ok, skipped
-from ..follow import Follower, Watch, watch_note
-from ..gke import clusters_fact, running_cluster
-from ..job import (
+from playbooks.access import connectors
+from playbooks.access.ray_api import job_fact, job_logs_command, jobs_fact, nodes_fact, ours, submission_number
+from playbooks.cloud import maintenance
+from playbooks.cloud.capacity_options import preemptible
+from playbooks.cloud.gke import clusters_fact, running_cluster
+from playbooks.cloud.slices import from_ray, ray_nodes_as_asked
+from playbooks.config import paths
+from playbooks.config.schema import Environment, capacities, capacity_text
+from playbooks.core.errors import InputError
+from playbooks.core.facts import ABSENT, Action, Completed, Fact, assume
+from playbooks.core.play import Outcome, StepContext
+from playbooks.core.recap import CHANGED, FAILED, SKIPPED
+from playbooks.core.step import Step, Verify, change, fail, ok, skipped
+from playbooks.job.spec import (
     Checkpoints,
     Job,
     checkpoints_fact,
@@ -26,10 +30,9 @@ from ..job import (
     restores_unfinished,
     submit_command,
 )
-from ..rayapi import job_fact, job_logs_command, jobs_fact, nodes_fact, ours, submission_number
-from ..schema import Environment, capacities, capacity_text
-from ..slices import from_ray, ray_nodes_as_asked
-from ..trainlog import Summary, clean
+from playbooks.runs import metrics, timeline
+from playbooks.runs.follow import Follower, Watch, watch_note
+from playbooks.runs.train_summary import Summary, clean
 
 PLAY = "train"
 SUBMIT_ATTEMPTS = 5
@@ -74,7 +77,7 @@ def checkpoint_step(job: Job) -> Step:
         have = look(probe)
         old = look(events) if job.fresh else False
         if job.fresh and (have or old):
-            drop = Action(f"rm {paths.shown(kept)}", lambda: hosts.this_machine().remove(str(kept)))
+            drop = Action(f"rm {paths.shown(kept)}", lambda: connectors.this_machine().remove(str(kept)))
             what = " and ".join(w for w, c in (("checkpoints", have), ("timeline", old)) if c)
             return change(*([remove_checkpoints(job)] if have else []), *([drop] if old else []),
                           reason=f"removed the {what} of run {job.run_name} (--fresh)",
@@ -111,7 +114,7 @@ def hold_step(job: Job) -> Step:
     """Before the job: the run's maintenance exclusion in force (added, or
     renewed when it ends within a day). A run already trained holds nothing
     (and a hold left from its job, unfollowed to its end, is removed). What
-    an exclusion is: ``playbooks/maintenance.py``."""
+    an exclusion is: ``playbooks/cloud/maintenance.py``."""
     env, run = job.env, job.run_name
     title = "hold off GKE maintenance"
     if not env.hold_maintenance:
@@ -157,7 +160,7 @@ def hold_step(job: Job) -> Step:
 
 def ray_nodes(job: Job) -> Fact:
     """Ray's nodes, where the job is submitted (a dry run assumes every slice)."""
-    return assume(nodes_fact(job.address, hosts.connector(job.env)), ray_nodes_as_asked(job.env))
+    return assume(nodes_fact(job.address, connectors.connector(job.env)), ray_nodes_as_asked(job.env))
 
 
 def slices_step(env: Environment, job: Job) -> Step:
@@ -247,7 +250,7 @@ def entrypoint_steps(entrypoint: str) -> int | None:
 
 def job_step(job: Job, log_file: Path | None = None) -> Step:
     """A run step: it follows the job's log as it comes, to the job's end."""
-    via = hosts.connector(job.env)
+    via = connectors.connector(job.env)
     listing, checkpoints = jobs_fact(job.address, via), checkpoints_fact(job)
     seen_checkpoints = checkpoints_place(job)[0] != "unseen"
 

@@ -250,7 +250,7 @@ class Cloud:
 
     def envdata(self, name: str = STANDARD):
         """The environment as the playbooks see it (validated, with derived keys)."""
-        from playbooks.schema import load_inventory
+        from playbooks.config.schema import load_inventory
         return load_inventory(self.inventory_path).env(name)
 
     # Seeds: put the fakes in the state a finished `invoke up` leaves, piece by
@@ -318,7 +318,7 @@ class Cloud:
         """The KSA, the DRANET claim template and a ready RayCluster with its pods,
         from the repository's manifest rendered with the environment's values."""
         e = self.envdata(env_name)
-        from playbooks import manifests
+        from playbooks.cloud import manifests
         if e.namespace != "default":
             self.kube.create("namespaces", {"metadata": {"name": e.namespace}})
         self.kube.create("serviceaccounts", {"metadata": {"name": e.ksa_name, "namespace": e.namespace}})

@@ -1,0 +1,84 @@
+"""Where an environment's effects happen: this machine, or the controller
+host its inventory names (every command, file, HTTP read and kill of the GKE
+plays then runs there, over one SSH connection). A local environment and the
+AOT compile always run here."""
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from playbooks.config.project import ROOT
+from playbooks.core.connector import Connector, LocalConnector, SshConnector
+
+_local: LocalConnector | None = None
+_remote: dict[tuple, SshConnector] = {}
+
+
+# What a child process here is given of this process's environment: what
+# gcloud, gsutil, kubectl (and its auth plugin), curl, ray and JAX read, by
+# name or prefix. Anything else (tokens of other tools, INVOKE_* settings,
+# a shell's functions) is not passed.
+PASSED_NAMES = frozenset({
+    "PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TERM", "TMPDIR", "KUBECONFIG",
+    "NO_GCE_CHECK", "VIRTUAL_ENV", "SSH_AUTH_SOCK", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE",
+    "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "no_proxy", "all_proxy",
+})
+PASSED_PREFIXES = ("LC_", "CLOUDSDK_", "GOOGLE_", "GCE_", "GCLOUD_", "BOTO_", "USE_GKE_", "KUBE", "RAY_", "JAX_",
+                   "XLA_", "TPU_", "LIBTPU", "PYTHON", "XDG_", "SSL_CERT_", "TF_", "HF_")
+
+
+def passed(name: str) -> bool:
+    return name in PASSED_NAMES or name.startswith(PASSED_PREFIXES)
+
+
+def tool_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """This machine's child environment, stated: the passed variables of
+    ``environ`` (this process's), with this interpreter's bin folder first
+    on PATH, so ``ray`` is the locked Ray even when the venv is not
+    activated."""
+    source = os.environ if environ is None else environ
+    env = {k: v for k, v in source.items() if passed(k)}
+    bindir = str(Path(sys.executable).parent)
+    env["PATH"] = bindir + os.pathsep + env.get("PATH", "")
+    return env
+
+
+def this_machine() -> LocalConnector:
+    """This machine's connector, with the client libraries as speed-ups of
+    kubectl and `ray job logs` (the same answers, no process)."""
+    global _local
+    if _local is None:
+        from playbooks.access.kube_api import KubectlShortcut
+        from playbooks.access.ray_api import RayJobLogs
+        _local = LocalConnector(ROOT, tool_env(), shortcuts=(KubectlShortcut(), RayJobLogs()))
+    return _local
+
+
+def controller(env: Any) -> str | None:
+    return env.get("controller") if env.get("kind", "gke") != "local" else None
+
+
+def connector(env: Any) -> Connector:
+    """The connector of this environment's commands (made once per run; an
+    SSH connection opens on its first use, so a dry run never connects)."""
+    target = controller(env)
+    if not target:
+        return this_machine()
+    key = (target, env.get("gateway"), env.get("identity_file"), env.get("known_hosts"), env.get("remote_dir"))
+    if key not in _remote:
+        _remote[key] = SshConnector(target, env.get("remote_dir") or "tpu-playbooks", gateway=env.get("gateway"),
+                                    identity_file=env.get("identity_file"), known_hosts=env.get("known_hosts"))
+    return _remote[key]
+
+
+def close_all() -> None:
+    for c in _remote.values():
+        c.close()
+    _remote.clear()
+
+
+atexit.register(close_all)

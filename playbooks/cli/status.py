@@ -1,0 +1,309 @@
+"""`invoke status`: everything the environment owns, as it is, in one table,
+and one diagnosis line: the first thing that is not as the inventory asks,
+and why (when that is something not ready yet, the first failure after
+it: it often says why). Read-only: the plays of `up` run in check mode
+(every probe at once, before the steps), plus what only status shows: the
+TPU nodes of each pool, the RayCluster's workers (why they are not
+running), the jobs of this environment's runs. A report says what is (as asked, missing, not running,
+not ready, unknown because ...), never what a change would do."""
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from playbooks.access.cli_clients import fact
+from playbooks.access.connectors import connector
+from playbooks.access.ray_api import job_logs_command, jobs_fact, ours, run_of
+from playbooks.cli import task_steps
+from playbooks.cloud import capacity_options, kube_objects, maintenance
+from playbooks.cloud.endpoints import dashboard
+from playbooks.cloud.gke import clusters_fact, kube, nodepool_name, nodepools_list_fact, raycluster_fact
+from playbooks.cloud.slices import pods_fact
+from playbooks.config.schema import Environment
+from playbooks.core.errors import ProbeFailed
+from playbooks.core.facts import ABSENT, Completed, Fact
+from playbooks.core.recap import CHANGED, FAILED, NOT_READY, OK, SKIPPED, UNREACHABLE, Recap, StepResult
+from playbooks.core.step import Step, fail, ok, unchecked
+from playbooks.job.spec import Checkpoints, run_checkpoints
+from playbooks.runs import metrics, stall, timeline
+
+PLAY = "status"
+SHOWN = 3  # the newest jobs said in the jobs line (and whose runs' checkpoints are looked at)
+POOL_LABEL = "cloud.google.com/gke-nodepool"
+
+
+def pool_nodes(c: Completed) -> dict[str, tuple[int, int]]:
+    """pool -> (ready nodes, nodes), from `kubectl get nodes -o json`."""
+    out: dict[str, list[int]] = {}
+    for n in fact_json(c).get("items") or []:
+        pool = ((n.get("metadata") or {}).get("labels") or {}).get(POOL_LABEL, "")
+        ready = any(x.get("type") == "Ready" and x.get("status") == "True"
+                    for x in (n.get("status") or {}).get("conditions") or [])
+        counts = out.setdefault(pool, [0, 0])
+        counts[0] += int(ready)
+        counts[1] += 1
+    return {p: (a, b) for p, (a, b) in out.items()}
+
+
+def fact_json(c: Completed) -> Any:
+    from playbooks.access.cli_clients import json_object
+    return json_object("TPU nodes")(c)
+
+
+def tpu_nodes_step(env: Environment) -> Step:
+    probe = fact("TPU nodes", kube(env, "get", "nodes", "-l", POOL_LABEL, "--output=json"), pool_nodes,
+                 assumed={nodepool_name(env, i): (env.hosts_per_slice, env.hosts_per_slice) for i in range(env.slices)},
+                 describe=lambda d: ", ".join(f"{p} {a}/{b}" for p, (a, b) in sorted(d.items())) or "none")
+
+    pools_probe = nodepools_list_fact(env)
+
+    def decide(look):
+        have = look(probe)
+        try:  # each slice's capacity, as GKE shows it (the pool's config)
+            pools = {p.get("name"): p for p in look(pools_probe)}
+        except ProbeFailed:
+            pools = {}
+        short: list[str] = []
+        waiting: list[str] = []
+        each: list[str] = []
+        for i in range(env.slices):
+            name = nodepool_name(env, i)
+            ready, _ = have.get(name, (0, 0))
+            what = capacity_options.pool_capacity(pools[name]) if name in pools else "capacity unknown"
+            each.append(f"{name} {what} {ready}/{env.hosts_per_slice}")
+            if ready < env.hosts_per_slice:
+                # flex-start pools have nodes only while workers ask for them
+                (waiting if what == "flex-start" else short).append(f"{name} ({what}) {ready} of "
+                                                                     f"{env.hosts_per_slice} nodes ready")
+        if short and env.slices - len(short) >= env.min_slices:
+            # min_slices whole pools are enough; the others are still coming
+            return ok(f"{env.slices - len(short)} of {env.slices} pools have their nodes (min_slices "
+                      f"{env.min_slices}): " + ", ".join(each), notes=["waiting: " + "; ".join(short + waiting)])
+        if short:
+            return fail("; ".join(short + waiting))
+        if waiting:
+            return ok("flex-start, nodes come as workers ask: " + "; ".join(waiting) + " (" + ", ".join(each) + ")",
+                      notes=["waiting: " + "; ".join(waiting)])
+        return ok(f"every pool has its {env.hosts_per_slice} nodes ready: {', '.join(each)}")
+
+    return Step(PLAY, "TPU nodes ready", decide, id="status:nodes", probes=(probe, pools_probe),
+                after=("kube:credentials", *[f"nodepools:{nodepool_name(env, i)}" for i in range(env.slices)]))
+
+
+def maintenance_step(env: Environment) -> Step:
+    """The cluster's maintenance exclusions in force (a run's hold among
+    them: ``playbooks/cloud/maintenance.py``), read from `clusters list`."""
+    probe = clusters_fact(env)
+
+    def decide(look):
+        c = look(probe)
+        if c is ABSENT:
+            return ok("no cluster")
+        force = [maintenance.describe(n, w) for n, w in sorted(maintenance.exclusions(c).items())
+                 if maintenance.in_force(w)]
+        if force:
+            return ok("in force: " + "; ".join(force))
+        return ok("none in force: GKE may upgrade the nodes in its maintenance windows")
+
+    return Step(PLAY, "maintenance exclusions", decide, id="status:maintenance", after=("cluster:cluster",),
+                probes=(probe,))
+
+
+def workers_step(env: Environment) -> Step:
+    """The RayCluster's slices: as asked when min_slices are whole; the
+    slices still waiting named, with their Kubernetes causes."""
+    probe, pods = raycluster_fact(env), pods_fact(env)
+
+    def decide(look):
+        if look(probe) is ABSENT:
+            return ok("no RayCluster yet")
+        s = look(pods)
+        if s.complete:
+            return ok(f"head and {env.slices * env.hosts_per_slice} TPU workers ready ({s.text()})")
+        causes = look(kube_objects.causes_fact(env))
+        why = f"; why: {'; '.join(causes)}" if causes else ""
+        if s.enough(env.min_slices):
+            return ok(f"{s.text(env.min_slices)}{why}", notes=[s.waiting_text()])
+        return fail(f"{s.text(env.min_slices)}{why}")
+
+    return Step(PLAY, "RayCluster workers", decide, id="status:workers", after=("raycluster:slices",),
+                probes=(probe, pods))
+
+
+def _age(ms: Any) -> str:
+    if not ms:
+        return "?"
+    s = max(0, time.time() - float(ms) / 1000)
+    return f"{s / 3600:.1f}h" if s >= 3600 else f"{s / 60:.0f}m" if s >= 60 else f"{s:.0f}s"
+
+
+def job_rows(env: Environment, listed: Any, look: Any = None) -> list[dict]:
+    """One row per job of this environment's runs; with ``look``, the newest
+    ones also with their run's checkpoints as Orbax counts them (the last
+    finalized step, and the step directories ignored, by name)."""
+    rows: list[dict] = []
+    jobs = ours(None, listed)
+    for j in jobs:
+        sid = str(j["submission_id"])
+        run = run_of(sid)
+        row = {"job": sid, "run": run, "status": j.get("status"), "age": _age(j.get("start_time"))}
+        kept = metrics.run_dir(env, run) / metrics.FILE
+        if kept.is_file():
+            _, steps, _ = metrics.read(kept)
+            if steps:
+                last = max(steps, key=lambda r: r["step"])
+                row.update(last_step=last["step"], loss=last.get("loss"),
+                           tokens_per_s_per_device=last.get("tokens_per_s_per_device"))
+        rows.append(row)
+    if look is not None:
+        checked: dict[str, Any] = {}
+        for row, j in list(zip(rows, jobs))[-SHOWN:]:
+            run = str(row["run"])
+            if run not in checked:
+                probe = run_checkpoints(env, run, str(j.get("entrypoint") or ""))
+                checked[run] = look(probe) if probe is not None else None
+            if isinstance(have := checked[run], Checkpoints):
+                row.update(checkpoint=have.last, not_finalized=[n for n, _ in have.partial])
+            elif have is ABSENT:
+                row.update(checkpoint=None, not_finalized=[])
+    return rows
+
+
+def stall_fact(env: Environment, sid: str) -> Fact:
+    """Whether a RUNNING job is stalled: its log's events with a time of
+    their own (the trainer's), and what the chaos tasks and the pod watch
+    recorded in its run's timeline."""
+    def parse(c: Completed) -> Any:
+        if not c.ok:
+            raise ProbeFailed(f"the log of job {sid}", c.line, c.rc, c.stdout, c.stderr,
+                              why=f"could not read it: {c.first_error_line()}")
+        reader = timeline.Reader(sid)
+        events = [e for line in c.stdout.splitlines() for e in reader.feed(line) if e["source"] == "trainer"]
+        events += [e for e in timeline.read(env, run_of(sid))
+                   if e.get("job") == sid and e.get("source") in ("chaos", "pods")]
+        found = stall.check(events, time.time(), env.stall_after)
+        return found.line() if found else ""
+
+    return fact(f"stall of job {sid}", job_logs_command(dashboard(env), sid, follow=False), parse, assumed="",
+                describe=lambda line: line or "steps coming")
+
+
+def jobs_step(env: Environment) -> Step:
+    listing = jobs_fact(dashboard(env), connector(env))
+
+    def decide(look):
+        listed = look(listing)
+        if listed is ABSENT:
+            return unchecked(f"no Ray dashboard answers at {dashboard(env)}")
+        rows = job_rows(env, listed, look)
+        stalled = []
+        for r in rows:
+            if r["status"] == "RUNNING" and (line := look(stall_fact(env, r["job"]))):
+                r["stalled"] = line
+                stalled.append(f"job {r['job']} {line}")
+        failed = [r["job"] for r in rows[-SHOWN:] if r["status"] == "FAILED"]
+        text = ", ".join(f"{r['job']} {r['status']}" for r in rows[-SHOWN:]) or "none"
+        if stalled:
+            causes = look(kube_objects.causes_fact(env)) if env.kind != "local" else []
+            return fail("; ".join(stalled) + (f"; why: {causes[0]}" if causes else ""))
+        if failed and failed[-1] == rows[-1]["job"]:
+            return fail(f"{len(rows)} job(s): {text}")
+        return ok(f"{len(rows)} job(s): {text}", data=rows)
+
+    after = ("dashboard:forward",) if env.kind != "local" else ("twin:head",)
+    return Step(PLAY, "jobs", decide, id="status:jobs", after=after, probes=(listing,))
+
+
+def steps(env: Environment) -> list[Step]:
+    """`up`'s probes, with the TPU nodes and the workers (why they are not
+    ready) before the dashboard's steps: a worker's Kubernetes cause is the
+    diagnosis, not the Ray node it is missing."""
+    out = task_steps.up_steps(env)
+    if env.kind != "local":
+        mine = [maintenance_step(env)] + ([tpu_nodes_step(env)] if env.mode == "standard" else []) \
+            + [workers_step(env)]
+        at = next((i for i, s in enumerate(out) if s.play == "dashboard"), len(out))
+        out = out[:at] + mine + out[at:]
+    out.append(jobs_step(env))
+    return out
+
+
+def _state(lines: list[str]) -> str:
+    """What the step's first probe found (its line's `=> ...`)."""
+    for line in lines:
+        if line.startswith("  probe") and "=> " in line:
+            return line.rsplit("=> ", 1)[1].replace(" (cached)", "")
+    return ""
+
+
+def verdict(r: StepResult, found: dict[str, str]) -> tuple[str, str]:
+    """(verdict, what is) of one step's result: what is there, never what a
+    change would do."""
+    if r.outcome == OK:
+        return "as asked", r.reason
+    if r.outcome == CHANGED and r.found == NOT_READY:
+        return NOT_READY, r.reason.removeprefix("would wait: ")
+    if r.outcome == CHANGED:
+        return r.found or "missing", _state(r.lines) or r.found
+    if r.outcome in (FAILED, UNREACHABLE):
+        return "not as asked", r.reason
+    if r.found == "unknown":
+        waits = (r.data or {}).get("waits_on") if isinstance(r.data, dict) else None
+        if waits:
+            return "unknown", "unknown because " + ", ".join(f"{t} is {found.get(t) or 'not as asked'}"
+                                                             for t in waits)
+        return "unknown", "unknown because " + r.reason.removeprefix("not checked: ")
+    return "not used", r.reason
+
+
+def report(env: Environment, recap: Recap) -> dict:
+    found = {r.title: r.found for r in recap.results if r.outcome == CHANGED}
+    items = []
+    for r in recap.results:
+        v, what = verdict(r, found)
+        items.append({"what": r.title, "verdict": v, "outcome": r.outcome, "state": _state(r.lines),
+                      "reason": what, "notes": list(r.notes)})
+    first = next((i for i in items if i["outcome"] in (CHANGED, FAILED, UNREACHABLE)), None)
+    if first is not None and first["verdict"] == NOT_READY:
+        # Something on its way (slices not whole yet): a failure after it
+        # often says why (a worker's Kubernetes cause), and is the diagnosis.
+        first = next((i for i in items if i["outcome"] in (FAILED, UNREACHABLE)), first)
+    diagnosis = f"{first['what']}: {first['verdict'] if first['outcome'] == CHANGED else first['reason']}" \
+        if first else None
+    # A check that could not look (unknown) is not a finding; what it waits
+    # on is one, and is counted there.
+    as_asked = not recap.not_run and all(i["outcome"] in (OK, SKIPPED) for i in items)
+    return {"environment": env.name, "kind": env.kind, "mode": env.get("mode"), "as_asked": as_asked,
+            "items": items, "jobs": recap.data("status:jobs") or [], "diagnosis": diagnosis,
+            "seconds": round(recap.wall, 1)}
+
+
+def table(doc: dict) -> list[str]:
+    width = max([len(i["what"]) for i in doc["items"]] + [10])
+    out = [f"STATUS of {doc['environment']} ({doc['kind']}{', ' + doc['mode'] if doc.get('mode') else ''}), "
+           f"in {doc['seconds']:.1f}s"]
+    out.append(f"  {'WHAT':<{width}}  {'VERDICT':<13}  STATE / WHY")
+    for i in doc["items"]:
+        why = i["reason"] or i["state"]
+        out.append(f"  {i['what']:<{width}}  {i['verdict']:<13}  {why}".rstrip())
+        out += [f"  {'':<{width}}    {note}" for note in i.get("notes") or [] if note not in why]  # said once
+    if doc["jobs"]:
+        out.append("  JOBS (newest last)")
+        for j in doc["jobs"][-5:]:
+            extra = (f", step {j['last_step']}, loss {j['loss']:.3f}, "
+                     f"{j['tokens_per_s_per_device']:.0f} tokens/s/device"
+                     if j.get("last_step") is not None and j.get("loss") is not None
+                     and j.get("tokens_per_s_per_device") is not None else "")
+            if "checkpoint" in j:
+                extra += (f", checkpoint {j['checkpoint']}" if j["checkpoint"] is not None else ", no checkpoint")
+                if j["not_finalized"]:
+                    extra += f" (not finalized, ignored: {', '.join(j['not_finalized'])})"
+            out.append(f"    {j['job']}  {j['status']}  {j['age']} ago{extra}")
+    out.append(f"diagnosis: {doc['diagnosis']}" if doc["diagnosis"] else
+               "diagnosis: everything is as the inventory asks")
+    return out
+
+
+def render_json(doc: dict) -> str:
+    return json.dumps(doc, indent=2, default=str)

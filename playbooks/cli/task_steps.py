@@ -1,0 +1,214 @@
+"""Which steps each task runs, for an environment: the plays composed (pure
+functions, no I/O). Plays never import one another; what several tasks
+share (kubectl credentials, the capacity checks first, the local twin in
+place of the cloud) is put together here, as are ``status`` and ``doctor``
+beside it."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from playbooks.cloud.gke import nodepool_name
+from playbooks.config.schema import Environment, capacities
+from playbooks.core.command import Command
+from playbooks.core.step import Step, skipped
+from playbooks.job.spec import MODELS, Job, remove_checkpoints
+from playbooks.plays import (
+    capacity,
+    chaos,
+    cluster,
+    dashboard,
+    local_cluster,
+    network,
+    nodepools,
+    preflight,
+    prereqs,
+    raycluster,
+    storage,
+    teardown,
+    train,
+)
+
+GKE_ONLY = ("capacity", "prereqs", "network", "cluster", "nodepools", "storage")
+UP = ("prereqs", "network", "cluster", "nodepools", "storage", "raycluster", "dashboard")
+# The plays whose steps run kubectl: the cluster's credentials come first.
+KUBECTL = ("storage", "raycluster", "dashboard", "chaos")
+
+_GKE: dict[str, Callable[[Environment], list[Step]]] = {
+    "capacity": capacity.steps,
+    "prereqs": prereqs.steps,
+    "network": network.steps,
+    "cluster": cluster.steps,
+    "nodepools": nodepools.steps,
+    "storage": storage.steps,
+    "raycluster": raycluster.steps,
+    "dashboard": dashboard.steps,
+    "chaos": chaos.steps,
+}
+
+
+def _not_local(play: str) -> list[Step]:
+    return [skipped(play, play, "a local environment has no cloud resources of this kind (its twin: the local Ray "
+                                "cluster)", id=f"{play}:local")]
+
+
+def gke_play(env: Environment, play: str) -> list[Step]:
+    """One play's steps on GKE, with what it needs of another play: kubectl
+    credentials for the plays that run kubectl, the total of chips said
+    before the RayCluster makes them on Autopilot."""
+    steps = _GKE[play](env)
+    if play in KUBECTL:
+        steps = [cluster.credentials_step(env, play)] + steps
+    if play == "raycluster" and env.mode == "autopilot":
+        at = next(i for i, s in enumerate(steps) if s.id == "raycluster:apply")
+        steps = steps[:at] + nodepools.chips_step(env, play) + steps[at:]
+    return steps
+
+
+def play_steps(env: Environment, play: str) -> list[Step]:
+    if env.kind == "local":
+        if play in GKE_ONLY:
+            return _not_local(play)
+        if play == "raycluster":
+            return local_cluster.steps(env)
+        if play == "dashboard":
+            return dashboard.steps(env)
+        raise KeyError(play)
+    if play == "nodepools" and env.mode == "standard":
+        # The read-only capacity checks come first: a shortage stops the
+        # play before any pool is made.
+        return _then(capacity.steps(env), gke_play(env, play))
+    return gke_play(env, play)
+
+
+def dedupe(steps: list[Step]) -> list[Step]:
+    """Steps shared by several plays (kubectl credentials) run once."""
+    seen, out = set(), []
+    for s in steps:
+        if s.id in seen:
+            continue
+        seen.add(s.id)
+        out.append(s)
+    return out
+
+
+def up_steps(env: Environment) -> list[Step]:
+    if env.kind == "local":
+        return _then(local_cluster.steps(env), dashboard.steps(env))
+    # The capacity checks first, and everything after them: a proven
+    # shortage stops `up` before it creates anything.
+    rest = dedupe([s for p in UP for s in gke_play(env, p)])
+    return _then(capacity.steps(env), rest)
+
+
+def checks_capacity(env: Environment, task: str) -> bool:
+    """Whether a task's own steps start with the capacity checks (it makes
+    TPUs: node pools, or `up`)."""
+    return env.kind != "local" and (task == "up" or (task == "nodepools" and env.mode == "standard"))
+
+
+# The tasks that make things (a chain of them may end with node pools).
+MAKERS = ("prereqs", "network", "cluster", "nodepools", "storage", "raycluster", "dashboard", "up")
+
+
+def chained(env: Environment, task: str, steps: list[Step], chain: tuple[str, ...]) -> list[Step]:
+    """``task``'s steps as a part of the command line's ``chain``: any chain
+    that will make node pools (`invoke network cluster nodepools`) checks
+    capacity before its first change, so its first task runs the capacity
+    checks first (a proven shortage stops it before the networks are
+    made). A chain where something else comes first (a teardown) is left
+    as it is."""
+    if not chain or chain[0] != task or task not in MAKERS or checks_capacity(env, task):
+        return steps
+    later = next((i for i, t in enumerate(chain) if checks_capacity(env, t)), None)
+    if later is None or any(t not in MAKERS for t in chain[:later]):
+        return steps
+    return _then(capacity.steps(env), steps)
+
+
+def cluster_ready_steps(env: Environment) -> list[Step]:
+    """What a job needs before it is submitted: a reachable Ray dashboard."""
+    if env.kind == "local":
+        return local_cluster.steps(env)
+    return [cluster.credentials_step(env, "train"), dashboard.forward_step(env)]
+
+
+def _then(first: list[Step], then: list[Step]) -> list[Step]:
+    """``then`` runs after every step of ``first`` (for parallel runs)."""
+    ids = tuple(s.id for s in first)
+    for s in then:
+        s.after = tuple(dict.fromkeys(s.after + ids))
+    return first + then
+
+
+def train_steps(env: Environment, job: Job, log_file: Path | None = None, preflight_first: bool = True) -> list[Step]:
+    """Preflight first (nothing is started for a job that cannot fit), then
+    the cluster, the run's checkpoints, GKE maintenance held off (GKE), the
+    job (which releases the hold when it ends)."""
+    if preflight_first:
+        checks = preflight.steps(env, job, search=False)
+    else:
+        checks = [skipped("preflight", "preflight", "--skip-preflight: no static checks (mesh, hosts, manifest) and no "
+                                                   "AOT fit check against the TPU HBM", id="preflight:skipped")]
+    hold = [train.hold_step(job)] if env.kind != "local" else []
+    return _then(checks + train.preemption_note(env, job) + cluster_ready_steps(env)
+                 + [train.slices_step(env, job), train.checkpoint_step(job)] + hold, [train.job_step(job, log_file)])
+
+
+def preflight_steps(env: Environment, job: Job) -> list[Step]:
+    return preflight.steps(env, job, search=True)
+
+
+def chaos_steps(env: Environment, restore_after: float) -> list[Step]:
+    if env.kind == "local":
+        return local_cluster.chaos_steps(env, restore_after)
+    return gke_play(env, "chaos")
+
+
+def hang_steps(env: Environment, restore_after: float) -> list[Step]:
+    """chaos.hang-worker: one worker's trainer frozen, resumed after
+    ``restore_after`` seconds (0: never)."""
+    if env.kind == "local":
+        return local_cluster.hang_steps(env, restore_after)
+    return [cluster.credentials_step(env, "chaos")] + chaos.hang_steps(env, restore_after)
+
+
+def teardown_steps(env: Environment) -> list[Step]:
+    if env.kind == "local":
+        return local_cluster.stop_steps(env, "teardown")
+    return teardown.steps(env)
+
+
+def all_commands(env: Environment) -> list[Command]:
+    """Every command the tasks can run for this environment: each task's dry
+    run (nothing starts), plus the commands only a particular state brings
+    out (a broken node pool replaced, a slice's pool made by any option of
+    the capacity list, a run's checkpoints removed)."""
+    from playbooks.core.play import Playbook
+    from playbooks.core.recap import Reporter
+    from playbooks.core.runner import Mode, Runner
+    from playbooks.job.spec import build_job
+    runner = Runner(Mode.DRY)
+    book = Playbook(runner, Reporter(lambda line: None))
+    book.run("up", up_steps(env))
+    for model in MODELS:
+        for elastic in (False, True):
+            sets = ["dcn_fsdp_parallelism=-1"] if elastic and model == "llama3-70b" else []
+            book.run("train", train_steps(env, build_job(env, model, elastic, sets=sets)))
+    book.run("chaos", chaos_steps(env, 0))
+    book.run("chaos", hang_steps(env, 60))
+    book.run("teardown", teardown_steps(env))
+    out = list(runner.recorded)
+    if env.kind != "local":
+        for i in range(env.slices if env.mode == "standard" else 0):
+            out += [nodepools.create_command(env, nodepool_name(env, i), o) for o in capacities(env)]
+            out.append(nodepools.delete_command(env, nodepool_name(env, i)))
+        remove = remove_checkpoints(build_job(env, "llama3-8b", fresh=True))
+        assert isinstance(remove, Command)  # gs://: a command, not an in-process delete
+        out.append(remove)
+    seen, unique = set(), []
+    for c in out:
+        if c.line() not in seen:
+            seen.add(c.line())
+            unique.append(c)
+    return unique

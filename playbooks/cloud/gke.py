@@ -1,0 +1,197 @@
+"""Names and facts shared by the GKE plays: where things live, how each kind
+of resource is listed (one list call answers for every resource of a kind)."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from playbooks.access.cli_clients import by_name, fact, gcloud, gcs_describe, json_list, kube_list, kube_object, kubectl
+from playbooks.config import tutorial as T
+from playbooks.config.schema import Environment
+from playbooks.core.command import Command
+from playbooks.core.facts import ABSENT, Fact
+
+
+def location(env: Environment) -> str:
+    """Autopilot clusters are regional, the tutorial's Standard cluster zonal."""
+    return env.region if env.mode == "autopilot" else env.zone
+
+
+def kube_context(env: Environment) -> str:
+    """The kubeconfig context ``get-credentials`` writes for this cluster."""
+    return f"gke_{env.project_id}_{location(env)}_{env.cluster_name}"
+
+
+def network_name(env: Environment, i: int) -> str:
+    return f"{env.cluster_name}-{T.SUBNETS[i][0]}"
+
+
+def subnet_name(env: Environment, i: int) -> str:
+    """The inventory's subnet_<i+1>_name (the tutorial's tpu-subnet-1/2)."""
+    return env[f"subnet_{i + 1}_name"]
+
+
+def network_id(i: int) -> str:
+    """Step ids of the two VPCs and their subnets (the names are the
+    inventory's; the ids stay fixed)."""
+    return f"network:net-{i + 1}"
+
+
+def subnet_id(i: int) -> str:
+    return f"network:subnet-{i + 1}"
+
+
+def subnet_range(env: Environment, i: int) -> str:
+    return env[f"subnet_{i + 1}_range"]
+
+
+def nodepool_name(env: Environment, i: int) -> str:
+    from playbooks.config.tpu import chips
+    return f"v6e-{chips(env.topology)}-{i}"
+
+
+# Another operation on the cluster (GKE's own upgrades and repairs count) is
+# waited out for this long, each refused attempt logged (clients.py:
+# _OPERATION_RUNNING says which refusals mean "wait").
+OPERATION_PATIENCE = 30 * 60
+
+
+def container_change(env: Environment, *args: str, quiet: bool = False) -> Command:
+    """A cluster or node pool change (`gcloud container clusters|node-pools
+    create|delete|update ...`): patient for another operation of the
+    cluster, bounded by OPERATION_PATIENCE."""
+    return dataclasses.replace(gcloud("container", *args, project=env.project_id, quiet=quiet),
+                               patience=OPERATION_PATIENCE)
+
+
+def kube(env: Environment, *args: str) -> Command:
+    return kubectl(*args, context=kube_context(env))
+
+
+# -- facts: one list per kind ----------------------------------------------
+def _names(items: Any) -> str:
+    return ", ".join(str(i.get("name", "?")).rsplit("/", 1)[-1] for i in items) or "none"
+
+
+def networks_fact(env: Environment, name: str) -> Fact:
+    return fact(f"network {name}",
+                gcloud("compute", "networks", "list", "--format=json", project=env.project_id),
+                json_list(by_name(name)), describe=_describe_network)
+
+
+def _describe_network(n: Any) -> str:
+    return f"present (mtu {n.get('mtu', '?')}, {'auto' if n.get('autoCreateSubnetworks') else 'custom'} subnets)"
+
+
+# gcloud's regional (and aggregated) compute lists report a region that
+# failed (403, 429, 503) as a WARNING and exit 0 with what they got: "[]".
+# With this hidden property false they exit 1, so a denied or throttled list
+# is never read as "no subnets" and a transient one is retried.
+STRICT_COMPUTE_LISTS = (("CLOUDSDK_COMPUTE_ALLOW_PARTIAL_ERROR", "false"),)
+
+
+def machine_types_fact(env: Environment) -> Fact:
+    """Every zone that offers the machine type (an aggregated list: all of
+    them, so the others can be named)."""
+    c = gcloud("compute", "machine-types", "list", f"--filter=name={env.machine_type}", "--format=json",
+               project=env.project_id)
+    c = dataclasses.replace(c, env=STRICT_COMPUTE_LISTS + c.env)
+
+    def zones(items: list) -> list[str]:
+        return sorted({str(i.get("zone", "")).rsplit("/", 1)[-1] for i in items if i.get("name") == env.machine_type})
+
+    return fact(f"zones offering {env.machine_type}", c, json_list(zones), assumed=[env.zone],
+                describe=lambda zs: ", ".join(zs) or "none")
+
+
+def subnets_fact(env: Environment, name: str) -> Fact:
+    c = gcloud("compute", "networks", "subnets", "list", f"--regions={env.region}", "--format=json",
+               project=env.project_id)
+    return fact(f"subnet {name}", dataclasses.replace(c, env=STRICT_COMPUTE_LISTS + c.env),
+                json_list(by_name(name)),
+                describe=lambda s: f"present ({s.get('ipCidrRange') or 'some range'} on "
+                                   f"{str(s.get('network', '')).rsplit('/', 1)[-1]})")
+
+
+def clusters_fact(env: Environment) -> Fact:
+    return fact(f"cluster {env.cluster_name}",
+                gcloud("container", "clusters", "list", "--format=json", project=env.project_id),
+                json_list(by_name(env.cluster_name)),
+                describe=lambda c: f"present ({c.get('status')}, {c.get('location')}"
+                                   f"{', autopilot' if (c.get('autopilot') or {}).get('enabled') else ''})")
+
+
+def running_cluster(env: Environment) -> dict:
+    """The cluster as `clusters list` shows it once made: what a dry run
+    assumes where a step needs it to exist (teardown, a job's hold)."""
+    return {"name": env.cluster_name, "status": "RUNNING", "location": location(env)}
+
+
+def _nodepools_list(env: Environment) -> Command:
+    return gcloud("container", "node-pools", "list", f"--cluster={env.cluster_name}", f"--location={location(env)}",
+                  "--format=json", project=env.project_id)
+
+
+def nodepools_list_fact(env: Environment) -> Fact:
+    """Every node pool of the cluster (the same list call as each pool's fact)."""
+    return fact("node pools", _nodepools_list(env), json_list(), assumed=[], describe=_names)
+
+
+def nodepools_fact(env: Environment, name: str) -> Fact:
+    return fact(f"node pool {name}", _nodepools_list(env), json_list(by_name(name)),
+                describe=lambda p: f"present ({p.get('status')}, "
+                                   f"{(p.get('placementPolicy') or {}).get('tpuTopology', '?')}, "
+                                   f"{p.get('initialNodeCount', '?')} nodes)")
+
+
+def bucket_fact(env: Environment):
+    return fact(f"bucket {env.gs_bucket}",
+                gcloud("storage", "buckets", "describe", f"gs://{env.gs_bucket}", "--format=json"),
+                gcs_describe(),
+                describe=lambda b: "present" + (f" ({b.get('location')}, "
+                                                f"{b.get('default_storage_class') or b.get('storageClass')})"
+                                                if b.get("location") else ""))
+
+
+def namespace_objects(env: Environment) -> list[tuple[str, str]]:
+    """The objects of ours in the environment's namespace, read by one
+    `kubectl get` (one process, one auth-plugin call, for all of them)."""
+    return [("serviceaccount", env.ksa_name), ("resourceclaimtemplate", T.NETDEV_CLAIMS[env.mode]),
+            ("raycluster", T.RAYCLUSTER_NAME)]
+
+
+_KINDS = {"serviceaccount": "ServiceAccount", "resourceclaimtemplate": "ResourceClaimTemplate",
+          "raycluster": "RayCluster"}
+
+
+def kube_get(env: Environment, kind: str, name: str, namespace: str | None = None) -> Fact:
+    if namespace == env.namespace and (kind, name) in namespace_objects(env):
+        refs = [f"{k}/{n}" for k, n in namespace_objects(env)]
+        c = kube(env, "get", *refs, "--namespace", namespace, "--ignore-not-found", "--output=json")
+
+        def select(items: Any) -> Any:
+            for it in (items or {}).get("items") or []:
+                if it.get("kind") == _KINDS[kind] and (it.get("metadata") or {}).get("name") == name:
+                    return it
+            return ABSENT
+
+        return fact(f"{kind} {name}", c, kube_list(select), describe=lambda o: "present")
+    args = ["get", kind, name]
+    if namespace:
+        args += ["--namespace", namespace]
+    args += ["--ignore-not-found", "--output=json"]
+    return fact(f"{kind} {name}", kube(env, *args), kube_object(), describe=lambda o: "present")
+
+
+def raycluster_fact(env: Environment) -> Fact:
+    f = kube_get(env, "raycluster", T.RAYCLUSTER_NAME, env.namespace)
+    return Fact(name=f.name, command=f.command, parse=f.parse, describe=_describe_raycluster)
+
+
+def _describe_raycluster(rc: Any) -> str:
+    st = rc.get("status") or {}
+    if not st:
+        return "present"
+    state = f"state {st['state']}, " if st.get("state") else ""  # KubeRay sets it once every pod was ready
+    return (f"present ({state}"
+            f"{st.get('availableWorkerReplicas', 0)}/{st.get('desiredWorkerReplicas', '?')} workers available)")

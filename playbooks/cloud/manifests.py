@@ -1,0 +1,218 @@
+"""The rendered manifests, owned in one place: the values each template of
+``manifests/`` is rendered with, the documents it renders to, the command
+that applies it (``envsubst < template | kubectl apply -f -``), and the rules
+a rendered document must keep (Autopilot's; the worker group's slices).
+
+- ``manifests/ray-cluster.tpu-multi-slice.yaml``: DRANET NIC claims and the
+  RayCluster, one TPU worker group of ``slices`` replicas x
+  ``hosts_per_slice`` hosts.
+- ``manifests/compute-class.tpu-dranet.yaml`` (Autopilot): the ComputeClass
+  that opts the TPU nodes into managed DRANET.
+
+On Autopilot the tutorial's RayCluster would be refused: its TPU workers are
+privileged, and Autopilot's policy denies that ("GKE Warden rejected the
+request ... [denied by autogke-disallow-privilege] container ... is
+privileged; not allowed in Autopilot";
+https://cloud.google.com/kubernetes-engine/docs/concepts/autopilot-security).
+And DRANET on Autopilot needs a custom ComputeClass with DRA networking and
+the accelerator network profile `auto`, with which GKE makes and manages the
+extra networks itself: the tutorial's two VPCs are never attached to an
+Autopilot node (GKE's DRANET guide,
+https://docs.cloud.google.com/kubernetes-engine/docs/how-to/allocate-network-resources-dra).
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import Any
+
+import yaml
+
+from playbooks.cloud import capacity_options
+from playbooks.cloud.gke import kube
+from playbooks.config import tutorial as T
+from playbooks.config.project import ROOT
+from playbooks.config.schema import Environment, capacities, reservation_parts
+from playbooks.core.command import Command
+from playbooks.core.render import envsubst, leftover, render
+
+# -- the RayCluster ------------------------------------------------------------------------
+# The NICs each TPU host's pod claims from DRANET (DeviceClass netdev.google.com):
+# Standard, the tutorial's two, on the two DCN networks of the node pools;
+# Autopilot, all that the accelerator network profile gives the node (the
+# claim GKE's sample pairs with it: kubernetes-engine-samples
+# ai-ml/gke-ray/rayserve/llm/tpu/networking/all-netdev-template.yaml).
+CLAIMS = {
+    "standard": (T.NETDEV_CLAIMS["standard"],
+                 {"deviceClassName": "netdev.google.com", "allocationMode": "ExactCount", "count": 2}),
+    "autopilot": (T.NETDEV_CLAIMS["autopilot"], {"deviceClassName": "netdev.google.com", "allocationMode": "All"}),
+}
+
+
+def claim_name(env: Environment) -> str:
+    return CLAIMS[env.mode][0]
+
+
+def worker_node_selector(env: Environment) -> dict[str, str]:
+    """The tutorial's three labels, and on Autopilot the ComputeClass (whose
+    priorities carry the capacity). On Standard the capacity is the
+    workers' affinity (worker_affinity)."""
+    sel = {"iam.gke.io/gke-metadata-server-enabled": "true",
+           "cloud.google.com/gke-tpu-accelerator": T.TPU_ACCELERATOR_LABEL,
+           "cloud.google.com/gke-tpu-topology": env.topology}
+    if env.mode == "autopilot":
+        sel[SELECTOR] = COMPUTE_CLASS
+    return sel
+
+
+def worker_affinity(env: Environment) -> dict[str, Any]:
+    """Standard: the nodes of any capacity option of the list (our label on
+    each pool; why one worker group: capacity_options.worker_affinity).
+    Autopilot: none (the ComputeClass's priorities)."""
+    return {} if env.mode == "autopilot" else capacity_options.worker_affinity(env)
+
+
+def raycluster_values(env: Environment) -> dict[str, str]:
+    name, request = CLAIMS[env.mode]
+    return {
+        "NAMESPACE": env.namespace,
+        "KSA_NAME": env.ksa_name,
+        "GS_BUCKET": env.gs_bucket,
+        "RAY_IMAGE": env.ray_image,
+        "SLICES": str(env.slices),
+        "HOSTS_PER_SLICE": str(env.hosts_per_slice),
+        "CHIPS_PER_HOST": str(env.chips_per_host),
+        "WORKER_NODE_SELECTOR": json.dumps(worker_node_selector(env)),
+        "WORKER_AFFINITY": json.dumps(worker_affinity(env)),
+        "NETDEV_CLAIM": name,
+        "NETDEV_REQUEST": json.dumps(request),
+        # The tutorial's workers are privileged; Autopilot denies that.
+        "WORKER_SECURITY_CONTEXT": json.dumps({} if env.mode == "autopilot" else {"privileged": True}),
+    }
+
+
+def _apply(template: str, values: dict[str, str], env: Environment) -> Command:
+    """``envsubst < template | kubectl apply -f -``, as the tutorial writes it,
+    with envsubst limited to the template's variables and its output checked."""
+    rendered = envsubst(template, values, root=ROOT)
+    return Command(kube(env, "apply", "-f", "-").argv, pipe_from=rendered, pipe_check=leftover)
+
+
+def raycluster_apply(env: Environment) -> Command:
+    return _apply(T.RAYCLUSTER_MANIFEST, raycluster_values(env), env)
+
+
+def raycluster_docs(env: Environment) -> list[dict]:
+    """The rendered RayCluster manifest: its claim template and RayCluster."""
+    text = render((ROOT / T.RAYCLUSTER_MANIFEST).read_text(), raycluster_values(env))
+    return [d for d in yaml.safe_load_all(text) if d]
+
+
+def worker_group(rc: Any) -> dict:
+    """The TPU worker group of a RayCluster (rendered or read back)."""
+    for g in ((rc or {}).get("spec") or {}).get("workerGroupSpecs") or []:
+        if g.get("groupName") == T.TPU_WORKER_GROUP:
+            return g
+    return {}
+
+
+def megascale_problem(env: Environment) -> str | None:
+    """The TPU webhook needs MEGASCALE_NUM_SLICES equal to the replicas."""
+    for doc in raycluster_docs(env):
+        if doc.get("kind") != "RayCluster":
+            continue
+        for g in doc["spec"].get("workerGroupSpecs") or []:
+            for c in g["template"]["spec"].get("containers") or []:
+                env_vars = {e["name"]: e.get("value") for e in c.get("env") or []}
+                if str(env_vars.get("MEGASCALE_NUM_SLICES")) != str(g.get("replicas")):
+                    return (f"manifest: MEGASCALE_NUM_SLICES={env_vars.get('MEGASCALE_NUM_SLICES')} but the worker "
+                            f"group has {g.get('replicas')} slice replicas")
+    return None
+
+
+# -- the ComputeClass (Autopilot) -------------------------------------------------------------
+COMPUTE_CLASS = "maxtext-tpu-dranet"
+COMPUTE_CLASS_MANIFEST = "manifests/compute-class.tpu-dranet.yaml"
+SELECTOR = "cloud.google.com/compute-class"
+
+
+def priorities(env: Environment) -> list[dict[str, Any]]:
+    """The ComputeClass's priorities: one per capacity option of the list,
+    in its order (GKE tries them best first), each the machine type with
+    the accelerator network profile and the option (the same key means the
+    same on both modes: ComputeClass fields spot, flexStart, reservations;
+    on-demand is a priority with none of them)."""
+    out = []
+    for option in capacities(env):
+        p: dict[str, Any] = {"machineType": env.machine_type, "acceleratorNetworkProfile": "auto"}
+        if option == "spot":
+            p["spot"] = True
+        elif option == "flex-start":
+            p["flexStart"] = {"enabled": True}
+        elif option == "reservation":
+            owner, name = reservation_parts(env)
+            p["reservations"] = {"affinity": "Specific", "specific": [{"name": name, "project": owner}]}
+        out.append(p)
+    return out
+
+
+def compute_class_values(env: Environment) -> dict[str, str]:
+    return {"COMPUTE_CLASS": COMPUTE_CLASS, "PRIORITIES": json.dumps(priorities(env))}
+
+
+def compute_class_doc(env: Environment) -> dict:
+    text = (ROOT / COMPUTE_CLASS_MANIFEST).read_text()
+    return yaml.safe_load(render(text, compute_class_values(env)))
+
+
+def compute_class_apply(env: Environment) -> Command:
+    return _apply(COMPUTE_CLASS_MANIFEST, compute_class_values(env), env)
+
+
+def all_docs(env: Environment) -> list[dict]:
+    """Every document this environment applies."""
+    return raycluster_docs(env) + ([compute_class_doc(env)] if env.mode == "autopilot" else [])
+
+
+# -- Autopilot's rules, checked on the rendered manifests before any apply ------------
+# Autopilot's security policy (GKE "Autopilot security measures"): no
+# privileged containers, no host namespaces, no hostPath volumes that write.
+# Its per-machine resource limits for TPU v6e are not published: not checked.
+def pod_specs(docs: Iterable[dict]) -> list[tuple[str, dict]]:
+    """(where, pod spec) of every pod template in these manifests."""
+    out = []
+    for d in docs:
+        if not isinstance(d, dict):
+            continue
+        name = f"{d.get('kind')} {(d.get('metadata') or {}).get('name')}"
+        spec = d.get("spec") or {}
+        if d.get("kind") == "RayCluster":
+            out.append((f"{name}: headGroupSpec", (spec.get("headGroupSpec") or {}).get("template", {}).get("spec")
+                        or {}))
+            for i, g in enumerate(spec.get("workerGroupSpecs") or []):
+                out.append((f"{name}: workerGroupSpecs[{i}]", (g.get("template") or {}).get("spec") or {}))
+        elif d.get("kind") == "Pod":
+            out.append((name, spec))
+    return out
+
+
+def autopilot_violations(docs: Iterable[dict]) -> list[str]:
+    """Each field Autopilot would refuse, one line each."""
+    out = []
+    for where, spec in pod_specs(docs):
+        for field in ("hostNetwork", "hostPID", "hostIPC"):
+            if spec.get(field):
+                out.append(f"{where}: spec.{field}: true is a host namespace, denied on Autopilot")
+        for v in spec.get("volumes") or []:
+            if "hostPath" in v:
+                out.append(f"{where}: volumes[{v.get('name')}].hostPath is denied on Autopilot")
+        for kind in ("initContainers", "containers"):
+            for c in spec.get(kind) or []:
+                sc = c.get("securityContext") or {}
+                if sc.get("privileged"):
+                    out.append(f"{where}: {kind}[{c.get('name')}].securityContext.privileged: true is denied on "
+                               f"Autopilot (autogke-disallow-privilege)")
+                if sc.get("allowPrivilegeEscalation"):
+                    out.append(f"{where}: {kind}[{c.get('name')}].securityContext.allowPrivilegeEscalation: true is "
+                               f"denied on Autopilot")
+    return out

@@ -1,0 +1,394 @@
+"""Does a job fit its TPUs? The mesh arithmetic (static checks), the AOT
+compile that answers for the memory (MaxText's train_compile for the TPU
+topology, on this machine's CPU), how its output is read, the cache of its
+results, and the search for the smallest change that fits. The steps that
+run them are ``plays/preflight.py``.
+
+1. Static checks, instant: the model config exists in the pinned MaxText; the
+   ICI parallelisms multiply to the chips of a slice, the DCN ones to the
+   slices; hosts, chips and workers agree; the manifest's
+   MEGASCALE_NUM_SLICES equals its slice replicas; heads split over the
+   tensor axis.
+2. Fit, by ahead-of-time compiling the exact job for the TPU topology with
+   MaxText's train_compile (same MaxText, flags and libtpu as the workers):
+   per-chip arguments, outputs, temporaries and total against the chip's HBM.
+3. When it does not fit, a small stated list of changes is compiled in turn
+   and the first that fits is printed as a ready `--set` line.
+Results are cached by everything that changes the compile.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import yaml
+
+from playbooks.access import connectors
+from playbooks.cloud import manifests
+from playbooks.config import paths
+from playbooks.config import tutorial as T
+from playbooks.config.maxtext_settings import as_text, model_config, overrides_model
+from playbooks.config.project import ROOT
+from playbooks.config.schema import Environment
+from playbooks.config.tpu import chips
+from playbooks.config.versions import installed
+from playbooks.core.command import Command
+from playbooks.core.facts import ABSENT, Completed, Fact
+from playbooks.job.spec import PRESETS, Job
+
+GIB = 1024 ** 3
+Extra = tuple[tuple[str, str], ...]
+
+
+@cache
+def _base() -> dict:
+    """trainer/base.yml, read once (callers only read it)."""
+    return yaml.safe_load((ROOT / "trainer" / T.BASE_CONFIG).read_text())
+
+
+def slice_devices(env: Environment) -> int:
+    """Devices in one slice: TPU chips on GKE, JAX CPU devices locally."""
+    if env.kind == "local":
+        return env.hosts_per_slice * env.devices_per_host
+    return chips(env.topology)
+
+
+def _axes(args: dict[str, str], base: dict, prefix: str) -> dict[str, int]:
+    out = {}
+    for k, v in base.items():
+        if k.startswith(prefix) and k.endswith("_parallelism") and isinstance(v, int):
+            out[k] = int(args.get(k, v))
+    return out
+
+
+def _mesh_rule(axes: dict[str, int], target: int, what: str) -> str | None:
+    auto = [k for k, v in axes.items() if v == -1]
+    fixed = {k: v for k, v in axes.items() if v not in (-1, 1)}
+    product = 1
+    for v in fixed.values():
+        product *= v
+    shown = " x ".join(f"{k}={v}" for k, v in fixed.items()) or "all 1"
+    if len(auto) > 1:
+        return f"{what}: more than one axis is -1 ({', '.join(auto)}); MaxText fills only one"
+    if auto:
+        if target % product:
+            return (f"{what}: {shown} = {product} does not divide the {target} to fill "
+                    f"({auto[0]}=-1 gets the rest)")
+        return None
+    if product != target:
+        return f"{what}: {shown} = {product}, but there are {target}"
+    return None
+
+
+def static_checks(env: Environment, job: Job) -> list[str]:
+    """Each violation: one line with the numbers."""
+    out: list[str] = []
+    args = dict(job.args)
+    model = args.get("model_name", job.model)
+    cfg = model_config(model) or None
+    if cfg is None:
+        out.append(f"model config models/{model}.yml is not in the pinned MaxText "
+                   f"(maxtext {installed('maxtext')}: see trainer/models/)")
+        cfg = {}
+    base = _base()
+    devices = slice_devices(env)
+    unit = "CPU devices in a simulated slice" if env.kind == "local" else f"chips in a {env.topology} slice"
+    why = _mesh_rule(_axes(args, base, "ici_"), devices, f"ICI parallelism (per slice, {devices} {unit})")
+    if why:
+        out.append(why)
+    if job.elastic:
+        dcn = _axes(args, base, "dcn_")
+        fixed = {k: v for k, v in dcn.items() if v not in (1, -1)}
+        if fixed:
+            out.append(f"DCN parallelism: {fixed} fixes the slice count, but the elastic job runs on 1 to "
+                       f"{env.slices} slices; use -1")
+    else:
+        why = _mesh_rule(_axes(args, base, "dcn_"), env.slices, f"DCN parallelism (across slices, {env.slices} slices)")
+        if why:
+            out.append(why)
+    if env.kind != "local":
+        per_host = env.chips_per_host
+        if per_host * env.hosts_per_slice != chips(env.topology):
+            out.append(f"hosts: {env.hosts_per_slice} hosts x {per_host} chips = "
+                       f"{env.hosts_per_slice * per_host}, but topology {env.topology} has {chips(env.topology)} chips")
+        workers = env.slices * env.hosts_per_slice
+        if workers % env.hosts_per_slice:
+            out.append(f"workers: {workers} is not a multiple of {env.hosts_per_slice} hosts per slice")
+        why = manifests.megascale_problem(env)
+        if why:
+            out.append(why)
+        if env.mode == "autopilot":
+            out += manifests.autopilot_violations(manifests.all_docs(env))
+    ov = overrides_model(args.items())
+    q = int(args["base_num_query_heads"]) if ov and "base_num_query_heads" in args else cfg.get("base_num_query_heads")
+    kv = int(args["base_num_kv_heads"]) if ov and "base_num_kv_heads" in args else cfg.get("base_num_kv_heads")
+    tensor = int(args.get("ici_tensor_parallelism", base.get("ici_tensor_parallelism", 1)))
+    if q and tensor > 0 and q % tensor:
+        out.append(f"attention: {q} query heads do not split over ici_tensor_parallelism={tensor}")
+    if kv and tensor > 0 and kv % tensor and tensor % kv:
+        out.append(f"attention: {kv} KV heads and ici_tensor_parallelism={tensor}: neither divides the other")
+    return out
+
+
+
+# -- the fit check: an ahead-of-time compile for the TPU topology --------------
+HBM_V6E_GIB = 31.24  # what libtpu reports for a v6e chip; the compile log says it again
+LIBTPU_BUSY = re.compile(r"(?:TPU is already in use by (?:a )?process with pid (\d+)|libtpu_lockfile)")
+OOM = re.compile(r"CompileTimeHbmOom: .*?\(([\d.]+)G\) exceeds available HBM \(([\d.]+)G\)")
+MEMORY = re.compile(r"Memory analysis: CompiledMemoryStats\((.*?)\)")
+TOTAL = re.compile(r"Total hbm usage >= ([\d.]+)([KMGT]?)")
+PROGRAM = re.compile(r"XLA::TPU program HBM usage: ([\d.]+)([KMGT]?) / ([\d.]+)([KMGT]?)")
+HOST = re.compile(r"Total host usage >= ([\d.]+)([KMGT]?)")
+UNIT = {"": 1 / GIB, "K": 1 / 1024 ** 2, "M": 1 / 1024, "G": 1.0, "T": 1024.0}
+
+# Changes tried, in this order, when a job does not fit: smallest first (a
+# change the job already has is not compiled again).
+CANDIDATES: tuple[Extra, ...] = (
+    (("remat_policy", "full"),),
+    (("per_device_batch_size", "1"),),
+    (("optimizer_memory_host_offload", "true"),),
+    (("per_device_batch_size", "1"), ("optimizer_memory_host_offload", "true")),
+    (("per_device_batch_size", "1"), ("optimizer_memory_host_offload", "true"),
+     ("parameter_memory_host_offload", "true"), ("param_scan_axis", "0")),
+)
+
+# When no change of settings fits: more chips, as more slices of the same
+# topology (an inventory change: `slices`), the job's DCN split following them.
+MORE_SLICES = (2, 4)
+
+# Proven by `bench/preflight.py` (an AOT compile for 2 x v6e-16): the smallest
+# change of the tutorial's 70B job that fits its 32 chips.
+def _gib(value: str, unit: str) -> float:
+    return float(value) * UNIT[unit]
+
+
+@dataclass
+class Fit:
+    fits: bool
+    seconds: float = 0.0
+    arguments: float | None = None   # GiB per chip
+    outputs: float | None = None
+    aliased: float | None = None
+    temporaries: float | None = None
+    total: float | None = None
+    capacity: float = HBM_V6E_GIB
+    host: float | None = None
+    needed: float | None = None      # temporaries asked for, when it does not fit
+    error: str | None = None         # a failure that is not about memory
+    cached: bool = False
+
+    @property
+    def margin(self) -> float | None:
+        return None if self.total is None else self.capacity - self.total
+
+    def lines(self) -> list[str]:
+        if self.error:
+            return [f"the job does not compile: {self.error}"]
+        if not self.fits:
+            needed = self.needed or 0.0
+            return [f"does NOT fit: its temporaries alone need {needed:.2f} GiB per chip, the chip has "
+                    f"{self.capacity:.2f} GiB of HBM (short by {needed - self.capacity:.2f} GiB)"]
+        out = ["fits, per chip:"]
+        if self.arguments is not None:
+            out.append(f"  arguments {self.arguments:.2f} GiB, outputs {self.outputs:.2f} GiB "
+                       f"({self.aliased:.2f} GiB of them aliased to arguments), temporaries {self.temporaries:.2f} GiB")
+        if self.total is not None:
+            margin = self.capacity - self.total
+            out.append(f"  total {self.total:.2f} GiB of {self.capacity:.2f} GiB HBM: margin {margin:.2f} GiB "
+                       f"({100 * margin / self.capacity:.1f}%)"
+                       + (f"; host memory {self.host:.2f} GiB (offloaded)" if self.host else ""))
+        return out
+
+    def to_json(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k != "cached"}
+
+
+def parse_compile(text: str, tpu_log: str = "", seconds: float = 0.0) -> Fit:
+    m = OOM.search(text) or OOM.search(tpu_log)
+    if m:
+        return Fit(False, seconds, needed=float(m.group(1)), capacity=float(m.group(2)))
+    mem = MEMORY.search(text)
+    busy = LIBTPU_BUSY.search(text + "\n" + tpu_log)
+    if not mem and busy:
+        # Not libtpu's advice (delete its lock file): the other process
+        # still uses it.
+        who = f"pid {busy.group(1)}" if busy.group(1) else "another process"
+        return Fit(False, seconds, error=f"libtpu is in use by {who} on this machine: wait for it to end and "
+                                         f"run again (do not delete /tmp/libtpu_lockfile while it runs)")
+    if not mem:
+        errors = [ln for ln in text.splitlines() if re.search(r"(Error|Exception|error:)", ln)
+                  and "E0000" not in ln and "unexpected worker hostname" not in ln]
+        return Fit(False, seconds, error=(errors[-1].strip() if errors else "no memory analysis in its output"))
+    stats = {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", mem.group(1))}
+    arguments, outputs, aliased, temporaries = (stats.get(f"{k}_size_in_bytes", 0) / GIB
+                                                for k in ("argument", "output", "alias", "temp"))
+    fit = Fit(True, seconds, arguments=arguments, outputs=outputs, aliased=aliased, temporaries=temporaries)
+    # The compiler's own account (libtpu's log) is the one it fits against;
+    # the stats above, summed, overstate it.
+    if (t := TOTAL.search(tpu_log)):
+        fit.total = _gib(*t.groups())
+    else:
+        fit.total = arguments + outputs - aliased + temporaries
+    if (p := PROGRAM.search(tpu_log)):
+        fit.capacity = _gib(p.group(3), p.group(4))
+    if (h := HOST.search(tpu_log)):
+        fit.host = _gib(*h.groups()) or None
+    return fit
+
+
+def compile_args(env: Environment, job: Job, extra: Extra = (), slices: int | None = None) -> list[str]:
+    """The job's own arguments, for the TPU topology it would run on (every
+    slice, for an elastic job)."""
+    args = dict(job.args)
+    for k, v in extra:
+        args[k] = v
+    args.update({"compile_topology": f"v6e-{chips(env.topology)}",
+                 "compile_topology_num_slices": str(slices or env.slices)})
+    return [f"{k}={v}" for k, v in args.items()]
+
+
+WORK = paths.PREFLIGHT
+
+
+# Where a job writes: not part of what it compiles to.
+WORK_KEYS = ("base_output_directory", "run_name", "jax_cache_dir", "dump_hlo_local_dir")
+
+
+def _without_work_dirs(args: list[str]) -> list[str]:
+    return [a for a in args if a.split("=", 1)[0] not in WORK_KEYS]
+
+
+def with_work_dirs(args: list[str]) -> list[str]:
+    """Where the compile may write: only under .state/preflight/ (not the
+    job's /data/, not ~/jax_cache, not /tmp/xla_dump)."""
+    return _without_work_dirs(args) + [f"base_output_directory={WORK}/out/", "run_name=preflight",
+                                       f"jax_cache_dir={WORK}/jax_cache",
+                  f"dump_hlo_local_dir={WORK}/xla_dump/"]
+
+
+def versions() -> dict[str, str]:
+    return {p: installed(p) for p in ("maxtext", "jax", "jaxlib", "libtpu")}
+
+
+def cache_key(args: list[str]) -> str:
+    """Everything that changes the compile: the job's arguments (model,
+    settings, topology, slices) and the MaxText, jax and libtpu versions."""
+    blob = json.dumps({"args": sorted(_without_work_dirs(args)), "versions": versions()}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def cache_path(key: str) -> Path:
+    return paths.preflight_cache() / f"{key}.json"
+
+
+def compile_command(args: list[str], key: str) -> Command:
+    return Command(("python", "-m", "maxtext.trainers.pre_train.train_compile", f"trainer/{T.BASE_CONFIG}",
+                    *with_work_dirs(args)), env=(("TPU_LOG_DIR", paths.preflight_tpu_logs(key)),), timeout=3 * 3600,
+                   here=True)  # on this machine's CPU, even when the plays run on a controller
+
+
+def compile_fact(args: list[str]) -> Fact:
+    key = cache_key(args)
+    command = compile_command(args, key)
+
+    def parse(c: Completed) -> Fit:
+        log = ROOT / dict(command.env)["TPU_LOG_DIR"] / "tpu_driver.INFO"
+        err = log.with_name("tpu_driver.ERROR")
+        text = "\n".join(p.read_text(errors="replace") for p in (log, err) if p.exists())
+        fit = parse_compile(c.stdout + "\n" + c.stderr, text, c.seconds)
+        if fit.fits or fit.needed is not None:
+            connectors.this_machine().write(str(cache_path(key)), json.dumps(fit.to_json()).encode())
+        return fit
+
+    return Fact(name="fit", command=command, parse=parse, assumed=ABSENT,
+                describe=lambda f: ("fits" if f.fits else "does not fit" if f.needed else "does not compile")
+                if isinstance(f, Fit) else str(f))
+
+
+def cached(args: list[str]) -> Fit | None:
+    p = cache_path(cache_key(args))
+    if not p.exists():
+        return None
+    fit = Fit(**json.loads(p.read_text()))
+    fit.cached = True
+    return fit
+
+
+
+# libtpu takes a machine-wide lock (/tmp/libtpu_lockfile) for a compile: a
+# second compile at once fails, and libtpu's message advises deleting the
+# lock file, which would break the first. Compiles take this lock first, so
+# a second one waits, saying which pid it waits for.
+COMPILE_LOCK = Path("/tmp/maxtext-playbooks-compile.lock")
+
+
+# -- the search for a change that fits ------------------------------------------------------
+def set_line(extra: Extra) -> str:
+    return " ".join(f"--set {k}={v}" for k, v in extra)
+
+
+def ready_command(env: Environment, job: Job, extra: Extra) -> str:
+    prefix = f"INVOKE_PLAYBOOK_ENV={env.name} " if env.name else ""
+    flags = [f"--model={job.model}"] + (["--elastic"] if job.elastic else [])
+    preset = next((name for name, ov in PRESETS.get(job.model, {}).items() if tuple(ov) == tuple(extra)), None)
+    tail = f"--preset={preset}" if preset else set_line(extra)
+    return f"{prefix}invoke train {' '.join(flags)} {tail}"
+
+
+def job_uses(job: Job, extra: Extra) -> bool:
+    """Whether the job already has these settings (its own or base.yml's)."""
+    args, base = dict(job.args), _base()
+    return all(args.get(k, as_text(base.get(k))) == v for k, v in extra)
+
+
+def dcn_following_slices(job: Job) -> Extra:
+    """Settings that make the job's DCN split follow the slice count: its
+    largest fixed DCN axis becomes -1 (MaxText fills it from the slices)."""
+    axes = _axes(dict(job.args), _base(), "dcn_")
+    fixed = {k: v for k, v in axes.items() if v not in (1, -1)}
+    filled = [k for k, v in axes.items() if v == -1]
+    if not fixed:
+        return () if filled else (("dcn_data_parallelism", "-1"),)
+    largest = max(fixed, key=lambda k: fixed[k])
+    return ((largest, "-1"),) + tuple((k, "1") for k in filled)
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One compile of the search: a change of settings, or more slices."""
+
+    what: str
+    extra: Extra
+    slices: int | None = None
+
+
+def search_plan(env: Environment, job: Job) -> list[Attempt]:
+    """What the search compiles, in order: the settings of CANDIDATES the job
+    does not already have, then more slices of the same topology (the DCN
+    split following them)."""
+    out = [Attempt(set_line(extra), extra) for extra in CANDIDATES if not job_uses(job, extra)]
+    extra = dcn_following_slices(job)
+    for n in (env.slices * factor for factor in MORE_SLICES):
+        out.append(Attempt(f"{n} x v6e-{chips(env.topology)}" + (f" with {set_line(extra)}" if extra else ""),
+                           extra, n))
+    return out
+
+
+def found(env: Environment, job: Job, short: str, a: Attempt, r: Fit) -> str:
+    """What to do, once an attempt fits."""
+    if a.slices is None:
+        return (f"{short}. Smallest change that fits ({r.total:.2f} of {r.capacity:.2f} GiB): "
+                f"{ready_command(env, job, a.extra)}")
+    return (f"{short}. No change of settings fits; {a.slices} slices do ({r.total:.2f} of {r.capacity:.2f} GiB): "
+            f"set `slices: {a.slices}` for {env.name} in the inventory and run `invoke up` ({a.slices} node pools "
+            f"of v6e-{chips(env.topology)}), then {ready_command(env, job, a.extra)}")
+
+
+def none_found(env: Environment, short: str, plan: list[Attempt]) -> str:
+    settings = sum(1 for a in plan if a.slices is None)
+    return (f"{short}; none of the {settings} changes tried fits, nor {env.slices * MORE_SLICES[-1]} slices: a larger "
+            f"topology is needed")

@@ -1,0 +1,226 @@
+"""Following a job (``invoke train``, ``invoke logs --follow``): what its log
+lines become (the summary, the run's log file, the lines shown, the run's
+timeline), and the watch beside it while it runs: a stall said in one line
+(and, with ``stall_action: stop``, the job stopped), on GKE the worker
+pods (scheduled, lost and why), and what the chaos tasks recorded."""
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+from playbooks.access.ray_api import job_fact
+from playbooks.cloud import kube_objects
+from playbooks.config import paths
+from playbooks.config.schema import Environment
+from playbooks.core.command import Command
+from playbooks.core.errors import PlaybookError
+from playbooks.core.play import StepContext
+from playbooks.runs import stall, timeline
+from playbooks.runs.train_summary import HIDE, SHOW, Summary, clean
+
+
+def stop_command(address: str, sid: str) -> Command:
+    """`ray job stop`: the job ends, its run resumes from its checkpoint on
+    the next `invoke train`."""
+    return Command(("ray", "job", "stop", "--address", address, sid))
+
+
+def watch_note(env: Environment, address: str, sid: str, run: str) -> str:
+    """What the watch does while the job runs, said before it starts."""
+    after = (f"{env.stall_after} s (stall_after)" if env.stall_after else
+             f"the larger of {stall.P90_FACTOR:g} x the run's p90 step time and {stall.DEFAULT_FLOOR / 60:g} min")
+    act = f"stopped: `{stop_command(address, sid).line()}`" if env.stall_action == "stop" else "reported"
+    pods = (f"; the worker pods looked at every heartbeat (`{kube_objects.pods_command(env).line()}`, and the events)"
+            if env.kind != "local" else "")
+    return (f"watch: no new step for {after} is a stall (before a worker group's first step, its compile is allowed "
+            f"for too), {act}{pods}; the run's timeline: {paths.shown(timeline.path(env, run))}")
+
+
+class Follower:
+    """What a followed job's log lines become: the summary, the run's log
+    file, the lines shown (``show_all``: every line; else the ones that
+    matter, the rest only in the file), the run's timeline; ``beat``: a
+    heartbeat told of each line shown."""
+
+    def __init__(self, ctx: StepContext, env: Environment, run: str, sid: str, log_file: Path | None = None,
+                 show_all: bool = False, source: str = "train", job: Any = None):
+        self.ctx, self.env, self.run, self.sid, self.source = ctx, env, run, sid, source
+        self.summary = Summary()
+        self.show_all = show_all
+        # Open while the job is followed; closed by close().
+        self.out: IO[str] | None = open(log_file, "a") if (log_file and ctx.acting) else None  # noqa: SIM115
+        self.beat: Any = None
+        self.lock = threading.RLock()
+        self.reader = timeline.Reader(sid)
+        # ``job``: the Jobs API's listing of a job already running (None: one
+        # about to be submitted).
+        start = job.get("start_time") if isinstance(job, dict) else None
+        since = float(start) / 1000 if isinstance(start, (int, float)) and start else None
+        self.timeline = timeline.Writer(env, run, sid, since if job is not None else None) if ctx.acting else None
+        self.stalled: stall.Stall | None = None
+        self.stopped = False  # by stall_action: stop
+
+    def line(self, line: str) -> None:
+        self.summary.feed(line)
+        if self.out:
+            self.out.write(line + "\n")
+        text = clean(line)
+        if self.show_all or (SHOW.search(text) and not HIDE.search(text)):
+            self.ctx.echo(text)
+            if self.beat is not None:
+                self.beat.touch()
+        if self.timeline is not None:
+            self.add(self.reader.feed(line))
+
+    def add(self, events: list[dict]) -> list[dict]:
+        """New events, into the timeline; a stall ends with the next step
+        (or a failure)."""
+        if self.timeline is None or not events:
+            return []
+        with self.lock:
+            new = self.timeline.add(events)
+            for e in new:
+                if self.stalled is not None and e.get("kind") in ("step", "failure", "worker_lost", "job_end"):
+                    s, self.stalled = self.stalled, None
+                    took = float(e["t"]) - s.since
+                    self.timeline.add([timeline.event("stall_ended", self.source, e.get("step"), job=self.sid,
+                                                      since=s.since, seconds=round(took, 3), by=e["kind"])])
+                    what = f"step {e.get('step')}" if e["kind"] == "step" else e["kind"].replace("_", " ")
+                    self.ctx.echo(f"stall ended: {what} after {stall.duration(took)} without a step")
+            return new
+
+    def job_events(self) -> list[dict]:
+        with self.lock:
+            return [e for e in self.timeline.events if e.get("job") == self.sid] if self.timeline else []
+
+    def started(self, job: Any) -> None:
+        """The job's submission, at the time the Jobs API gives it (its
+        ``start_time``: when Ray made the job), once."""
+        start = job.get("start_time") if isinstance(job, dict) else None
+        if self.timeline is None or not isinstance(start, (int, float)) or not start:
+            return
+        if any(e.get("kind") == "submitted" for e in self.job_events()):
+            return
+        self.add([timeline.event("submitted", self.source, t=float(start) / 1000, job=self.sid, run=self.run, n=1)])
+
+    def ended(self, final: Any) -> None:
+        if self.timeline is None:
+            return
+        self.started(final)
+        self.add(self.reader.end())
+        status = final.get("status") if isinstance(final, dict) else "UNKNOWN"
+        end = final.get("end_time") if isinstance(final, dict) else None
+        t = float(end) / 1000 if isinstance(end, (int, float)) and end else None
+        self.add([timeline.event("job_end", self.source, self.summary.last_step, t=t, job=self.sid, status=status,
+                                 n=1)])
+
+    def close(self) -> None:
+        if self.out:
+            self.out.close()
+
+
+class Watch:
+    """Beside a followed job, every ``interval`` seconds: what others
+    appended to the run's timeline (a chaos task), the worker pods on GKE,
+    and whether the job is stalled (said once per stall, with the first
+    Kubernetes cause found; with ``stall_action: stop``, the job stopped)."""
+
+    def __init__(self, f: Follower, address: str, via: Any, interval: float,
+                 clock: Callable[[], float] = time.time):
+        self.f, self.address, self.via, self.interval, self.clock = f, address, via, interval, clock
+        self.env = f.env
+        self._stop = threading.Event()
+        self._pods: dict[str, dict] | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True, name="job-watch")
+
+    def __enter__(self) -> Watch:
+        if self.f.timeline is not None:
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self.thread.is_alive():
+            self.thread.join(timeout=self.interval + 30)
+
+    def _run(self) -> None:
+        # At a fixed rate: a look that takes a while does not push the next one back.
+        beat = time.monotonic()
+        while True:
+            beat += self.interval
+            if self._stop.wait(max(0.0, beat - time.monotonic())):
+                return
+            try:
+                self.tick()
+            except PlaybookError as e:  # a look that failed: said, and tried again next time
+                self.f.ctx.note(f"watch: {str(e).splitlines()[0][:200]}")
+            except Exception as e:  # the watch must never end the follow
+                self.f.ctx.note(f"watch: {type(e).__name__}: {str(e)[:200]}")
+
+    def status(self) -> str | None:
+        j = self.f.ctx.peek(job_fact(self.address, self.f.sid, self.via))
+        self.f.started(j)
+        return j.get("status") if isinstance(j, dict) else None
+
+    def tick(self) -> None:
+        f = self.f
+        assert f.timeline is not None
+        with f.lock:
+            f.timeline.others()
+        if self.env.kind != "local":
+            self.pods()
+        if not any(e.get("kind") == "submitted" for e in f.job_events()):
+            self.status()  # its start time, once the job is listed
+        if f.stalled is not None:
+            return
+        s = stall.check(f.job_events(), self.clock(), self.env.stall_after)
+        if s is None or self.status() != "RUNNING":
+            return
+        with f.lock:
+            if f.stalled is not None:
+                return
+            f.stalled = s
+        why = self.cause()
+        # The stall and its cause in one write: the job's own lines, streamed
+        # at the same time, never come between them.
+        f.ctx.echo(s.line() + (f"\n  why: {why}" if why else ""))
+        f.add([timeline.event("stall_started", f.source, s.last_step, t=s.now, job=f.sid, since=s.since,
+                              p90=s.p90, limit=s.limit, line=s.line(), **({"cause": why} if why else {}))])
+        if f.beat is not None:
+            f.beat.touch()
+        if self.env.stall_action == "stop":
+            f.ctx.act(stop_command(self.address, f.sid))
+            f.stopped = True
+            f.add([timeline.event("stopped", f.source, s.last_step, job=f.sid, by="stall_action: stop")])
+            f.ctx.echo(f"stall_action: stop: job {f.sid} stopped; `invoke train` resumes run {f.run} from its "
+                       f"last checkpoint")
+
+    def cause(self) -> str | None:
+        """The first Kubernetes cause found (GKE), or what a chaos task did
+        to a worker that is still so (the local twin)."""
+        if self.env.kind != "local":
+            causes = kube_objects.causes(self.env)
+            if causes:
+                return causes[0]
+        hung = None
+        for e in self.f.job_events():
+            if e.get("kind") in ("worker_hung", "worker_lost"):
+                hung = e
+            elif e.get("kind") == "worker_resumed":
+                hung = None
+        return timeline.who(hung) if hung is not None else None
+
+    def pods(self) -> None:
+        """The worker pods now, against the last look: new ones scheduled,
+        ones gone or failing, with their Kubernetes cause."""
+        pods, events = kube_objects.pods_and_events(self.env)
+        now = {p["metadata"]["name"]: p for p in pods if kube_objects.is_worker(p)}
+        if self._pods is not None:
+            chaos = {e.get("pod") for e in self.f.job_events() if e.get("source") == "chaos"}
+            found = kube_objects.pod_changes(self._pods, now, events, self.clock(), self.env.capacity)
+            self.f.add([dict(e, job=self.f.sid) for e in found
+                        if not (e["kind"] == "worker_lost" and e.get("pod") in chaos)])
+        self._pods = now

@@ -1,0 +1,339 @@
+"""A run's timeline: ``.state/<env>/training/<run>/events.jsonl``, one JSON
+line per event, the same locally and on GKE. Every event has its time
+(``t``, seconds since the epoch), its ``kind``, the ``step`` it came at (None
+when it has none) and its ``source``; most also name their ``job``.
+
+Where they come from:
+
+- ``trainer``: the trainer scripts print their own events, one JSON line each
+  (``trainer event: {...}``, trainer/maxtext_ray.py), with the time they
+  happened on the worker: ``worker_started`` (each worker: its rank and
+  slice), ``jax_initialized``, ``compile_started``/``compile_ended``
+  (jax.monitoring's spans), ``step``, ``first_step``, ``checkpoint_saved``
+  (step, seconds), ``restore_started``, ``restored`` (step, seconds),
+  ``first_step_after_restore`` (restored_from); from the first host of each
+  other slice, ``peer_step`` (its rank: the steps it finishes).
+- ``ray_train``/``ray``: Ray Train's and Ray's lines in the followed log,
+  stamped when read: ``workers_started`` and ``workers_restarted`` (how
+  many), ``failure`` (Ray Train's failure policy: RETRY or RAISE, its
+  source, its error), ``resize`` (from, to), ``worker_lost`` (a node Ray
+  marked dead).
+- ``train``/``logs``: the follower: ``submitted``, ``stall_started``,
+  ``stall_ended``, ``stopped`` (stall_action: stop), ``job_end`` (status).
+- ``chaos``: the chaos tasks, for the run of the running job:
+  ``worker_lost`` (by chaos: the host or pod), ``worker_hung`` and
+  ``worker_resumed``.
+- ``pods``: on GKE, the pod watch while a job is followed: ``scheduled``
+  (a worker pod on a node, its slice) and ``worker_lost`` (by a preemption,
+  maintenance, a node gone, a failed pod; with its Kubernetes cause).
+
+A log read again from its start (``invoke logs --follow`` after ``train``)
+adds nothing twice: an event is known by its key (``key``). Lines without a
+time of their own are stamped when read; read again later, they keep the
+time they were first written with.
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from playbooks.access import connectors
+from playbooks.access.ray_api import jobs_fact, ours, run_of
+from playbooks.cloud.endpoints import dashboard
+from playbooks.config import paths
+from playbooks.core.facts import ABSENT
+from playbooks.runs.train_summary import clean
+
+FILE = "events.jsonl"
+TRAINER = "trainer event: "  # trainer/maxtext_ray.py's EVENT
+
+GROUP = re.compile(r"Started training worker group of size (\d+)")
+FAILURE = re.compile(r"\[FailurePolicy\] (\w+)")
+FAILURE_SOURCE = re.compile(r"^\s*Source: (.+?)\s*$")
+FAILURE_COUNT = re.compile(r"^\s*Error count: (\d+)")
+FAILURE_ERROR = re.compile(r"^Error: (.+?)\s*$")
+RESIZE = re.compile(r"Deciding to resize the worker group from (\d+) -> (\d+) workers")
+NODE_DEAD = re.compile(r"The node with node id: (\w+) and address: (\S+) and node name: (\S+) has been marked dead "
+                       r"because (.+?)\.(?: |$)")
+PREFIX = re.compile(r"^\((?:[^)]*)\)\s?")  # Ray's "(TrainController pid=9) "
+
+
+def path(env: Any, run: str) -> Path:
+    return paths.here(paths.events(env.name, run))
+
+
+def key(e: dict) -> tuple:
+    """What identifies an event: a line of Ray's by its kind and how many
+    came before it in its job's log; anything else by its own time."""
+    if "n" in e:
+        return (e.get("job"), e.get("kind"), e.get("n"))
+    return (e.get("job"), e.get("kind"), e.get("t"), e.get("rank"), e.get("step"), e.get("pod"), e.get("host"))
+
+
+# A time of an event: seconds since the epoch, finite, before the year 2286.
+LATEST = 1e10
+# An event is a short line; a longer one is damage, skipped unread.
+MAX_LINE = 64 * 1024
+
+
+def valid(e: Any) -> bool:
+    t = e.get("t") if isinstance(e, dict) else None
+    return (isinstance(e, dict) and isinstance(e.get("kind"), str) and isinstance(t, (int, float))
+            and not isinstance(t, bool) and math.isfinite(t) and 0 <= t <= LATEST)
+
+
+def event_of(line: bytes | str) -> dict | None:
+    """The event of one line of events.jsonl, or None when it is not one
+    (cut short, not UTF-8, not JSON, not an event, too long)."""
+    if len(line) > MAX_LINE:
+        return None
+    try:
+        text = line.decode() if isinstance(line, bytes) else line
+        e = json.loads(text)
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return None
+    return e if valid(e) else None
+
+
+@dataclass
+class Read:
+    """What a timeline holds that can be read, and how many lines could not."""
+
+    events: list[dict] = field(default_factory=list)
+    skipped: int = 0
+
+    def note(self, where: str) -> str | None:
+        if not self.skipped:
+            return None
+        return (f"{self.skipped} line(s) of {where} could not be read (cut short, not UTF-8, not an event, or over "
+                f"{MAX_LINE // 1024} KiB) and were skipped")
+
+
+def parse_lines(lines: Iterable[bytes | str]) -> Read:
+    out = Read()
+    for line in lines:
+        if not line.strip():
+            continue
+        e = event_of(line)
+        if e is None:
+            out.skipped += 1
+        else:
+            out.events.append(e)
+    return out
+
+
+def parse(text: str) -> list[dict]:
+    """The events of an events.jsonl text (a line that is not one is skipped)."""
+    return parse_lines(text.splitlines()).events
+
+
+def lines_of(f: BinaryIO) -> Iterator[bytes]:
+    """The lines of a binary file, each at most MAX_LINE + 1 bytes held in
+    memory: the rest of a longer line is read past in chunks, and the line
+    comes back too long (so it is skipped)."""
+    while True:
+        line = f.readline(MAX_LINE + 1)
+        if not line:
+            return
+        if len(line) > MAX_LINE and not line.endswith(b"\n"):
+            while (chunk := f.readline(MAX_LINE)) and not chunk.endswith(b"\n"):
+                pass
+        yield line.rstrip(b"\n")
+
+
+def read_checked(env: Any, run: str) -> Read:
+    """A run's events, in time order, and how many lines were skipped (none
+    of a missing file)."""
+    p = path(env, run)
+    if not p.is_file():
+        return Read()
+    try:
+        with open(p, "rb") as f:
+            got = parse_lines(lines_of(f))
+    except OSError:
+        return Read()
+    got.events = ordered(got.events)
+    return got
+
+
+def read(env: Any, run: str) -> list[dict]:
+    """A run's events, in time order ([] when it has none)."""
+    return read_checked(env, run).events
+
+
+def ordered(events: Iterable[dict]) -> list[dict]:
+    return sorted(events, key=lambda e: float(e["t"]))
+
+
+def append(env: Any, run: str, events: Iterable[dict]) -> None:
+    data = "".join(json.dumps(e, default=str) + "\n" for e in events)
+    if data:
+        connectors.this_machine().append(str(path(env, run)), data.encode())
+
+
+def who(e: dict) -> str:
+    """What did it, in a few words: by whom (where): its cause."""
+    if e.get("kind") == "resize":
+        return f"Ray Train resized the worker group {e.get('workers_from', '?')} -> {e.get('workers', '?')}"
+    if e.get("kind") == "failure":
+        return f"Ray Train's failure policy: {e.get('decision', '?')}" + (f" ({e['error']})" if e.get("error") else "")
+    by = e.get("by") or e.get("kind", "?")
+    where = e.get("host") or e.get("pod") or e.get("node")
+    cause = e.get("cause") or e.get("error")
+    return f"{by}" + (f" ({where})" if where else "") + (f": {cause}" if cause and cause != by else "")
+
+
+def event(kind: str, source: str, step: int | None = None, t: float | None = None, **fields: Any) -> dict:
+    return {"t": round(time.time() if t is None else t, 3), "kind": kind, "step": step, "source": source, **fields}
+
+
+class Reader:
+    """A job's log lines, as they are read, into events: the trainer's own
+    (with their time), Ray Train's and Ray's (stamped with ``clock()`` when
+    read, and numbered, so that a log read again adds them once)."""
+
+    def __init__(self, job: str, clock: Callable[[], float] = time.time):
+        self.job, self.clock = job, clock
+        self.counts: dict[str, int] = {}
+        self.disrupted = False  # a failure or resize seen: the next worker group is a restart
+        self.last_step: int | None = None
+        self._failure: dict | None = None
+        self._after_failure = 0
+
+    def _ray(self, kind: str, source: str, t: float | None = None, **fields: Any) -> dict:
+        n = self.counts[kind] = self.counts.get(kind, 0) + 1
+        return {"t": round(self.clock() if t is None else t, 3), "kind": kind, "step": self.last_step,
+                "source": source, "job": self.job, "n": n, **fields}
+
+    def _close_failure(self) -> list[dict]:
+        f, self._failure = self._failure, None
+        if f is None:
+            return []
+        t = f.pop("t")
+        return [self._ray("failure", "ray_train", t=t, **f)]
+
+    def feed(self, raw: str) -> list[dict]:
+        line = clean(raw)
+        out: list[dict] = []
+        body = PREFIX.sub("", line, count=1)
+        if self._failure is not None:
+            self._after_failure += 1
+            if (m := FAILURE_SOURCE.match(body)):
+                self._failure["origin"] = m.group(1)
+                return out
+            if (m := FAILURE_COUNT.match(body)):
+                self._failure["count"] = int(m.group(1))
+                return out
+            if (m := FAILURE_ERROR.match(body)):
+                self._failure["error"] = m.group(1)[:300]
+                return self._close_failure()
+            if self._after_failure > 6:
+                out += self._close_failure()
+        i = line.find(TRAINER)
+        if i >= 0:
+            try:
+                e = json.loads(line[i + len(TRAINER):])
+            except json.JSONDecodeError:
+                return out
+            if not valid(e):
+                return out
+            e.setdefault("step", None)
+            e.update(source="trainer", job=self.job)
+            if e["kind"] == "step" and isinstance(e.get("step"), int):
+                self.last_step = e["step"]
+            elif e["kind"] == "peer_step" and isinstance(e.get("step"), int) and e["step"] > (self.last_step or -1):
+                self.last_step = e["step"]  # rank 0's host may be the one lost before logging it
+            return out + [e]
+        if (m := GROUP.search(line)):
+            kind = "workers_restarted" if self.disrupted else "workers_started"
+            out.append(self._ray(kind, "ray_train", workers=int(m.group(1))))
+        elif (m := FAILURE.search(line)):
+            out += self._close_failure()
+            self.disrupted = True
+            self._failure, self._after_failure = {"t": round(self.clock(), 3), "decision": m.group(1)}, 0
+        elif (m := RESIZE.search(line)):
+            self.disrupted = True
+            out.append(self._ray("resize", "ray_train", workers_from=int(m.group(1)), workers=int(m.group(2))))
+        elif (m := NODE_DEAD.search(line)):
+            out.append(self._ray("worker_lost", "ray", by="node", node=m.group(3),
+                                 cause=f"Ray marked node {m.group(3)} dead: {m.group(4)}"))
+        return out
+
+    def end(self) -> list[dict]:
+        """What is still pending at the log's end."""
+        return self._close_failure()
+
+
+class Writer:
+    """A run's events file as a follower of job ``job`` adds to it: only what
+    it does not hold yet (a log read again from its start adds nothing
+    twice), and what others appended meanwhile (a chaos task), read back.
+    A job id comes again on a new cluster (``<run>-1``): the events of that
+    id from before ``since`` (the job's start; None: a job just submitted)
+    are another job's."""
+
+    def __init__(self, env: Any, run: str, job: str, since: float | None = None, write: bool = True):
+        self.env, self.run, self.write = env, run, write
+        self.file = path(env, run)
+        self.events = [e for e in read(env, run)
+                       if e.get("job") != job or (since is not None and float(e["t"]) >= since - 1)]
+        self.keys = {key(e) for e in self.events}
+        self.offset = self.file.stat().st_size if self.file.is_file() else 0
+
+    def add(self, events: Iterable[dict]) -> list[dict]:
+        new = [e for e in events if key(e) not in self.keys]
+        for e in new:
+            self.keys.add(key(e))
+        self.events.extend(new)
+        if new and self.write:
+            append(self.env, self.run, new)
+        return new
+
+    def others(self) -> list[dict]:
+        """Events another process appended since the last look."""
+        if not self.file.is_file():
+            return []
+        with open(self.file, "rb") as f:
+            f.seek(self.offset)
+            data = f.read()
+        whole = data[:data.rfind(b"\n") + 1]
+        self.offset += len(whole)
+        new = [e for e in parse_lines(whole.splitlines()).events if key(e) not in self.keys]
+        for e in new:
+            self.keys.add(key(e))
+        self.events.extend(new)
+        return new
+
+
+def running_runs(env: Any) -> list[tuple[str, str]]:
+    """(run, job) of this environment's RUNNING jobs, from the Jobs API
+    (none when no dashboard answers)."""
+    fact = jobs_fact(dashboard(env), connectors.connector(env))
+    assert fact.python is not None
+    listed = fact.python()
+    if listed is ABSENT:
+        return []
+    return [(run_of(str(j["submission_id"])), str(j["submission_id"])) for j in ours(None, listed)
+            if j.get("status") == "RUNNING"]
+
+
+def record(env: Any, kind: str, source: str = "chaos", **fields: Any) -> list[str]:
+    """An event of ours (a chaos task's) in the timeline of each running
+    job's run, where its follower (and `invoke goodput`) finds it. Returns
+    the runs it went to."""
+    out = []
+    for run, job in running_runs(env):
+        append(env, run, [event(kind, source, job=job, **fields)])
+        out.append(run)
+    return out
+
+
+def record_line(env: Any, kind: str) -> str:
+    return (f"# {kind}: an event in the timeline of the running job's run "
+            f"({paths.shown(paths.here(paths.events(env.name, '<run>')))})")
