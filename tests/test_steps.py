@@ -409,7 +409,7 @@ def test_fresh_never_deletes_the_checkpoints_a_running_job_of_the_run_writes(tmp
     terminal): --fresh is refused before anything is deleted."""
     from pathlib import Path
 
-    from playbooks.job import build_job, checkpoints_place
+    from playbooks.job.spec import build_job, checkpoints_place
     from playbooks.plays import train
     job = build_job(env("local"), "llama3-8b", elastic=True, fresh=True, sets=[f"base_output_directory={tmp_path}/"])
     where = Path(checkpoints_place(job)[1])
@@ -417,7 +417,7 @@ def test_fresh_never_deletes_the_checkpoints_a_running_job_of_the_run_writes(tmp
     running = [{"submission_id": "rayjob-elastic-8b-2", "status": "RUNNING"},
                {"submission_id": "other-run-1", "status": "RUNNING"},
                {"submission_id": "rayjob-elastic-8b-1", "status": "SUCCEEDED"}]
-    from playbooks.job import Checkpoints
+    from playbooks.job.spec import Checkpoints
     kept = "ls .state/local/training/rayjob-elastic-8b/events.jsonl"
     recap, out = run_with_facts([train.checkpoint_step(job)], {jobs: running, f"ls {where}": Checkpoints((10,)),
                                                                kept: True})

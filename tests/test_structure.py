@@ -5,6 +5,8 @@ for type checking only do not)."""
 from __future__ import annotations
 
 import ast
+import os
+import re
 from pathlib import Path
 
 from tests.conftest import ROOT
@@ -60,6 +62,54 @@ GRAPH = {m: imports(m) for m in MODULES}
 PLAYS = {m for m in MODULES if m.startswith("playbooks.plays.") }
 
 
+# The layers, bottom up, and what each package may import (besides itself).
+LAYERS = {
+    "core": set(),
+    "config": {"core"},
+    "access": {"core", "config"},
+    "cloud": {"core", "config", "access"},
+    "job": {"core", "config", "access", "cloud"},
+    "runs": {"core", "config", "access", "cloud", "job"},
+    "twin": {"core", "config", "access", "cloud"},
+    "plays": {"core", "config", "access", "cloud", "job", "runs", "twin"},
+    "cli": {"core", "config", "access", "cloud", "job", "runs", "twin", "plays"},
+}
+
+
+def package_of(module: str) -> str:
+    return module.split(".")[1]
+
+
+def layering(graph: dict[str, set[str]]) -> list[str]:
+    """Each import that goes to a package the importer may not use."""
+    return sorted(f"{m} imports {o}" for m, deps in graph.items() for o in deps
+                  if package_of(o) != package_of(m) and package_of(o) not in LAYERS[package_of(m)])
+
+
+def test_every_module_is_in_a_package_of_the_layers_and_its_docstring_says_what_it_may_import():
+    assert {package_of(m) for m in MODULES if m != "playbooks"} == set(LAYERS)
+    assert [m for m in MODULES if m.count(".") == 1 and m.split(".")[1] not in LAYERS] == []  # no loose module
+    for pkg, allowed in LAYERS.items():
+        doc = ast.get_docstring(ast.parse((PACKAGE / pkg / "__init__.py").read_text())) or ""
+        assert doc, pkg
+        said = set(re.findall(r"``playbooks\.(\w+)``", doc))
+        assert said == allowed or pkg == "cli" and "every other package" in doc, (pkg, said, allowed)
+
+
+def test_each_package_imports_only_the_packages_below_it():
+    assert layering(GRAPH) == []
+
+
+def test_no_two_modules_of_the_tree_share_a_name():
+    names: dict[str, list[str]] = {}
+    for top, dirs, files in os.walk(ROOT):
+        dirs[:] = [d for d in dirs if not d.startswith(".") and d != "__pycache__"]
+        for f in files:
+            if f.endswith(".py") and f != "__init__.py":
+                names.setdefault(f, []).append(str(Path(top, f).relative_to(ROOT)))
+    assert {n: ps for n, ps in names.items() if len(ps) > 1} == {}
+
+
 def test_no_play_imports_a_play():
     found = sorted(f"{m} imports {o}" for m in PLAYS for o in GRAPH[m] if o in PLAYS)
     assert found == []
@@ -110,8 +160,11 @@ def test_no_import_cycle():
     assert cycles(GRAPH) == []
 
 
-def test_the_checks_see_a_cycle_and_a_play_importing_a_play():
-    """The two rules above can fail."""
+def test_the_checks_see_a_cycle_a_play_importing_a_play_and_a_layer_broken():
+    """The rules above can fail."""
+    assert layering({"playbooks.config.schema": {"playbooks.cloud.gke"},
+                     "playbooks.cloud.gke": {"playbooks.config.tpu"}}) == [
+        "playbooks.config.schema imports playbooks.cloud.gke"]
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == [["a", "b", "c"]]
     assert "playbooks.plays.train" in PLAYS and "playbooks.job" not in PLAYS
     assert "playbooks.core.step" in GRAPH["playbooks.core.play"]

@@ -15,6 +15,7 @@ or written here: a local job's folders, the kept metrics, the logs).
     .state/<env>/port-forward.pid, .log       the Ray dashboard's port-forward (GKE)
     .state/<env>/training/<run>/              a run's kept metrics and plot
     .state/<env>/training/<run>/events.jsonl  its timeline: one JSON line per event (goodput, stalls)
+    .state/<env>/training/<run>/maxtext-metrics.rank<N>.jsonl  a local job's MaxText metrics, per rank
     .state/<env>/data/, jax_cache/, ...       what a local job writes (MaxText, libtpu, Ray Train)
 """
 from __future__ import annotations
@@ -101,6 +102,15 @@ def training(env: str) -> str:
 def run_dir(env: str, run: str) -> str:
     """A run's kept records: metrics.jsonl, metrics.png, MaxText's own metrics files."""
     return f"{STATE}/{env}/training/{run}"
+
+
+# What a local job's MaxText metrics_file is (the trainer adds .rank<N>).
+MAXTEXT_METRICS = "maxtext-metrics.jsonl"
+
+
+def maxtext_metrics(env: str, run: str) -> str:
+    """A local run's MaxText metrics_file, as the job is given it."""
+    return f"{run_dir(env, run)}/{MAXTEXT_METRICS}"
 
 
 def events(env: str, run: str) -> str:

@@ -160,7 +160,7 @@ CANDIDATES: tuple[Extra, ...] = (
 # topology (an inventory change: `slices`), the job's DCN split following them.
 MORE_SLICES = (2, 4)
 
-# Proven by `bench/preflight.py` (an AOT compile for 2 x v6e-16): the smallest
+# Proven by `bench/fit_compiles.py` (an AOT compile for 2 x v6e-16): the smallest
 # change of the tutorial's 70B job that fits its 32 chips.
 def _gib(value: str, unit: str) -> float:
     return float(value) * UNIT[unit]

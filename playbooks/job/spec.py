@@ -22,7 +22,6 @@ from playbooks.config.schema import Environment
 from playbooks.core.command import Command, quote
 from playbooks.core.errors import InputError, ProbeFailed, shown_value
 from playbooks.core.facts import ABSENT, Action, Completed, Fact, assume
-from playbooks.runs import metrics
 
 KEY = re.compile(r"^[a-z_][a-z0-9_]{0,63}$")
 MODELS = tuple(T.TRAIN_ARGS)
@@ -30,7 +29,7 @@ WORKING_DIR = "trainer"
 MAX_STEPS = 10_000_000
 MAX_VALUE = 1024  # characters of one --set value
 
-# Named sets of changes (--preset). Proven by `bench/preflight.py` (an AOT
+# Named sets of changes (--preset). Proven by `bench/fit_compiles.py` (an AOT
 # compile for 2 x v6e-16): the smallest change of the tutorial's 70B job
 # that fits its 32 chips.
 PRESETS: dict[str, dict[str, tuple[tuple[str, str], ...]]] = {
@@ -230,7 +229,7 @@ def build_job(env: Environment, model: str, elastic: bool = False, steps: int | 
     if env.kind == "local" and job.arg("metrics_file") is None:
         # MaxText's own per-step metrics (each rank its own file; kept as the
         # run's metrics.jsonl after the job).
-        _set(args, "metrics_file", str(metrics.maxtext_file(env, job.run_name)))
+        _set(args, "metrics_file", str(paths.here(paths.maxtext_metrics(env.name, job.run_name))))
     if elastic:
         check_elastic(job)
     why = run_name_problem(job.run_name)

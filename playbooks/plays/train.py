@@ -62,7 +62,7 @@ def checkpoint_step(job: Job) -> Step:
                   describe=lambda b: "kept" if b else "none")
 
     # --fresh never deletes what a running job of the run writes to.
-    listing = assume(jobs_fact(job.address, hosts.connector(job.env)), []) if job.fresh else None
+    listing = assume(jobs_fact(job.address, connectors.connector(job.env)), []) if job.fresh else None
 
     def decide(look):
         if listing is not None:

@@ -26,7 +26,7 @@ from playbooks.runs.train_summary import Summary
 
 FILE = "metrics.jsonl"
 PNG = "metrics.png"
-MAXTEXT_FILE = "maxtext-metrics.jsonl"  # what the local job's metrics_file is (the trainer adds .rank<N>)
+MAXTEXT_FILE = paths.MAXTEXT_METRICS
 
 
 def run_dir(env: Environment, run: str) -> Path:
@@ -34,7 +34,7 @@ def run_dir(env: Environment, run: str) -> Path:
 
 
 def maxtext_file(env: Environment, run: str) -> Path:
-    return run_dir(env, run) / MAXTEXT_FILE
+    return paths.here(paths.maxtext_metrics(env.name, run))
 
 
 def from_maxtext(path: Path) -> list[dict]:

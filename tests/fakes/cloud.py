@@ -32,7 +32,7 @@ from typing import Any
 import pytest
 import yaml
 
-from .dashboard import FakeDashboard
+from .ray_dashboard import FakeDashboard
 from .gcp import FakeGcp, KubeLink, changes
 from .kube import FakeKube
 from .server import Request

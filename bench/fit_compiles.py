@@ -2,7 +2,7 @@
 2 x v6e-16 (32 chips), each as `invoke preflight` runs it: wall time, peak
 host RSS of the compile, and the per-chip memory the compiler reports.
 
-    .venv/bin/python bench/preflight.py [--only 8b|70b|70b-fits]
+    .venv/bin/python bench/fit_compiles.py [--only 8b|70b|70b-fits]
 
 No cache: every compile is cold (JAX's compilation cache did not help here).
 Minutes each on a 2-core machine.
