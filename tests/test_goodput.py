@@ -302,31 +302,31 @@ def pod(name: str, uid: str = "u1", node: str | None = "gke-tpu-1", **status) ->
 
 
 def test_the_pod_watch_says_a_pod_scheduled_and_what_lost_one():
-    from playbooks.cloud import kube_objects
+    from playbooks.runs import pod_watch
     a, b, c = pod("w-a"), pod("w-b", "u2"), pod("w-c", "u3", node=None, phase="Pending")
-    assert kube_objects.pod_changes({}, {"w-a": a}, [], 5.0)[0]["kind"] == "scheduled"  # a first look sees it placed
+    assert pod_watch.pod_changes({}, {"w-a": a}, [], 5.0)[0]["kind"] == "scheduled"  # a first look sees it placed
     # Spot: the kubelet shut the node down (GKE's graceful node shutdown).
     shut = pod("w-a", deletionTimestamp="2026-12-01T10:05:00Z", reason="Terminated",
                message="Pod was terminated in response to imminent node shutdown.")
     shut["status"]["conditions"].append({"type": "DisruptionTarget", "status": "True", "reason": "TerminationByKubelet",
                                          "message": "Pod was terminated in response to imminent node shutdown.",
                                          "lastTransitionTime": "2026-12-01T10:04:59Z"})
-    [lost] = kube_objects.pod_changes({"w-a": a}, {"w-a": shut}, [], 100.0, capacity="spot")
+    [lost] = pod_watch.pod_changes({"w-a": a}, {"w-a": shut}, [], 100.0, capacity="spot")
     assert (lost["kind"], lost["by"], lost["pod"], lost["slice"]) == ("worker_lost", "preemption", "w-a", "tpu-group-x1")
     assert "TerminationByKubelet" in lost["cause"] and lost["t"] == 1796119499.0
-    assert kube_objects.pod_changes({"w-a": a}, {"w-a": shut}, [], 100.0)[0]["by"] == "maintenance"  # on-demand
-    assert kube_objects.pod_changes({"w-a": shut}, {"w-a": shut}, [], 101.0) == []  # said once
+    assert pod_watch.pod_changes({"w-a": a}, {"w-a": shut}, [], 100.0)[0]["by"] == "maintenance"  # on-demand
+    assert pod_watch.pod_changes({"w-a": shut}, {"w-a": shut}, [], 101.0) == []  # said once
     # A container that failed; a pod gone with its node; a new pod scheduled.
     oom = pod("w-b", "u2", phase="Failed", containerStatuses=[
         {"name": "ray-worker", "restartCount": 0, "state": {"terminated": {"reason": "OOMKilled", "exitCode": 137}}}])
-    [failed] = kube_objects.pod_changes({"w-b": b}, {"w-b": oom}, [], 100.0)
+    [failed] = pod_watch.pod_changes({"w-b": b}, {"w-b": oom}, [], 100.0)
     assert failed["by"] == "pod failed" and failed["cause"] == "container ray-worker OOMKilled (exit code 137)"
-    gone = kube_objects.pod_changes({"w-b": b}, {}, [{"involvedObject": {"name": "w-b"}, "type": "Warning",
+    gone = pod_watch.pod_changes({"w-b": b}, {}, [{"involvedObject": {"name": "w-b"}, "type": "Warning",
                                              "reason": "NodeNotReady", "message": "Node is not ready"}], 100.0)
     assert [(e["by"], e["cause"]) for e in gone] == [("node gone", "NodeNotReady: Node is not ready")]
-    assert kube_objects.pod_changes({"w-b": b}, {}, [], 100.0)[0]["by"] == "deleted"
+    assert pod_watch.pod_changes({"w-b": b}, {}, [], 100.0)[0]["by"] == "deleted"
     placed = pod("w-c", "u3", node="gke-tpu-2")
-    [s] = kube_objects.pod_changes({"w-c": c}, {"w-c": placed}, [], 100.0)
+    [s] = pod_watch.pod_changes({"w-c": c}, {"w-c": placed}, [], 100.0)
     assert (s["kind"], s["node"], s["slice"]) == ("scheduled", "gke-tpu-2", "tpu-group-x1")
 
 

@@ -17,6 +17,7 @@ from playbooks.access.connectors import connector
 from playbooks.access.ray_api import job_logs_command, jobs_fact, ours, run_of
 from playbooks.cli import task_steps
 from playbooks.cloud import capacity_options, kube_objects, maintenance
+from playbooks.cloud import pods as P
 from playbooks.cloud.endpoints import dashboard
 from playbooks.cloud.gke import clusters_fact, kube, nodepool_name, nodepools_list_fact, raycluster_fact
 from playbooks.cloud.slices import pods_fact
@@ -38,8 +39,7 @@ def pool_nodes(c: Completed) -> dict[str, tuple[int, int]]:
     out: dict[str, list[int]] = {}
     for n in fact_json(c).get("items") or []:
         pool = ((n.get("metadata") or {}).get("labels") or {}).get(POOL_LABEL, "")
-        ready = any(x.get("type") == "Ready" and x.get("status") == "True"
-                    for x in (n.get("status") or {}).get("conditions") or [])
+        ready = P.ready(n)
         counts = out.setdefault(pool, [0, 0])
         counts[0] += int(ready)
         counts[1] += 1

@@ -236,84 +236,106 @@ class _Quota:
 
 def make(env: Environment, look: Look) -> Plan:
     """The plan, from the facts: the cluster's pools, the quotas and the
-    reservation of the list's options."""
-    opts = capacities(env)
-    per, hosts = chips(env.topology), env.hosts_per_slice
-    pools: dict[str, Any] = {}
-    if look(clusters_fact(env)) is not ABSENT:
-        pools = {p.get("name"): p for p in look(nodepools_list_fact(env))}
-    kept = {i: pools[nodepool_name(env, i)] for i in range(env.slices)
-            if nodepool_name(env, i) in pools and pools[nodepool_name(env, i)].get("status") not in BROKEN}
+    reservation of the list's options: each slice its pool if it has one,
+    else the first option with room (``Planner``)."""
+    return Planner(env, look).plan()
 
-    left: dict[str, _Quota] = {}
-    for q in quotas(env):
-        label = f"{cap.quota_label(q)} in {env.region}"
-        used = sum(per for p in kept.values() if cap.QUOTAS[cap.pool_option(p)][:1] == (q,))
-        try:
-            value = quota_value(look(quota_fact(env, q)), env.region, q[1])
-            why = f"quota {label} has no value for {env.region}" if value is None else ""
-        except ProbeFailed as e:  # the quota step says the whole of it
-            value, why = None, f"quota {label}: {_short(e.why)}"
-        left[q[0]] = _Quota(label, value, used, why)
 
-    res_free: int | None = 0
-    res_why = ""
-    if "reservation" in opts:
+class Planner:
+    """The room each option has (its quota's chips left, the reservation's
+    free hosts), spent slice by slice in the list's order."""
+
+    def __init__(self, env: Environment, look: Look):
+        self.env, self.look = env, look
+        self.opts = capacities(env)
+        self.per = chips(env.topology)
+        self.kept = self.kept_pools()
+        self.left = self.quotas_left()
+        self.res_free, self.res_why = self.reservation_room()
+
+    def plan(self) -> Plan:
+        offers = tuple(self.offer(o) for o in self.opts)  # what each option offers, before any slice takes room
+        slots = tuple(self.slot(i) for i in range(self.env.slices))
+        return Plan(slots, offers, self.opts, self.per)
+
+    def kept_pools(self) -> dict[int, Any]:
+        """The slices whose pool exists and is not broken."""
+        env, pools = self.env, {}
+        if self.look(clusters_fact(env)) is not ABSENT:
+            pools = {p.get("name"): p for p in self.look(nodepools_list_fact(env))}
+        return {i: pools[nodepool_name(env, i)] for i in range(env.slices)
+                if nodepool_name(env, i) in pools and pools[nodepool_name(env, i)].get("status") not in BROKEN}
+
+    def quotas_left(self) -> dict[str, _Quota]:
+        env, out = self.env, {}
+        for q in quotas(env):
+            label = f"{cap.quota_label(q)} in {env.region}"
+            used = sum(self.per for p in self.kept.values() if cap.QUOTAS[cap.pool_option(p)][:1] == (q,))
+            try:
+                value = quota_value(self.look(quota_fact(env, q)), env.region, q[1])
+                why = f"quota {label} has no value for {env.region}" if value is None else ""
+            except ProbeFailed as e:  # the quota step says the whole of it
+                value, why = None, f"quota {label}: {_short(e.why)}"
+            out[q[0]] = _Quota(label, value, used, why)
+        return out
+
+    def reservation_room(self) -> tuple[int | None, str]:
+        """Whole slices the reservation has free (None: could not look), and why."""
+        if "reservation" not in self.opts:
+            return 0, ""
         try:
-            r = look(reservation_fact(env))
-            problem = reservation_problem(env, r)
-            if problem:
-                res_why = problem
-            else:
-                res_free = free_hosts(r) // hosts
-                count = (r.get("specificReservation") or {}).get("count", "?")
-                res_why = f"{free_hosts(r)} of {count} hosts free"
+            r = self.look(reservation_fact(self.env))
         except ProbeFailed as e:  # the reservation step says the whole of it
-            res_free, res_why = None, f"reservation: {_short(e.why)}"
+            return None, f"reservation: {_short(e.why)}"
+        problem = reservation_problem(self.env, r)
+        if problem:
+            return 0, problem
+        count = (r.get("specificReservation") or {}).get("count", "?")
+        return free_hosts(r) // self.env.hosts_per_slice, f"{free_hosts(r)} of {count} hosts free"
 
-    def left_of(option: str) -> list[_Quota]:
-        return [left[x[0]] for x in cap.QUOTAS[option]]
+    def quotas_of(self, option: str) -> list[_Quota]:
+        return [self.left[x[0]] for x in cap.QUOTAS[option]]
 
-    offers = []
-    for o in opts:
+    def offer(self, o: str) -> Offer:
+        env = self.env
         if o == "reservation":
-            offers.append(Offer(o, cap.words(env, o), res_free, res_why))
-            continue
-        qs = left_of(o)
+            return Offer(o, cap.words(env, o), self.res_free, self.res_why)
+        qs = self.quotas_of(o)
         if any(x.left is None for x in qs):
-            offers.append(Offer(o, o, None, "; ".join(x.why for x in qs if x.left is None)))
-            continue
-        n = min(env.slices, sum(max(0, int(min(x.left or 0, env.slices * per))) // per for x in qs))
-        offers.append(Offer(o, o, n, ", else ".join(x.permits() for x in qs)))
+            return Offer(o, o, None, "; ".join(x.why for x in qs if x.left is None))
+        n = min(env.slices, sum(max(0, int(min(x.left or 0, env.slices * self.per))) // self.per for x in qs))
+        return Offer(o, o, n, ", else ".join(x.permits() for x in qs))
 
-    slots = []
-    for i in range(env.slices):
-        name = nodepool_name(env, i)
-        if i in kept:
-            p = kept[i]
-            words = cap.pool_capacity(p)
+    def slot(self, i: int) -> Slot:
+        """Slice i: its pool, or the first option with room left (taking it)."""
+        env, name = self.env, nodepool_name(self.env, i)
+        if i in self.kept:
+            p = self.kept[i]
             why = f"its pool, {p.get('status')}" + ("" if cap.as_asked(env, p) else
                                                     f"; not in capacity {capacity_text(env)}")
-            slots.append(Slot(i, name, cap.pool_option(p), words, why, exists=True))
-            continue
-        slot = None
-        for o in opts:
-            if o == "reservation":
-                if res_free is None or res_free > 0:
-                    res_free = None if res_free is None else res_free - 1
-                    slot = Slot(i, name, o, cap.words(env, o), f"not checked: {res_why}" if res_free is None
-                                else res_why, proven=res_free is not None)
-            else:
-                fit = next((x for x in left_of(o) if x.fits(per)), None)
-                if fit is not None:
-                    if fit.left is not None:
-                        fit.left -= per
-                    slot = Slot(i, name, o, o, f"not checked: {fit.why}" if fit.left is None else fit.permits(),
-                                proven=fit.left is not None)
+            return Slot(i, name, cap.pool_option(p), cap.pool_capacity(p), why, exists=True)
+        for o in self.opts:
+            slot = self.take_reservation(i, name) if o == "reservation" else self.take_quota(i, name, o)
             if slot is not None:
-                break
-        slots.append(slot or Slot(i, name, None, "none", f"no option of capacity {capacity_text(env)} can take it"))
-    return Plan(tuple(slots), tuple(offers), opts, per)
+                return slot
+        return Slot(i, name, None, "none", f"no option of capacity {capacity_text(env)} can take it")
+
+    def take_reservation(self, i: int, name: str) -> Slot | None:
+        if self.res_free is not None and self.res_free <= 0:
+            return None
+        self.res_free = None if self.res_free is None else self.res_free - 1
+        return Slot(i, name, "reservation", cap.words(self.env, "reservation"),
+                    f"not checked: {self.res_why}" if self.res_free is None else self.res_why,
+                    proven=self.res_free is not None)
+
+    def take_quota(self, i: int, name: str, o: str) -> Slot | None:
+        fit = next((x for x in self.quotas_of(o) if x.fits(self.per)), None)
+        if fit is None:
+            return None
+        if fit.left is not None:
+            fit.left -= self.per
+        return Slot(i, name, o, o, f"not checked: {fit.why}" if fit.left is None else fit.permits(),
+                    proven=fit.left is not None)
 
 
 def _short(text: str, most: int = 120) -> str:

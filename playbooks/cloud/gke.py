@@ -3,6 +3,8 @@ of resource is listed (one list call answers for every resource of a kind)."""
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
+import re
 from typing import Any
 
 from playbooks.access.cli_clients import by_name, fact, gcloud, gcs_describe, json_list, kube_list, kube_object, kubectl
@@ -195,3 +197,25 @@ def _describe_raycluster(rc: Any) -> str:
     state = f"state {st['state']}, " if st.get("state") else ""  # KubeRay sets it once every pod was ready
     return (f"present ({state}"
             f"{st.get('availableWorkerReplicas', 0)}/{st.get('desiredWorkerReplicas', '?')} workers available)")
+
+
+# -- times as GKE and Kubernetes write them (RFC 3339) ----------------------------
+_FRACTION = re.compile(r"(\.\d{6})\d+")
+
+
+def when(text: Any) -> dt.datetime | None:
+    """An RFC 3339 time as GKE and Kubernetes write it (Z or an offset, up to
+    nanoseconds); None for anything else."""
+    if not text or not isinstance(text, str):
+        return None
+    try:
+        t = dt.datetime.fromisoformat(_FRACTION.sub(r"\1", text).replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return t if t.tzinfo else t.replace(tzinfo=dt.UTC)
+
+
+def seconds(text: Any) -> float | None:
+    """The same time as seconds since the epoch."""
+    t = when(text)
+    return t.timestamp() if t is not None else None

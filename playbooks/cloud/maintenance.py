@@ -27,10 +27,9 @@ message); a run still training when it ends is held again by the next
 from __future__ import annotations
 
 import datetime as dt
-import re
 from typing import Any
 
-from playbooks.cloud.gke import clusters_fact, container_change, location, running_cluster
+from playbooks.cloud.gke import clusters_fact, container_change, location, running_cluster, when
 from playbooks.config.schema import Environment
 from playbooks.core.command import Command
 from playbooks.core.errors import PlaybookError
@@ -87,20 +86,6 @@ def ours(cluster: Any) -> list[str]:
 def scope(window: dict) -> str:
     # An exclusion without options excludes all upgrades (the API's default scope).
     return str((window.get("maintenanceExclusionOptions") or {}).get("scope") or "NO_UPGRADES")
-
-
-_FRACTION = re.compile(r"(\.\d{6})\d+")
-
-
-def when(text: Any) -> dt.datetime | None:
-    """An RFC 3339 time as GKE writes it (Z or an offset, up to nanoseconds)."""
-    if not text:
-        return None
-    try:
-        t = dt.datetime.fromisoformat(_FRACTION.sub(r"\1", str(text)).replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return t if t.tzinfo else t.replace(tzinfo=dt.UTC)
 
 
 def now() -> dt.datetime:

@@ -32,14 +32,11 @@ from typing import Any
 
 from playbooks.access.cli_clients import fact, json_object
 from playbooks.access.ray_api import alive, labels
-from playbooks.cloud.gke import kube
+from playbooks.cloud import pods as P
 from playbooks.config import tutorial as T
 from playbooks.config.schema import Environment
 from playbooks.core.facts import ABSENT, Completed, Fact
 
-# Pod labels that say which replica (slice) of a worker group a pod is.
-KUBERAY_REPLICA_INDEX = "ray.io/worker-group-replica-index"
-GKE_REPLICA_INDEX = "replicaIndex"
 # Ray's labels of a TPU host (from TPU_NAME and TPU_WORKER_ID).
 RAY_SLICE = "ray.io/tpu-slice-name"
 RAY_WORKER_ID = "ray.io/tpu-worker-id"
@@ -102,29 +99,20 @@ def every(env: Environment) -> Slices:
     return Slices(env.slices, tuple(name(i) for i in range(env.slices)), (), True)
 
 
-# -- Kubernetes: the RayCluster's pods ------------------------------------------------
-def _ready(pod: dict) -> bool:
-    return any(c.get("type") == "Ready" and c.get("status") == "True"
-               for c in (pod.get("status") or {}).get("conditions") or [])
-
-
+# -- Kubernetes: the RayCluster's pods (what a pod is: pods.py) ------------------------
 def replica(pod: dict) -> str | None:
-    """The replica (slice) of a worker pod, from KubeRay's or GKE's label."""
-    lb = (pod.get("metadata") or {}).get("labels") or {}
-    if lb.get(KUBERAY_REPLICA_INDEX, "").isdigit():
-        return name(lb[KUBERAY_REPLICA_INDEX])
-    if lb.get(GKE_REPLICA_INDEX):
-        return name(lb[GKE_REPLICA_INDEX])
-    return None
+    """The slice of a worker pod, as it is said (``slice 1``)."""
+    r = P.replica(pod)
+    return name(r) if r is not None else None
 
 
 def _pending(pods: list[dict]) -> str:
     """Why the first pod not ready is not: the scheduler's message, or its phase."""
     for p in pods:
-        if _ready(p):
+        if P.ready(p):
             continue
         st = p.get("status") or {}
-        sched = {c.get("type"): c for c in st.get("conditions") or []}.get("PodScheduled") or {}
+        sched = P.conditions(p).get("PodScheduled") or {}
         if sched.get("status") == "False" and sched.get("message"):
             msg = " ".join(str(sched["message"]).split())
             return f"{st.get('phase') or 'Pending'}: {msg[:120]}{'...' if len(msg) > 120 else ''}"
@@ -138,20 +126,17 @@ def from_pods(env: Environment, pods: list[dict]) -> Slices:
     one pod. Multi-host workers without a replica label cannot be told
     apart: then the slices are whole only when every worker is ready."""
     hosts = env.hosts_per_slice
-    group = T.TPU_WORKER_GROUP
-    head = any(_ready(p) for p in pods if ((p.get("metadata") or {}).get("labels") or {}).get("ray.io/node-type")
-               == "head")
-    workers = [p for p in pods if ((p.get("metadata") or {}).get("labels") or {}).get("ray.io/node-type") == "worker"
-               and ((p.get("metadata") or {}).get("labels") or {}).get("ray.io/group", group) == group]
+    head = any(P.ready(p) for p in pods if P.role(p) == "head")
+    workers = [p for p in pods if P.is_tpu_worker(p)]
     by: dict[str, list[dict]] = {}
     unlabelled: list[dict] = []
     for p in workers:
         r = replica(p)
         if r is None and hosts == 1:
-            r = (p.get("metadata") or {}).get("name") or "?"
+            r = P.name(p)
         (by.setdefault(r, []) if r is not None else unlabelled).append(p)
     if unlabelled:
-        ready = sum(1 for p in workers if _ready(p))
+        ready = sum(1 for p in workers if P.ready(p))
         if ready >= env.slices * hosts:
             return Slices(env.slices, tuple(name(i) for i in range(env.slices)), (), head)
         return Slices(env.slices, (), (("every slice", f"{ready} of {env.slices * hosts} TPU workers ready; the "
@@ -159,7 +144,7 @@ def from_pods(env: Environment, pods: list[dict]) -> Slices:
                                                        f"whole before every worker is"),), head)
     whole, waiting = [], []
     for r, ps in sorted(by.items()):
-        ready = sum(1 for p in ps if _ready(p))
+        ready = sum(1 for p in ps if P.ready(p))
         if ready >= hosts:
             whole.append(r)
         else:
@@ -174,8 +159,7 @@ def from_pods(env: Environment, pods: list[dict]) -> Slices:
 
 def pods_fact(env: Environment) -> Fact:
     """The RayCluster's pods (its head and workers), read as Slices."""
-    command = kube(env, "get", "pods", "--namespace", env.namespace, "-l", f"ray.io/cluster={T.RAYCLUSTER_NAME}",
-                   "--output=json")
+    command = P.list_command(env)
 
     def parse(c: Completed) -> Slices:
         return from_pods(env, json_object("TPU slices")(c).get("items") or [])

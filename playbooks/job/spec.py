@@ -147,6 +147,38 @@ def parse_sets(sets: list[str] | tuple[str, ...]) -> list[tuple[str, str]]:
 
 def build_job(env: Environment, model: str, elastic: bool = False, steps: int | None = None,
               sets: list[str] | tuple[str, ...] = (), fresh: bool = False, preset: str = "") -> Job:
+    """The job the flags ask for, in this environment: the tutorial's for the
+    model, placed here (local or GKE), with the inventory's, the preset's,
+    --steps' and --set's changes, in that order; checked whole."""
+    extra = checked_request(model, steps, sets, preset)
+    args = [*T.TRAIN_ARGS[model], AUTOCHECKPOINT]
+    if elastic:
+        _set(args, "run_name", T.ELASTIC_RUN_NAME[model])
+    job = Job(model, elastic, T.ELASTIC_TRAINER if elastic else T.TRAINER, args, trainer_env(env, elastic),
+              dashboard(env), env, fresh, preset=preset)
+    if env.kind == "local":
+        place_locally(job)
+    else:
+        place_on_gke(job)
+    for k, v in (env.train_overrides or {}).items():
+        _set(args, k, maxtext_settings.as_text(v))
+    for k, v in (PRESETS[model][preset] if preset else ()):
+        _set(args, k, v)
+    if steps is not None:
+        _set(args, "steps", str(steps))
+    for k, v in extra:
+        _set(args, k, v)
+    if env.kind == "local" and job.arg("metrics_file") is None:
+        # MaxText's own per-step metrics (each rank its own file; kept as the
+        # run's metrics.jsonl after the job).
+        _set(args, "metrics_file", str(paths.here(paths.maxtext_metrics(env.name, job.run_name))))
+    check_whole(job)
+    return job
+
+
+def checked_request(model: str, steps: int | None, sets: list[str] | tuple[str, ...], preset: str
+                    ) -> list[tuple[str, str]]:
+    """The flags, each checked and none contradicting another: the --set pairs."""
     if model not in T.TRAIN_ARGS:
         raise InputError(f"--model {shown_value(model)} is not allowed (allowed: {', '.join(MODELS)})")
     if preset and preset not in PRESETS.get(model, {}):
@@ -161,10 +193,12 @@ def build_job(env: Environment, model: str, elastic: bool = False, steps: int | 
     for k, v in (PRESETS[model][preset] if preset else ()):
         if k in given and given[k] != v:
             raise InputError(f"--preset {preset} sets {k}={v}, --set {k}={given[k]} says otherwise: give one")
-    args = [*T.TRAIN_ARGS[model], AUTOCHECKPOINT]
-    if elastic:
-        _set(args, "run_name", T.ELASTIC_RUN_NAME[model])
-    env_vars = {
+    return extra
+
+
+def trainer_env(env: Environment, elastic: bool) -> dict[str, str]:
+    """What the trainer reads of the job's runtime environment (TRAINER_*)."""
+    out = {
         "TRAINER_SLICES": str(env.slices),
         "TRAINER_HOSTS_PER_SLICE": str(env.hosts_per_slice),
         "TRAINER_TOPOLOGY": env.topology,
@@ -174,72 +208,70 @@ def build_job(env: Environment, model: str, elastic: bool = False, steps: int | 
     if elastic:
         # trainer/elastic_control.py: the starts it retries, how long a
         # resize waits for its save.
-        env_vars["TRAINER_START_RETRIES"] = str(env.start_retries)
-        env_vars["TRAINER_RESIZE_SAVE_TIMEOUT_S"] = str(env.resize_save_timeout)
-    job = Job(model, elastic, T.ELASTIC_TRAINER if elastic else T.TRAINER, args, env_vars, dashboard(env), env,
-              fresh, preset=preset)
-    if env.kind == "local":
-        p = paths.local_job(env.name)
-        _set(args, "base_output_directory", p["data"])
-        _set(args, "jax_cache_dir", p["jax_cache"])
-        _set(args, "dump_hlo_local_dir", p["xla_dump"])
-        env_vars.update({
-            "JAX_PLATFORMS": "cpu",
-            "XLA_FLAGS": f"--xla_force_host_platform_device_count={env.devices_per_host}",
-            "TPU_LOG_DIR": p["tpu_logs"],
-            "TRAINER_STORAGE_PATH": p["ray_results"],
-            # Every step line, not one per worker group ("repeated Nx").
-            "RAY_DEDUP_LOGS": "0",
-            # Every executable in the compilation cache, also those that
-            # compile in under a second (jax's default floor, 1 s): a
-            # restarted worker group loads MaxText's many small ones instead of
-            # compiling them again (on GKE the cache is in the bucket, where
-            # each entry is a request: Ray's floor is kept).
-            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-            # Ray Train's controller looks at its workers every second, not
-            # every 2 s: a lost host's group (JAX ends it within ~0.1 s) is
-            # seen sooner, as the local head's health checks see the host.
-            "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "1",
-            # An elastic job takes in a slice that came (late, or back)
-            # within 10 s, not Ray Train's 60 s default (resize_interval).
-            "TRAINER_RESIZE_INTERVAL_S": str(env.resize_interval or LOCAL_RESIZE_INTERVAL),
-            # This cluster's address for what the job's actors look up
-            # through Ray's state API (Ray Train's placement group cleaner
-            # asks whether its controller lives): without it Ray takes the
-            # newest Ray cluster on this machine, another checkout's, finds no
-            # such controller there and removes this job's placement groups.
-            "RAY_ADDRESS": f"{env.ray_ip}:{env.gcs_port}",
-        })
-        job.local_data = Path(p["data"])
-    else:
-        if env.resize_interval is not None:
-            env_vars["TRAINER_RESIZE_INTERVAL_S"] = str(env.resize_interval)
-        if env.worker_packages == "requirements":
-            env_vars["TRAINER_WORKER_REQUIREMENTS"] = "requirements.txt"
-        job.bucket = env.gs_bucket
-        _set(args, "jax_cache_dir", compile_cache(env))
-    for k, v in (env.train_overrides or {}).items():
-        _set(args, k, maxtext_settings.as_text(v))
-    for k, v in (PRESETS[model][preset] if preset else ()):
-        _set(args, k, v)
-    if steps is not None:
-        _set(args, "steps", str(steps))
-    for k, v in extra:
-        _set(args, k, v)
-    if env.kind == "local" and job.arg("metrics_file") is None:
-        # MaxText's own per-step metrics (each rank its own file; kept as the
-        # run's metrics.jsonl after the job).
-        _set(args, "metrics_file", str(paths.here(paths.maxtext_metrics(env.name, job.run_name))))
-    if elastic:
+        out["TRAINER_START_RETRIES"] = str(env.start_retries)
+        out["TRAINER_RESIZE_SAVE_TIMEOUT_S"] = str(env.resize_save_timeout)
+    return out
+
+
+def place_locally(job: Job) -> None:
+    """A local job: everything it writes under .state/<env>/, JAX on CPU."""
+    env = job.env
+    p = paths.local_job(env.name)
+    _set(job.args, "base_output_directory", p["data"])
+    _set(job.args, "jax_cache_dir", p["jax_cache"])
+    _set(job.args, "dump_hlo_local_dir", p["xla_dump"])
+    job.env_vars.update({
+        "JAX_PLATFORMS": "cpu",
+        "XLA_FLAGS": f"--xla_force_host_platform_device_count={env.devices_per_host}",
+        "TPU_LOG_DIR": p["tpu_logs"],
+        "TRAINER_STORAGE_PATH": p["ray_results"],
+        # Every step line, not one per worker group ("repeated Nx").
+        "RAY_DEDUP_LOGS": "0",
+        # Every executable in the compilation cache, also those that
+        # compile in under a second (jax's default floor, 1 s): a
+        # restarted worker group loads MaxText's many small ones instead of
+        # compiling them again (on GKE the cache is in the bucket, where
+        # each entry is a request: Ray's floor is kept).
+        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+        # Ray Train's controller looks at its workers every second, not
+        # every 2 s: a lost host's group (JAX ends it within ~0.1 s) is
+        # seen sooner, as the local head's health checks see the host.
+        "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "1",
+        # An elastic job takes in a slice that came (late, or back)
+        # within 10 s, not Ray Train's 60 s default (resize_interval).
+        "TRAINER_RESIZE_INTERVAL_S": str(env.resize_interval or LOCAL_RESIZE_INTERVAL),
+        # This cluster's address for what the job's actors look up
+        # through Ray's state API (Ray Train's placement group cleaner
+        # asks whether its controller lives): without it Ray takes the
+        # newest Ray cluster on this machine, another checkout's, finds no
+        # such controller there and removes this job's placement groups.
+        "RAY_ADDRESS": f"{env.ray_ip}:{env.gcs_port}",
+    })
+    job.local_data = Path(p["data"])
+
+
+def place_on_gke(job: Job) -> None:
+    """A GKE job: its data in the bucket, its compilation cache there too."""
+    env = job.env
+    if env.resize_interval is not None:
+        job.env_vars["TRAINER_RESIZE_INTERVAL_S"] = str(env.resize_interval)
+    if env.worker_packages == "requirements":
+        job.env_vars["TRAINER_WORKER_REQUIREMENTS"] = "requirements.txt"
+    job.bucket = env.gs_bucket
+    _set(job.args, "jax_cache_dir", compile_cache(env))
+
+
+def check_whole(job: Job) -> None:
+    """The job with every change: what no single flag could show."""
+    if job.elastic:
         check_elastic(job)
     why = run_name_problem(job.run_name)
     if why:
         raise InputError(f"run_name {shown_value(job.run_name)} {why}")
-    clash = maxtext_settings.overridden_model_keys(model, job.args)
+    clash = maxtext_settings.overridden_model_keys(job.model, job.args)
     if clash:
-        raise InputError(f"{model}: the job sets {', '.join(clash)}; MaxText refuses to change a model's own "
+        raise InputError(f"{job.model}: the job sets {', '.join(clash)}; MaxText refuses to change a model's own "
                          f"config unless override_model_config=true (--set override_model_config=true)")
-    return job
 
 
 def check_elastic(job: Job) -> None:

@@ -91,14 +91,55 @@ def shape_diffs(env: Environment, p: Any) -> list[str]:
 def pool_step(env: Environment, i: int) -> Step:
     """Slice i's pool, of the option the capacity plan chose for it (one
     option: that one). A create that fails for capacity or quota is replaced
-    by a pool of the next option of the list (``instead``); any other
+    by a pool of the next option of the list (``Pool.instead``); any other
     failure (a flag GKE refuses, a 403) stands."""
-    name = nodepool_name(env, i)
-    probe = nodepools_fact(env, name)
-    planned = plan_fact(env)
-    several = len(capacities(env)) > 1
+    pool = Pool(env, i)
+    return Step(PLAY, f"TPU node pool {pool.name}", pool.decide, id=f"nodepools:{pool.name}",
+                after=("cluster:cluster", subnet_id(0), subnet_id(1)),
+                verify=Verify(pool.probe, pool.running, timeout=CREATE_TIMEOUT, interval=15), explain=pool.explain)
 
-    def create(option: str, replacing: Any = ABSENT, notes: tuple[str, ...] = (), was: str = ""):
+
+class Pool:
+    """The parts of slice i's pool step: its decision, its create (and the
+    next option's after a failed one), its verify, what a failure means."""
+
+    def __init__(self, env: Environment, i: int):
+        self.env, self.i = env, i
+        self.name = nodepool_name(env, i)
+        self.probe = nodepools_fact(env, self.name)
+        self.planned = plan_fact(env)
+        self.several = len(capacities(env)) > 1
+
+    def decide(self, look):
+        env, name = self.env, self.name
+        p = look(self.probe)
+        if p is ABSENT or p.get("status") in BROKEN:
+            if p is not ABSENT and shape_diffs(env, p):
+                return drift(f"node pool {name}: " + "; ".join(shape_diffs(env, p)))
+            option = look(self.planned).option(self.i) if self.several else capacities(env)[0]
+            if option is None:
+                return fail(f"no option of capacity {capacity_text(env)} can take slice {name} (the capacity plan)")
+            # A pool left in ERROR (e.g. GCE_STOCKOUT: no TPU capacity in the
+            # zone) holds no usable slice: replace it rather than count it done.
+            return self.create(option, p)
+        diffs = shape_diffs(env, p)
+        if diffs:
+            return drift(f"node pool {name}: " + "; ".join(diffs))
+        return self.as_it_is(p)
+
+    def as_it_is(self, p: dict):
+        """A pool of the right shape: done, being made, going, or broken."""
+        name, status = self.name, p.get("status")
+        if status == "RUNNING":
+            return ok(f"node pool {name} is RUNNING ({self.env.topology}, {cap.pool_capacity(p)})")
+        if status in ("PROVISIONING", "RECONCILING"):
+            return wait(f"node pool {name} is {status} (another operation is making it)")
+        if status == "STOPPING":
+            return fail(f"node pool {name} is being deleted; wait for it to go, then re-run")
+        return fail(f"node pool {name} is {status}: {p.get('statusMessage') or 'no message'}")
+
+    def create(self, option: str, replacing: Any = ABSENT, notes: tuple[str, ...] = (), was: str = ""):
+        env = self.env
         nodes = (f"0 to {env.hosts_per_slice} nodes as capacity comes" if option == "flex-start"
                  else f"{env.hosts_per_slice} nodes")
         what = f"{env.topology}, {nodes}, {cap.words(env, option)}"
@@ -108,15 +149,17 @@ def pool_step(env: Environment, i: int) -> Step:
             reason = f"replaced a broken pool (was {replacing.get('status')}: {cap.pool_problem(replacing)}) ({what})"
         else:
             reason = f"created ({what})"
-        cmds = ([delete_command(env, name)] if replacing is not ABSENT else []) + [create_command(env, name, option)]
-        return change(*cmds, reason=reason, notes=notes, instead=lambda look, why: instead(look, why, option))
+        cmds = ([delete_command(env, self.name)] if replacing is not ABSENT else []) + \
+            [create_command(env, self.name, option)]
+        return change(*cmds, reason=reason, notes=notes, instead=lambda look, why: self.instead(look, why, option))
 
-    def instead(look, why: str, option: str):
+    def instead(self, look, why: str, option: str):
         """After a failed create: the pool replaced by the next option's when
         GKE says no capacity or no quota; None (the failure stands) else."""
+        env = self.env
         try:
-            p = look(probe)
-            chosen = look(planned) if several else None
+            p = look(self.probe)
+            chosen = look(self.planned) if self.several else None
         except PlaybookError:
             return None
         broken = p is not ABSENT and p.get("status") in BROKEN
@@ -134,43 +177,20 @@ def pool_step(env: Environment, i: int) -> Step:
         message = message if len(message) <= 200 else message[:197] + "..."
         skipped = f" ({', '.join(passed)}: the plan found room for none)" if passed else ""
         note = f"{cap.words(env, option)}: {head}: {message}; next: {cap.words(env, nxt)}{skipped}"
-        return create(nxt, p, (note,), was=f"{cap.words(env, option)} ({head})")
+        return self.create(nxt, p, (note,), was=f"{cap.words(env, option)} ({head})")
 
-    def decide(look):
-        p = look(probe)
-        if p is ABSENT or p.get("status") in BROKEN:
-            if p is not ABSENT and shape_diffs(env, p):
-                return drift(f"node pool {name}: " + "; ".join(shape_diffs(env, p)))
-            option = look(planned).option(i) if several else capacities(env)[0]
-            if option is None:
-                return fail(f"no option of capacity {capacity_text(env)} can take slice {name} (the capacity plan)")
-            # A pool left in ERROR (e.g. GCE_STOCKOUT: no TPU capacity in the
-            # zone) holds no usable slice: replace it rather than count it done.
-            return create(option, p)
-        diffs = shape_diffs(env, p)
-        if diffs:
-            return drift(f"node pool {name}: " + "; ".join(diffs))
-        status = p.get("status")
-        if status == "RUNNING":
-            return ok(f"node pool {name} is RUNNING ({env.topology}, {cap.pool_capacity(p)})")
-        if status in ("PROVISIONING", "RECONCILING"):
-            return wait(f"node pool {name} is {status} (another operation is making it)")
-        if status == "STOPPING":
-            return fail(f"node pool {name} is being deleted; wait for it to go, then re-run")
-        return fail(f"node pool {name} is {status}: {p.get('statusMessage') or 'no message'}")
-
-    def running(p):
+    def running(self, p):
         if p is ABSENT:
             return "node pool not found"
         if p.get("status") in BROKEN:
-            raise Broken(f"node pool {name} is {p.get('status')}: {cap.pool_problem(p)}")
+            raise Broken(f"node pool {self.name} is {p.get('status')}: {cap.pool_problem(p)}")
         return None if p.get("status") == "RUNNING" else f"status {p.get('status')}"
 
-    def explain(look, reason: str) -> str | None:
+    def explain(self, look, reason: str) -> str | None:
         """A create that failed, or a pool left broken: what GKE says, in one
         line with its class (no capacity, no quota, other) and the options."""
         try:
-            p = look(probe)
+            p = look(self.probe)
         except PlaybookError:
             p = ABSENT
         broken = p is not ABSENT and p.get("status") in BROKEN
@@ -178,14 +198,10 @@ def pool_step(env: Environment, i: int) -> Step:
         if not broken and cap.classify(text) == "other":
             return None
         try:
-            zones = look(machine_types_fact(env))
+            zones = look(machine_types_fact(self.env))
         except PlaybookError:
             zones = None
-        return cap.explain(env, text, zones)
-
-    return Step(PLAY, f"TPU node pool {name}", decide, id=f"nodepools:{name}",
-                after=("cluster:cluster", subnet_id(0), subnet_id(1)),
-                verify=Verify(probe, running, timeout=CREATE_TIMEOUT, interval=15), explain=explain)
+        return cap.explain(self.env, text, zones)
 
 
 # Above this many chips, say how many before any is created.

@@ -13,12 +13,13 @@ from typing import IO, Any
 
 from playbooks.access.ray_api import job_fact
 from playbooks.cloud import kube_objects
+from playbooks.cloud import pods as P
 from playbooks.config import paths
 from playbooks.config.schema import Environment
 from playbooks.core.command import Command
 from playbooks.core.errors import PlaybookError
 from playbooks.core.play import StepContext
-from playbooks.runs import stall, timeline
+from playbooks.runs import pod_watch, stall, timeline
 from playbooks.runs.train_summary import HIDE, SHOW, Summary, clean
 
 
@@ -33,7 +34,7 @@ def watch_note(env: Environment, address: str, sid: str, run: str) -> str:
     after = (f"{env.stall_after} s (stall_after)" if env.stall_after else
              f"the larger of {stall.P90_FACTOR:g} x the run's p90 step time and {stall.DEFAULT_FLOOR / 60:g} min")
     act = f"stopped: `{stop_command(address, sid).line()}`" if env.stall_action == "stop" else "reported"
-    pods = (f"; the worker pods looked at every heartbeat (`{kube_objects.pods_command(env).line()}`, and the events)"
+    pods = (f"; the worker pods looked at every heartbeat (`{P.list_command(env).line()}`, and the events)"
             if env.kind != "local" else "")
     return (f"watch: no new step for {after} is a stall (before a worker group's first step, its compile is allowed "
             f"for too), {act}{pods}; the run's timeline: {paths.shown(timeline.path(env, run))}")
@@ -217,10 +218,10 @@ class Watch:
         """The worker pods now, against the last look: new ones scheduled,
         ones gone or failing, with their Kubernetes cause."""
         pods, events = kube_objects.pods_and_events(self.env)
-        now = {p["metadata"]["name"]: p for p in pods if kube_objects.is_worker(p)}
+        now = {p["metadata"]["name"]: p for p in pods if P.is_worker(p)}
         if self._pods is not None:
             chaos = {e.get("pod") for e in self.f.job_events() if e.get("source") == "chaos"}
-            found = kube_objects.pod_changes(self._pods, now, events, self.clock(), self.env.capacity)
+            found = pod_watch.pod_changes(self._pods, now, events, self.clock(), self.env.capacity)
             self.f.add([dict(e, job=self.f.sid) for e in found
                         if not (e["kind"] == "worker_lost" and e.get("pod") in chaos)])
         self._pods = now

@@ -43,7 +43,8 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from playbooks.runs.timeline import who
@@ -94,172 +95,257 @@ def _account(events: Iterable[dict], run: str | None, now: float | None) -> tupl
     ended = evs[-1].get("kind") == "job_end" or (
         bool(jobs) and any(e.get("kind") == "job_end" and e.get("job") == jobs[-1] for e in evs))
     end = last if ended or now is None else max(last, now)
-    evs = [e for e in evs if start <= float(e["t"]) <= end]
+    sweep = Sweep([e for e in evs if start <= float(e["t"]) <= end], start, end)
+    sweep.run()
+    segs = _sweep(sweep.base, sweep.intervals, start, end)
+    return _report(run, jobs, start, end, ended, segs, sweep), segs
 
-    intervals: list[tuple[float, float, str]] = []  # (start, end, cause) of the overlays and steps
-    base: list[tuple[float, float, str]] = []  # the phases: they tile [start, end]
-    incidents: list[dict] = []
-    open_: dict | None = None
-    phase, prev = "other", start
-    max_done: int | None = None
-    last_step: int | None = None
-    last_step_t: float | None = None  # of the current worker group
-    stall: dict | None = None
-    counted = replayed = 0
 
-    def next_kind(i: int) -> str | None:
-        for e in evs[i:]:
-            if e.get("kind") in ("step", "job_end", "submitted", *LOSSES):
-                return str(e["kind"])
-        return None
-
-    def close_stall(t: float) -> None:
-        nonlocal stall
-        if stall is not None:
-            intervals.append((stall["since"], t, "stall"))
-            stall["incident"]["recover_s"] = round(t - stall["since"], 3)
-            stall = None
-
-    regrouped = False  # a new worker group seen since the open incident's loss
-    reported: dict[int, set[str]] = {}  # this worker group's steps: which hosts said each
-    for i, e in enumerate(evs):
-        t, kind = float(e["t"]), e.get("kind")
-        if kind in REGROUP:
-            regrouped = True
-        if kind in GROUP_START:
-            reported = {}
-        if t > prev:
-            cause = phase
-            if phase == "running":  # after a step: lost work if a loss comes next, else the job's end
-                cause = "replayed" if next_kind(i) in LOSSES else "other"
-            base.append((prev, t, cause))
-            prev = t
-        if kind == "submitted":
-            phase, last_step_t = "scheduling", None
-        elif kind in ("workers_started", "workers_restarted"):
-            phase, last_step_t = ("startup" if open_ is None else "restart"), None
-        elif kind in ("worker_started", "jax_initialized") and phase == "scheduling":
-            # The trainer's own time of a group's start (Ray's line is stamped when read).
-            phase = "startup" if open_ is None else "restart"
-        elif kind in LOSSES:
-            if stall is not None and kind != "resize":
-                close_stall(t)
-            if open_ is None:
-                open_ = {"kind": kind, "t": t, "by": who(e), "lost_at_step": last_step, "restored_from_step": None,
-                         "replayed_steps": None, "recover_s": None, "failures": 0}
-                regrouped = False
-                if kind == "worker_lost":
-                    phase = "detection"
-                else:
-                    phase = "restart"
-            elif kind != "worker_lost":
-                phase = "restart"
-            if kind == "failure":
-                open_["failures"] += 1
-                if open_["kind"] == "worker_lost" and "detect_s" not in open_:
-                    open_["detect_s"] = round(t - open_["t"], 3)
-            last_step_t = None
-        elif kind == "restore_started":
-            phase = "restore"
-            if open_ is not None and _step(e) is not None:
-                open_["restored_from_step"] = _step(e)
-        elif kind == "restored":
-            phase = "startup" if open_ is None else "restart"
-            s = _num(e.get("seconds"))
-            if s:
-                intervals.append((t - s, t, "restore"))
-            if open_ is not None and _step(e) is not None:
-                open_["restored_from_step"] = _step(e)
-        elif kind == "compile_ended":
-            s = _num(e.get("seconds"))
-            if s:
-                intervals.append((t - s, t, "compile"))
-        elif kind == "checkpoint_saved":
-            s = _num(e.get("seconds"))
-            if s:
-                intervals.append((t - s, t, "checkpoint"))
-        elif kind == "stall_started":
-            since = _num(e.get("since")) or t
-            if stall is None:
-                inc = {"kind": "stall", "t": since, "by": "no cause recorded", "lost_at_step": last_step,
-                       "restored_from_step": None, "replayed_steps": 0, "recover_s": None, "failures": 0}
-                hung = [h for h in evs[:i] if h.get("kind") == "worker_hung" and since - 60 <= float(h["t"]) <= t]
-                if hung:
-                    inc["by"] = who(hung[-1])
-                incidents.append(inc)
-                stall = {"since": since, "incident": inc}
-        elif kind == "stall_ended":
-            close_stall(t)
-        elif kind == "job_end":
-            close_stall(t)
-            phase, last_step_t = "other", None
-        elif kind in ("step", "peer_step") and _step(e) is not None:
-            n = _step(e)
-            assert n is not None
-            reporter = f"peer {e.get('rank')!r}" if kind == "peer_step" else "rank 0"
-            if reporter in reported.get(n, ()):  # the same host again: a new group runs it again
-                reported = {}
-            elif n in reported:  # another host of this group said it first
-                reported[n].add(reporter)
-                continue
-            reported.setdefault(n, set()).add(reporter)
-            close_stall(t)
-            secs = _num(e.get("seconds")) or 0.0
-            begin = last_step_t if last_step_t is not None else t - secs
-            if max_done is None or n > max_done:
-                intervals.append((begin, t, PRODUCTIVE))
-                max_done, counted = n, counted + 1
-            else:
-                intervals.append((begin, t, "replayed"))
-                replayed += 1
-            lost = open_["lost_at_step"] if open_ is not None else None
-            if open_ is not None and not regrouped and (lost is None or n > lost):
-                # The old group's last step, finished after the loss: the
-                # incident was lost at it, and is not over.
-                open_["lost_at_step"] = last_step = n
-                continue
-            if open_ is not None:
-                # MaxText resumes at the step after the one restored.
-                k = open_["restored_from_step"]
-                if k is None:
-                    k = open_["restored_from_step"] = n - 1 if lost is not None and n - 1 <= lost else None
-                open_["replayed_steps"] = max(0, lost - k) if k is not None and lost is not None else 0
-                open_["recover_s"] = round(t - open_["t"], 3)
-                open_["first_step"] = n
-                incidents.append(open_)
-                open_ = None
-            last_step, last_step_t, phase = n, t, "running"
-    if end > prev:
-        base.append((prev, end, "other" if phase == "running" else phase))
-    close_stall(end)
-    if open_ is not None:
-        incidents.append(open_)  # not recovered (yet)
-    segs = _sweep(base, intervals, start, end)
+def _report(run: str | None, jobs: list[str], start: float, end: float, ended: bool,
+            segs: list[tuple[float, float, str]], sweep: Sweep) -> dict:
     parts: dict[str, float] = {}
     for a, b, c in segs:
         parts[c] = parts.get(c, 0.0) + (b - a)
     wall = end - start
     productive = parts.pop(PRODUCTIVE, 0.0)
-    badput = {c: round(parts.get(c, 0.0), 3) for c in CAUSES}
     return {
         "run": run, "jobs": jobs, "start": start, "end": end, "running": not ended,
         "wall_s": round(wall, 3), "productive_s": round(productive, 3),
         "goodput_pct": round(100 * productive / wall, 2) if wall > 0 else 0.0,
-        "badput_s": badput, "steps": {"counted": counted, "replayed": replayed},
-        "incidents": [_incident(i) for i in sorted(incidents, key=lambda i: i["t"])],
-    }, segs
+        "badput_s": {c: round(parts.get(c, 0.0), 3) for c in CAUSES},
+        "steps": {"counted": sweep.counted, "replayed": sweep.replayed},
+        "incidents": [i.report() for i in sorted(sweep.incidents, key=lambda i: i.t)],
+    }
 
 
-def _incident(i: dict) -> dict:
-    out = {"kind": i["kind"], "at": round(i["t"], 3), "by": i["by"], "lost_at_step": i["lost_at_step"],
-           "restored_from_step": i["restored_from_step"], "replayed_steps": i["replayed_steps"],
-           "recover_s": i["recover_s"]}
-    for k in ("detect_s", "first_step"):
-        if k in i:
-            out[k] = i[k]
-    if i.get("failures"):
-        out["failures"] = i["failures"]
-    return out
+@dataclass
+class Incident:
+    """A worker lost, a failure, a resize or a stall, and what it cost: the
+    step it was lost at (N), the checkpoint step restored (K), N - K steps
+    replayed, the time to recover (the loss to the first step after it)."""
+
+    kind: str
+    t: float
+    by: str
+    lost_at_step: int | None
+    restored_from_step: int | None = None
+    replayed_steps: int | None = None
+    recover_s: float | None = None
+    failures: int = 0
+    detect_s: float | None = None
+    first_step: int | None = None
+
+    def report(self) -> dict:
+        out: dict[str, Any] = {"kind": self.kind, "at": round(self.t, 3), "by": self.by,
+                               "lost_at_step": self.lost_at_step, "restored_from_step": self.restored_from_step,
+                               "replayed_steps": self.replayed_steps, "recover_s": self.recover_s}
+        if self.detect_s is not None:
+            out["detect_s"] = self.detect_s
+        if self.first_step is not None:
+            out["first_step"] = self.first_step
+        if self.failures:
+            out["failures"] = self.failures
+        return out
+
+
+@dataclass
+class OpenStall:
+    since: float
+    incident: Incident
+
+
+class Sweep:
+    """The events in time order, each claiming its seconds: the phase it
+    starts (``base``: the phases tile the wall time), the intervals it
+    overlays (compile, checkpoint, restore, stall, a step), and the
+    incidents. One small handler per kind of event (``HANDLERS``)."""
+
+    def __init__(self, evs: list[dict], start: float, end: float):
+        self.evs, self.end = evs, end
+        self.intervals: list[tuple[float, float, str]] = []  # (start, end, cause) of the overlays and steps
+        self.base: list[tuple[float, float, str]] = []  # the phases: they tile [start, end]
+        self.incidents: list[Incident] = []
+        self.open: Incident | None = None  # the incident not recovered from yet
+        self.phase, self.prev = "other", start
+        self.max_done: int | None = None
+        self.last_step: int | None = None
+        self.last_step_t: float | None = None  # of the current worker group
+        self.stall: OpenStall | None = None
+        self.counted = self.replayed = 0
+        self.regrouped = False  # a new worker group seen since the open incident's loss
+        self.reported: dict[int, set[str]] = {}  # this worker group's steps: which hosts said each
+
+    def run(self) -> None:
+        for i, e in enumerate(self.evs):
+            t, kind = float(e["t"]), e.get("kind")
+            if kind in REGROUP:
+                self.regrouped = True
+            if kind in GROUP_START:
+                self.reported = {}
+            self.tile(i, t)
+            handler = HANDLERS.get(str(kind))
+            if handler is not None:
+                handler(self, e, t, i)
+        if self.end > self.prev:
+            self.base.append((self.prev, self.end, "other" if self.phase == "running" else self.phase))
+        self.close_stall(self.end)
+        if self.open is not None:
+            self.incidents.append(self.open)  # not recovered (yet)
+
+    # -- the phases ----------------------------------------------------------
+    def tile(self, i: int, t: float) -> None:
+        """The phase so far claims the time up to this event; after a step,
+        that time is lost work if a loss comes next, else the job's end."""
+        if t <= self.prev:
+            return
+        cause = self.phase
+        if self.phase == "running":
+            cause = "replayed" if self.next_kind(i) in LOSSES else "other"
+        self.base.append((self.prev, t, cause))
+        self.prev = t
+
+    def next_kind(self, i: int) -> str | None:
+        for e in self.evs[i:]:
+            if e.get("kind") in ("step", "job_end", "submitted", *LOSSES):
+                return str(e["kind"])
+        return None
+
+    def regroup_phase(self) -> str:
+        return "startup" if self.open is None else "restart"
+
+    def close_stall(self, t: float) -> None:
+        if self.stall is not None:
+            self.intervals.append((self.stall.since, t, "stall"))
+            self.stall.incident.recover_s = round(t - self.stall.since, 3)
+            self.stall = None
+
+    # -- the handlers ----------------------------------------------------------
+    def submitted(self, e: dict, t: float, i: int) -> None:
+        self.phase, self.last_step_t = "scheduling", None
+
+    def workers(self, e: dict, t: float, i: int) -> None:
+        self.phase, self.last_step_t = self.regroup_phase(), None
+
+    def group_started(self, e: dict, t: float, i: int) -> None:
+        # The trainer's own time of a group's start (Ray's line is stamped when read).
+        if self.phase == "scheduling":
+            self.phase = self.regroup_phase()
+
+    def loss(self, e: dict, t: float, i: int) -> None:
+        kind = str(e["kind"])
+        if self.stall is not None and kind != "resize":
+            self.close_stall(t)
+        if self.open is None:
+            self.open = Incident(kind, t, who(e), self.last_step)
+            self.regrouped = False
+            self.phase = "detection" if kind == "worker_lost" else "restart"
+        elif kind != "worker_lost":
+            self.phase = "restart"
+        if kind == "failure":
+            self.open.failures += 1
+            if self.open.kind == "worker_lost" and self.open.detect_s is None:
+                self.open.detect_s = round(t - self.open.t, 3)
+        self.last_step_t = None
+
+    def restore_started(self, e: dict, t: float, i: int) -> None:
+        self.phase = "restore"
+        if self.open is not None and _step(e) is not None:
+            self.open.restored_from_step = _step(e)
+
+    def restored(self, e: dict, t: float, i: int) -> None:
+        self.phase = self.regroup_phase()
+        self.overlay(e, t, "restore")
+        if self.open is not None and _step(e) is not None:
+            self.open.restored_from_step = _step(e)
+
+    def overlay(self, e: dict, t: float, cause: str) -> None:
+        """The ``seconds`` before this event were ``cause``'s."""
+        s = _num(e.get("seconds"))
+        if s:
+            self.intervals.append((t - s, t, cause))
+
+    def stall_started(self, e: dict, t: float, i: int) -> None:
+        since = _num(e.get("since")) or t
+        if self.stall is not None:
+            return
+        inc = Incident("stall", since, "no cause recorded", self.last_step, replayed_steps=0)
+        hung = [h for h in self.evs[:i] if h.get("kind") == "worker_hung" and since - 60 <= float(h["t"]) <= t]
+        if hung:
+            inc.by = who(hung[-1])
+        self.incidents.append(inc)
+        self.stall = OpenStall(since, inc)
+
+    def job_end(self, e: dict, t: float, i: int) -> None:
+        self.close_stall(t)
+        self.phase, self.last_step_t = "other", None
+
+    def step(self, e: dict, t: float, i: int) -> None:
+        n = _step(e)
+        if n is None or not self.first_said(e, n):
+            return
+        self.close_stall(t)
+        secs = _num(e.get("seconds")) or 0.0
+        begin = self.last_step_t if self.last_step_t is not None else t - secs
+        if self.max_done is None or n > self.max_done:
+            self.intervals.append((begin, t, PRODUCTIVE))
+            self.max_done, self.counted = n, self.counted + 1
+        else:
+            self.intervals.append((begin, t, "replayed"))
+            self.replayed += 1
+        if self.open is not None and self.old_groups_last_work(n):
+            return
+        if self.open is not None:
+            self.recovered(n, t)
+        self.last_step, self.last_step_t, self.phase = n, t, "running"
+
+    def first_said(self, e: dict, n: int) -> bool:
+        """A step counts once per worker group, when its first host says it;
+        the same host saying it again is a new group running it again."""
+        reporter = f"peer {e.get('rank')!r}" if e.get("kind") == "peer_step" else "rank 0"
+        if reporter in self.reported.get(n, ()):
+            self.reported = {}
+        elif n in self.reported:  # another host of this group said it first
+            self.reported[n].add(reporter)
+            return False
+        self.reported.setdefault(n, set()).add(reporter)
+        return True
+
+    def old_groups_last_work(self, n: int) -> bool:
+        """A step the old group finished after the loss (a survivor logs the
+        step it was in): the incident was lost at it, and is not over."""
+        assert self.open is not None
+        lost = self.open.lost_at_step
+        if not self.regrouped and (lost is None or n > lost):
+            self.open.lost_at_step = self.last_step = n
+            return True
+        return False
+
+    def recovered(self, n: int, t: float) -> None:
+        """The first step of a new group after the incident: MaxText resumes
+        at the step after the one restored."""
+        inc = self.open
+        assert inc is not None
+        lost, k = inc.lost_at_step, inc.restored_from_step
+        if k is None:
+            k = inc.restored_from_step = n - 1 if lost is not None and n - 1 <= lost else None
+        inc.replayed_steps = max(0, lost - k) if k is not None and lost is not None else 0
+        inc.recover_s, inc.first_step = round(t - inc.t, 3), n
+        self.incidents.append(inc)
+        self.open = None
+
+
+HANDLERS: dict[str, Callable[[Sweep, dict, float, int], None]] = {
+    "submitted": Sweep.submitted,
+    "workers_started": Sweep.workers, "workers_restarted": Sweep.workers,
+    "worker_started": Sweep.group_started, "jax_initialized": Sweep.group_started,
+    **dict.fromkeys(LOSSES, Sweep.loss),
+    "restore_started": Sweep.restore_started, "restored": Sweep.restored,
+    "compile_ended": lambda s, e, t, i: s.overlay(e, t, "compile"),
+    "checkpoint_saved": lambda s, e, t, i: s.overlay(e, t, "checkpoint"),
+    "stall_started": Sweep.stall_started, "stall_ended": lambda s, e, t, i: s.close_stall(t),
+    "job_end": Sweep.job_end,
+    "step": Sweep.step, "peer_step": Sweep.step,
+}
 
 
 def empty(run: str | None) -> dict:

@@ -32,9 +32,9 @@ from typing import Any
 import pytest
 import yaml
 
-from .ray_dashboard import FakeDashboard
 from .gcp import FakeGcp, KubeLink, changes
 from .kube import FakeKube
+from .ray_dashboard import FakeDashboard
 from .server import Request
 from .tls import make_pki
 

@@ -1,0 +1,86 @@
+"""A run's event vocabulary: the kinds of event of a timeline, each named
+once, the sets the readers share (the follower, the stall watch, goodput,
+the summary, status, metrics), the shape of an event, and the line of Ray
+Train's that starts a worker group. Where each kind comes from is in
+``timeline.py``."""
+from __future__ import annotations
+
+import re
+from typing import Any, NotRequired, TypedDict
+
+# -- the kinds -------------------------------------------------------------------
+SUBMITTED = "submitted"
+WORKERS_STARTED = "workers_started"        # Ray Train's "Started training worker group of size N"
+WORKERS_RESTARTED = "workers_restarted"    # the same, after a failure or a resize
+WORKER_STARTED = "worker_started"          # the trainer: each worker running
+JAX_INITIALIZED = "jax_initialized"        # the trainer: rank 0, once per worker group
+COMPILE_STARTED = "compile_started"
+COMPILE_ENDED = "compile_ended"
+STEP = "step"                              # rank 0's step (with its loss, tokens/s, TFLOP/s)
+PEER_STEP = "peer_step"                    # the first host of another slice: a step it finished
+FIRST_STEP = "first_step"
+FIRST_STEP_AFTER_RESTORE = "first_step_after_restore"
+CHECKPOINT_SAVED = "checkpoint_saved"
+RESTORE_STARTED = "restore_started"
+RESTORED = "restored"
+PARAMETERS = "parameters"                  # MaxText's count of the model's parameters
+MODEL_CHECK = "model_check"                # the trainer: the model config applied, its parameters expected
+WORKER_LOST = "worker_lost"
+WORKER_HUNG = "worker_hung"
+WORKER_RESUMED = "worker_resumed"
+SCHEDULED = "scheduled"                    # a worker pod on its node (GKE)
+FAILURE = "failure"                        # Ray Train's failure policy
+RESIZE = "resize"                          # Ray Train's resize of a running group
+CLUSTER_VIEW = "cluster_view"              # the elastic trainer: the retry's view of the nodes made afresh
+SAVE_BEFORE_RESIZE = "save_before_resize"  # the elastic trainer: the save before a resize
+START_FAILED = "start_failed"              # the elastic trainer: a worker that could not load the trainer
+STALL_STARTED = "stall_started"
+STALL_ENDED = "stall_ended"
+STOPPED = "stopped"                        # stall_action: stop
+JOB_END = "job_end"
+
+# -- the sets ---------------------------------------------------------------------
+# A step finished (by rank 0 or by another slice's first host).
+STEPS = (STEP, PEER_STEP)
+# What an incident starts with: a worker gone, Ray Train's failure, a resize.
+LOSSES = (WORKER_LOST, FAILURE, RESIZE)
+# A worker group starting, as Ray Train says it (its line, stamped when read).
+GROUP_LINES = (WORKERS_STARTED, WORKERS_RESTARTED)
+# A worker group starting, as the trainer says it (its own time).
+GROUP_START = (WORKER_STARTED, JAX_INITIALIZED)
+# Events of a new worker group: after one of these, a step is the recovery's.
+REGROUP = (*GROUP_LINES, *GROUP_START, RESTORE_STARTED, RESTORED, FIRST_STEP_AFTER_RESTORE)
+# What ends a stall: progress, or the job's going down or ending.
+STALL_ENDS = (*STEPS, FAILURE, WORKER_LOST, JOB_END)
+# A worker group starting, for the stall watch (the compile allowance starts again).
+STARTS = (*GROUP_LINES, JAX_INITIALIZED)
+# Progress before a group's first step (start-up, restore, compile).
+PROGRESS = (SUBMITTED, WORKER_STARTED, COMPILE_STARTED, COMPILE_ENDED, RESTORE_STARTED, RESTORED, CHECKPOINT_SAVED)
+# What a chaos task does to a worker that is still so until resumed.
+CHAOS = (WORKER_HUNG, WORKER_LOST)
+
+# Ray Train's line that starts a worker group.
+GROUP_LINE = re.compile(r"Started training worker group of size (\d+)")
+
+
+class Event(TypedDict):
+    """One line of events.jsonl: its time (seconds since the epoch), kind,
+    step (None when it has none) and source; most also name their job. The
+    other fields are each kind's (``timeline.py`` lists them)."""
+
+    t: float
+    kind: str
+    step: int | None
+    source: str
+    job: NotRequired[str]
+
+
+def step_of(e: dict[str, Any]) -> int | None:
+    """An event's step, when it is a whole number (not a bool, not text)."""
+    s = e.get("step")
+    return s if isinstance(s, int) and not isinstance(s, bool) else None
+
+
+def number(v: Any) -> float | None:
+    """A field's value when it is a number (not a bool)."""
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
