@@ -24,7 +24,8 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from playbooks.runs.train_summary import STEP, Summary  # noqa: E402
+from playbooks.runs.job_log import STEP_LINE  # noqa: E402
+from playbooks.runs.train_summary import Summary, step_line_event  # noqa: E402
 
 INVOKE = str(Path(sys.executable).parent / "invoke")
 ENV = "bench-local"
@@ -51,9 +52,10 @@ def direct(steps: int, tmp: Path) -> dict:
     first = None
     s = Summary()
     for line in p.stdout:
-        if first is None and STEP.search(line):
+        if first is None and STEP_LINE.search(line):
             first = time.monotonic() - start
-        s.feed(line)
+        if (e := step_line_event(line)) is not None:
+            s.add(e)
     assert p.wait() == 0, "direct MaxText run failed"
     return {"tok": s.median_tokens_per_device, "step_s": s.median_step_seconds, "first": first,
             "wall": time.monotonic() - start}
@@ -70,9 +72,10 @@ def through_invoke(steps: int, inv: Path, home: Path) -> dict:
     out = []
     for line in p.stdout:
         out.append(line)
-        if first is None and STEP.search(line):
+        if first is None and STEP_LINE.search(line):
             first = time.monotonic() - start
-        s.feed(line)
+        if (e := step_line_event(line)) is not None:  # the console hides the trainer's events
+            s.add(e)
     if p.wait() != 0:
         sys.exit("invoke train failed:\n" + "".join(out[-40:]))
     return {"tok": s.median_tokens_per_device, "step_s": s.median_step_seconds, "first": first,

@@ -53,7 +53,9 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from playbooks.runs.train_summary import GROUP, STEP, WORKER, clean  # noqa: E402
+from playbooks.runs.events import GROUP_LINE as GROUP  # noqa: E402
+from playbooks.runs.job_log import STEP_LINE as STEP  # noqa: E402
+from playbooks.runs.job_log import WORKER, clean  # noqa: E402
 
 INVOKE = str(Path(sys.executable).parent / "invoke")
 ENV = "bench-recovery"

@@ -154,19 +154,56 @@ LOG = """\
 """
 
 
+WORKER_LINE = re.compile(r"^\((RayTrainWorker|TrainController) pid=(\d+)[^)]*\) (.*)$")
+MODEL_CHECK = re.compile(r"^model check: (\S+) applied, ([\d.]+) billion parameters expected")
+
+
+def summary_of(lines) -> Summary:
+    """The follower's summary of a job log: each worker's MaxText lines
+    through the trainer's own event handler (the first worker heard in each
+    group its rank 0, the others its peers), Ray Train's lines as they are,
+    all read by the timeline's reader."""
+    import contextlib
+    import io
+
+    from playbooks.runs.timeline import Reader
+    s, reader = Summary(), Reader("job-1")
+    handlers: dict[str, mr.MaxTextEvents] = {}
+
+    def feed(line: str) -> None:
+        for e in reader.feed(line):
+            s.add(e)
+
+    for raw in lines:
+        m = WORKER_LINE.match(raw)
+        if not m or m.group(1) != "RayTrainWorker":
+            feed(raw)
+            if "Started training worker group" in raw:
+                handlers = {}  # a new group: new processes, new ranks
+            continue
+        pid, msg = m.group(2), m.group(3)
+        h = handlers.setdefault(pid, mr.MaxTextEvents(peer_rank=None if not handlers else len(handlers)))
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            if (c := MODEL_CHECK.match(msg)) and h.peer_rank is None:  # what run_maxtext says on rank 0
+                mr.event("model_check", model=c.group(1), expected_billion=float(c.group(2)))
+            else:
+                h.line(msg, 100.0)
+        for line in out.getvalue().splitlines():
+            feed(f"(RayTrainWorker pid={pid}) {line}")
+    return s
+
+
 def test_a_resize_is_after_the_last_step_of_the_group_it_ends_not_the_furthest_step_ever():
     """A group ran to step 5; the next restored step 2 and was lost at step 4:
     the shrink is after step 4 (what goodput's incident says), not 5."""
-    s = Summary()
     line = ("(RayTrainWorker pid={p}) completed step: {n}, seconds: 1.0, TFLOP/s/device: 1.0, Tokens/s/device: 5.0, "
             "total_weights: 8, loss: 6.0")
-    s.feed("(TrainController pid=9) Started training worker group of size 1:")
-    for n in range(6):
-        s.feed(line.format(p=1, n=n))
-    s.feed("(TrainController pid=9) Started training worker group of size 2:")
-    for n, p in ((3, 2), (3, 3), (4, 3), (4, 2)):
-        s.feed(line.format(p=p, n=n))
-    s.feed("(TrainController pid=9) Started training worker group of size 1:")
+    s = summary_of(["(TrainController pid=9) Started training worker group of size 1:",
+                    *(line.format(p=1, n=n) for n in range(6)),
+                    "(TrainController pid=9) Started training worker group of size 2:",
+                    *(line.format(p=p, n=n) for n, p in ((3, 2), (3, 3), (4, 3), (4, 2))),
+                    "(TrainController pid=9) Started training worker group of size 1:"])
     assert s.resize_steps == [5, 4] and s.last_step == 5
 
 
@@ -176,17 +213,15 @@ def test_a_step_saved_on_a_preemption_notice_counts_though_its_line_never_came()
     from playbooks.job.spec import build_job
     from playbooks.plays.train import _verdict, entrypoint_steps
     from tests.conftest import env
-    s = Summary()
     line = ("(RayTrainWorker pid={p}) completed step: {n}, seconds: 1.0, TFLOP/s/device: 1.0, Tokens/s/device: 5.0, "
             "total_weights: 8, loss: 6.0")
-    s.feed("(TrainController pid=9) Started training worker group of size 1:")
-    for n in range(20):
-        s.feed(line.format(p=1, n=n))
-    s.feed("(RayTrainWorker pid=1) Started an asynchronous checkpoint save for step 20")
-    s.feed("(TrainController pid=9) Started training worker group of size 2:")
-    s.feed("(RayTrainWorker pid=2) restoring from this run's directory step 20")
-    for n in range(21, 40):
-        s.feed(line.format(p=2, n=n))
+    s = summary_of(["(TrainController pid=9) Started training worker group of size 1:",
+                    *(line.format(p=1, n=n) for n in range(20)),
+                    "(RayTrainWorker pid=1) Waited 0.5 seconds for step 20 to finish before starting checkpointing.",
+                    "(RayTrainWorker pid=1) Started an asynchronous checkpoint save for step 20",
+                    "(TrainController pid=9) Started training worker group of size 2:",
+                    "(RayTrainWorker pid=2) restoring from this run's directory step 20",
+                    *(line.format(p=2, n=n) for n in range(21, 40))])
     assert len(s.steps) == 39 and s.done_steps == set(range(40)) and s.resize_steps == [20]
     assert s.lines()[0] == "steps: 40 (last step 39)"
     job = build_job(env("local"), "llama3-8b", elastic=True, steps=40)
@@ -203,10 +238,8 @@ def test_a_job_that_succeeded_short_of_its_last_step_is_not_a_success():
     from playbooks.job.spec import build_job
     from playbooks.plays.train import _verdict
     from tests.conftest import env
-    s = Summary()
-    for n in range(20):
-        s.feed(f"(RayTrainWorker pid=1) completed step: {n}, seconds: 1.0, TFLOP/s/device: 1.0, Tokens/s/device: "
-               f"5.0, total_weights: 8, loss: 6.0")
+    s = summary_of(f"(RayTrainWorker pid=1) completed step: {n}, seconds: 1.0, TFLOP/s/device: 1.0, Tokens/s/device: "
+                   f"5.0, total_weights: 8, loss: 6.0" for n in range(20))
     job = build_job(env("local"), "llama3-8b", steps=20)  # the flags say 20; the job followed says 40
     done = _verdict(job, "run-2", {"status": "SUCCEEDED", "entrypoint": "python t.py base.yml steps=40"}, s, None)
     assert done.outcome == FAILED
@@ -215,9 +248,8 @@ def test_a_job_that_succeeded_short_of_its_last_step_is_not_a_success():
 
 
 def test_summary_of_a_job_log():
-    s = Summary()
-    for line in LOG.splitlines():
-        s.feed(line)
+    lines = LOG.splitlines()
+    s = summary_of(lines)
     assert s.last_step == 3 and len(s.steps) == 4
     assert s.final_loss == 6.9
     assert s.median_step_seconds == 0.6  # steps 2 and 3: past each group's first two
@@ -225,8 +257,11 @@ def test_summary_of_a_job_log():
     assert s.resize_steps == [3, 3]  # the shrink after step 3; the regrowth after step 3 (run again)
     assert s.restores == [2]
     assert s.params_mismatch() is None
-    s.feed("(RayTrainWorker pid=3) number parameters: 1.300 billion")
+    s = summary_of([*lines, "(RayTrainWorker pid=3) number parameters: 1.300 billion"])
     assert "the model config was not applied" in s.params_mismatch()
+    # What made each change of size, said with it.
+    assert s.lines()[-3:-1] == ["resize 4 -> 2 workers after step 3 (a restart)",
+                                "resize 2 -> 4 workers after step 3 (Ray Train's resize)"]
 
 
 def test_maxtext_metrics_file_read_one_record_per_step(tmp_path):

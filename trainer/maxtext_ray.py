@@ -273,6 +273,10 @@ class MaxTextEvents(logging.Handler):
     ``peer_step`` events with its rank."""
 
     STEP = re.compile(r"^completed step: (\d+), seconds: ([\d.]+)")
+    # The rest of MaxText's step line: what the summary and the metrics read.
+    METRICS = re.compile(r"TFLOP/s/device: ([\d.]+), Tokens/s/device: ([\d.]+), total_weights: \d+, "
+                         r"loss: ([\d.]+|nan|inf)")
+    PARAMETERS = re.compile(r"^number parameters: ([\d.]+) billion")
     # The save holds the training from when the step it saves has finished
     # (MaxText first waits for it: that wait is the step's own time).
     SAVE_START = re.compile(r"^(?:Waiting for step (\d+) to finish before checkpoint|Waited [\d.e-]+ seconds for step "
@@ -317,7 +321,7 @@ class MaxTextEvents(logging.Handler):
             step = int(m.group(1))
             if self.peer_rank is not None:
                 return event("peer_step", t, step, seconds=float(m.group(2)), rank=self.peer_rank)
-            out = event("step", t, step, seconds=float(m.group(2)))
+            out = event("step", t, step, seconds=float(m.group(2)), **step_metrics(msg))
             self.last_step, self.last_step_t = step, t
             if not self.stepped:
                 self.stepped = True
@@ -327,6 +331,8 @@ class MaxTextEvents(logging.Handler):
             return out
         if self.peer_rank is not None:
             return None
+        if (m := self.PARAMETERS.match(msg)):
+            return event("parameters", t, billion=float(m.group(1)))
         if (m := self.SAVE_START.match(msg)):
             self.saving[int(m.group(1) or m.group(2))] = t
         elif (m := self.SAVED.match(msg)):
@@ -344,6 +350,17 @@ class MaxTextEvents(logging.Handler):
             self.restoring, self.restored = None, step
             return event("restored", t, step, seconds=round(t - start, 3))
         return None
+
+
+def step_metrics(msg: str) -> dict:
+    """Of MaxText's step line: TFLOP/s and tokens/s per device, the loss
+    (None when not finite)."""
+    m = MaxTextEvents.METRICS.search(msg)
+    if not m:
+        return {}
+    loss = float(m.group(3))
+    return {"tflops_per_device": float(m.group(1)), "tokens_per_s_per_device": float(m.group(2)),
+            "loss": loss if loss == loss and loss not in (float("inf"), float("-inf")) else None}
 
 
 def compile_span(name: str, start: float, end: float, **kw) -> list[dict]:
@@ -571,8 +588,10 @@ def run_maxtext(argv: list[str], layout: Layout, world_size: int, rank: int = 0)
     config = pyconfig.initialize(argv)
     assert_model_applied(config, expected)
     if all(v is not None for v in expected.values()):
-        print(f"model check: {getattr(config, 'model_name', '?')} applied, "
-              f"{llama_params(expected) / 1e9:.3f} billion parameters expected", flush=True)
+        model, billion = getattr(config, "model_name", "?"), round(llama_params(expected) / 1e9, 3)
+        print(f"model check: {model} applied, {billion:.3f} billion parameters expected", flush=True)
+        if rank == 0:
+            event("model_check", model=model, expected_billion=billion)
     maxtext_main(argv)
     stopped_early(int(config.steps))
 

@@ -14,6 +14,7 @@ from playbooks.core.command import placeholder
 from playbooks.core.errors import ProbeFailed
 from playbooks.core.facts import ABSENT, Action, Completed
 from playbooks.core.step import Step, change, fail
+from playbooks.runs import events as E
 from playbooks.runs import timeline
 
 
@@ -41,7 +42,7 @@ def delete_step(env: Environment) -> Step:
         if pod is ABSENT:
             return fail(f"no pod labelled {T.WORKER_SELECTOR} in namespace {env.namespace}: is the RayCluster up?")
         return change(kube(env, "delete", "pod", pod, "--namespace", env.namespace),
-                      record(env, "worker_lost", pod=pod, by="chaos", cause="the pod deleted (chaos.delete-worker)"),
+                      record(env, E.WORKER_LOST, pod=pod, by="chaos", cause="the pod deleted (chaos.delete-worker)"),
                       reason=f"deleted pod {pod}", found=f"pod {pod} running")
 
     return Step("chaos", "delete one Ray TPU worker pod", decide, id="chaos:delete", after=("kube:credentials",))
@@ -87,10 +88,10 @@ def hang_steps(env: Environment, restore_after: float) -> list[Step]:
         if restore_after > 0:
             then = (Action(f"sleep {restore_after:g}", lambda: time.sleep(restore_after)),
                     signal_workers(env, pod, "CONT"),
-                    record(env, "worker_resumed", pod=pod, by="chaos",
+                    record(env, E.WORKER_RESUMED, pod=pod, by="chaos",
                            cause=f"SIGCONT after {restore_after:g}s (chaos.hang-worker)"))
         return change(signal_workers(env, pod, "STOP"),
-                      record(env, "worker_hung", pod=pod, by="chaos",
+                      record(env, E.WORKER_HUNG, pod=pod, by="chaos",
                              cause="SIGSTOP of its training worker (chaos.hang-worker)"), *then,
                       reason=f"stopped the training worker in pod {pod}" + (
                           f", resumed it after {restore_after:g}s" if restore_after > 0 else

@@ -14,6 +14,7 @@ from playbooks.core.command import Command, quote
 from playbooks.core.facts import ABSENT, Action, Fact, assume
 from playbooks.core.pidfile import PidFile
 from playbooks.core.step import Await, Broken, Step, Verify, change, fail, ok, wait
+from playbooks.runs import events as E
 from playbooks.runs import timeline
 from playbooks.twin.nodes import (
     HEAD,
@@ -220,7 +221,7 @@ def chaos_steps(env: Environment, restore_after: float) -> list[Step]:
             if look(running[h.name]):
                 killed["host"] = h
                 return change(kill(pidfile(env, h.name)),
-                              record(env, "worker_lost", host=h.name, by="chaos",
+                              record(env, E.WORKER_LOST, host=h.name, by="chaos",
                                      cause="SIGKILL of its Ray node (chaos.delete-worker)"),
                               reason=f"killed TPU host {h.name}",
                               would=f"kill TPU host {h.name}", found=f"TPU host {h.name} running")
@@ -288,7 +289,7 @@ def hang_steps(env: Environment, restore_after: float) -> list[Step]:
             return fail("no training worker runs on any simulated TPU host: start a job first (`invoke train`)")
         pids = [str(w["pid"]) for w in ws]
         return change(Command(("kill", "-STOP", *pids)),
-                      record(env, "worker_hung", host=host, pids=pids, by="chaos",
+                      record(env, E.WORKER_HUNG, host=host, pids=pids, by="chaos",
                              cause=f"SIGSTOP of its training worker, pid {', '.join(pids)} (chaos.hang-worker)"),
                       reason=f"froze the training worker of TPU host {host} (pid {', '.join(pids)}, SIGSTOP); its "
                              f"Ray node stays up", would=f"freeze the training worker of TPU host {host}",
@@ -308,7 +309,7 @@ def hang_steps(env: Environment, restore_after: float) -> list[Step]:
             pids = [str(w["pid"]) for w in ws]
             return change(Action(f"sleep {restore_after:g}", lambda: time.sleep(restore_after)),
                           Command(("kill", "-CONT", *pids)),
-                          record(env, "worker_resumed", host=h, pids=pids, by="chaos",
+                          record(env, E.WORKER_RESUMED, host=h, pids=pids, by="chaos",
                                  cause=f"SIGCONT after {restore_after:g}s (chaos.hang-worker)"),
                           reason=f"resumed the training worker of TPU host {h} after {restore_after:g}s (SIGCONT)",
                           would=f"resume it after {restore_after:g}s", found=f"pid {', '.join(pids)} frozen")

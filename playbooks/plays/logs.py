@@ -18,7 +18,7 @@ from playbooks.core.play import Outcome, StepContext
 from playbooks.core.recap import FAILED, OK
 from playbooks.core.step import Step, change, fail, ok
 from playbooks.runs import goodput, goodput_reference, metrics, timeline
-from playbooks.runs.follow import Follower, Watch, watch_note
+from playbooks.runs.follow import follow as follow_job
 
 
 def logs_step(env: Environment, run: str | None, follow: bool) -> Step:
@@ -39,24 +39,17 @@ def logs_step(env: Environment, run: str | None, follow: bool) -> Step:
                 return Outcome(OK, f"would show the log of the newest job of {which}")
             return Outcome(FAILED, f"no job of {f'run {run}' if run else 'any run'} at {addr}")
         sid = str(mine[-1]["submission_id"])
-        f: Follower | None = None
         if not follow:
             done = ctx.stream(job_logs_command(addr, sid, follow), ctx.echo)
+            final = ctx.look(job_fact(addr, sid, via), fresh=True)
         else:
             # Followed: the run's timeline and the stall watch, as `train` does.
-            f = Follower(ctx, env, run_of(sid), sid, show_all=True, source="logs", job=mine[-1])
-            ctx.note(watch_note(env, addr, sid, run_of(sid)))
-            f.started(mine[-1])
-            try:
-                with Watch(f, addr, via, ctx.heartbeat):
-                    done = ctx.stream(job_logs_command(addr, sid, follow), f.line)
-            finally:
-                f.close()
+            got = follow_job(ctx, env, sid, addr, via, lambda f: ctx.stream(job_logs_command(addr, sid, True), f.line),
+                             run=run_of(sid), job=mine[-1], show_all=True, source="logs")
+            done, final = got.done, got.final if got.done is not None else ctx.look(job_fact(addr, sid, via),
+                                                                                    fresh=True)
         if done is not None and not done.ok:
             return Outcome(FAILED, f"could not read the log of job {sid}: `ray job logs` exited {done.rc}")
-        final = ctx.look(job_fact(addr, sid, via), fresh=True)
-        if f is not None and done is not None:
-            f.ended(final)
         status = final.get("status") if isinstance(final, dict) else "UNKNOWN"
         # Followed to its end: the run's maintenance hold goes with the job.
         if follow and status not in ("PENDING", "RUNNING") and \

@@ -31,8 +31,9 @@ from playbooks.job.spec import (
     submit_command,
 )
 from playbooks.runs import metrics, timeline
-from playbooks.runs.follow import Follower, Watch, watch_note
-from playbooks.runs.train_summary import Summary, clean
+from playbooks.runs.follow import Followed, Follower, follow
+from playbooks.runs.job_log import clean
+from playbooks.runs.train_summary import Summary
 
 PLAY = "train"
 SUBMIT_ATTEMPTS = 5
@@ -250,56 +251,63 @@ def entrypoint_steps(entrypoint: str) -> int | None:
 
 def job_step(job: Job, log_file: Path | None = None) -> Step:
     """A run step: it follows the job's log as it comes, to the job's end."""
-    via = connectors.connector(job.env)
-    listing, checkpoints = jobs_fact(job.address, via), checkpoints_fact(job)
-    seen_checkpoints = checkpoints_place(job)[0] != "unseen"
+    run = JobRun(job, log_file)
+    return Step(PLAY, f"job {job.run_name} ({job.model}{', elastic' if job.elastic else ''})", run=run.run,
+                id="train:job", after=("train:checkpoints",))
 
-    def run(ctx: StepContext) -> Outcome:
-        if seen_checkpoints and not job.fresh and trained(job, ctx.look(checkpoints)) is not None:
+
+class JobRun:
+    """The job step's parts: which job (one running of the run is followed,
+    else a new one submitted), the follow, what it came to."""
+
+    def __init__(self, job: Job, log_file: Path | None):
+        self.job, self.log_file = job, log_file
+        self.via = connectors.connector(job.env)
+        self.listing, self.checkpoints = jobs_fact(job.address, self.via), checkpoints_fact(job)
+
+    def run(self, ctx: StepContext) -> Outcome:
+        job = self.job
+        if checkpoints_place(job)[0] != "unseen" and not job.fresh and \
+                trained(job, ctx.look(self.checkpoints)) is not None:
             return Outcome(SKIPPED, f"run {job.run_name} is already complete")
-        listed = ctx.look(listing)
+        listed = ctx.look(self.listing)
         if listed is ABSENT:
             return Outcome(FAILED, f"no Ray dashboard answers at {job.address}: run `invoke up` (or `invoke "
                                    f"dashboard`)")
+        sid, active = self.which(ctx, listed)
+        f = follow(ctx, job.env, sid, job.address, self.via,
+                   lambda fl: _follow_or_submit(ctx, job, sid, active is not None, fl), run=job.run_name, job=active,
+                   log_file=self.log_file, heartbeat=lambda fl: self.now(ctx, sid, fl),
+                   interrupted=f"interrupted: job {sid} goes on in the cluster; `invoke train` again follows it, "
+                               f"`ray job stop --address {job.address} {sid}` stops it")
+        return self.outcome(ctx, sid, f)
+
+    def which(self, ctx: StepContext, listed: Any) -> tuple[str, dict | None]:
+        """The job to follow: the run's job still running, or a new one's id."""
+        job = self.job
         mine = ours(job.run_name, listed)
         active = [j for j in mine if j.get("status") in ("PENDING", "RUNNING")]
         if active:
             sid = str(active[-1]["submission_id"])
             ctx.note(f"job {sid} of run {job.run_name} is already {active[-1]['status']}: following it, "
                      f"not submitting another")
-        else:
-            sid = f"{job.run_name}-{max((submission_number(j) for j in mine), default=0) + 1}"
-        f = Follower(ctx, job.env, job.run_name, sid, log_file, job=active[-1] if active else None)
-        ctx.note(watch_note(job.env, job.address, sid, job.run_name))
-        if active:
-            f.started(active[-1])
+            return sid, active[-1]
+        return f"{job.run_name}-{max((submission_number(j) for j in mine), default=0) + 1}", None
 
-        def now() -> str:
-            """What a heartbeat says of the job: its status, its last step,
-            and the slices not (yet) whole in Ray."""
-            j = ctx.peek(job_fact(job.address, sid, via))
-            status = j.get("status", "?") if isinstance(j, dict) else "not listed yet"
-            step = f"last step {f.summary.last_step}" if f.summary.last_step is not None else "no step yet"
-            s = from_ray(job.env, ctx.peek(ray_nodes(job)))
-            return f"status {status}, {step}" + ("" if s.complete else f"; {s.text()}")
+    def now(self, ctx: StepContext, sid: str, f: Follower) -> str:
+        """What a heartbeat says of the job: its status, its last step, and
+        the slices not (yet) whole in Ray."""
+        j = ctx.peek(job_fact(self.job.address, sid, self.via))
+        status = j.get("status", "?") if isinstance(j, dict) else "not listed yet"
+        step = f"last step {f.summary.last_step}" if f.summary.last_step is not None else "no step yet"
+        s = from_ray(self.job.env, ctx.peek(ray_nodes(self.job)))
+        return f"status {status}, {step}" + ("" if s.complete else f"; {s.text()}")
 
-        try:
-            if ctx.acting:
-                with ctx.beating(f"job {sid}", now) as f.beat, Watch(f, job.address, via, ctx.heartbeat):
-                    done = _follow_or_submit(ctx, job, sid, bool(active), f)
-            else:
-                done = _follow_or_submit(ctx, job, sid, bool(active), f)
-        except KeyboardInterrupt:
-            ctx.echo(f"interrupted: job {sid} goes on in the cluster; `invoke train` again follows it, "
-                     f"`ray job stop --address {job.address} {sid}` stops it")
-            raise
-        finally:
-            f.close()
+    def outcome(self, ctx: StepContext, sid: str, followed: Followed) -> Outcome:
+        job, done, final, f = self.job, followed.done, followed.final, followed.follower
         if done is None:  # not acting: nothing ran
             maintenance.release(ctx, job.env, job.run_name)
             return Outcome(CHANGED, f"would run job {sid}")
-        final = ctx.look(job_fact(job.address, sid, via), fresh=True)
-        f.ended(final)
         # The job ended (or was never made): the hold goes with it.
         ended = not (isinstance(final, dict) and final.get("status") in ("PENDING", "RUNNING"))
         if ended and (line := maintenance.release(ctx, job.env, job.run_name)):
@@ -314,7 +322,4 @@ def job_step(job: Job, log_file: Path | None = None) -> Step:
         if f.stopped and isinstance(final, dict) and final.get("status") == "STOPPED":
             return Outcome(FAILED, f"job {sid} STOPPED after a stall (stall_action: stop): `invoke train` resumes "
                                    f"run {job.run_name} from its last checkpoint")
-        return _verdict(job, sid, final, f.summary, log_file)
-
-    return Step(PLAY, f"job {job.run_name} ({job.model}{', elastic' if job.elastic else ''})", run=run,
-                id="train:job", after=("train:checkpoints",))
+        return _verdict(job, sid, final, f.summary, self.log_file)

@@ -5,12 +5,15 @@ timeline), and the watch beside it while it runs: a stall said in one line
 pods (scheduled, lost and why), and what the chaos tasks recorded."""
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
+from playbooks.access import connectors
 from playbooks.access.ray_api import job_fact
 from playbooks.cloud import kube_objects
 from playbooks.cloud import pods as P
@@ -18,9 +21,12 @@ from playbooks.config import paths
 from playbooks.config.schema import Environment
 from playbooks.core.command import Command
 from playbooks.core.errors import PlaybookError
+from playbooks.core.facts import Completed
 from playbooks.core.play import StepContext
+from playbooks.runs import events as E
 from playbooks.runs import pod_watch, stall, timeline
-from playbooks.runs.train_summary import HIDE, SHOW, Summary, clean
+from playbooks.runs.job_log import clean, shown
+from playbooks.runs.train_summary import Summary
 
 
 def stop_command(address: str, sid: str) -> Command:
@@ -40,19 +46,64 @@ def watch_note(env: Environment, address: str, sid: str, run: str) -> str:
             f"for too), {act}{pods}; the run's timeline: {paths.shown(timeline.path(env, run))}")
 
 
+@dataclass
+class Followed:
+    """What a follow came to: the command's result (None when not acting:
+    nothing ran), the Jobs API's last word on the job, and the follower
+    (its summary, whether the watch stopped the job)."""
+
+    done: Completed | None
+    final: Any
+    follower: Follower
+
+
+def follow(ctx: StepContext, env: Environment, sid: str, address: str, via: Any,
+           stream: Callable[[Follower], Completed | None], *, run: str, job: Any = None, log_file: Path | None = None,
+           show_all: bool = False, source: str = "train", heartbeat: Callable[[Follower], str] | None = None,
+           interrupted: str = "") -> Followed:
+    """Follow job ``sid`` to its end, the one way both ``train`` and ``logs
+    --follow`` do: the follower (its lines, summary, log file, timeline), the
+    watch note, a running job's submission time, the heartbeat (``heartbeat``
+    says the job's state) and the watch beside ``stream`` (which runs the
+    command that streams the log into the follower), then the Jobs API's
+    final word and the job's end in the timeline. ``interrupted``: said on
+    Ctrl-C (the job goes on)."""
+    f = Follower(ctx, env, run, sid, log_file, show_all=show_all, source=source, job=job)
+    ctx.note(watch_note(env, address, sid, run))
+    if job is not None:
+        f.started(job)
+    try:
+        if ctx.acting:
+            beating = ctx.beating(f"job {sid}", lambda: heartbeat(f)) if heartbeat else contextlib.nullcontext()
+            with beating as f.beat, Watch(f, address, via, ctx.heartbeat):
+                done = stream(f)
+        else:
+            done = stream(f)
+    except KeyboardInterrupt:
+        if interrupted:
+            ctx.echo(interrupted)
+        raise
+    finally:
+        f.close()
+    if done is None:
+        return Followed(None, None, f)
+    final = ctx.look(job_fact(address, sid, via), fresh=True)
+    f.ended(final)
+    return Followed(done, final, f)
+
+
 class Follower:
-    """What a followed job's log lines become: the summary, the run's log
-    file, the lines shown (``show_all``: every line; else the ones that
-    matter, the rest only in the file), the run's timeline; ``beat``: a
-    heartbeat told of each line shown."""
+    """What a followed job's log lines become: the summary (a fold over
+    their events), the run's log file, the lines shown (``show_all``: every
+    line; else the ones that matter, the rest only in the file), the run's
+    timeline; ``beat``: a heartbeat told of each line shown."""
 
     def __init__(self, ctx: StepContext, env: Environment, run: str, sid: str, log_file: Path | None = None,
                  show_all: bool = False, source: str = "train", job: Any = None):
         self.ctx, self.env, self.run, self.sid, self.source = ctx, env, run, sid, source
         self.summary = Summary()
         self.show_all = show_all
-        # Open while the job is followed; closed by close().
-        self.out: IO[str] | None = open(log_file, "a") if (log_file and ctx.acting) else None  # noqa: SIM115
+        self.log_file = str(log_file) if (log_file and ctx.acting) else None  # written through the connector
         self.beat: Any = None
         self.lock = threading.RLock()
         self.reader = timeline.Reader(sid)
@@ -61,36 +112,31 @@ class Follower:
         start = job.get("start_time") if isinstance(job, dict) else None
         since = float(start) / 1000 if isinstance(start, (int, float)) and start else None
         self.timeline = timeline.Writer(env, run, sid, since if job is not None else None) if ctx.acting else None
-        self.stalled: stall.Stall | None = None
+        self.stall = StallTracker(self)
         self.stopped = False  # by stall_action: stop
 
     def line(self, line: str) -> None:
-        self.summary.feed(line)
-        if self.out:
-            self.out.write(line + "\n")
+        events = self.reader.feed(line)
+        for e in events:
+            self.summary.add(e)
+        if self.log_file:
+            connectors.this_machine().append(self.log_file, (line + "\n").encode())
         text = clean(line)
-        if self.show_all or (SHOW.search(text) and not HIDE.search(text)):
+        if self.show_all or shown(text):
             self.ctx.echo(text)
             if self.beat is not None:
                 self.beat.touch()
         if self.timeline is not None:
-            self.add(self.reader.feed(line))
+            self.add(events)
 
     def add(self, events: list[dict]) -> list[dict]:
-        """New events, into the timeline; a stall ends with the next step
-        (or a failure)."""
+        """New events, into the timeline; each told to the stall tracker."""
         if self.timeline is None or not events:
             return []
         with self.lock:
             new = self.timeline.add(events)
             for e in new:
-                if self.stalled is not None and e.get("kind") in ("step", "failure", "worker_lost", "job_end"):
-                    s, self.stalled = self.stalled, None
-                    took = float(e["t"]) - s.since
-                    self.timeline.add([timeline.event("stall_ended", self.source, e.get("step"), job=self.sid,
-                                                      since=s.since, seconds=round(took, 3), by=e["kind"])])
-                    what = f"step {e.get('step')}" if e["kind"] == "step" else e["kind"].replace("_", " ")
-                    self.ctx.echo(f"stall ended: {what} after {stall.duration(took)} without a step")
+                self.stall.progress(e)
             return new
 
     def job_events(self) -> list[dict]:
@@ -103,9 +149,9 @@ class Follower:
         start = job.get("start_time") if isinstance(job, dict) else None
         if self.timeline is None or not isinstance(start, (int, float)) or not start:
             return
-        if any(e.get("kind") == "submitted" for e in self.job_events()):
+        if any(e.get("kind") == E.SUBMITTED for e in self.job_events()):
             return
-        self.add([timeline.event("submitted", self.source, t=float(start) / 1000, job=self.sid, run=self.run, n=1)])
+        self.add([timeline.event(E.SUBMITTED, self.source, t=float(start) / 1000, job=self.sid, run=self.run, n=1)])
 
     def ended(self, final: Any) -> None:
         if self.timeline is None:
@@ -115,19 +161,69 @@ class Follower:
         status = final.get("status") if isinstance(final, dict) else "UNKNOWN"
         end = final.get("end_time") if isinstance(final, dict) else None
         t = float(end) / 1000 if isinstance(end, (int, float)) and end else None
-        self.add([timeline.event("job_end", self.source, self.summary.last_step, t=t, job=self.sid, status=status,
+        self.add([timeline.event(E.JOB_END, self.source, self.summary.last_step, t=t, job=self.sid, status=status,
                                  n=1)])
 
     def close(self) -> None:
-        if self.out:
-            self.out.close()
+        self.log_file = None
+
+
+class StallTracker:
+    """A followed job's stall, its one owner: started by the watch's look
+    (a RUNNING job with no progress for the threshold: said once, with its
+    cause, into the timeline; with ``stall_action: stop`` the job stopped),
+    ended by the next progress the follower reads (``E.STALL_ENDS``). One
+    lock, the follower's: the two threads never write a stall's two ends at
+    once."""
+
+    def __init__(self, f: Follower):
+        self.f = f
+        self.current: stall.Stall | None = None
+
+    def look(self, now: float, running: Callable[[], bool], cause: Callable[[], str | None],
+             stop: Callable[[], object]) -> None:
+        f = self.f
+        if self.current is not None:
+            return
+        s = stall.check(f.job_events(), now, f.env.stall_after)
+        if s is None or not running():
+            return
+        with f.lock:
+            if self.current is not None:
+                return
+            self.current = s
+        why = cause()
+        # The stall and its cause in one write: the job's own lines, streamed
+        # at the same time, never come between them.
+        f.ctx.echo(s.line() + (f"\n  why: {why}" if why else ""))
+        f.add([timeline.event(E.STALL_STARTED, f.source, s.last_step, t=s.now, job=f.sid, since=s.since,
+                              p90=s.p90, limit=s.limit, line=s.line(), **({"cause": why} if why else {}))])
+        if f.beat is not None:
+            f.beat.touch()
+        if f.env.stall_action == "stop":
+            stop()
+            f.stopped = True
+            f.add([timeline.event(E.STOPPED, f.source, s.last_step, job=f.sid, by="stall_action: stop")])
+            f.ctx.echo(f"stall_action: stop: job {f.sid} stopped; `invoke train` resumes run {f.run} from its "
+                       f"last checkpoint")
+
+    def progress(self, e: dict) -> None:
+        """An event the follower added (under its lock): progress ends the stall."""
+        f = self.f
+        if self.current is None or e.get("kind") not in E.STALL_ENDS:
+            return
+        s, self.current = self.current, None
+        took = float(e["t"]) - s.since
+        f.timeline.add([timeline.event(E.STALL_ENDED, f.source, e.get("step"), job=f.sid,  # type: ignore[union-attr]
+                                       since=s.since, seconds=round(took, 3), by=e["kind"])])
+        what = f"step {e.get('step')}" if e["kind"] in E.STEPS else e["kind"].replace("_", " ")
+        f.ctx.echo(f"stall ended: {what} after {stall.duration(took)} without a step")
 
 
 class Watch:
     """Beside a followed job, every ``interval`` seconds: what others
     appended to the run's timeline (a chaos task), the worker pods on GKE,
-    and whether the job is stalled (said once per stall, with the first
-    Kubernetes cause found; with ``stall_action: stop``, the job stopped)."""
+    and the stall tracker's look."""
 
     def __init__(self, f: Follower, address: str, via: Any, interval: float,
                  clock: Callable[[], float] = time.time):
@@ -173,31 +269,10 @@ class Watch:
             f.timeline.others()
         if self.env.kind != "local":
             self.pods()
-        if not any(e.get("kind") == "submitted" for e in f.job_events()):
+        if not any(e.get("kind") == E.SUBMITTED for e in f.job_events()):
             self.status()  # its start time, once the job is listed
-        if f.stalled is not None:
-            return
-        s = stall.check(f.job_events(), self.clock(), self.env.stall_after)
-        if s is None or self.status() != "RUNNING":
-            return
-        with f.lock:
-            if f.stalled is not None:
-                return
-            f.stalled = s
-        why = self.cause()
-        # The stall and its cause in one write: the job's own lines, streamed
-        # at the same time, never come between them.
-        f.ctx.echo(s.line() + (f"\n  why: {why}" if why else ""))
-        f.add([timeline.event("stall_started", f.source, s.last_step, t=s.now, job=f.sid, since=s.since,
-                              p90=s.p90, limit=s.limit, line=s.line(), **({"cause": why} if why else {}))])
-        if f.beat is not None:
-            f.beat.touch()
-        if self.env.stall_action == "stop":
-            f.ctx.act(stop_command(self.address, f.sid))
-            f.stopped = True
-            f.add([timeline.event("stopped", f.source, s.last_step, job=f.sid, by="stall_action: stop")])
-            f.ctx.echo(f"stall_action: stop: job {f.sid} stopped; `invoke train` resumes run {f.run} from its "
-                       f"last checkpoint")
+        f.stall.look(self.clock(), lambda: self.status() == "RUNNING", self.cause,
+                     lambda: f.ctx.act(stop_command(self.address, f.sid)))
 
     def cause(self) -> str | None:
         """The first Kubernetes cause found (GKE), or what a chaos task did
@@ -208,9 +283,9 @@ class Watch:
                 return causes[0]
         hung = None
         for e in self.f.job_events():
-            if e.get("kind") in ("worker_hung", "worker_lost"):
+            if e.get("kind") in E.CHAOS:
                 hung = e
-            elif e.get("kind") == "worker_resumed":
+            elif e.get("kind") == E.WORKER_RESUMED:
                 hung = None
         return timeline.who(hung) if hung is not None else None
 
@@ -223,5 +298,5 @@ class Watch:
             chaos = {e.get("pod") for e in self.f.job_events() if e.get("source") == "chaos"}
             found = pod_watch.pod_changes(self._pods, now, events, self.clock(), self.env.capacity)
             self.f.add([dict(e, job=self.f.sid) for e in found
-                        if not (e["kind"] == "worker_lost" and e.get("pod") in chaos)])
+                        if not (e["kind"] == E.WORKER_LOST and e.get("pod") in chaos)])
         self._pods = now

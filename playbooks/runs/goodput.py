@@ -47,6 +47,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from playbooks.runs import events as E
 from playbooks.runs.timeline import who
 
 CAUSES = ("scheduling", "startup", "compile", "checkpoint", "detection", "restart", "restore", "replayed", "stall",
@@ -54,12 +55,11 @@ CAUSES = ("scheduling", "startup", "compile", "checkpoint", "detection", "restar
 PRODUCTIVE = "productive"
 # Which cause a second gets when several intervals cover it (higher wins).
 RANK = {"stall": 9, "restore": 8, "checkpoint": 7, "compile": 6, "replayed": 5, PRODUCTIVE: 4}
-LOSSES = ("worker_lost", "failure", "resize")
+LOSSES = E.LOSSES
 # Events of a new worker group: after one of these, a step is the recovery's.
-REGROUP = ("workers_started", "workers_restarted", "worker_started", "jax_initialized", "restore_started",
-           "restored", "first_step_after_restore")
+REGROUP = E.REGROUP
 # The trainer's own events of a worker group's start (its time, not when a line was read).
-GROUP_START = ("worker_started", "jax_initialized")
+GROUP_START = E.GROUP_START
 WHAT = {"scheduling": "waiting for capacity and scheduling", "startup": "start-up", "compile": "compile",
         "checkpoint": "checkpoint saves", "detection": "failure detection", "restart": "restart",
         "restore": "restore", "replayed": "replayed steps", "stall": "stalls", "other": "other"}
@@ -90,10 +90,10 @@ def _account(events: Iterable[dict], run: str | None, now: float | None) -> tupl
     if not evs:
         return empty(run), []
     jobs = list(dict.fromkeys(str(e["job"]) for e in evs if e.get("job")))
-    start = next((float(e["t"]) for e in evs if e.get("kind") == "submitted"), float(evs[0]["t"]))
+    start = next((float(e["t"]) for e in evs if e.get("kind") == E.SUBMITTED), float(evs[0]["t"]))
     last = float(evs[-1]["t"])
-    ended = evs[-1].get("kind") == "job_end" or (
-        bool(jobs) and any(e.get("kind") == "job_end" and e.get("job") == jobs[-1] for e in evs))
+    ended = evs[-1].get("kind") == E.JOB_END or (
+        bool(jobs) and any(e.get("kind") == E.JOB_END and e.get("job") == jobs[-1] for e in evs))
     end = last if ended or now is None else max(last, now)
     sweep = Sweep([e for e in evs if start <= float(e["t"]) <= end], start, end)
     sweep.run()
@@ -206,7 +206,7 @@ class Sweep:
 
     def next_kind(self, i: int) -> str | None:
         for e in self.evs[i:]:
-            if e.get("kind") in ("step", "job_end", "submitted", *LOSSES):
+            if e.get("kind") in (E.STEP, E.JOB_END, E.SUBMITTED, *LOSSES):
                 return str(e["kind"])
         return None
 
@@ -233,17 +233,17 @@ class Sweep:
 
     def loss(self, e: dict, t: float, i: int) -> None:
         kind = str(e["kind"])
-        if self.stall is not None and kind != "resize":
+        if self.stall is not None and kind != E.RESIZE:
             self.close_stall(t)
         if self.open is None:
             self.open = Incident(kind, t, who(e), self.last_step)
             self.regrouped = False
-            self.phase = "detection" if kind == "worker_lost" else "restart"
-        elif kind != "worker_lost":
+            self.phase = "detection" if kind == E.WORKER_LOST else "restart"
+        elif kind != E.WORKER_LOST:
             self.phase = "restart"
-        if kind == "failure":
+        if kind == E.FAILURE:
             self.open.failures += 1
-            if self.open.kind == "worker_lost" and self.open.detect_s is None:
+            if self.open.kind == E.WORKER_LOST and self.open.detect_s is None:
                 self.open.detect_s = round(t - self.open.t, 3)
         self.last_step_t = None
 
@@ -269,7 +269,7 @@ class Sweep:
         if self.stall is not None:
             return
         inc = Incident("stall", since, "no cause recorded", self.last_step, replayed_steps=0)
-        hung = [h for h in self.evs[:i] if h.get("kind") == "worker_hung" and since - 60 <= float(h["t"]) <= t]
+        hung = [h for h in self.evs[:i] if h.get("kind") == E.WORKER_HUNG and since - 60 <= float(h["t"]) <= t]
         if hung:
             inc.by = who(hung[-1])
         self.incidents.append(inc)
@@ -301,7 +301,7 @@ class Sweep:
     def first_said(self, e: dict, n: int) -> bool:
         """A step counts once per worker group, when its first host says it;
         the same host saying it again is a new group running it again."""
-        reporter = f"peer {e.get('rank')!r}" if e.get("kind") == "peer_step" else "rank 0"
+        reporter = f"peer {e.get('rank')!r}" if e.get("kind") == E.PEER_STEP else "rank 0"
         if reporter in self.reported.get(n, ()):
             self.reported = {}
         elif n in self.reported:  # another host of this group said it first
@@ -335,16 +335,16 @@ class Sweep:
 
 
 HANDLERS: dict[str, Callable[[Sweep, dict, float, int], None]] = {
-    "submitted": Sweep.submitted,
-    "workers_started": Sweep.workers, "workers_restarted": Sweep.workers,
-    "worker_started": Sweep.group_started, "jax_initialized": Sweep.group_started,
+    E.SUBMITTED: Sweep.submitted,
+    **dict.fromkeys(E.GROUP_LINES, Sweep.workers),
+    **dict.fromkeys(E.GROUP_START, Sweep.group_started),
     **dict.fromkeys(LOSSES, Sweep.loss),
-    "restore_started": Sweep.restore_started, "restored": Sweep.restored,
-    "compile_ended": lambda s, e, t, i: s.overlay(e, t, "compile"),
-    "checkpoint_saved": lambda s, e, t, i: s.overlay(e, t, "checkpoint"),
-    "stall_started": Sweep.stall_started, "stall_ended": lambda s, e, t, i: s.close_stall(t),
-    "job_end": Sweep.job_end,
-    "step": Sweep.step, "peer_step": Sweep.step,
+    E.RESTORE_STARTED: Sweep.restore_started, E.RESTORED: Sweep.restored,
+    E.COMPILE_ENDED: lambda s, e, t, i: s.overlay(e, t, "compile"),
+    E.CHECKPOINT_SAVED: lambda s, e, t, i: s.overlay(e, t, "checkpoint"),
+    E.STALL_STARTED: Sweep.stall_started, E.STALL_ENDED: lambda s, e, t, i: s.close_stall(t),
+    E.JOB_END: Sweep.job_end,
+    **dict.fromkeys(E.STEPS, Sweep.step),
 }
 
 

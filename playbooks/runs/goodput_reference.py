@@ -31,6 +31,8 @@ import tempfile
 from collections.abc import Iterable
 from typing import Any
 
+from playbooks.runs import events as E
+
 LIBRARY = "ml-goodput-measurement"
 LIBRARY_TYPE = {
     "scheduling": "INFRASTRUCTURE_RECOVERY_FROM_DISRUPTION",
@@ -44,7 +46,7 @@ LIBRARY_TYPE = {
     "stall": "OTHER",
     "other": "OTHER",
 }
-GROUP_START = "jax_initialized"
+GROUP_START = E.JAX_INITIALIZED
 
 
 def _num(v: Any) -> float | None:
@@ -56,7 +58,7 @@ def records(events: Iterable[dict], job: str = "run") -> list[dict]:
     evs = sorted((e for e in events if _num(e.get("t")) is not None), key=lambda e: float(e["t"]))
     if not evs:
         return []
-    start = next((float(e["t"]) for e in evs if e.get("kind") == "submitted"), float(evs[0]["t"]))
+    start = next((float(e["t"]) for e in evs if e.get("kind") == E.SUBMITTED), float(evs[0]["t"]))
     out: list[dict] = [{"job_name": job, "job_start_time": start}]
     groups = 0
     said: set[int] = set()
@@ -69,7 +71,7 @@ def records(events: Iterable[dict], job: str = "run") -> list[dict]:
             said, last_end = set(), None
             if groups > 1:
                 out.append({"job_name": job, "job_start_time": t})
-        elif kind in ("step", "peer_step") and isinstance(e.get("step"), int) and not isinstance(e["step"], bool):
+        elif kind in E.STEPS and isinstance(e.get("step"), int) and not isinstance(e["step"], bool):
             n = e["step"]
             if n in said:
                 continue
@@ -77,7 +79,7 @@ def records(events: Iterable[dict], job: str = "run") -> list[dict]:
             begin = last_end if last_end is not None else t - (_num(e.get("seconds")) or 0.0)
             out.append({"job_name": job, "step_count": n, "step_start_time": begin})
             last_end = t
-        elif kind == "job_end":
+        elif kind == E.JOB_END:
             end = t
     if end is not None:
         out.append({"job_name": job, "job_end_time": end})

@@ -16,15 +16,16 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from playbooks.runs import events as E
+
 DEFAULT_FLOOR = 600.0  # 10 minutes
 P90_FACTOR = 10.0
 COMPILE_ALLOWANCE = 600.0  # before a worker group's first step
 # A worker group starting: Ray Train's line, or the trainer's own event (its
 # rank 0, once per group, with the time it happened).
-STARTS = ("workers_started", "workers_restarted", "jax_initialized")
-DISRUPTIONS = ("worker_lost", "failure", "resize", *STARTS)
-PROGRESS = ("submitted", "worker_started", "compile_started", "compile_ended", "restore_started", "restored",
-            "checkpoint_saved")
+STARTS = E.STARTS
+DISRUPTIONS = (*E.LOSSES, *STARTS)
+PROGRESS = E.PROGRESS
 
 
 @dataclass(frozen=True)
@@ -67,7 +68,7 @@ def p90(events: list[dict]) -> float | None:
     for e in sorted(events, key=lambda e: float(e["t"])):
         if e.get("kind") in STARTS:
             seen = 0
-        elif e.get("kind") == "step" and isinstance(e.get("seconds"), (int, float)):
+        elif e.get("kind") == E.STEP and isinstance(e.get("seconds"), (int, float)):
             seen += 1
             if seen > 2:
                 vals.append(float(e["seconds"]))
@@ -86,7 +87,7 @@ def threshold(stall_after: int | None, p90_s: float | None) -> float:
 
 
 def compile_allowance(events: list[dict]) -> float:
-    longest = max((float(e.get("seconds") or 0) for e in events if e.get("kind") == "compile_ended"), default=0.0)
+    longest = max((float(e.get("seconds") or 0) for e in events if e.get("kind") == E.COMPILE_ENDED), default=0.0)
     return max(COMPILE_ALLOWANCE, 3 * longest)
 
 
@@ -100,15 +101,15 @@ def check(events: list[dict], now: float, stall_after: int | None = None) -> Sta
     last_step: int | None = None
     total: int | None = None  # the job's steps, as its trainer said
     for e in ordered:
-        if e.get("kind") == "jax_initialized" and isinstance(e.get("steps"), int):
+        if e.get("kind") == E.JAX_INITIALIZED and isinstance(e.get("steps"), int):
             total = e["steps"]
         kind = e.get("kind")
-        if kind == "step":
+        if kind == E.STEP:
             since, stepped = float(e["t"]), True
             last_step = e["step"] if isinstance(e.get("step"), int) else last_step
         elif kind in DISRUPTIONS:
             since, stepped = float(e["t"]), False
-        elif kind in PROGRESS and (not stepped or kind == "checkpoint_saved"):
+        elif kind in PROGRESS and (not stepped or kind == E.CHECKPOINT_SAVED):
             since = max(since, float(e["t"]))
     if stepped and total is not None and last_step is not None and last_step >= total - 1:
         return None  # the last step is done: the job saves and ends, no step is due

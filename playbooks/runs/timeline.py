@@ -48,12 +48,12 @@ from playbooks.access.ray_api import jobs_fact, ours, run_of
 from playbooks.cloud.endpoints import dashboard
 from playbooks.config import paths
 from playbooks.core.facts import ABSENT
-from playbooks.runs.train_summary import clean
+from playbooks.runs import events as E
+from playbooks.runs.job_log import clean
 
 FILE = "events.jsonl"
 TRAINER = "trainer event: "  # trainer/maxtext_ray.py's EVENT
 
-GROUP = re.compile(r"Started training worker group of size (\d+)")
 FAILURE = re.compile(r"\[FailurePolicy\] (\w+)")
 FAILURE_SOURCE = re.compile(r"^\s*Source: (.+?)\s*$")
 FAILURE_COUNT = re.compile(r"^\s*Error count: (\d+)")
@@ -179,9 +179,9 @@ def append(env: Any, run: str, events: Iterable[dict]) -> None:
 
 def who(e: dict) -> str:
     """What did it, in a few words: by whom (where): its cause."""
-    if e.get("kind") == "resize":
+    if e.get("kind") == E.RESIZE:
         return f"Ray Train resized the worker group {e.get('workers_from', '?')} -> {e.get('workers', '?')}"
-    if e.get("kind") == "failure":
+    if e.get("kind") == E.FAILURE:
         return f"Ray Train's failure policy: {e.get('decision', '?')}" + (f" ({e['error']})" if e.get("error") else "")
     by = e.get("by") or e.get("kind", "?")
     where = e.get("host") or e.get("pod") or e.get("node")
@@ -216,7 +216,7 @@ class Reader:
         if f is None:
             return []
         t = f.pop("t")
-        return [self._ray("failure", "ray_train", t=t, **f)]
+        return [self._ray(E.FAILURE, "ray_train", t=t, **f)]
 
     def feed(self, raw: str) -> list[dict]:
         line = clean(raw)
@@ -250,8 +250,8 @@ class Reader:
             elif e["kind"] == "peer_step" and isinstance(e.get("step"), int) and e["step"] > (self.last_step or -1):
                 self.last_step = e["step"]  # rank 0's host may be the one lost before logging it
             return out + [e]
-        if (m := GROUP.search(line)):
-            kind = "workers_restarted" if self.disrupted else "workers_started"
+        if (m := E.GROUP_LINE.search(line)):
+            kind = E.WORKERS_RESTARTED if self.disrupted else E.WORKERS_STARTED
             out.append(self._ray(kind, "ray_train", workers=int(m.group(1))))
         elif (m := FAILURE.search(line)):
             out += self._close_failure()
@@ -259,9 +259,9 @@ class Reader:
             self._failure, self._after_failure = {"t": round(self.clock(), 3), "decision": m.group(1)}, 0
         elif (m := RESIZE.search(line)):
             self.disrupted = True
-            out.append(self._ray("resize", "ray_train", workers_from=int(m.group(1)), workers=int(m.group(2))))
+            out.append(self._ray(E.RESIZE, "ray_train", workers_from=int(m.group(1)), workers=int(m.group(2))))
         elif (m := NODE_DEAD.search(line)):
-            out.append(self._ray("worker_lost", "ray", by="node", node=m.group(3),
+            out.append(self._ray(E.WORKER_LOST, "ray", by="node", node=m.group(3),
                                  cause=f"Ray marked node {m.group(3)} dead: {m.group(4)}"))
         return out
 

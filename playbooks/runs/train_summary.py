@@ -1,40 +1,31 @@
-"""Reading a training job's log: MaxText's step lines, Ray Train's resizes
-and MaxText's checkpoint restores, into a summary."""
+"""A training job's summary: a fold over the run's timeline events as the
+follower reads them (``timeline.Reader``): MaxText's steps (each with its
+loss, tokens/s and TFLOP/s per device), Ray Train's worker groups (each
+change of size, and what made it), the checkpoints restored, the model's
+parameters."""
 from __future__ import annotations
 
-import re
+import math
 import statistics
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
-STEP = re.compile(r"completed step: (\d+), seconds: ([\d.]+), TFLOP/s/device: ([\d.]+), "
-                  r"Tokens/s/device: ([\d.]+), total_weights: (\d+), loss: ([\d.]+|nan|inf)")
-WORKER = re.compile(r"\((?:RayTrainWorker|pid=)[^)]*?pid=(\d+)[^)]*\)|\(RayTrainWorker pid=(\d+)")
-GROUP = re.compile(r"Started training worker group of size (\d+)")
-RESTORE = re.compile(r"restoring from this run's directory step (\d+)")
-# A checkpoint saved at step N: step N ran, also when its line never came
-# (a save on a preemption notice stops MaxText before it logs that step).
-SAVED = re.compile(r"(?:Started an asynchronous checkpoint save for step|Saved a checkpoint at step) (\d+)")
-PARAMS = re.compile(r"number parameters: ([\d.]+) billion")
-EXPECTED = re.compile(r"model check: (\S+) applied, ([\d.]+) billion parameters expected")
-ANSI = re.compile(r"\x1b\[[0-9;]*m")
-
-# What the console shows of a job's log (all of it goes to the run's log file).
-SHOW = re.compile(
-    r"(completed step:|TrainController|restoring from|number parameters|model check|simulated TPU|"
-    r"Training complete|Job '|Error|error:|Traceback|Exception|FAILED|SUCCEEDED|failed|succeeded|"
-    r"Tailing logs|Running entrypoint|No existing checkpoints|trainer argv:)")
-HIDE = re.compile(r"(Config param |Created BasePyTreeCheckpointHandler|trainer event: |^\s*$)")
-
-
-def clean(line: str) -> str:
-    return ANSI.sub("", line)
-
+from playbooks.runs import events as E
+from playbooks.runs.job_log import STEP_LINE, clean
 
 # Peak bf16 TFLOP/s per chip, for MFU = TFLOP/s/device (MaxText's log) / peak.
 # v6e (Trillium): "Peak compute per chip (bf16) 918 TFLOPs"
 # (https://cloud.google.com/tpu/docs/v6e); the others from Google's TPU pages,
 # as MaxText's own benchmarks/upload_metrics_to_bq.py has them.
 PEAK_TFLOPS = {"v4": 275.0, "v5e": 197.0, "v5p": 459.0, "v6e": 918.0}
+# What made a worker group of another size (the event before its start).
+WHY = {E.RESIZE: "Ray Train's resize", E.FAILURE: "a restart after a failure", E.WORKER_LOST: "a worker lost"}
+
+
+def _f(v: Any) -> float:
+    n = E.number(v)
+    return n if n is not None else math.nan
 
 
 @dataclass
@@ -44,6 +35,7 @@ class Summary:
     groups: list[int] = field(default_factory=list)
     resizes: list[tuple[int, int]] = field(default_factory=list)
     resize_steps: list[int | None] = field(default_factory=list)  # the last step of the group each resize ended
+    resize_causes: list[str] = field(default_factory=list)  # what made each
     _restores: dict[int, int] = field(default_factory=dict)  # worker group -> step restored
     _saved: dict[int, set[int]] = field(default_factory=dict)  # worker group -> steps it saved
     params: float | None = None
@@ -51,39 +43,45 @@ class Summary:
     model: str | None = None
     _seen: set = field(default_factory=set)
     _first: dict[int, int] = field(default_factory=dict)
+    _disruption: str | None = None  # the last loss since the last group started
 
-    def feed(self, raw: str) -> None:
-        line = clean(raw)
-        m = STEP.search(line)
-        if m:
-            w = WORKER.search(line)
-            who = (w.group(1) or w.group(2)) if w else "0"
-            step = int(m.group(1))
-            if (who, step, len(self.groups)) in self._seen:
-                return
-            self._seen.add((who, step, len(self.groups)))
-            group = len(self.groups)
-            self._first.setdefault(group, step)
-            self.records.append((group, step, float(m.group(2)), float(m.group(4)), float(m.group(6)),
-                                 float(m.group(3))))
+    def add(self, e: dict) -> None:
+        """One event of the timeline."""
+        kind = e.get("kind")
+        if kind == E.STEP:
+            self._step(e)
+        elif kind in E.GROUP_LINES and E.number(e.get("workers")) is not None:
+            self._group(int(e["workers"]))
+        elif kind in E.LOSSES:
+            self._disruption = self._disruption if self._disruption == E.WORKER_LOST else str(kind)
+        elif kind == E.CHECKPOINT_SAVED and E.step_of(e) is not None:
+            self._saved.setdefault(len(self.groups), set()).add(int(e["step"]))
+        elif kind == E.RESTORE_STARTED and E.step_of(e) is not None:
+            self._restores.setdefault(len(self.groups), int(e["step"]))
+        elif kind == E.PARAMETERS:
+            self.params = E.number(e.get("billion"))
+        elif kind == E.MODEL_CHECK:
+            self.model, self.expected_params = str(e.get("model")), E.number(e.get("expected_billion"))
+
+    def _step(self, e: dict) -> None:
+        step, group = E.step_of(e), len(self.groups)
+        if step is None or (step, group) in self._seen:
             return
-        if (m := GROUP.search(line)):
-            # A resize is a worker group of another size than the one before:
-            # Ray Train logs "resize the worker group" only when it grows one
-            # that runs; after a lost host it starts a smaller one.
-            size = int(m.group(1))
-            if self.groups and self.groups[-1] != size:
-                self.resizes.append((self.groups[-1], size))
-                self.resize_steps.append(self.group_last_step)
-            self.groups.append(size)
-        elif (m := SAVED.search(line)):
-            self._saved.setdefault(len(self.groups), set()).add(int(m.group(1)))
-        elif (m := RESTORE.search(line)):
-            self._restores.setdefault(len(self.groups), int(m.group(1)))
-        elif (m := PARAMS.search(line)):
-            self.params = float(m.group(1))
-        elif (m := EXPECTED.search(line)):
-            self.model, self.expected_params = m.group(1), float(m.group(2))
+        self._seen.add((step, group))
+        self._first.setdefault(group, step)
+        self.records.append((group, step, _f(e.get("seconds")), _f(e.get("tokens_per_s_per_device")),
+                             _f(e.get("loss")), _f(e.get("tflops_per_device"))))
+
+    def _group(self, size: int) -> None:
+        """A worker group started: another size than the one before is a
+        resize (Ray Train says "resize the worker group" only when it grows a
+        group that runs; after a lost host it starts a smaller one)."""
+        if self.groups and self.groups[-1] != size:
+            self.resizes.append((self.groups[-1], size))
+            self.resize_steps.append(self.group_last_step)
+            self.resize_causes.append(WHY.get(self._disruption or "", "a restart"))
+        self.groups.append(size)
+        self._disruption = None
 
     @property
     def restores(self) -> list[int]:
@@ -191,15 +189,38 @@ class Summary:
                        + (f" ({self.model}: {self.expected_params:.3f} expected)" if self.expected_params else ""))
         if len(self.world_sizes) > 1 or self.resizes:
             out.append("worker group sizes: " + " -> ".join(map(str, self.world_sizes)))
-        for (a, b), at in zip(self.resizes, self.resize_steps):
-            out.append(f"resize {a} -> {b} workers after step {f(at, 'd')}")
+        for (a, b), at, why in zip(self.resizes, self.resize_steps, self.resize_causes):
+            out.append(f"resize {a} -> {b} workers after step {f(at, 'd')} ({why})")
         if self.restores:
             out.append("restored from checkpoint step(s): " + ", ".join(map(str, self.restores)))
         return out
 
     def events(self) -> list[dict]:
         """Resizes and restores, for the metrics file and its plot."""
-        out: list[dict] = [{"event": "resize", "from": a, "to": b, "after_step": at}
-                           for (a, b), at in zip(self.resizes, self.resize_steps)]
+        out: list[dict] = [{"event": "resize", "from": a, "to": b, "after_step": at, "cause": why}
+                           for (a, b), at, why in zip(self.resizes, self.resize_steps, self.resize_causes)]
         out += [{"event": "restore", "step": s} for s in self.restores]
         return out
+
+
+def step_line_event(line: str) -> dict | None:
+    """A step event of MaxText's own step line, for a log without the
+    trainer's events (MaxText run directly: ``bench/local_train.py``)."""
+    m = STEP_LINE.search(clean(line))
+    if not m:
+        return None
+    return {"t": 0.0, "kind": E.STEP, "step": int(m.group(1)), "source": "log", "seconds": float(m.group(2)),
+            "tflops_per_device": float(m.group(3)), "tokens_per_s_per_device": float(m.group(4)),
+            "loss": float(m.group(6)) if m.group(6) not in ("nan", "inf") else None}
+
+
+def of_log(lines: Iterable[str]) -> Summary:
+    """The summary of a job's log read whole (its trainer events, as the
+    follower reads them)."""
+    from playbooks.runs.timeline import Reader
+
+    s, reader = Summary(), Reader("log")
+    for line in lines:
+        for e in reader.feed(line):
+            s.add(e)
+    return s
