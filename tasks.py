@@ -224,7 +224,10 @@ def goodput(c, run="", json_=False):
         report = recap.data("goodput:report")
         if report is None:
             raise Failed(f"goodput: {recap.results[0].reason if recap.results else 'not run'}")
-        print(json.dumps(report) if json_ else "\n".join(gp.lines(report)))
+        if json_:
+            print(json.dumps(report))
+        else:
+            Reporter().block(gp.lines(report))
 
 
 @task(help={"yes": "do not ask for confirmation"})
@@ -272,7 +275,10 @@ def status(c, json_=False):
         recap = s.book.run(f"status {s.env.name}", st.steps(s.env), workers=max(4, s.book.workers))
         doc = st.report(s.env, recap)
         doc["logs"] = str(s.logdir.relative_to(s.logdir.parents[3])) if s.logdir else None
-        print(st.render_json(doc) if json_ else "\n".join(st.table(doc)))
+        if json_:
+            print(st.render_json(doc))
+        else:
+            Reporter().block(st.table(doc))
         if not doc["as_asked"]:
             raise Failed(f"status: not as the inventory asks: {doc['diagnosis']}")
 

@@ -42,6 +42,22 @@ def test_up_from_empty_creates_the_tutorial_then_second_run_changes_nothing(clou
     r = recap(first, "up")
     assert (r["changed"], r["failed"]) == (15, 0), first.out
 
+    _apis_and_roles(cloud, first)
+    _networks(cloud, first)
+    _cluster(cloud, first)
+    _nodepools(cloud, first)
+    _storage(cloud, first)
+    _raycluster(cloud, first)
+
+    # Second run: every step ok, nothing sent that could change anything.
+    second = ok_run(cloud.invoke("up"))
+    r2 = recap(second, "up")
+    assert (r2["ok"], r2["changed"], r2["failed"], r2["skipped"]) == (24, 0, 0, 0), second.out
+    assert second.changes == [], second.changes
+
+
+def _apis_and_roles(cloud: Cloud, first) -> None:
+    """the APIs and the user's three roles."""
     # §1 the APIs and the user's three roles
     assert bodies(first, "POST", r"/services:batchEnable$") == [
         {"serviceIds": ["container.googleapis.com", "cloudbuild.googleapis.com"]}]
@@ -50,6 +66,9 @@ def test_up_from_empty_creates_the_tutorial_then_second_run_changes_nothing(clou
         assert any(b["role"] == role and f"user:{USER}" in b["members"] for b in policy["bindings"]), role
     assert len(first.calls("POST", r":setIamPolicy$")) == 3
 
+
+def _networks(cloud: Cloud, first) -> None:
+    """two custom-mode VPCs with MTU 8896, one subnet each with its range."""
     # §2 two custom-mode VPCs with MTU 8896, one subnet each with its range
     nets = bodies(first, "POST", r"/global/networks$")
     assert sorted((n["name"], n["mtu"], n["autoCreateSubnetworks"]) for n in nets) == [
@@ -60,6 +79,9 @@ def test_up_from_empty_creates_the_tutorial_then_second_run_changes_nothing(clou
     assert subs["tpu-subnet-2"]["ipCidrRange"] == "10.60.0.0/16"
     assert subs["tpu-subnet-2"]["network"].endswith(f"/global/networks/{NET2}")
 
+
+def _cluster(cloud: Cloud, first) -> None:
+    """the Standard cluster, zonal, with the tutorial's flags."""
     # §3 the Standard cluster, zonal, with the tutorial's flags
     [create] = first.calls("POST", ZONE_PATH + "/clusters$")
     c = create.body["cluster"]
@@ -80,6 +102,9 @@ def test_up_from_empty_creates_the_tutorial_then_second_run_changes_nothing(clou
     assert user["exec"]["command"] == "gke-gcloud-auth-plugin"
     assert first.kube and all(r.headers.get("authorization") == f"Bearer {TOKEN}" for r in first.kube)
 
+
+def _nodepools(cloud: Cloud, first) -> None:
+    """two TPU v6e node pools, one 4x4 slice of 4 hosts each, on both DCN networks, DRANET label."""
     # §4 two TPU v6e node pools, one 4x4 slice of 4 hosts each, on both DCN networks, DRANET label
     pools = {p["nodePool"]["name"]: p["nodePool"] for p in bodies(first, "POST", r"/nodePools$")}
     assert sorted(pools) == ["v6e-16-0", "v6e-16-1"]
@@ -96,6 +121,9 @@ def test_up_from_empty_creates_the_tutorial_then_second_run_changes_nothing(clou
                 for n in p["networkConfig"]["additionalNodeNetworkConfigs"]]
         assert nets == [(NET1, "tpu-subnet-1"), (NET2, "tpu-subnet-2")]
 
+
+def _storage(cloud: Cloud, first) -> None:
+    """the bucket (gsutil mb), the KSA, the workload-identity binding."""
     # §5 the bucket (gsutil mb), the KSA, the workload-identity binding
     [mb] = first.calls("POST", r"^/storage/v1/b$")
     assert mb.query["project"] == PROJECT
@@ -107,6 +135,9 @@ def test_up_from_empty_creates_the_tutorial_then_second_run_changes_nothing(clou
     assert [cloud.kube.body(r)["metadata"]["name"] for r in first.calls("POST", r"/default/serviceaccounts$")] == [
         "maxtext-ksa"]
 
+
+def _raycluster(cloud: Cloud, first) -> None:
+    """the DRANET claim template and the RayCluster, applied; it became ready."""
     # §7 the DRANET claim template and the RayCluster, applied; it became ready
     [claim] = bodies(first, "POST", r"/resourceclaimtemplates$")
     req = claim["spec"]["spec"]["devices"]["requests"][0]["exactly"]
@@ -116,12 +147,6 @@ def test_up_from_empty_creates_the_tutorial_then_second_run_changes_nothing(clou
     assert (rc["metadata"]["name"], group["replicas"], group["numOfHosts"]) == ("maxtext-tpu-cluster", 2, 4)
     assert group["template"]["spec"]["nodeSelector"]["cloud.google.com/gke-tpu-topology"] == "4x4"
     assert "1 head + 8 TPU workers alive" in first.out
-
-    # Second run: every step ok, nothing sent that could change anything.
-    second = ok_run(cloud.invoke("up"))
-    r2 = recap(second, "up")
-    assert (r2["ok"], r2["changed"], r2["failed"], r2["skipped"]) == (24, 0, 0, 0), second.out
-    assert second.changes == [], second.changes
 
 
 # -- 2. a run that fails halfway, then a re-run ------------------------------------
@@ -365,10 +390,8 @@ def test_the_kubernetes_client_answers_kubectl_as_kubectl_does(cloud: Cloud, mon
     the same JSON (as the plays parse it), the same errors, the same exit.
     (The client runs GKE's auth plugin with this process's environment, as
     `invoke` does: the fakes' client environment is set here.)"""
-    import json as _json
-
     from playbooks.access.kube_api import KubectlShortcut
-    from playbooks.cloud import gke, slices
+    from playbooks.cloud import gke
     cloud.seed_full()
     cloud.get_credentials()
     e = cloud.envdata()
@@ -389,16 +412,6 @@ def test_the_kubernetes_client_answers_kubectl_as_kubectl_does(cloud: Cloud, mon
     for k, v in env.items():
         monkeypatch.setenv(k, v)
 
-    def shape(text: str):
-        if not text.strip():
-            return None
-        doc = _json.loads(text) if text.lstrip().startswith("{") else text
-        if isinstance(doc, dict) and "items" in doc:
-            return ("List", sorted((i.get("kind"), (i.get("metadata") or {}).get("name")) for i in doc["items"]))
-        if isinstance(doc, dict):
-            return (doc.get("kind"), (doc.get("metadata") or {}).get("name"), doc.get("spec"), doc.get("status"))
-        return doc
-
     for argv in reads:
         cli = cloud.client(*argv)
         fast = shortcut.run(list(argv), env, 30)
@@ -406,10 +419,26 @@ def test_the_kubernetes_client_answers_kubectl_as_kubectl_does(cloud: Cloud, mon
         assert (fast.rc, shape(fast.stdout)) == (cli.returncode, shape(cli.stdout)), (argv, cli.stderr, fast.stderr)
         if cli.returncode:
             assert fast.stderr.split(":")[0] == cli.stderr.split(":")[0], (fast.stderr, cli.stderr)
+    _the_plays_read_the_same_through_it(cloud, shortcut, env, e, reads[0])
+
+
+def shape(text: str):
+    """What of kubectl's output the comparison looks at."""
+    if not text.strip():
+        return None
+    doc = json.loads(text) if text.lstrip().startswith("{") else text
+    if isinstance(doc, dict) and "items" in doc:
+        return ("List", sorted((i.get("kind"), (i.get("metadata") or {}).get("name")) for i in doc["items"]))
+    if isinstance(doc, dict):
+        return (doc.get("kind"), (doc.get("metadata") or {}).get("name"), doc.get("spec"), doc.get("status"))
+    return doc
+
+
+def _the_plays_read_the_same_through_it(cloud: Cloud, shortcut, env: dict, e, argv) -> None:
+    from playbooks.cloud import gke, slices
+    from playbooks.core.facts import Completed
     # What the plays read through it parses to the same values.
     parse = gke.raycluster_fact(e).parse
-    from playbooks.core.facts import Completed
-    argv = reads[0]
     cli, fast = cloud.client(*argv), shortcut.run(list(argv), env, 30)
     assert parse(Completed("", 0, fast.stdout, "")) == parse(Completed("", 0, cli.stdout, ""))
     # The slices the plays count from the RayCluster's pods: the same either way.

@@ -118,22 +118,7 @@ def test_train_through_the_controller_reaches_succeeded_on_a_local_ray_cluster(t
             assert up.returncode == 0, up.stdout + up.stderr
 
             run = cloud.invoke("train", "--skip-preflight", "--steps=3", env_name=GKE_ENV, timeout=900)
-            assert run.rc == 0, run.out[-6000:]
-            assert f"on controller {server.target}" in run.out
-            assert "Ray 2.60.0 dashboard at http://localhost:" in run.out       # the relay, as a port-forward
-            assert "SUCCEEDED" in run.out and "completed step: 2" in run.out, run.out[-4000:]
-            assert "storage.googleapis.com" not in run.out       # the compilation cache read here
-
-            # The job ran on the twin, submitted from the controller.
-            with urllib.request.urlopen(f"http://{TWIN_IP}:{TWIN_DASHBOARD}/api/jobs/", timeout=10) as r:
-                jobs = json.load(r)
-            ours = [j for j in jobs if str(j.get("submission_id", "")).startswith("rayjob-multi-slice-")]
-            assert [j["status"] for j in ours] == ["SUCCEEDED"], jobs
-            logs = sorted(Path(ROOT / ".state" / GKE_ENV / "runs").glob("*-train/*.log"))
-            submit = [p.read_text() for p in logs if p.read_text().startswith("$ ray job submit")]
-            assert submit and all(f"# on controller {server.target}" in t for t in submit), [p.name for p in logs]
-            # The controller had the trainer synced into its remote_dir.
-            assert (tmp_path / "remote" / "trainer" / "maxtext_ray.py").is_file()
+            the_job_ran_on_the_twin_submitted_from_the_controller(run, server.target, tmp_path / "remote")
         finally:
             twin("teardown", "--yes")
             server.stop()
@@ -141,3 +126,21 @@ def test_train_through_the_controller_reaches_succeeded_on_a_local_ray_cluster(t
             shutil.rmtree(short_tmp, ignore_errors=True)
     for name in (GKE_ENV, TWIN):
         shutil.rmtree(ROOT / ".state" / name, ignore_errors=True)
+
+
+def the_job_ran_on_the_twin_submitted_from_the_controller(run, target: str, remote: Path) -> None:
+    assert run.rc == 0, run.out[-6000:]
+    assert f"on controller {target}" in run.out
+    assert "Ray 2.60.0 dashboard at http://localhost:" in run.out       # the relay, as a port-forward
+    assert "SUCCEEDED" in run.out and "completed step: 2" in run.out, run.out[-4000:]
+    assert "storage.googleapis.com" not in run.out       # the compilation cache read here
+    # The job ran on the twin, submitted from the controller.
+    with urllib.request.urlopen(f"http://{TWIN_IP}:{TWIN_DASHBOARD}/api/jobs/", timeout=10) as r:
+        jobs = json.load(r)
+    ours = [j for j in jobs if str(j.get("submission_id", "")).startswith("rayjob-multi-slice-")]
+    assert [j["status"] for j in ours] == ["SUCCEEDED"], jobs
+    logs = sorted(Path(ROOT / ".state" / GKE_ENV / "runs").glob("*-train/*.log"))
+    submit = [p.read_text() for p in logs if p.read_text().startswith("$ ray job submit")]
+    assert submit and all(f"# on controller {target}" in t for t in submit), [p.name for p in logs]
+    # The controller had the trainer synced into its remote_dir.
+    assert (remote / "trainer" / "maxtext_ray.py").is_file()

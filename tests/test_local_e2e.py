@@ -124,81 +124,99 @@ def run(local, tmp_path_factory) -> Run:
     values = hostile(markers)
     sets = [a for k, v in values.items() for a in ("--set", f"{k}={v}")]
     started = time.monotonic()
-    job = subprocess.Popen([INVOKE, "train", "--elastic", "--fresh", f"--steps={STEPS}", *sets], cwd=ROOT,
-                           env=local.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    seen: list[str] = []
+    job = JobOutput(subprocess.Popen([INVOKE, "train", "--elastic", "--fresh", f"--steps={STEPS}", *sets],
+                                     cwd=ROOT, env=local.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True))
+    r = Run(1, "", values, markers)
+    try:
+        the_late_slice_joins(job)
+        a_host_is_lost_and_comes_back(local, job, r)
+        a_worker_hangs_and_is_resumed(local, job, r)
+        rest, _ = job.p.communicate(timeout=900)
+        job.seen.append(rest)
+    finally:
+        if job.p.poll() is None:
+            job.p.send_signal(signal.SIGINT)
+            job.p.wait(30)
+    r.seconds = time.monotonic() - started
+    r.rc, r.out = job.p.returncode, "".join(job.seen)
+    print(f"\nthe elastic run: {r.seconds:.0f} s")
+    return r
 
-    def wait_for(pattern: str, minutes: float = 10) -> re.Match:
+
+class JobOutput:
+    """`invoke train` running, its output read as the test waits for it."""
+
+    def __init__(self, p: subprocess.Popen):
+        self.p, self.seen = p, []
+
+    def wait_for(self, pattern: str, minutes: float = 10) -> re.Match:
         deadline = time.monotonic() + minutes * 60
-        assert job.stdout is not None
-        for line in job.stdout:
-            seen.append(line)
+        assert self.p.stdout is not None
+        for line in self.p.stdout:
+            self.seen.append(line)
             if m := re.search(pattern, line):
                 return m
             assert time.monotonic() < deadline, f"no {pattern!r} within {minutes} minutes"
-        pytest.fail(f"the job ended before {pattern!r}:\n{''.join(seen)[-4000:]}")
+        pytest.fail(f"the job ended before {pattern!r}:\n{''.join(self.seen)[-4000:]}")
 
-    def wait_for_step(at_least: int) -> None:
-        while int(wait_for(r"completed step: (\d+)").group(1)) < at_least:
+    def wait_for_step(self, at_least: int) -> None:
+        while int(self.wait_for(r"completed step: (\d+)").group(1)) < at_least:
             pass
 
-    r = Run(1, "", values, markers)
+
+def the_late_slice_joins(job: JobOutput) -> None:
+    """The start (issue 20): slice 1 is held back (rehearse_late_slice): the
+    job starts on one slice and grows to two when it joins."""
+    job.wait_for(r"Started training worker group of size 1")
+    os.kill(json.loads(LATE_HOST.read_text())["pid"], signal.SIGUSR1)     # slice 1 joins now
+    job.wait_for(r"Started training worker group of size 2")
+
+
+def chaos_task(local, *args: str) -> subprocess.Popen:
+    return subprocess.Popen([INVOKE, "-r", str(ROOT), *args], cwd=local.dir, env=local.env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def a_host_is_lost_and_comes_back(local, job: JobOutput, r: Run) -> None:
+    """Killed once the two-slice group has trained past a checkpoint (step
+    10) and two steps of its own, so each restart restores one. The host
+    comes back by itself RESTORE_AFTER seconds later, while the job runs (as
+    KubeRay recreates a deleted pod): the chaos task runs meanwhile, this
+    test reading the job's output."""
+    first = int(job.wait_for(r"completed step: (\d+)").group(1))
+    job.wait_for_step(max(12, first + 2))
+    chaos = chaos_task(local, "chaos.delete-worker", f"--restore-after={RESTORE_AFTER}")
     try:
-        # -- the start (issue 20): slice 1 is held back (rehearse_late_slice):
-        # the job starts on one slice and grows to two when it joins.
-        wait_for(r"Started training worker group of size 1")
-        os.kill(json.loads(LATE_HOST.read_text())["pid"], signal.SIGUSR1)     # slice 1 joins now
-        wait_for(r"Started training worker group of size 2")
-        # -- a host lost and brought back: killed once the two-slice group has
-        # trained past a checkpoint (step 10) and two steps of its own, so
-        # each restart restores one.
-        first = int(wait_for(r"completed step: (\d+)").group(1))
-        wait_for_step(max(12, first + 2))
-        # The host comes back by itself RESTORE_AFTER seconds later, while the
-        # job runs (as KubeRay recreates a deleted pod): the chaos task runs
-        # meanwhile, this test reading the job's output.
-        chaos = subprocess.Popen([INVOKE, "-r", str(ROOT), "chaos.delete-worker", f"--restore-after={RESTORE_AFTER}"],
-                                 cwd=local.dir, env=local.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                 text=True)
-        try:
-            wait_for(r"Started training worker group of size 1")
-            wait_for(r"completed step: ")          # it goes on with one slice (from its last checkpoint)
-            # -- the hang phase (issue 21): once the job has grown back to two
-            # workers, one worker's trainer is frozen (chaos.hang-worker:
-            # SIGSTOP, its Ray node left up) and resumed HANG_FOR seconds later.
-            # The follower must say "stalled" within stall_after plus a
-            # heartbeat, and the job goes on. Frozen after the regrown group's
-            # first save: by then its collectives are set up (setting one up
-            # waits 30 s at most for the other worker; a running one waits).
-            wait_for(r"Started training worker group of size 2")
-            r.chaos, _ = chaos.communicate(timeout=300)
-        finally:
-            if chaos.poll() is None:
-                chaos.kill()
-        assert chaos.returncode == 0, r.chaos
-        restored = int(wait_for(r"restoring from this run's directory step (\d+)").group(1))
-        wait_for(rf"completed step: {min(restored + 11, STEPS - 5)},")
-        hang = subprocess.Popen([INVOKE, "-r", str(ROOT), "chaos.hang-worker", f"--restore-after={HANG_FOR}"],
-                                cwd=local.dir, env=local.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True)
-        try:
-            wait_for(r"^stalled: no step since ", minutes=3)
-            wait_for(r"^stall ended: ", minutes=3)
-            r.hang, _ = hang.communicate(timeout=300)
-        finally:
-            if hang.poll() is None:
-                hang.kill()
-        assert hang.returncode == 0, r.hang
-        rest, _ = job.communicate(timeout=900)
-        seen.append(rest)
+        job.wait_for(r"Started training worker group of size 1")
+        job.wait_for(r"completed step: ")          # it goes on with one slice (from its last checkpoint)
+        job.wait_for(r"Started training worker group of size 2")
+        r.chaos, _ = chaos.communicate(timeout=300)
     finally:
-        if job.poll() is None:
-            job.send_signal(signal.SIGINT)
-            job.wait(30)
-    r.seconds = time.monotonic() - started
-    r.rc, r.out = job.returncode, "".join(seen)
-    print(f"\nthe elastic run: {r.seconds:.0f} s")
-    return r
+        if chaos.poll() is None:
+            chaos.kill()
+    assert chaos.returncode == 0, r.chaos
+
+
+def a_worker_hangs_and_is_resumed(local, job: JobOutput, r: Run) -> None:
+    """The hang phase (issue 21): once the job has grown back to two workers,
+    one worker's trainer is frozen (chaos.hang-worker: SIGSTOP, its Ray node
+    left up) and resumed HANG_FOR seconds later. The follower must say
+    "stalled" within stall_after plus a heartbeat, and the job goes on.
+    Frozen after the regrown group's first save: by then its collectives are
+    set up (setting one up waits 30 s at most for the other worker; a running
+    one waits)."""
+    restored = int(job.wait_for(r"restoring from this run's directory step (\d+)").group(1))
+    job.wait_for(rf"completed step: {min(restored + 11, STEPS - 5)},")
+    hang = chaos_task(local, "chaos.hang-worker", f"--restore-after={HANG_FOR}")
+    try:
+        job.wait_for(r"^stalled: no step since ", minutes=3)
+        job.wait_for(r"^stall ended: ", minutes=3)
+        r.hang, _ = hang.communicate(timeout=300)
+    finally:
+        if hang.poll() is None:
+            hang.kill()
+    assert hang.returncode == 0, r.hang
 
 
 def summary_value(out: str, key: str) -> str:
@@ -269,7 +287,7 @@ def test_the_job_goes_on_with_one_slice_and_grows_back(run: Run):
     # 1 -> 2: the late slice joined; 2 -> 1 -> 2: a host lost and brought back.
     assert summary_value(run.out, "worker group sizes") == "1 -> 2 -> 1 -> 2"
     assert run.out.count("resize the worker group from 1 -> 2 workers") >= 2
-    resized = re.findall(r"^\s+resize (\d) -> (\d) workers after step (\d+|n/a)$", run.out, re.M)
+    resized = re.findall(r"^\s+resize (\d) -> (\d) workers after step (\d+|n/a) \(.+\)$", run.out, re.M)
     assert [(a, b) for a, b, _ in resized] == [("1", "2"), ("2", "1"), ("1", "2")], resized
     # (the first grow may come during the first compile: "after step n/a")
     assert all(at != "n/a" for _, _, at in resized[1:]), resized
@@ -333,7 +351,7 @@ def test_the_runs_metrics_are_kept_and_drawn(local, run: Run):
     assert [r["step"] for r in steps] == [n for n in range(STEPS) if n not in unlogged]
     assert all(r["source"] == "metrics_file" and r["loss"] > 0 and r["step_seconds"] > 0 for r in steps)
     assert abs(steps[-1]["loss"] - float(summary_value(run.out, "final loss"))) < 1e-3
-    resizes = re.findall(r"^\s+resize \d -> \d workers after step (\d+|n/a)$", run.out, re.M)
+    resizes = re.findall(r"^\s+resize \d -> \d workers after step (\d+|n/a) \(.+\)$", run.out, re.M)
     assert [e["after_step"] for e in events if e["event"] == "resize"] == [None if s == "n/a" else int(s)
                                                                             for s in resizes]
     assert [(e["from"], e["to"]) for e in events if e["event"] == "resize"] == [(1, 2), (2, 1), (1, 2)]
@@ -463,7 +481,7 @@ def test_goodput_accounts_for_every_second_and_each_replayed_step(local, run: Ru
     # the checkpoint the summary names, the steps between them run again.
     [lost] = [i for i in g["incidents"] if i["kind"] == "worker_lost" and "chaos" in i["by"]]
     assert "chaos (tpu-group-0-0): SIGKILL of its Ray node (chaos.delete-worker)" in lost["by"]
-    shrank = re.search(r"^\s+resize 2 -> 1 workers after step (\d+)$", run.out, re.M)
+    shrank = re.search(r"^\s+resize 2 -> 1 workers after step (\d+) \(a worker lost\)$", run.out, re.M)
     assert shrank and lost["lost_at_step"] == int(shrank.group(1)), (lost, run.out[-3000:])
     restored = [int(x) for x in summary_value(run.out, "restored from checkpoint step(s)").split(", ")]
     assert lost["restored_from_step"] in restored

@@ -846,3 +846,54 @@ def test_a_chain_that_will_make_node_pools_checks_capacity_in_its_first_task():
     assert task_steps.chained(auto, "cluster", list(same), ("cluster", "nodepools")) == same   # Autopilot: no pools
     first_up = task_steps.chained(auto, "cluster", task_steps.play_steps(auto, "cluster"), ("cluster", "up"))
     assert first_up[0].id == "capacity:machine-type"                                   # `up` checks capacity
+
+
+class _Stream:
+    def __init__(self, tty):
+        self.tty = tty
+
+    def isatty(self):
+        return self.tty
+
+
+@pytest.mark.parametrize("environ, tty, plain", [
+    ({"NO_COLOR": "1"}, True, True),      # no-color.org: any value, even on a terminal
+    ({"NO_COLOR": ""}, True, False),      # set but empty: not asked
+    ({}, True, False),                    # a terminal: as the tool printed it
+    ({}, False, True),                    # a pipe, a file, CI
+])
+def test_colours_go_only_to_a_terminal_and_never_with_no_color(environ, tty, plain):
+    from playbooks.core.recap import Reporter, plain_output
+    assert plain_output(_Stream(tty), environ) is plain
+    out: list[str] = []
+    Reporter(out.append, plain=plain).line("\x1b[36m(RayTrainWorker pid=1)\x1b[0m completed step: 3")
+    assert (out == ["(RayTrainWorker pid=1) completed step: 3"]) is plain
+    assert ("\x1b[36m" in out[0]) is not plain
+
+
+@pytest.mark.parametrize("plain", [True, False])
+def test_a_followed_tools_coloured_lines_reach_the_console_as_the_reporter_decides(plain):
+    """A real process prints Ray's colours; the step echoes each line as it
+    came; the reporter drops the codes off a terminal or with NO_COLOR."""
+    import sys
+
+    from playbooks.access import connectors
+    from playbooks.core.command import Command
+    from playbooks.core.play import Outcome, Playbook
+    from playbooks.core.recap import OK, Reporter
+    from playbooks.core.runner import Mode, Runner
+    from playbooks.core.step import Step
+    code = "print('\\x1b[32mJob \\'x-1\\' succeeded\\x1b[39m'); print('\\x1b[1m\\x1b[36m(pid=7)\\x1b[0m hello')"
+
+    def body(ctx):
+        done = ctx.stream(Command((sys.executable, "-c", code)), ctx.echo)
+        return Outcome(OK, f"exited {done.rc}")
+
+    out: list[str] = []
+    here = connectors.this_machine()
+    recap = Playbook(Runner(Mode.APPLY, here, here=here), Reporter(out.append, plain=plain), workers=1).run(
+        "t", [Step("logs", "log", run=body)])
+    assert recap.counters() == "ok=1 changed=0 failed=0 skipped=0", out
+    text = "\n".join(out)
+    assert ("Job 'x-1' succeeded" in text and "(pid=7) hello" in text) is plain, text
+    assert ("\x1b[" in text) is not plain, text

@@ -168,3 +168,31 @@ def test_the_checks_see_a_cycle_a_play_importing_a_play_and_a_layer_broken():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == [["a", "b", "c"]]
     assert "playbooks.plays.train" in PLAYS and "playbooks.job" not in PLAYS
     assert "playbooks.core.step" in GRAPH["playbooks.core.play"]
+
+
+# No function longer than a screen, anywhere in the project's code.
+LONGEST = 60
+CODE = ("playbooks", "trainer", "tests", "bench", "scripts", "tasks.py")
+
+
+def long_functions(root: Path) -> list[str]:
+    out = []
+    for top in CODE:
+        paths = [root / top] if top.endswith(".py") else sorted((root / top).rglob("*.py"))
+        for p in paths:
+            for node in ast.walk(ast.parse(p.read_text())):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno is not None \
+                        and node.end_lineno - node.lineno + 1 > LONGEST:
+                    out.append(f"{p.relative_to(root)}:{node.lineno} {node.name} "
+                               f"({node.end_lineno - node.lineno + 1} lines)")
+    return out
+
+
+def test_no_function_is_longer_than_a_screen(tmp_path):
+    assert long_functions(ROOT) == []
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "long.py").write_text("def f():\n" + "    x = 1\n" * LONGEST)
+    for top in CODE:
+        if not (tmp_path / top).exists():
+            (tmp_path / top).mkdir() if not top.endswith(".py") else (tmp_path / top).write_text("")
+    assert long_functions(tmp_path) == [f"tests/long.py:1 f ({LONGEST + 1} lines)"]

@@ -296,7 +296,7 @@ def open_session(config, task: str, reporter: Reporter | None = None, read_only:
         runner = Runner(mode, retry=retry)  # no connector: nothing can start
     else:
         logdir = paths.here(paths.run_logs(env.name, time.strftime('%Y%m%d-%H%M%S'), task))
-        logdir.mkdir(parents=True, exist_ok=True)
+        connectors.this_machine().make_dirs(str(logdir))
         runner = Runner(mode, connectors.connector(env), retry, here=connectors.this_machine(), log=RunLog(logdir),
                         stale=staleness.stale)
     book = Playbook(runner, reporter or Reporter(), workers=parallel, heartbeat=settings["heartbeat"])
@@ -321,10 +321,9 @@ def last_resort_line(kind, value, tb) -> tuple[str, int]:
             return f"error: {misspelt}", 2
         files = ", ".join(config_files()) or "none found"
         return f"error: Invoke's config files ({files}): {kind.__name__}: {shown_value(text, 300)[1:-1]}", 2
-    path = ROOT / ".state" / "last-error.txt"
+    path = paths.last_error()
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text("".join(traceback.format_exception(kind, value, tb)))
+        keep_traceback(path, "".join(traceback.format_exception(kind, value, tb)))
         where = f" (traceback in {path.relative_to(ROOT)})"
     except OSError:
         where = ""
@@ -379,7 +378,14 @@ def clean_errors() -> Iterator[None]:
     except KeyboardInterrupt:
         raise Exit("interrupted", code=130) from None
     except Exception as e:  # pragma: no cover - the unexpected
-        path = ROOT / ".state" / "last-error.txt"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(traceback.format_exc())
+        path = paths.last_error()
+        keep_traceback(path, traceback.format_exc())
         raise Exit(f"internal error: {type(e).__name__}: {e} (traceback in {path.relative_to(ROOT)})", code=3) from None
+
+
+def keep_traceback(path: Path, text: str) -> None:
+    """An internal error's traceback, kept in .state/last-error.txt (through
+    this machine's connector, as every file of the project's)."""
+    here = connectors.this_machine()
+    here.make_dirs(str(path.parent))
+    here.write(str(path), text.encode())

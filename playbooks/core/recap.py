@@ -2,6 +2,8 @@
 outcome, and a recap with disjoint counters (ok, changed, failed, skipped)."""
 from __future__ import annotations
 
+import os
+import re
 import sys
 import threading
 from collections.abc import Callable
@@ -80,21 +82,44 @@ class Recap:
         return out
 
 
-class Reporter:
-    """Prints lines whole, one writer at a time."""
+# A terminal's colour and cursor codes (the project draws none; a tool's
+# lines passed through, Ray's, carry them).
+ESCAPES = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
-    def __init__(self, write: Callable[[str], None] | None = None):
+
+def plain_output(stream: Any = None, environ: Any = None) -> bool:
+    """Whether lines go out without colour: NO_COLOR set (no-color.org: any
+    value), or not a terminal (a pipe, a file, CI)."""
+    stream = sys.stdout if stream is None else stream
+    environ = os.environ if environ is None else environ
+    if environ.get("NO_COLOR"):
+        return True
+    try:
+        return not stream.isatty()
+    except (AttributeError, ValueError):
+        return True
+
+
+class Reporter:
+    """Prints lines whole, one writer at a time; without colour codes where
+    the output is plain (``plain_output``)."""
+
+    def __init__(self, write: Callable[[str], None] | None = None, plain: bool | None = None):
         self._write = write or (lambda s: (sys.stdout.write(s + "\n"), sys.stdout.flush()))
         self._lock = threading.Lock()
+        self.plain = plain_output() if plain is None else plain
+
+    def _out(self, text: str) -> None:
+        self._write(ESCAPES.sub("", text) if self.plain else text)
 
     def line(self, text: str) -> None:
         with self._lock:
-            self._write(text)
+            self._out(text)
 
     def block(self, lines: list[str]) -> None:
         with self._lock:
             for text in lines:
-                self._write(text)
+                self._out(text)
 
 
 def banner(kind: str, title: str) -> str:

@@ -121,9 +121,8 @@ class Follower:
             self.summary.add(e)
         if self.log_file:
             connectors.this_machine().append(self.log_file, (line + "\n").encode())
-        text = clean(line)
-        if self.show_all or shown(text):
-            self.ctx.echo(text)
+        if self.show_all or shown(clean(line)):
+            self.ctx.echo(line)  # as Ray printed it: the reporter drops its colours off a terminal or with NO_COLOR
             if self.beat is not None:
                 self.beat.touch()
         if self.timeline is not None:

@@ -12,6 +12,7 @@ Resizes and restores of elastic runs are records of their own ("event").
 """
 from __future__ import annotations
 
+import io
 import json
 import time
 from collections.abc import Iterable
@@ -177,6 +178,8 @@ def plot(path: Path) -> tuple[Path, Any]:
         ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.55), ncol=6, fontsize=7, frameon=False)
     fig.tight_layout()
     png = path.with_name(PNG)
-    fig.savefig(png, dpi=100)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
     plt.close(fig)
+    connectors.this_machine().write(str(png), buf.getvalue())
     return png, fig

@@ -34,6 +34,7 @@ time they were first written with.
 """
 from __future__ import annotations
 
+import io
 import json
 import math
 import re
@@ -150,14 +151,13 @@ def lines_of(f: BinaryIO) -> Iterator[bytes]:
 def read_checked(env: Any, run: str) -> Read:
     """A run's events, in time order, and how many lines were skipped (none
     of a missing file)."""
-    p = path(env, run)
-    if not p.is_file():
-        return Read()
     try:
-        with open(p, "rb") as f:
-            got = parse_lines(lines_of(f))
-    except OSError:
+        data = connectors.this_machine().read(str(path(env, run)))
+    except OSError:  # a folder where the file should be, no permission: nothing to read
         return Read()
+    if not data:
+        return Read()
+    got = parse_lines(lines_of(io.BytesIO(data)))
     got.events = ordered(got.events)
     return got
 
@@ -297,11 +297,7 @@ class Writer:
 
     def others(self) -> list[dict]:
         """Events another process appended since the last look."""
-        if not self.file.is_file():
-            return []
-        with open(self.file, "rb") as f:
-            f.seek(self.offset)
-            data = f.read()
+        data = (connectors.this_machine().read(str(self.file)) or b"")[self.offset:]
         whole = data[:data.rfind(b"\n") + 1]
         self.offset += len(whole)
         new = [e for e in parse_lines(whole.splitlines()).events if key(e) not in self.keys]

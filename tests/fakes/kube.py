@@ -383,31 +383,9 @@ class FakeKube(Fake):
             raise HttpError(404, status(404, "NotFound", f'namespaces "{ns}" not found', name=ns, kind="namespaces"))
         if name is None:
             if req.method == "GET":
-                items = [{k: v for k, v in o.items() if not k.startswith("_")}
-                         for o in self.list(kind.plural, ns if kind.namespaced and ns else None,
-                                            req.query.get("labelSelector", ""))
-                         if _field_matches(o, req.query.get("fieldSelector", ""))]
-                if req.query.get("watch") in ("true", "True", "1"):
-                    # One event per object (changed ones, from a resourceVersion), then the stream ends.
-                    since = int(req.query.get("resourceVersion") or 0)
-                    kind_of = "MODIFIED" if since else "ADDED"
-                    body = "".join(json.dumps({"type": kind_of, "object": o}) + "\n" for o in items
-                                   if int(o["metadata"].get("resourceVersion", 0)) > since)
-                    return Response(200, body.encode(), {"Content-Type": "application/json"})
-                return Response(200, {"kind": f"{kind.kind}List", "apiVersion": kind.api_version,
-                                      "metadata": {"resourceVersion": str(next(self._rv))}, "items": items})
+                return self._list(req, kind, ns)
             if req.method == "POST":
-                obj = self.body(req)
-                if not isinstance(obj, dict) or not (obj.get("metadata") or {}).get("name"):
-                    raise HttpError(422, status(422, "Invalid", f"{kind.kind} is invalid: metadata.name: Required value"))
-                if kind.namespaced:
-                    obj["metadata"]["namespace"] = obj["metadata"].get("namespace") or ns
-                if self.get(kind.plural, obj["metadata"]["name"], ns) is not None:
-                    what = f"{kind.plural}.{kind.group}" if kind.group else kind.plural
-                    raise HttpError(409, status(409, "AlreadyExists", f'{what} "{obj["metadata"]["name"]}" already exists',
-                                                name=obj["metadata"]["name"], kind=kind.plural))
-                obj.pop("status", None)
-                return Response(201, self.create(kind.plural, obj))
+                return self._post(req, kind, ns)
             raise HttpError(405, status(405, "MethodNotAllowed", "method not allowed"))
         cur = self.get(kind.plural, name, ns)
         if req.method == "GET":
@@ -424,28 +402,59 @@ class FakeKube(Fake):
         if req.method == "DELETE":
             return Response(200, self.delete(kind.plural, name, ns))
         if req.method in ("PATCH", "PUT"):
-            body = self.body(req)
-            if req.method == "PUT":
-                new = body
-            elif "json-patch" in req.headers.get("content-type", ""):
-                raise HttpError(415, status(415, "UnsupportedMediaType", "json-patch is not supported by the fake"))
-            else:
-                new = merge_patch(cur, body)
-            new = copy.deepcopy(new)
-            new["metadata"] = dict(new.get("metadata") or {}, name=name)
-            if kind.namespaced:
-                new["metadata"]["namespace"] = ns
-            if sub != "status":
-                new["status"] = cur.get("status")          # status is a subresource
-            else:
-                new["spec"] = cur.get("spec")
-            for k in ("uid", "creationTimestamp"):
-                new["metadata"][k] = cur["metadata"][k]
-            out = self._put(kind, new)
-            if sub != "status":
-                self._react(kind, out)
-            return Response(200, self.get(kind.plural, name, ns))
+            return self._update(req, kind, ns, name, sub, cur)
         raise HttpError(405, status(405, "MethodNotAllowed", "method not allowed"))
+
+    def _list(self, req: Request, kind: Kind, ns: str) -> Response:
+        items = [{k: v for k, v in o.items() if not k.startswith("_")}
+                 for o in self.list(kind.plural, ns if kind.namespaced and ns else None,
+                                    req.query.get("labelSelector", ""))
+                 if _field_matches(o, req.query.get("fieldSelector", ""))]
+        if req.query.get("watch") in ("true", "True", "1"):
+            # One event per object (changed ones, from a resourceVersion), then the stream ends.
+            since = int(req.query.get("resourceVersion") or 0)
+            kind_of = "MODIFIED" if since else "ADDED"
+            body = "".join(json.dumps({"type": kind_of, "object": o}) + "\n" for o in items
+                           if int(o["metadata"].get("resourceVersion", 0)) > since)
+            return Response(200, body.encode(), {"Content-Type": "application/json"})
+        return Response(200, {"kind": f"{kind.kind}List", "apiVersion": kind.api_version,
+                              "metadata": {"resourceVersion": str(next(self._rv))}, "items": items})
+
+    def _post(self, req: Request, kind: Kind, ns: str) -> Response:
+        obj = self.body(req)
+        if not isinstance(obj, dict) or not (obj.get("metadata") or {}).get("name"):
+            raise HttpError(422, status(422, "Invalid", f"{kind.kind} is invalid: metadata.name: Required value"))
+        if kind.namespaced:
+            obj["metadata"]["namespace"] = obj["metadata"].get("namespace") or ns
+        if self.get(kind.plural, obj["metadata"]["name"], ns) is not None:
+            what = f"{kind.plural}.{kind.group}" if kind.group else kind.plural
+            raise HttpError(409, status(409, "AlreadyExists", f'{what} "{obj["metadata"]["name"]}" already exists',
+                                        name=obj["metadata"]["name"], kind=kind.plural))
+        obj.pop("status", None)
+        return Response(201, self.create(kind.plural, obj))
+
+    def _update(self, req: Request, kind: Kind, ns: str, name: str, sub: str | None, cur: dict) -> Response:
+        body = self.body(req)
+        if req.method == "PUT":
+            new = body
+        elif "json-patch" in req.headers.get("content-type", ""):
+            raise HttpError(415, status(415, "UnsupportedMediaType", "json-patch is not supported by the fake"))
+        else:
+            new = merge_patch(cur, body)
+        new = copy.deepcopy(new)
+        new["metadata"] = dict(new.get("metadata") or {}, name=name)
+        if kind.namespaced:
+            new["metadata"]["namespace"] = ns
+        if sub != "status":
+            new["status"] = cur.get("status")          # status is a subresource
+        else:
+            new["spec"] = cur.get("spec")
+        for k in ("uid", "creationTimestamp"):
+            new["metadata"][k] = cur["metadata"][k]
+        out = self._put(kind, new)
+        if sub != "status":
+            self._react(kind, out)
+        return Response(200, self.get(kind.plural, name, ns))
 
     # -- controllers --------------------------------------------------------------
     def _react(self, kind: Kind, obj: dict) -> None:
