@@ -1,0 +1,215 @@
+"""The parts the long steps were split into, each on its own with a look
+that answers by fact name: the node pool step's (``Pool``), the capacity
+plan's (``Planner``, ``_Quota``) and the job's (``checked_request``,
+``trainer_env``, ``place_locally``, ``place_on_gke``, ``check_whole``). The
+steps whole are in test_steps.py and the client tests."""
+import pytest
+
+from playbooks.core.errors import InputError, ProbeFailed
+from playbooks.core.facts import ABSENT
+from playbooks.core.step import CHANGE, DRIFT, FAIL, OK, WAIT
+from tests.conftest import env
+
+LISTED = env("dev", capacity=["reservation", "spot"], reservation="zeta-resv")
+
+
+def looking(answers):
+    def look(fact):
+        a = answers[fact.name]
+        if isinstance(a, Exception):
+            raise a
+        return a
+    return look
+
+
+def quota(value):
+    return {"dimensionsInfos": [{"dimensions": {"region": "us-east5"}, "details": {"value": str(value)}}]}
+
+
+def reservation(count, in_use=0, machine="ct6e-standard-4t"):
+    return {"name": "zeta-resv", "status": "READY", "specificReservation": {
+        "count": str(count), "inUseCount": str(in_use), "instanceProperties": {"machineType": machine}}}
+
+
+SPOT = "quota PREEMPTIBLE-TPU-V6E-per-project-region"
+
+
+# -- the capacity plan -------------------------------------------------------------------------------------
+def test_a_quota_is_its_value_less_what_our_pools_hold_and_negative_means_no_limit():
+    from playbooks.cloud.capacity_plan import _Quota
+    q = _Quota("PREEMPTIBLE-TPU-V6E in us-east5", 64, 16, "")
+    assert q.left == 48 and q.fits(48) and not q.fits(49)
+    assert q.permits() == "quota PREEMPTIBLE-TPU-V6E in us-east5 permits 64 chips, 16 of them held by this " \
+                          "cluster's pools"
+    unlimited = _Quota("X", -1, 0, "")
+    assert unlimited.fits(10**9) and unlimited.permits() == "quota X permits no limit"
+    unread = _Quota("X", None, 0, "quota X: could not look")
+    assert unread.left is None and unread.fits(16) and unread.permits() == "quota X: could not look"
+
+
+def test_the_planner_spends_the_reservations_whole_slices_first_then_the_quota():
+    from playbooks.cloud.capacity_plan import Planner
+    p = Planner(LISTED, looking({"cluster maxtext-multislice": ABSENT, SPOT: quota(16),
+                                 "reservation zeta-resv": reservation(6)}))
+    assert (p.res_free, p.res_why) == (1, "6 of 6 hosts free")   # 6 hosts: one whole slice of 4
+    first, second = p.slot(0), p.slot(1)
+    assert (first.option, first.why, first.proven) == ("reservation", "6 of 6 hosts free", True)
+    assert (second.option, second.proven) == ("spot", True)
+    third = p.slot(2)                                            # the quota's 16 chips are spent
+    assert third.option is None and third.words == "none"
+
+
+def test_a_check_that_could_not_look_takes_the_slice_unproven_and_offers_none_counted():
+    from playbooks.cloud.capacity_plan import Planner
+    denied = ProbeFailed("capacity : quota", "gcloud beta quotas info describe", 1,
+                         stderr="ERROR: PERMISSION_DENIED: the Cloud Quotas API is disabled",
+                         why="PERMISSION_DENIED: the Cloud Quotas API is disabled")
+    p = Planner(env("dev", capacity=["spot"]), looking({"cluster maxtext-multislice": ABSENT, SPOT: denied}))
+    offer = p.offer("spot")
+    assert offer.slices is None and "could not look" not in offer.why and "PERMISSION_DENIED" in offer.why
+    slot = p.take_quota(0, "v6e-16-0", "spot")
+    assert slot is not None and not slot.proven and slot.why.startswith("not checked: quota PREEMPTIBLE-TPU-V6E")
+
+
+def test_a_reservation_of_another_machine_type_gives_no_slice_and_says_why():
+    from playbooks.cloud.capacity_plan import Planner
+    p = Planner(LISTED, looking({"cluster maxtext-multislice": ABSENT, SPOT: quota(0),
+                                 "reservation zeta-resv": reservation(8, machine="ct5p-hightpu-4t")}))
+    assert p.res_free == 0 and "ct5p-hightpu-4t" in p.res_why
+    assert p.take_reservation(0, "v6e-16-0") is None
+
+
+def test_the_planner_keeps_a_running_pool_and_counts_its_chips_against_its_quota():
+    from playbooks.cloud.capacity_plan import Planner
+    from tests.test_steps import pool
+    p = Planner(env("dev", capacity=["spot"]), looking({
+        "cluster maxtext-multislice": [{"name": "maxtext-multislice"}], "node pools": [pool("v6e-16-1", capacity="spot")],
+        SPOT: quota(32)}))
+    assert list(p.kept) == [1] and p.left["PREEMPTIBLE-TPU-V6E-per-project-region"].left == 16
+    assert p.slot(1).exists and p.slot(1).why == "its pool, RUNNING"
+
+
+# -- the node pool step ------------------------------------------------------------------------------------
+def pool_look(pool_answer, plan_option="spot", e=LISTED):
+    from playbooks.cloud.capacity_plan import Plan, Slot
+    plan = Plan((Slot(0, "v6e-16-0", plan_option, plan_option or "none", "test"),), (), ("reservation", "spot"), 16)
+    return looking({"node pool v6e-16-0": pool_answer, "capacity plan": plan})
+
+
+def test_an_absent_pool_is_created_with_the_plans_option():
+    from playbooks.plays.nodepools import Pool
+    d = Pool(LISTED, 0).decide(pool_look(ABSENT))
+    assert d.kind == CHANGE and d.reason.startswith("created (4x4, 4 nodes, spot")
+    assert [c.argv[:4] for c in d.commands] == [("gcloud", "container", "node-pools", "create")]
+    assert "--spot" in d.commands[0].argv and d.instead is not None
+
+
+def test_no_option_for_the_slice_fails_before_any_command():
+    from playbooks.plays.nodepools import Pool
+    d = Pool(LISTED, 0).decide(pool_look(ABSENT, plan_option=None))
+    assert d.kind == FAIL and d.commands == () and "(the capacity plan)" in d.reason
+
+
+@pytest.mark.parametrize("status, kind, words", [
+    ("RUNNING", OK, "is RUNNING (4x4, spot)"),
+    ("PROVISIONING", WAIT, "another operation is making it"),
+    ("STOPPING", FAIL, "being deleted"),
+])
+def test_a_pool_of_the_right_shape_is_done_made_elsewhere_or_going(status, kind, words):
+    from playbooks.plays.nodepools import Pool
+    from tests.test_steps import pool
+    p = dict(pool("v6e-16-0", capacity="spot"), status=status)
+    d = Pool(env("dev", capacity=["spot"]), 0).as_it_is(p)
+    assert d.kind == kind and words in d.reason
+
+
+def test_a_pool_of_another_shape_is_drift_and_a_broken_one_is_replaced():
+    from playbooks.plays.nodepools import Pool
+    from tests.test_steps import pool
+    e = env("dev", capacity=["spot"])
+    d = Pool(e, 0).decide(looking({"node pool v6e-16-0": pool("v6e-16-0", topology="2x4", capacity="spot")}))
+    assert d.kind == DRIFT and "topology" in d.reason
+    broken = dict(pool("v6e-16-0", capacity="spot"), status="ERROR", statusMessage="GCE_STOCKOUT")
+    d = Pool(e, 0).decide(looking({"node pool v6e-16-0": broken}))
+    assert d.kind == CHANGE and [c.argv[3] for c in d.commands] == ["delete", "create"]
+    assert d.reason.startswith("replaced a broken pool (was ERROR")
+
+
+def test_a_create_refused_for_capacity_moves_to_the_next_option_and_for_anything_else_stands():
+    from playbooks.plays.nodepools import Pool
+    e = env("dev", capacity=["spot", "on-demand"])
+    pool = Pool(e, 0)
+    from playbooks.cloud.capacity_plan import Plan, Offer, Slot
+    plan = Plan((Slot(0, "v6e-16-0", "spot", "spot", "t"),), (Offer("on-demand", "on-demand", 1, "q"),),
+                ("spot", "on-demand"), 16)
+    look = looking({"node pool v6e-16-0": ABSENT, "capacity plan": plan})
+    nxt = pool.instead(look, "ERROR: code=503, message=GCE_STOCKOUT: the zone does not have enough resources", "spot")
+    assert nxt is not None and nxt.kind == CHANGE and "--spot" not in nxt.commands[-1].argv
+    assert nxt.reason.endswith("in place of spot (no TPU capacity)")
+    assert pool.instead(look, "ERROR: code=400, message=Invalid value for field 'machineType'", "spot") is None
+    empty = Plan(plan.slots, (Offer("on-demand", "on-demand", 0, "q"),), plan.options, 16)
+    assert pool.instead(looking({"node pool v6e-16-0": ABSENT, "capacity plan": empty}),
+                        "GCE_STOCKOUT: the zone does not have enough resources", "spot") is None  # proven empty: no move
+
+
+def test_the_verify_waits_for_running_and_ends_at_once_on_a_broken_pool():
+    from playbooks.core.step import Broken
+    from playbooks.plays.nodepools import Pool
+    from tests.test_steps import pool
+    p = Pool(env("dev"), 0)
+    assert p.running(ABSENT) == "node pool not found"
+    assert p.running(dict(pool("v6e-16-0"), status="PROVISIONING")) == "status PROVISIONING"
+    assert p.running(pool("v6e-16-0")) is None
+    with pytest.raises(Broken, match="is ERROR"):
+        p.running(dict(pool("v6e-16-0"), status="ERROR", statusMessage="GCE_STOCKOUT"))
+
+
+# -- the job -------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("args, words", [
+    (("70b", None, (), ""), "--model '70b' is not allowed"),
+    (("llama3-8b", 0, (), ""), "--steps 0 must be at least 1"),
+    (("llama3-8b", 5, ("steps=6",), ""), "--steps 5 and --set steps=6 say two things"),
+    (("llama3-8b", None, (), "nope"), "--preset 'nope' is not defined for llama3-8b"),
+])
+def test_the_request_is_refused_when_a_flag_is_wrong_or_two_contradict(args, words):
+    from playbooks.job.spec import checked_request
+    with pytest.raises(InputError, match=words.replace("(", r"\(").replace(")", r"\)")):
+        checked_request(*args)
+
+
+def test_the_request_gives_the_set_pairs_in_order():
+    from playbooks.job.spec import checked_request
+    assert checked_request("llama3-8b", None, ("per_device_batch_size=2", "max_target_length=512"), "") == \
+        [("per_device_batch_size", "2"), ("max_target_length", "512")]
+
+
+def test_the_trainer_reads_the_shape_and_only_an_elastic_job_its_retries():
+    from playbooks.job.spec import trainer_env
+    e = env("dev")
+    fixed, elastic = trainer_env(e, False), trainer_env(e, True)
+    assert fixed["TRAINER_SLICES"] == "2" and fixed["TRAINER_TOPOLOGY"] == "4x4"
+    assert "TRAINER_START_RETRIES" not in fixed
+    assert elastic["TRAINER_START_RETRIES"] == str(e.start_retries)
+    assert elastic["TRAINER_RESIZE_SAVE_TIMEOUT_S"] == str(e.resize_save_timeout)
+
+
+def test_a_local_job_writes_under_its_environments_state_and_a_gke_job_in_the_bucket():
+    from playbooks.job.spec import build_job
+    local = build_job(env("local"), "llama3-8b")
+    assert local.env_vars["JAX_PLATFORMS"] == "cpu" and local.bucket is None
+    for key in ("base_output_directory", "jax_cache_dir", "metrics_file"):
+        assert "/.state/local/" in (local.arg(key) or ""), key
+    assert local.env_vars["RAY_ADDRESS"] == "127.0.0.2:6390"
+    gke = build_job(env("dev"), "llama3-8b")
+    assert "JAX_PLATFORMS" not in gke.env_vars and gke.bucket == "my-tpu-project-maxtext-ckpt"
+    assert gke.arg("jax_cache_dir") == "gs://my-tpu-project-maxtext-ckpt/jax_cache"
+    assert gke.arg("metrics_file") is None
+
+
+def test_the_whole_job_is_checked_after_every_change():
+    from playbooks.job.spec import build_job
+    with pytest.raises(InputError, match="dcn_data_parallelism=2 fixes the slice count"):
+        build_job(env("dev"), "llama3-8b", elastic=True, sets=("dcn_data_parallelism=2",))
+    with pytest.raises(InputError, match="override_model_config=true"):
+        build_job(env("dev"), "llama3-8b", sets=("base_num_decoder_layers=2",))
+    assert build_job(env("dev"), "llama3-8b", sets=("base_num_decoder_layers=2", "override_model_config=true"))
