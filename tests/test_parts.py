@@ -139,7 +139,7 @@ def test_a_create_refused_for_capacity_moves_to_the_next_option_and_for_anything
     from playbooks.plays.nodepools import Pool
     e = env("dev", capacity=["spot", "on-demand"])
     pool = Pool(e, 0)
-    from playbooks.cloud.capacity_plan import Plan, Offer, Slot
+    from playbooks.cloud.capacity_plan import Offer, Plan, Slot
     plan = Plan((Slot(0, "v6e-16-0", "spot", "spot", "t"),), (Offer("on-demand", "on-demand", 1, "q"),),
                 ("spot", "on-demand"), 16)
     look = looking({"node pool v6e-16-0": ABSENT, "capacity plan": plan})
