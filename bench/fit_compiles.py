@@ -19,6 +19,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from bench import doc_table  # noqa: E402
 from playbooks.config.schema import load_inventory  # noqa: E402
 from playbooks.job import fit as pf  # noqa: E402
 from playbooks.job import spec as tr  # noqa: E402
@@ -50,6 +51,7 @@ def compile_once(env, model: str, preset: str, logs: Path) -> tuple[pf.Fit, floa
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--only", choices=sorted(CASES))
+    ap.add_argument("--write", action="store_true", help="write the table, dated, into docs/preflight.md")
     a = ap.parse_args()
     os.chdir(ROOT)
     env = load_inventory().env("dev")
@@ -61,21 +63,24 @@ def main() -> None:
             fit, wall, rss = compile_once(env, model, preset, Path(t) / name)
             rows.append((name, model, preset, fit, wall, rss))
             print(f"{name}: {'fits' if fit.fits else 'does not fit'} in {wall:.0f}s", flush=True)
-    print(f"\npreflight compiles for 2 x v6e-16 (maxtext {pf.installed('maxtext')}, jax {pf.installed('jax')}, "
-          f"libtpu {pf.installed('libtpu')}), {os.cpu_count()} CPU cores")
-    print(f"{'job':<28} {'result':<13} {'wall (s)':>8} {'peak RSS':>9}  per chip")
+    lines = [f"The preflight's compiles for 2 x v6e-16 (maxtext {pf.installed('maxtext')}, jax "
+             f"{pf.installed('jax')}, libtpu {pf.installed('libtpu')}), each cold, on this machine's CPU.", "",
+             "| job | result | wall s | peak host RSS | per chip |", "| --- | --- | --- | --- | --- |"]
     for _name, model, preset, fit, wall, rss in rows:
-        job = f"{model}" + (f" --preset={preset}" if preset else " (tutorial)")
+        job = f"{model}" + (f" `--preset={preset}`" if preset else ", the tutorial's flags")
         if fit.fits:
-            per = (f"args {fit.arguments:.2f} + out {fit.outputs:.2f} (alias {fit.aliased:.2f}) + temp "
-                   f"{fit.temporaries:.2f} GiB; total {fit.total:.2f} of {fit.capacity:.2f} GiB, "
-                   f"margin {fit.margin:.2f}"
-                   + (f"; host {fit.host:.2f} GiB" if fit.host else ""))
+            per = (f"{fit.total:.2f} of {fit.capacity:.2f} GiB (margin {fit.margin:.2f} GiB): arguments "
+                   f"{fit.arguments:.2f}, outputs {fit.outputs:.2f} (aliased {fit.aliased:.2f}), temporaries "
+                   f"{fit.temporaries:.2f}" + (f"; {fit.host:.2f} GiB offloaded to host" if fit.host else ""))
         elif fit.needed is not None:
-            per = f"temporaries need {fit.needed:.2f} GiB of {fit.capacity:.2f} GiB"
+            per = f"temporaries need {fit.needed:.2f} GiB of {fit.capacity:.2f} GiB HBM"
         else:
             per = f"error: {fit.error}"
-        print(f"{job:<28} {'fits' if fit.fits else 'DOES NOT FIT':<13} {wall:>8.0f} {rss:>7.2f}G  {per}")
+        lines.append(f"| {job} | {'fits' if fit.fits else '**does not fit**'} | {wall:.0f} | {rss:.2f} GB | {per} |")
+    print("\n" + "\n".join(lines))
+    if a.write:
+        command = "bench/fit_compiles.py" + (f" --only {a.only}" if a.only else "")
+        doc_table.write("preflight.md", "fit-compiles", command, lines)
 
 
 if __name__ == "__main__":

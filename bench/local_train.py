@@ -24,6 +24,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from bench import doc_table  # noqa: E402
 from playbooks.runs.job_log import STEP_LINE  # noqa: E402
 from playbooks.runs.train_summary import Summary, step_line_event  # noqa: E402
 
@@ -85,6 +86,7 @@ def through_invoke(steps: int, inv: Path, home: Path) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--write", action="store_true", help="write the table, dated, into docs/benchmarks.md")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as t:
         tmp = Path(t)
@@ -99,15 +101,18 @@ def main() -> None:
             warm = through_invoke(a.steps, inv, tmp)
         finally:
             subprocess.run([INVOKE, "teardown", "--yes"], cwd=ROOT, env=e, capture_output=True)
-    print(f"\nlocal training benchmark ({a.steps} steps, tiny llama3-8b-shaped model, "
-          f"{os.cpu_count()} CPU cores)")
-    print(f"{'run':<44} {'tokens/s/device':>16} {'step (s)':>9} {'first step (s)':>15} {'wall (s)':>9}")
+    lines = [f"Local training: {a.steps} steps of the tiny llama3-8b-shaped model on this machine's CPU.", "",
+             "| run | tokens/s/device (median) | step s (median) | command to first step s | wall s |",
+             "| --- | --- | --- | --- | --- |"]
     for name, r in (("MaxText directly (1 process, 4 CPU devices)", d),
-                    ("invoke train, cold (starts the cluster)", cold),
-                    ("invoke train, warm (cluster up)", warm)):
-        print(f"{name:<44} {r['tok']:>16.1f} {r['step_s']:>9.3f} {r['first']:>15.1f} {r['wall']:>9.1f}")
-    print(f"invoke train / direct tokens/s/device: {warm['tok'] / d['tok']:.2f} "
-          f"(2 processes x 4 devices on {os.cpu_count()} cores vs 1 x 4)")
+                    ("`invoke train`, cold (starts the cluster)", cold),
+                    ("`invoke train`, warm (cluster up)", warm)):
+        lines.append(f"| {name} | {r['tok']:.1f} | {r['step_s']:.3f} | {r['first']:.1f} | {r['wall']:.1f} |")
+    lines += ["", f"`invoke train` / direct tokens/s/device: {warm['tok'] / d['tok']:.2f} (2 processes x 4 devices "
+                  f"on {os.cpu_count()} cores vs 1 x 4)."]
+    print("\n" + "\n".join(lines))
+    if a.write:
+        doc_table.write("benchmarks.md", "local-train", f"bench/local_train.py --steps {a.steps}", lines)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from bench import doc_table  # noqa: E402
 from tests.fakes.cloud import STANDARD, fake_cloud  # noqa: E402
 
 LATENCY = {"cluster": 8 * 60, "nodepool": 6 * 60, "network": 20, "subnet": 10}
@@ -74,6 +75,7 @@ def up(cloud, scale: float, parallel: int):
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--scale", type=float, default=10.0, help="divide the latencies by this")
+    ap.add_argument("--write", action="store_true", help="write the table, dated, into docs/benchmarks.md")
     a = ap.parse_args()
     shutil.rmtree(ROOT / ".state" / STANDARD, ignore_errors=True)
     with tempfile.TemporaryDirectory() as t, fake_cloud(Path(t)) as cloud:
@@ -88,24 +90,26 @@ def main() -> None:
         lines = run_log(STANDARD)
     shutil.rmtree(ROOT / ".state" / STANDARD, ignore_errors=True)
     kinds = collections.Counter(kind(ln) for ln in lines)
-    print(f"\nprovisioning benchmark: `invoke up` from nothing, GKE Standard, 2 x v6e-16, latencies / {a.scale:g}")
-    print("  simulated: " + ", ".join(f"{k} {v / a.scale:.0f}s" for k, v in LATENCY.items())
-          + f", RayCluster ready {RAY_READY / a.scale:.0f}s after apply and after the node pools")
-    print(f"  tutorial's order (parallel=1):  {seq.seconds:7.1f} s")
-    print(f"  dependency graph (parallel=4):  {par.seconds:7.1f} s")
-    print(f"  ratio:                          {par.seconds / seq.seconds:7.2f}  (goal <= 0.60)")
-    print(f"converged re-run, probes one at a time (parallel=1): {one_at_a_time.seconds:7.1f} s")
-    print(f"converged re-run, probes at once (default):          {again.seconds:7.1f} s")
-    print(f"  ratio:                                             {again.seconds / one_at_a_time.seconds:7.2f}  "
-          f"(goal <= 0.40)")
-    print(f"converged re-run: {again.seconds:.1f} s, {len(lines)} CLI processes, {len(again.requests)} API requests "
-          f"({len(again.gcp)} GCP, {len(again.kube)} Kubernetes), {len(again.changes)} changing")
     rc = again.recaps()[-1]
-    print(f"  recap: ok={rc['ok']} changed={rc['changed']} failed={rc['failed']}")
     worst = max(kinds.values())
-    print(f"  probe processes per resource kind (max {worst}, goal <= 1):")
-    for k, n in sorted(kinds.items()):
-        print(f"    {n}  {k}")
+    lines = [f"`invoke up` from nothing, GKE Standard, 2 x v6e-16, against the loopback fakes with the real "
+             f"clients; simulated latencies / {a.scale:g}: "
+             + ", ".join(f"{k} {v / a.scale:.0f} s" for k, v in LATENCY.items())
+             + f", RayCluster ready {RAY_READY / a.scale:.0f} s after its apply and its node pools.", "",
+             "| run | wall s | ratio (goal) |", "| --- | --- | --- |",
+             f"| from nothing, the tutorial's order (`parallel=1`) | {seq.seconds:.1f} | |",
+             f"| from nothing, the dependency graph (`parallel=4`) | {par.seconds:.1f} | "
+             f"{par.seconds / seq.seconds:.2f} (<= 0.60) |",
+             f"| converged re-run, probes one at a time | {one_at_a_time.seconds:.1f} | |",
+             f"| converged re-run, probes at once (the default) | {again.seconds:.1f} | "
+             f"{again.seconds / one_at_a_time.seconds:.2f} (<= 0.40) |", "",
+             f"The converged re-run: {len(lines)} CLI processes, {len(again.requests)} API requests "
+             f"({len(again.gcp)} GCP, {len(again.kube)} Kubernetes), {len(again.changes)} changing; recap "
+             f"ok={rc['ok']} changed={rc['changed']} failed={rc['failed']}; probe processes per resource kind: "
+             f"at most {worst} (goal <= 1): " + ", ".join(f"{k} {n}" for k, n in sorted(kinds.items())) + "."]
+    print("\n" + "\n".join(lines))
+    if a.write:
+        doc_table.write("benchmarks.md", "provision", f"bench/provision.py --scale {a.scale:g}", lines)
 
 
 if __name__ == "__main__":

@@ -53,6 +53,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from bench import doc_table  # noqa: E402
 from playbooks.runs.events import GROUP_LINE as GROUP  # noqa: E402
 from playbooks.runs.job_log import STEP_LINE as STEP  # noqa: E402
 from playbooks.runs.job_log import WORKER, clean  # noqa: E402
@@ -234,6 +235,7 @@ def main() -> None:
     ap.add_argument("--lose-at", type=int, default=15, help="the step after which the host is killed")
     ap.add_argument("--runs", default="without,with",
                     help="in order: 'without' (a fresh cache folder) and 'with' (the last one filled)")
+    ap.add_argument("--write", action="store_true", help="write the table, dated, into docs/benchmarks.md")
     a = ap.parse_args()
     names = a.runs.split(",")
     if any(n not in ("without", "with") for n in names) or names[0] == "with":
@@ -261,16 +263,17 @@ def main() -> None:
     finally:
         subprocess.run([INVOKE, "teardown", "--yes"], cwd=ROOT, env=env, capture_output=True)
         shutil.rmtree(tmp, ignore_errors=True)
-    print(f"\nrecovery after a lost TPU host (local cluster, 2 simulated v6e slices, tiny llama3-8b-shaped model, "
-          f"{a.steps} steps, host killed after step {a.lose_at}, {os.cpu_count()} CPU cores)")
-    print(f"{'cache':<9} {'compile s after restore':>24} {'cache hits':>10} {'detect s':>9} {'restart->step s':>16} "
-          f"{'recover s':>10} {'restored step':>14}")
-    for run, f in results:
-        print(f"{run.name:<9} {f['compile_s']:>24.1f} {f['hits']:>10} {f['detect_s']:>9.1f} "
-              f"{f['restart_to_step_s']:>16.1f} {f['recover_s']:>10.1f} {f['restored_step']!s:>14}")
-    print("compile s: JAX's XLA compile seconds of a worker of the group restarted after the loss (train_step "
-          "alone: " + ", ".join(f"{r.name} {f['train_step_s']:.1f}" for r, f in results) + "); recover s: from the "
-          "kill to that group's first step")
+    lines = [f"Recovery after a lost TPU host: the local cluster, 2 simulated v6e slices, the tiny "
+             f"llama3-8b-shaped model, {a.steps} steps, a host killed after step {a.lose_at}.", "",
+             "| cache | compile s after the restore (cache hits) | train_step compile s | detect s (kill to new "
+             "group) | new group to first step s | recover s (kill to first step) | restored step |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines += [f"| {run.name} | {f['compile_s']:.1f} ({f['hits']}) | {f['train_step_s']:.2f} | {f['detect_s']:.1f} | "
+              f"{f['restart_to_step_s']:.1f} | {f['recover_s']:.1f} | {f['restored_step']} |" for run, f in results]
+    print("\n" + "\n".join(lines))
+    if a.write:
+        doc_table.write("benchmarks.md", "recovery", f"bench/recovery.py --steps {a.steps} --lose-at {a.lose_at} "
+                        f"--runs {a.runs}", lines)
 
 
 if __name__ == "__main__":

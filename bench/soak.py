@@ -3,7 +3,7 @@ own elastic run, driven by the tasks a user types (`invoke train --elastic
 --fresh`, `invoke chaos.delete-worker`, `invoke chaos.hang-worker`, `invoke
 up`, `invoke goodput --json`), and a table of how each came out.
 
-    .venv/bin/python bench/soak.py [--repeat 3] [--load] [--only back-20s,...] [--readme]
+    .venv/bin/python bench/soak.py [--repeat 3] [--load] [--only back-20s,...] [--write]
 
 Scenarios (a host is a simulated TPU host: one slice of the twin):
 
@@ -33,8 +33,8 @@ was lost at, the checkpoint restored, the steps replayed, the time to
 recover (the loss to the first step after it); then the median and p90 of
 the time to recover over the lost hosts.
 
-`--load` runs a CPU hog on one core meanwhile. `--readme` writes the table,
-dated, into README.md (between its soak markers). Each run's timeline is
+`--load` runs a CPU hog on one core meanwhile. `--write` writes the table,
+dated, into docs/elastic.md (between its markers). Each run's timeline is
 kept: .state/soak/kept/<rep>-<scenario>.jsonl. Uses its own environment
 (soak: ray_ip 127.0.0.12, gcs_port 7400, dashboard_port 8305, its own
 .state folder) and stops its cluster at the end.
@@ -61,6 +61,9 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from bench import doc_table  # noqa: E402
+
 INVOKE = str(Path(sys.executable).parent / "invoke")
 ENV = "soak"
 STATE = ROOT / ".state" / ENV
@@ -69,7 +72,6 @@ STEP = re.compile(r"completed step: (\d+),")
 SHRUNK = re.compile(r"Started training worker group of size 1\b")
 OUTCOME = re.compile(r"^(?:changed|ok|skipped): \[train : job [^\]]+\] (.+)$")
 FAILED_STEP = re.compile(r"^failed: \[train : job [^\]]+\]$")
-BEGIN, END = "<!-- soak:begin -->", "<!-- soak:end -->"
 LOSSES = ("worker_lost", "failure")
 
 
@@ -480,16 +482,6 @@ def recovery(results: list[Result]) -> str:
             f"median {statistics.median(times):.1f} s, p90 {p90:.1f} s, range {times[0]:.1f}-{times[-1]:.1f} s")
 
 
-def write_readme(lines: list[str]) -> None:
-    readme = ROOT / "README.md"
-    text = readme.read_text()
-    if BEGIN not in text or END not in text:
-        sys.exit(f"README.md has no {BEGIN} ... {END} markers")
-    head, rest = text.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    readme.write_text(head + BEGIN + "\n" + "\n".join(lines) + "\n" + END + tail)
-
-
 def hog() -> subprocess.Popen:
     """A CPU hog on one core (the first this process may use)."""
     core = min(os.sched_getaffinity(0))
@@ -509,7 +501,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=1, help="how many times the whole matrix runs")
     ap.add_argument("--load", action="store_true", help="a CPU hog on one core meanwhile")
     ap.add_argument("--only", default="", help=f"some scenarios, comma-separated (of {', '.join(SCENARIOS)})")
-    ap.add_argument("--readme", action="store_true", help="write the table, dated, into README.md")
+    ap.add_argument("--write", action="store_true", help="write the table, dated, into docs/elastic.md")
     a = ap.parse_args()
     names = [n for n in a.only.split(",") if n] or list(SCENARIOS)
     if bad := [n for n in names if n not in SCENARIOS]:
@@ -537,12 +529,12 @@ def main() -> None:
         shutil.rmtree(tmp, ignore_errors=True)
     passed = sum(r.ok for r in results)
     took = (datetime.datetime.now() - started).total_seconds() / 60
-    lines = [f"Soak of {started:%Y-%m-%d} (`bench/soak.py --repeat {a.repeat}{' --load' if a.load else ''}`"
-             f"{' --only ' + a.only if a.only else ''}, {os.cpu_count()} CPU cores, {took:.0f} min): "
-             f"{passed} of {len(results)} runs passed.", "", *table(results), "", recovery(results)]
+    command = f"bench/soak.py --repeat {a.repeat}{' --load' if a.load else ''}{' --only ' + a.only if a.only else ''}"
+    lines = [f"{passed} of {len(results)} runs passed in {took:.0f} min.", "", *table(results), "",
+             recovery(results)]
     print("\n" + "\n".join(lines))
-    if a.readme:
-        write_readme(lines)
+    if a.write:
+        doc_table.write("elastic.md", "soak", command, lines)
     sys.exit(0 if passed == len(results) else 1)
 
 

@@ -96,6 +96,15 @@ def test_every_module_is_in_a_package_of_the_layers_and_its_docstring_says_what_
         assert said == allowed or (pkg == "cli" and "every other package" in doc), (pkg, said, allowed)
 
 
+def test_each_packages_docstring_names_each_of_its_modules():
+    """What a package knows is said in its __init__.py, module by module:
+    a module added without a word there fails."""
+    for pkg in LAYERS:
+        doc = ast.get_docstring(ast.parse((PACKAGE / pkg / "__init__.py").read_text())) or ""
+        modules = {f.stem for f in (PACKAGE / pkg).glob("*.py") if f.name != "__init__.py"}
+        assert {m for m in modules if f"``{m}``" not in doc and f"``{m}.py``" not in doc} == set(), pkg
+
+
 def test_each_package_imports_only_the_packages_below_it():
     assert layering(GRAPH) == []
 

@@ -1,7 +1,8 @@
 """What Google Cloud, GKE, Kubernetes and the RayCluster are, and how to
 read and change them: names and list facts (``gke``), the kubeconfig's
-contexts (``kube_context``), pods and their Kubernetes causes
-(``kube_objects``), whole TPU slices as Kubernetes and Ray see them
+contexts (``kube_context``), what a pod is (``pods``: its slice, ready,
+its conditions and restarts), why the RayCluster's workers are not running,
+from its pods and events (``kube_objects``), whole TPU slices as Kubernetes and Ray see them
 (``slices``), the rendered manifests (``manifests``), a run's maintenance
 exclusion (``maintenance``), the capacity options and the plan per slice
 (``capacity_options``, ``capacity_plan``), where a Ray dashboard answers

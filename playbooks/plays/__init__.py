@@ -1,6 +1,15 @@
 """The plays: each module makes the steps of one part of the tutorial (or of
-one task: logs, chaos, the local cluster), pure functions of the environment
-that return steps. A play never imports another play.
+one task), pure functions of the environment that return steps. A play
+never imports another play.
+
+In the tutorial's order: ``capacity`` (the read-only checks and the plan per
+slice), ``prereqs`` (§1: APIs, roles), ``network`` (§2), ``cluster`` (§3),
+``nodepools`` (§4), ``storage`` (§5: bucket, identity), ``raycluster`` (§7),
+``dashboard`` (the port-forward and the Ray nodes), ``preflight`` (the fit
+before a job), ``train`` (§8-9: the job, followed), ``chaos`` (§9: a worker
+deleted or frozen), ``teardown`` (§10). Also: ``logs`` (logs, metrics and
+goodput of a run), ``local_cluster`` (the local twin started, stopped and
+checked) and ``controller`` (the files synced to a controller host).
 
 May import ``playbooks.core``, ``playbooks.config``, ``playbooks.access``,
 ``playbooks.cloud``, ``playbooks.job``, ``playbooks.runs`` and

@@ -1,5 +1,8 @@
 """A run after its submit: following its job (``follow``: the log, the
-watch beside it), the run's timeline of events (``timeline``), when a job is
+watch beside it), the run's event vocabulary (``events``: each kind named
+once, the sets the readers share), the run's timeline of events
+(``timeline``), a job's log lines as the console shows them (``job_log``),
+what the RayCluster's pods say of a followed job (``pod_watch``), when a job is
 stalled (``stall``), the summary of its steps (``train_summary``), where each
 second went (``goodput``, and the field's library on the same run,
 ``goodput_reference``), its kept step metrics and their plot (``metrics``).

@@ -1,0 +1,95 @@
+"""How long the tests take: `make check`'s selection and `make test`'s whole
+run, as those targets run pytest (two workers), each test file's
+test-seconds summed (what the two cores spend on it) and the wall time.
+
+    .venv/bin/python bench/test_times.py [--only check|test] [--write]
+
+`--write` writes the table, dated, into docs/tests.md (between its
+markers). The lint, the type check and `compileall` that the make targets
+run first are timed too.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from bench import doc_table  # noqa: E402
+
+PY = str(Path(sys.executable))
+VENV = Path(sys.executable).parent
+CHECK = ["-m", "not e2e and not clients and not compile"]
+FIRST = {"ruff": [str(VENV / "ruff"), "check", "playbooks", "trainer", "tasks.py", "tests", "bench"],
+         "mypy": [str(VENV / "mypy")],
+         "compileall": [PY, "-m", "compileall", "-q", "playbooks", "tasks.py"]}
+
+
+def timed(argv: list[str]) -> tuple[float, int]:
+    import subprocess
+    start = time.monotonic()
+    done = subprocess.run(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return time.monotonic() - start, done.returncode
+
+
+def per_file(junit: Path) -> tuple[dict[str, list[float]], int]:
+    """Each test file's test times, and how many failed."""
+    files: dict[str, list[float]] = {}
+    failed = 0
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        module = ".".join(case.get("classname", "?").split(".")[:2])
+        files.setdefault(module.replace(".", "/") + ".py", []).append(float(case.get("time") or 0))
+        failed += any(c.tag in ("failure", "error") for c in case)
+    return files, failed
+
+
+def run(selection: list[str], tmp: Path, name: str) -> dict:
+    junit = tmp / f"{name}.xml"
+    wall, rc = timed([PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}", *selection])
+    files, failed = per_file(junit) if junit.is_file() else ({}, -1)
+    return {"wall": wall, "rc": rc, "files": files, "failed": failed}
+
+
+def table(check: dict | None, full: dict | None, first: dict[str, float]) -> list[str]:
+    lines = []
+    pre = sum(first.values())
+    for r, target in ((check, "check"), (full, "test")):
+        if r is None:
+            continue
+        n = sum(len(t) for t in r["files"].values())
+        outcome = "all passed" if r["rc"] == 0 else f"{r['failed']} failed (exit {r['rc']})"
+        lines.append(f"- `make {target}`: pytest {r['wall']:.0f} s for {n} tests ({outcome}); with the lint, the "
+                     f"types and compileall ({pre:.0f} s: " + ", ".join(f"{k} {v:.0f} s" for k, v in first.items())
+                     + f") {r['wall'] + pre:.0f} s.")
+    shown = full or check
+    assert shown is not None
+    lines += ["", f"Where the two workers' time goes ({'make test' if full else 'make check'}), by test file:", "",
+              "| test file | tests | test-seconds |", "| --- | --- | --- |"]
+    for f, times in sorted(shown["files"].items(), key=lambda kv: -sum(kv[1])):
+        lines.append(f"| `{f}` | {len(times)} | {sum(times):.1f} |")
+    return lines
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--only", choices=("check", "test"))
+    ap.add_argument("--write", action="store_true", help="write the table, dated, into docs/tests.md")
+    a = ap.parse_args()
+    first = {k: timed(v)[0] for k, v in FIRST.items()}
+    with tempfile.TemporaryDirectory() as t:
+        check = run(CHECK, Path(t), "check") if a.only in (None, "check") else None
+        full = run([], Path(t), "test") if a.only in (None, "test") else None
+    lines = table(check, full, first)
+    print("\n".join(lines))
+    if a.write:
+        doc_table.write("tests.md", "test-times", "bench/test_times.py" + (f" --only {a.only}" if a.only else ""),
+                        lines)
+    sys.exit(0 if all(r is None or r["rc"] == 0 for r in (check, full)) else 1)
+
+
+if __name__ == "__main__":
+    main()
