@@ -51,7 +51,8 @@ def progress_of(lines) -> mr.Progress:
 # -- MaxText stopped by a preemption notice --------------------------------------
 def test_a_stop_on_a_preemption_notice_before_the_last_step_is_a_failure_not_a_finished_run():
     p = progress_of(STOP_ON_NOTICE)
-    assert p.state() == {"last_step": 19, "last_saved": 20, "stopped": "Job received termination signal (SIGTERM).",
+    assert p.state() == {"last_step": 19, "last_saved": 20, "save_pending": True,
+                         "stopped": "Job received termination signal (SIGTERM).",
                          "stopped_for_notice": True, "ended": False}
     with pytest.raises(mr.StoppedEarly, match=r"after step 20 of 40 .*checkpoint at step 20 is saved"):
         mr.stopped_early(40, p)
@@ -242,8 +243,14 @@ def test_a_resize_after_a_failure_or_of_a_group_with_nothing_new_saves_nothing(m
     s.before_controller_execute_resize_decision(grow())
     assert w0.calls == ["progress"]
     assert events(capsys)[-1]["outcome"] == "not needed: nothing new since its last save"
+    # A save of the last step only started (asynchronous, not finalized): asked.
     s.after_controller_state_update(None, ResizingState(scaling_decision=grow()))
-    w0.progress.update(last_step=None, last_saved=None)
+    w0.progress.update(save_pending=True)
+    asked = len(w0.calls)
+    s.before_controller_execute_resize_decision(grow())
+    assert w0.calls[asked:asked + 2] == ["progress", "preemption_notice"]
+    s.after_controller_state_update(None, ResizingState(scaling_decision=grow()))
+    w0.progress.update(last_step=None, last_saved=None, save_pending=False)
     s.before_controller_execute_resize_decision(grow())
     assert events(capsys)[-1]["outcome"] == "not needed: no step since its start"
 

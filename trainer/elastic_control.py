@@ -200,7 +200,12 @@ class SaveBeforeResize(ControllerCallback, _Group):
             maxtext_ray.event("save_before_resize", t=start, outcome=f"not asked: rank 0 did not answer ({e})"[:200],
                               **what)
             return
-        if p.get("last_step") is None or p.get("last_step") == p.get("last_saved") or p.get("ended"):
+        # Nothing new: the last step's save is done. One only started (an
+        # asynchronous save, not yet finalized) is not: the resize would tear
+        # it down half-written (the soak's back-60s restored the save before
+        # it), so rank 0 is asked, and its next step's save waits for it.
+        saved = p.get("last_step") == p.get("last_saved") and not p.get("save_pending")
+        if p.get("last_step") is None or saved or p.get("ended"):
             why = "no step since its start" if p.get("last_step") is None else "nothing new since its last save"
             maxtext_ray.event("save_before_resize", t=start, step=p.get("last_step"), outcome=f"not needed: {why}",
                               **what)

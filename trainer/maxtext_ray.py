@@ -388,6 +388,10 @@ class Progress(logging.Handler):
         super().__init__(logging.INFO)
         self.last_step: int | None = None
         self.last_saved: int | None = None
+        # The last save was only started (MaxText's asynchronous save): Orbax
+        # finalizes it in the background, and no line says when. A group
+        # torn down now loses it (the next restores the save before).
+        self.save_pending = False
         self.stopped: str | None = None
         self.ended = False
 
@@ -400,6 +404,7 @@ class Progress(logging.Handler):
             self.last_step = int(m.group(1))
         elif (m := MaxTextEvents.SAVED.match(msg)):
             self.last_saved = int(m.group(1))
+            self.save_pending = msg.startswith("Started an asynchronous")
         elif (m := self.STOPPED.match(msg)):
             self.stopped = m.group(1)
 
@@ -408,7 +413,8 @@ class Progress(logging.Handler):
         return bool(self.stopped) and self.NOTICE in (self.stopped or "")
 
     def state(self) -> dict:
-        return {"last_step": self.last_step, "last_saved": self.last_saved, "stopped": self.stopped,
+        return {"last_step": self.last_step, "last_saved": self.last_saved, "save_pending": self.save_pending,
+                "stopped": self.stopped,
                 "stopped_for_notice": self.for_notice, "ended": self.ended}
 
 
