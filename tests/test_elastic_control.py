@@ -48,6 +48,19 @@ def progress_of(lines) -> mr.Progress:
     return p
 
 
+# -- a new group of a run already finished --------------------------------------
+def test_a_new_group_of_a_run_whose_checkpoint_holds_its_last_step_is_done_not_failed():
+    """The soak's in-save, rep 3: the grow came as the last step was saved;
+    the new group's MaxText refused to start, and Ray Train retried that
+    until the job FAILED with every step trained."""
+    done = RuntimeError("Requested training up to step 40, but a checkpoint already exists at step 39 (which means "
+                        "40 steps have been completed). Did you mean to continue training past step 40 ...")
+    assert mr.already_done(done)
+    assert not mr.already_done(RuntimeError("Requested training up to step 40, but a checkpoint already exists "
+                                            "at step 30"))
+    assert not mr.already_done(RuntimeError("some other failure"))
+
+
 # -- MaxText stopped by a preemption notice --------------------------------------
 def test_a_stop_on_a_preemption_notice_before_the_last_step_is_a_failure_not_a_finished_run():
     p = progress_of(STOP_ON_NOTICE)

@@ -598,8 +598,31 @@ def run_maxtext(argv: list[str], layout: Layout, world_size: int, rank: int = 0)
         print(f"model check: {model} applied, {billion:.3f} billion parameters expected", flush=True)
         if rank == 0:
             event("model_check", model=model, expected_billion=billion)
-    maxtext_main(argv)
+    try:
+        maxtext_main(argv)
+    except RuntimeError as e:
+        if not already_done(e, rank):
+            raise
+        return
     stopped_early(int(config.steps))
+
+
+# MaxText's refusal to start a run whose checkpoint already holds its last step.
+DONE = re.compile(r"Requested training up to step (\d+), but a checkpoint already exists at step (\d+)")
+
+
+def already_done(e: Exception, rank: int = 0) -> bool:
+    """A new worker group of a run that an earlier group finished: a resize
+    Ray Train decided as the last step was being saved. The run is done, not
+    failed (MaxText raises RuntimeError; Ray Train would retry it until its
+    failures run out and end the job FAILED with every step trained)."""
+    m = DONE.search(str(e))
+    if not m or int(m.group(2)) < int(m.group(1)) - 1:
+        return False
+    if rank == 0:
+        print(f"the run is complete: its checkpoint holds step {m.group(2)} of {m.group(1)}; nothing left to "
+              "train", flush=True)
+    return True
 
 
 def stopped_early(steps: int, p: Progress = PROGRESS) -> None:
