@@ -63,16 +63,22 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from bench import doc_table  # noqa: E402
+from playbooks.runs.events import GROUP_LINE  # noqa: E402
 
 INVOKE = str(Path(sys.executable).parent / "invoke")
 ENV = "soak"
 STATE = ROOT / ".state" / ENV
 RUN = "rayjob-elastic-8b"
 STEP = re.compile(r"completed step: (\d+),")
-SHRUNK = re.compile(r"Started training worker group of size 1\b")
 OUTCOME = re.compile(r"^(?:changed|ok|skipped): \[train : job [^\]]+\] (.+)$")
 FAILED_STEP = re.compile(r"^failed: \[train : job [^\]]+\]$")
 LOSSES = ("worker_lost", "failure")
+
+
+def one_host_group(line: str) -> bool:
+    """Ray Train started a worker group of one host (the job goes on with one slice)."""
+    m = GROUP_LINE.search(line)
+    return m is not None and m.group(1) == "1"
 
 
 def soak_env(**extra) -> dict:
@@ -252,7 +258,7 @@ def lost_and_back(restore_after: float, steps: int) -> Callable[[Soak, Result], 
         kill = chaos_kill(soak, restore_after)
         if restore_after == 0:
             chaos_done(kill, "chaos.delete-worker")
-            shrunk = job.wait_for(SHRUNK.search, after=at)
+            shrunk = job.wait_for(one_host_group, after=at)
             job.wait_for(STEP.search, after=shrunk)
             rc, out = soak.invoke("up", timeout=600)
             if rc != 0:
@@ -330,7 +336,7 @@ def two_lost(soak: Soak, r: Result) -> Train:
     job = Train(soak, "--fresh", "--steps=120")
     at = job.step_at_least(12)
     first = chaos_kill(soak, 60)
-    job.wait_for(SHRUNK.search, after=at)
+    job.wait_for(one_host_group, after=at)
     second = chaos_kill(soak, 20)
     job.end()
     chaos_done(first, "the first chaos.delete-worker")
