@@ -77,9 +77,9 @@ def run_with_facts(steps, facts, mode=Mode.APPLY, keep_going=False):
     return recap, out
 
 
-@pytest.fixture
-def hermetic(tmp_path):
-    """Environment for client processes that touches nothing of the user's."""
+def hermetic_environ(tmp_path: Path) -> dict[str, str]:
+    """Environment for client processes that touches nothing of the user's:
+    HOME, gcloud's config and the kubeconfig under ``tmp_path``."""
     e = {k: v for k, v in os.environ.items() if not k.startswith(("CLOUDSDK_", "INVOKE_", "KUBECONFIG"))}
     home = tmp_path / "home"
     home.mkdir()
@@ -91,3 +91,9 @@ def hermetic(tmp_path):
         "KUBECONFIG": str(tmp_path / "kubeconfig"),
     })
     return e
+
+
+@pytest.fixture
+def hermetic(tmp_path):
+    """Environment for client processes that touches nothing of the user's."""
+    return hermetic_environ(tmp_path)

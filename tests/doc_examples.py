@@ -9,19 +9,17 @@ gcloud config), on a timeline kept in `tests/data/timelines/`.
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
-INVOKE = str(Path(sys.executable).parent / "invoke")
+from tests.conftest import INVOKE, ROOT, hermetic_environ
+
 ENV = "doc-examples"
 
 
@@ -45,16 +43,12 @@ EXAMPLES = (
 
 
 def _environ(tmp: Path) -> dict[str, str]:
-    e = {k: v for k, v in os.environ.items() if not k.startswith(("CLOUDSDK_", "INVOKE_", "KUBECONFIG"))}
-    (tmp / "home").mkdir()
+    e = hermetic_environ(tmp)
     base = yaml.safe_load((ROOT / "inventory.yaml").read_text())["environments"]["local"]
     inv = tmp / "inventory.yaml"
     inv.write_text(yaml.safe_dump({"default": ENV, "environments": {
         ENV: {**base, "gcs_port": 7720, "dashboard_port": 8330}}}))
-    e.update({"HOME": str(tmp / "home"), "CLOUDSDK_CONFIG": str(tmp / "gcloud"),
-              "CLOUDSDK_METRICS_ENVIRONMENT": "playbook-tests", "CLOUDSDK_CORE_DISABLE_PROMPTS": "1",
-              "KUBECONFIG": str(tmp / "kubeconfig"), "INVOKE_PLAYBOOK_INVENTORY": str(inv),
-              "TZ": "UTC", "NO_COLOR": "1", "COLUMNS": "120"})
+    e.update({"INVOKE_PLAYBOOK_INVENTORY": str(inv), "TZ": "UTC", "NO_COLOR": "1", "COLUMNS": "120"})
     return e
 
 
