@@ -133,6 +133,14 @@ def test_a_step_only_a_peer_said_before_rank_0s_host_was_lost_is_where_it_was_lo
     late = old + peer(old) + [ev(43.0, "peer_step", 16, seconds=1.0, rank=1)] + incident(42.5)
     [j] = goodput.account(late + [ev(100, "job_end")], "run")["incidents"]
     assert (j["lost_at_step"], j["replayed_steps"], j["first_step"]) == (16, 6, 11)
+    # `invoke train`'s summary says the same step: "resize 2 -> 1 workers after step 16".
+    from playbooks.runs.train_summary import Summary
+    for run in (events, late):
+        s = Summary()
+        for e in sorted(run, key=lambda e: e["t"]):
+            s.add(e)
+        assert s.resize_steps == [16] and 16 in s.done_steps and s.last_step == 20
+
     # Rank 0 says step 15 after its peer did and after the loss (its host lost
     # next): still the old group's, not the recovery.
     both = start() + steps(1, 14, 27) + [ev(41.2, "peer_step", 15, seconds=1.0, rank=1), ev(42.5, "worker_lost"),

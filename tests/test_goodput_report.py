@@ -117,3 +117,44 @@ def test_a_huge_line_is_read_past_in_bounded_pieces(tmp_path):
     assert [len(ln) for ln in lines] == [23, timeline.MAX_LINE + 1, 23]
     got = timeline.parse_lines(lines)
     assert [e["kind"] for e in got.events] == ["a", "b"] and got.skipped == 1
+
+
+T0 = 1_796_000_000.0
+
+
+def _steps_run(gap: list[dict], gap_s: float) -> list[dict]:
+    """Step 0 (14 s with its compile), steps 1-19 a second each, then ``gap``
+    (its events gap_s seconds long), steps 20-39 a second each, the end."""
+    def ev(t: float, kind: str, step: int | None = None, **f) -> dict:
+        return {"t": T0 + t, "kind": kind, "step": step, "source": "test", "job": "run-1", **f}
+    e = [ev(0, "submitted"), ev(10, "workers_started", workers=1), ev(12, "jax_initialized"),
+         *(ev(26 + i, "step", i, seconds=14.0 if i == 0 else 1.0) for i in range(20))]
+    e += [ev(45 + dt, kind, step, **f) for dt, kind, step, f in gap]
+    e += [ev(45 + gap_s + 1 + i, "step", 20 + i, seconds=1.0) for i in range(20)]
+    return e + [ev(45 + gap_s + 21, "job_end", status="SUCCEEDED")]
+
+
+GROW = [(0.5, "resize", None, {"by": "Ray Train resized the worker group 1 -> 2"}),
+        (1.0, "checkpoint_saved", 19, {}), (5.0, "workers_restarted", None, {"workers": 2}),
+        (20.0, "jax_initialized", None, {}), (22.0, "restore_started", 19, {}),
+        (23.0, "restored", 19, {"seconds": 1.0})]
+HANG = [(30.0, "stall_started", None, {"since": T0 + 45}), (40.0, "stall_ended", None, {})]  # since step 19
+
+
+@pytest.mark.parametrize("gap", [GROW, HANG], ids=["a grow that replays nothing", "a hang"])
+def test_the_library_counts_a_gap_without_a_step_going_back_as_training(gap):
+    """Why the library's figure is far above ours on a run with a grow or a
+    hang: it has step starts only, and a step's time is from its start to the
+    next's. A grow that saved first (no step again) and a hang are, to it, one
+    long step: its productive time grows by the whole 40-s gap, and it sees no
+    disruption. Ours counts the gap as restart or stall."""
+    def productive(events: list[dict]) -> tuple[float, float]:
+        ours, lib = goodput.account(events, "run"), goodput_reference.compute(events)
+        assert "error" not in lib and lib["disruptions"] == 0
+        return ours["productive_s"], lib["goodput_pct"] * ours["wall_s"] / 100
+    ours0, lib0 = productive(_steps_run([], 0.0))
+    ours1, lib1 = productive(_steps_run(gap, 40.0))
+    # The gap, and a second more: the library's start-up badput is the first
+    # step's time less the mean step's, and the mean grows by 40/38 s.
+    assert lib1 - lib0 == pytest.approx(40.0 + 40 / 38, abs=0.1)
+    assert ours1 - ours0 == pytest.approx(0.0, abs=1.0)

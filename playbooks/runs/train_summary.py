@@ -38,6 +38,7 @@ class Summary:
     resize_causes: list[str] = field(default_factory=list)  # what made each
     _restores: dict[int, int] = field(default_factory=dict)  # worker group -> step restored
     _saved: dict[int, set[int]] = field(default_factory=dict)  # worker group -> steps it saved
+    _peer: dict[int, set[int]] = field(default_factory=dict)  # worker group -> steps another slice's host said
     params: float | None = None
     expected_params: float | None = None
     model: str | None = None
@@ -50,6 +51,8 @@ class Summary:
         kind = e.get("kind")
         if kind == E.STEP:
             self._step(e)
+        elif kind == E.PEER_STEP and E.step_of(e) is not None:
+            self._peer.setdefault(len(self.groups), set()).add(int(e["step"]))
         elif kind in E.GROUP_LINES and E.number(e.get("workers")) is not None:
             self._group(int(e["workers"]))
         elif kind in E.LOSSES:
@@ -94,20 +97,24 @@ class Summary:
 
     @property
     def done_steps(self) -> set[int]:
-        """The steps that ran: those logged, and those saved (a save on a
-        preemption notice comes before its step's line)."""
-        return self.steps | {s for saved in self._saved.values() for s in saved}
+        """The steps that ran: those logged, those another slice's host
+        finished (a survivor logs the step rank 0 died in), and those saved
+        (a save on a preemption notice comes before its step's line)."""
+        return self.steps | {s for done in (*self._saved.values(), *self._peer.values()) for s in done}
 
     @property
     def group_last_step(self) -> int | None:
-        """The highest step of the latest worker group that logged one (by
-        any worker) or saved it: where a resize found it, also when an
-        earlier group had gone further before a restore from an older
-        checkpoint."""
-        if not self.records:
-            return None
-        group = self.records[-1][0]
-        return max([r[1] for r in self.records if r[0] == group] + list(self._saved.get(group, ())))
+        """The highest step of the latest worker group that logged one (rank
+        0, or another slice's first host: a survivor logs the step rank 0
+        died in) or saved it: where a resize found it, also when an earlier
+        group had gone further before a restore from an older checkpoint."""
+        by_group: dict[int, set[int]] = {}
+        for r in self.records:
+            by_group.setdefault(r[0], set()).add(r[1])
+        for done in (self._peer, self._saved):
+            for g, steps in done.items():
+                by_group.setdefault(g, set()).update(steps)
+        return max(by_group[max(by_group)]) if by_group else None
 
     @property
     def last_step(self) -> int | None:
