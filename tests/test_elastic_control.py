@@ -275,6 +275,14 @@ def test_a_save_that_does_not_come_is_waited_for_only_as_long_as_the_timeout(mon
     s.before_controller_execute_resize_decision(grow())
     e = events(capsys)[-1]
     assert e["outcome"] == "no save within the timeout" and e["step"] is None and 7 <= clock.t <= 8
+    # A group that ends without stopping for the notice (it trained on to its
+    # last step) is said as that, not as a timeout; a worker gone, as that.
+    s, (w0,) = saver(monkeypatch, {"last_step": 18, "last_saved": 10, "ended": False})
+    monkeypatch.setattr(ec.time, "sleep", lambda t: w0.progress.update(ended=True, last_step=39, last_saved=39))
+    s.after_controller_state_update(None, ResizingState(scaling_decision=grow()))
+    s.before_controller_execute_resize_decision(grow())
+    e = events(capsys)[-1]
+    assert e["outcome"] == "no save: MaxText ran on to step 39 and ended, not stopping at the notice" and e["step"] is None
 
 
 def test_the_notice_is_sent_only_where_jaxs_preemption_service_takes_it(monkeypatch):

@@ -219,25 +219,29 @@ class SaveBeforeResize(ControllerCallback, _Group):
             maxtext_ray.event("save_before_resize", t=start, step=p.get("last_step"),
                               outcome=f"not asked: {p.get('why') or 'no JAX preemption service'}", **what)
             return
-        saved = self._wait(workers, _seconds(ENV_SAVE_TIMEOUT, SAVE_TIMEOUT_S))
+        saved, outcome = self._wait(workers, _seconds(ENV_SAVE_TIMEOUT, SAVE_TIMEOUT_S))
         maxtext_ray.event("save_before_resize", t=time.time(), step=saved, asked_after=p.get("last_step"),
-                          seconds=round(time.time() - start, 3),
-                          outcome="saved" if saved is not None else "no save within the timeout", **what)
+                          seconds=round(time.time() - start, 3), outcome=outcome, **what)
 
     @staticmethod
-    def _wait(workers: list, timeout: float) -> int | None:
+    def _wait(workers: list, timeout: float) -> tuple[int | None, str]:
         """Until every worker's MaxText has stopped (or the timeout): the
-        step rank 0 saved at, or None."""
+        step rank 0 saved at (or None), and what happened."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
                 ps = ray.get([w.execute_async(maxtext_ray.progress) for w in workers], timeout=30)
             except Exception:
-                return None  # a worker is gone: the resize goes on without the save
+                return None, "no save: a worker is gone"  # the resize goes on without the save
             if all(p.get("ended") for p in ps):
-                return ps[0].get("last_saved") if ps[0].get("stopped_for_notice") else None
+                if ps[0].get("stopped_for_notice"):
+                    return ps[0].get("last_saved"), "saved"
+                # Seen once in the soak (in-save, rep 3): JAX set its sync
+                # point to a step MaxText had passed, and the group trained on.
+                return None, f"no save: MaxText ran on to step {ps[0].get('last_step')} and ended, not stopping " \
+                             "at the notice"
             time.sleep(POLL_S)
-        return None
+        return None, "no save within the timeout"
 
 
 class RetryStartFailures(WorkerGroupCallback):
