@@ -64,7 +64,6 @@ COMPILED = re.compile(r"Finished XLA compilation of (\S+) in ([\d.]+) sec")
 HIT = re.compile(r"Persistent compilation cache hit for '([^']+)'")
 LOGS = re.compile(r"^logs: (\S+)")
 RESTORED = re.compile(r"restoring from this run's directory step (\d+)")
-SMALLER = re.compile(r"Started training worker group of size 1\b")
 DEBUG_MODULES = "jax._src.dispatch,jax._src.compiler"
 
 
@@ -82,11 +81,13 @@ class Run:
     job_log: Path | None = None
     rc: int | None = None
 
-    def first(self, pattern: re.Pattern, after: float, least: int = 0) -> tuple[float, str] | None:
+    def first(self, pattern: re.Pattern, after: float, least: int = 0,
+              most: int | None = None) -> tuple[float, str] | None:
         """The first line from ``after`` on that matches (and whose first
-        number group is at least ``least``)."""
+        number group is at least ``least`` and at most ``most``)."""
         for t, ln in self.lines:
-            if t >= after and (m := pattern.search(ln)) and (not least or int(m.group(1)) >= least):
+            if t >= after and (m := pattern.search(ln)) and (not least or int(m.group(1)) >= least) \
+                    and (most is None or int(m.group(1)) <= most):
                 return t, ln
         return None
 
@@ -114,11 +115,11 @@ class Follow:
             self.cv.notify_all()
 
     def wait_for(self, pattern: re.Pattern, after: float = 0.0, least: int = 0,
-                 minutes: float = 20) -> tuple[float, str]:
+                 minutes: float = 20, most: int | None = None) -> tuple[float, str]:
         deadline = time.monotonic() + minutes * 60
         with self.cv:
             while True:
-                hit = self.run.first(pattern, after, least)
+                hit = self.run.first(pattern, after, least, most)
                 if hit:
                     return hit
                 if self.run.rc is not None:
@@ -155,7 +156,7 @@ def one_run(run: Run, env: dict, steps: int, lose_at: int) -> None:
         run.lost_at, chaos = invoke(env, "chaos.delete-worker", "--restore-after=0", timeout=300)
         if "killed TPU host" not in chaos:
             sys.exit(f"{run.name}: chaos.delete-worker killed nothing:\n{chaos}")
-        started, _ = job.wait_for(SMALLER, after=run.lost_at)
+        started, _ = job.wait_for(GROUP, after=run.lost_at, most=1)  # the one-slice group
         job.wait_for(STEP, after=started)
         # The host back (the job grows back if it has steps left); the figures
         # are taken already: a host that does not come back is only said.
@@ -216,7 +217,7 @@ def compile_after_loss(log: Path) -> dict:
 
 def figures(run: Run) -> dict:
     assert run.lost_at is not None and run.job_log is not None
-    started = run.first(SMALLER, run.lost_at)
+    started = run.first(GROUP, run.lost_at, most=1)
     assert started, run.name
     restored = run.first(RESTORED, started[0])
     first = run.first(STEP, started[0])
