@@ -375,3 +375,41 @@ def test_compile_spans_are_the_pinned_jaxs_and_short_ones_are_left_out(capsys):
         ("compile_started", 10.0, "compile_ended", 22.5, 12.5)
     assert ended["function"] == "train_step" and ended["phase"] == "compile"
     assert mr.compile_span("/jax/other", 0.0, 100.0) == []
+
+
+SYNC_PROBE = """
+import os, signal, sys, threading, time
+import jax
+jax.distributed.initialize(f"127.0.0.1:{sys.argv[2]}", num_processes=1, process_id=0)
+from jax.experimental import multihost_utils as mu
+from orbax.checkpoint import checkpoint_manager as cm
+import preemption_sync
+if sys.argv[1] == "guarded":
+    preemption_sync.guard()  # what run_maxtext does before MaxText's loop
+for step in range(48, 52):  # the loop has asked at each step up to 51
+    mu.reached_preemption_sync_point(step)
+# Orbax's finalize thread of the save of step 50 asks about step 50.
+t = threading.Thread(target=cm.CheckpointManager.reached_preemption, args=(None, 50), name="save_finalize")
+t.start()
+t.join()
+os.kill(os.getpid(), signal.SIGTERM)  # the notice: JAX's notifier takes it
+time.sleep(1.0)  # its sync protocol (milliseconds)
+print("saved at", [s for s in range(52, 60) if mu.reached_preemption_sync_point(s)], flush=True)
+"""
+
+
+@pytest.mark.parametrize("mode", ["bare", "guarded"])
+def test_a_notice_after_an_orbax_finalize_still_reaches_its_sync_point(mode):
+    """The real JAX and Orbax: an asynchronous save's finalize thread asks
+    JAX's sync point about its own (older) step; a notice just then sets a
+    sync point the loop has passed, and the loop never saves (bare). With
+    the guard the loop saves at the next step (52)."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(TRAINER)}
+    p = subprocess.run([sys.executable, "-c", SYNC_PROBE, mode, str(port)], env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.strip() == ("saved at []" if mode == "bare" else "saved at [52]"), p.stderr[-2000:]

@@ -17,6 +17,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+import preemption_sync  # beside this module, in the job's working directory
 import yaml
 
 # Set by the playbook in the job's runtime environment.
@@ -598,6 +599,7 @@ def run_maxtext(argv: list[str], layout: Layout, world_size: int, rank: int = 0)
         print(f"model check: {model} applied, {billion:.3f} billion parameters expected", flush=True)
         if rank == 0:
             event("model_check", model=model, expected_billion=billion)
+    preemption_sync.guard()  # MaxText's loop runs on this thread
     try:
         maxtext_main(argv)
     except RuntimeError as e:
