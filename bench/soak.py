@@ -519,6 +519,7 @@ def main() -> None:
     load = hog() if a.load else None
     results: list[Result] = []
     started = datetime.datetime.now()
+    stopped = False
     try:
         for rep in range(1, a.repeat + 1):
             for name in names:
@@ -527,6 +528,8 @@ def main() -> None:
                 results.append(r)
                 print(f"  {'passed' if r.ok else 'FAILED'} in {r.seconds:.0f} s: " + "; ".join(
                     [incident_text(i) for i in (r.goodput or {}).get("incidents", [])] + r.notes + r.why), flush=True)
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the runs that ended are still a table
+        stopped = True
     finally:
         if load is not None:
             load.kill()
@@ -535,12 +538,15 @@ def main() -> None:
     passed = sum(r.ok for r in results)
     took = (datetime.datetime.now() - started).total_seconds() / 60
     command = f"bench/soak.py --repeat {a.repeat}{' --load' if a.load else ''}{' --only ' + a.only if a.only else ''}"
-    lines = [f"{passed} of {len(results)} runs passed in {took:.0f} min.", "", *table(results), "",
-             recovery(results)]
+    planned = a.repeat * len(names)
+    head = f"{passed} of {len(results)} runs passed in {took:.0f} min."
+    if stopped:
+        head += f" Interrupted: {len(results)} of the {planned} runs planned ended before the stop."
+    lines = [head, "", *table(results), "", recovery(results)]
     print("\n" + "\n".join(lines))
     if a.write:
         doc_table.write("elastic.md", "soak", command, lines)
-    sys.exit(0 if passed == len(results) else 1)
+    sys.exit(130 if stopped else 0 if passed == len(results) else 1)
 
 
 if __name__ == "__main__":
