@@ -11,8 +11,8 @@ Scenarios (a host is a simulated TPU host: one slice of the twin):
   brings it back once the job goes on with one slice;
 - back-5s, back-20s, back-60s: a host lost after step 12 and back after 5,
   20 or 60 s (`--restore-after`), as KubeRay recreates a deleted pod;
-- in-compile: a host lost during the job's first compile (before any step),
-  back after 20 s;
+- in-compile: a host lost during the job's first compile (before any step;
+  the run's compilation cache empty), back after 20 s;
 - in-save: a host lost while a checkpoint is being written (its
   `<step>.orbax-checkpoint-tmp-*` folder there), back after 20 s;
 - two-lost: a host lost after step 12 (back after 60 s), and the other as
@@ -271,7 +271,14 @@ def lost_and_back(restore_after: float, steps: int) -> Callable[[Soak, Result], 
 
 
 def in_compile(soak: Soak, r: Result) -> Train:
-    job = Train(soak, "--fresh", "--steps=60")
+    """The host killed once the job's first compile starts. The run gets a
+    compilation cache of its own, empty: with the twin's warm cache (every
+    executable kept, the earlier scenarios' and repetitions') there is no
+    compile to kill in, and the first step comes first (reps 2 and 3 of
+    the soak of 2026-12-03)."""
+    cache = soak.tmp / f"jax-cache-{r.rep}"
+    shutil.rmtree(cache, ignore_errors=True)
+    job = Train(soak, "--fresh", "--steps=60", "--set", f"jax_cache_dir={cache}")
     sid = job.sid()
     deadline = time.monotonic() + 600
     while True:
