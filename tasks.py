@@ -230,6 +230,35 @@ def goodput(c, run="", json_=False):
             Reporter().block(gp.lines(report))
 
 
+@task(help={"json": "print them as one JSON list (run, state, steps, wall_s, goodput_pct, chip_hours, cost, ...)"})
+def runs(c, json_=False):
+    """Every run this environment knows (its timelines), newest first: state, steps, wall, goodput, chip-hours, cost."""
+    import json
+
+    from playbooks.cli.session import Failed
+    from playbooks.core.recap import Reporter
+    from playbooks.core.runner import Mode
+    from playbooks.plays import logs as lg
+    from playbooks.runs import run_list
+
+    with clean_errors():
+        lines: list[str] = []
+        s = open_session(c.config, "runs", reporter=Reporter(lines.append), read_only=True)
+        step = lg.runs_step(s.env)
+        if s.mode is Mode.DRY:
+            s.book.reporter = Reporter()
+            s.run("runs", [step])
+            return
+        recap = s.book.run(f"runs {s.env.name}", [step])
+        rows = recap.data("runs:list")
+        if rows is None:
+            raise Failed(f"runs: {recap.results[0].reason if recap.results else 'not run'}")
+        if json_:
+            print(json.dumps(rows))
+        else:
+            Reporter().block(run_list.table(rows, s.env.name))
+
+
 @task(help={"yes": "do not ask for confirmation"})
 def teardown(c, yes=False):
     """§10 Delete the RayCluster, the cluster, the bucket, the subnets and networks (a second run is a no-op)."""
@@ -298,7 +327,7 @@ chaos.add_task(delete_worker)
 chaos.add_task(hang_worker)
 
 ns = Collection(capacity, prereqs, network, cluster, nodepools, storage, raycluster, dashboard, up, status, train,
-                preflight, logs, metrics, goodput, teardown, doctor)
+                preflight, logs, metrics, goodput, runs, teardown, doctor)
 ns.add_collection(chaos)
 # Defaults of None (not 4, not "apply"): Invoke converts an INVOKE_PLAYBOOK_*
 # variable to its default's type, and int("abc") would be its traceback;

@@ -30,6 +30,7 @@ class Example:
     timeline: str         # under tests/data/timelines/
     run: str              # the run name the timeline is put under
     args: tuple[str, ...]  # after `invoke`
+    base: str = "local"    # the environment of inventory.yaml it is a copy of
 
     @property
     def shown(self) -> str:
@@ -39,15 +40,18 @@ class Example:
 EXAMPLES = (
     Example("goodput", "watching.md", "lost-host-recovered.jsonl", "rayjob-elastic-8b",
             ("goodput", "--run=rayjob-elastic-8b")),
+    Example("goodput-cost", "cost.md", "priced-run.jsonl", "rayjob-elastic-8b", ("goodput", "--run=rayjob-elastic-8b"),
+            base="dev"),
+    Example("runs", "cost.md", "priced-run.jsonl", "rayjob-elastic-8b", ("runs",), base="dev"),
 )
 
 
-def _environ(tmp: Path) -> dict[str, str]:
+def _environ(tmp: Path, ex: Example) -> dict[str, str]:
     e = hermetic_environ(tmp)
-    base = yaml.safe_load((ROOT / "inventory.yaml").read_text())["environments"]["local"]
+    base = yaml.safe_load((ROOT / "inventory.yaml").read_text())["environments"][ex.base]
+    ports = {"gcs_port": 7720, "dashboard_port": 8330} if base.get("kind") == "local" else {}
     inv = tmp / "inventory.yaml"
-    inv.write_text(yaml.safe_dump({"default": ENV, "environments": {
-        ENV: {**base, "gcs_port": 7720, "dashboard_port": 8330}}}))
+    inv.write_text(yaml.safe_dump({"default": ENV, "environments": {ENV: {**base, **ports}}}))
     e.update({"INVOKE_PLAYBOOK_INVENTORY": str(inv), "TZ": "UTC", "NO_COLOR": "1", "COLUMNS": "120"})
     return e
 
@@ -60,7 +64,7 @@ def render(ex: Example) -> str:
         try:
             run_dir.mkdir(parents=True, exist_ok=True)
             shutil.copy(ROOT / "tests" / "data" / "timelines" / ex.timeline, run_dir / "events.jsonl")
-            r = subprocess.run([INVOKE, *ex.args], cwd=ROOT, env=_environ(Path(tmp)), capture_output=True,
+            r = subprocess.run([INVOKE, *ex.args], cwd=ROOT, env=_environ(Path(tmp), ex), capture_output=True,
                                text=True, timeout=120)
         finally:
             shutil.rmtree(state, ignore_errors=True)

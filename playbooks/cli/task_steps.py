@@ -35,7 +35,7 @@ UP = ("prereqs", "network", "cluster", "nodepools", "storage", "raycluster", "da
 KUBECTL = ("storage", "raycluster", "dashboard", "chaos")
 
 _GKE: dict[str, Callable[[Environment], list[Step]]] = {
-    "capacity": capacity.steps,
+    "capacity": lambda env: capacity.steps(env, priced=True),
     "prereqs": prereqs.steps,
     "network": network.steps,
     "cluster": cluster.steps,
@@ -152,7 +152,8 @@ def train_steps(env: Environment, job: Job, log_file: Path | None = None, prefli
                                                    "AOT fit check against the TPU HBM", id="preflight:skipped")]
     hold = [train.hold_step(job)] if env.kind != "local" else []
     return _then(checks + train.preemption_note(env, job) + cluster_ready_steps(env)
-                 + [train.slices_step(env, job), train.checkpoint_step(job)] + hold, [train.job_step(job, log_file)])
+                 + [train.slices_step(env, job), train.checkpoint_step(job)] + hold + [train.estimate_step(job)],
+                 [train.job_step(job, log_file)])
 
 
 def preflight_steps(env: Environment, job: Job) -> list[Step]:

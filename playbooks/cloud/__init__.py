@@ -5,8 +5,9 @@ its conditions and restarts), why the RayCluster's workers are not running,
 from its pods and events (``kube_objects``), whole TPU slices as Kubernetes and Ray see them
 (``slices``), the rendered manifests (``manifests``), a run's maintenance
 exclusion (``maintenance``), the capacity options and the plan per slice
-(``capacity_options``, ``capacity_plan``), where a Ray dashboard answers
-(``endpoints``).
+(``capacity_options``, ``capacity_plan``), what a v6e chip-hour costs per
+option (``prices``: the inventory's, else the Cloud Billing Catalog's),
+where a Ray dashboard answers (``endpoints``).
 
 Facts and commands, no steps. May import ``playbooks.core``,
 ``playbooks.config`` and ``playbooks.access``.

@@ -13,6 +13,7 @@ or written here: a local job's folders, the kept metrics, the logs).
     .state/<env>/logs/<node>.log              their output
     /tmp/ray-twin-<hash>/                     a simulated TPU host's own Ray folder (node_temp)
     .state/<env>/port-forward.pid, .log       the Ray dashboard's port-forward (GKE)
+    .state/<env>/prices.json                  the v6e prices read from the Cloud Billing Catalog, dated
     .state/<env>/training/<run>/              a run's kept metrics and plot
     .state/<env>/training/<run>/events.jsonl  its timeline: one JSON line per event (goodput, stalls)
     .state/<env>/training/<run>/maxtext-metrics.rank<N>.jsonl  a local job's MaxText metrics, per rank
@@ -53,6 +54,10 @@ def env_dir(env: str) -> str:
 
 def run_logs(env: str, stamp: str, task: str) -> str:
     return f"{STATE}/{env}/runs/{stamp}-{task}"
+
+
+def prices_cache(env: str) -> str:
+    return f"{STATE}/{env}/prices.json"
 
 
 def runs(env: str) -> str:

@@ -340,6 +340,27 @@ def capacity_wait(v: int | None, env: Mapping) -> str | None:
     return None
 
 
+# USD per chip-hour: v6e lists at $2.70-3.24 on demand; a price past this is a typo.
+MAX_PRICE = 100.0
+
+
+def prices(v: Mapping, env: Mapping) -> str | Entry | None:
+    """USD per chip-hour per capacity option: a number from 0 (a prepaid
+    reservation) to MAX_PRICE; they win over the Cloud Billing Catalog."""
+    allowed = f"allowed: {', '.join(CAPACITIES)}"
+    for k, val in v.items():
+        if k not in CAPACITIES:
+            close = difflib.get_close_matches(str(k), CAPACITIES, n=1, cutoff=0.6)
+            return Entry(str(k), val, f"is not a capacity option ({allowed})"
+                                      + (f"; did you mean {close[0]}?" if close else ""))
+        if isinstance(val, bool) or not isinstance(val, (int, float)):
+            return Entry(k, val, "must be a number: USD per chip-hour (e.g. 2.7)")
+        if not 0 <= val <= MAX_PRICE:  # NaN fails both
+            return Entry(k, val, f"must be between 0 and {MAX_PRICE:g} USD per chip-hour (v6e lists at $2.70-3.24 "
+                                 f"on demand; 0: a prepaid reservation)")
+    return None
+
+
 def reservation_parts(env: Mapping) -> tuple[str, str]:
     """(project, name) of the inventory's reservation: a shared one names
     its owner's project, else it is the environment's own."""
@@ -562,6 +583,9 @@ GKE = (
         doc="when capacity holds reservation, its name or projects/P/reservations/NAME"),
     Key("capacity_wait", int, rules=(capacity_wait,),
         doc="when capacity holds flex-start, seconds to wait for the slices' nodes (default 3600)"),
+    Key("prices", dict, default={}, rules=(prices,),
+        doc="USD per chip-hour per capacity option (on-demand: 2.7, reservation: 0, ...): they win over the Cloud "
+            "Billing Catalog's v6e prices; a reservation is priced only here"),
     Key("controller", rules=(ssh_target,),
         doc="user@host[:port]: run the commands on this host over SSH (Cloud Shell, a bastion in the VPC)"),
     Key("gateway", rules=(needs_controller, ssh_target), doc="user@host[:port]: a jump host to the controller"),
@@ -692,6 +716,7 @@ class Environment(Env):
     capacity: str | list[str]  # one option, or a list best first: capacities(env)
     reservation: str | None
     capacity_wait: int | None
+    prices: dict[str, float]
     controller: str | None
     gateway: str | None
     identity_file: str | None

@@ -10,7 +10,7 @@ from typing import Any
 
 from playbooks.access.cli_clients import fact, gcloud, json_object
 from playbooks.cloud import capacity_options as cap
-from playbooks.cloud import capacity_plan
+from playbooks.cloud import capacity_plan, prices
 from playbooks.cloud.gke import clusters_fact, location, machine_types_fact
 from playbooks.config.schema import Environment, capacities, reservation_parts
 from playbooks.config.tpu import chips
@@ -160,12 +160,46 @@ def plan_step(env: Environment) -> Step:
     return Step(PLAY, f"plan for {env.slices} slice(s)", decide, id="capacity:plan", probes=firsts, after=checks)
 
 
-def steps(env: Environment) -> list[Step]:
+def prices_step(env: Environment) -> Step:
+    """What the plan costs by the hour: each slice's option at its price per
+    chip-hour (``playbooks/cloud/prices.py``: the inventory's, else the
+    Cloud Billing Catalog's), and the total. A price that cannot be read is
+    "no price", never a stop."""
+    plan = capacity_plan.plan_fact(env)
+    catalog = prices.catalog_fact(env) if prices.needs_catalog(env) else None
+    per = env.hosts_per_slice * env.chips_per_host
+
+    def decide(look):
+        p = look(plan)
+        got = prices.prices_of(env, [s.option for s in p.slots if s.option], look(catalog) if catalog else None)
+        notes, total, missing = [], 0.0, []
+        for s in p.slots:
+            pr = got.get(s.option) if s.option else None
+            if pr is None or pr.per_chip_hour is None:
+                missing.append(s.pool)
+                notes.append(f"{s.pool}: {s.words}: {pr.text() if pr else 'no option can take it'}")
+                continue
+            total += per * pr.per_chip_hour
+            notes.append(f"{s.pool}: {s.words}: {per} chips x ${pr.per_chip_hour:.4g}/chip-hour = "
+                         f"${per * pr.per_chip_hour:,.2f}/h ({pr.source})")
+        chips = per * len(p.slots)
+        if missing:
+            known = f"; the priced slices ${total:,.2f}/h" if total else ""
+            return ok(f"no price for {len(missing)} of {len(p.slots)} slice(s) ({chips} chips){known}: chip-hours "
+                      f"only", notes=notes)
+        return ok(f"the plan costs ${total:,.2f}/h for {chips} chips ({len(p.slots)} slice(s))", notes=notes)
+
+    return Step(PLAY, "price of the plan", decide, id="capacity:prices",
+                probes=(plan, *([catalog] if catalog else [])), after=("capacity:plan",))
+
+
+def steps(env: Environment, priced: bool = False) -> list[Step]:
     """The capacity preflight: read-only, so it runs first, before any
-    create. Autopilot has no node pools of ours, but the same chips."""
+    create. Autopilot has no node pools of ours, but the same chips.
+    ``priced`` (the `capacity` task): the plan's price by the hour too."""
     if env.kind == "local":
         return [skipped(PLAY, "capacity", "a local environment needs no TPU capacity", id="capacity:local")]
     out = [machine_type_step(env), version_step(env), quota_step(env)]
     if "reservation" in capacities(env):
         out.append(reservation_step(env))
-    return out + [plan_step(env)]
+    return out + [plan_step(env)] + ([prices_step(env)] if priced else [])

@@ -9,7 +9,7 @@ from typing import Any
 
 from playbooks.access import connectors
 from playbooks.access.ray_api import job_fact, job_logs_command, jobs_fact, ours, run_of
-from playbooks.cloud import maintenance
+from playbooks.cloud import maintenance, prices
 from playbooks.cloud.endpoints import dashboard
 from playbooks.config import paths
 from playbooks.config.schema import Environment
@@ -17,7 +17,7 @@ from playbooks.core.facts import ABSENT, Action, Fact
 from playbooks.core.play import Outcome, StepContext
 from playbooks.core.recap import FAILED, OK
 from playbooks.core.step import Step, change, fail, ok
-from playbooks.runs import goodput, goodput_reference, metrics, timeline
+from playbooks.runs import cost, goodput, goodput_reference, metrics, run_list, timeline
 from playbooks.runs.follow import follow as follow_job
 
 
@@ -105,6 +105,34 @@ def metrics_step(env: Environment, run: str | None) -> Step:
     return Step("metrics", f"metrics of {run or 'the newest run'}", decide, id="metrics:png", probes=(probe,))
 
 
+def timelines(env: Environment) -> list[str]:
+    """The runs of this environment that have a timeline."""
+    return sorted(p.parent.name for p in paths.here(paths.training(env.name)).glob(f"*/{timeline.FILE}"))
+
+
+def runs_step(env: Environment) -> Step:
+    """Every run with a timeline, newest first: state, steps, wall time,
+    goodput, chip-hours and cost (``run_list.py``)."""
+    shown = paths.events(env.name, "*")
+    probe = Fact(name="timelines", python=lambda: {n: timeline.read_checked(env, n) for n in timelines(env)},
+                 display=f"cat {shown}", assumed={}, describe=lambda d: f"{len(d)} run(s)")
+
+    def decide(look):
+        now, rows = time.time(), []
+        for name, got in look(probe).items():
+            if not got.events:
+                continue
+            report, segs = goodput.account_with_segments(got.events, name, now=now)
+            report["cost"] = run_cost(env, got.events, segs)
+            if got.skipped:
+                report["skipped_lines"] = got.skipped
+            rows.append(run_list.row(name, got.events, report))
+        rows = run_list.newest_first(rows)
+        return ok(f"{len(rows)} run(s) of environment {env.name}", data=rows)
+
+    return Step("runs", "runs of this environment", decide, id="runs:list", probes=(probe,))
+
+
 def newest_timeline(env: Environment) -> str | None:
     runs = [p.parent for p in paths.here(paths.training(env.name)).glob(f"*/{timeline.FILE}")]
     return max(runs, key=lambda d: (d / timeline.FILE).stat().st_mtime).name if runs else None
@@ -132,7 +160,8 @@ def goodput_step(env: Environment, run: str | None) -> Step:
                 return ok(f"the goodput of run {name}, from its timeline")
             return fail(f"run {name} has no events ({paths.events(env.name, name)}): `invoke train` (or `invoke "
                         f"logs --follow`) writes them while it follows a job")
-        report = goodput.account(s["events"], name, now=time.time())
+        report, segs = goodput.account_with_segments(s["events"], name, now=time.time())
+        report["cost"] = run_cost(env, s["events"], segs)
         report["library"] = goodput_reference.compute(s["events"])
         report["badput_library_type"] = dict(goodput_reference.LIBRARY_TYPE)
         if s.get("skipped"):
@@ -143,6 +172,15 @@ def goodput_step(env: Environment, run: str | None) -> Step:
 
     return Step("goodput", f"goodput of {f'run {run}' if run else 'the newest run'}", decide, id="goodput:report",
                 probes=(probe,))
+
+
+def run_cost(env: Environment, events: list[dict], segs: list[tuple[float, float, str]]) -> dict:
+    """A run's chip-hours and cost by cause, on the basis recorded when it
+    was submitted (else the environment's now: its inventory prices and a
+    fresh cached catalog, never a request)."""
+    recorded = cost.recorded_basis(events)
+    basis = recorded or cost.env_basis(env, None, prices.cached(env) if env.kind != "local" else None)
+    return cost.report(events, segs, goodput.CAUSES, basis, recorded is not None)
 
 
 def _timeline(env: Environment, run: str | None) -> dict:

@@ -10,9 +10,9 @@ from typing import Any
 
 from playbooks.access import connectors
 from playbooks.access.ray_api import job_fact, job_logs_command, jobs_fact, nodes_fact, ours, submission_number
-from playbooks.cloud import maintenance
-from playbooks.cloud.capacity_options import preemptible
-from playbooks.cloud.gke import clusters_fact, running_cluster
+from playbooks.cloud import maintenance, prices
+from playbooks.cloud.capacity_options import pool_option, preemptible
+from playbooks.cloud.gke import clusters_fact, nodepool_name, nodepools_list_fact, running_cluster
 from playbooks.cloud.slices import from_ray, ray_nodes_as_asked
 from playbooks.config import paths
 from playbooks.config.schema import Environment, capacities, capacity_text
@@ -30,7 +30,8 @@ from playbooks.job.spec import (
     restores_unfinished,
     submit_command,
 )
-from playbooks.runs import metrics, timeline
+from playbooks.runs import cost, metrics, timeline
+from playbooks.runs import events as E
 from playbooks.runs.follow import Followed, Follower, follow
 from playbooks.runs.job_log import clean
 from playbooks.runs.train_summary import Summary
@@ -188,6 +189,75 @@ def slices_step(env: Environment, job: Job) -> Step:
     return Step(PLAY, "slices in Ray", decide, id="train:slices", probes=(probe,))
 
 
+# -- what the run will cost -------------------------------------------------------
+def slice_options(env: Environment, look: Any) -> list[str]:
+    """Each slice's capacity option: its node pool's (Standard), else the
+    first of ``capacity:`` (a pool not made yet; Autopilot, whose
+    ComputeClass picks per node)."""
+    first = capacities(env)[0]
+    pools: dict[str, Any] = {}
+    if env.mode == "standard" and look(clusters_fact(env)) is not ABSENT:
+        pools = {p.get("name"): p for p in look(nodepools_list_fact(env))}
+    return [pool_option(pools[n]) if n in pools else first for n in (nodepool_name(env, i) for i in range(env.slices))]
+
+
+def basis_fact(job: Job) -> Fact:
+    """The chips the run holds and their price (``runs/cost.py``), derived
+    once per run: the estimate says it, the submit records it in the run's
+    timeline (what `invoke goodput` and `invoke runs` price the run by)."""
+    env = job.env
+    catalog = prices.catalog_fact(env) if env.kind != "local" and prices.needs_catalog(env) else None
+
+    def derive(look: Any) -> cost.Basis:
+        if env.kind == "local":
+            return cost.env_basis(env, None, None)
+        return cost.env_basis(env, slice_options(env, look), look(catalog) if catalog else None)
+
+    return Fact(name="price basis", display=f"the chips of {env.slices} slice(s) and their price per chip-hour",
+                derive=derive, describe=lambda b: f"{b.chips} chips, {b.price_text()}")
+
+
+NOT_MEASURED = "no step time measured yet for this model here (the preflight compiles, it does not time a step)"
+NOT_READ = "the timelines are not read in a dry run (`invoke train` with playbook.mode=check reads them)"
+
+
+def measured_step(job: Job) -> cost.StepTime | None:
+    """The step time the run's (or the newest run of its model's) timeline
+    measured here (this project's own files)."""
+    root = paths.here(paths.training(job.env.name))
+    files = sorted(root.glob(f"*/{timeline.FILE}"), key=lambda p: p.stat().st_mtime, reverse=True)
+    runs = [(f.parent.name, timeline.read(job.env, f.parent.name)) for f in files]
+    return cost.measured(runs, job.run_name, job.model, job.env.slices * job.env.hosts_per_slice)
+
+
+def estimate_step(job: Job) -> Step:
+    """One line before the submit: the steps left x the step time measured
+    x the chips x the price, and its basis. Never a stop."""
+    basis = basis_fact(job)
+    kind, _ = checkpoints_place(job)
+    have = checkpoints_fact(job) if kind != "unseen" and not job.fresh else None
+    when = Fact(name="step time", python=lambda: measured_step(job) or NOT_MEASURED,
+                display=f"# the step time of {paths.training(job.env.name)}/*/{timeline.FILE}", assumed=NOT_READ,
+                describe=lambda s: s.basis if isinstance(s, cost.StepTime) else str(s))
+
+    def decide(look):
+        last = look(have).last if have is not None and isinstance(look(have), Checkpoints) else None
+        left = job.steps - (last + 1 if last is not None else 0)
+        step = look(when)
+        return ok(cost.estimate(left, step if isinstance(step, cost.StepTime) else None, look(basis),
+                                why=None if isinstance(step, cost.StepTime) else str(step)))
+
+    return Step(PLAY, "cost estimate", decide, id="train:estimate", probes=(basis, when),
+                after=("train:checkpoints",))
+
+
+def priced_event(job: Job, basis: cost.Basis) -> Action:
+    """The run's chips and price, into its timeline, as it is submitted."""
+    event = timeline.event(E.PRICED, PLAY, **basis.event_fields())
+    return Action(f"# record the run's chips and price in {paths.shown(timeline.path(job.env, job.run_name))}",
+                  lambda: timeline.append(job.env, job.run_name, [event]))
+
+
 # -- the job ----------------------------------------------------------------
 def _follow_or_submit(ctx: StepContext, job: Job, sid: str, attach: bool, f: Follower) -> Completed | None:
     """Follow the job's log to its end: a job already running through `ray
@@ -275,6 +345,8 @@ class JobRun:
             return Outcome(FAILED, f"no Ray dashboard answers at {job.address}: run `invoke up` (or `invoke "
                                    f"dashboard`)")
         sid, active = self.which(ctx, listed)
+        if active is None:
+            ctx.act(priced_event(job, ctx.look(basis_fact(job))))
         f = follow(ctx, job.env, sid, job.address, self.via,
                    lambda fl: _follow_or_submit(ctx, job, sid, active is not None, fl), run=job.run_name, job=active,
                    log_file=self.log_file, heartbeat=lambda fl: self.now(ctx, sid, fl),

@@ -5,7 +5,9 @@ once, the sets the readers share), the run's timeline of events
 what the RayCluster's pods say of a followed job (``pod_watch``), when a job is
 stalled (``stall``), the summary of its steps (``train_summary``), where each
 second went (``goodput``, and the field's library on the same run,
-``goodput_reference``), its kept step metrics and their plot (``metrics``).
+``goodput_reference``), what it cost in chip-hours and dollars, and the
+estimate before a submit (``cost``), the list of an environment's runs
+(``run_list``), its kept step metrics and their plot (``metrics``).
 
 May import ``playbooks.core``, ``playbooks.config``, ``playbooks.access``,
 ``playbooks.cloud`` and ``playbooks.job``.

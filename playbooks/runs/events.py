@@ -38,6 +38,7 @@ STALL_STARTED = "stall_started"
 STALL_ENDED = "stall_ended"
 STOPPED = "stopped"                        # stall_action: stop
 JOB_END = "job_end"
+PRICED = "priced"                          # `train`: the chips the run holds and their price, at its submit
 
 # -- the sets ---------------------------------------------------------------------
 # A step finished (by rank 0 or by another slice's first host).

@@ -79,6 +79,13 @@ def account(events: Iterable[dict], run: str | None = None, now: float | None = 
     return _account(events, run, now)[0]
 
 
+def account_with_segments(events: Iterable[dict], run: str | None = None, now: float | None = None
+                          ) -> tuple[dict, list[tuple[float, float, str]]]:
+    """The report and its (start, end, cause) segments, from one sweep (what
+    a run's cost is counted on: ``cost.py``)."""
+    return _account(events, run, now)
+
+
 def segments(events: Iterable[dict], now: float | None = None) -> list[tuple[float, float, str]]:
     """The wall time as (start, end, cause) segments in time order (the
     same carving as the report's parts), for the plot's band."""
@@ -393,22 +400,46 @@ def _library_line(lib: dict | None) -> list[str]:
             f"(its badput types beside ours: --json)"]
 
 
+def _cost_lines(c: dict | None) -> list[str]:
+    """The run's chips, chip-hours and cost (``cost.py``), if counted."""
+    if not c:
+        return []
+    sim = " (simulated: a local run)" if c.get("chips_simulated") else ""
+    total = f"{c['chip_hours']:.4g} chip-hours" + (f", ${c['cost']:,.2f}" if c.get("cost") is not None else "")
+    return [f"  cost: {total}: {c['chips']} chips{sim} at {c['price']}", f"    ({c['basis']})"]
+
+
+def _spent(c: dict | None, hours_key: str | tuple[str, str], cost_key: str | tuple[str, str]) -> str:
+    """A part's chip-hours (and dollars), for its line."""
+    if not c:
+        return ""
+
+    def get(k: str | tuple[str, str]) -> Any:
+        return c.get(k) if isinstance(k, str) else (c.get(k[0]) or {}).get(k[1])
+
+    h, d = get(hours_key), get(cost_key)
+    return f"  {h:9.3g} chip-h" + (f"  ${d:,.2f}" if d is not None else "") if h is not None else ""
+
+
 def lines(r: dict) -> list[str]:
     """The report for a person."""
     note = [f"note: {r['note']}"] if r.get("note") else []
     if not r["wall_s"]:
         return [f"run {r['run']}: no events yet", *note]
     jobs = ", ".join(r["jobs"]) or "?"
+    c = r.get("cost")
     out = [f"goodput of run {r['run']} ({'job' if len(r['jobs']) == 1 else 'jobs'} {jobs}"
            f"{', still running' if r['running'] else ''}): {r['goodput_pct']:.1f}% of {r['wall_s']:.1f} s",
-           *_library_line(r.get("library")),
-           f"  {'productive':<40} {r['productive_s']:9.1f} s  {r['steps']['counted']} steps",
+           *_library_line(r.get("library")), *_cost_lines(c),
+           f"  {'productive':<40} {r['productive_s']:9.1f} s  {r['steps']['counted']} steps"
+           + _spent(c, "productive_chip_hours", "productive_cost"),
            f"  {'badput':<40} {r['wall_s'] - r['productive_s']:9.1f} s"
            + (f"  ({r['steps']['replayed']} steps replayed)" if r["steps"]["replayed"] else "")]
-    for c in CAUSES:
-        s = r["badput_s"][c]
+    for cause in CAUSES:
+        s = r["badput_s"][cause]
         if s:
-            out.append(f"    {WHAT[c]:<38} {s:9.1f} s  {100 * s / r['wall_s']:5.1f}%")
+            out.append(f"    {WHAT[cause]:<38} {s:9.1f} s  {100 * s / r['wall_s']:5.1f}%"
+                       + _spent(c, ("badput_chip_hours", cause), ("badput_cost", cause)))
     if r["incidents"]:
         out.append("  incidents")
     for i in r["incidents"]:

@@ -235,6 +235,8 @@ class Cloud:
 
     # -- state -----------------------------------------------------------------------
     def reset(self) -> None:
+        for name in (STANDARD, AUTOPILOT):  # a catalog one test cached is not the next one's
+            (ROOT / ".state" / name / "prices.json").unlink(missing_ok=True)
         self.gcp.reset()
         self.kube.reset()
         self.sink.lines.clear()

@@ -12,6 +12,7 @@ real clients are pointed at it (``CLOUDSDK_API_ENDPOINT_OVERRIDES_*``):
 - ``/compute/v1/.../aggregated/machineTypes``, ``.../zones/Z/reservations/R``
 - ``/cloudquotas/v1beta/...`` quota infos (``gcloud beta quotas info describe``)
 - ``/oauth2/token``         the token endpoint gsutil refreshes its access token at
+- ``/cloudbilling/v1/services/S/skus``  the Cloud Billing Catalog's SKUs (``billing_skus``), in pages
 
 Operations finish at once (``DONE``) unless ``op_polls`` asks for latency.
 Every request is recorded; ``server.fail(...)`` injects HTTP errors.
@@ -155,6 +156,8 @@ class State:
     quotas: dict[str, dict] = field(default_factory=dict)
     container_ops: dict[str, dict] = field(default_factory=dict)
     su_ops: dict[str, dict] = field(default_factory=dict)
+    # service id -> its SKUs, as the Cloud Billing Catalog lists them
+    skus: dict[str, list[dict]] = field(default_factory=dict)
 
 
 Route = tuple[str, re.Pattern, Callable[..., Any]]
@@ -214,7 +217,7 @@ class FakeGcp(Fake):
         u = self.url
         return {"COMPUTE": f"{u}/compute/v1/", "CONTAINER": f"{u}/container/", "STORAGE": f"{u}/storage/v1/",
                 "CLOUDRESOURCEMANAGER": f"{u}/crm/", "SERVICEUSAGE": f"{u}/serviceusage/",
-                "CLOUDQUOTAS": f"{u}/cloudquotas/"}
+                "CLOUDQUOTAS": f"{u}/cloudquotas/", "CLOUDBILLING": f"{u}/cloudbilling/"}
 
     # -- routing ------------------------------------------------------------
     def check_auth(self, req: Request) -> None:
@@ -283,11 +286,16 @@ class FakeGcp(Fake):
         r("GET", c + "/zones/" + P + "/reservations/" + P)(self.reservation_get)
         r("GET", "/cloudquotas/v1beta/projects/" + P + "/locations/global/services/" + P + "/quotaInfos/" + P)(
             self.quota_info)
+        r("GET", "/cloudbilling/v1/services/" + P + "/skus")(self.billing_skus)
         r("POST", c + "/global/operations/" + P + "/wait")(lambda q, p, o: self.compute_op(p, o, wait=True))
         r("GET", c + "/global/operations/" + P)(lambda q, p, o: self.compute_op(p, o))
         r("POST", c + "/regions/" + P + "/operations/" + P + "/wait")(
             lambda q, p, reg, o: self.compute_op(p, o, wait=True))
         r("GET", c + "/regions/" + P + "/operations/" + P)(lambda q, p, reg, o: self.compute_op(p, o))
+        self._other_routes(P)
+
+    def _other_routes(self, P: str) -> None:
+        r = self.route
         # container
         k = "/container/v1/projects/" + P + "/locations/" + P
         r("GET", k + "/clusters")(self.clusters_list)
@@ -527,6 +535,22 @@ class FakeGcp(Fake):
         if info is None:
             raise fail(404, f"QuotaInfo {quota_id} of service {service} was not found.", "NOT_FOUND")
         return copy.deepcopy(info)
+
+    # == the Cloud Billing Catalog ================================================
+    def billing_skus(self, req: Request, service: str) -> dict:
+        """A page of a service's SKUs, as the API pages them: ``pageSize``
+        (default and most 5000), ``pageToken`` from the previous page, and
+        ``nextPageToken`` "" on the last."""
+        skus = self.st.skus.get(service)
+        if skus is None:
+            raise fail(404, f"Service {service} was not found.", "NOT_FOUND")
+        if req.query.get("currencyCode", "USD") != "USD":
+            raise fail(400, "the fake prices in USD only")
+        size = min(int(req.query.get("pageSize") or 5000), 5000)
+        start = int(req.query.get("pageToken") or 0)
+        page = skus[start:start + size]
+        more = start + size < len(skus)
+        return {"skus": copy.deepcopy(page), "nextPageToken": str(start + size) if more else ""}
 
     # == container ============================================================
     def _k(self, p: str, loc: str, *parts: str) -> str:

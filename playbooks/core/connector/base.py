@@ -10,7 +10,7 @@ are relative to the connector's ``root``; absolute ones are taken as they are.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import PurePosixPath
 from typing import Any, Protocol
 
@@ -137,10 +137,13 @@ class Connector(Protocol):
         without warning."""
         ...
 
-    def get_json(self, url: str, timeout: float = 10.0) -> Any:
+    def get_json(self, url: str, timeout: float = 10.0, headers: Mapping[str, str] | None = None,
+                 ca_file: str | None = None) -> Any:
         """GET a JSON document where this connector runs. ``ABSENT`` when a
         loopback port refuses (nothing listens) or the answer is 404; any
-        other failure raises ``ProbeFailed``."""
+        other failure raises ``ProbeFailed``. ``headers`` (a bearer token)
+        never appear in a command line or a message; ``ca_file``, a path
+        where the connector runs, is the CA bundle to trust."""
         ...
 
     def getenv(self, name: str) -> str | None:

@@ -10,7 +10,7 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -169,8 +169,9 @@ class LocalConnector(Connector):
         """Something listens on host:port here (local clusters only)."""
         return port_open(host, port)
 
-    def get_json(self, url: str, timeout: float = 10.0) -> Any:
-        return get_json(url, timeout=timeout)
+    def get_json(self, url: str, timeout: float = 10.0, headers: Mapping[str, str] | None = None,
+                 ca_file: str | None = None) -> Any:
+        return get_json(url, timeout=timeout, headers=headers, ca_file=ca_file)
 
     def getenv(self, name: str) -> str | None:
         return self.base_env.get(name)

@@ -16,13 +16,14 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import PurePosixPath
 from typing import Any
 
 from .. import procs
 from ..errors import CommandFailed, ProbeFailed, Unreachable, first_line
 from ..facts import ABSENT
+from ..http import server_message
 from . import channel
 from .base import TIMED_OUT, Connector, Ran, under
 from .lines import PID_MARK, Lines, PidStripper, without_pid_lines
@@ -492,11 +493,16 @@ class SshConnector(Connector):
                   f"kill -KILL $pids 2>/dev/null; true")
         self._shell(script)
 
-    def get_json(self, url: str, timeout: float = 10.0) -> Any:
+    def get_json(self, url: str, timeout: float = 10.0, headers: Mapping[str, str] | None = None,
+                 ca_file: str | None = None) -> Any:
         """curl on the controller (where the port-forward listens): the HTTP
-        status on the last line; 000 with curl's exit 7 is a refused port."""
-        r = self.run(["curl", "-sS", "--max-time", str(int(max(1, timeout))), "-w", "\n%{http_code}", url],
-                     timeout=timeout + 5)
+        status on the last line; 000 with curl's exit 7 is a refused port.
+        Headers go on curl's stdin (``-H @-``), never on its command line."""
+        argv = ["curl", "-sS", "--max-time", str(int(max(1, timeout))), "-w", "\n%{http_code}"]
+        argv += ["--cacert", ca_file] if ca_file else []
+        argv += ["-H", "@-"] if headers else []
+        stdin = "".join(f"{k}: {v}\n" for k, v in (headers or {}).items()) or None
+        r = self.run([*argv, url], input=stdin, timeout=timeout + 5)
         body, _, code = r.stdout.rpartition("\n")
         if r.rc == 7:
             return _http_absent_or_fail(url, 0, "connection refused")
@@ -504,7 +510,8 @@ class SshConnector(Connector):
             return _http_absent_or_fail(url, None, (r.stderr.strip() or f"curl exited {r.rc}")[:300])
         status = int(code) if code.isdigit() else None
         if status != 200:
-            return _http_absent_or_fail(url, status, f"HTTP {code}")
+            said = server_message(body)
+            return _http_absent_or_fail(url, status, f"HTTP {code}" + (f": {said}" if said else ""))
         try:
             return json.loads(body or "null")
         except json.JSONDecodeError:

@@ -1,0 +1,336 @@
+"""What a TPU v6e chip-hour costs, per capacity option, in the
+environment's region: from the inventory's ``prices:`` (which wins), else
+Google's Cloud Billing Catalog API, read with the user's credentials and
+cached under ``.state/<env>/prices.json`` with its date. No figure is ever
+made up: an option with no price known is "no price" (chip-hours only).
+
+The catalog (https://cloud.google.com/billing/v1/how-tos/catalog-api):
+``GET https://cloudbilling.googleapis.com/v1/services/SERVICE_ID/skus``,
+pages of up to 5000 SKUs (``pageSize``), ``nextPageToken`` empty or absent
+on the last; each SKU has ``description``, ``category.usageType``,
+``serviceRegions`` and ``pricingInfo[].pricingExpression`` with
+``usageUnit`` and ``tieredRates[].unitPrice`` (Money: ``currencyCode``,
+``units`` an int64 sent as a string, ``nanos`` an int32). An OAuth bearer
+token is accepted in place of an API key (the discovery document: ``key``
+is "Required unless you provide an OAuth 2.0 token").
+
+Which SKUs: TPU v5e, v5p and v6e are in the Compute Engine service
+(6F81-5844-456A), priced per chip-hour, one SKU per option and region
+(SkyPilot's sky/catalog/data_fetchers/fetch_gcp.py matches 'TpuV6e' and
+'Preemptible' there; live descriptions read "TpuV6e running in Columbus",
+"TpuV6e attached to Spot Preemptible VMs running in Columbus", "DWS Defined
+Duration V6e running in Columbus"). On-demand, flex-start, Calendar mode
+and a "Capacity Optimized" SKU are all usageType OnDemand, so each option
+is matched by its description from its start, and the region by
+``serviceRegions`` (descriptions name cities). Commitments and Calendar
+mode are not capacity options of this project; a reservation is priced as
+the inventory says (``prices.reservation``: it is often prepaid).
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+import urllib.parse
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from playbooks.access import connectors
+from playbooks.config import paths
+from playbooks.config.schema import MAX_PRICE, Environment, capacities
+from playbooks.core.connector import Connector
+from playbooks.core.errors import ProbeFailed
+from playbooks.core.facts import ABSENT, Fact
+
+SERVICE_ID = "6F81-5844-456A"  # Compute Engine
+ENDPOINT = "https://cloudbilling.googleapis.com/"
+# gcloud's own override of this API's endpoint (property
+# api_endpoint_overrides/cloudbilling), and its custom CA bundle.
+ENDPOINT_VAR = "CLOUDSDK_API_ENDPOINT_OVERRIDES_CLOUDBILLING"
+CA_VAR = "CLOUDSDK_CORE_CUSTOM_CA_CERTS_FILE"
+CURRENCY = "USD"
+PAGE_SIZE = 5000
+MAX_PAGES = 40          # Compute Engine lists ~32,000 SKUs: 7 pages
+STALE_AFTER = 24 * 3600  # a cached catalog older than a day is read again
+TOKEN = ["gcloud", "auth", "print-access-token"]
+
+# Each option's v6e SKU, by its description (from its start) and usageType.
+SKUS: dict[str, tuple[re.Pattern, str]] = {
+    "on-demand": (re.compile(r"^TpuV6e running in ", re.I), "OnDemand"),
+    "spot": (re.compile(r"^TpuV6e attached to Spot (Preemptible )?VMs running in ", re.I), "Preemptible"),
+    "flex-start": (re.compile(r"^DWS Defined Duration (Tpu)?V6e running in ", re.I), "OnDemand"),
+}
+PER_HOUR = {"h": 1.0, "min": 60.0, "s": 3600.0}  # usageUnit -> its price x this = per hour
+
+
+class CatalogError(Exception):
+    """The catalog's answer is not what the API documents."""
+
+
+@dataclass(frozen=True)
+class Price:
+    """One option's price per chip-hour, or None (``why`` says why not)."""
+
+    option: str
+    per_chip_hour: float | None
+    source: str = ""   # "inventory prices:", "Cloud Billing Catalog 2026-12-04"
+    why: str = ""
+
+    def text(self) -> str:
+        if self.per_chip_hour is None:
+            return f"no price ({self.why})"
+        return f"${self.per_chip_hour:.4g}/chip-hour ({self.source})"
+
+
+@dataclass
+class Catalog:
+    """The v6e rates read from the catalog: option -> region -> USD per
+    chip-hour, when it was read, and what could not be read of it."""
+
+    fetched_at: float
+    endpoint: str
+    rates: dict[str, dict[str, float]] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def date(self) -> str:
+        return time.strftime("%Y-%m-%d", time.gmtime(self.fetched_at))
+
+    def doc(self) -> dict:
+        return {"fetched_at": self.fetched_at, "date": self.date, "endpoint": self.endpoint, "currency": CURRENCY,
+                "service": SERVICE_ID, "rates": self.rates, "problems": self.problems}
+
+
+# -- reading an answer ---------------------------------------------------------------
+def money(m: Any, where: str) -> float:
+    """A Money value in USD (``units`` + ``nanos`` / 1e9)."""
+    if not isinstance(m, dict):
+        raise CatalogError(f"{where}.unitPrice is not an object")
+    if m.get("currencyCode", CURRENCY) != CURRENCY:
+        raise CatalogError(f"{where}.unitPrice is in {m.get('currencyCode')!r}, not {CURRENCY} as asked")
+    units, nanos = m.get("units", "0"), m.get("nanos", 0)
+    if isinstance(units, bool) or not isinstance(units, (str, int)) or not re.fullmatch(r"-?\d{1,12}", str(units)):
+        raise CatalogError(f"{where}.unitPrice.units is {units!r}, not an int64 (a string of digits)")
+    if isinstance(nanos, bool) or not isinstance(nanos, int) or not -999_999_999 <= nanos <= 999_999_999:
+        raise CatalogError(f"{where}.unitPrice.nanos is {nanos!r}, not an int32 of nanos")
+    return round(int(units) + nanos / 1e9, 9)
+
+
+def unit_price(sku: dict, where: str) -> float:
+    """A SKU's price per hour of its unit: its current pricing (the last of
+    ``pricingInfo``), the rate from usage 0 (the first tier)."""
+    infos = sku.get("pricingInfo")
+    if not isinstance(infos, list) or not infos or not isinstance(infos[-1], dict):
+        raise CatalogError(f"{where}.pricingInfo is not a non-empty list")
+    expr = infos[-1].get("pricingExpression")
+    if not isinstance(expr, dict):
+        raise CatalogError(f"{where}.pricingInfo[-1].pricingExpression is not an object")
+    unit = expr.get("usageUnit")
+    if unit not in PER_HOUR:
+        raise CatalogError(f"{where} is priced per {unit!r}, not per hour")
+    tiers = expr.get("tieredRates")
+    if not isinstance(tiers, list) or not tiers or not all(isinstance(t, dict) for t in tiers):
+        raise CatalogError(f"{where}.pricingExpression.tieredRates is not a non-empty list")
+    first = min(tiers, key=lambda t: t.get("startUsageAmount", 0) if isinstance(t.get("startUsageAmount", 0),
+                                                                               (int, float)) else math.inf)
+    price = money(first.get("unitPrice"), f"{where}.tieredRates[0]") * PER_HOUR[unit]
+    if not 0 < price <= MAX_PRICE:
+        raise CatalogError(f"{where} costs ${price:g}/chip-hour: not between 0 and {MAX_PRICE:g}")
+    return price
+
+
+def page_skus(doc: Any) -> tuple[list, str]:
+    """A page's SKUs and the next page's token ('' on the last)."""
+    if not isinstance(doc, dict):
+        raise CatalogError(f"a page is {type(doc).__name__}, not an object with skus")
+    skus, token = doc.get("skus", []), doc.get("nextPageToken", "")
+    if not isinstance(skus, list):
+        raise CatalogError("skus is not a list")
+    if not isinstance(token, str):
+        raise CatalogError(f"nextPageToken is {token!r}, not a string")
+    return skus, token
+
+
+def option_of(sku: Any) -> str | None:
+    """The capacity option a SKU prices (v6e), or None."""
+    if not isinstance(sku, dict) or not isinstance(sku.get("description"), str):
+        return None
+    usage = (sku.get("category") or {}).get("usageType") if isinstance(sku.get("category"), dict) else None
+    for option, (pattern, want) in SKUS.items():
+        if pattern.match(sku["description"]) and usage == want:
+            return option
+    return None
+
+
+def add_rates(catalog: Catalog, skus: list) -> None:
+    """The v6e SKUs of a page into the catalog's rates; a matching SKU that
+    is not what the API documents is a problem of its own (that option and
+    region stay without a price)."""
+    for sku in skus:
+        option = option_of(sku)
+        if option is None:
+            continue
+        regions = sku.get("serviceRegions")
+        where = f"SKU {sku.get('skuId', '?')} ({sku['description'][:80]})"
+        if not isinstance(regions, list) or not all(isinstance(r, str) for r in regions):
+            catalog.problems.append(f"{where}: serviceRegions is not a list of regions")
+            continue
+        try:
+            price = unit_price(sku, where)
+        except CatalogError as e:
+            catalog.problems.append(str(e))
+            continue
+        for r in regions:
+            catalog.rates.setdefault(option, {})[r] = price
+
+
+# -- fetching -------------------------------------------------------------------------------
+def endpoint(via: Connector) -> str:
+    e = via.getenv(ENDPOINT_VAR) or ENDPOINT
+    return e if e.endswith("/") else e + "/"
+
+
+def skus_url(base: str, token: str = "") -> str:
+    q = {"currencyCode": CURRENCY, "pageSize": str(PAGE_SIZE)} | ({"pageToken": token} if token else {})
+    return f"{base}v1/services/{SERVICE_ID}/skus?{urllib.parse.urlencode(q)}"
+
+
+def access_token(via: Connector) -> str:
+    """The user's OAuth access token, from gcloud (never shown, never logged)."""
+    r = via.run(TOKEN, timeout=60)
+    token = r.stdout.strip()
+    if r.rc != 0 or not token or "\n" in token:
+        said = (r.stderr.strip().splitlines() or ["no token printed"])[-1][:200]
+        raise ProbeFailed("access token", " ".join(TOKEN), r.rc, "", r.stderr,
+                          why=f"could not get an access token (`{' '.join(TOKEN)}` exited {r.rc}): {said}")
+    return token
+
+
+def fetch(via: Connector, now: float | None = None) -> Catalog:
+    """Every page of the Compute Engine SKUs (bounded), the v6e rates kept."""
+    base = endpoint(via)
+    catalog = Catalog(time.time() if now is None else now, base)
+    headers = {"Authorization": f"Bearer {access_token(via)}"}
+    ca = via.getenv(CA_VAR)
+    token, seen = "", set()
+    for _ in range(MAX_PAGES):
+        doc = via.get_json(skus_url(base, token), timeout=60, headers=headers, ca_file=ca)
+        if doc is ABSENT:
+            raise CatalogError(f"{base}v1/services/{SERVICE_ID}/skus answered 404: no such service")
+        skus, token = page_skus(doc)
+        add_rates(catalog, skus)
+        if not token:
+            return catalog
+        if token in seen:
+            raise CatalogError(f"nextPageToken {token[:40]!r} came twice: the pages go round")
+        seen.add(token)
+    raise CatalogError(f"more than {MAX_PAGES} pages of {PAGE_SIZE} SKUs")
+
+
+# -- the cache ---------------------------------------------------------------------------------
+def cache_path(env: Environment) -> str:
+    return paths.prices_cache(env.name)
+
+
+def from_cache(doc: Any, base: str, now: float) -> Catalog | None:
+    """The cached catalog when it is whole, of this endpoint and fresh;
+    None (read it again) otherwise."""
+    try:
+        if not isinstance(doc, dict) or doc.get("endpoint") != base or doc.get("currency") != CURRENCY:
+            return None
+        at = doc["fetched_at"]
+        if isinstance(at, bool) or not isinstance(at, (int, float)) or not 0 <= now - at <= STALE_AFTER:
+            return None
+        rates = doc["rates"]
+        ok = isinstance(rates, dict) and all(
+            o in SKUS and isinstance(rs, dict) and all(
+                isinstance(r, str) and isinstance(p, (int, float)) and not isinstance(p, bool)
+                and 0 < p <= MAX_PRICE for r, p in rs.items()) for o, rs in rates.items())
+        problems = doc.get("problems", [])
+        if not ok or not isinstance(problems, list) or not all(isinstance(p, str) for p in problems):
+            return None
+        return Catalog(float(at), base, {o: dict(rs) for o, rs in rates.items()}, list(problems))
+    except (KeyError, TypeError):
+        return None
+
+
+def cached(env: Environment, now: float | None = None) -> Catalog | None:
+    """The cached catalog when fresh and whole; never a request (for the
+    read-only reports: goodput, runs)."""
+    raw = connectors.this_machine().read(cache_path(env))
+    try:
+        return from_cache(json.loads(raw), endpoint(connectors.connector(env)),
+                          time.time() if now is None else now) if raw else None
+    except (ValueError, UnicodeDecodeError):
+        return None
+
+
+def read_catalog(env: Environment, now: float | None = None) -> Catalog:
+    """The cached catalog if fresh and whole, else read from the API (and
+    cached); the API's failures raise ProbeFailed or CatalogError."""
+    now = time.time() if now is None else now
+    via, here = connectors.connector(env), connectors.this_machine()
+    base = endpoint(via)
+    raw = here.read(cache_path(env))
+    try:
+        cached = from_cache(json.loads(raw), base, now) if raw else None
+    except (ValueError, UnicodeDecodeError):
+        cached = None  # damaged: read again
+    if cached is not None:
+        return cached
+    catalog = fetch(via, now)
+    here.make_dirs(paths.env_dir(env.name))
+    here.write(cache_path(env), json.dumps(catalog.doc(), indent=1).encode())
+    return catalog
+
+
+def catalog_fact(env: Environment) -> Fact:
+    """The v6e rates of the catalog, or why they could not be read (a
+    value, never an error: a price is never what stops a run)."""
+    def look() -> Catalog | str:
+        try:
+            return read_catalog(env)
+        except CatalogError as e:
+            return f"the Cloud Billing Catalog's answer is not what the API documents: {e}"
+        except ProbeFailed as e:
+            return f"could not read the Cloud Billing Catalog: {e.why.removeprefix('could not look: ')}"
+
+    url = skus_url(f"${{{ENDPOINT_VAR}:-{ENDPOINT}}}")
+    return Fact(name="v6e prices", python=look, assumed="not read in a dry run",
+                display=f"curl -fsS -H \"Authorization: Bearer $(gcloud auth print-access-token)\" \"{url}\"  "
+                        f"# every page; cached in {cache_path(env)} for a day",
+                describe=lambda c: (f"{sum(len(r) for r in c.rates.values())} v6e price(s), {c.date}"
+                                    if isinstance(c, Catalog) else c))
+
+
+# -- prices of an environment ------------------------------------------------------------------
+def needs_catalog(env: Environment, options: list[str] | tuple[str, ...] | None = None) -> bool:
+    """Whether some option has no price in the inventory (and could have one
+    in the catalog)."""
+    given = env.get("prices") or {}
+    return any(o not in given and o in SKUS for o in (options or capacities(env)))
+
+
+def price(env: Environment, option: str, catalog: Catalog | str | None) -> Price:
+    """An option's price per chip-hour in the environment's region."""
+    given = env.get("prices") or {}
+    if option in given:
+        return Price(option, float(given[option]), "inventory prices:")
+    if option == "reservation":
+        return Price(option, None, why="a reservation is priced as the inventory says: set prices.reservation "
+                                       "(0 when it is prepaid)")
+    if not isinstance(catalog, Catalog):
+        return Price(option, None, why=catalog or "the catalog was not read")
+    rate = catalog.rates.get(option, {}).get(env.region)
+    if rate is None:
+        more = f"; {catalog.problems[0]}" if catalog.problems else ""
+        return Price(option, None, why=f"the Cloud Billing Catalog ({catalog.date}) has no v6e {option} SKU in "
+                                       f"{env.region}{more}")
+    return Price(option, rate, f"Cloud Billing Catalog {catalog.date}")
+
+
+def prices_of(env: Environment, options: Mapping[str, Any] | list[str], catalog: Catalog | str | None
+              ) -> dict[str, Price]:
+    return {o: price(env, o, catalog) for o in options}

@@ -1,0 +1,313 @@
+"""What a run costs: the Cloud Billing Catalog's answer read as the API
+documents it (pages, pricingInfo, tieredRates, units and nanos) or refused
+in one line, the cache, chip-hours and dollars by cause on a recorded
+timeline (`invoke goodput`, `invoke runs`), and the estimate before a
+submit. The catalog against a loopback fake with the real gcloud is
+tests/test_clients_prices.py."""
+from __future__ import annotations
+
+import json
+import shutil
+import statistics
+import subprocess
+import time
+
+import pytest
+import yaml
+
+from playbooks.cloud import prices as P
+from playbooks.runs import cost, goodput
+from playbooks.runs import events as E
+from tests.conftest import INVOKE, ROOT, env
+
+RECORDED = ROOT / "tests" / "data" / "timelines" / "lost-host-recovered.jsonl"
+
+
+def sku(description: str, usage: str, regions: list[str], units: str | int = "2", nanos: int = 700000000,
+        unit: str = "h", **extra) -> dict:
+    """A SKU as the catalog lists it (the fields of its documentation)."""
+    return {"name": f"services/{P.SERVICE_ID}/skus/X", "skuId": "2549-F208-72FA", "description": description,
+            "category": {"serviceDisplayName": "Compute Engine", "resourceFamily": "Compute", "resourceGroup": "TPU",
+                         "usageType": usage},
+            "serviceRegions": regions,
+            "pricingInfo": [{"effectiveTime": "2026-12-01T00:00:00Z", "summary": "",
+                             "pricingExpression": {"usageUnit": unit, "usageUnitDescription": "hour",
+                                                   "baseUnit": "s", "baseUnitConversionFactor": 3600,
+                                                   "displayQuantity": 1,
+                                                   "tieredRates": [{"startUsageAmount": 0, "unitPrice": {
+                                                       "currencyCode": "USD", "units": units, "nanos": nanos}}]},
+                             "currencyConversionRate": 1}],
+            "serviceProviderName": "Google", **extra}
+
+
+# Verbatim descriptions of live v6e SKUs (us-east5 is "Columbus"), with the
+# decoys that share their words.
+ON_DEMAND = sku("TpuV6e running in Columbus", "OnDemand", ["us-east5"])
+SPOT = sku("TpuV6e attached to Spot Preemptible VMs running in Columbus", "Preemptible", ["us-east5"], "1", 403300000)
+FLEX = sku("DWS Defined Duration V6e running in Columbus", "OnDemand", ["us-east5"], "1", 350000000)
+DECOYS = [sku("Capacity Optimized TpuV6e running in Columbus", "OnDemand", ["us-east5"], "9", 0),
+          sku("Commitment v1: TpuV6e running in Columbus for 1 Year", "Commit1Yr", ["us-east5"], "1", 890000000),
+          sku("Reserved V6e TPU in Columbus in Calendar Mode", "OnDemand", ["us-east5"], "1", 890000000),
+          sku("TpuV6e running in Netherlands", "OnDemand", ["europe-west4"], "2", 970000000),
+          sku("N2 Instance Core running in Columbus", "OnDemand", ["us-east5"], "0", 31611000)]
+
+
+def catalog_of(*skus: dict) -> P.Catalog:
+    c = P.Catalog(time.time(), "https://cloudbilling.googleapis.com/")
+    P.add_rates(c, list(skus))
+    return c
+
+
+# -- the catalog's answer ----------------------------------------------------------------
+def test_each_option_is_its_own_sku_and_the_decoys_are_not_taken():
+    c = catalog_of(*DECOYS, ON_DEMAND, SPOT, FLEX)
+    assert c.rates == {"on-demand": {"us-east5": 2.7, "europe-west4": 2.97}, "spot": {"us-east5": 1.4033},
+                       "flex-start": {"us-east5": 1.35}}
+    assert c.problems == []
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"units": "two"}, "units is 'two', not an int64"),
+    ({"units": 2.5}, "units is 2.5, not an int64"),
+    ({"nanos": "700000000"}, "nanos is '700000000', not an int32"),
+    ({"nanos": 10**10}, "not an int32"),
+    ({"currencyCode": "EUR"}, "is in 'EUR', not USD as asked"),
+    ({"units": "-3"}, "costs $-2.3/chip-hour: not between 0 and 100"),
+    ({"units": "9000"}, "not between 0 and 100"),
+])
+def test_a_price_that_is_not_what_the_api_documents_is_a_problem_and_no_price(change, words):
+    bad = json.loads(json.dumps(ON_DEMAND))
+    bad["pricingInfo"][0]["pricingExpression"]["tieredRates"][0]["unitPrice"].update(change)
+    c = catalog_of(bad, SPOT)
+    assert "on-demand" not in c.rates and c.rates["spot"] == {"us-east5": 1.4033}
+    [problem] = c.problems
+    assert words in problem and "SKU 2549-F208-72FA (TpuV6e running in Columbus)" in problem
+    p = P.price(env("dev"), "on-demand", c)
+    assert p.per_chip_hour is None and words in p.why
+
+
+@pytest.mark.parametrize("mangle, words", [
+    (lambda s: s.update(pricingInfo=[]), "pricingInfo is not a non-empty list"),
+    (lambda s: s["pricingInfo"][0].pop("pricingExpression"), "pricingExpression is not an object"),
+    (lambda s: s["pricingInfo"][0]["pricingExpression"].update(usageUnit="GiBy"), "priced per 'GiBy', not per hour"),
+    (lambda s: s["pricingInfo"][0]["pricingExpression"].update(tieredRates={}), "tieredRates is not a non-empty"),
+    (lambda s: s.update(serviceRegions="us-east5"), "serviceRegions is not a list"),
+])
+def test_a_sku_missing_what_the_api_documents_is_reported(mangle, words):
+    bad = json.loads(json.dumps(ON_DEMAND))
+    mangle(bad)
+    c = catalog_of(bad)
+    assert c.rates == {} and words in c.problems[0]
+
+
+def test_missing_units_or_nanos_are_zero_as_proto3_json_leaves_them_out_and_a_price_per_minute_is_per_hour():
+    s = json.loads(json.dumps(ON_DEMAND))
+    s["pricingInfo"][0]["pricingExpression"]["tieredRates"][0]["unitPrice"] = {"currencyCode": "USD", "nanos": 45000000}
+    s["pricingInfo"][0]["pricingExpression"]["usageUnit"] = "min"
+    assert catalog_of(s).rates["on-demand"]["us-east5"] == pytest.approx(2.7)
+
+
+@pytest.mark.parametrize("page, words", [
+    ([], "a page is list, not an object"),
+    ({"skus": {}}, "skus is not a list"),
+    ({"skus": [], "nextPageToken": 5}, "nextPageToken is 5, not a string"),
+])
+def test_a_page_that_is_not_what_the_api_documents_is_refused(page, words):
+    with pytest.raises(P.CatalogError, match=words):
+        P.page_skus(page)
+    assert P.page_skus({}) == ([], "")  # the last page of an empty list: no skus, no token
+
+
+class Pages:
+    """A connector stand-in: gcloud's token, and the catalog's pages."""
+
+    def __init__(self, pages: list):
+        self.pages, self.urls, self.headers = pages, [], []
+
+    def getenv(self, name):
+        return None
+
+    def run(self, argv, timeout=None):
+        from playbooks.core.connector import Ran
+        assert argv == P.TOKEN
+        return Ran(0, "ya29.token\n", "", 0.1)
+
+    def get_json(self, url, timeout=10.0, headers=None, ca_file=None):
+        self.urls.append(url)
+        self.headers.append(headers)
+        return self.pages[len(self.urls) - 1]
+
+
+def test_every_page_is_read_with_the_token_and_a_page_token_that_comes_again_stops():
+    via = Pages([{"skus": [*DECOYS], "nextPageToken": "p2"}, {"skus": [SPOT, ON_DEMAND]}])
+    c = P.fetch(via)  # type: ignore[arg-type]
+    assert c.rates["spot"] == {"us-east5": 1.4033} and c.rates["on-demand"]["us-east5"] == 2.7
+    assert via.urls == [f"https://cloudbilling.googleapis.com/v1/services/{P.SERVICE_ID}/skus?currencyCode=USD&"
+                        f"pageSize=5000",
+                        f"https://cloudbilling.googleapis.com/v1/services/{P.SERVICE_ID}/skus?currencyCode=USD&"
+                        f"pageSize=5000&pageToken=p2"]
+    assert via.headers == [{"Authorization": "Bearer ya29.token"}] * 2
+    loop = Pages([{"skus": [], "nextPageToken": "a"}, {"skus": [], "nextPageToken": "a"}])
+    with pytest.raises(P.CatalogError, match="nextPageToken 'a' came twice"):
+        P.fetch(loop)  # type: ignore[arg-type]
+    endless = Pages([{"skus": [], "nextPageToken": str(i)} for i in range(P.MAX_PAGES + 1)])
+    with pytest.raises(P.CatalogError, match=f"more than {P.MAX_PAGES} pages"):
+        P.fetch(endless)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("doc", [
+    None, [], "x", {"endpoint": "https://cloudbilling.googleapis.com/"},
+    {"fetched_at": "yesterday", "endpoint": "https://cloudbilling.googleapis.com/", "currency": "USD", "rates": {}},
+    {"fetched_at": 1.0, "endpoint": "https://cloudbilling.googleapis.com/", "currency": "USD", "rates": {}},
+    {"fetched_at": "NOW", "endpoint": "https://elsewhere/", "currency": "USD", "rates": {}},
+    {"fetched_at": "NOW", "endpoint": "https://cloudbilling.googleapis.com/", "currency": "USD",
+     "rates": {"on-demand": {"us-east5": -1}}},
+    {"fetched_at": "NOW", "endpoint": "https://cloudbilling.googleapis.com/", "currency": "USD",
+     "rates": {"bargain": {"us-east5": 1}}},
+    {"fetched_at": "NOW", "endpoint": "https://cloudbilling.googleapis.com/", "currency": "USD",
+     "rates": {"spot": {"us-east5": True}}},
+])
+def test_a_damaged_stale_or_foreign_cache_is_never_trusted(doc):
+    good = catalog_of(ON_DEMAND).doc()
+    now = time.time()
+    if isinstance(doc, dict) and doc.get("fetched_at") == "NOW":
+        doc = {**doc, "fetched_at": now}
+    assert P.from_cache(doc, "https://cloudbilling.googleapis.com/", now) is None
+    assert P.from_cache(good, "https://cloudbilling.googleapis.com/", now).rates == {"on-demand": {"us-east5": 2.7}}
+    assert P.from_cache(good, "https://cloudbilling.googleapis.com/", now + P.STALE_AFTER + 1) is None
+
+
+def test_the_inventory_wins_and_a_reservation_is_priced_only_there():
+    e = env("dev", capacity=["reservation", "spot"], reservation="my-res", prices={"spot": 1.0})
+    c = catalog_of(SPOT, ON_DEMAND)
+    assert P.price(e, "spot", c) == P.Price("spot", 1.0, "inventory prices:")
+    r = P.price(e, "reservation", c)
+    assert r.per_chip_hour is None and "set prices.reservation" in r.why
+    assert not P.needs_catalog(env("dev", prices={"on-demand": 2.7}))
+    assert P.needs_catalog(e) is False  # reservation: never from the catalog; spot: the inventory's
+    assert P.price(env("dev"), "on-demand", "could not read the Cloud Billing Catalog: HTTP 403").why.startswith(
+        "could not read")
+    elsewhere = P.price(env("dev", region="us-south1", zone="us-south1-a"), "on-demand", c)
+    assert "has no v6e on-demand SKU in us-south1" in elsewhere.why
+
+
+# -- chip-hours and dollars on a recorded timeline ----------------------------------------
+def recorded(priced: bool = True, rates=(2.7, 2.7)) -> list[dict]:
+    """The recorded run (two simulated slices of one 4-chip host, a host lost
+    after step 16, a one-host group, the grow back), with the basis a GKE
+    submit records."""
+    evs = [json.loads(x) for x in RECORDED.read_text().splitlines()]
+    if priced:
+        t0 = min(e["t"] for e in evs) - 1
+        b = cost.Basis(2, 1, 4, ["on-demand", "spot"], list(rates), ["inventory prices:"])
+        evs.append({"t": t0, "kind": E.PRICED, "step": None, "source": "train", **b.event_fields()})
+    return sorted(evs, key=lambda e: e["t"])
+
+
+def test_each_causes_chip_hours_are_its_seconds_times_the_chips_held_and_its_dollars_those_times_the_price():
+    evs = recorded()
+    _, segs = goodput.account_with_segments(evs, "r")
+    basis = cost.recorded_basis(evs)
+    c = cost.report(evs, segs, goodput.CAUSES, basis, True)
+    # The chips: 8 until the one-host group (the run ended on it), then 4.
+    held = cost.chips_held(evs, basis)
+    assert [n for _, n in held] == [8, 8, 4]
+    shrink, end = held[2][0], segs[-1][1]
+    # Every second is counted once: the parts add up to the whole.
+    assert c["productive_chip_hours"] + sum(c["badput_chip_hours"].values()) == pytest.approx(c["chip_hours"], abs=1e-3)
+    whole = sum((b - a) * 8 for a, b, _ in segs) / 3600 - (end - shrink) * 4 / 3600
+    assert c["chip_hours"] == pytest.approx(whole, abs=1e-3)
+    assert c["per_chip_hour"] == 2.7 and c["cost"] == pytest.approx(c["chip_hours"] * 2.7, abs=0.01)
+    for cause, h in c["badput_chip_hours"].items():
+        assert c["badput_cost"][cause] == pytest.approx(h * 2.7, abs=0.006)
+    # A second's chip-hours: the scheduling wait held every chip.
+    sched = sum(b - a for a, b, k in segs if k == "scheduling")
+    assert c["badput_chip_hours"]["scheduling"] == pytest.approx(sched * 8 / 3600, abs=1e-4)
+    # Two options, one price each: their mean.
+    assert cost.recorded_basis(recorded(rates=(2.7, 1.5))).per_chip_hour == pytest.approx(2.1)
+
+
+def test_a_slice_without_a_price_leaves_the_run_with_chip_hours_only_never_a_figure():
+    evs = recorded(rates=(2.7, None))
+    _, segs = goodput.account_with_segments(evs, "r")
+    c = cost.report(evs, segs, goodput.CAUSES, cost.recorded_basis(evs), True)
+    assert c["chip_hours"] > 0 and "cost" not in c and c["per_chip_hour"] is None
+    assert cost.cost_text(c) == f"{c['chip_hours']:.4g} chip-hours"
+
+
+@pytest.fixture
+def gke_cli(tmp_path, hermetic):
+    """`invoke` on a GKE environment whose runs are recorded timelines
+    (goodput and runs read no cloud)."""
+    name = "cost-test"
+    base = yaml.safe_load((ROOT / "inventory.yaml").read_text())["environments"]["dev"]
+    inv = tmp_path / "inventory.yaml"
+
+    def run(*args: str, **keys) -> subprocess.CompletedProcess:
+        inv.write_text(yaml.safe_dump({"default": name, "environments": {name: {**base, **keys}}}))
+        return subprocess.run([INVOKE, *args], cwd=ROOT, env={**hermetic, "INVOKE_PLAYBOOK_INVENTORY": str(inv)},
+                              capture_output=True, text=True, timeout=120)
+
+    def keep(run_name: str, evs: list[dict]) -> None:
+        d = ROOT / ".state" / name / "training" / run_name
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in evs))
+
+    run.keep = keep  # type: ignore[attr-defined]
+    yield run
+    shutil.rmtree(ROOT / ".state" / name, ignore_errors=True)
+
+
+def test_goodput_shows_the_runs_cost_and_each_causes_and_runs_lists_every_run(gke_cli):
+    gke_cli.keep("priced", recorded())
+    unpriced = recorded(priced=False)
+    for e in unpriced:
+        e["t"] -= 3600  # an hour older
+    gke_cli.keep("older", unpriced)
+    r = gke_cli("goodput", "--run=priced", "--json")
+    assert r.returncode == 0, r.stderr
+    c = json.loads(r.stdout)["cost"]
+    assert c["basis"] == "recorded when the run was submitted" and c["chips"] == 8
+    text = gke_cli("goodput", "--run=priced").stdout
+    assert f"cost: {c['chip_hours']:.4g} chip-hours, ${c['cost']:,.2f}: 8 chips at $2.7/chip-hour" in text, text
+    assert f"${c['badput_cost']['restart']:,.2f}" in text
+    # Not recorded (a run submitted before prices were): the inventory's price now, said so.
+    old = json.loads(gke_cli("goodput", "--run=older", "--json", prices={"on-demand": 2.0}).stdout)["cost"]
+    assert old["basis"].startswith("not recorded with the run") and old["per_chip_hour"] == 2.0
+    assert old["chips"] == 32  # the environment's 2 x v6e-16
+    # `invoke runs`: both, newest first, with their cost.
+    rows = json.loads(gke_cli("runs", "--json", prices={"on-demand": 2.0}).stdout)
+    assert [x["run"] for x in rows] == ["priced", "older"]
+    assert rows[0]["cost"] == c["cost"] and rows[0]["state"] == "SUCCEEDED" and rows[0]["steps"] == 60
+    table = gke_cli("runs").stdout.splitlines()
+    assert table[0].split() == ["run", "state", "steps", "wall", "goodput", "chip-hours", "cost", "last", "event"]
+    assert table[1].startswith("priced") and f"${c['cost']:,.2f}" in table[1]
+    assert "no price" in table[2] and any(line.startswith("no price: no price (") for line in table), table
+
+
+def test_the_estimate_is_steps_left_times_the_step_time_measured_times_the_chips_times_the_price():
+    b = cost.Basis(2, 4, 4, ["on-demand"] * 2, [2.7, 2.7], ["Cloud Billing Catalog 2026-12-04"])
+    line = cost.estimate(79, cost.StepTime(2.0, "median of 57 steps of run r"), b)
+    assert line.startswith("cost estimate: 79 steps x 2 s (median of 57 steps of run r) x 32 chips = 1.404 "
+                           "chip-hours x $2.7 = $3.79 (2.63 min at $86.40/h); $2.7/chip-hour (on-demand $2.7; Cloud "
+                           "Billing Catalog 2026-12-04)"), line
+    assert "unknown ($86.40/h while it runs)" in cost.estimate(79, None, b, why="none measured")
+    sim = cost.Basis(2, 1, 4, simulated=True)
+    assert cost.estimate(20, cost.StepTime(0.3, "x"), sim) == (
+        "cost estimate: 20 steps x 0.3 s (x) x 8 chips = 0.01333 chip-hours; no price: a local run's chips are "
+        "simulated")
+
+
+def test_the_step_time_is_the_runs_own_else_the_newest_run_of_its_model_past_each_groups_first_steps():
+    evs = recorded(priced=False)
+    vals = cost.group_step_seconds(evs, 2)  # the two-host group's steps, past its first two
+    own = cost.measured([("r", evs)], "r", "llama3-8b", 2)
+    assert own is not None and own.basis == f"median of {len(vals)} steps of run r"
+    assert own.seconds == pytest.approx(statistics.median(vals))
+    assert len(vals) < len(cost.group_step_seconds(evs))  # the one-host group's are not taken when there are these
+    # Another run counts only when it trained the same model (its model_check says which).
+    said = [*evs, {"t": evs[-1]["t"], "kind": E.MODEL_CHECK, "model": "llama3-8b", "step": None}]
+    assert cost.measured([("other", said), ("r", [])], "r", "llama3-8b", 2) == cost.StepTime(
+        own.seconds, f"median of {len(vals)} steps of run other")
+    assert cost.measured([("other", said)], "r", "llama3-70b", 2) is None
+    assert cost.measured([("other", evs)], "r", "llama3-8b", 2) is None  # no model said: not taken
