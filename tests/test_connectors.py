@@ -19,7 +19,7 @@ import pytest
 
 from playbooks.core.command import Command
 from playbooks.core.connector import LocalConnector, SshConnector
-from playbooks.core.errors import Unreachable
+from playbooks.core.errors import ProbeFailed, Unreachable
 from playbooks.core.facts import ABSENT
 from playbooks.core.runner import Runner
 from tests import sshd
@@ -265,6 +265,41 @@ def test_get_json_reads_where_the_connector_runs(conn):
         assert conn.get_json(f"{base}/ok") == {"ray_version": "2.60.0"}
         assert conn.get_json(f"{base}/missing") is ABSENT
         assert conn.get_json(f"http://127.0.0.1:{sshd.free_port()}/api/version") is ABSENT  # nothing listens
+    finally:
+        srv.shutdown()
+
+
+def test_get_json_sends_its_headers_off_the_command_line_and_says_the_servers_error(conn):
+    """A bearer token reaches the server (over SSH curl reads it from its
+    stdin, not its command line), and a Google API error's message is the
+    failure's, without the token."""
+    seen: list[str | None] = []
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            seen.append(self.headers.get("Authorization"))
+            ok = self.path == "/ok"
+            body = json.dumps({"skus": []} if ok else {"error": {"code": 403, "status": "PERMISSION_DENIED",
+                                                                "message": "Cloud Billing API is disabled."}}).encode()
+            self.send_response(200 if ok else 403)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    secret = "ya29.do-not-show"
+    try:
+        base = f"http://127.0.0.1:{srv.server_address[1]}"
+        assert conn.get_json(f"{base}/ok", headers={"Authorization": f"Bearer {secret}"}) == {"skus": []}
+        assert seen == [f"Bearer {secret}"]
+        with pytest.raises(ProbeFailed) as e:
+            conn.get_json(f"{base}/denied", headers={"Authorization": f"Bearer {secret}"})
+        assert "HTTP 403: PERMISSION_DENIED: Cloud Billing API is disabled." in e.value.why
+        assert secret not in e.value.render()
     finally:
         srv.shutdown()
 
