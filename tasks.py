@@ -301,7 +301,9 @@ def status(c, json_=False):
             s.book.reporter = Reporter()
             s.run("status", st.steps(s.env))
             return
-        recap = s.book.run(f"status {s.env.name}", st.steps(s.env), workers=max(4, s.book.workers))
+        # Every look, whatever failed before it: a status that stops at the
+        # first API that fails tells the least when it is needed most.
+        recap = s.book.run(f"status {s.env.name}", st.steps(s.env), workers=max(4, s.book.workers), keep_going=True)
         doc = st.report(s.env, recap)
         doc["logs"] = str(s.logdir.relative_to(s.logdir.parents[3])) if s.logdir else None
         if json_:

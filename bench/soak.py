@@ -494,6 +494,48 @@ def recovery(results: list[Result]) -> str:
             f"median {statistics.median(times):.1f} s, p90 {p90:.1f} s, range {times[0]:.1f}-{times[-1]:.1f} s")
 
 
+# What a restart after a lost host is made of, each part from one event of
+# the run's timeline to the next: Ray Train's failure, the retry's cluster
+# view, the new group's first worker, MaxText's model check (its import and
+# config), the restore, the first step.
+PARTS = (("failure seen", "failure"), ("cluster view", "cluster_view"), ("new worker group", "worker_started"),
+         ("MaxText import and config", "model_check"), ("restore", "restored"), ("compile (cache) and first step",
+                                                                                  "step"))
+SIMPLE = ("back-never", "back-20s", "back-60s")  # a host lost while training, nothing else before the first step
+
+
+def restart_parts(kept: Path) -> list[str]:
+    """The median of each part of a restart over the kept timelines of the
+    scenarios whose restart nothing else interrupts (``SIMPLE``)."""
+    got: dict[str, list[float]] = {name: [] for name, _ in PARTS}
+    totals: list[float] = []
+    for f in sorted(kept.glob("*.jsonl")):
+        if f.stem.split("-", 1)[1] not in SIMPLE:
+            continue
+        evs = sorted((e for e in (json.loads(x) for x in f.read_text().splitlines() if x.strip())
+                      if isinstance(e, dict) and isinstance(e.get("t"), (int, float))), key=lambda e: e["t"])
+        lost = next((e for e in evs if e.get("kind") == "worker_lost" and e.get("by") == "chaos"), None)
+        if lost is None:
+            continue
+        t, times = lost["t"], []
+        for _, kind in PARTS:
+            nxt = next((e["t"] for e in evs if e.get("kind") == kind and e["t"] >= t - 2), None)
+            if nxt is None:
+                break
+            times.append(max(0.0, nxt - t))
+            t = max(t, nxt)
+        if len(times) == len(PARTS):
+            for (name, _), x in zip(PARTS, times):
+                got[name].append(x)
+            totals.append(sum(times))
+    if not totals:
+        return ["no restart of a simple loss in the kept timelines"]
+    rows = [f"| {name} | {statistics.median(xs):.1f} s |" for name, xs in got.items()]
+    return [f"What a restart after a lost host is made of ({len(totals)} restarts of {', '.join(SIMPLE)}: the median "
+            f"of each part; the total's median {statistics.median(totals):.1f} s):", "",
+            "| part (from the one before) | median |", "| --- | --- |", *rows]
+
+
 def hog() -> subprocess.Popen:
     """A CPU hog on one core (the first this process may use)."""
     core = min(os.sched_getaffinity(0))
@@ -514,7 +556,16 @@ def main() -> None:
     ap.add_argument("--load", action="store_true", help="a CPU hog on one core meanwhile")
     ap.add_argument("--only", default="", help=f"some scenarios, comma-separated (of {', '.join(SCENARIOS)})")
     ap.add_argument("--write", action="store_true", help="write the table, dated, into docs/elastic.md")
+    ap.add_argument("--parts", action="store_true",
+                    help="only the parts of a restart, from the timelines the last soak kept (with --write: its table)")
     a = ap.parse_args()
+    if a.parts:
+        lines = restart_parts(STATE / "kept")
+        print("\n".join(lines))
+        if a.write:
+            doc_table.write("elastic.md", "restart-parts", "bench/soak.py --parts (the timelines of the soak above)",
+                            lines)
+        return
     names = [n for n in a.only.split(",") if n] or list(SCENARIOS)
     if bad := [n for n in names if n not in SCENARIOS]:
         sys.exit(f"--only: no scenario {', '.join(bad)} (scenarios: {', '.join(SCENARIOS)})")
@@ -553,6 +604,7 @@ def main() -> None:
     print("\n" + "\n".join(lines))
     if a.write:
         doc_table.write("elastic.md", "soak", command, lines)
+        doc_table.write("elastic.md", "restart-parts", f"{command} (its kept timelines)", restart_parts(STATE / "kept"))
     sys.exit(130 if stopped else 0 if passed == len(results) else 1)
 
 

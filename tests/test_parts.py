@@ -213,3 +213,37 @@ def test_the_whole_job_is_checked_after_every_change():
     with pytest.raises(InputError, match="override_model_config=true"):
         build_job(env("dev"), "llama3-8b", sets=("base_num_decoder_layers=2",))
     assert build_job(env("dev"), "llama3-8b", sets=("base_num_decoder_layers=2", "override_model_config=true"))
+
+
+# -- a followed log read again from its start (runs/follow.py: Replay) --------------------
+class _Taker:
+    """A follower stand-in: the hashes of the lines read, the lines taken."""
+
+    def __init__(self, read: list[str]):
+        from array import array
+        self.read = array("q", (hash(x) for x in read))
+        self.taken: list[str] = []
+
+    def line(self, text: str) -> None:
+        self.read.append(hash(text))
+        self.taken.append(text)
+
+
+@pytest.mark.parametrize("before, again, new", [
+    # `ray job submit`'s own lines first, then the log: re-read from the log's start.
+    (["Job submission server address: x", "Tailing logs", "a", "b", "c"], ["a", "b", "c", "d", "e"], ["d", "e"]),
+    # Nothing of the log read before the drop: every line is new.
+    (["Job submission server address: x"], ["a", "b"], ["a", "b"]),
+    # A line that repeats (a step line twice in a log): matched by its place, not by its text.
+    (["a", "x", "a", "x"], ["a", "x", "a", "x", "a", "x"], ["a", "x"]),
+    # A log that is not the one read (another job's): nothing is skipped past the first difference.
+    (["a", "b"], ["a", "c", "b"], ["c", "b"]),
+])
+def test_a_log_read_again_skips_the_lines_read_once_each_and_loses_none(before, again, new):
+    from playbooks.runs.follow import Replay
+    f = _Taker(before)
+    replay = Replay(f)  # type: ignore[arg-type]
+    for text in again:
+        replay(text)
+    assert f.taken == new and replay.skipped == len(again) - len(new)
+    assert replay.new == bool(new)

@@ -897,3 +897,43 @@ def test_a_followed_tools_coloured_lines_reach_the_console_as_the_reporter_decid
     text = "\n".join(out)
     assert ("Job 'x-1' succeeded" in text and "(pid=7) hello" in text) is plain, text
     assert ("\x1b[" in text) is not plain, text
+
+
+def test_a_status_looks_on_after_a_look_that_failed_and_what_needs_it_is_unknown_never_wrong():
+    """keep_going, steps at once: every step runs whatever failed before it;
+    a probe that could not look makes its step "unknown" (not a finding),
+    and a step that needs it is unknown too, saying which; the diagnosis is
+    the first thing read that is not as asked, else the first unknown."""
+    from playbooks.cli import status
+    from playbooks.core.errors import ProbeFailed
+    from playbooks.core.facts import Fact
+    from playbooks.core.play import Playbook
+    from playbooks.core.recap import Reporter
+    from playbooks.core.runner import Mode, Runner
+    from playbooks.core.step import Step, fail, ok
+    look503 = Fact(name="cluster", python=lambda: None, display="gcloud container clusters list --format=json")
+    declared = {look503.key: ProbeFailed("cluster", look503.line(), 1, "", "ERROR: (gcloud.container.clusters.list) "
+                                         "ResponseError: code=503, message=unavailable",
+                                         why="could not look (exit code 1): ERROR: code=503")}
+    a = Step("t", "cluster", lambda look: ok(str(look(look503))), id="a", probes=(look503,))
+    b = Step("t", "pools", lambda look: fail("no pool v6e-16-0"), id="b", after=("a",))
+    c = Step("t", "bucket", lambda look: ok("present"), id="c")
+    d = Step("t", "ksa", lambda look: fail("missing"), id="d")
+    out: list[str] = []
+    recap = Playbook(Runner(Mode.CHECK, facts=declared), Reporter(out.append), workers=4).run(
+        "status", [a, b, c], keep_going=True)
+    assert [r.title for r in recap.results] == ["t : cluster", "t : pools", "t : bucket"] and not recap.not_run
+    doc = status.report(env("local"), recap)
+    assert [(i["verdict"], i["reason"]) for i in doc["items"]] == [
+        ("unknown", "unknown because could not look (exit code 1): ERROR: code=503"),
+        ("unknown", "unknown because it needs t : cluster, which could not be read (no pool v6e-16-0)"),
+        ("as asked", "present")]
+    assert doc["diagnosis"] == "t : cluster: unknown because could not look (exit code 1): ERROR: code=503"
+    assert not doc["as_asked"]
+    # Something read that is not as asked is the diagnosis before an unknown.
+    recap = Playbook(Runner(Mode.CHECK, facts=declared), Reporter(out.append), workers=4).run(
+        "status", [a, b, c, d], keep_going=True)
+    assert status.report(env("local"), recap)["diagnosis"] == "t : ksa: missing"
+    # Without keep_going, the first failure still stops the rest (the plays that change things).
+    recap = Playbook(Runner(Mode.CHECK, facts=declared), Reporter(out.append), workers=4).run("up", [a, b, c])
+    assert "t : pools" in recap.not_run

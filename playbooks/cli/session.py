@@ -277,6 +277,9 @@ def inventory_path(value: str | None) -> Path | None:
     return p if p.is_absolute() else Path(os.getcwd()) / p
 
 
+READ_ONLY_ATTEMPTS = 1
+
+
 def open_session(config, task: str, reporter: Reporter | None = None, read_only: bool = False) -> Session:
     """``read_only``: a task that only looks (status) runs in check mode
     whatever playbook.mode says (its --dry still prints the probes)."""
@@ -291,7 +294,11 @@ def open_session(config, task: str, reporter: Reporter | None = None, read_only:
     mode = Mode.DRY if dry else Mode.CHECK if read_only else Mode(settings["mode"])
     parallel = settings["parallel"]
     logdir = None
-    retry = RetryPolicy(is_transient=is_transient)
+    # A read-only task (status) does not try again a look that failed on a
+    # transient fault: gcloud has already retried it (apitools: 5 times, ~30 s
+    # under a 503), and a status reports what it could not read (unknown,
+    # and why) instead of waiting on one API while the others have answered.
+    retry = RetryPolicy(attempts=READ_ONLY_ATTEMPTS if read_only else RetryPolicy.attempts, is_transient=is_transient)
     if mode is Mode.DRY:
         runner = Runner(mode, retry=retry)  # no connector: nothing can start
     else:

@@ -24,7 +24,7 @@ from playbooks.cloud.slices import pods_fact
 from playbooks.config.schema import Environment
 from playbooks.core.errors import ProbeFailed
 from playbooks.core.facts import ABSENT, Completed, Fact
-from playbooks.core.recap import CHANGED, FAILED, NOT_READY, OK, SKIPPED, UNREACHABLE, Recap, StepResult
+from playbooks.core.recap import CHANGED, FAILED, NOT_READY, OK, SKIPPED, UNKNOWN, UNREACHABLE, Recap, StepResult
 from playbooks.core.step import Step, fail, ok, unchecked
 from playbooks.job.spec import Checkpoints, run_checkpoints
 from playbooks.runs import metrics, stall, timeline
@@ -237,15 +237,27 @@ def _state(lines: list[str]) -> str:
     return ""
 
 
-def verdict(r: StepResult, found: dict[str, str]) -> tuple[str, str]:
+def unread_reason(r: StepResult, first_of: dict[str, StepResult]) -> str:
+    """Why a step that could not look (or needs one that could not) is
+    unknown: what could not be read, and why."""
+    needs = (r.data or {}).get("needs_unread") if isinstance(r.data, dict) else None
+    own = first_of.get(r.cause, r).reason if r.cause else r.reason
+    if needs:
+        return f"unknown because it needs {', '.join(needs)}, which could not be read ({own})"
+    return f"unknown because {own}"
+
+
+def verdict(r: StepResult, found: dict[str, str], first_of: dict[str, StepResult] | None = None) -> tuple[str, str]:
     """(verdict, what is) of one step's result: what is there, never what a
-    change would do."""
+    change would do; "unknown" where it could not be read."""
     if r.outcome == OK:
         return "as asked", r.reason
     if r.outcome == CHANGED and r.found == NOT_READY:
         return NOT_READY, r.reason.removeprefix("would wait: ")
     if r.outcome == CHANGED:
         return r.found or "missing", _state(r.lines) or r.found
+    if r.outcome == FAILED and r.found == UNKNOWN:
+        return UNKNOWN, unread_reason(r, first_of or {})
     if r.outcome in (FAILED, UNREACHABLE):
         return "not as asked", r.reason
     if r.found == "unknown":
@@ -259,16 +271,24 @@ def verdict(r: StepResult, found: dict[str, str]) -> tuple[str, str]:
 
 def report(env: Environment, recap: Recap) -> dict:
     found = {r.title: r.found for r in recap.results if r.outcome == CHANGED}
+    first_of: dict[str, StepResult] = {}  # a failure's cause -> the step that met it first (its reason in full)
+    for r in recap.results:  # the step that met a cause first says it in full (the others point to it)
+        if r.outcome in (FAILED, UNREACHABLE) and r.cause and not r.reason.startswith("the same failure as"):
+            first_of.setdefault(r.cause, r)
     items = []
     for r in recap.results:
-        v, what = verdict(r, found)
+        v, what = verdict(r, found, first_of)
         items.append({"what": r.title, "verdict": v, "outcome": r.outcome, "state": _state(r.lines),
                       "reason": what, "notes": list(r.notes)})
-    first = next((i for i in items if i["outcome"] in (CHANGED, FAILED, UNREACHABLE)), None)
+    # The first thing not as asked; what could not be read only when nothing
+    # read is wrong (an unknown is not a finding, but it is what to look at).
+    found_wrong = [i for i in items if i["outcome"] in (CHANGED, FAILED, UNREACHABLE) and i["verdict"] != UNKNOWN]
+    first = next(iter(found_wrong), None) or next((i for i in items if i["verdict"] == UNKNOWN
+                                                   and i["outcome"] == FAILED), None)
     if first is not None and first["verdict"] == NOT_READY:
         # Something on its way (slices not whole yet): a failure after it
         # often says why (a worker's Kubernetes cause), and is the diagnosis.
-        first = next((i for i in items if i["outcome"] in (FAILED, UNREACHABLE)), first)
+        first = next((i for i in found_wrong if i["outcome"] in (FAILED, UNREACHABLE)), first)
     diagnosis = f"{first['what']}: {first['verdict'] if first['outcome'] == CHANGED else first['reason']}" \
         if first else None
     # A check that could not look (unknown) is not a finding; what it waits

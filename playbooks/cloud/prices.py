@@ -218,7 +218,8 @@ def fetch(via: Connector, now: float | None = None) -> Catalog:
     for _ in range(MAX_PAGES):
         doc = via.get_json(skus_url(base, token), timeout=60, headers=headers, ca_file=ca)
         if doc is ABSENT:
-            raise CatalogError(f"{base}v1/services/{SERVICE_ID}/skus answered 404: no such service")
+            raise ProbeFailed("catalog", skus_url(base), None, "", "HTTP 404",
+                              why=f"could not look: {base}v1/services/{SERVICE_ID}/skus answered 404 (no such service)")
         skus, token = page_skus(doc)
         add_rates(catalog, skus)
         if not token:

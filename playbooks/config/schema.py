@@ -605,6 +605,10 @@ GKE = (
     Key("hold_maintenance", bool, default=True,
         doc="true: `train` adds a GKE maintenance exclusion (no minor or node upgrades) for the run, removed when "
             "the job ends; false: the cluster's maintenance policy is left alone"),
+    Key("reconnect_timeout", int, default=300,
+        rules=(between(10, 24 * 3600, "a day: a link down that long is not coming back by itself"),),
+        doc="seconds `train` and `logs --follow` keep trying to reach a running job again after the port-forward "
+            "to its Ray dashboard dropped (started again, the log followed on from where it was)"),
     *STALL,
     *ELASTIC,
 )
@@ -724,6 +728,7 @@ class Environment(Env):
     remote_dir: str
     control_plane: str
     hold_maintenance: bool
+    reconnect_timeout: int
     # local
     rehearse_late_slice: int | None
     devices_per_host: int

@@ -15,7 +15,20 @@ from typing import Any
 from .command import Command, shown
 from .errors import CommandFailed, PlaybookError, ProbeFailed, Unreachable, cause_of
 from .facts import Action, Completed, Fact
-from .recap import CHANGED, FAILED, FAILING, NOT_READY, OK, SKIPPED, UNREACHABLE, Recap, Reporter, StepResult, banner
+from .recap import (
+    CHANGED,
+    FAILED,
+    FAILING,
+    NOT_READY,
+    OK,
+    SKIPPED,
+    UNKNOWN,
+    UNREACHABLE,
+    Recap,
+    Reporter,
+    StepResult,
+    banner,
+)
 from .runner import Mode, Runner, StepLog
 from .step import CHANGE, DRIFT, FAIL, SKIP, UNCHECKED, WAIT, Await, Broken, Decision, Step, Verify, poll
 from .step import OK as D_OK
@@ -256,7 +269,7 @@ def execute(step: Step, ctx: StepContext) -> Outcome:
         return Outcome(SKIPPED, decision.reason, notes=notes)
     if decision.kind == UNCHECKED:
         return Outcome(SKIPPED, f"would check: {decision.reason}" if assumed else f"not checked: {decision.reason}",
-                       found="unknown", data=decision.data, notes=notes)
+                       found=UNKNOWN, data=decision.data, notes=notes)
     if decision.kind == CHANGE:
         return _change(ctx, step, decision)
     if decision.kind == WAIT:
@@ -371,6 +384,8 @@ class Playbook:
             out = execute(step, ctx)
         except Unreachable as e:
             out = Outcome(UNREACHABLE, str(e), cause=str(e))
+        except ProbeFailed as e:  # could not look: what is there is unknown, not wrong
+            out = Outcome(FAILED, str(e), cause=e.cause, found=UNKNOWN)
         except PlaybookError as e:
             out = Outcome(FAILED, str(e), cause=getattr(e, "cause", "") or cause_of(str(e)))
         except KeyboardInterrupt:
@@ -426,11 +441,20 @@ class Playbook:
         roots: list[str] = []
         for d in step.after:
             roots += [t for t in self._pending.get(d, ()) if t not in roots]
+        unread: list[str] = []
+        for d in step.after:
+            unread += [t for t in self._unread.get(d, ()) if t not in unread]
         if out.outcome == FAILED and roots:
             verb = "changes" if len(roots) == 1 else "change"
             out = Outcome(SKIPPED, f"cannot be checked before {', '.join(roots)} {verb} (check mode changes "
-                                   f"nothing): {out.reason.splitlines()[0]}", found="unknown",
+                                   f"nothing): {out.reason.splitlines()[0]}", found=UNKNOWN,
                           data={"waits_on": roots}, notes=out.notes)
+        elif out.outcome == FAILED and unread:
+            # It needs what could not be read: unknown, whatever its own look said.
+            out = Outcome(FAILED, out.reason, out.cause, found=UNKNOWN, data={"needs_unread": unread},
+                          notes=out.notes)
+        if out.outcome == FAILED and out.found == UNKNOWN:
+            self._unread[step.id] = unread or [step.title]
         if out.outcome == CHANGED and out.found != NOT_READY:
             # (What is there but not ready can be looked at: a failure that
             # needs it stays one, and may say why it is not ready.)
@@ -443,16 +467,18 @@ class Playbook:
             keep_going: bool = False) -> Recap:
         """Run the steps; ``workers`` lowers the playbook's for this run
         (1: one at a time, in order). ``keep_going``: a failure does not
-        stop the steps after it (independent checks: every problem is
-        listed, not only the first); the steps then run in order."""
+        stop the steps after it (independent checks, a status: every
+        problem is listed, not only the first); a step still starts only
+        after the steps it comes after have ended, whatever their outcome."""
         self._pending: dict[str, list[str]] = {}  # check mode: step id -> the changes it waits on
+        self._unread: dict[str, list[str]] = {}   # check mode: step id -> the steps that could not look it needs
         self._causes = {}
         recap = Recap(name, timed=self.timed)
         start = time.monotonic()
         workers = self.workers if workers is None else max(1, min(workers, self.workers))
         if workers > 1:
             self.prefetch(steps, workers)
-        if workers == 1 or keep_going:
+        if workers == 1:
             for i, step in enumerate(steps):
                 r = self._one(step, buffered=False)
                 recap.results.append(r)
@@ -460,7 +486,7 @@ class Playbook:
                     recap.not_run = [s.title for s in steps[i + 1:]]
                     break
         else:
-            self._run_parallel(steps, recap, workers)
+            self._run_parallel(steps, recap, workers, keep_going)
         recap.wall = time.monotonic() - start
         self.reporter.block([""] + recap.render())
         return recap
@@ -483,7 +509,7 @@ class Playbook:
             list(pool.map(self.runner.prefetch, facts.values()))
         return time.monotonic() - start
 
-    def _run_parallel(self, steps: Sequence[Step], recap: Recap, workers: int) -> None:
+    def _run_parallel(self, steps: Sequence[Step], recap: Recap, workers: int, keep_going: bool = False) -> None:
         ids = {s.id for s in steps}
         pending = list(steps)
         done: dict[str, str] = {}
@@ -507,7 +533,7 @@ class Playbook:
                     r = f.result()
                     recap.results.append(r)
                     done[s.id] = r.outcome
-                    if r.outcome in FAILING:
+                    if r.outcome in FAILING and not keep_going:
                         stopped = True
         order = {s.id: i for i, s in enumerate(steps)}
         recap.results.sort(key=lambda r: order[r.step_id])

@@ -17,6 +17,9 @@ UNREACHABLE = "unreachable"
 FAILING = (FAILED, UNREACHABLE)
 # What check mode found of a step that would wait (changed: not converged).
 NOT_READY = "not ready"
+# What is found of a step that could not look (its probe failed: could not
+# tell), or that needs one that could not: neither as asked nor absent.
+UNKNOWN = "unknown"
 
 
 @dataclass

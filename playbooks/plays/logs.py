@@ -46,6 +46,8 @@ def logs_step(env: Environment, run: str | None, follow: bool) -> Step:
             # Followed: the run's timeline and the stall watch, as `train` does.
             got = follow_job(ctx, env, sid, addr, via, lambda f: ctx.stream(job_logs_command(addr, sid, True), f.line),
                              run=run_of(sid), job=mine[-1], show_all=True, source="logs")
+            if got.lost:
+                return Outcome(FAILED, got.lost)
             done, final = got.done, got.final if got.done is not None else ctx.look(job_fact(addr, sid, via),
                                                                                     fresh=True)
         if done is not None and not done.ok:

@@ -380,6 +380,10 @@ class JobRun:
         if done is None:  # not acting: nothing ran
             maintenance.release(ctx, job.env, job.run_name)
             return Outcome(CHANGED, f"would run job {sid}")
+        if followed.lost:  # not seen to end: the job may still run (its hold stays)
+            for said in f.summary.lines():
+                ctx.echo(f"  {said}")
+            return Outcome(FAILED, followed.lost)
         # The job ended (or was never made): the hold goes with it.
         ended = not (isinstance(final, dict) and final.get("status") in ("PENDING", "RUNNING"))
         if ended and (line := maintenance.release(ctx, job.env, job.run_name)):

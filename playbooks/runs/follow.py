@@ -8,15 +8,17 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from playbooks.access import connectors
-from playbooks.access.ray_api import job_fact
+from playbooks.access.ray_api import job_fact, job_logs_command
 from playbooks.cloud import kube_objects
 from playbooks.cloud import pods as P
+from playbooks.cloud.endpoints import forward_command, forward_pidfile
 from playbooks.config import paths
 from playbooks.config.schema import Environment
 from playbooks.core.command import Command
@@ -27,6 +29,9 @@ from playbooks.runs import events as E
 from playbooks.runs import pod_watch, stall, timeline
 from playbooks.runs.job_log import clean, shown
 from playbooks.runs.train_summary import Summary
+
+# A job's states before its end (the Jobs API's JobStatus).
+ACTIVE = ("PENDING", "RUNNING")
 
 
 def stop_command(address: str, sid: str) -> Command:
@@ -55,6 +60,7 @@ class Followed:
     done: Completed | None
     final: Any
     follower: Follower
+    lost: str | None = None  # the job was not seen to end: why, and how to follow it again
 
 
 def follow(ctx: StepContext, env: Environment, sid: str, address: str, via: Any,
@@ -70,6 +76,7 @@ def follow(ctx: StepContext, env: Environment, sid: str, address: str, via: Any,
     Ctrl-C (the job goes on)."""
     f = Follower(ctx, env, run, sid, log_file, show_all=show_all, source=source, job=job)
     ctx.note(watch_note(env, address, sid, run))
+    lost: str | None = None
     if job is not None:
         f.started(job)
     try:
@@ -77,6 +84,8 @@ def follow(ctx: StepContext, env: Environment, sid: str, address: str, via: Any,
             beating = ctx.beating(f"job {sid}", lambda: heartbeat(f)) if heartbeat else contextlib.nullcontext()
             with beating as f.beat, Watch(f, address, via, ctx.heartbeat):
                 done = stream(f)
+                if env.kind != "local":
+                    done, lost = Relink(ctx, env, f, address, via).until_end(done)
         else:
             done = stream(f)
     except KeyboardInterrupt:
@@ -87,6 +96,8 @@ def follow(ctx: StepContext, env: Environment, sid: str, address: str, via: Any,
         f.close()
     if done is None:
         return Followed(None, None, f)
+    if lost:
+        return Followed(done, None, f, lost)
     final = ctx.look(job_fact(address, sid, via), fresh=True)
     f.ended(final)
     return Followed(done, final, f)
@@ -114,8 +125,10 @@ class Follower:
         self.timeline = timeline.Writer(env, run, sid, since if job is not None else None) if ctx.acting else None
         self.stall = StallTracker(self)
         self.stopped = False  # by stall_action: stop
+        self.read = array("q")  # each line read, hashed: a log read again from its start skips them (Relink)
 
     def line(self, line: str) -> None:
+        self.read.append(hash(line))
         events = self.reader.feed(line)
         for e in events:
             self.summary.add(e)
@@ -299,3 +312,112 @@ class Watch:
             self.f.add([dict(e, job=self.f.sid) for e in found
                         if not (e["kind"] == E.WORKER_LOST and e.get("pod") in chaos)])
         self._pods = now
+
+
+class Replay:
+    """A followed log read again from its start (`ray job logs --follow`
+    after the link dropped): the lines already read are skipped, matched one
+    by one from where the log's first line stands among them (`ray job
+    submit` printed its own lines first), so none comes twice; from the
+    first line not read before, every line goes on to the follower."""
+
+    def __init__(self, f: Follower):
+        self.f, self.read = f, array("q", f.read)
+        self.at: int | None = None  # where the next line should stand among those read
+        self.new = False
+        self.skipped = 0
+
+    def __call__(self, line: str) -> None:
+        if not self.new:
+            h = hash(line)
+            if self.at is None:
+                self.at = self.read.index(h) if h in self.read else len(self.read)
+            if self.at < len(self.read) and self.read[self.at] == h:
+                self.at += 1
+                self.skipped += 1
+                return
+            self.new = True
+        self.f.line(line)
+
+
+class Relink:
+    """A follow that outlives its link to the Ray dashboard (on GKE, `kubectl
+    port-forward`, the link users see drop most: an idle timeout, a
+    restarted head pod, a laptop that slept). When the log's stream ends
+    while the job is still running, or the dashboard no longer answers, the
+    port-forward is started again (a stale one stopped first) and the log
+    followed on from where it was (``Replay``: no line twice, none lost, the
+    timeline whole), said in one line. After ``reconnect_timeout`` seconds
+    without reaching the job, the follow gives up with the job not seen to
+    end, and how to follow it again."""
+
+    WAIT = 1.0  # between looks for the dashboard, while it does not answer
+    TRIES = 5   # streams in a row that end early with no new line before the follow gives up
+
+    def __init__(self, ctx: StepContext, env: Environment, f: Follower, address: str, via: Any):
+        self.ctx, self.env, self.f, self.address, self.via = ctx, env, f, address, via
+        self.timeout = float(env.reconnect_timeout)
+
+    def reach(self) -> tuple[bool, dict | None]:
+        """Whether the dashboard answers, and the job as the Jobs API says
+        it now (None: not reached, or no such job)."""
+        try:
+            up = isinstance(self.via.get_json(f"{self.address}/api/version", timeout=10), dict)
+            j = self.via.get_json(f"{self.address}/api/jobs/{self.f.sid}", timeout=10) if up else None
+        except PlaybookError:
+            return False, None
+        return up, j if isinstance(j, dict) else None
+
+    def until_end(self, done: Completed | None) -> tuple[Completed | None, str | None]:
+        if done is None or not self.ctx.acting:
+            return done, None
+        fruitless = 0  # streams in a row that ended early with no new line
+        while True:
+            up, j = self.reach()
+            ended_ok = done is not None and done.ok
+            if j is not None and j.get("status") not in ACTIVE:
+                if ended_ok:
+                    return done, None
+                # It ended while the stream was down: the rest of its log, once.
+                return self.ctx.stream(job_logs_command(self.address, self.f.sid, follow=False), Replay(self.f)), None
+            if up and j is None:
+                return done, None  # the dashboard has no such job: nothing to follow (the submit says why)
+            if j is not None and ended_ok:
+                return done, None  # the stream saw the end; the Jobs API has not caught up yet
+            if fruitless >= self.TRIES:
+                return done, self.gave_up(f"{self.TRIES} streams of its log in a row ended with no new line")
+            if self.relink(up) is None:
+                return done, self.gave_up(f"the job could not be reached again within {self.timeout:.0f} s "
+                                          f"(reconnect_timeout)")
+            replay = Replay(self.f)
+            done = self.ctx.stream(job_logs_command(self.address, self.f.sid, follow=True), replay)
+            fruitless = 0 if replay.new else fruitless + 1
+
+    def relink(self, up: bool) -> dict | None:
+        """The link made again (the port-forward started anew unless the
+        dashboard answers), until the job answers or the time is up: the
+        job, or None. Said in one line."""
+        line, start, restarted = len(self.f.read), self.ctx.clock(), not up
+        pf = forward_pidfile(self.env)
+        if restarted:
+            if pf.alive():
+                pf.stop()  # a port-forward that no longer forwards (its pod gone): a new one finds the new pod
+            self.ctx.act(forward_command(self.env))
+        while True:
+            up, j = self.reach()
+            if j is not None:
+                why = (f"the port-forward to the Ray dashboard dropped; started again in "
+                       f"{self.ctx.clock() - start:.0f} s" if restarted else "its stream ended, the job still running")
+                self.ctx.echo(f"  job {self.f.sid}'s log stopped after line {line} ({why}): following the job on "
+                              f"from there")
+                return j
+            if self.ctx.clock() - start >= self.timeout:
+                return None
+            if not up and not pf.alive():
+                self.ctx.act(forward_command(self.env))  # it exited (the head pod not back yet): once more
+            self.ctx.sleep(self.WAIT)
+
+    def gave_up(self, why: str) -> str:
+        return (f"job {self.f.sid} was not seen to end: its log's stream from the Ray dashboard ({self.address}) "
+                f"dropped and {why} (the port-forward's log: {paths.forward_log(self.env.name)}); it may still be "
+                f"running: `invoke logs --run {self.f.run} --follow` follows it again")

@@ -1,14 +1,38 @@
 """A fake Ray dashboard (plain HTTP on 127.0.0.1), standing in for the
 port-forwarded head service: /api/version, the state API's node list
 built from the fake cluster's running Ray pods (head + TPU workers: a pod
-that is Pending has no Ray node), and the Jobs API's list (no jobs unless
-a test adds some)."""
+that is Pending has no Ray node), and the Jobs API: its list (no jobs
+unless a test adds some), a job's details, its log whole and its log's
+tail (the WebSocket `ray job logs --follow` and the Jobs SDK read: each
+line as a text message, the connection closed normally at the job's end),
+as Ray 2.60's dashboard answers them (ray/dashboard/modules/job/)."""
 from __future__ import annotations
 
+import base64
+import hashlib
+import struct
+import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 from .server import Fake, FakeServer, Request, Response
+
+WS_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"  # RFC 6455
+ACTIVE = ("PENDING", "RUNNING")
+
+
+def ws_frame(payload: bytes, opcode: int = 0x1) -> bytes:
+    """One unmasked server frame (RFC 6455 5.2), FIN set."""
+    n = len(payload)
+    head = bytes([0x80 | opcode])
+    if n < 126:
+        head += bytes([n])
+    elif n < 1 << 16:
+        head += bytes([126]) + struct.pack("!H", n)
+    else:
+        head += bytes([127]) + struct.pack("!Q", n)
+    return head + payload
 
 RAY_VERSION = "2.60.0"
 
@@ -17,11 +41,81 @@ class FakeDashboard(Fake):
     def __init__(self, pods: Callable[[], list[dict]]):
         self.pods = pods            # the Ray pods the dashboard would see
         self.jobs: list[dict] = []  # JobDetails, as GET /api/jobs/ lists them
+        self.logs: dict[str, list[str]] = {}  # submission id -> its log's lines so far
+        self.changed = threading.Condition()
         self.server = FakeServer("dashboard", None, self.handle)
         self.port = self.server.port
 
+    # -- a job a test drives --------------------------------------------------
+    def add_job(self, sid: str, entrypoint: str, status: str = "RUNNING") -> dict:
+        now = int(time.time() * 1000)
+        job = {"type": "SUBMISSION", "job_id": None, "submission_id": sid, "driver_info": None, "status": status,
+               "entrypoint": entrypoint, "message": f"Job is currently {status.lower()}.", "error_type": None,
+               "start_time": now, "end_time": None, "metadata": {}, "runtime_env": {},
+               "driver_agent_http_address": None, "driver_node_id": None, "driver_exit_code": None}
+        with self.changed:
+            self.jobs.append(job)
+            self.logs[sid] = []
+        return job
+
+    def log(self, sid: str, *lines: str) -> None:
+        with self.changed:
+            self.logs[sid] += lines
+            self.changed.notify_all()
+
+    def end(self, sid: str, status: str = "SUCCEEDED") -> None:
+        with self.changed:
+            job = self.job(sid)
+            assert job is not None
+            job.update(status=status, end_time=int(time.time() * 1000), message=f"Job finished: {status}.",
+                       driver_exit_code=0 if status == "SUCCEEDED" else 1)
+            self.changed.notify_all()
+
+    def job(self, sid: str) -> dict | None:
+        return next((j for j in self.jobs if j["submission_id"] == sid), None)
+
+    # -- serving ----------------------------------------------------------------
     def handle(self, req: Request) -> Response:
+        parts = req.path.strip("/").split("/")
+        if parts[:2] == ["api", "jobs"] and len(parts) >= 3 and parts[2]:
+            return self.job_answer(req, parts[2], parts[3:])
         return Response(*self.answer(req.path))
+
+    def job_answer(self, req: Request, sid: str, rest: list[str]) -> Response:
+        job = self.job(sid)
+        if job is None:
+            return Response(404, {"result": False, "msg": f"Job {sid} does not exist"})
+        if rest == []:
+            return Response(200, dict(job))
+        if rest == ["logs"]:
+            with self.changed:
+                return Response(200, {"logs": "".join(line + "\n" for line in self.logs[sid])})
+        if rest == ["logs", "tail"] and req.headers.get("upgrade", "").lower() == "websocket":
+            accept = base64.b64encode(hashlib.sha1((req.headers["sec-websocket-key"] + WS_GUID).encode()).digest())
+            return Response(101, headers={"Upgrade": "websocket", "Connection": "Upgrade",
+                                          "Sec-WebSocket-Accept": accept.decode()},
+                            takeover=lambda h: self.tail(h, sid))
+        return Response(404, {"result": False, "msg": f"fake dashboard: no route {req.path}"})
+
+    def tail(self, h: Any, sid: str) -> None:
+        """The log's lines as they come, each a text message; at the job's
+        end, a normal close (1000)."""
+        sent = 0
+        while True:
+            with self.changed:
+                lines = self.logs[sid][sent:]
+                done = (self.job(sid) or {}).get("status") not in ACTIVE
+                if not lines and not done:
+                    self.changed.wait(0.5)
+                    continue
+            for line in lines:
+                h.wfile.write(ws_frame((line + "\n").encode()))
+            h.wfile.flush()
+            sent += len(lines)
+            if done and not lines:
+                h.wfile.write(ws_frame(struct.pack("!H", 1000), opcode=0x8))
+                h.wfile.flush()
+                return
 
     def nodes(self) -> list[dict]:
         out = []

@@ -3,6 +3,7 @@ recorded, faults injectable, handlers written as plain functions of a
 ``Request``."""
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import threading
@@ -50,6 +51,9 @@ class Response:
     status: int = 200
     body: Any = None
     headers: dict[str, str] = field(default_factory=dict)
+    # An upgraded connection (a WebSocket): after the status and headers,
+    # this writes to the socket itself until it is done.
+    takeover: Callable[[BaseHTTPRequestHandler], None] | None = None
 
     def encode(self) -> tuple[bytes, str]:
         if self.body is None:
@@ -186,6 +190,16 @@ class FakeServer:
             if fault is not None:
                 resp = Response(fault.status, fault.body, dict(fault.headers))
         req.status = resp.status
+        if resp.takeover is not None:
+            h.send_response(resp.status)
+            for k, v in resp.headers.items():
+                h.send_header(k, v)
+            h.end_headers()
+            h.wfile.flush()
+            h.close_connection = True
+            with contextlib.suppress(OSError):  # the client went away: so did its stream
+                resp.takeover(h)
+            return
         data, ctype = resp.encode()
         h.send_response(resp.status)
         h.send_header("Content-Type", resp.headers.pop("Content-Type", ctype))
