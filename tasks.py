@@ -200,63 +200,50 @@ def hang_worker(c, restore_after="60"):
         s.run("chaos", task_steps.hang_steps(s.env, seconds("--restore-after", restore_after)), parallel=False)
 
 
-@task(help={"run": "the run (its run_name); default: the newest run with a timeline",
-            "json": "print it as one JSON object (run, wall_s, productive_s, goodput_pct, badput_s, incidents)"})
-def goodput(c, run="", json_=False):
-    """What each second of a run went to: productive steps, badput by cause, each incident (read-only)."""
+def _report(c, task: str, make_step, step_id: str, as_json: bool, lines_of) -> None:
+    """A read-only report task (goodput, runs): its one step run quietly,
+    then its data printed as JSON or as lines (a dry run prints the step)."""
     import json
 
     from playbooks.cli.session import Failed
     from playbooks.core.recap import Reporter
     from playbooks.core.runner import Mode
+
+    with clean_errors():
+        s = open_session(c.config, task, reporter=Reporter(lambda line: None), read_only=True)
+        step = make_step(s.env)
+        if s.mode is Mode.DRY:
+            s.book.reporter = Reporter()
+            s.run(task, [step])
+            return
+        recap = s.book.run(f"{task} {s.env.name}", [step])
+        data = recap.data(step_id)
+        if data is None:
+            raise Failed(f"{task}: {recap.results[0].reason if recap.results else 'not run'}")
+        if as_json:
+            print(json.dumps(data))
+        else:
+            Reporter().block(lines_of(s.env, data))
+
+
+@task(help={"run": "the run (its run_name); default: the newest run with a timeline",
+            "json": "print it as one JSON object (run, wall_s, productive_s, goodput_pct, badput_s, incidents, cost)"})
+def goodput(c, run="", json_=False):
+    """What each second of a run went to: productive steps, badput by cause, each incident, its cost (read-only)."""
     from playbooks.plays import logs as lg
     from playbooks.runs import goodput as gp
 
-    with clean_errors():
-        lines: list[str] = []
-        s = open_session(c.config, "goodput", reporter=Reporter(lines.append), read_only=True)
-        step = lg.goodput_step(s.env, _run_flag(run))
-        if s.mode is Mode.DRY:
-            s.book.reporter = Reporter()
-            s.run("goodput", [step])
-            return
-        recap = s.book.run(f"goodput {s.env.name}", [step])
-        report = recap.data("goodput:report")
-        if report is None:
-            raise Failed(f"goodput: {recap.results[0].reason if recap.results else 'not run'}")
-        if json_:
-            print(json.dumps(report))
-        else:
-            Reporter().block(gp.lines(report))
+    _report(c, "goodput", lambda env: lg.goodput_step(env, _run_flag(run)), "goodput:report", json_,
+            lambda env, report: gp.lines(report))
 
 
 @task(help={"json": "print them as one JSON list (run, state, steps, wall_s, goodput_pct, chip_hours, cost, ...)"})
 def runs(c, json_=False):
     """Every run this environment knows (its timelines), newest first: state, steps, wall, goodput, chip-hours, cost."""
-    import json
-
-    from playbooks.cli.session import Failed
-    from playbooks.core.recap import Reporter
-    from playbooks.core.runner import Mode
     from playbooks.plays import logs as lg
     from playbooks.runs import run_list
 
-    with clean_errors():
-        lines: list[str] = []
-        s = open_session(c.config, "runs", reporter=Reporter(lines.append), read_only=True)
-        step = lg.runs_step(s.env)
-        if s.mode is Mode.DRY:
-            s.book.reporter = Reporter()
-            s.run("runs", [step])
-            return
-        recap = s.book.run(f"runs {s.env.name}", [step])
-        rows = recap.data("runs:list")
-        if rows is None:
-            raise Failed(f"runs: {recap.results[0].reason if recap.results else 'not run'}")
-        if json_:
-            print(json.dumps(rows))
-        else:
-            Reporter().block(run_list.table(rows, s.env.name))
+    _report(c, "runs", lg.runs_step, "runs:list", json_, lambda env, rows: run_list.table(rows, env.name))
 
 
 @task(help={"yes": "do not ask for confirmation"})

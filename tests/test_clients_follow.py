@@ -81,7 +81,7 @@ def gke(cloud: Cloud, tmp_path):
     cloud.seed_full()
     cloud.get_credentials()
     port = free_port()
-    cloud.change_inventory(dashboard_port=port, reconnect_timeout=20)
+    cloud.change_inventory(dashboard_port=port, reconnect_timeout=10)
     env = {"PATH": f"{SHIM}:{cloud.env()['PATH']}", "KUBE_TEST_REAL_KUBECTL": shutil.which("kubectl") or "",
            "KUBE_TEST_FORWARD_TO": str(cloud.dashboard.port),
            "KUBE_TEST_FORWARD_REFUSE": str(tmp_path / "refuse")}
@@ -180,9 +180,9 @@ def test_a_port_forward_that_does_not_come_back_ends_the_follow_in_bounded_time_
     took = time.monotonic() - at
     out = "\n".join(lines)
     assert rc != 0, out[-3000:]
-    assert took < 20 + 30, took  # reconnect_timeout, and a look or two
+    assert took < 10 + 30, took  # reconnect_timeout, and a look or two
     assert (f"job {SID} was not seen to end: its log's stream from the Ray dashboard" in out
-            and "could not be reached again within 20 s (reconnect_timeout)" in out
+            and "could not be reached again within 10 s (reconnect_timeout)" in out
             and f"`invoke logs --run {RUN} --follow` follows it again" in out), out[-3000:]
     assert "Traceback" not in out
     # Followed again (the port-forward back): from the start, the whole log, the job's end.
