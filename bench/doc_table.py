@@ -32,18 +32,20 @@ def commit() -> str:
     return (out.stdout.strip() or "unknown") + (" + changes" if dirty else "")
 
 
-def write(page: str, name: str, command: str, lines: list[str]) -> Path:
-    """Replace the table between NAME's markers in docs/PAGE; exits with one
-    line when the page or its markers are missing."""
-    path = ROOT / "docs" / page
+def write(page: str, name: str, command: str, lines: list[str], stamp: str | None = None) -> Path:
+    """Replace the table between NAME's markers in docs/PAGE (``../README.md``:
+    the project's README), headed by ``stamp`` and the date, commit and
+    machine (by default: the command that wrote it); exits with one line when
+    the page or its markers are missing."""
+    path = (ROOT / "docs" / page).resolve()
     begin, end = markers(name)
     text = path.read_text() if path.is_file() else ""
     if begin not in text or end not in text.split(begin, 1)[1]:
         raise SystemExit(f"{path.relative_to(ROOT)} has no {begin} ... {end} markers")
     head, rest = text.split(begin, 1)
     tail = rest.split(end, 1)[1]
-    stamp = (f"Written by `{command}` on {datetime.date.today().isoformat()} at commit `{commit()}` "
-             f"({machine()}).")
+    stamp = (stamp or f"Written by `{command}`.").rstrip(".") + (
+        f" on {datetime.date.today().isoformat()} at commit `{commit()}` ({machine()}).")
     path.write_text(head + begin + "\n" + stamp + "\n\n" + "\n".join(lines).rstrip("\n") + "\n" + end + tail)
     print(f"wrote the table into {path.relative_to(ROOT)}")
     return path

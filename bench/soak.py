@@ -34,7 +34,8 @@ recover (the loss to the first step after it); then the median and p90 of
 the time to recover over the lost hosts.
 
 `--load` runs a CPU hog on one core meanwhile. `--write` writes the table,
-dated, into docs/elastic.md (between its markers). Each run's timeline is
+dated, into docs/elastic.md (between its markers), and its summary (a row
+per scenario) into the README; `--summary` writes only that summary again. Each run's timeline is
 kept: .state/soak/kept/<rep>-<scenario>.jsonl. Uses its own environment
 (soak: ray_ip 127.0.0.12, gcs_port 7400, dashboard_port 8305, its own
 .state folder) and stops its cluster at the end.
@@ -536,6 +537,53 @@ def restart_parts(kept: Path) -> list[str]:
             "| part (from the one before) | median |", "| --- | --- |", *rows]
 
 
+# The README's summary: one row per scenario, read from the soak's table in
+# docs/elastic.md (the record: a summary of a soak that ran before this
+# script could summarise is the same numbers).
+INCIDENT = re.compile(r"(\w+): lost ([\d-]+), restored ([\d-]+), replayed (\d+), ([\d.]+) s")
+
+
+def summary(block: str) -> list[str]:
+    """Per scenario: its runs passed, its goodput's range, the steps replayed
+    at a loss and at a grow, the median time to recover from a lost host;
+    headed by the soak's own line and date."""
+    stamp = re.search(r"Written by `([^`]+)` on (\d{4}-\d{2}-\d{2})", block)
+    if stamp is None:
+        raise SystemExit("docs/elastic.md: the soak's table has no 'Written by' line: run bench/soak.py --write")
+    rows: dict[str, dict[str, list]] = {}
+    for line in block.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 5 or not cells[0].isdigit():
+            continue
+        r = rows.setdefault(cells[1], {"ok": [], "goodput": [], "lost": [], "grow": [], "recover": []})
+        r["ok"].append(cells[2] == "passed")
+        if m := re.match(r"([\d.]+)%", cells[3]):
+            r["goodput"].append(float(m.group(1)))
+        for kind, _, _, replayed, secs in INCIDENT.findall(cells[4]):
+            r["grow" if kind == "resize" else "lost"].append(int(replayed))
+            if kind in LOSSES:
+                r["recover"].append(float(secs))
+    head = next((ln for ln in block.splitlines() if " runs passed in " in ln), "")
+    out = [f"`{stamp.group(1)}`, {stamp.group(2)}: {head} Each scenario, over its runs "
+           "([every run, every incident](docs/elastic.md#the-soaks-table)):", "",
+           "| scenario | passed | goodput | steps replayed at a loss | at a grow | time to recover (median) |",
+           "| --- | --- | --- | --- | --- | --- |"]
+    for name, r in rows.items():
+        gp = f"{min(r['goodput']):.0f}-{max(r['goodput']):.0f} %" if r["goodput"] else "n/a"
+        rec = f"{statistics.median(r['recover']):.1f} s" if r["recover"] else "-"
+        out.append(f"| {name} | {sum(r['ok'])} of {len(r['ok'])} | {gp} | {', '.join(map(str, r['lost'])) or '-'} "
+                   f"| {', '.join(map(str, r['grow'])) or '-'} | {rec} |")
+    return out + ["", *(ln for ln in block.splitlines() if ln.startswith("time to recover"))]
+
+
+def write_summary() -> None:
+    begin, end = doc_table.markers("soak")
+    text = (ROOT / "docs" / "elastic.md").read_text()
+    block = text.split(begin, 1)[1].split(end, 1)[0] if begin in text and end in text else ""
+    doc_table.write("../README.md", "soak-summary", "bench/soak.py --summary", summary(block),
+                    stamp="Summarised by `bench/soak.py --summary` from the soak's table in docs/elastic.md.")
+
+
 def hog() -> subprocess.Popen:
     """A CPU hog on one core (the first this process may use)."""
     core = min(os.sched_getaffinity(0))
@@ -545,6 +593,18 @@ def hog() -> subprocess.Popen:
 
 def interrupted(signum, frame) -> None:
     raise KeyboardInterrupt
+
+
+def rewrite(parts: bool, write: bool) -> None:
+    """No soak: the README's summary again, or a restart's parts from the
+    timelines the last soak kept (printed; with ``write``, its table)."""
+    if not parts:
+        write_summary()
+        return
+    lines = restart_parts(STATE / "kept")
+    print("\n".join(lines))
+    if write:
+        doc_table.write("elastic.md", "restart-parts", "bench/soak.py --parts (the timelines of the soak above)", lines)
 
 
 def main() -> None:
@@ -558,13 +618,11 @@ def main() -> None:
     ap.add_argument("--write", action="store_true", help="write the table, dated, into docs/elastic.md")
     ap.add_argument("--parts", action="store_true",
                     help="only the parts of a restart, from the timelines the last soak kept (with --write: its table)")
+    ap.add_argument("--summary", action="store_true",
+                    help="only the README's summary, from the soak's table in docs/elastic.md")
     a = ap.parse_args()
-    if a.parts:
-        lines = restart_parts(STATE / "kept")
-        print("\n".join(lines))
-        if a.write:
-            doc_table.write("elastic.md", "restart-parts", "bench/soak.py --parts (the timelines of the soak above)",
-                            lines)
+    if a.summary or a.parts:
+        rewrite(a.parts, a.write)
         return
     names = [n for n in a.only.split(",") if n] or list(SCENARIOS)
     if bad := [n for n in names if n not in SCENARIOS]:
@@ -605,6 +663,7 @@ def main() -> None:
     if a.write:
         doc_table.write("elastic.md", "soak", command, lines)
         doc_table.write("elastic.md", "restart-parts", f"{command} (its kept timelines)", restart_parts(STATE / "kept"))
+        write_summary()
     sys.exit(130 if stopped else 0 if passed == len(results) else 1)
 
 

@@ -133,7 +133,7 @@ def test_each_benchmark_has_its_table_in_its_page():
     """Every `doc_table.write(page, name, ...)` in bench/ has its markers."""
     calls = []
     for script in sorted((ROOT / "bench").glob("*.py")):
-        for page, name in re.findall(r"doc_table\.write\(\s*\"([\w.-]+)\",\s*\"([\w-]+)\"", script.read_text()):
+        for page, name in re.findall(r"doc_table\.write\(\s*\"([\w./-]+)\",\s*\"([\w-]+)\"", script.read_text()):
             calls.append((script.name, page, name))
             text = (ROOT / "docs" / page).read_text()
             assert f"<!-- bench:{name} -->" in text and f"<!-- /bench:{name} -->" in text, (script.name, page)

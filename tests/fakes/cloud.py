@@ -239,6 +239,7 @@ class Cloud:
             (ROOT / ".state" / name / "prices.json").unlink(missing_ok=True)
         self.gcp.reset()
         self.kube.reset()
+        self.dashboard.reset()
         self.sink.lines.clear()
         self.fresh_clients()
         self.inventory_path.write_text(self._inventory_text)

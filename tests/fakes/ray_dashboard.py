@@ -54,9 +54,17 @@ class FakeDashboard(Fake):
                "start_time": now, "end_time": None, "metadata": {}, "runtime_env": {},
                "driver_agent_http_address": None, "driver_node_id": None, "driver_exit_code": None}
         with self.changed:
+            assert self.job(sid) is None, f"job {sid} already exists (Ray refuses a submission id twice)"
             self.jobs.append(job)
             self.logs[sid] = []
         return job
+
+    def reset(self) -> None:
+        """No jobs: what the next test's cluster starts with."""
+        with self.changed:
+            self.jobs.clear()
+            self.logs.clear()
+            self.changed.notify_all()
 
     def log(self, sid: str, *lines: str) -> None:
         with self.changed:
@@ -103,7 +111,7 @@ class FakeDashboard(Fake):
         sent = 0
         while True:
             with self.changed:
-                lines = self.logs[sid][sent:]
+                lines = self.logs.get(sid, [])[sent:]
                 done = (self.job(sid) or {}).get("status") not in ACTIVE
                 if not lines and not done:
                     self.changed.wait(0.5)
