@@ -12,6 +12,9 @@ from playbooks.core.command import Command, quote
 from playbooks.core.connector import Connector
 from playbooks.core.facts import ABSENT, Fact
 
+# A job's states before its end (the Jobs API's JobStatus).
+ACTIVE = ("PENDING", "RUNNING")
+
 
 def _get(via: Connector, url: str, timeout: float) -> Any:
     """Read where the dashboard's port is: this machine, or the controller

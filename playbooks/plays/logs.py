@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from playbooks.access import connectors
-from playbooks.access.ray_api import job_fact, job_logs_command, jobs_fact, ours, run_of
+from playbooks.access.ray_api import ACTIVE, job_fact, job_logs_command, jobs_fact, ours, run_of
 from playbooks.cloud import maintenance, prices
 from playbooks.cloud.endpoints import dashboard
 from playbooks.config import paths
@@ -54,7 +54,7 @@ def logs_step(env: Environment, run: str | None, follow: bool) -> Step:
             return Outcome(FAILED, f"could not read the log of job {sid}: `ray job logs` exited {done.rc}")
         status = final.get("status") if isinstance(final, dict) else "UNKNOWN"
         # Followed to its end: the run's maintenance hold goes with the job.
-        if follow and status not in ("PENDING", "RUNNING") and \
+        if follow and status not in ACTIVE and \
                 (line := maintenance.release(ctx, env, run_of(sid))):
             ctx.echo(f"  {line}")
         if status in ("FAILED", "STOPPED"):

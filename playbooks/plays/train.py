@@ -9,7 +9,15 @@ from pathlib import Path
 from typing import Any
 
 from playbooks.access import connectors
-from playbooks.access.ray_api import job_fact, job_logs_command, jobs_fact, nodes_fact, ours, submission_number
+from playbooks.access.ray_api import (
+    ACTIVE,
+    job_fact,
+    job_logs_command,
+    jobs_fact,
+    nodes_fact,
+    ours,
+    submission_number,
+)
 from playbooks.cloud import maintenance, prices
 from playbooks.cloud.capacity_options import pool_option, preemptible
 from playbooks.cloud.gke import clusters_fact, nodepool_name, nodepools_list_fact, running_cluster
@@ -70,7 +78,7 @@ def checkpoint_step(job: Job) -> Step:
         if listing is not None:
             listed = look(listing)
             active = [j for j in (ours(job.run_name, listed) if listed is not ABSENT else [])
-                      if j.get("status") in ("PENDING", "RUNNING")]
+                      if j.get("status") in ACTIVE]
             if active:
                 sid = active[-1]["submission_id"]
                 return fail(f"job {sid} of run {job.run_name} is {active[-1]['status']}: --fresh would delete the "
@@ -358,7 +366,7 @@ class JobRun:
         """The job to follow: the run's job still running, or a new one's id."""
         job = self.job
         mine = ours(job.run_name, listed)
-        active = [j for j in mine if j.get("status") in ("PENDING", "RUNNING")]
+        active = [j for j in mine if j.get("status") in ACTIVE]
         if active:
             sid = str(active[-1]["submission_id"])
             ctx.note(f"job {sid} of run {job.run_name} is already {active[-1]['status']}: following it, "
@@ -385,7 +393,7 @@ class JobRun:
                 ctx.echo(f"  {said}")
             return Outcome(FAILED, followed.lost)
         # The job ended (or was never made): the hold goes with it.
-        ended = not (isinstance(final, dict) and final.get("status") in ("PENDING", "RUNNING"))
+        ended = not (isinstance(final, dict) and final.get("status") in ACTIVE)
         if ended and (line := maintenance.release(ctx, job.env, job.run_name)):
             ctx.echo(f"  {line}")
         if not done.ok and not isinstance(final, dict):

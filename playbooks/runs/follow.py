@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from playbooks.access import connectors
-from playbooks.access.ray_api import job_fact, job_logs_command
+from playbooks.access.ray_api import ACTIVE, job_fact, job_logs_command
 from playbooks.cloud import kube_objects
 from playbooks.cloud import pods as P
 from playbooks.cloud.endpoints import forward_command, forward_pidfile
@@ -29,9 +29,6 @@ from playbooks.runs import events as E
 from playbooks.runs import pod_watch, stall, timeline
 from playbooks.runs.job_log import clean, shown
 from playbooks.runs.train_summary import Summary
-
-# A job's states before its end (the Jobs API's JobStatus).
-ACTIVE = ("PENDING", "RUNNING")
 
 
 def stop_command(address: str, sid: str) -> Command:
