@@ -237,17 +237,18 @@ def _state(lines: list[str]) -> str:
     return ""
 
 
-def unread_reason(r: StepResult, first_of: dict[str, StepResult]) -> str:
+def unread_reason(r: StepResult, full: dict[str, str]) -> str:
     """Why a step that could not look (or needs one that could not) is
-    unknown: what could not be read, and why."""
-    needs = (r.data or {}).get("needs_unread") if isinstance(r.data, dict) else None
-    own = first_of.get(r.cause, r).reason if r.cause else r.reason
+    unknown: what could not be read, and why (``full``: each failure's
+    reason in full, ``Recap.full_reasons``)."""
+    needs = r.data.get("needs_unread") if isinstance(r.data, dict) else None
+    own = full.get(r.cause, r.reason) if r.cause else r.reason
     if needs:
         return f"unknown because it needs {', '.join(needs)}, which could not be read ({own})"
     return f"unknown because {own}"
 
 
-def verdict(r: StepResult, found: dict[str, str], first_of: dict[str, StepResult] | None = None) -> tuple[str, str]:
+def verdict(r: StepResult, found: dict[str, str], full: dict[str, str] | None = None) -> tuple[str, str]:
     """(verdict, what is) of one step's result: what is there, never what a
     change would do; "unknown" where it could not be read."""
     if r.outcome == OK:
@@ -257,27 +258,24 @@ def verdict(r: StepResult, found: dict[str, str], first_of: dict[str, StepResult
     if r.outcome == CHANGED:
         return r.found or "missing", _state(r.lines) or r.found
     if r.outcome == FAILED and r.found == UNKNOWN:
-        return UNKNOWN, unread_reason(r, first_of or {})
+        return UNKNOWN, unread_reason(r, full or {})
     if r.outcome in (FAILED, UNREACHABLE):
         return "not as asked", r.reason
-    if r.found == "unknown":
-        waits = (r.data or {}).get("waits_on") if isinstance(r.data, dict) else None
+    if r.found == UNKNOWN:
+        waits = r.data.get("waits_on") if isinstance(r.data, dict) else None
         if waits:
-            return "unknown", "unknown because " + ", ".join(f"{t} is {found.get(t) or 'not as asked'}"
-                                                             for t in waits)
-        return "unknown", "unknown because " + r.reason.removeprefix("not checked: ")
+            return UNKNOWN, "unknown because " + ", ".join(f"{t} is {found.get(t) or 'not as asked'}"
+                                                           for t in waits)
+        return UNKNOWN, "unknown because " + r.reason.removeprefix("not checked: ")
     return "not used", r.reason
 
 
 def report(env: Environment, recap: Recap) -> dict:
     found = {r.title: r.found for r in recap.results if r.outcome == CHANGED}
-    first_of: dict[str, StepResult] = {}  # a failure's cause -> the step that met it first (its reason in full)
-    for r in recap.results:  # the step that met a cause first says it in full (the others point to it)
-        if r.outcome in (FAILED, UNREACHABLE) and r.cause and not r.reason.startswith("the same failure as"):
-            first_of.setdefault(r.cause, r)
+    full = recap.full_reasons()
     items = []
     for r in recap.results:
-        v, what = verdict(r, found, first_of)
+        v, what = verdict(r, found, full)
         items.append({"what": r.title, "verdict": v, "outcome": r.outcome, "state": _state(r.lines),
                       "reason": what, "notes": list(r.notes)})
     # The first thing not as asked; what could not be read only when nothing

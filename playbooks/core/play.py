@@ -28,6 +28,7 @@ from .recap import (
     Reporter,
     StepResult,
     banner,
+    same_failure,
 )
 from .runner import Mode, Runner, StepLog
 from .step import CHANGE, DRIFT, FAIL, SKIP, UNCHECKED, WAIT, Await, Broken, Decision, Step, Verify, poll
@@ -350,6 +351,15 @@ def _attempt(ctx: StepContext, step: Step, decision: Decision) -> tuple[str | No
     return (None, None) if why is None else (f"not verified after the change: {why}", None)
 
 
+def _of_after(table: dict[str, list[str]], step: Step) -> list[str]:
+    """What ``table`` holds for the steps ``step`` comes after, each once,
+    in order."""
+    out: list[str] = []
+    for d in step.after:
+        out += [t for t in table.get(d, ()) if t not in out]
+    return out
+
+
 class Playbook:
     """Runs a list of steps against a runner and returns the recap."""
 
@@ -412,9 +422,9 @@ class Playbook:
             cause = out.cause
             with self._lock:
                 first = self._causes.setdefault(cause, step.title) if cause else None
-            if cause and first != step.title:
+            if first is not None and first != step.title:
                 # Printed once, in full, by the first step that met it.
-                out.reason = f"the same failure as [{first}] (above)"
+                out.reason = same_failure(first)
             end = f"{out.outcome}: [{step.title}]\n" + "\n".join("  " + ln for ln in out.reason.splitlines())
         if buffered:
             self.reporter.block([head] + log.lines + [end])
@@ -438,12 +448,7 @@ class Playbook:
         failure."""
         if self.runner.mode is not Mode.CHECK:
             return out
-        roots: list[str] = []
-        for d in step.after:
-            roots += [t for t in self._pending.get(d, ()) if t not in roots]
-        unread: list[str] = []
-        for d in step.after:
-            unread += [t for t in self._unread.get(d, ()) if t not in unread]
+        roots, unread = _of_after(self._pending, step), _of_after(self._unread, step)
         if out.outcome == FAILED and roots:
             verb = "changes" if len(roots) == 1 else "change"
             out = Outcome(SKIPPED, f"cannot be checked before {', '.join(roots)} {verb} (check mode changes "

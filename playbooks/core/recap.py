@@ -22,6 +22,15 @@ NOT_READY = "not ready"
 UNKNOWN = "unknown"
 
 
+SAME_FAILURE = "the same failure as ["
+
+
+def same_failure(first: str) -> str:
+    """The reason of a step that met a failure another step met first
+    (printed once, in full, by that step)."""
+    return f"{SAME_FAILURE}{first}] (above)"
+
+
 @dataclass
 class StepResult:
     step_id: str
@@ -60,6 +69,15 @@ class Recap:
         """What a step handed on (None when it did not run or had none)."""
         return next((r.data for r in self.results if r.step_id == step_id), None)
 
+    def full_reasons(self) -> dict[str, str]:
+        """Each failure's cause -> its reason in full: that of the step that
+        met it first (the others say ``same_failure``)."""
+        full: dict[str, str] = {}
+        for r in self.results:
+            if r.outcome in FAILING and r.cause and not r.reason.startswith(SAME_FAILURE):
+                full.setdefault(r.cause, r.reason)
+        return full
+
     def render(self) -> list[str]:
         out = [f"PLAY RECAP [{self.name}] " + "*" * 20]
         width = max([len(r.title) for r in self.results] + [len(t) for t in self.not_run] + [10])
@@ -74,12 +92,11 @@ class Recap:
         for r in self.results:
             if r.outcome in FAILING and r.cause:
                 by_cause.setdefault(r.cause, []).append(r)
-        for rs in by_cause.values():
+        full = self.full_reasons()
+        for cause, rs in by_cause.items():
             if len(rs) > 1:
-                # The reason in full: that of the step that met it first (the
-                # others say "the same failure as [...]").
-                full = next((r.reason for r in rs if not r.reason.startswith("the same failure as [")), rs[0].reason)
-                out.append(f"  one failure stopped {len(rs)} steps ({', '.join(r.title for r in rs)}): {full}")
+                out.append(f"  one failure stopped {len(rs)} steps ({', '.join(r.title for r in rs)}): "
+                           f"{full.get(cause, rs[0].reason)}")
         wall = f"  wall {self.wall:.1f}s" if self.timed else ""
         out.append(f"{self.name}: {self.counters()}{wall}")
         return out
