@@ -8,13 +8,17 @@ run them are ``plays/preflight.py``.
    ICI parallelisms multiply to the chips of a slice, the DCN ones to the
    slices; hosts, chips and workers agree; the manifest's
    MEGASCALE_NUM_SLICES equals its slice replicas; heads split over the
-   tensor axis.
+   tensor axis. Then each chip's HBM estimated (``memory.py``) on every
+   shape the job may run on (``shapes``: an elastic job's every slice count
+   down to one); a confident misfit names the first change of the search's
+   list the estimate says fits.
 2. Fit, by ahead-of-time compiling the exact job for the TPU topology with
    MaxText's train_compile (same MaxText, flags and libtpu as the workers):
    per-chip arguments, outputs, temporaries and total against the chip's HBM.
 3. When it does not fit, a small stated list of changes is compiled in turn
    and the first that fits is printed as a ready `--set` line.
-Results are cached by everything that changes the compile.
+Results are cached by everything that changes the compile. An elastic job
+is compiled for each of its shapes.
 """
 from __future__ import annotations
 
