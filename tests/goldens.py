@@ -47,6 +47,16 @@ CAPACITY_INVENTORY = GOLDENS / "capacity-inventory.yaml"
 CAPACITY_TASKS = ("capacity", "nodepools", "up", "raycluster", "train-llama3-8b", "train-elastic", "teardown")
 
 
+# The tutorial's 70B job does not fit 2 x v6e-16: on GKE its dry run says so
+# (the HBM estimate, before any compile) and exits 1 (docs/preflight.md).
+MISFITS = ("train-llama3-70b", "preflight-llama3-70b")
+
+
+def expected_rc(env: str, task: str, inventory: Path | None = None) -> int:
+    envs = yaml.safe_load((inventory or ROOT / "inventory.yaml").read_text())["environments"]
+    return 1 if task in MISFITS and envs[env].get("kind") != "local" else 0
+
+
 def environments() -> list[str]:
     return list(yaml.safe_load((ROOT / "inventory.yaml").read_text())["environments"])
 
@@ -96,7 +106,7 @@ def main() -> int:
     failed = 0
     for env, name, inventory in cases():
         rc, out, err = dry_run(env, TASKS[name], inventory)
-        if rc != 0 or "PROCESSES STARTED" in err:
+        if rc != expected_rc(env, name, inventory) or "PROCESSES STARTED" in err:
             print(f"{env} {name}: exit {rc}\n{err}", file=sys.stderr)
             failed += 1
             continue

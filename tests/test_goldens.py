@@ -9,7 +9,7 @@ import difflib
 
 import pytest
 
-from tests.goldens import TASKS, cases, dry_run, golden_path
+from tests.goldens import TASKS, cases, dry_run, expected_rc, golden_path
 
 CASES = cases()
 
@@ -17,7 +17,7 @@ CASES = cases()
 def assert_golden(env: str, task: str, inventory, real_cli: bool = False) -> None:
     rc, out, err = dry_run(env, TASKS[task], inventory, real_cli)
     assert "PROCESSES STARTED" not in err, err
-    assert rc == 0, err
+    assert rc == expected_rc(env, task, inventory), err
     want = golden_path(env, task).read_text()
     if out != want:
         diff = "\n".join(difflib.unified_diff(want.splitlines(), out.splitlines(), "golden", "now", lineterm=""))

@@ -240,3 +240,81 @@ def test_when_no_setting_fits_more_slices_are_tried_and_the_inventory_change_nam
     assert ("No change of settings fits; 8 slices do (28.50 of 31.24 GiB): set `slices: 8` for big in the "
             "inventory and run `invoke up` (8 node pools of v6e-16), then INVOKE_PLAYBOOK_ENV=big invoke train "
             "--model=llama3-70b --set dcn_fsdp_parallelism=-1") in out, out
+
+
+# -- the HBM estimate in the static checks (no compile) -----------------------------------------
+def test_the_tutorials_70b_job_is_refused_by_estimate_with_the_change_that_fits():
+    e = env("dev")
+    why = pf.memory_problem(e, job(e, "llama3-70b"))
+    assert why.startswith("llama3-70b, the tutorial's flags, does not fit 2 x v6e-16 by estimate: 53.98 of 31.24 GiB "
+                          "per chip (parameters 8.21, optimizer state 16.43, gradients 8.21"), why
+    assert "Estimated to fit (30.00 GiB, likely fits): INVOKE_PLAYBOOK_ENV=dev invoke train --model=llama3-70b " \
+           "--preset=fits;" in why
+    assert pf.memory_problem(e, job(e, "llama3-70b", ["per_device_batch_size=1", "optimizer_memory_host_offload=true"])) \
+        is None
+    assert pf.memory_problem(e, job(e)) is None
+
+
+def test_the_dry_run_says_the_misfit_before_any_compile_within_a_second():
+    from tests.goldens import dry_run
+    start = time.monotonic()
+    rc, out, _ = dry_run("dev", ["train", "--model=llama3-70b"])
+    assert rc == 1 and time.monotonic() - start < 3  # ~0.3 s here; slack for a loaded CI machine
+    assert "does not fit 2 x v6e-16 by estimate" in out and "invoke train --model=llama3-70b --preset=fits" in out
+    assert "train_compile" not in out and "ray job submit" not in out and "get-credentials" not in out
+
+
+def test_an_elastic_job_is_estimated_on_every_shape_it_may_shrink_to():
+    e = env("dev")
+    j = job(e, "llama3-70b", ["dcn_fsdp_parallelism=-1", "per_device_batch_size=1",
+                              "optimizer_memory_host_offload=true"], elastic=True)
+    assert pf.shapes(e, j) == [2, 1] and pf.shapes(e, job(e)) == [2]
+    why = pf.memory_problem(e, j)
+    assert why.startswith("llama3-70b does not fit 1 x v6e-16 (where the elastic job runs after a lost slice) by "
+                          "estimate: 46.43 of 31.24 GiB per chip"), why
+    assert "; it fits 2 x v6e-16. " in why and why.endswith("or train without --elastic (every slice, no shrinking)")
+    # The fix keeps the job's own flags (--elastic, its --set) and adds the change.
+    assert ("INVOKE_PLAYBOOK_ENV=dev invoke train --model=llama3-70b --elastic --set dcn_fsdp_parallelism=-1 --set "
+            "per_device_batch_size=1 --set optimizer_memory_host_offload=true --set parameter_memory_host_offload=true "
+            "--set param_scan_axis=0") in why
+
+
+def test_the_ready_command_keeps_the_jobs_own_flags():
+    e = env("dev")
+    j = tr.build_job(e, "llama3-70b", True, sets=["dcn_fsdp_parallelism=-1"], preset="fits")
+    extra = (("parameter_memory_host_offload", "true"),)
+    assert pf.ready_command(e, j, extra) == ("INVOKE_PLAYBOOK_ENV=dev invoke train --model=llama3-70b --elastic "
+                                             "--preset=fits --set dcn_fsdp_parallelism=-1 --set "
+                                             "parameter_memory_host_offload=true")
+    assert pf.ready_command(e, job(e, "llama3-70b"), pf.PRESETS["llama3-70b"]["fits"]).endswith(
+        "invoke train --model=llama3-70b --preset=fits")
+
+
+def _invoke(tmp_path, inv, cache, *args):
+    return subprocess.run([INVOKE, *args], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={**{k: v for k, v in os.environ.items() if not k.startswith("INVOKE_")},
+                               "INVOKE_PLAYBOOK_INVENTORY": str(inv), "HOME": str(tmp_path),
+                               "PLAYBOOK_PREFLIGHT_CACHE": str(cache)})
+
+
+def test_an_elastic_job_that_fits_every_slice_but_not_one_is_refused_naming_the_shape(tmp_path):
+    """The compile of each shape from the cache: 2 slices fit, 1 does not."""
+    inv = tmp_path / "inventory.yaml"
+    inv.write_text(yaml.safe_dump({"default": "big", "environments": {"big": GKE}}))
+    e = load_inventory(inv).env("big")
+    j = tr.build_job(e, "llama3-8b", elastic=True)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    _seed(cache, e, j, fits=True, total=22.35)
+    _seed(cache, e, j, fits=False, slices=1)
+    for task in ("preflight", "train"):
+        r = _invoke(tmp_path, inv, cache, task, "--elastic")
+        out = r.stdout + r.stderr
+        assert r.returncode == 1, out
+        assert "compiling for" not in out and "HBM per chip, estimated: 22.36 of 31.24 GiB on 2 and 1 x v6e-16" in out
+        assert ("fits 2 x v6e-16 with 8.89 GiB to spare per chip (cached), but the elastic job will not run on "
+                "1 x v6e-16 (needs 40.00 GiB of temporaries per chip), where it shrinks after a lost slice") in out, out
+        assert "ray job submit" not in out and "get-credentials" not in out
+    _seed(cache, e, j, fits=True, slices=1, total=22.35)
+    r = _invoke(tmp_path, inv, cache, "preflight", "--elastic")
+    assert r.returncode == 0 and "fits 2 x v6e-16 with 8.89 GiB to spare per chip (cached), and 1 x v6e-16" in r.stdout

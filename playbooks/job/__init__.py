@@ -1,7 +1,8 @@
 """The MaxText job: what it is and how it is submitted (``spec``: the
 tutorial's job for a model with the inventory's and the user's changes,
 checked before anything runs; its checkpoints as Orbax counts them; its
-compilation cache), and whether it fits its TPUs (``fit``: the AOT compile
+compilation cache), and whether it fits its TPUs (``memory``: each chip's
+HBM estimated in an instant; ``fit``: the static checks, the AOT compile
 and the search for the smallest change that fits).
 
 May import ``playbooks.core``, ``playbooks.config``, ``playbooks.access`` and

@@ -8,13 +8,17 @@ run them are ``plays/preflight.py``.
    ICI parallelisms multiply to the chips of a slice, the DCN ones to the
    slices; hosts, chips and workers agree; the manifest's
    MEGASCALE_NUM_SLICES equals its slice replicas; heads split over the
-   tensor axis.
+   tensor axis. Then each chip's HBM estimated (``memory.py``) on every
+   shape the job may run on (``shapes``: an elastic job's every slice count
+   down to one); a confident misfit names the first change of the search's
+   list the estimate says fits.
 2. Fit, by ahead-of-time compiling the exact job for the TPU topology with
    MaxText's train_compile (same MaxText, flags and libtpu as the workers):
    per-chip arguments, outputs, temporaries and total against the chip's HBM.
 3. When it does not fit, a small stated list of changes is compiled in turn
    and the first that fits is printed as a ready `--set` line.
-Results are cached by everything that changes the compile.
+Results are cached by everything that changes the compile. An elastic job
+is compiled for each of its shapes.
 """
 from __future__ import annotations
 
@@ -31,13 +35,14 @@ from playbooks.access import connectors
 from playbooks.cloud import manifests
 from playbooks.config import paths
 from playbooks.config import tutorial as T
-from playbooks.config.maxtext_settings import as_text, model_config, overrides_model
+from playbooks.config.maxtext_settings import as_text, model_config, overrides_model, parse
 from playbooks.config.project import ROOT
 from playbooks.config.schema import Environment
 from playbooks.config.tpu import chips
 from playbooks.config.versions import installed
 from playbooks.core.command import Command
 from playbooks.core.facts import ABSENT, Completed, Fact
+from playbooks.job import memory
 from playbooks.job.spec import PRESETS, Job
 
 GIB = 1024 ** 3
@@ -332,11 +337,20 @@ def set_line(extra: Extra) -> str:
 
 
 def ready_command(env: Environment, job: Job, extra: Extra) -> str:
+    """The `invoke train` line of the job with ``extra`` changed: its own
+    flags (--elastic, --preset, --set) kept, a named preset for a change that
+    is one."""
     prefix = f"INVOKE_PLAYBOOK_ENV={env.name} " if env.name else ""
     flags = [f"--model={job.model}"] + (["--elastic"] if job.elastic else [])
-    preset = next((name for name, ov in PRESETS.get(job.model, {}).items() if tuple(ov) == tuple(extra)), None)
-    tail = f"--preset={preset}" if preset else set_line(extra)
-    return f"{prefix}invoke train {' '.join(flags)} {tail}"
+    change = dict(extra)
+    presets = PRESETS.get(job.model, {})
+    preset = next((name for name, ov in presets.items() if tuple(ov) == tuple(extra)), None)
+    if preset is None and job.preset and all(change.get(k, v) == v for k, v in presets[job.preset]):
+        preset = job.preset  # the job's own preset, which the change keeps
+    given = dict(presets[preset]) if preset else {}
+    sets = [(k, v) for k, v in job.sets if k not in change] + [(k, v) for k, v in extra if given.get(k) != v]
+    flags += ([f"--preset={preset}"] if preset else []) + ([set_line(tuple(sets))] if sets else [])
+    return f"{prefix}invoke train {' '.join(flags)}"
 
 
 def job_uses(job: Job, extra: Extra) -> bool:
@@ -392,3 +406,106 @@ def none_found(env: Environment, short: str, plan: list[Attempt]) -> str:
     settings = sum(1 for a in plan if a.slices is None)
     return (f"{short}; none of the {settings} changes tried fits, nor {env.slices * MORE_SLICES[-1]} slices: a larger "
             f"topology is needed")
+
+
+
+# -- the estimate: each chip's HBM in an instant (memory.py), before any compile ----------------
+def settings(job: Job, extra: Extra = ()) -> dict:
+    """MaxText's settings as the job (with ``extra``) would have them:
+    base.yml, the model's config, the job's arguments."""
+    args = dict(job.args)
+    args.update(extra)
+    out = {**_base(), **model_config(args.get("model_name", job.model))}
+    out.update({k: parse(v) for k, v in args.items()})
+    return out
+
+
+def shapes(env: Environment, job: Job, slices: int | None = None) -> list[int]:
+    """The slice counts the job may run on, the most first: an elastic job
+    from every slice down to one (its trainer starts on one whole slice at
+    least: num_workers = (hosts per slice, every host)), another on every slice."""
+    top = slices or env.slices
+    return list(range(top, 0, -1)) if job.elastic else [top]
+
+
+def shape_name(env: Environment, n: int) -> str:
+    return f"{n} x v6e-{chips(env.topology)}"
+
+
+Estimates = list[tuple[int, memory.Estimate]]
+
+
+def estimates(env: Environment, job: Job, extra: Extra = (), slices: int | None = None) -> Estimates | str:
+    """The estimate on each shape the job may run on, or why there is none."""
+    s = settings(job, extra)
+    why = memory.unsupported(s)
+    if why:
+        return f"no HBM estimate for {why}: the compile decides"
+    return [(n, memory.estimate(s, chips(env.topology), n, HBM_V6E_GIB)) for n in shapes(env, job, slices)]
+
+
+def grouped(env: Environment, got: Estimates) -> list[tuple[str, memory.Estimate]]:
+    """The shapes with the same estimate together ("2 and 1 x v6e-16")."""
+    out: dict[str, tuple[list[int], memory.Estimate]] = {}
+    for n, e in got:
+        out.setdefault(e.line(), ([], e))[0].append(n)
+    def listed(ns: list[int]) -> str:
+        return ", ".join(map(str, ns[:-1])) + " and " + str(ns[-1]) if len(ns) > 1 else str(ns[0])
+
+    return [(f"{listed(ns)} x v6e-{chips(env.topology)}", e) for ns, e in out.values()]
+
+
+def estimated(env: Environment, got: Estimates) -> str:
+    """The estimate on each shape, in a few words."""
+    each = [f"{e.total:.2f} of {e.capacity:.2f} GiB on {where} ({e.words()})" for where, e in grouped(env, got)]
+    return f"HBM per chip, estimated: {', '.join(each)}"
+
+
+def fitting_change(env: Environment, job: Job) -> tuple[Attempt, Estimates] | None:
+    """The first change of the compile search's list (the same order) that
+    the estimate does not call a misfit on any shape."""
+    for a in search_plan(env, job):
+        got = estimates(env, job, a.extra, a.slices)
+        if not isinstance(got, str) and all(e.verdict != "misfit" for _, e in got):
+            return a, got
+    return None
+
+
+def memory_problem(env: Environment, job: Job) -> str | None:
+    """One line when the estimate says the job does not fit a shape it may
+    run on: the numbers, the shapes that fit, and the change that fits."""
+    got = estimates(env, job)
+    if isinstance(got, str):
+        return None
+    bad = [(n, e) for n, e in got if e.verdict == "misfit"]
+    if not bad:
+        return None
+    n, e = bad[0]
+    where = " and ".join(shape_name(env, m) for m, _ in bad)
+    after_loss = " (where the elastic job runs after a lost slice)" if n < env.slices else ""
+    model = dict(job.args).get("model_name", job.model)
+    tutorial = not (job.sets or job.preset or env.train_overrides)
+    needs = e.line() if len(bad) == 1 else f"{shape_name(env, n)} needs {e.line()}"
+    head = f"{model}{', the tutorial' + chr(39) + 's flags,' if tutorial else ''} does not fit {where}{after_loss} " \
+           f"by estimate: {needs}"
+    good = [shape_name(env, m) for m, x in got if x.verdict != "misfit"]
+    if good:
+        head += f"; it fits {', '.join(good)}"
+    return head + ". " + _fix(env, job, bool(good))
+
+
+def _fix(env: Environment, job: Job, full_fits: bool) -> str:
+    plan = search_plan(env, job)
+    hit = fitting_change(env, job)
+    without = "; or train without --elastic (every slice, no shrinking)" if job.elastic and full_fits else ""
+    if hit is None:
+        return (f"None of the {sum(1 for a in plan if a.slices is None)} changes the preflight tries fits by "
+                f"estimate, nor {env.slices * MORE_SLICES[-1]} slices{without}")
+    a, got = hit
+    worst = max(got, key=lambda p: p[1].total)[1]
+    said = f"{worst.total:.2f} GiB, {worst.words()}"
+    proof = "`invoke preflight` with the same flags compiles it (the proof)"
+    if a.slices is None:
+        return f"Estimated to fit ({said}): {ready_command(env, job, a.extra)}; {proof}{without}"
+    return (f"No change of settings fits by estimate; {a.slices} slices do ({said}): set `slices: {a.slices}` for "
+            f"{env.name} in the inventory, then {ready_command(env, job, a.extra)}; {proof}{without}")

@@ -54,6 +54,7 @@ class Job:
     local_data: Path | None = None
     bucket: str | None = None
     preset: str = ""
+    sets: tuple[tuple[str, str], ...] = ()  # the user's --set pairs, as given
 
     def arg(self, key: str) -> str | None:
         for k, v in self.args:
@@ -155,7 +156,7 @@ def build_job(env: Environment, model: str, elastic: bool = False, steps: int | 
     if elastic:
         _set(args, "run_name", T.ELASTIC_RUN_NAME[model])
     job = Job(model, elastic, T.ELASTIC_TRAINER if elastic else T.TRAINER, args, trainer_env(env, elastic),
-              dashboard(env), env, fresh, preset=preset)
+              dashboard(env), env, fresh, preset=preset, sets=tuple(extra))
     if env.kind == "local":
         place_locally(job)
     else:

@@ -11,7 +11,7 @@ from playbooks.config.tpu import chips
 from playbooks.config.versions import installed
 from playbooks.core.lock import machine_lock
 from playbooks.core.play import Outcome, StepContext
-from playbooks.core.recap import FAILED, OK
+from playbooks.core.recap import FAILED, OK, SKIPPED
 from playbooks.core.step import Step, fail, ok, skipped
 from playbooks.job import fit as F
 from playbooks.job.spec import PRESETS, Job
@@ -51,36 +51,79 @@ def fit(ctx: StepContext, env: Environment, job: Job, extra: F.Extra = (), slice
 
 
 def static_step(env: Environment, job: Job) -> Step:
+    """The mesh, hosts and manifest rules, then (on TPUs) the estimate of
+    each chip's HBM on every shape the job may run on: a confident misfit
+    fails here, in an instant, with the change that fits."""
     def decide(look):
         problems = F.static_checks(env, job)
+        got = F.estimates(env, job) if env.kind != "local" and not problems else None
+        if got is not None and not isinstance(got, str):
+            problems += [p for p in (F.memory_problem(env, job),) if p]
         if problems:
             n = len(problems)
             head = f"{n} static check{'s' if n > 1 else ''} failed: {problems[0]}" + (" ..." if n > 1 else "")
-            return fail(head + "\n" + "\n".join(f"- {p}" for p in problems))
+            return fail(head + ("\n" + "\n".join(f"- {p}" for p in problems) if n > 1 else ""))
+        said = "" if got is None else f"; {got}" if isinstance(got, str) else f"; {F.estimated(env, got)}"
+        notes = [] if got is None or isinstance(got, str) else [f"estimate on {where}: {e.line()}"
+                                                                 for where, e in F.grouped(env, got)]
         return ok(f"{dict(job.args).get('model_name')}: mesh, hosts and manifest agree "
-                  f"({F.slice_devices(env)} devices per slice x {env.slices} slices)")
+                  f"({F.slice_devices(env)} devices per slice x {env.slices} slices){said}", notes=notes)
 
     return Step(PLAY, "static checks", decide, id="preflight:static")
 
 
+def _shapes_line(env: Environment, job: Job) -> str:
+    return " and ".join(F.shape_name(env, n) for n in F.shapes(env, job))
+
+
+def _smaller_shapes(ctx: StepContext, env: Environment, job: Job, full: F.Fit) -> Outcome:
+    """An elastic job that fits every slice: each smaller shape it may
+    shrink to, compiled too; those that do not fit named in one line."""
+    shape = F.shape_name(env, env.slices)
+    said = f"fits {shape} with {full.margin:.2f} GiB to spare per chip" + (" (cached)" if full.cached else "")
+    bad, errors = [], []
+    for n in F.shapes(env, job)[1:]:
+        r = fit(ctx, env, job, (), n)
+        if r is None:
+            continue
+        for line in r.lines():
+            ctx.echo(f"  {F.shape_name(env, n)}: {line}")
+        if r.error:
+            errors.append(f"{F.shape_name(env, n)} does not compile: {r.error}")
+        elif not r.fits:
+            bad.append(f"{F.shape_name(env, n)} (needs {r.needed:.2f} GiB of temporaries per chip)")
+    if errors:
+        return Outcome(FAILED, f"{said}, but {'; '.join(errors)}")
+    if bad:
+        return Outcome(FAILED, f"{said}, but the elastic job will not run on {', '.join(bad)}, where it shrinks "
+                               f"after a lost slice: train it without --elastic, or with a change that fits "
+                               f"those too (`invoke preflight --model={job.model} --elastic` names one)")
+    more = F.shapes(env, job)[1:]
+    return Outcome(OK, said + (f", and {', '.join(F.shape_name(env, n) for n in more)}" if more else ""))
+
+
 def fit_step(env: Environment, job: Job, search: bool) -> Step:
     """A run step: the search compiles one candidate after another and says
-    each as it goes (minutes each)."""
-    shape = f"{env.slices} x v6e-{chips(env.topology)}"
+    each as it goes (minutes each). An elastic job is compiled for every
+    shape it may run on."""
+    shape = F.shape_name(env, env.slices)
 
     def run(ctx: StepContext) -> Outcome:
+        if F.static_checks(env, job):
+            return Outcome(SKIPPED, "the static checks failed: nothing to compile")
         ctx.note(f"MaxText {installed('maxtext')}, jax {installed('jax')}, libtpu {installed('libtpu')} "
                  f"(the libtpu trainer/requirements.txt installs on the TPU workers)")
         result = fit(ctx, env, job)
         if result is None:
-            return Outcome(OK, f"would compile the job for {shape}")
+            for n in F.shapes(env, job)[1:]:
+                fit(ctx, env, job, (), n)
+            return Outcome(OK, f"would compile the job for {_shapes_line(env, job)}")
         for line in result.lines():
             ctx.echo(f"  {line}")
         if result.error:
             return Outcome(FAILED, f"the job does not compile for {shape}: {result.error}")
         if result.fits:
-            return Outcome(OK, f"fits {shape} with {result.margin:.2f} GiB to spare per chip"
-                               + (" (cached)" if result.cached else ""))
+            return _smaller_shapes(ctx, env, job, result)
         short = (f"does not fit {shape}: needs {result.needed:.2f} GiB of temporaries per chip, has "
                  f"{result.capacity:.2f} GiB")
         if not search:
@@ -89,18 +132,22 @@ def fit_step(env: Environment, job: Job, search: bool) -> Step:
                     if preset and not F.job_uses(job, preset)
                     else f"; `invoke preflight --model={job.model}` searches for a change that fits")
             return Outcome(FAILED, short + hint)
-        plan = F.search_plan(env, job)
-        for a in plan:
-            ctx.echo(f"  trying {a.what}")
-            r = fit(ctx, env, job, a.extra, a.slices)
-            for line in r.lines() if r is not None else ():
-                ctx.echo(f"    {line}")
-            if r is not None and r.fits:
-                return Outcome(FAILED, F.found(env, job, short, a, r))
-        return Outcome(FAILED, F.none_found(env, short, plan))
+        return _search(ctx, env, job, short)
 
     return Step(PLAY, "fits the TPU HBM (ahead-of-time compile)", run=run, id="preflight:fit",
                 after=("preflight:static",))
+
+
+def _search(ctx: StepContext, env: Environment, job: Job, short: str) -> Outcome:
+    plan = F.search_plan(env, job)
+    for a in plan:
+        ctx.echo(f"  trying {a.what}")
+        r = fit(ctx, env, job, a.extra, a.slices)
+        for line in r.lines() if r is not None else ():
+            ctx.echo(f"    {line}")
+        if r is not None and r.fits:
+            return Outcome(FAILED, F.found(env, job, short, a, r))
+    return Outcome(FAILED, F.none_found(env, short, plan))
 
 
 def steps(env: Environment, job: Job, search: bool = True) -> list[Step]:
