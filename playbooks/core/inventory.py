@@ -192,8 +192,9 @@ def resolve(path: Path, name: str, raw: Mapping[str, Any], schema: Schema) -> En
         raise InputError(f"{where}: must be a mapping of keys to values, got {type(raw).__name__}")
     kind = raw.get("kind", schema.default_kind)
     if not isinstance(kind, str) or kind not in schema.kinds:
+        hint = did_you_mean(kind, schema.kinds) if isinstance(kind, str) else ""
         raise InputError(f"{where}: key 'kind' = {shown_value(kind)} is not allowed (allowed: "
-                         f"{', '.join(schema.kinds)}){did_you_mean(kind, schema.kinds) if isinstance(kind, str) else ''}")
+                         f"{', '.join(schema.kinds)}){hint}")
     keys = schema.keys(kind)
     for k in raw:
         if k not in keys:
