@@ -158,3 +158,23 @@ def test_the_library_counts_a_gap_without_a_step_going_back_as_training(gap):
     # step's time less the mean step's, and the mean grows by 40/38 s.
     assert lib1 - lib0 == pytest.approx(40.0 + 40 / 38, abs=0.1)
     assert ours1 - ours0 == pytest.approx(0.0, abs=1.0)
+
+
+@pytest.mark.parametrize("tz,want", [("UTC", "2026-12-03 12:35:36 UTC"),
+                                     ("Asia/Kolkata", "2026-12-03 18:05:36 IST (UTC+05:30)"),
+                                     ("America/Sao_Paulo", "2026-12-03 09:35:36 UTC-03:00")])
+def test_a_runs_times_say_their_date_and_zone_and_json_keeps_seconds_since_the_epoch(tz, want, monkeypatch):
+    """A run lasts days: an incident's time without its date or zone is no
+    time. The report's lines say both; its data keeps the epoch's seconds."""
+    import time
+    monkeypatch.setenv("TZ", tz)
+    time.tzset()
+    try:
+        report = goodput.account(timeline.ordered(timeline.parse(RECORDED.read_text())), "r")
+        text = goodput.lines(report)
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+    assert any(line.startswith(f"    {want} worker_lost (chaos") for line in text), text
+    assert text[1].startswith("  from 2026-12-03 ") and text[1].count(want.split(" ", 2)[2]) == 2, text
+    assert report["incidents"][0]["at"] == 1796301336.366

@@ -23,6 +23,14 @@ PEAK_TFLOPS = {"v4": 275.0, "v5e": 197.0, "v5p": 459.0, "v6e": 918.0}
 WHY = {E.RESIZE: "Ray Train's resize", E.FAILURE: "a restart after a failure", E.WORKER_LOST: "a worker lost"}
 
 
+def percent(fraction: float | None) -> str | None:
+    """An MFU in percent: a TPU's tens of percent, or a CPU's small fraction
+    of a TPU's peak (None: not measured)."""
+    if fraction is None:
+        return None
+    return format(100 * fraction, ".2f" if 100 * fraction >= 1 else ".2g")
+
+
 def _f(v: Any) -> float:
     n = E.number(v)
     return n if n is not None else math.nan
@@ -178,8 +186,6 @@ class Summary:
         def f(v, fmt):
             return format(v, fmt) if v is not None else "n/a"
 
-        def pct(v):  # a TPU's tens of percent, or a CPU's small fraction of a TPU's peak
-            return "n/a" if v is None else format(100 * v, ".2f" if 100 * v >= 1 else ".2g")
         mfu = self.mfu()
         out = [
             f"steps: {len(self.done_steps)} (last step {f(self.last_step, 'd')})",
@@ -188,7 +194,7 @@ class Summary:
             f"(p50 {f(self.step_seconds_quantile(0.5), '.3f')}, "
             f"p90 {f(self.step_seconds_quantile(0.9), '.3f')}, after each group's first 2 steps)",
             f"tokens/s/device (median): {f(self.median_tokens_per_device, '.1f')}",
-            f"MFU: {pct(mfu)}% ({f(self.median_tflops_per_device, '.3g')} "
+            f"MFU: {percent(mfu) or 'n/a'}% ({f(self.median_tflops_per_device, '.3g')} "
             f"TFLOP/s/device of a v6e chip's {PEAK_TFLOPS['v6e']:.0f} bf16 peak)",
         ]
         if self.params is not None:
