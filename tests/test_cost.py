@@ -339,3 +339,26 @@ def test_runs_gives_the_model_the_steps_asked_the_final_loss_and_the_mfu_from_th
     r = run_list.row("r", evs, report)
     assert (r["model"], r["target_steps"], r["final_loss"], r["mfu"]) == ("llama3-8b", 60, pytest.approx(4.1), 0.5)
     assert run_list.cells(r)[:9] == ["r", "llama3-8b", "SUCCEEDED", "60", "60", "1.5 min", "30.6%", "4.100", "50.00%"]
+
+
+def test_a_task_that_only_looks_keeps_its_newest_log_folders_and_nothing_else_is_pruned(gke_cli):
+    """`watch invoke runs` must not grow .state/<env>/runs/ for days: of each
+    task that only looks, the newest KEEP_LOGS folders stay; another task's,
+    one holding a driver log and the runs' timelines are never pruned."""
+    from playbooks.cli.session import KEEP_LOGS
+    runs = ROOT / ".state" / "cost-test" / "runs"
+    gke_cli.keep("priced", recorded())
+    old = [f"20260101-{i:06d}-runs" for i in range(KEEP_LOGS + 5)]
+    kept_log = "20250101-000000-runs"
+    others = ["20250101-000000-train", "20250101-000001-status", "20250101-000002-runsx", "notes"]
+    for name in [*old, kept_log, *others]:
+        (runs / name).mkdir(parents=True)
+        (runs / name / "001-x.log").write_text("x")
+    (runs / kept_log / "job.log").write_text("a driver log")
+    r = gke_cli("runs")
+    assert r.returncode == 0, r.stderr
+    left = sorted(p.name for p in runs.iterdir())
+    mine = [n for n in left if n.endswith("-runs") and n != kept_log]
+    assert len(mine) == KEEP_LOGS and mine[:-1] == old[-(KEEP_LOGS - 1):], mine  # the newest: this run's own
+    assert kept_log in left and all(n in left for n in others), left
+    assert (ROOT / ".state" / "cost-test" / "training" / "priced" / "events.jsonl").is_file()
