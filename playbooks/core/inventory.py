@@ -192,7 +192,7 @@ def resolve(path: Path, name: str, raw: Mapping[str, Any], schema: Schema) -> En
         raise InputError(f"{where}: must be a mapping of keys to values, got {type(raw).__name__}")
     kind = raw.get("kind", schema.default_kind)
     if not isinstance(kind, str) or kind not in schema.kinds:
-        hint = did_you_mean(kind, schema.kinds) if isinstance(kind, str) else ""
+        hint = did_you_mean(kind, list(schema.kinds)) if isinstance(kind, str) else ""
         raise InputError(f"{where}: key 'kind' = {shown_value(kind)} is not allowed (allowed: "
                          f"{', '.join(schema.kinds)}){hint}")
     keys = schema.keys(kind)
