@@ -168,7 +168,9 @@ def logs(c, run="", follow=False):
         s = open_session(c.config, "logs")
         name = _run_flag(run)
         steps = [] if s.env.kind == "local" else task_steps.cluster_ready_steps(s.env)
-        s.run("logs", steps + [lg.logs_step(s.env, name, follow)], parallel=False)
+        kept = (s.logdir / "job.log") if (follow and s.logdir) else None
+        # keep_going: with no dashboard to reach, the log step shows the copy a follow kept.
+        s.run("logs", steps + [lg.logs_step(s.env, name, follow, kept)], parallel=False, keep_going=True)
 
 
 @task(help={"run": "the run (its run_name); default: the newest run with metrics"})

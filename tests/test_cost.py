@@ -245,7 +245,8 @@ def gke_cli(tmp_path, hermetic):
 
     def run(*args: str, **keys) -> subprocess.CompletedProcess:
         inv.write_text(yaml.safe_dump({"default": name, "environments": {name: {**base, **keys}}}))
-        return subprocess.run([INVOKE, *args], cwd=ROOT, env={**hermetic, "INVOKE_PLAYBOOK_INVENTORY": str(inv)},
+        return subprocess.run([INVOKE, *args], cwd=ROOT, env={**hermetic, "INVOKE_PLAYBOOK_INVENTORY": str(inv),
+                                                             "TZ": "UTC"},
                               capture_output=True, text=True, timeout=120)
 
     def keep(run_name: str, evs: list[dict]) -> None:
@@ -275,14 +276,23 @@ def test_goodput_shows_the_runs_cost_and_each_causes_and_runs_lists_every_run(gk
     old = json.loads(gke_cli("goodput", "--run=older", "--json", prices={"on-demand": 2.0}).stdout)["cost"]
     assert old["basis"].startswith("not recorded with the run") and old["per_chip_hour"] == 2.0
     assert old["chips"] == 32  # the environment's 2 x v6e-16
-    # `invoke runs`: both, newest first, with their cost.
+    # `invoke runs`: both, newest first, with their cost; --json's times are seconds since the epoch.
     rows = json.loads(gke_cli("runs", "--json", prices={"on-demand": 2.0}).stdout)
     assert [x["run"] for x in rows] == ["priced", "older"]
     assert rows[0]["cost"] == c["cost"] and rows[0]["state"] == "SUCCEEDED" and rows[0]["steps"] == 60
+    assert rows[0]["target_steps"] == 60 and rows[0]["last_event"] == max(e["t"] for e in recorded())
+    # What the recorded run did not record is unknown, never made up.
+    assert (rows[0]["model"], rows[0]["final_loss"], rows[0]["mfu"]) == (None, None, None)
     table = gke_cli("runs").stdout.splitlines()
-    assert table[0].split() == ["run", "state", "steps", "wall", "goodput", "chip-hours", "cost", "last", "event"]
-    assert table[1].startswith("priced") and f"${c['cost']:,.2f}" in table[1]
-    assert "no price" in table[2] and any(line.startswith("no price: no price (") for line in table), table
+    assert table[0].split() == ["run", "model", "state", "steps", "of", "wall", "goodput", "loss", "MFU",
+                                "chip-hours", "cost", "last", "event"]
+    cells = table[1].split()
+    assert cells[:5] == ["priced", "-", "SUCCEEDED", "60", "60"] and f"${c['cost']:,.2f}" in table[1]
+    # The last event with its date and zone (the test's TZ: UTC).
+    assert table[1].endswith(time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(rows[0]["last_event"]))), table
+    # A run without a price: "no price" in its row, and why once, naming it (never "no price: no price").
+    assert "no price" in table[2]
+    assert table[3:] == ["older: no price (the catalog was not read)"], table
 
 
 def test_the_estimate_is_steps_left_times_the_step_time_measured_times_the_chips_times_the_price():
@@ -311,3 +321,44 @@ def test_the_step_time_is_the_runs_own_else_the_newest_run_of_its_model_past_eac
         own.seconds, f"median of {len(vals)} steps of run other")
     assert cost.measured([("other", said)], "r", "llama3-70b", 2) is None
     assert cost.measured([("other", evs)], "r", "llama3-8b", 2) is None  # no model said: not taken
+
+
+def test_runs_gives_the_model_the_steps_asked_the_final_loss_and_the_mfu_from_the_timeline():
+    """From the events the trainer records: its model_check, each step's
+    loss and TFLOP/s per device, jax_initialized's steps; past each worker
+    group's compile steps for the MFU, as the summary after `train`."""
+    from playbooks.runs import run_list
+    evs = recorded()
+    for e in evs:
+        if e["kind"] == E.STEP:
+            e.update(loss=10 - e["step"] / 10, tflops_per_device=459.0 if e["step"] > 1 else 1.0)
+    evs.insert(0, {"t": evs[0]["t"], "kind": E.MODEL_CHECK, "step": None, "source": "trainer", "model": "llama3-8b",
+                   "expected_billion": 8.03})
+    report, segs = goodput.account_with_segments(evs, "r")
+    report["cost"] = cost.report(evs, segs, goodput.CAUSES, cost.recorded_basis(evs), True)
+    r = run_list.row("r", evs, report)
+    assert (r["model"], r["target_steps"], r["final_loss"], r["mfu"]) == ("llama3-8b", 60, pytest.approx(4.1), 0.5)
+    assert run_list.cells(r)[:9] == ["r", "llama3-8b", "SUCCEEDED", "60", "60", "1.5 min", "30.6%", "4.100", "50.00%"]
+
+
+def test_a_task_that_only_looks_keeps_its_newest_log_folders_and_nothing_else_is_pruned(gke_cli):
+    """`watch invoke runs` must not grow .state/<env>/runs/ for days: of each
+    task that only looks, the newest KEEP_LOGS folders stay; another task's,
+    one holding a driver log and the runs' timelines are never pruned."""
+    from playbooks.cli.session import KEEP_LOGS
+    runs = ROOT / ".state" / "cost-test" / "runs"
+    gke_cli.keep("priced", recorded())
+    old = [f"20260101-{i:06d}-runs" for i in range(KEEP_LOGS + 5)]
+    kept_log = "20250101-000000-runs"
+    others = ["20250101-000000-train", "20250101-000001-status", "20250101-000002-runsx", "notes"]
+    for name in [*old, kept_log, *others]:
+        (runs / name).mkdir(parents=True)
+        (runs / name / "001-x.log").write_text("x")
+    (runs / kept_log / "job.log").write_text("a driver log")
+    r = gke_cli("runs")
+    assert r.returncode == 0, r.stderr
+    left = sorted(p.name for p in runs.iterdir())
+    mine = [n for n in left if n.endswith("-runs") and n != kept_log]
+    assert len(mine) == KEEP_LOGS and mine[:-1] == old[-(KEEP_LOGS - 1):], mine  # the newest: this run's own
+    assert kept_log in left and all(n in left for n in others), left
+    assert (ROOT / ".state" / "cost-test" / "training" / "priced" / "events.jsonl").is_file()

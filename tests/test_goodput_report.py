@@ -158,3 +158,78 @@ def test_the_library_counts_a_gap_without_a_step_going_back_as_training(gap):
     # step's time less the mean step's, and the mean grows by 40/38 s.
     assert lib1 - lib0 == pytest.approx(40.0 + 40 / 38, abs=0.1)
     assert ours1 - ours0 == pytest.approx(0.0, abs=1.0)
+
+
+@pytest.mark.parametrize("tz,want", [("UTC", "2026-12-03 12:35:36 UTC"),
+                                     ("Asia/Kolkata", "2026-12-03 18:05:36 IST (UTC+05:30)"),
+                                     ("America/Sao_Paulo", "2026-12-03 09:35:36 UTC-03:00")])
+def test_a_runs_times_say_their_date_and_zone_and_json_keeps_seconds_since_the_epoch(tz, want, monkeypatch):
+    """A run lasts days: an incident's time without its date or zone is no
+    time. The report's lines say both; its data keeps the epoch's seconds."""
+    import time
+    monkeypatch.setenv("TZ", tz)
+    time.tzset()
+    try:
+        report = goodput.account(timeline.ordered(timeline.parse(RECORDED.read_text())), "r")
+        text = goodput.lines(report)
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+    assert any(line.startswith(f"    {want} worker_lost (chaos") for line in text), text
+    assert text[1].startswith("  from 2026-12-03 ") and text[1].count(want.split(" ", 2)[2]) == 2, text
+    assert report["incidents"][0]["at"] == 1796301336.366
+
+
+def test_the_metrics_picture_leaves_out_the_compile_steps_and_clips_a_spike(tmp_path):
+    """`invoke metrics` on the recorded run (a log's records, a 40-s step
+    30): each worker group's first 2 steps left out as the summary leaves
+    them out, the step-time panel clipped to the other steps with the spike
+    marked at its top."""
+    from playbooks.runs import metrics
+    from playbooks.runs.train_summary import COMPILE_STEPS, Summary
+    evs = timeline.ordered(timeline.parse(RECORDED.read_text()))
+    s = Summary()
+    for e in evs:
+        s.add(e)
+    records = [{"step": n, "loss": 8 - n / 20, "step_seconds": 40.0 if n == 30 else 0.3 + n / 1000,
+                "tokens_per_s_per_device": 1000.0, "tflops_per_device": 1.0, "worker_group": g, "source": "log"}
+               for g, n, *_ in s.records]
+    (tmp_path / timeline.FILE).write_text("".join(json.dumps(e) + "\n" for e in evs))
+    kept = tmp_path / metrics.FILE
+    kept.write_text("".join(json.dumps(r) + "\n" for r in [{"run": "r", "job": "j", "source": "log"}, *records]))
+    _, fig = metrics.plot(kept)
+    firsts = {g: min(n for h, n, *_ in s.records if h == g) for g, *_ in s.records}
+    compiled = {(g, n) for g, n, *_ in s.records if n - firsts[g] < COMPILE_STEPS}
+    assert len(compiled) == 2 * len(firsts) == 4, compiled
+    drawn = list(zip(*fig.axes[0].lines[0].get_data()))
+    assert drawn == [(r["step"], r["loss"]) for r in sorted(records, key=lambda r: r["step"])
+                     if (r["worker_group"], r["step"]) not in compiled]
+    assert "4 compile step(s) left out" in fig.texts[0].get_text()
+    times = fig.axes[2]
+    bottom, top = times.get_ylim()
+    assert top < 1 and bottom > 0.2, (bottom, top)
+    [off] = [ln for ln in times.lines if ln.get_marker() == "^"]
+    assert list(zip(*off.get_data())) == [(30, top)]
+    assert "1 point(s) off the scale" in " ".join(t.get_text() for t in times.texts)
+    assert [t.get_text() for t in fig.axes[-1].texts] == ["worker_lost at step 16"]
+
+
+def test_a_band_mark_of_an_incident_before_any_step_says_so():
+    """A host lost while the first worker group compiles: no step was lost."""
+    from playbooks.runs import metrics
+    job = {"source": "x", "job": "r-1"}
+    evs = [{"t": 100.0, "kind": "submitted", "step": None, "run": "r", "n": 1, **job},
+           {"t": 110.0, "kind": "workers_started", "step": None, "workers": 2, "n": 1, **job},
+           {"t": 120.0, "kind": "worker_lost", "step": None, "by": "chaos", "host": "h", **job},
+           {"t": 130.0, "kind": "job_end", "step": None, "status": "FAILED", "n": 1, **job}]
+    _, marks = metrics.band(evs)
+    assert marks == [(20.0, "worker_lost before any step")]
+
+
+def test_a_panels_range_leaves_out_only_a_few_far_points():
+    from playbooks.runs import metrics
+    steady = [0.3 + i / 1000 for i in range(100)]
+    assert metrics.robust_range(steady) is None
+    assert metrics.robust_range(steady + [40.0]) == (min(steady), max(steady))
+    # A loss that falls fast is the curve, not a spike: more than 2% of the points, so none is left out.
+    assert metrics.robust_range([10.0 - i for i in range(8)] + [2.0] * 92) is None

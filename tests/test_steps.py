@@ -937,3 +937,86 @@ def test_a_status_looks_on_after_a_look_that_failed_and_what_needs_it_is_unknown
     # Without keep_going, the first failure still stops the rest (the plays that change things).
     recap = Playbook(Runner(Mode.CHECK, facts=declared), Reporter(out.append), workers=4).run("up", [a, b, c])
     assert "t : pools" in recap.not_run
+
+
+def _kept_env(port: int):
+    from playbooks.config.schema import load_inventory
+    from playbooks.core.inventory import resolve
+    inv = load_inventory()
+    raw = {**inv.raw["local"], "ray_ip": "127.0.0.1", "dashboard_port": port, "gcs_port": 7740}
+    return resolve(inv.path, "logs-kept-test", raw, inv.schema)
+
+
+@pytest.fixture
+def kept_env(tmp_path):
+    import shutil
+    import socket
+
+    from playbooks.config.project import ROOT
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing answers on it once closed
+    e = _kept_env(port)
+    yield e
+    shutil.rmtree(ROOT / ".state" / e.name, ignore_errors=True)
+
+
+def _followed(e, run: str, sid: str, lines: list[str], status: str, log) -> None:
+    """What `train` (or `logs --follow`) leaves of a job it followed to its
+    end: the driver log's copy, named in the job's end in the timeline."""
+    from playbooks.access import connectors
+    from playbooks.core.play import Outcome, Playbook
+    from playbooks.core.recap import OK, Reporter
+    from playbooks.core.runner import Mode, Runner
+    from playbooks.core.step import Step
+    from playbooks.runs.follow import Follower
+
+    def body(ctx):
+        f = Follower(ctx, e, run, sid, log)
+        f.started({"start_time": 1796301289323})
+        for line in lines:
+            f.line(line)
+        f.close()
+        f.ended({"status": status, "end_time": 1796301377594})
+        return Outcome(OK, "followed")
+
+    here = connectors.this_machine()
+    Playbook(Runner(Mode.APPLY, here, here=here), Reporter(lambda line: None), workers=1).run(
+        "t", [Step("train", "follow", run=body)])
+
+
+def test_logs_shows_the_copy_a_follow_kept_when_no_dashboard_answers_or_ray_forgot_the_job(kept_env):
+    """A finished run's driver log, with the Ray cluster down (locally: not
+    started; on GKE: no port-forward) or up again without the job (a head
+    pod made again, a cluster started afresh): the copy its follow kept,
+    said to be it and from when; the newest job of any run by default."""
+    from playbooks.config.project import ROOT
+    from playbooks.plays import logs
+    from playbooks.runs import timeline
+    from playbooks.runs.events import when
+    from tests.fakes.ray_dashboard import FakeDashboard
+    folder = ROOT / ".state" / kept_env.name / "runs"
+    _followed(kept_env, "older", "older-1", ["old line"], "FAILED", folder / "20261201-000000-train" / "job.log")
+    _followed(kept_env, "r", "r-2", ["Job 'r-2' submitted successfully", "completed step: 59"], "SUCCEEDED",
+              folder / "20261203-123448-train" / "job.log")
+    [end] = [ev for ev in timeline.read(kept_env, "r") if ev["kind"] == "job_end"]
+    assert end["log"] == f".state/{kept_env.name}/runs/20261203-123448-train/job.log"
+    recap, out = _real([logs.logs_step(kept_env, None, follow=False)])
+    assert recap.counters() == "ok=1 changed=0 failed=0 skipped=0", out.text()
+    assert (f"  no Ray dashboard answers at http://127.0.0.1:{kept_env.dashboard_port}: the kept copy of job r-2's "
+            f"driver log, as it was followed to the job's end (SUCCEEDED {when(end['t'])}): {end['log']}"
+            in out), out.text()
+    assert out.index("Job 'r-2' submitted successfully") + 1 == out.index("completed step: 59")
+    # Ray up again without the job: the same copy; a run's own, with its outcome.
+    dash = FakeDashboard(lambda: []).start()
+    try:
+        again = _kept_env(dash.port)
+        recap, out = _real([logs.logs_step(again, "older", follow=False)])
+    finally:
+        dash.stop()
+    assert recap.counters() == "ok=0 changed=0 failed=1 skipped=0", out.text()
+    assert "no job of run older at http://127.0.0.1:" in out.text() and "old line" in out
+    assert f"job older-1 FAILED {when(end['t'])} (the kept copy of its driver log: no job of run older" in out.text()
+    # No copy kept: said, with what keeps one.
+    recap, out = _real([logs.logs_step(kept_env, "never", follow=False)])
+    assert recap.failed and "no copy of a driver log of run never was kept" in out.text(), out.text()

@@ -23,7 +23,7 @@ from playbooks.core.errors import InputError, PlaybookError, shown_value
 from playbooks.core.inventory import name_problem
 from playbooks.core.play import Playbook
 from playbooks.core.recap import Recap, Reporter, banner
-from playbooks.core.runlog import RunLog
+from playbooks.core.runlog import RunLog, prune
 from playbooks.core.runner import Mode, RetryPolicy, Runner
 from playbooks.core.step import Step
 
@@ -278,6 +278,12 @@ def inventory_path(value: str | None) -> Path | None:
 
 
 READ_ONLY_ATTEMPTS = 1
+# The tasks that only look: a `watch invoke status` makes a log folder every
+# few seconds. Of each, the newest KEEP_LOGS folders are kept per environment
+# (a folder holding a driver log, job.log, always); a task that changes
+# anything keeps every one, and a run's timeline is not under runs/.
+READ_ONLY_TASKS = ("status", "goodput", "runs", "logs", "metrics", "doctor")
+KEEP_LOGS = 20
 
 
 def open_session(config, task: str, reporter: Reporter | None = None, read_only: bool = False) -> Session:
@@ -304,6 +310,8 @@ def open_session(config, task: str, reporter: Reporter | None = None, read_only:
     else:
         logdir = paths.here(paths.run_logs(env.name, time.strftime('%Y%m%d-%H%M%S'), task))
         connectors.this_machine().make_dirs(str(logdir))
+        if task in READ_ONLY_TASKS:
+            prune(connectors.this_machine(), str(logdir.parent), task, KEEP_LOGS, paths.JOB_LOG)
         runner = Runner(mode, connectors.connector(env), retry, here=connectors.this_machine(), log=RunLog(logdir),
                         stale=staleness.stale)
     book = Playbook(runner, reporter or Reporter(), workers=parallel, heartbeat=settings["heartbeat"])

@@ -8,7 +8,8 @@ or written here: a local job's folders, the kept metrics, the logs).
 
     .state/last-error.txt                     the traceback of an internal error
     .state/preflight/                         AOT compiles: their work folders and results cache
-    .state/<env>/runs/<stamp>-<task>/         one task run: a log per command, job.log
+    .state/<env>/runs/<stamp>-<task>/         one task run: a log per command, job.log (a task that
+                                              only looks: its newest 20 kept, cli/session.py's KEEP_LOGS)
     .state/<env>/nodes/<node>.pid             the local twin's Ray nodes (pid, marker)
     .state/<env>/logs/<node>.log              their output
     /tmp/ray-twin-<hash>/                     a simulated TPU host's own Ray folder (node_temp)
@@ -54,6 +55,10 @@ def env_dir(env: str) -> str:
 
 def run_logs(env: str, stamp: str, task: str) -> str:
     return f"{STATE}/{env}/runs/{stamp}-{task}"
+
+
+# A followed job's driver log, in its task run's folder (`train`, `logs --follow`).
+JOB_LOG = "job.log"
 
 
 def prices_cache(env: str) -> str:

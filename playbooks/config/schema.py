@@ -4,7 +4,6 @@ Kubernetes and TPU hardware impose on their values (the TPU arithmetic in
 ``local_ports.py``)."""
 from __future__ import annotations
 
-import difflib
 import ipaddress
 import os
 import re
@@ -18,7 +17,7 @@ from playbooks.config.local_ports import local_port_span, ports
 from playbooks.config.project import DEFAULT_INVENTORY
 from playbooks.config.tpu import chips, default_chips_per_host, hosts_per_slice, topology_problem
 from playbooks.config.versions import default_ray_image
-from playbooks.core.inventory import Entry, Env, Inventory, Key, Schema, load
+from playbooks.core.inventory import Entry, Env, Inventory, Key, Schema, did_you_mean, load
 
 # -- rules ------------------------------------------------------------------
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -29,6 +28,14 @@ _REGION = re.compile(r"^[a-z]+-[a-z]+[0-9]+$")
 _ZONE = re.compile(r"^([a-z]+-[a-z]+[0-9]+)-[a-z]$")
 _VERSION = re.compile(r"^(\d+)\.(\d+)\.(\d+)-gke\.(\d+)$")
 _EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
+
+
+def one_of(v: str, allowed: tuple[str, ...]) -> str | None:
+    """A value of a closed set, or why not: the allowed values, and the one
+    meant when it is another's case or a near spelling (Spot: spot)."""
+    if v in allowed:
+        return None
+    return f"is not allowed (allowed: {', '.join(allowed)}){did_you_mean(v, allowed)}"
 
 
 def project_id(v: str, env: Mapping) -> str | None:
@@ -75,7 +82,7 @@ def cluster_version(v: str, env: Mapping) -> str | None:
 
 
 def mode(v: str, env: Mapping) -> str | None:
-    return None if v in ("standard", "autopilot") else "is not allowed (allowed: standard, autopilot)"
+    return one_of(v, ("standard", "autopilot"))
 
 
 def bucket(v: str, env: Mapping) -> str | None:
@@ -277,7 +284,7 @@ WORKER_PACKAGES = ("requirements", "image")
 
 
 def worker_packages(v: str, env: Mapping) -> str | None:
-    return None if v in WORKER_PACKAGES else f"is not allowed (allowed: {', '.join(WORKER_PACKAGES)})"
+    return one_of(v, WORKER_PACKAGES)
 
 
 def capacities(env: Mapping) -> tuple[str, ...]:
@@ -304,16 +311,14 @@ def capacity(v: str | list, env: Mapping) -> str | Entry | None:
             if not isinstance(x, str):
                 return Entry(str(i), x, f"must be a string, one option of the list ({allowed})")
             if x not in CAPACITIES:
-                close = difflib.get_close_matches(x, CAPACITIES, n=1, cutoff=0.6)
-                hint = f"; did you mean {close[0]}?" if close else ""
-                return Entry(str(i), x, f"is not allowed ({allowed}){hint}")
+                return Entry(str(i), x, f"is not allowed ({allowed}){did_you_mean(x, CAPACITIES)}")
         seen: set[str] = set()
         for x in v:
             if x in seen:
                 return f"names {x} twice: each option once, best first"
             seen.add(x)
     elif v not in CAPACITIES:
-        return f"is not allowed ({allowed}; or an ordered list of them, best first)"
+        return f"is not allowed ({allowed}; or an ordered list of them, best first){did_you_mean(v, CAPACITIES)}"
     if "reservation" in capacities(env) and env.get("reservation") is None:
         return "needs reservation: (the reservation's name, or projects/P/reservations/NAME for a shared one)"
     return None
@@ -350,9 +355,7 @@ def prices(v: Mapping, env: Mapping) -> str | Entry | None:
     allowed = f"allowed: {', '.join(CAPACITIES)}"
     for k, val in v.items():
         if k not in CAPACITIES:
-            close = difflib.get_close_matches(str(k), CAPACITIES, n=1, cutoff=0.6)
-            return Entry(str(k), val, f"is not a capacity option ({allowed})"
-                                      + (f"; did you mean {close[0]}?" if close else ""))
+            return Entry(str(k), val, f"is not a capacity option ({allowed}){did_you_mean(k, CAPACITIES)}")
         if isinstance(val, bool) or not isinstance(val, (int, float)):
             return Entry(k, val, "must be a number: USD per chip-hour (e.g. 2.7)")
         if not 0 <= val <= MAX_PRICE:  # NaN fails both
@@ -415,7 +418,7 @@ def remote_dir(v: str, env: Mapping) -> str | None:
 
 def control_plane(v: str, env: Mapping) -> str | None:
     if v not in CONTROL_PLANES:
-        return f"is not allowed (allowed: {', '.join(CONTROL_PLANES)})"
+        return one_of(v, CONTROL_PLANES)
     if v == "internal" and env.get("controller") is None:
         return ("needs a controller inside the VPC (controller: user@host): the internal endpoint is reachable "
                 "only from there; or use control_plane: dns (no bastion needed)")
@@ -496,7 +499,7 @@ def stall_after(v: int | None, env: Mapping) -> str | None:
 
 
 def stall_action(v: str, env: Mapping) -> str | None:
-    return None if v in STALL_ACTIONS else f"is not allowed (allowed: {', '.join(STALL_ACTIONS)})"
+    return one_of(v, STALL_ACTIONS)
 
 
 STALL = (
@@ -535,7 +538,7 @@ ELASTIC = (
 )
 
 # -- schema -----------------------------------------------------------------
-KIND = Key("kind", str, rules=(lambda v, e: None if v in ("gke", "local") else "is not allowed (allowed: gke, local)",),
+KIND = Key("kind", str, rules=(lambda v, e: one_of(v, ("gke", "local")),),
            doc="gke (default) or local")
 
 GKE = (

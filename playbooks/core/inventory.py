@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 import difflib
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -146,6 +146,17 @@ def _type_name(t: type | tuple[type, ...]) -> str:
             "list": "a list"}.get(t.__name__, t.__name__)
 
 
+def did_you_mean(word: Any, options: Sequence[str]) -> str:
+    """"; did you mean X?" for a value of a closed set that is another's
+    spelling or case (``Spot`` for ``spot``, ``on_demand``), else ""."""
+    text = str(word)
+    same = [o for o in options if o.lower() == text.lower()]
+    if not same:
+        lower = {o.lower(): o for o in options}
+        same = [lower[c] for c in difflib.get_close_matches(text.lower(), list(lower), n=1, cutoff=0.6)]
+    return f"; did you mean {same[0]}?" if same else ""
+
+
 def unknown_key_hint(key: Any, allowed: list[str]) -> str:
     """"did you mean X?" for a near miss, else the allowed keys."""
     close = difflib.get_close_matches(str(key), allowed, n=1, cutoff=0.6)
@@ -181,8 +192,9 @@ def resolve(path: Path, name: str, raw: Mapping[str, Any], schema: Schema) -> En
         raise InputError(f"{where}: must be a mapping of keys to values, got {type(raw).__name__}")
     kind = raw.get("kind", schema.default_kind)
     if not isinstance(kind, str) or kind not in schema.kinds:
+        hint = did_you_mean(kind, list(schema.kinds)) if isinstance(kind, str) else ""
         raise InputError(f"{where}: key 'kind' = {shown_value(kind)} is not allowed (allowed: "
-                         f"{', '.join(schema.kinds)})")
+                         f"{', '.join(schema.kinds)}){hint}")
     keys = schema.keys(kind)
     for k in raw:
         if k not in keys:

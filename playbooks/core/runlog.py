@@ -1,12 +1,15 @@
 """The run's log folder: one file per command that ran (its line, where,
 exit code, whole stdout and stderr) and per in-process fact (its answer or
 its error), numbered in the order they came, and a traceback file for a
-step that met an error nobody foresaw."""
+step that met an error nobody foresaw. ``prune``: the older folders of a
+task that only looks, removed."""
 from __future__ import annotations
 
+import re
 import threading
 from pathlib import Path
 
+from .connector.base import Connector
 from .facts import Completed
 
 
@@ -42,3 +45,26 @@ class RunLog:
         except OSError:
             return None
         return path
+
+
+def prune(here: Connector, folder: str, task: str, keep: int, spare: str) -> list[str]:
+    """Remove, through the connector ``here``, all but the newest ``keep``
+    of ``folder``'s log folders of ``task`` (``<YYYYmmdd-HHMMSS>-<task>``,
+    so their names sort by time), never one that holds a file ``spare`` (a
+    driver log kept). A folder that cannot be removed stays: pruning never
+    stops a task. Returns the names removed."""
+    named = re.compile(rf"[0-9]{{8}}-[0-9]{{6}}-{re.escape(task)}")
+    try:
+        mine = sorted(name for name, is_dir in here.list_dir(folder) or [] if is_dir and named.fullmatch(name))
+    except OSError:
+        return []
+    removed = []
+    for name in mine[:max(0, len(mine) - keep)]:
+        try:
+            if any(n == spare for n, _ in here.list_dir(f"{folder}/{name}") or []):
+                continue
+            here.remove_tree(f"{folder}/{name}")
+        except OSError:
+            continue
+        removed.append(name)
+    return removed

@@ -3,7 +3,8 @@ be wrong, and bounded work whatever it holds.
 
 - a path that is missing, a directory or unreadable; a file over the size
   limit; bytes that are not UTF-8;
-- YAML that does not parse, or nests deeper than any real file would;
+- YAML that does not parse (a tab where YAML wants spaces is called a tab),
+  or nests deeper than any real file would;
 - a key given twice in one mapping (YAML itself keeps the last one silently;
   here it is an error: which of the two did the author mean?);
 - a number too large to read.
@@ -73,6 +74,13 @@ def _depth(node: Any, limit: int) -> int:
     return deepest
 
 
+def _tab_at(text: str, line: int, column: int) -> bool:
+    """Whether YAML's error points at a tab (PyYAML's C scanner says only
+    "found character that cannot start any token")."""
+    lines = text.split("\n")
+    return 0 <= line < len(lines) and 0 <= column < len(lines[line]) and lines[line][column] == "\t"
+
+
 def load(path: str | Path, what: str = "YAML file") -> Any:
     """The YAML document in ``path``, or an InputError naming the path and
     what is wrong with it."""
@@ -109,6 +117,9 @@ def load(path: str | Path, what: str = "YAML file") -> Any:
                          f"line {d.first}); YAML would silently keep only the last, so say it once") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
+        if mark and _tab_at(text, mark.line, mark.column):
+            raise InputError(f"{p}: a tab at line {mark.line + 1} column {mark.column + 1}: YAML indents with "
+                             f"spaces, never tabs") from None
         where = f" line {mark.line + 1}:" if mark else ""
         why = " ".join(str(getattr(e, "problem", None) or e).split())
         raise InputError(f"{p}:{where} is not valid YAML ({why})") from None

@@ -1,10 +1,12 @@
-"""`invoke logs` (a run's driver log, whole or followed to the job's end),
+"""`invoke logs` (a run's driver log, whole or followed to the job's end;
+the copy its follow kept when Ray has none),
 `invoke metrics` (a run's kept step metrics drawn into metrics.png, its
 timeline as a band under them) and `invoke goodput` (what each second of a
 run went to, from its timeline)."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 from playbooks.access import connectors
@@ -18,12 +20,53 @@ from playbooks.core.play import Outcome, StepContext
 from playbooks.core.recap import FAILED, OK
 from playbooks.core.step import Step, change, fail, ok
 from playbooks.runs import cost, goodput, goodput_reference, metrics, run_list, timeline
+from playbooks.runs import events as E
 from playbooks.runs.follow import follow as follow_job
 
 
-def logs_step(env: Environment, run: str | None, follow: bool) -> Step:
+def kept_log(env: Environment, run: str | None) -> dict | None:
+    """The newest job's end (of the run, else of any run) whose follow kept
+    its driver log (``job_end``'s ``log``, written by `train` and `logs
+    --follow`): the run, the job, its status, when it ended, the file."""
+    found = None
+    for name in [run] if run else timelines(env):
+        for e in timeline.read(env, name):
+            if e.get("kind") == E.JOB_END and isinstance(e.get("log"), str) and (found is None or e["t"] >= found["t"]):
+                found = {"run": name, "job": str(e.get("job")), "status": str(e.get("status")), "t": e["t"],
+                         "log": e["log"]}
+    return found
+
+
+def kept_fact(env: Environment, run: str | None) -> Fact:
+    return Fact(name="kept log", python=lambda: kept_log(env, run), assumed=None,
+                display=f"grep -h '\"job_end\"' {paths.events(env.name, run or '*')}  # its kept driver log",
+                describe=lambda k: f"job {k['job']}: {k['log']}" if k else "no driver log kept")
+
+
+def show_kept(ctx: StepContext, env: Environment, run: str | None, why: str, otherwise: str) -> Outcome:
+    """When Ray has no log to give (no dashboard answers, the job is gone: a
+    head pod made again, a local cluster started afresh), the copy the
+    follow kept, said to be it and from when."""
+    k = ctx.look(kept_fact(env, run))
+    if not k:
+        return Outcome(FAILED, f"{otherwise} (and no copy of a driver log of {f'run {run}' if run else 'any run'} "
+                               f"was kept: `invoke train` and `invoke logs --follow` keep one)")
+    data = connectors.this_machine().read(str(paths.here(k["log"])))
+    if data is None:
+        return Outcome(FAILED, f"{otherwise} (and the kept copy of job {k['job']}'s driver log, {k['log']}, is gone)")
+    when = E.when(k["t"])
+    ctx.echo(f"  {why}: the kept copy of job {k['job']}'s driver log, as it was followed to the job's end "
+             f"({k['status']} {when}): {k['log']}")
+    for line in data.decode(errors="replace").splitlines():
+        ctx.echo(line)
+    said = f"job {k['job']} {k['status']} {when} (the kept copy of its driver log: {why})"
+    return Outcome(FAILED if k["status"] in ("FAILED", "STOPPED") else OK, said)
+
+
+def logs_step(env: Environment, run: str | None, follow: bool, log_file: Path | None = None) -> Step:
     """A run step: the log streams as it comes. The outcome is the job's
-    status, read from the Jobs API."""
+    status, read from the Jobs API; when Ray has no log of the job, the
+    copy its follow kept (``show_kept``)."""
     addr = dashboard(env)
     via = connectors.connector(env)
     listing = jobs_fact(addr, via)
@@ -32,12 +75,14 @@ def logs_step(env: Environment, run: str | None, follow: bool) -> Step:
     def run_step(ctx: StepContext) -> Outcome:
         listed = ctx.look(listing)
         if listed is ABSENT:
-            return Outcome(FAILED, f"no Ray dashboard answers at {addr}: run `invoke up` (or `invoke dashboard`)")
+            return show_kept(ctx, env, run, f"no Ray dashboard answers at {addr}",
+                             f"no Ray dashboard answers at {addr}: run `invoke up` (or `invoke dashboard`)")
         mine = ours(run, listed)
         if not mine:
             if not ctx.probing:
                 return Outcome(OK, f"would show the log of the newest job of {which}")
-            return Outcome(FAILED, f"no job of {f'run {run}' if run else 'any run'} at {addr}")
+            gone = f"no job of {f'run {run}' if run else 'any run'} at {addr}"
+            return show_kept(ctx, env, run, f"{gone} (Ray forgets its jobs when its head starts again)", gone)
         sid = str(mine[-1]["submission_id"])
         if not follow:
             done = ctx.stream(job_logs_command(addr, sid, follow), ctx.echo)
@@ -45,7 +90,7 @@ def logs_step(env: Environment, run: str | None, follow: bool) -> Step:
         else:
             # Followed: the run's timeline and the stall watch, as `train` does.
             got = follow_job(ctx, env, sid, addr, via, lambda f: ctx.stream(job_logs_command(addr, sid, True), f.line),
-                             run=run_of(sid), job=mine[-1], show_all=True, source="logs")
+                             run=run_of(sid), job=mine[-1], show_all=True, source="logs", log_file=log_file)
             if got.lost:
                 return Outcome(FAILED, got.lost)
             done, final = got.done, got.final if got.done is not None else ctx.look(job_fact(addr, sid, via),

@@ -6,6 +6,7 @@ Train's that starts a worker group. Where each kind comes from is in
 from __future__ import annotations
 
 import re
+from datetime import datetime
 from typing import Any, NotRequired, TypedDict
 
 # -- the kinds -------------------------------------------------------------------
@@ -85,3 +86,16 @@ def step_of(e: dict[str, Any]) -> int | None:
 def number(v: Any) -> float | None:
     """A field's value when it is a number (not a bool)."""
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def when(t: float) -> str:
+    """An event's time as a person reads it (a run lasts days): its date,
+    time and zone, '2026-12-03 12:35:36 UTC' or '2026-12-03 13:35:36 CET
+    (UTC+01:00)'; --json keeps ``t``, seconds since the epoch."""
+    d = datetime.fromtimestamp(t).astimezone()
+    if not d.utcoffset():
+        return d.strftime("%Y-%m-%d %H:%M:%S UTC")
+    z = d.strftime("%z")
+    offset = f"UTC{z[:3]}:{z[3:5]}"
+    name = d.tzname() or ""
+    return d.strftime("%Y-%m-%d %H:%M:%S ") + (f"{name} ({offset})" if name[:1].isalpha() else offset)

@@ -112,6 +112,7 @@ class Follower:
         self.summary = Summary()
         self.show_all = show_all
         self.log_file = str(log_file) if (log_file and ctx.acting) else None  # written through the connector
+        self.kept = self.log_file  # named in the job's end in the timeline: `invoke logs` shows it when Ray cannot
         self.beat: Any = None
         self.lock = threading.RLock()
         self.reader = timeline.Reader(sid)
@@ -170,11 +171,21 @@ class Follower:
         status = final.get("status") if isinstance(final, dict) else "UNKNOWN"
         end = final.get("end_time") if isinstance(final, dict) else None
         t = float(end) / 1000 if isinstance(end, (int, float)) and end else None
+        kept = {"log": paths.shown(self.kept)} if self.kept and self._written(self.kept) else {}
         self.add([timeline.event(E.JOB_END, self.source, self.summary.last_step, t=t, job=self.sid, status=status,
-                                 n=1)])
+                                 n=1, **kept)])
 
     def close(self) -> None:
         self.log_file = None
+
+    @staticmethod
+    def _written(path: str) -> bool:
+        """The driver log's file was made (a line was read)."""
+        folder, _, name = path.rpartition("/")
+        try:
+            return any(n == name for n, _ in connectors.this_machine().list_dir(folder) or [])
+        except OSError:
+            return False
 
 
 class StallTracker:

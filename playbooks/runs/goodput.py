@@ -42,7 +42,6 @@ it again.
 from __future__ import annotations
 
 import itertools
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -430,6 +429,7 @@ def lines(r: dict) -> list[str]:
     c = r.get("cost")
     out = [f"goodput of run {r['run']} ({'job' if len(r['jobs']) == 1 else 'jobs'} {jobs}"
            f"{', still running' if r['running'] else ''}): {r['goodput_pct']:.1f}% of {r['wall_s']:.1f} s",
+           f"  from {E.when(r['start'])} to {'now, ' if r['running'] else ''}{E.when(r['end'])}",
            *_library_line(r.get("library")), *_cost_lines(c),
            f"  {'productive':<40} {r['productive_s']:9.1f} s  {r['steps']['counted']} steps"
            + _spent(c, "productive_chip_hours", "productive_cost"),
@@ -443,7 +443,7 @@ def lines(r: dict) -> list[str]:
     if r["incidents"]:
         out.append("  incidents")
     for i in r["incidents"]:
-        when = time.strftime("%H:%M:%S", time.localtime(i["at"]))
+        when = E.when(i["at"])
         k = i["restored_from_step"]
         rec = f"recovered in {i['recover_s']:.1f} s" if i["recover_s"] is not None else "not recovered"
         lost = f"lost at step {i['lost_at_step']}" if i["lost_at_step"] is not None else "before any step"

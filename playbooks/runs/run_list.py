@@ -1,15 +1,19 @@
 """`invoke runs`: every run an environment knows (one timeline each),
-newest first: its state, steps, wall time, goodput, chip-hours and cost.
-Pure: the rows are made from each run's events, goodput report and cost
-part (``goodput.py``, ``cost.py``)."""
+newest first: its model, state, steps (of the steps asked), wall time,
+goodput, final loss, MFU, chip-hours and cost. Pure: the rows are made from
+each run's events, goodput report and cost part (``goodput.py``,
+``cost.py``, the summary of ``train_summary.py``)."""
 from __future__ import annotations
 
-import time
+import math
 from typing import Any
 
 from playbooks.runs import events as E
+from playbooks.runs.train_summary import Summary, percent
 
-COLUMNS = ("run", "state", "steps", "wall", "goodput", "chip-hours", "cost", "last event")
+COLUMNS = ("run", "model", "state", "steps", "of", "wall", "goodput", "loss", "MFU", "chip-hours", "cost",
+           "last event")
+UNKNOWN = "-"
 
 
 def state(events: list[dict]) -> str:
@@ -24,9 +28,27 @@ def state(events: list[dict]) -> str:
     return str(end.get("status") or "UNKNOWN")
 
 
+def target_steps(events: list[dict]) -> int | None:
+    """The steps the run's last worker group was asked for (the trainer's
+    ``jax_initialized``: the job's steps)."""
+    for e in reversed(events):
+        if e.get("kind") == E.JAX_INITIALIZED and (n := E.number(e.get("steps"))) is not None and n > 0:
+            return int(n)
+    return None
+
+
+def _known(v: float | None) -> float | None:
+    return None if v is None or math.isnan(v) else v
+
+
 def row(name: str, events: list[dict], report: dict[str, Any]) -> dict[str, Any]:
     c = report.get("cost") or {}
-    return {"run": name, "state": state(events), "jobs": report["jobs"], "steps": report["steps"]["counted"],
+    s = Summary()
+    for e in events:
+        s.add(e)
+    return {"run": name, "model": s.model, "state": state(events), "jobs": report["jobs"],
+            "steps": report["steps"]["counted"], "target_steps": target_steps(events),
+            "final_loss": _known(s.final_loss), "mfu": _known(s.mfu()),
             "wall_s": report["wall_s"], "goodput_pct": report["goodput_pct"],
             "chip_hours": c.get("chip_hours"), "chips_simulated": c.get("chips_simulated", False),
             "cost": c.get("cost"), "per_chip_hour": c.get("per_chip_hour"), "price": c.get("price"),
@@ -45,10 +67,15 @@ def _wall(s: float) -> str:
 
 
 def cells(r: dict) -> list[str]:
+    def known(v: Any, fmt: str = "") -> str:
+        return UNKNOWN if v is None else format(v, fmt)
+
     ch = "" if r["chip_hours"] is None else f"{r['chip_hours']:.4g}" + (" (sim.)" if r["chips_simulated"] else "")
     cost = f"${r['cost']:,.2f}" if r["cost"] is not None else "no price"
-    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(r["last_event"])) if r["last_event"] else "-"
-    return [r["run"], r["state"], str(r["steps"]), _wall(r["wall_s"]), f"{r['goodput_pct']:.1f}%", ch, cost, when]
+    when = E.when(r["last_event"]) if r["last_event"] else UNKNOWN
+    return [r["run"], known(r.get("model")), r["state"], str(r["steps"]), known(r.get("target_steps")),
+            _wall(r["wall_s"]), f"{r['goodput_pct']:.1f}%", known(r.get("final_loss"), ".3f"),
+            f"{percent(r['mfu'])}%" if r.get("mfu") is not None else UNKNOWN, ch, cost, when]
 
 
 def table(rows: list[dict], env: str) -> list[str]:
@@ -57,5 +84,9 @@ def table(rows: list[dict], env: str) -> list[str]:
     body = [list(COLUMNS)] + [cells(r) for r in rows]
     widths = [max(len(line[i]) for line in body) for i in range(len(COLUMNS))]
     out = ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in body]
-    priced = {r["price"] for r in rows if r["cost"] is None and r["price"]}
-    return out + [f"no price: {p}" for p in sorted(priced)]
+    # Why a run has no price: its price text says it ("no price (why)"), once per text, naming its runs.
+    unpriced: dict[str, list[str]] = {}
+    for r in rows:
+        if r["cost"] is None and r["price"]:
+            unpriced.setdefault(r["price"], []).append(r["run"])
+    return out + [f"{', '.join(runs)}: {price}" for price, runs in sorted(unpriced.items())]

@@ -19,8 +19,19 @@ from playbooks.runs.job_log import STEP_LINE, clean
 # (https://cloud.google.com/tpu/docs/v6e); the others from Google's TPU pages,
 # as MaxText's own benchmarks/upload_metrics_to_bq.py has them.
 PEAK_TFLOPS = {"v4": 275.0, "v5e": 197.0, "v5p": 459.0, "v6e": 918.0}
+# Each worker group's first steps compile (trace, lower, XLA): the medians,
+# MFU and the metrics picture leave them out.
+COMPILE_STEPS = 2
 # What made a worker group of another size (the event before its start).
 WHY = {E.RESIZE: "Ray Train's resize", E.FAILURE: "a restart after a failure", E.WORKER_LOST: "a worker lost"}
+
+
+def percent(fraction: float | None) -> str | None:
+    """An MFU in percent: a TPU's tens of percent, or a CPU's small fraction
+    of a TPU's peak (None: not measured)."""
+    if fraction is None:
+        return None
+    return format(100 * fraction, ".2f" if 100 * fraction >= 1 else ".2g")
 
 
 def _f(v: Any) -> float:
@@ -126,9 +137,22 @@ class Summary:
             return None
         return [r for r in self.records if r[1] == self.last_step][-1][4]
 
+    def _compiling(self, r: tuple) -> bool:
+        """A step record among its worker group's first COMPILE_STEPS (it compiles)."""
+        return r[1] - self._first[r[0]] < COMPILE_STEPS
+
     def _warm(self) -> list[tuple]:
-        """Step records past the first two of each worker group (those include compilation)."""
-        return [r for r in self.records if r[1] - self._first[r[0]] >= 2]
+        """Step records past the first COMPILE_STEPS of each worker group."""
+        return [r for r in self.records if not self._compiling(r)]
+
+    def compiled(self) -> set[tuple[int, int]]:
+        """(worker group, step) of each record the medians leave out: it compiled."""
+        return {(r[0], r[1]) for r in self.records if self._compiling(r)}
+
+    def last_runs(self) -> dict[int, int]:
+        """Each step's last worker group to run it (a step run again after a
+        restore counts as its last run, as MaxText's metrics file keeps it)."""
+        return {r[1]: r[0] for r in self.records}
 
     @property
     def median_step_seconds(self) -> float | None:
@@ -178,8 +202,6 @@ class Summary:
         def f(v, fmt):
             return format(v, fmt) if v is not None else "n/a"
 
-        def pct(v):  # a TPU's tens of percent, or a CPU's small fraction of a TPU's peak
-            return "n/a" if v is None else format(100 * v, ".2f" if 100 * v >= 1 else ".2g")
         mfu = self.mfu()
         out = [
             f"steps: {len(self.done_steps)} (last step {f(self.last_step, 'd')})",
@@ -188,7 +210,7 @@ class Summary:
             f"(p50 {f(self.step_seconds_quantile(0.5), '.3f')}, "
             f"p90 {f(self.step_seconds_quantile(0.9), '.3f')}, after each group's first 2 steps)",
             f"tokens/s/device (median): {f(self.median_tokens_per_device, '.1f')}",
-            f"MFU: {pct(mfu)}% ({f(self.median_tflops_per_device, '.3g')} "
+            f"MFU: {percent(mfu) or 'n/a'}% ({f(self.median_tflops_per_device, '.3g')} "
             f"TFLOP/s/device of a v6e chip's {PEAK_TFLOPS['v6e']:.0f} bf16 peak)",
         ]
         if self.params is not None:
