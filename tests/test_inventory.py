@@ -232,3 +232,11 @@ def test_env_flag_wins_over_the_variable_and_one_names_the_environment_of_the_wh
     assert _plays(["network", "--env", "dev", "cluster", "--env", "dev"], hermetic) == ["env dev", "env dev"]
     assert _plays(["status"], {**hermetic, "INVOKE_PLAYBOOK_ENV": "dev"}) == ["env dev"]
     assert _plays(["status"], hermetic) == ["env local"]
+
+
+def test_every_task_takes_env():
+    """Every task opens a session on an environment: each has --env."""
+    import tasks
+    names = list(tasks.ns.task_names)
+    missing = [n for n in names if "env" not in {a.name for a in tasks.ns[n].get_arguments()}]
+    assert len(names) >= 20 and missing == [], missing
