@@ -6,12 +6,20 @@
 # compile them again (~0.15 s of CPU a process). compileall writes anyway.
 BYTECODE = .venv/bin/python -m compileall -q playbooks tasks.py > /dev/null
 
+# The local targets (train, clean-local) act on the shipped inventory's local
+# environment, whatever the user selected (INVOKE_PLAYBOOK_ENV,
+# INVOKE_PLAYBOOK_INVENTORY, a runtime config file, a GKE `default:`): they
+# never touch a GKE environment. INVOKE_PLAYBOOK_KIND=local refuses the run
+# in one line if that environment is not kind local.
+LOCAL_INVOKE = env -u INVOKE_RUNTIME_CONFIG INVOKE_PLAYBOOK_INVENTORY="$(CURDIR)/inventory.yaml" \
+	INVOKE_PLAYBOOK_ENV=local INVOKE_PLAYBOOK_KIND=local .venv/bin/invoke
+
 venv:
 	@scripts/bootstrap
 
-## Train the tutorial's llama3-8b job, scaled down, on a local Ray cluster (no cloud account).
+## Train the tutorial's llama3-8b job, scaled down, on the local Ray cluster (no cloud account), from step 0.
 train: venv
-	.venv/bin/invoke train --fresh
+	$(LOCAL_INVOKE) train --fresh
 
 ## Run every test (lint, type check, unit, golden transcripts, real clients on loopback fakes, sshd on loopback, local Ray + MaxText runs).
 test: venv
@@ -38,6 +46,6 @@ goldens: venv
 lock:
 	scripts/lock
 
-## Stop the local Ray cluster this project started (by pid).
+## Stop the local Ray cluster this project started (by pid), whatever environment is selected.
 clean-local: venv
-	.venv/bin/invoke teardown --yes
+	$(LOCAL_INVOKE) teardown --yes

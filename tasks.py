@@ -2,8 +2,10 @@
 multislice Trillium on GKE with KubeRay and DRANET", as idempotent, checked
 playbooks. `invoke --list` for the tasks, `invoke --help TASK` for one.
 
-Environment: config key playbook.env (INVOKE_PLAYBOOK_ENV), default from the
-inventory. Inventory: playbook.inventory (INVOKE_PLAYBOOK_INVENTORY).
+Environment: --env NAME on any task (one for a whole chain), else config key
+playbook.env (INVOKE_PLAYBOOK_ENV), else the inventory's `default:`.
+Inventory: playbook.inventory (INVOKE_PLAYBOOK_INVENTORY). Every inventory key
+and its rule: docs/inventory.md; the path to GKE, step by step: docs/gke.md.
 Modes: apply (default), check (playbook.mode=check), dry run (invoke --dry).
 """
 import signal
@@ -14,6 +16,7 @@ from invoke import Collection, task
 signal.signal(signal.SIGPIPE, signal.SIG_DFL)
 
 # Only light modules here: `invoke --list` must stay instant.
+from playbooks.cli.chain import chosen_env  # noqa: E402 - after SIGPIPE
 from playbooks.cli.session import (  # noqa: E402 - after SIGPIPE
     bare_flag,
     clean_errors,
@@ -29,69 +32,77 @@ from playbooks.cli.session import (  # noqa: E402 - after SIGPIPE
 install_last_resort()
 
 
-def _play(c, name):
+ENV = {"env": "the inventory's environment to act on (wins over INVOKE_PLAYBOOK_ENV); one --env for a whole chain"}
+
+
+def _session(c, task: str, env: str, **kw):
+    """The task's run, on the environment its --env (or its chain's) names."""
+    return open_session(c.config, task, env_flag=chosen_env(env), **kw)
+
+
+def _play(c, name, env):
     from playbooks.cli import chain, task_steps
 
     with clean_errors():
-        s = open_session(c.config, name)
+        s = _session(c, name, env)
         s.run(name, task_steps.chained(s.env, name, task_steps.play_steps(s.env, name), chain.current()))
 
 
-@task
-def capacity(c):
+@task(help=ENV)
+def capacity(c, env=""):
     """Read-only, before anything is made: the machine type, the GKE version, the TPU quota, the reservation."""
-    _play(c, "capacity")
+    _play(c, "capacity", env)
 
 
-@task
-def prereqs(c):
+@task(help=ENV)
+def prereqs(c, env=""):
     """§1 Enable the APIs; grant your user its three IAM roles."""
-    _play(c, "prereqs")
+    _play(c, "prereqs", env)
 
 
-@task
-def network(c):
+@task(help=ENV)
+def network(c, env=""):
     """§2 The two DCN VPC networks (MTU 8896) and their subnets."""
-    _play(c, "network")
+    _play(c, "network", env)
 
 
-@task
-def cluster(c):
+@task(help=ENV)
+def cluster(c, env=""):
     """§3 The GKE cluster (Standard or Autopilot, from the inventory) and kubectl credentials."""
-    _play(c, "cluster")
+    _play(c, "cluster", env)
 
 
-@task
-def nodepools(c):
+@task(help=ENV)
+def nodepools(c, env=""):
     """§4 One multi-host TPU v6e node pool per slice (Standard; skipped on Autopilot)."""
-    _play(c, "nodepools")
+    _play(c, "nodepools", env)
 
 
-@task
-def storage(c):
+@task(help=ENV)
+def storage(c, env=""):
     """§5 The checkpoint bucket, the Kubernetes service account, its workload-identity binding."""
-    _play(c, "storage")
+    _play(c, "storage", env)
 
 
-@task
-def raycluster(c):
+@task(help=ENV)
+def raycluster(c, env=""):
     """§7 Apply the RayCluster (with DRANET NICs) and wait until every TPU worker is ready."""
-    _play(c, "raycluster")
+    _play(c, "raycluster", env)
 
 
-@task
-def dashboard(c):
+@task(help=ENV)
+def dashboard(c, env=""):
     """Port-forward the Ray dashboard (8265) and check 1 head + every TPU worker."""
-    _play(c, "dashboard")
+    _play(c, "dashboard", env)
 
 
-@task
-def up(c):
+@task(help=ENV)
+def up(c, env=""):
     """Everything above, in the tutorial's order (local: start the local Ray cluster)."""
     from playbooks.cli import chain, task_steps
 
     with clean_errors():
-        s = open_session(c.config, "up")
+        s = _session(c, "up", env)
         s.run("up", task_steps.chained(s.env, "up", task_steps.up_steps(s.env), chain.current()))
 
 
@@ -118,28 +129,36 @@ def _job(s, model, elastic, steps, sets, fresh, preset):
     iterable=["set_"],
     help={
         **JOB_HELP,
-        "fresh": "delete the run's checkpoints first, so it starts from step 0",
+        "fresh": "delete the run's checkpoints first, so it starts from step 0 (on GKE: asks first, unless --yes)",
         "skip_preflight": "submit without the static checks and the AOT fit check (GKE runs them by default)",
+        "yes": "do not ask before --fresh deletes the run's checkpoints in the bucket",
+        **ENV,
     },
 )
-def train(c, model="llama3-8b", elastic=False, steps="", set_=None, fresh=False, preset="", skip_preflight=False):
+def train(c, model="llama3-8b", elastic=False, steps="", set_=None, fresh=False, preset="", skip_preflight=False,
+          yes=False, env=""):
     """§8-9 Submit the tutorial's training job with `ray job submit`, follow it, exit with its status."""
     from playbooks.cli import task_steps
+    from playbooks.cli.confirm import confirm
+    from playbooks.plays.train import fresh_summary
 
     with clean_errors():
-        s = open_session(c.config, "train")
+        s = _session(c, "train", env)
         job = _job(s, model, elastic, steps, set_, fresh, preset)
         log = (s.logdir / "job.log") if s.logdir else None
-        s.run("train", task_steps.train_steps(s.env, job, log, preflight_first=not skip_preflight), parallel=False)
+        steps_ = task_steps.train_steps(s.env, job, log, preflight_first=not skip_preflight)
+        if fresh and s.env.kind != "local":  # local checkpoints are this machine's own rehearsal's
+            confirm("train --fresh", s.env.name, s.mode, fresh_summary(job), yes)
+        s.run("train", steps_, parallel=False)
 
 
-@task(iterable=["set_"], help=JOB_HELP)
-def preflight(c, model="llama3-8b", elastic=False, steps="", set_=None, preset=""):
+@task(iterable=["set_"], help={**JOB_HELP, **ENV})
+def preflight(c, model="llama3-8b", elastic=False, steps="", set_=None, preset="", env=""):
     """Prove a job fits its TPUs: static checks, an AOT compile (if it does not fit, the smallest change that does)."""
     from playbooks.cli import task_steps
 
     with clean_errors():
-        s = open_session(c.config, "preflight")
+        s = _session(c, "preflight", env)
         job = _job(s, model, elastic, steps, set_, False, preset)
         # The compile proves (or refutes) the estimate: it runs after an estimate's misfit too.
         s.run("preflight", task_steps.preflight_steps(s.env, job), parallel=False, keep_going=True)
@@ -158,14 +177,14 @@ def _run_flag(run: str) -> str | None:
 
 
 @task(help={"run": "the run (its run_name); default: the newest job of this environment",
-            "follow": "follow the log to the job's end (the exit code is then its outcome)"})
-def logs(c, run="", follow=False):
+            "follow": "follow the log to the job's end (the exit code is then its outcome)", **ENV})
+def logs(c, run="", follow=False, env=""):
     """The driver log of a run's newest job (Ray Jobs SDK); --follow to its end, exiting with its outcome."""
     from playbooks.cli import task_steps
     from playbooks.plays import logs as lg
 
     with clean_errors():
-        s = open_session(c.config, "logs")
+        s = _session(c, "logs", env)
         name = _run_flag(run)
         steps = [] if s.env.kind == "local" else task_steps.cluster_ready_steps(s.env)
         kept = (s.logdir / "job.log") if (follow and s.logdir) else None
@@ -173,37 +192,37 @@ def logs(c, run="", follow=False):
         s.run("logs", steps + [lg.logs_step(s.env, name, follow, kept)], parallel=False, keep_going=True)
 
 
-@task(help={"run": "the run (its run_name); default: the newest run with metrics"})
-def metrics(c, run=""):
+@task(help={"run": "the run (its run_name); default: the newest run with metrics", **ENV})
+def metrics(c, run="", env=""):
     """Draw a run's step metrics (loss, tokens/s per device, step time) into its metrics.png."""
     from playbooks.plays import logs as lg
 
     with clean_errors():
-        s = open_session(c.config, "metrics")
+        s = _session(c, "metrics", env)
         s.run("metrics", [lg.metrics_step(s.env, _run_flag(run))], parallel=False)
 
 
-@task(help={"restore_after": "local only: seconds before the killed host comes back (default 60; 0: never)"})
-def delete_worker(c, restore_after="60"):
+@task(help={"restore_after": "local only: seconds before the killed host comes back (default 60; 0: never)", **ENV})
+def delete_worker(c, restore_after="60", env=""):
     """§9 Delete one Ray TPU worker pod (local: kill one simulated TPU host), as a preemption would."""
     from playbooks.cli import task_steps
 
     with clean_errors():
-        s = open_session(c.config, "chaos")
+        s = _session(c, "chaos", env)
         s.run("chaos", task_steps.chaos_steps(s.env, seconds("--restore-after", restore_after)), parallel=False)
 
 
-@task(help={"restore_after": "seconds before the frozen worker is resumed (default 60; 0: never)"})
-def hang_worker(c, restore_after="60"):
+@task(help={"restore_after": "seconds before the frozen worker is resumed (default 60; 0: never)", **ENV})
+def hang_worker(c, restore_after="60", env=""):
     """Freeze one worker's trainer (SIGSTOP; local: one simulated host's), resume it after --restore-after: a stall."""
     from playbooks.cli import task_steps
 
     with clean_errors():
-        s = open_session(c.config, "chaos")
+        s = _session(c, "chaos", env)
         s.run("chaos", task_steps.hang_steps(s.env, seconds("--restore-after", restore_after)), parallel=False)
 
 
-def _report(c, task: str, make_step, step_id: str, as_json: bool, lines_of) -> None:
+def _report(c, task: str, env: str, make_step, step_id: str, as_json: bool, lines_of) -> None:
     """A read-only report task (goodput, runs): its one step run quietly,
     then its data printed as JSON or as lines (a dry run prints the step)."""
     import json
@@ -213,7 +232,7 @@ def _report(c, task: str, make_step, step_id: str, as_json: bool, lines_of) -> N
     from playbooks.core.runner import Mode
 
     with clean_errors():
-        s = open_session(c.config, task, reporter=Reporter(lambda line: None), read_only=True)
+        s = _session(c, task, env, reporter=Reporter(lambda line: None), read_only=True)
         step = make_step(s.env)
         if s.mode is Mode.DRY:
             s.book.reporter = Reporter()
@@ -230,54 +249,43 @@ def _report(c, task: str, make_step, step_id: str, as_json: bool, lines_of) -> N
 
 
 @task(help={"run": "the run (its run_name); default: the newest run with a timeline",
-            "json": "print it as one JSON object (run, wall_s, productive_s, goodput_pct, badput_s, incidents, cost)"})
-def goodput(c, run="", json_=False):
+            "json": "print it as one JSON object (run, wall_s, productive_s, goodput_pct, badput_s, incidents, cost)",
+            **ENV})
+def goodput(c, run="", json_=False, env=""):
     """What each second of a run went to: productive steps, badput by cause, each incident, its cost (read-only)."""
     from playbooks.plays import logs as lg
     from playbooks.runs import goodput as gp
 
-    _report(c, "goodput", lambda env: lg.goodput_step(env, _run_flag(run)), "goodput:report", json_,
+    _report(c, "goodput", env, lambda env: lg.goodput_step(env, _run_flag(run)), "goodput:report", json_,
             lambda env, report: gp.lines(report))
 
 
-@task(help={"json": "print them as one JSON list (run, state, steps, wall_s, goodput_pct, chip_hours, cost, ...)"})
-def runs(c, json_=False):
+@task(help={"json": "print them as one JSON list (run, state, steps, wall_s, goodput_pct, chip_hours, cost, ...)",
+            **ENV})
+def runs(c, json_=False, env=""):
     """Every run this environment knows (its timelines), newest first: state, steps, wall, goodput, chip-hours, cost."""
     from playbooks.plays import logs as lg
     from playbooks.runs import run_list
 
-    _report(c, "runs", lg.runs_step, "runs:list", json_, lambda env, rows: run_list.table(rows, env.name))
+    _report(c, "runs", env, lg.runs_step, "runs:list", json_, lambda env, rows: run_list.table(rows, env.name))
 
 
-@task(help={"yes": "do not ask for confirmation"})
-def teardown(c, yes=False):
+@task(help={"yes": "do not ask for confirmation", **ENV})
+def teardown(c, yes=False, env=""):
     """§10 Delete the RayCluster, the cluster, the bucket, the subnets and networks (a second run is a no-op)."""
-    import sys
-
     from playbooks.cli import task_steps
-    from playbooks.core.runner import Mode
+    from playbooks.cli.confirm import confirm
     from playbooks.plays import teardown as td
 
     with clean_errors():
-        s = open_session(c.config, "teardown")
-        if s.mode is Mode.APPLY and not yes:
-            what = td.summary(s.env)
-            if not sys.stdin.isatty():
-                from playbooks.core.errors import InputError
-                raise InputError(f"teardown deletes {what}; confirm with --yes (stdin is not a terminal)")
-            try:
-                answer = input(f"Delete {what}? Type the environment name ({s.env.name}) to confirm: ")
-            except EOFError:  # Ctrl-D: no answer is no
-                answer = ""
-                print()
-            if answer.strip() != s.env.name:
-                from invoke.exceptions import Exit
-                raise Exit("teardown cancelled", code=1)
+        s = _session(c, "teardown", env)
+        confirm("teardown", s.env.name, s.mode, td.summary(s.env), yes)
         s.run("teardown", task_steps.teardown_steps(s.env))
 
 
-@task(help={"json": "print it as one JSON document (the exit code: 0 when everything is as the inventory asks)"})
-def status(c, json_=False):
+@task(help={"json": "print it as one JSON document (the exit code: 0 when everything is as the inventory asks)",
+            **ENV})
+def status(c, json_=False, env=""):
     """Everything the environment owns, as it is, and the first thing not as the inventory asks, and why (read-only)."""
     from playbooks.cli import status as st
     from playbooks.cli.session import Failed
@@ -286,7 +294,7 @@ def status(c, json_=False):
 
     with clean_errors():
         lines: list[str] = []
-        s = open_session(c.config, "status", reporter=Reporter(lines.append), read_only=True)
+        s = _session(c, "status", env, reporter=Reporter(lines.append), read_only=True)
         if s.mode is Mode.DRY:
             s.book.reporter = Reporter()
             s.run("status", st.steps(s.env))
@@ -301,16 +309,17 @@ def status(c, json_=False):
         else:
             Reporter().block(st.table(doc))
         if not doc["as_asked"]:
-            raise Failed(f"status: not as the inventory asks: {doc['diagnosis']}")
+            # The table ends with the diagnosis: said once.
+            raise Failed("status: not as the inventory asks" + (f": {doc['diagnosis']}" if json_ else ""))
 
 
-@task
-def doctor(c):
+@task(help=ENV)
+def doctor(c, env=""):
     """What would stop a run: the tools, gcloud's account, the project, the kubectl context, the gcloud lines' parse."""
     from playbooks.cli import doctor as dr
 
     with clean_errors():
-        s = open_session(c.config, "doctor")
+        s = _session(c, "doctor", env)
         s.run("doctor", dr.steps(s.env), parallel=False, keep_going=True)
 
 
@@ -324,4 +333,5 @@ ns.add_collection(chaos)
 # Defaults of None (not 4, not "apply"): Invoke converts an INVOKE_PLAYBOOK_*
 # variable to its default's type, and int("abc") would be its traceback;
 # playbooks.session checks every value (defaults: apply, 4 steps at once).
-ns.configure({"playbook": {"env": None, "inventory": None, "mode": None, "parallel": None, "heartbeat": None}})
+ns.configure({"playbook": {"env": None, "inventory": None, "mode": None, "parallel": None, "heartbeat": None,
+                          "kind": None}})

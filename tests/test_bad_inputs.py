@@ -379,3 +379,16 @@ def test_the_teardown_prompt_takes_ctrl_d_or_a_wrong_name_as_no(tmp_path, keys, 
     rc, out = _on_a_terminal(["teardown"], keys, tmp_path)
     assert rc == 1 and words in out and "Traceback" not in out, out
     assert "stop head" not in out  # nothing was torn down
+
+
+def test_train_fresh_on_gke_says_what_it_deletes_and_asks_first(tmp_path):
+    """`train --fresh` deletes the run's checkpoints in the bucket: on a
+    real terminal it names them (the gs:// path) and asks for the
+    environment's name; any other answer deletes nothing and starts no
+    process (without a terminal it is refused: the corpus's case)."""
+    rc, out = _on_a_terminal(["train", "--fresh", "--env", "dev"], b"prod\r", tmp_path)
+    assert rc == 1 and "train cancelled" in out and "Traceback" not in out, out
+    assert ("Delete every checkpoint of run rayjob-multi-slice (gs://my-tpu-project-maxtext-ckpt/rayjob-multi-slice/"
+            "checkpoints/) and its timeline") in out, out
+    assert "Type the environment name (dev) to confirm:" in out, out
+    assert "PLAY [" not in out  # nothing ran

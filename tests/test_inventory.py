@@ -214,3 +214,29 @@ def test_bad_task_argument_is_one_line(hermetic):
 def test_a_number_flag_that_is_not_one_is_one_line_not_a_traceback(hermetic, args, line):
     r = subprocess.run([INVOKE, "--dry", *args], cwd=ROOT, capture_output=True, text=True, env=hermetic)
     assert (r.returncode, r.stdout, r.stderr.strip()) == (2, "", line)
+
+
+def _plays(args: list[str], environ: dict[str, str]) -> list[str]:
+    r = subprocess.run([INVOKE, "--dry", *args], cwd=ROOT, capture_output=True, text=True, env=environ)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr
+    return [line.split(" | ")[1].split(" (")[0] for line in r.stdout.splitlines() if line.startswith("PLAY [")]
+
+
+def test_env_flag_wins_over_the_variable_and_one_names_the_environment_of_the_whole_chain(hermetic):
+    """--env on any task: it wins over INVOKE_PLAYBOOK_ENV; given on one task
+    of a chain, every task of the chain acts on that environment (a chain
+    whose tasks name two is refused: tests/data/bad_inputs.yaml)."""
+    assert _plays(["status", "--env", "dev"], {**hermetic, "INVOKE_PLAYBOOK_ENV": "local"}) == ["env dev"]
+    assert _plays(["network", "--env", "dev", "cluster"], hermetic) == ["env dev", "env dev"]
+    assert _plays(["network", "cluster", "--env", "dev-autopilot"], hermetic) == ["env dev-autopilot"] * 2
+    assert _plays(["network", "--env", "dev", "cluster", "--env", "dev"], hermetic) == ["env dev", "env dev"]
+    assert _plays(["status"], {**hermetic, "INVOKE_PLAYBOOK_ENV": "dev"}) == ["env dev"]
+    assert _plays(["status"], hermetic) == ["env local"]
+
+
+def test_every_task_takes_env():
+    """Every task opens a session on an environment: each has --env."""
+    import tasks
+    names = list(tasks.ns.task_names)
+    missing = [n for n in names if "env" not in {a.name for a in tasks.ns[n].get_arguments()}]
+    assert len(names) >= 20 and missing == [], missing

@@ -347,7 +347,7 @@ def test_status_of_a_stopped_local_cluster_says_what_is():
     assert rows["dashboard : Ray nodes"][1].startswith("unknown because twin : Ray head http://127.0.0.2:8265 is "
                                                        "not running")
     assert rows["status : jobs"] == ("unknown", "unknown because no Ray dashboard answers at http://127.0.0.2:8265")
-    assert doc["diagnosis"] == "twin : Ray head http://127.0.0.2:8265: not running"
+    assert doc["diagnosis"] == "twin : Ray head http://127.0.0.2:8265: not running: run `invoke up`"
     assert not doc["as_asked"]
     assert "would" not in "\n".join(status.table(doc))
 
@@ -1020,3 +1020,80 @@ def test_logs_shows_the_copy_a_follow_kept_when_no_dashboard_answers_or_ray_forg
     # No copy kept: said, with what keeps one.
     recap, out = _real([logs.logs_step(kept_env, "never", follow=False)])
     assert recap.failed and "no copy of a driver log of run never was kept" in out.text(), out.text()
+
+
+def test_a_status_without_a_gcloud_account_says_the_cause_once_with_its_fix():
+    """No gcloud account: every gcloud look fails with the same words. The
+    account's row is the diagnosis, with its fix (`gcloud auth login`, once
+    in the whole table); the rows it left unknown say so briefly, without
+    gcloud's message; a row unknown for another cause keeps its own."""
+    from playbooks.cli import status
+    from playbooks.core.errors import ProbeFailed
+    from playbooks.core.facts import Fact
+    from playbooks.core.play import Playbook
+    from playbooks.core.recap import Reporter
+    from playbooks.core.runner import Mode, Runner
+    from playbooks.core.step import Step, ok
+    words = "ERROR: (gcloud.container.clusters.list) You do not currently have an active account selected."
+    clusters = Fact(name="cluster", python=lambda: None, display="gcloud container clusters list --format=json")
+    pods = Fact(name="pods", python=lambda: None, display="kubectl get pods --output=json")
+    pools = Fact(name="pools", python=lambda: None, display="gcloud container node-pools list --format=json")
+    account = status.account_step()
+    declared = {account.probes[0].key: {"core": {"disable_usage_reporting": "True"}},
+                clusters.key: ProbeFailed("cluster", clusters.line(), 1, "", words, why=f"could not look: {words}"),
+                pools.key: ProbeFailed("pools", pools.line(), 1, "", words.replace("clusters", "node-pools"),
+                                       why=f"could not look: {words.replace('clusters', 'node-pools')}"),
+                pods.key: ProbeFailed("pods", pods.line(), 1, "", "error: no context", why="no context")}
+    a = Step("t", "cluster", lambda look: ok(str(look(clusters))), id="a", probes=(clusters,))
+    b = Step("t", "pools", lambda look: ok(str(look(pools))), id="b", after=("a",), probes=(pools,))
+    c = Step("t", "pods", lambda look: ok(str(look(pods))), id="c", probes=(pods,))
+
+    def run(steps):
+        recap = Playbook(Runner(Mode.CHECK, facts=declared), Reporter(lambda line: None), workers=4).run(
+            "status", steps, keep_going=True)
+        return status.report(env("dev"), recap)
+
+    doc = run([account, a, b, c])
+    rows = {i["what"]: (i["verdict"], i["reason"]) for i in doc["items"]}
+    assert rows == {
+        "status : gcloud account": ("not as asked", "no active account and no access token file: every gcloud "
+                                                    "command fails"),
+        "t : cluster": ("unknown", "unknown because gcloud has no account (the diagnosis)"),
+        "t : pools": ("unknown", "unknown because gcloud has no account (the diagnosis)"),
+        "t : pods": ("unknown", "unknown because no context")}
+    assert doc["diagnosis"] == ("status : gcloud account: no active account and no access token file: every gcloud "
+                                "command fails: run `gcloud auth login` (`invoke doctor` checks it)")
+    assert "\n".join(status.table(doc)).count("gcloud auth login") == 1
+    # With an account (or without its row) gcloud's own words stay: nothing is hidden.
+    declared[account.probes[0].key] = {"core": {"account": "me@example.com"}}
+    doc = run([account, a, b])
+    assert doc["items"][0]["verdict"] == "as asked" and words.split(") ")[1] in doc["items"][1]["reason"]
+    assert doc["diagnosis"].startswith("t : cluster: unknown because could not look: ERROR:")
+
+
+def test_a_local_host_without_a_pid_file_is_not_started_not_its_old_logs_line():
+    """After a teardown (or before any `up`) a host's log is an old run's:
+    status names the host not started (its diagnosis: run `invoke up`),
+    never a line of that log. A host whose process died (its pid file left)
+    still says why, from its log."""
+    import shutil
+
+    from playbooks.config import paths
+    from playbooks.config.schema import load_inventory
+    from playbooks.core.inventory import resolve
+    from playbooks.twin import nodes
+    inv = load_inventory()
+    local = resolve(inv.path, "t-stale-logs", {**inv.raw["local"], "gcs_port": 6990, "dashboard_port": 8299},
+                    inv.schema)
+    state = paths.here(f"{paths.STATE}/t-stale-logs")
+    try:
+        for name in ("tpu-group-0-0", "tpu-group-1-0"):
+            log = paths.here(paths.node_log(local.name, name))
+            log.parent.mkdir(parents=True, exist_ok=True)
+            log.write_text("INFO worker.py:1 -- Connecting to existing Ray cluster\nRuntimeError: an old run's end\n")
+        nodes.pidfile(local, "tpu-group-1-0").write(2 ** 22 + 1)  # a pid no process has: it died
+        s = nodes.slices_of(local, nodes.hosts_state(local))
+        assert "tpu-group-0-0 not started" in s.text(), s.text()
+        assert "tpu-group-1-0 not running: RuntimeError: an old run's end" in s.text(), s.text()
+    finally:
+        shutil.rmtree(state, ignore_errors=True)

@@ -23,7 +23,7 @@ from playbooks.config.schema import Environment
 from playbooks.config.versions import installed, pinned, ray_version
 from playbooks.core.command import PLACEHOLDER, Command
 from playbooks.core.errors import ProbeFailed
-from playbooks.core.facts import ABSENT, Completed
+from playbooks.core.facts import ABSENT, Completed, Fact
 from playbooks.core.step import Step, fail, ok, skipped
 
 PLAY = "doctor"
@@ -151,21 +151,34 @@ def parse_step(env: Environment) -> Step:
 
 
 # -- what will stop a run: credentials, the project, the cluster's context --------
+def credentials_fact() -> Fact:
+    """gcloud's configuration, where the commands run (a local read: no API)."""
+    return fact("gcloud credentials", gcloud("config", "list", "--format=json"), json_object(),
+                assumed={"core": {"account": "${ACCOUNT}"}},
+                describe=lambda c: ((c.get("core") or {}).get("account") or
+                                    ("an access token file" if (c.get("auth") or {}).get("access_token_file")
+                                     else "no account")))
+
+
+def credentials(cfg: dict) -> str | None:
+    """What gcloud authenticates with (its active account, an access token
+    file), or None: then every gcloud command fails."""
+    account = (cfg.get("core") or {}).get("account")
+    token_file = (cfg.get("auth") or {}).get("access_token_file")
+    if account:
+        return f"gcloud account {account}"
+    if token_file:
+        return f"gcloud authenticates with the access token in {token_file}"
+    return None
+
+
 def account_step(env: Environment) -> Step:
-    probe = fact("gcloud credentials", gcloud("config", "list", "--format=json"), json_object(),
-                 assumed={"core": {"account": "${ACCOUNT}"}},
-                 describe=lambda c: ((c.get("core") or {}).get("account") or
-                                     ("an access token file" if (c.get("auth") or {}).get("access_token_file")
-                                      else "no account")))
+    probe = credentials_fact()
 
     def decide(look):
-        cfg = look(probe)
-        account = (cfg.get("core") or {}).get("account")
-        token_file = (cfg.get("auth") or {}).get("access_token_file")
-        if account:
-            return ok(f"gcloud account {account}")
-        if token_file:
-            return ok(f"gcloud authenticates with the access token in {token_file}")
+        who = credentials(look(probe))
+        if who:
+            return ok(who)
         return fail("gcloud has no active account: run `gcloud auth login` (every gcloud command would fail)")
 
     if env.kind == "local":

@@ -38,6 +38,7 @@ CONFIG_KEYS = {
     "mode": "apply or check",
     "parallel": "steps run at once",
     "heartbeat": "seconds between signs of life in a long wait",
+    "kind": "the kind the environment must be (local or gke; the Makefile's local targets set local)",
 }
 ENV_PREFIX = "INVOKE_PLAYBOOK_"
 MAX_PARALLEL = 32  # each running step is one CLI process; more only queue at the APIs' rate limits
@@ -259,6 +260,10 @@ def playbook_config(config) -> dict[str, Any]:
         raise InputError(f"{_place('mode')} = {shown_value(mode)} is not allowed (allowed: apply, check; "
                          f"a dry run is Invoke's own --dry)")
     out["mode"] = mode
+    kind = pb.get("kind")
+    if kind is not None and kind not in ("local", "gke"):
+        raise InputError(f"{_place('kind')} = {shown_value(kind)} is not allowed (allowed: local, gke)")
+    out["kind"] = kind
     par = pb.get("parallel")
     out["parallel"] = DEFAULT_PARALLEL if par is None else whole_number(
         _place("parallel"), par, 1, MAX_PARALLEL, "each running step is one CLI process")
@@ -286,17 +291,24 @@ READ_ONLY_TASKS = ("status", "goodput", "runs", "logs", "metrics", "doctor")
 KEEP_LOGS = 20
 
 
-def open_session(config, task: str, reporter: Reporter | None = None, read_only: bool = False) -> Session:
+def open_session(config, task: str, reporter: Reporter | None = None, read_only: bool = False,
+                 env_flag: str | None = None) -> Session:
     """``read_only``: a task that only looks (status) runs in check mode
-    whatever playbook.mode says (its --dry still prints the probes)."""
+    whatever playbook.mode says (its --dry still prints the probes).
+    ``env_flag``: the task's --env, which wins over playbook.env."""
     settings = playbook_config(config)
     dry = bool(config.get("run", {}).get("dry", False)) if hasattr(config, "get") else False
     if dry and settings["mode"] == "check":
         raise InputError(f"{_place('mode')} = 'check' and Invoke's --dry are two modes at once: choose one")
     path = inventory_path(settings["inventory"])
+    if env_flag is not None and name_problem(env_flag):
+        raise InputError(f"--env {shown_value(env_flag)}: an environment name {name_problem(env_flag)}")
     inv = load_inventory(path)
-    env = inv.env(settings["env"])
+    env = inv.env(env_flag or settings["env"])
     assert isinstance(env, Environment)  # SCHEMA's env_type
+    if settings["kind"] and env.kind != settings["kind"]:
+        raise InputError(f"environment {env.name!r} of {inv.path} is kind {env.kind}, but {_place('kind')} = "
+                         f"{settings['kind']!r} allows only a {settings['kind']} one")
     mode = Mode.DRY if dry else Mode.CHECK if read_only else Mode(settings["mode"])
     parallel = settings["parallel"]
     logdir = None

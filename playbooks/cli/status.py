@@ -5,7 +5,11 @@ it: it often says why). Read-only: the plays of `up` run in check mode
 (every probe at once, before the steps), plus what only status shows: the
 TPU nodes of each pool, the RayCluster's workers (why they are not
 running), the jobs of this environment's runs. A report says what is (as asked, missing, not running,
-not ready, unknown because ...), never what a change would do."""
+not ready, unknown because ...), never what a change would do.
+
+On GKE its first row is gcloud's account: without one every gcloud look
+fails with the same words, so that is said once, in the diagnosis with its
+fix (`gcloud auth login`), and the rows it left unknown say so briefly."""
 from __future__ import annotations
 
 import json
@@ -15,7 +19,7 @@ from typing import Any
 from playbooks.access.cli_clients import fact
 from playbooks.access.connectors import connector
 from playbooks.access.ray_api import job_logs_command, jobs_fact, ours, run_of
-from playbooks.cli import task_steps
+from playbooks.cli import doctor, task_steps
 from playbooks.cloud import capacity_options, kube_objects, maintenance
 from playbooks.cloud import pods as P
 from playbooks.cloud.endpoints import dashboard
@@ -30,6 +34,12 @@ from playbooks.job.spec import Checkpoints, run_checkpoints
 from playbooks.runs import metrics, stall, timeline
 
 PLAY = "status"
+ACCOUNT = "status:account"
+# gcloud's own words when it has no account (any command, before any API call).
+NO_ACCOUNT_WORDS = "do not currently have an active account"
+# What the diagnosis adds when a row is its cause: how to make it as asked.
+FIX = {ACCOUNT: "run `gcloud auth login` (`invoke doctor` checks it)"}
+UP = "run `invoke up`"
 SHOWN = 3  # the newest jobs said in the jobs line (and whose runs' checkpoints are looked at)
 POOL_LABEL = "cloud.google.com/gke-nodepool"
 
@@ -215,12 +225,24 @@ def jobs_step(env: Environment) -> Step:
     return Step(PLAY, "jobs", decide, id="status:jobs", after=after, probes=(listing,))
 
 
+def account_step() -> Step:
+    """gcloud's credentials, read once (`gcloud config list`: no API)."""
+    probe = doctor.credentials_fact()
+
+    def decide(look):
+        who = doctor.credentials(look(probe))
+        return ok(who) if who else fail("no active account and no access token file: every gcloud command fails")
+
+    return Step(PLAY, "gcloud account", decide, id=ACCOUNT, probes=(probe,))
+
+
 def steps(env: Environment) -> list[Step]:
     """`up`'s probes, with the TPU nodes and the workers (why they are not
     ready) before the dashboard's steps: a worker's Kubernetes cause is the
     diagnosis, not the Ray node it is missing."""
     out = task_steps.up_steps(env)
     if env.kind != "local":
+        out = [account_step()] + out
         mine = [maintenance_step(env)] + ([tpu_nodes_step(env)] if env.mode == "standard" else []) \
             + [workers_step(env)]
         at = next((i for i, s in enumerate(out) if s.play == "dashboard"), len(out))
@@ -278,8 +300,30 @@ def report(env: Environment, recap: Recap) -> dict:
         v, what = verdict(r, found, full)
         items.append({"what": r.title, "verdict": v, "outcome": r.outcome, "state": _state(r.lines),
                       "reason": what, "notes": list(r.notes)})
-    # The first thing not as asked; what could not be read only when nothing
-    # read is wrong (an unknown is not a finding, but it is what to look at).
+    one_cause(recap, items)
+    # A check that could not look (unknown) is not a finding; what it waits
+    # on is one, and is counted there.
+    as_asked = not recap.not_run and all(i["outcome"] in (OK, SKIPPED) for i in items)
+    return {"environment": env.name, "kind": env.kind, "mode": env.get("mode"), "as_asked": as_asked,
+            "items": items, "jobs": recap.data("status:jobs") or [], "diagnosis": diagnosis(recap, items),
+            "seconds": round(recap.wall, 1)}
+
+
+def one_cause(recap: Recap, items: list[dict]) -> None:
+    """gcloud without an account: every gcloud look failed with its words.
+    The rows that could not be read for that say so briefly; the cause is
+    said once, with its fix, by the diagnosis (the account's row)."""
+    if not any(r.step_id == ACCOUNT and r.outcome == FAILED and r.found != UNKNOWN for r in recap.results):
+        return
+    for i in items:
+        if i["verdict"] == UNKNOWN and NO_ACCOUNT_WORDS in i["reason"]:
+            i["reason"] = "unknown because gcloud has no account (the diagnosis)"
+
+
+def diagnosis(recap: Recap, items: list[dict]) -> str | None:
+    """The first thing not as asked, and its fix where status knows it;
+    what could not be read only when nothing read is wrong (an unknown is
+    not a finding, but it is what to look at)."""
     found_wrong = [i for i in items if i["outcome"] in (CHANGED, FAILED, UNREACHABLE) and i["verdict"] != UNKNOWN]
     first = next(iter(found_wrong), None) or next((i for i in items if i["verdict"] == UNKNOWN
                                                    and i["outcome"] == FAILED), None)
@@ -287,14 +331,14 @@ def report(env: Environment, recap: Recap) -> dict:
         # Something on its way (slices not whole yet): a failure after it
         # often says why (a worker's Kubernetes cause), and is the diagnosis.
         first = next((i for i in found_wrong if i["outcome"] in (FAILED, UNREACHABLE)), first)
-    diagnosis = f"{first['what']}: {first['verdict'] if first['outcome'] == CHANGED else first['reason']}" \
-        if first else None
-    # A check that could not look (unknown) is not a finding; what it waits
-    # on is one, and is counted there.
-    as_asked = not recap.not_run and all(i["outcome"] in (OK, SKIPPED) for i in items)
-    return {"environment": env.name, "kind": env.kind, "mode": env.get("mode"), "as_asked": as_asked,
-            "items": items, "jobs": recap.data("status:jobs") or [], "diagnosis": diagnosis,
-            "seconds": round(recap.wall, 1)}
+    if first is None:
+        return None
+    if first["outcome"] == CHANGED:  # missing, not running: what `up` makes; not ready: on its way
+        what = first["verdict"] + ("" if first["verdict"] == NOT_READY else f": {UP}")
+    else:
+        what = first["reason"]
+    fix = FIX.get(recap.results[items.index(first)].step_id)
+    return f"{first['what']}: {what}" + (f": {fix}" if fix else "")
 
 
 def table(doc: dict) -> list[str]:

@@ -107,6 +107,13 @@ def checkpoint_step(job: Job) -> Step:
     return Step(PLAY, title, decide, id="train:checkpoints", verify=verify)
 
 
+def fresh_summary(job: Job) -> str:
+    """What --fresh deletes, for the question before it does (``cli/confirm.py``)."""
+    where = checkpoints_place(job)[1]
+    return (f"every checkpoint of run {job.run_name} ({where}) and its timeline "
+            f"({paths.shown(timeline.path(job.env, job.run_name))}), so that it starts over from step 0")
+
+
 def preemption_note(env: Environment, job: Job) -> list[Step]:
     """On Spot or flex-start capacity, a job that is not elastic ends with
     its first lost slice: say so, once, before it starts."""

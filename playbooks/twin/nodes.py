@@ -156,9 +156,16 @@ def registered(nodes: Any, host: Host) -> bool:
     return False
 
 
-def log_error(env: Environment, name: str) -> str:
+NOT_STARTED = "not started (no pid file)"
+
+
+def log_error(env: Environment, name: str, pid: int | None) -> str:
     """The line of a node's log that says what went wrong (a traceback's
-    exception, as for a failed command)."""
+    exception, as for a failed command). A node without a pid file was
+    never started, or was stopped (teardown): its log, if any, is an old
+    run's, and says nothing of now."""
+    if pid is None:
+        return NOT_STARTED
     text = (connectors.this_machine().read(log(env, name)) or b"").decode(errors="replace")
     return error_line(text)[:200] if text.strip() else "its log is empty"
 
@@ -175,7 +182,7 @@ def node_state(env: Environment, name: str, joined: Any) -> dict:
              "answering": nodes is not ABSENT,
              "joined": nodes is not ABSENT and joined(nodes)}
     if not state["process"]:
-        state["exited"] = log_error(env, name)
+        state["exited"] = log_error(env, name, pid)
     return state
 
 
@@ -197,7 +204,7 @@ def hosts_state(env: Environment) -> dict:
         s: dict[str, Any] = {"process": pid is not None and pf.via.alive(pid, ""),
                              "joined": nodes is not ABSENT and registered(nodes, h)}
         if not s["process"]:
-            s["exited"] = log_error(env, h.name)
+            s["exited"] = log_error(env, h.name, pid)
         elif not s["joined"] and (d := pf.read()):
             s["started"] = d.get("started")
         out[h.name] = s
@@ -213,6 +220,8 @@ def hosts_state_fact(env: Environment) -> Fact:
 
 
 def _not_joined(env: Environment, host: Host, s: dict) -> str:
+    if s.get("exited") == NOT_STARTED:
+        return f"{host.name} not started"
     if not s.get("process"):
         return f"{host.name} not running: {s.get('exited')}"
     late = late_seconds(env, host)
