@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from playbooks.access import connectors, staleness
-from playbooks.access.cli_clients import is_transient
+from playbooks.access.cli_clients import already_exists, is_transient
 from playbooks.config import paths
 from playbooks.config.project import ROOT
 from playbooks.config.schema import Environment, load_inventory
@@ -298,7 +298,8 @@ def open_session(config, task: str, reporter: Reporter | None = None, read_only:
     # transient fault: gcloud has already retried it (apitools: 5 times, ~30 s
     # under a 503), and a status reports what it could not read (unknown,
     # and why) instead of waiting on one API while the others have answered.
-    retry = RetryPolicy(attempts=READ_ONLY_ATTEMPTS if read_only else RetryPolicy.attempts, is_transient=is_transient)
+    retry = RetryPolicy(attempts=READ_ONLY_ATTEMPTS if read_only else RetryPolicy.attempts, is_transient=is_transient,
+                        already_exists=already_exists)
     if mode is Mode.DRY:
         runner = Runner(mode, retry=retry)  # no connector: nothing can start
     else:
