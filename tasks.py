@@ -321,4 +321,5 @@ ns.add_collection(chaos)
 # Defaults of None (not 4, not "apply"): Invoke converts an INVOKE_PLAYBOOK_*
 # variable to its default's type, and int("abc") would be its traceback;
 # playbooks.session checks every value (defaults: apply, 4 steps at once).
-ns.configure({"playbook": {"env": None, "inventory": None, "mode": None, "parallel": None, "heartbeat": None}})
+ns.configure({"playbook": {"env": None, "inventory": None, "mode": None, "parallel": None, "heartbeat": None,
+                            "lock_wait": None}})

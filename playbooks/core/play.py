@@ -357,6 +357,7 @@ def _made_meanwhile(ctx: StepContext, step: Step, decision: Decision, failed: Co
     meanwhile; still to make (the same change again): None, the failure
     stands."""
     ctx.note(f"{failed.first_error_line() or 'already exists'}: looking again")
+    assert step.decide is not None
     again = step.decide(lambda f: ctx.look(f, fresh=True))
     for note in again.notes:
         ctx.note(note)
