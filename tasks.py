@@ -334,4 +334,4 @@ ns.add_collection(chaos)
 # variable to its default's type, and int("abc") would be its traceback;
 # playbooks.session checks every value (defaults: apply, 4 steps at once).
 ns.configure({"playbook": {"env": None, "inventory": None, "mode": None, "parallel": None, "heartbeat": None,
-                          "kind": None}})
+                          "kind": None, "lock_wait": None}})

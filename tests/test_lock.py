@@ -2,12 +2,17 @@
 second compile fail (and its message advises deleting the lock, which would
 break the first). The preflight's lock makes the second wait, saying which
 pid holds it; a holder that dies frees it."""
+import getpass
+import re
+import socket
 import subprocess
 import sys
 import textwrap
 import time
 
-from playbooks.core.lock import machine_lock
+import pytest
+
+from playbooks.core.lock import Busy, holder, machine_lock
 from playbooks.job.fit import parse_compile
 
 HOLD = textwrap.dedent("""
@@ -15,10 +20,13 @@ HOLD = textwrap.dedent("""
     sys.path.insert(0, {root!r})
     from pathlib import Path
     from playbooks.core.lock import machine_lock
-    with machine_lock(Path({path!r}), "test", lambda line: None):
+    with machine_lock(Path({path!r}), "test", lambda line: None, doing="invoke up"):
         print("held", flush=True)
         time.sleep(float(sys.argv[1]))
 """)
+
+
+WHO = f"{getpass.getuser()}@{socket.gethostname()}"
 
 
 def hold(path, seconds):
@@ -38,7 +46,9 @@ def test_a_second_compile_waits_for_the_first_and_names_its_pid(tmp_path):
         waited = time.monotonic() - start
     first.wait(5)
     assert waited >= 1.0, waited
-    assert told and f"waiting for pid {first.pid}, which holds {path}" in told[0], told
+    assert told and re.match(rf"waiting for pid {first.pid} \({re.escape(WHO)}, `invoke up`, since "
+                             rf"\d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d \w+, \d+s ago\), which holds {path} "
+                             rf"\(one compile at a time\): \ds$", told[0]), told
     assert len(told) >= 2  # a sign of life while it waits
 
 
@@ -87,4 +97,66 @@ def test_the_preflight_compile_takes_the_lock(tmp_path, monkeypatch):
     fit = preflight.fit(ctx, dev, spec.build_job(dev, "llama3-8b", sets=["per_device_batch_size=3"]))
     first.wait(5)
     assert fit is not None and not fit.fits and fit.needed == 40.0
-    assert any(f"waiting for pid {first.pid}" in line for line in lines), lines
+    assert any(f"waiting for pid {first.pid} ({WHO}, `invoke up`, since " in line for line in lines), lines
+
+
+def test_a_waiter_is_refused_past_its_wait_limit_in_one_line_naming_the_holder(tmp_path):
+    path = tmp_path / "lock"
+    first = hold(path, 30)
+    try:
+        told = []
+        start = time.monotonic()
+        with pytest.raises(Busy) as e, machine_lock(path, "one changing run at a time", told.append, poll=0.05,
+                                                    wait=0.6, shown="the/lock"):
+            pass
+        assert 0.6 <= time.monotonic() - start < 5
+        line = str(e.value)
+        assert "\n" not in line and e.value.exit_code == 75
+        assert line.startswith(f"one changing run at a time: pid {first.pid} ({WHO}, `invoke up`, since "), line
+        assert line.endswith("holds the/lock; waited 1s"), line
+        assert told and told[0].endswith("which holds the/lock (one changing run at a time): 0s of at most 1s"), told
+        with pytest.raises(Busy), machine_lock(path, "x", told.append, wait=0):   # 0: refused at once
+            pass
+    finally:
+        first.kill()
+        first.wait(5)
+
+
+def test_the_lock_file_says_who_holds_it_and_since_when_and_is_emptied_after(tmp_path):
+    path = tmp_path / "lock"
+    before = time.time()
+    with machine_lock(path, "x", lambda line: None, doing="invoke network cluster"):
+        h = holder(path)
+        assert (h.who, h.doing) == (WHO, "invoke network cluster") and before <= h.since <= time.time()
+        assert h.pid == str(__import__("os").getpid())
+    assert path.read_text() == ""
+    path.write_text("4242\n")                  # an older holder's file: its pid only
+    assert str(holder(path)) == "pid 4242"
+
+
+def test_only_a_changing_task_in_apply_mode_takes_the_environments_lock_and_a_dry_run_nothing(monkeypatch):
+    """A dry run and check mode take no lock (no file, nothing held), nor a
+    task that only looks; a changing task in apply mode holds it, naming its
+    command line, for its chain (a second task of the chain takes it again
+    at once), until released."""
+    from playbooks.cli import session
+    from playbooks.config import paths
+
+    monkeypatch.delenv("INVOKE_PLAYBOOK_ENV", raising=False)
+    lock = paths.here(paths.env_lock("dev-autopilot"))
+    existed = lock.exists()
+    session.open_session({"playbook": {"env": "dev-autopilot"}, "run": {"dry": True}}, "up")
+    assert session._HELD == {} and lock.exists() == existed
+    opened = [session.open_session({"playbook": {"env": "dev-autopilot", "mode": "check"}}, "up"),
+              session.open_session({"playbook": {"env": "dev-autopilot"}}, "capacity")]
+    assert session._HELD == {}
+    try:
+        opened.append(session.open_session({"playbook": {"env": "dev-autopilot"}}, "network"))
+        assert list(session._HELD) == ["dev-autopilot"] and holder(lock).doing == "invoke network"
+        opened.append(session.open_session({"playbook": {"env": "dev-autopilot", "lock_wait": 0}}, "cluster"))
+    finally:
+        session.release_env_lock("dev-autopilot")
+        for s in opened:   # their log folders, empty
+            if s.logdir is not None:
+                s.logdir.rmdir()
+    assert session._HELD == {} and lock.read_text() == ""

@@ -1097,3 +1097,75 @@ def test_a_local_host_without_a_pid_file_is_not_started_not_its_old_logs_line():
         assert "tpu-group-1-0 not running: RuntimeError: an old run's end" in s.text(), s.text()
     finally:
         shutil.rmtree(state, ignore_errors=True)
+
+
+# -- a create answered "already exists": another run made it meanwhile ---------------------
+# What gcloud compute 528 prints (its debug log left out) when the network was
+# made by another run between this step's look and its create.
+NET_EXISTS = ("ERROR: (gcloud.compute.networks.create) Could not fetch resource:\n"
+              " - The resource 'projects/my-tpu-project/global/networks/maxtext-multislice-net-1' already exists\n")
+
+
+def scripted(tmp_path, lists, create):
+    """A connector that answers a network step's commands from a script:
+    each networks list in turn from ``lists``, the create with ``create``
+    (exit code, stdout, stderr); what ran is kept in ``.ran``."""
+    import json
+
+    from playbooks.core.connector import LocalConnector, Ran
+
+    class Scripted(LocalConnector):
+        def __init__(self, root):
+            super().__init__(root)
+            self.ran: list[str] = []
+
+        def run(self, argv, env=(), input=None, cwd=None, timeout=None):
+            self.ran.append(" ".join(argv))
+            if "create" in argv:
+                return Ran(*create, 0.1)
+            return Ran(0, json.dumps(lists.pop(0)), "", 0.1)
+
+    return Scripted(str(tmp_path))
+
+
+def _race(tmp_path, lists, create=(1, "", NET_EXISTS)):
+    from playbooks.access.cli_clients import already_exists
+    from playbooks.core.play import Playbook
+    from playbooks.core.recap import Reporter
+    from playbooks.core.runner import Mode, RetryPolicy, Runner
+
+    conn = scripted(tmp_path, lists, create)
+    out: list[str] = []
+    runner = Runner(Mode.APPLY, conn, RetryPolicy(already_exists=already_exists))
+    recap = Playbook(runner, Reporter(out.append)).run("t", network.steps(DEV)[:1])
+    return recap, "\n".join(out), conn.ran
+
+
+def test_a_create_answered_already_exists_looks_again_and_is_ok_when_made_as_asked(tmp_path):
+    recap, out, ran = _race(tmp_path, [[], [net("maxtext-multislice-net-1")]])
+    assert recap.counters() == "ok=1 changed=0 failed=0 skipped=0", out
+    assert ("ok: [network : VPC maxtext-multislice-net-1] made meanwhile by another run: network "
+            "maxtext-multislice-net-1 exists (mtu 8896, custom subnets)") in out
+    assert ("note   ERROR: (gcloud.compute.networks.create) Could not fetch resource: - The resource "
+            "'projects/my-tpu-project/global/networks/maxtext-multislice-net-1' already exists: looking again") in out
+    assert [r.split()[2:4] for r in ran] == [["networks", "list"], ["networks", "create"], ["networks", "list"]]
+
+
+def test_a_create_answered_already_exists_is_drift_when_made_with_another_shape(tmp_path):
+    recap, out, _ = _race(tmp_path, [[], [net("maxtext-multislice-net-1", mtu=1460)]])
+    assert recap.counters() == "ok=0 changed=0 failed=1 skipped=0", out
+    assert ("drift: network maxtext-multislice-net-1: mtu is 1460, want 8896 (made meanwhile by another run)"
+            in out), out
+
+
+def test_a_create_answered_already_exists_that_a_fresh_look_still_misses_fails_once(tmp_path):
+    recap, out, ran = _race(tmp_path, [[], []])
+    assert recap.failed and "already exists" in out and "a fresh look still finds it to make" in out, out
+    assert sum("create" in r for r in ran) == 1         # looked again once, never created again
+
+
+def test_a_failure_of_another_kind_does_not_look_again(tmp_path):
+    denied = (1, "", "ERROR: (gcloud.compute.networks.create) Could not fetch resource:\n - Required "
+                     "'compute.networks.create' permission for 'projects/my-tpu-project'\n")
+    recap, out, ran = _race(tmp_path, [[]], denied)
+    assert recap.failed and "looking again" not in out and len(ran) == 2, out

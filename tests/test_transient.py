@@ -3,7 +3,7 @@ from gcloud 528, gsutil, kubectl and ray against the loopback fakes, with
 messages no rule knows); and the line of an output that says what failed."""
 import pytest
 
-from playbooks.access.cli_clients import http_status, is_transient, without_debug_log
+from playbooks.access.cli_clients import already_exists, http_status, is_transient, without_debug_log
 from playbooks.core.errors import error_line
 from playbooks.core.facts import Completed
 
@@ -117,3 +117,41 @@ def test_the_debug_log_is_kept_out_of_what_is_shown():
 ])
 def test_the_line_that_says_what_went_wrong(text, line):
     assert error_line(text) == line
+
+
+# A create that finds what it makes already there (another run made it
+# meanwhile), as each client printed it against the fakes (gcloud 528, gsutil,
+# kubectl); and failures of other kinds that must not be read so.
+@pytest.mark.parametrize("stderr, exists", [
+    ("ERROR: (gcloud.compute.networks.create) Could not fetch resource:\n - The resource "
+     "'projects/fake-tpu-project/global/networks/maxtext-multislice-net-1' already exists\n", True),
+    ("Note: Your Pod address range (`--cluster-ipv4-cidr`) can accommodate at most 1008 node(s).\n"
+     "ERROR: (gcloud.container.clusters.create) ResponseError: code=409, message=Already exists: "
+     "projects/fake-tpu-project/locations/us-east5-b/clusters/maxtext-multislice.", True),
+    ("ERROR: (gcloud.container.node-pools.create) ResponseError: code=409, message=Already exists: "
+     "projects/fake-tpu-project/locations/us-east5-b/clusters/maxtext-multislice/nodePools/v6e-16-0.", True),
+    ("Creating gs://fake-tpu-project-ckpt/...\nServiceException: 409 A Cloud Storage bucket named "
+     "'fake-tpu-project-ckpt' already exists. Try another name.", True),
+    ('error: failed to create serviceaccount: serviceaccounts "maxtext-ksa" already exists', True),
+    ('Error from server (AlreadyExists): namespaces "maxtext" already exists', True),
+    # Two runs granting roles at once: a conflict to try again, not something made.
+    ("ERROR: (gcloud.projects.add-iam-policy-binding) Resource in projects [fake-tpu-project:setIamPolicy] is the "
+     "subject of a conflict: There were concurrent policy changes. Please retry the whole read-modify-write with "
+     "exponential backoff.", False),
+    ("ERROR: (gcloud.compute.networks.create) Could not fetch resource:\n - Required 'compute.networks.create' "
+     "permission for 'projects/p'", False),
+    ("ERROR: (gcloud.container.clusters.create) ResponseError: code=400, message=The network already exists in "
+     "another region.", False),     # a status other than 409 whose text says "exists"
+])
+def test_already_exists_as_the_clients_print_it(stderr, exists):
+    assert already_exists(c(stderr)) is exists
+    assert not already_exists(c(stderr, rc=0))
+
+
+def test_concurrent_iam_policy_changes_are_tried_again():
+    """Two runs granting roles at once: the second setIamPolicy is 409 ABORTED,
+    and Google's message says to do the whole read-modify-write again (which
+    running add-iam-policy-binding again does)."""
+    assert is_transient(c("ERROR: (gcloud.projects.add-iam-policy-binding) Resource in projects "
+                          "[fake-tpu-project:setIamPolicy] is the subject of a conflict: There were concurrent policy "
+                          "changes. Please retry the whole read-modify-write with exponential backoff."))

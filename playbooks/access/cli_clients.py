@@ -57,6 +57,12 @@ _OPERATION_RUNNING = re.compile(r"(is running incompatible operation|incompatibl
                                 r"Please wait and try again|"
                                 r"is currently being created, deleted, updated or repaired|"
                                 r"Too many operations)", re.I)
+# Two read-modify-writes of one IAM policy at once (two runs granting roles
+# together): the second setIamPolicy is a 409 ABORTED, whose message says to
+# do the whole read-modify-write again, which is what running
+# `add-iam-policy-binding` again does (it reads the policy afresh). Worth
+# another try, whatever its status.
+_CONCURRENT_POLICY = re.compile(r"There were concurrent policy changes")
 # No status at all: the request never got an answer.
 _NO_ANSWER = re.compile(r"(Connection reset by peer|Connection aborted|RemoteDisconnected|timed out|"
                         r"TLS handshake timeout|i/o timeout|the server is currently unable to handle the request|"
@@ -93,7 +99,7 @@ def is_transient(c: Completed, patient: bool = False) -> bool:
     if c.rc in (0, 2, 127):  # success; gcloud's parse error; no such program
         return False
     text = c.stderr + "\n" + c.stdout
-    if _RATE_LIMITED.search(text) or _GCLOUD_DB_LOCKED.search(text):
+    if _RATE_LIMITED.search(text) or _GCLOUD_DB_LOCKED.search(text) or _CONCURRENT_POLICY.search(text):
         return True
     if patient and _OPERATION_RUNNING.search(text):
         return True
@@ -101,6 +107,28 @@ def is_transient(c: Completed, patient: bool = False) -> bool:
     if status is not None:
         return status in TRANSIENT_STATUS
     return bool(_NO_ANSWER.search(text))
+
+
+# What each client prints when a create finds what it makes already there
+# (409 alreadyExists): gcloud compute (its status only in the debug log, left
+# out of what is shown) "The resource 'projects/p/global/networks/n' already
+# exists"; gcloud container "ResponseError: code=409, message=Already exists:
+# projects/..."; gsutil mb "ServiceException: 409 A Cloud Storage bucket named
+# 'b' already exists" or "409 Your previous request to create the named bucket
+# succeeded and you already own it."; gcloud storage "ALREADY_EXISTS"; kubectl
+# create "Error from server (AlreadyExists): ... already exists".
+_ALREADY_EXISTS = re.compile(r"(already exists|you already own it|\bAlreadyExists\b|\bALREADY_EXISTS\b)", re.I)
+
+
+def already_exists(c: Completed) -> bool:
+    """A change refused because what it makes is there already (another run
+    made it meanwhile): the step looks again and decides again
+    (RetryPolicy.already_exists). A status other than 409, where the client
+    shows one, is something else (a 400 whose text says "exists")."""
+    if c.rc in (0, 2, 127):
+        return False
+    status = http_status(c)
+    return status in (None, 409) and bool(_ALREADY_EXISTS.search(c.stderr + "\n" + c.stdout))
 
 
 # gcloud compute hides the HTTP status of a failed call (see _STATUS_FORMS):

@@ -10,18 +10,26 @@ Light on purpose: Invoke imports it before every run, `invoke --list`
 included."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from invoke import Executor
 
 _current: tuple[str, ...] = ()
 _envs: tuple[tuple[str, str], ...] = ()  # (task, its --env) of each task of the chain given one
+_at_end: list[Callable[[], None]] = []
 
 
 def current() -> tuple[str, ...]:
     """The task names of the command line being run, in order (empty when
     a task is called otherwise)."""
     return _current
+
+
+def at_end(release: Callable[[], None]) -> None:
+    """Call ``release`` when the chain ends, however it ends (what its
+    tasks hold for the whole chain: the environment's lock)."""
+    _at_end.append(release)
 
 
 class ChainExecutor(Executor):
@@ -39,6 +47,8 @@ class ChainExecutor(Executor):
             return super().execute(*tasks)
         finally:
             _current, _envs = (), ()
+            while _at_end:
+                _at_end.pop()()
 
 
 def chosen_env(own: str) -> str | None:

@@ -9,18 +9,19 @@ import sys
 import time
 import traceback
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from playbooks.access import connectors, staleness
-from playbooks.access.cli_clients import is_transient
+from playbooks.access.cli_clients import already_exists, is_transient
 from playbooks.config import paths
 from playbooks.config.project import ROOT
 from playbooks.config.schema import Environment, load_inventory
 from playbooks.core.errors import InputError, PlaybookError, shown_value
 from playbooks.core.inventory import name_problem
+from playbooks.core.lock import Busy, machine_lock
 from playbooks.core.play import Playbook
 from playbooks.core.recap import Recap, Reporter, banner
 from playbooks.core.runlog import RunLog, prune
@@ -39,11 +40,25 @@ CONFIG_KEYS = {
     "parallel": "steps run at once",
     "heartbeat": "seconds between signs of life in a long wait",
     "kind": "the kind the environment must be (local or gke; the Makefile's local targets set local)",
+    "lock_wait": "seconds a changing task waits for another run's lock on its environment (0: refused at once)",
 }
 ENV_PREFIX = "INVOKE_PLAYBOOK_"
 MAX_PARALLEL = 32  # each running step is one CLI process; more only queue at the APIs' rate limits
 DEFAULT_PARALLEL = 4
 DEFAULT_HEARTBEAT = 30
+DEFAULT_LOCK_WAIT = 1800.0  # a cluster's create, and some
+MAX_LOCK_WAIT = 24 * 3600.0
+
+# The tasks that make, change or delete what the environment owns: in apply
+# mode each takes the environment's lock on this machine for its chain (one
+# command line), so a second such run waits for the first (at most
+# playbook.lock_wait seconds), saying who holds it and since when, or is
+# refused. Every other task takes none: it only looks (capacity, status,
+# logs, metrics, goodput, runs, doctor), changes only this machine
+# (preflight: its compile has its own lock), or is meant to run while a run
+# holds it (train follows its job for hours while `invoke up` may bring a
+# lost slice back; chaos acts during a train).
+CHANGING = ("prereqs", "network", "cluster", "nodepools", "storage", "raycluster", "dashboard", "up", "teardown")
 
 
 # Tasks whose effects are all on this machine, with or without a controller
@@ -270,6 +285,8 @@ def playbook_config(config) -> dict[str, Any]:
     beat = pb.get("heartbeat")
     out["heartbeat"] = DEFAULT_HEARTBEAT if beat is None else whole_number(
         _place("heartbeat"), beat, 1, 3600, "a long wait says what it waits for at least this often")
+    wait = pb.get("lock_wait")
+    out["lock_wait"] = DEFAULT_LOCK_WAIT if wait is None else seconds(_place("lock_wait"), wait, MAX_LOCK_WAIT)
     return out
 
 
@@ -316,7 +333,8 @@ def open_session(config, task: str, reporter: Reporter | None = None, read_only:
     # transient fault: gcloud has already retried it (apitools: 5 times, ~30 s
     # under a 503), and a status reports what it could not read (unknown,
     # and why) instead of waiting on one API while the others have answered.
-    retry = RetryPolicy(attempts=READ_ONLY_ATTEMPTS if read_only else RetryPolicy.attempts, is_transient=is_transient)
+    retry = RetryPolicy(attempts=READ_ONLY_ATTEMPTS if read_only else RetryPolicy.attempts, is_transient=is_transient,
+                        already_exists=already_exists)
     if mode is Mode.DRY:
         runner = Runner(mode, retry=retry)  # no connector: nothing can start
     else:
@@ -327,7 +345,42 @@ def open_session(config, task: str, reporter: Reporter | None = None, read_only:
         runner = Runner(mode, connectors.connector(env), retry, here=connectors.this_machine(), log=RunLog(logdir),
                         stale=staleness.stale)
     book = Playbook(runner, reporter or Reporter(), workers=parallel, heartbeat=settings["heartbeat"])
+    if mode is Mode.APPLY and task in CHANGING:
+        hold_env_lock(env.name, task, settings, book.reporter)
     return Session(env, mode, runner, book, logdir)
+
+
+_HELD: dict[str, ExitStack] = {}  # environment -> the lock this process holds on it (until its chain ends)
+
+
+def hold_env_lock(name: str, task: str, settings: dict[str, Any], reporter: Reporter) -> None:
+    """Take the environment's lock on this machine for the rest of the chain
+    (held already by an earlier task of it: nothing to do). While another
+    run holds it, say who and since when, every heartbeat; past
+    playbook.lock_wait, refused in one line (exit 75)."""
+    from playbooks.cli import chain
+
+    if name in _HELD:
+        return
+    doing = "invoke " + " ".join(chain.current() or (task,))
+    stack = ExitStack()
+    try:
+        stack.enter_context(machine_lock(paths.here(paths.env_lock(name)), f"one changing run at a time on "
+                                         f"environment {name}", lambda line: reporter.line(line),
+                                         every=settings["heartbeat"], wait=settings["lock_wait"], doing=doing,
+                                         shown=paths.env_lock(name)))
+    except Busy as e:
+        hint = "run again when it ends" + (f" (waited playbook.lock_wait = {settings['lock_wait']:g}s)"
+                                           if settings["lock_wait"] else " (playbook.lock_wait is 0: not waited for)")
+        raise Busy(e.what, e.holder, e.path, 0.0, hint) from None
+    _HELD[name] = stack
+    chain.at_end(lambda: release_env_lock(name))
+
+
+def release_env_lock(name: str) -> None:
+    stack = _HELD.pop(name, None)
+    if stack is not None:
+        stack.close()
 
 
 def _config_error(kind: type) -> bool:

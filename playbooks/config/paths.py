@@ -10,6 +10,7 @@ or written here: a local job's folders, the kept metrics, the logs).
     .state/preflight/                         AOT compiles: their work folders and results cache
     .state/<env>/runs/<stamp>-<task>/         one task run: a log per command, job.log (a task that
                                               only looks: its newest 20 kept, cli/session.py's KEEP_LOGS)
+    .state/<env>/lock                         one changing run at a time: who holds it, since when
     .state/<env>/nodes/<node>.pid             the local twin's Ray nodes (pid, marker)
     .state/<env>/logs/<node>.log              their output
     /tmp/ray-twin-<hash>/                     a simulated TPU host's own Ray folder (node_temp)
@@ -51,6 +52,12 @@ def last_error() -> Path:
 
 def env_dir(env: str) -> str:
     return f"{STATE}/{env}"
+
+
+def env_lock(env: str) -> str:
+    """The environment's lock on this machine: held by a changing run (and
+    its chain), it names its holder (``core/lock.py``)."""
+    return f"{STATE}/{env}/lock"
 
 
 def run_logs(env: str, stamp: str, task: str) -> str:

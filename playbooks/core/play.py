@@ -255,6 +255,14 @@ def execute(step: Step, ctx: StepContext) -> Outcome:
     decision = step.decide(ctx.look)
     for note in decision.notes:
         ctx.note(note)
+    if decision.kind == CHANGE:
+        return _change(ctx, step, decision)
+    return _decided(ctx, step, decision)
+
+
+def _decided(ctx: StepContext, step: Step, decision: Decision) -> Outcome:
+    """The outcome of a decision that is not a change: as it is, or after
+    the wait it asks for."""
     notes = decision.notes
     # A dry run answers every probe with an assumption: what it decided on
     # them is what it would check, never a finding.
@@ -271,8 +279,6 @@ def execute(step: Step, ctx: StepContext) -> Outcome:
     if decision.kind == UNCHECKED:
         return Outcome(SKIPPED, f"would check: {decision.reason}" if assumed else f"not checked: {decision.reason}",
                        found=UNKNOWN, data=decision.data, notes=notes)
-    if decision.kind == CHANGE:
-        return _change(ctx, step, decision)
     if decision.kind == WAIT:
         ctx.note(decision.reason)
         if ctx.mode is Mode.CHECK:
@@ -306,6 +312,7 @@ def _change(ctx: StepContext, step: Step, decision: Decision) -> Outcome:
     to do instead, that next change (a new attempt, its notes said), until
     one holds or the step offers no other."""
     notes = decision.notes
+    looked_again = False
     while True:
         why, failed = _attempt(ctx, step, decision)
         if why is None:
@@ -313,6 +320,13 @@ def _change(ctx: StepContext, step: Step, decision: Decision) -> Outcome:
             said = decision.reason if ctx.acting else\
                 f"would {decision.would}" if decision.would else f"would change: {decision.reason}".rstrip(": ")
             return Outcome(CHANGED, said, found=decision.found, notes=notes)
+        if failed is not None and not looked_again and _already_exists(ctx, failed):
+            looked_again = True  # once: a second "already exists" is the failure
+            out = _made_meanwhile(ctx, step, decision, failed)
+            if out is not None:
+                return Outcome(out.outcome, out.reason, out.cause, out.found, out.data, notes + out.notes)
+        if failed is not None and decision.instead is None:
+            raise failed
         nxt = decision.instead(lambda f: ctx.look(f, fresh=True), why) \
             if decision.instead is not None and ctx.acting else None
         if nxt is None or nxt.kind != CHANGE:
@@ -322,6 +336,41 @@ def _change(ctx: StepContext, step: Step, decision: Decision) -> Outcome:
             ctx.note(note)
         notes += nxt.notes
         decision = nxt
+
+
+MADE_MEANWHILE = "made meanwhile by another run"
+
+
+def _already_exists(ctx: StepContext, failed: CommandFailed) -> bool:
+    """The command was refused because what it makes is there already (the
+    runner's injected classifier says so)."""
+    if not ctx.acting or failed.rc is None:
+        return False
+    return ctx.runner.retry.already_exists(Completed(failed.line, failed.rc, failed.stdout, failed.stderr))
+
+
+def _made_meanwhile(ctx: StepContext, step: Step, decision: Decision, failed: CommandFailed) -> Outcome | None:
+    """A change answered "already exists": another run made it between this
+    step's look and its change. The step looks again, fresh, and decides
+    again: as asked (ok), being made (it waits for it, then ok), with
+    another shape (drift) or broken (fail), each saying it was made
+    meanwhile; still to make (the same change again): None, the failure
+    stands."""
+    ctx.note(f"{failed.first_error_line() or 'already exists'}: looking again")
+    assert step.decide is not None
+    again = step.decide(lambda f: ctx.look(f, fresh=True))
+    for note in again.notes:
+        ctx.note(note)
+    if again.kind == CHANGE:
+        ctx.note("a fresh look still finds it to make: the failure stands")
+        return None
+    out = _decided(ctx, step, again)
+    if out.outcome == OK:
+        return Outcome(OK, f"{MADE_MEANWHILE}: {out.reason}" if out.reason else MADE_MEANWHILE, data=out.data,
+                       notes=out.notes)
+    if out.outcome == FAILED:
+        return Outcome(FAILED, f"{out.reason} ({MADE_MEANWHILE})", out.cause, out.found, notes=out.notes)
+    return out
 
 
 def _attempt(ctx: StepContext, step: Step, decision: Decision) -> tuple[str | None, CommandFailed | None]:
@@ -342,8 +391,6 @@ def _attempt(ctx: StepContext, step: Step, decision: Decision) -> tuple[str | No
             except ProbeFailed:
                 raise
             except CommandFailed as e:
-                if decision.instead is None:
-                    raise
                 return str(e), e
     if ctx.mode is Mode.CHECK:
         return None, None

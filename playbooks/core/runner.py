@@ -45,12 +45,16 @@ class Mode(enum.StrEnum):
 class RetryPolicy:
     """Bounded exponential backoff for transient failures.
     ``is_transient(completed, patient)``: ``patient`` for a command given
-    patience (it may also wait out an operation of someone else)."""
+    patience (it may also wait out an operation of someone else).
+    ``already_exists(completed)``: a change refused because what it makes
+    is there already (another run made it meanwhile): not retried; the step
+    looks again and decides again, once (``play._made_meanwhile``)."""
 
     attempts: int = 5
     base: float = 1.0
     cap: float = 30.0
     is_transient: Callable[[Completed, bool], bool] = lambda c, patient: False
+    already_exists: Callable[[Completed], bool] = lambda c: False
     sleep: Callable[[float], None] = time.sleep
 
 

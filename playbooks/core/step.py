@@ -35,6 +35,14 @@ fresh looks, returns the next change to try (a node pool of the next
 capacity option) or None (the failure stands). Each next change is a new
 attempt, bounded by what the step offers; its ``notes`` say why it came.
 
+A change whose command is refused because what it makes is there already
+(the runner's injected ``RetryPolicy.already_exists`` says so: another run
+made it between the look and the change) is not a failure at once: the step
+looks again, fresh, and decides again, once. As asked: ``ok``, "made
+meanwhile by another run"; being made: it waits for it; another shape:
+drift; still to make: the first failure stands. This comes before
+``instead`` (what exists is not a reason to try another capacity option).
+
 Any decision may carry ``notes``: lines printed with the step and kept
 under its line in the recap (a plan, one line per slice; the attempts of a
 change).

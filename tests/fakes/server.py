@@ -89,6 +89,9 @@ class Fault:
     after: bool = False
     hits: int = 0
     seen: int = 0
+    # Instead of an error: run this first, then the handler as usual (what
+    # another client did just before this request reached the API).
+    first: Callable[[Request], None] | None = None
 
     def take(self, req: Request) -> bool:
         if self.method not in ("*", req.method) or not re.search(self.path, req.path):
@@ -151,6 +154,15 @@ class FakeServer:
             self.faults.append(f)
         return f
 
+    def meanwhile(self, method: str, path: str, act: Callable[[Request], None], times: int = 1) -> Fault:
+        """Before the first ``times`` requests that match, ``act`` (another
+        client's change, made between this client's look and its change),
+        then the handler answers as usual."""
+        f = Fault(method, path, 0, None, times, first=act)
+        with self.lock:
+            self.faults.append(f)
+        return f
+
     def clear_faults(self) -> None:
         with self.lock:
             self.faults.clear()
@@ -174,6 +186,9 @@ class FakeServer:
         with self.lock:
             self.requests.append(req)
             fault = next((f for f in self.faults if f.take(req)), None)
+        if fault is not None and fault.first is not None:
+            fault.first(req)
+            fault = None
         if fault is not None and not fault.after:
             resp = Response(fault.status, fault.body, dict(fault.headers))
         else:
