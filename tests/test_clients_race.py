@@ -19,6 +19,7 @@ import pytest
 
 from tests.clients import CLUSTER, NET1, ROOT, Cloud, Run, ok_run, recap
 from tests.fakes.cloud import INVOKE, STANDARD
+from tests.fakes.kube import KIND
 
 pytestmark = pytest.mark.clients
 
@@ -119,3 +120,115 @@ def test_a_create_answered_already_exists_by_another_machines_run_looks_again(cl
                      r"RUNNING", run.out), run.out
     assert (recap(run, "network")["failed"], recap(run, "cluster")["failed"]) == (0, 0)
     assert len(run.calls("POST", r"/global/networks$")) == 2 and len(run.calls("POST", r"/clusters$")) == 1
+
+
+# -- across machines: the environment's Lease in its cluster ------------------------------------------------------
+LEASE = f"tpu-playbooks-{STANDARD}"
+LEASE_PATH = r"/apis/coordination\.k8s\.io/v1/namespaces/default/leases"
+OTHER = "alice@ws1 pid 4242: `invoke up`"
+
+
+def _micro(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t % 1 * 1e6):06d}Z"
+
+
+def _seed_lease(cloud: Cloud, holder: str, acquired: float, renewed: float) -> dict:
+    spec = {"renewTime": _micro(renewed), "leaseDurationSeconds": 600}
+    if holder:
+        spec.update(holderIdentity=holder, acquireTime=_micro(acquired))
+    return cloud.kube.create("leases", {"metadata": {"name": LEASE, "namespace": "default"}, "spec": spec})
+
+
+def _lease(cloud: Cloud) -> dict:
+    return cloud.kube.get("leases", LEASE, "default")
+
+
+def _made(cloud: Cloud) -> None:
+    """The cluster made and its credentials written (as a finished `invoke cluster` leaves them)."""
+    cloud.seed_to_cluster()
+    cloud.get_credentials()
+
+
+def test_another_machines_held_lease_is_waited_for_then_refused_in_one_line(cloud: Cloud):
+    _made(cloud)
+    now = time.time()
+    _seed_lease(cloud, OTHER, now - 35, now - 5)
+    run = cloud.invoke("cluster", INVOKE_PLAYBOOK_LOCK_WAIT="2", INVOKE_PLAYBOOK_HEARTBEAT="1")
+    assert run.rc == 75, run
+    assert re.search(r"^waiting for pid 4242 \(alice@ws1, `invoke up`, since \d{4}-\d\d-\d\d \d\d:\d\d:\d\d \w+, "
+                     rf"\d+s ago\), which holds Lease default/{LEASE} in cluster {CLUSTER} \(one changing run at a "
+                     rf"time on environment {STANDARD}, across machines; renewed \d+s ago, lapses in 9m\d\ds unless "
+                     r"renewed\): 0s of at most 2s$", run.out, re.M), run.out
+    last = run.out.strip().splitlines()[-1]
+    assert re.fullmatch(rf"error: one changing run at a time on environment {STANDARD}, across machines: pid 4242 "
+                        r"\(alice@ws1, `invoke up`, since \d{4}-\d\d-\d\d \d\d:\d\d:\d\d \w+, \d+s ago\) holds Lease "
+                        rf"default/{LEASE} in cluster {CLUSTER}; run again when it ends \(waited playbook\.lock_wait "
+                        r"= 2s\)", last), last
+    assert "PLAY [" not in run.out                       # nothing of the task ran
+    assert _lease(cloud)["spec"]["holderIdentity"] == OTHER
+    assert not [r for r in run.kube if r.method != "GET" and re.search(LEASE_PATH, r.path) and r.status < 300]
+
+
+def test_an_expired_lease_is_taken_over_renewed_and_released(cloud: Cloud):
+    _made(cloud)
+    now = time.time()
+    old = _seed_lease(cloud, OTHER, now - 3600, now - 900)
+    cloud.gcp.latency["nodepool"] = 3.0
+    run = ok_run(cloud.invoke("nodepools", INVOKE_PLAYBOOK_HEARTBEAT="1"))
+    assert re.search(r"note +taken \(expired: not renewed for 15m0\ds \(it lapses after 600s\)\), held by this run "
+                     r"until its chain ends", run.out), run.out
+    puts = run.calls("PUT", LEASE_PATH + f"/{LEASE}$")
+    takeover, *renewals, released = puts
+    assert takeover.body["metadata"]["resourceVersion"] == old["metadata"]["resourceVersion"]
+    assert re.fullmatch(r"\S+@\S+ pid \d+: `invoke nodepools`", takeover.body["spec"]["holderIdentity"])
+    assert len(renewals) >= 2 and all(r.status == 200 for r in puts)     # renewed every heartbeat
+    assert [r.body["spec"]["holderIdentity"] for r in renewals] == [takeover.body["spec"]["holderIdentity"]] * len(
+        renewals)
+    # each write named the version the one before it left (the fake refuses any other: 409)
+    versions = [int(p.body["metadata"]["resourceVersion"]) for p in puts]
+    assert versions == sorted(set(versions)), versions
+    assert "holderIdentity" not in released.body["spec"]                     # released at the chain's end
+    assert "holderIdentity" not in _lease(cloud)["spec"]
+
+
+def test_a_released_lease_is_taken_at_once_and_an_absent_one_created(cloud: Cloud):
+    _made(cloud)
+    _seed_lease(cloud, "", 0, time.time() - 5)
+    run = ok_run(cloud.invoke("cluster"))
+    assert "note   taken (released), held by this run" in run.out and "waiting for" not in run.out, run.out
+    cloud.kube.delete("leases", LEASE, "default")
+    run = ok_run(cloud.invoke("cluster"))
+    assert "note   taken (created), held by this run" in run.out, run.out
+    assert [r.status for r in run.calls("POST", LEASE_PATH + "$")] == [201]
+    assert "holderIdentity" not in _lease(cloud)["spec"]
+
+
+def test_before_the_cluster_exists_the_lease_is_not_taken_and_says_why(cloud: Cloud):
+    cloud.seed_project()
+    cloud.seed_networks()
+    run = ok_run(cloud.invoke("network", "cluster", "nodepools"))
+    assert (f"note   not taken yet: cluster {CLUSTER} does not exist yet; until then, only a create answered "
+            "\"already exists\" looking again keeps two machines' runs from failing (docs/modes.md)") in run.out
+    # taken at the first changing task after `cluster` made it
+    assert run.out.count("LEASE [") == 2 and "note   taken (created)" in run.out.split("PLAY [nodepools")[0], run.out
+
+
+def test_a_conflict_on_renewing_the_lease_stops_the_run_in_one_line(cloud: Cloud):
+    _made(cloud)
+    cloud.gcp.latency["nodepool"] = 6.0
+
+    def other_takes_it(req) -> None:
+        with cloud.kube.lock:
+            cur = _lease(cloud)
+            now = time.time()
+            cloud.kube._put(KIND["leases"], dict(cur, spec=dict(cur["spec"], holderIdentity=OTHER,
+                                               acquireTime=_micro(now), renewTime=_micro(now))))
+
+    cloud.kube.server.meanwhile("PUT", LEASE_PATH + f"/{LEASE}$", other_takes_it)
+    run = cloud.invoke("nodepools", INVOKE_PLAYBOOK_HEARTBEAT="1")
+    assert run.rc == 75, run
+    last = run.out.strip().splitlines()[-1]
+    assert re.fullmatch(rf"error: Lease default/{LEASE} in cluster {CLUSTER} was taken from this run while it ran "
+                        r"\(pid 4242 \(alice@ws1, `invoke up`, since \d{4}-\d\d-\d\d \d\d:\d\d:\d\d \w+, \d+s ago\) "
+                        r"holds it now\): this run stopped", last), last
+    assert _lease(cloud)["spec"]["holderIdentity"] == OTHER                  # left to its new holder
