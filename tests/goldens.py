@@ -39,12 +39,20 @@ TASKS = {
     "teardown": ["teardown"],
     # A chain that will make node pools: the capacity checks run first, in its first task.
     "chain-network-cluster-nodepools": ["network", "cluster", "nodepools"],
+    "status": ["status"],
 }
 
 
 # The capacity options on Standard, from an inventory of their own.
 CAPACITY_INVENTORY = GOLDENS / "capacity-inventory.yaml"
 CAPACITY_TASKS = ("capacity", "nodepools", "up", "raycluster", "train-llama3-8b", "train-elastic", "teardown")
+
+
+# The TPU generations besides v6e on Standard (v5e, v5p, TPU7x), from an
+# inventory of their own: the whole path, from capacity to teardown.
+GENERATIONS_INVENTORY = GOLDENS / "generations-inventory.yaml"
+GENERATION_TASKS = ("capacity", "network", "nodepools", "up", "raycluster", "train-llama3-70b",
+                    "preflight-llama3-70b", "train-elastic", "status", "teardown")
 
 
 def environments() -> list[str]:
@@ -54,9 +62,11 @@ def environments() -> list[str]:
 def cases() -> list[tuple[str, str, Path | None]]:
     """(environment, task, inventory): every task of the shipped inventory's
     environments, and the capacity options' tasks."""
-    out = [(e, t, None) for e in environments() for t in TASKS]
+    out = [(e, t, None) for e in environments() for t in TASKS if t != "status"]
     for e in yaml.safe_load(CAPACITY_INVENTORY.read_text())["environments"]:
         out += [(e, t, CAPACITY_INVENTORY) for t in CAPACITY_TASKS]
+    for e in yaml.safe_load(GENERATIONS_INVENTORY.read_text())["environments"]:
+        out += [(e, t, GENERATIONS_INVENTORY) for t in GENERATION_TASKS]
     return out
 
 

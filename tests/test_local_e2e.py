@@ -259,9 +259,10 @@ def test_the_summary_says_what_the_job_did(run: Run):
     assert re.search(rf"^  waiting \d+s: job {RUN}-1 still running; status (PENDING|RUNNING), "
                      r"(no step yet|last step \d+); 1 of 2 slices ready; waiting: slice 1 \(no host in Ray yet\)$",
                      out, re.M), out[:8000]
-    mfu = re.match(r"([\d.e-]+)% \(([\d.]+) TFLOP/s/device of a v6e chip's 918 bf16 peak\)", summary_value(out, "MFU"))
-    assert mfu and float(mfu.group(1)) > 0 and float(mfu.group(2)) > 0, out[-3000:]
-    assert abs(float(mfu.group(1)) / (100 * float(mfu.group(2)) / 918) - 1) < 0.05  # MFU = TFLOP/s / peak
+    # A CPU's rate is no percent of a TPU's peak: said as simulated.
+    mfu = re.match(r"simulated \(([\d.e-]+) TFLOP/s/device on this machine's CPU, standing in for v6e chips: no "
+                   r"percent of a TPU peak it never had\)$", summary_value(out, "MFU"))
+    assert mfu and float(mfu.group(1)) > 0, out[-3000:]
 
 
 def test_the_job_starts_on_the_slice_it_has_and_grows_when_the_late_one_joins(run: Run):

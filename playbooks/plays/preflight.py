@@ -7,7 +7,7 @@ from __future__ import annotations
 from playbooks.access import connectors
 from playbooks.config import paths
 from playbooks.config.schema import Environment
-from playbooks.config.tpu import chips
+from playbooks.config.tpu import generation
 from playbooks.config.versions import installed
 from playbooks.core.lock import machine_lock
 from playbooks.core.play import Outcome, StepContext
@@ -44,7 +44,7 @@ def fit(ctx: StepContext, env: Environment, job: Job, extra: F.Extra = (), slice
         # libtpu writes its logs (the compiler's own memory account) only
         # into a folder that exists.
         connectors.this_machine().make_dirs(paths.preflight_tpu_logs(F.cache_key(args)))
-        what = f"compiling for {slices or env.slices} x v6e-{chips(env.topology)}"
+        what = f"compiling for {slices or env.slices} x {generation(env).compile_topology(env.topology)}"
         with ctx.beating(what, lambda: ""):
             result = ctx.look(F.compile_fact(args))
     return result if isinstance(result, F.Fit) else None
@@ -66,7 +66,7 @@ def static_step(env: Environment, job: Job) -> Step:
 def fit_step(env: Environment, job: Job, search: bool) -> Step:
     """A run step: the search compiles one candidate after another and says
     each as it goes (minutes each)."""
-    shape = f"{env.slices} x v6e-{chips(env.topology)}"
+    shape = f"{env.slices} x {generation(env).compile_topology(env.topology)}"
 
     def run(ctx: StepContext) -> Outcome:
         ctx.note(f"MaxText {installed('maxtext')}, jax {installed('jax')}, libtpu {installed('libtpu')} "
