@@ -169,6 +169,29 @@ def test_no_import_cycle():
     assert cycles(GRAPH) == []
 
 
+# A TPU generation is one record (playbooks/config/tpu.py): no value of the
+# code outside config/ names one (a string compare, a label, a machine type,
+# Ray's accelerator type); docstrings may.
+GENERATION_WORDS = re.compile(r"\b(v4|v5e|v5p|v6e|tpu7x|v7x|v5litepod)\b|\bct\d\w*-|\btpu-v\d|TPU-V\d", re.I)
+
+
+def generation_literals(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text())
+    docs = {id(n.body[0].value) for n in ast.walk(tree)
+            if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+            and ast.get_docstring(n, clean=False) is not None}
+    return [f"{path.relative_to(ROOT)}:{n.lineno}: {n.value[:60]!r}" for n in ast.walk(tree)
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs
+            and GENERATION_WORDS.search(n.value)]
+
+
+def test_no_code_outside_config_names_a_tpu_generation():
+    found = [hit for p in PACKAGE.rglob("*.py") if "config" not in p.relative_to(PACKAGE).parts[:1]
+             for hit in generation_literals(p)]
+    assert found == []
+    assert GENERATION_WORDS.search("tpu-v6e-slice") and GENERATION_WORDS.search("ct5p-hightpu-4t")
+
+
 def trainer_graph() -> dict[str, set[str]]:
     """The trainer's scripts (shipped flat, as the job's working directory):
     which of them each imports, inside functions too."""

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from playbooks.config.tpu import GENERATIONS
+from playbooks.config.tpu import DEFAULT, GENERATIONS
 from playbooks.runs import events as E
 from playbooks.runs.job_log import STEP_LINE, clean
 
@@ -44,7 +44,7 @@ class Summary:
     _seen: set = field(default_factory=set)
     _first: dict[int, int] = field(default_factory=dict)
     _disruption: str | None = None  # the last loss since the last group started
-    chip: str = "v6e"        # the TPU generation whose peak MFU divides by
+    chip: str = DEFAULT      # the TPU generation whose peak MFU divides by
     simulated: bool = False  # a local run: CPU devices standing in for the chips
 
     def add(self, e: dict) -> None:
