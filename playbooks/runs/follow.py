@@ -21,7 +21,6 @@ from playbooks.cloud import pods as P
 from playbooks.cloud.endpoints import forward_command, forward_pidfile
 from playbooks.config import paths
 from playbooks.config.schema import Environment
-from playbooks.config.tpu import generation
 from playbooks.core.command import Command
 from playbooks.core.errors import PlaybookError
 from playbooks.core.facts import Completed
@@ -110,7 +109,7 @@ class Follower:
     def __init__(self, ctx: StepContext, env: Environment, run: str, sid: str, log_file: Path | None = None,
                  show_all: bool = False, source: str = "train", job: Any = None):
         self.ctx, self.env, self.run, self.sid, self.source = ctx, env, run, sid, source
-        self.summary = Summary(chip=generation(env).name, simulated=env.kind == "local")
+        self.summary = Summary(chip=env.tpu, simulated=env.kind == "local")
         self.show_all = show_all
         self.log_file = str(log_file) if (log_file and ctx.acting) else None  # written through the connector
         self.beat: Any = None
