@@ -23,6 +23,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 # -- the records ------------------------------------------------------------------
 
@@ -68,6 +69,9 @@ class Generation:
     topologies: tuple[str, ...] = field(default=(), init=False)
 
     def __post_init__(self) -> None:
+        # Read-only all through: a record is shared by every environment.
+        for name in ("machine_types", "skus"):
+            object.__setattr__(self, name, MappingProxyType(dict(getattr(self, name))))
         tops = tuple(dict.fromkeys(t for m in self.machine_types.values() for t in m.topologies))
         object.__setattr__(self, "topologies", tops)
 
@@ -87,7 +91,6 @@ class Generation:
         return "4x4" if self.dims == 2 else "2x2x2"
 
 
-PRICE_OPTIONS = ("on-demand", "spot", "flex-start")
 ALL_CAPACITY = ("on-demand", "spot", "reservation", "flex-start")
 
 # TPU v6e (Trillium). Machine types and topologies [S8]: 1t forms 1x1, 4t
@@ -237,8 +240,6 @@ def machine_type_list() -> str:
 # -- topology arithmetic ---------------------------------------------------------------
 _TOPOLOGY = re.compile(r"^[1-9][0-9]{0,2}x[1-9][0-9]{0,2}$")
 _TOPOLOGY_3D = re.compile(r"^[1-9][0-9]{0,2}x[1-9][0-9]{0,2}x[1-9][0-9]{0,2}$")
-# Every topology a v6e slice can have (the machine types' own lists).
-V6E_TOPOLOGIES = V6E.topologies
 
 
 def chips(topology: str) -> int:
