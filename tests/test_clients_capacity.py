@@ -256,3 +256,36 @@ def test_quota_for_no_option_is_refused_before_any_create_with_each_options_numb
             "chips); on-demand 0 (quota TPUS-PER-TPU-FAMILY (CT6E) in us-east5 permits 0 chips); missing 2 of 2 slices "
             "(32 chips, 16 per slice)") in run.out, run.out
     assert re.search(r"prereqs : APIs .* +not run", run.out)
+
+
+# -- another TPU generation: v5p (playbooks/config/tpu.py) -----------------------------------
+def test_a_v5p_environment_checks_its_own_quota_and_makes_its_own_pools(cloud: Cloud):
+    """The machine type decides the generation: capacity reads v5p's quota
+    and machine type, the pools are v5p-16-<i> of 2x2x4 with no DCN networks
+    (no DRANET on v5p), and GKE labels their nodes tpu-v5p-slice; a second run
+    changes nothing; a v5p quota short of the slices stops it, named."""
+    cloud.change_inventory(machine_type="ct5p-hightpu-4t", topology="2x2x4")
+    run = ok_run(cloud.invoke("capacity"))
+    assert "zone us-east5-b offers ct5p-hightpu-4t" in run.out
+    assert "quota TPUS-PER-TPU-FAMILY (CT5P) in us-east5 permits 64 chips; this inventory needs 32" in run.out
+    assert "v5p-16-0: on-demand" in run.out and "CT6E" not in run.out
+    v6e_only = [({"region": "us-east5", "tpu_family": "CT6E"}, 64), ({}, 0)]
+    cloud.gcp.set_quota("TPUS-PER-TPU-FAMILY-per-project-region", v6e_only)
+    run = failed_run(cloud.invoke("capacity"))
+    assert "on-demand 0 (quota TPUS-PER-TPU-FAMILY (CT5P) in us-east5 permits 0 chips); missing 2 of 2" in run.out
+    cloud.gcp.set_quota("TPUS-PER-TPU-FAMILY-per-project-region", [({"region": "us-east5", "tpu_family": "CT5P"},
+                                                                  64), *v6e_only])
+    cloud.seed_to_cluster()
+    run = ok_run(cloud.invoke("nodepools"))
+    made = [p["nodePool"] for p in bodies(run, "POST", r"/nodePools$")]
+    assert sorted(p["name"] for p in made) == ["v5p-16-0", "v5p-16-1"]  # made at once
+    for p in made:
+        assert (p["config"]["machineType"], p["placementPolicy"]["tpuTopology"], p["initialNodeCount"]) == \
+            ("ct5p-hightpu-4t", "2x2x4", 4)
+        assert not (p.get("networkConfig") or {}).get("additionalNodeNetworkConfigs")
+        assert p["config"]["labels"] == {"tpu-playbooks/capacity": "on-demand"}
+    nodes = [n for n in cloud.kube.list("nodes") if n["metadata"]["labels"].get("cloud.google.com/gke-nodepool",
+                                                                                 "").startswith("v5p-16-")]
+    assert len(nodes) == 8
+    assert {n["metadata"]["labels"]["cloud.google.com/gke-tpu-accelerator"] for n in nodes} == {"tpu-v5p-slice"}
+    assert ok_run(cloud.invoke("nodepools")).changes == []

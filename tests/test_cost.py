@@ -336,8 +336,11 @@ def test_runs_gives_the_model_the_steps_asked_the_final_loss_and_the_mfu_from_th
                    "expected_billion": 8.03})
     report, segs = goodput.account_with_segments(evs, "r")
     report["cost"] = cost.report(evs, segs, goodput.CAUSES, cost.recorded_basis(evs), True)
-    r = run_list.row("r", evs, report)
+    from playbooks.runs.train_summary import Summary
+    r = run_list.row("r", evs, report, Summary(chip="v6e"))
     assert (r["model"], r["target_steps"], r["final_loss"], r["mfu"]) == ("llama3-8b", 60, pytest.approx(4.1), 0.5)
+    # A local run's chips are CPU devices: no MFU against a TPU peak they never had.
+    assert run_list.row("r", evs, report, Summary(chip="v6e", simulated=True))["mfu"] is None
     assert run_list.cells(r)[:9] == ["r", "llama3-8b", "SUCCEEDED", "60", "60", "1.5 min", "30.6%", "4.100", "50.00%"]
 
 

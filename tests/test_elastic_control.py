@@ -329,11 +329,17 @@ def test_a_worker_that_cannot_load_the_trainer_fails_the_start_as_retryable_up_t
     assert cb.failures == 3
 
 
-def test_the_elastic_trainer_gives_ray_train_these_callbacks_and_a_fixed_one_none():
-    kinds = [type(c).__name__ for c in mr.elastic_callbacks()]
-    assert kinds == ["FreshClusterView", "SaveBeforeResize", "RetryStartFailures"]
+def test_the_elastic_trainer_gives_ray_train_these_callbacks_and_a_fixed_one_none(monkeypatch):
+    import maxtext_elastic_trainer
+
+    given: dict = {}
+    monkeypatch.setattr(mr, "fit", lambda argv, elastic, callbacks=(): given.update(elastic=elastic,
+                                                                                   callbacks=callbacks))
+    maxtext_elastic_trainer.main(["trainer", "base.yml"])
+    kinds = [type(c).__name__ for c in given["callbacks"]]
+    assert given["elastic"] and kinds == ["FreshClusterView", "SaveBeforeResize", "RetryStartFailures"]
     from ray.train.v2._internal.execution.callback import ControllerCallback, WorkerGroupCallback
     from ray.train.v2.api.callback import UserCallback
-    for c in mr.elastic_callbacks():
+    for c in ec.callbacks():
         # Not UserCallbacks: Ray Train appends these to its own (the controller's and the worker group's hooks).
         assert isinstance(c, (ControllerCallback, WorkerGroupCallback)) and not isinstance(c, UserCallback)

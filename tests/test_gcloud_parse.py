@@ -13,7 +13,7 @@ import pytest
 from playbooks.cli.doctor import BAD, GOOD, gcloud_lines
 from playbooks.config.schema import load_inventory
 from tests.conftest import INVOKE, ROOT, env
-from tests.goldens import CAPACITY_INVENTORY
+from tests.goldens import CAPACITY_INVENTORY, GENERATIONS_INVENTORY
 
 
 def sdk_root() -> Path | None:
@@ -49,6 +49,14 @@ def all_lines():
     for name in cap.names:
         lines += gcloud_lines(cap.env(name))
     lines += gcloud_lines(env("dev", capacity="reservation", reservation="v6e-local"))
+    # Every TPU generation: v5e, v5p, TPU7x (its workload policy, and its
+    # pools placed by it), and each one's single-host slice.
+    gens = load_inventory(GENERATIONS_INVENTORY)
+    for name in gens.names:
+        lines += gcloud_lines(gens.env(name))
+    lines += gcloud_lines(env("dev", slices=1, machine_type="tpu7x-standard-4t", topology="2x2x1"))
+    lines += gcloud_lines(env("dev", slices=1, machine_type="ct5p-hightpu-4t", topology="2x2x1",
+                              capacity="reservation", reservation="v5p-local"))
     lines += gcloud_lines(env("dev", slices=1, topology="2x2"))
     seen, out = set(), []
     for ln in lines:
@@ -70,11 +78,15 @@ def test_every_gcloud_command_of_every_plan_parses(hermetic):
     for must in ("container clusters create", "container clusters create-auto", "container node-pools create",
                  "compute networks create", "storage buckets add-iam-policy-binding", "container clusters delete",
                  "compute machine-types list", "container get-server-config", "beta quotas info",
-                 "compute reservations describe", "container clusters update"):
+                 "compute reservations describe", "container clusters update", "compute resource-policies create",
+                 "compute resource-policies delete", "compute resource-policies list"):
         assert any(k.startswith(must) for k in kinds), must
     flags = {a.split("=")[0] for ln in lines if ln[:3] == ["container", "node-pools", "create"] for a in ln}
     assert {"--spot", "--flex-start", "--reservation-affinity", "--reservation", "--enable-autoscaling",
-            "--location-policy", "--no-enable-autorepair", "--max-nodes", "--min-nodes"} <= flags
+            "--location-policy", "--no-enable-autorepair", "--max-nodes", "--min-nodes", "--placement-policy"} <= flags
+    policy = {a.split("=")[0] for ln in lines if ln[:4] == ["compute", "resource-policies", "create", "workload-policy"]
+              for a in ln}
+    assert {"--type", "--accelerator-topology", "--region"} <= policy
     # The maintenance hold of a run and its release (train, teardown).
     updates = {a.split("=")[0] for ln in lines if ln[:3] == ["container", "clusters", "update"] for a in ln}
     assert {"--add-maintenance-exclusion-name", "--add-maintenance-exclusion-start", "--add-maintenance-exclusion-end",

@@ -366,7 +366,7 @@ class FakeContext:
 
 
 class WatchedEnv:
-    name, kind, ray_ip, dashboard_port = "e", "local", "127.0.0.1", 8265
+    name, kind, ray_ip, dashboard_port, tpu = "e", "local", "127.0.0.1", 8265, "v6e"
 
     def __init__(self, stall_after: int | None, stall_action: str):
         self.stall_after, self.stall_action = stall_after, stall_action

@@ -68,7 +68,7 @@ def test_shipped_inventory_is_valid_with_both_cluster_modes():
     ({"zone": "nowhere"}, ["not a zone name"]),
     ({"topology": "2x4"}, ["'topology' = '2x4'", "cannot be formed by machine type 'ct6e-standard-4t'"]),
     ({"machine_type": "ct6e-standard-8t"}, ["'topology' = '4x4'", "ct6e-standard-8t"]),
-    ({"machine_type": "n2-standard-8"}, ["not a TPU v6e machine type"]),
+    ({"machine_type": "n2-standard-8"}, ["not a GKE TPU machine type"]),
     ({"slices": 0}, ["'slices' = 0", "at least 1"]),
     ({"slices": "two"}, ["'slices' = 'two'", "must be an integer"]),
     ({"subnet_2_range": "10.50.128.0/17"}, ["'subnet_2_range' = '10.50.128.0/17'", "overlaps subnet_1_range"]),

@@ -259,9 +259,10 @@ def test_the_summary_says_what_the_job_did(run: Run):
     assert re.search(rf"^  waiting \d+s: job {RUN}-1 still running; status (PENDING|RUNNING), "
                      r"(no step yet|last step \d+); 1 of 2 slices ready; waiting: slice 1 \(no host in Ray yet\)$",
                      out, re.M), out[:8000]
-    mfu = re.match(r"([\d.e-]+)% \(([\d.]+) TFLOP/s/device of a v6e chip's 918 bf16 peak\)", summary_value(out, "MFU"))
-    assert mfu and float(mfu.group(1)) > 0 and float(mfu.group(2)) > 0, out[-3000:]
-    assert abs(float(mfu.group(1)) / (100 * float(mfu.group(2)) / 918) - 1) < 0.05  # MFU = TFLOP/s / peak
+    # A CPU's rate is no percent of a TPU's peak: said as simulated.
+    mfu = re.match(r"simulated \(([\d.e-]+) TFLOP/s/device on this machine's CPU, standing in for v6e chips: no "
+                   r"percent of a TPU peak it never had\)$", summary_value(out, "MFU"))
+    assert mfu and float(mfu.group(1)) > 0, out[-3000:]
 
 
 def test_the_job_starts_on_the_slice_it_has_and_grows_when_the_late_one_joins(run: Run):
@@ -297,7 +298,18 @@ def test_the_job_goes_on_with_one_slice_and_grows_back(run: Run):
     # logging it, so a grow during or just after the first compile restores
     # step 0 or nothing, a later one no step past the one it grew after.
     restored = [int(x) for x in summary_value(run.out, "restored from checkpoint step(s)").split(", ")]
-    assert len(restored) in (2, 3) and all(s > 0 for s in restored[-2:]), restored
+    # Every restart after the kill restores past step 0, but a one-slice group
+    # grown away before it restored: on a loaded machine the host may come
+    # back while that group still compiles (the last resize's save then says
+    # "no step since its start", and only the final group restores).
+    saves = dict(re.findall(r'"t": ([\d.]+), "kind": "save_before_resize", "step": [^,]+, "outcome": "([^"]*)"',
+                            run.out))
+    last_save = saves[max(saves, key=float)] if saves else ""
+    early = last_save.startswith("not needed: no step since its start")
+    # (that group may have restored before it was grown away, or not)
+    after_kill = restored[-1:] if early else restored[-2:]
+    assert len(restored) in ((1, 2, 3) if early else (2, 3)) and all(s > 0 for s in after_kill), (restored, saves)
+    assert len(restored) < 3 or all(s > 0 for s in restored[1:]), restored
     if len(restored) == 3:
         grew_after = resized[0][2]
         assert restored[0] == 0 if grew_after == "n/a" else 0 <= restored[0] <= int(grew_after), (restored, resized)

@@ -240,3 +240,56 @@ def test_the_autopilot_claim_template_validates_against_kubernetes_1_35():
     assert rct["spec"]["spec"]["devices"]["requests"][0]["exactly"] == {"deviceClassName": "netdev.google.com",
                                                                          "allocationMode": "All"}
     kubernetes_validate.validate(rct, "1.35.0", strict=True)
+
+
+# -- each TPU generation (playbooks/config/tpu.py) ---------------------------------------
+def generation_env(name):
+    from playbooks.config.schema import load_inventory
+    from tests.goldens import GENERATIONS_INVENTORY
+    return load_inventory(GENERATIONS_INVENTORY).env(name)
+
+
+@pytest.mark.parametrize("name,label,claims,memory", [("std-v5e", "tpu-v5-lite-podslice", False, "144G"),
+                                                      ("std-v5p", "tpu-v5p-slice", False, "200G"),
+                                                      ("std-tpu7x", "tpu7x", False, "200G")])
+def test_each_generations_raycluster_validates_and_selects_its_nodes(name, label, claims, memory):
+    """The RayCluster of a v5e, v5p and TPU7x environment: KubeRay's CRD
+    accepts it, its workers select the generation's accelerator label and
+    topology, ask the machine type's chips, and claim no DRANET NIC (the
+    template without them: no ResourceClaimTemplate)."""
+    import kubernetes_validate
+
+    e = generation_env(name)
+    rendered = manifests.raycluster_docs(e)
+    assert [d["kind"] for d in rendered] == ["RayCluster"]
+    rc = rendered[0]
+    if CRD.exists():
+        crd = yaml.safe_load(CRD.read_text())
+        jsonschema.validate(rc, next(v for v in crd["spec"]["versions"] if v["name"] == "v1")["schema"]
+                            ["openAPIV3Schema"])
+    [group] = rc["spec"]["workerGroupSpecs"]
+    spec = group["template"]["spec"]
+    assert ("resourceClaims" in spec) == claims
+    sel = spec["nodeSelector"]
+    assert (sel["cloud.google.com/gke-tpu-accelerator"], sel["cloud.google.com/gke-tpu-topology"]) == (label, e.topology)
+    worker = spec["containers"][0]
+    assert worker["resources"]["limits"] == {"memory": memory, "google.com/tpu": "4"}
+    assert "eth1" not in str(worker["env"])  # megascale on the primary network
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "w"}, "spec": spec}
+    kubernetes_validate.validate(pod, "1.35.0", strict=True)
+
+
+def test_the_template_without_dranet_is_the_tutorials_less_its_nic_claims():
+    """The two RayCluster templates differ only where DRANET is: the claim
+    template, the worker's claims, the megascale interfaces, the memory
+    variable (so a change to one cannot silently miss the other)."""
+    with_claims = MANIFEST.split("apiVersion: ray.io/v1", 1)[1]
+    without = (ROOT / manifests.NO_DRANET_MANIFEST).read_text().split("apiVersion: ray.io/v1", 1)[1]
+    expect = (with_claims.replace("        resourceClaims:\n        - name: netdev\n          resourceClaimTemplateName:"
+                                  " ${NETDEV_CLAIM}\n", "")
+              .replace("            claims:\n            - name: netdev\n", "")
+              .replace(" --megascale_grpc_interface_prefixes=eth1,eth2,lo", "")
+              .replace("memory: 200G", "memory: ${WORKER_MEMORY}"))
+    assert without == expect
+    assert set(variables((ROOT / manifests.NO_DRANET_MANIFEST).read_text())) == set(
+        manifests.raycluster_values(generation_env("std-v5p")))

@@ -169,6 +169,53 @@ def test_no_import_cycle():
     assert cycles(GRAPH) == []
 
 
+# A TPU generation is one record (playbooks/config/tpu.py): no value of the
+# code outside config/ names one (a string compare, a label, a machine type,
+# Ray's accelerator type); docstrings may.
+GENERATION_WORDS = re.compile(r"\b(v4|v5e|v5p|v6e|tpu7x|v7x|v5litepod)\b|\bct\d\w*-|\btpu-v\d|TPU-V\d", re.I)
+
+
+def generation_literals(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text())
+    docs = {id(n.body[0].value) for n in ast.walk(tree)
+            if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+            and ast.get_docstring(n, clean=False) is not None}
+    return [f"{path.relative_to(ROOT)}:{n.lineno}: {n.value[:60]!r}" for n in ast.walk(tree)
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs
+            and GENERATION_WORDS.search(n.value)]
+
+
+def test_no_code_outside_config_names_a_tpu_generation():
+    found = [hit for p in PACKAGE.rglob("*.py") if "config" not in p.relative_to(PACKAGE).parts[:1]
+             for hit in generation_literals(p)]
+    assert found == []
+    assert GENERATION_WORDS.search("tpu-v6e-slice") and GENERATION_WORDS.search("ct5p-hightpu-4t")
+
+
+def trainer_graph() -> dict[str, set[str]]:
+    """The trainer's scripts (shipped flat, as the job's working directory):
+    which of them each imports, inside functions too."""
+    mods = {p.stem: p for p in (ROOT / "trainer").glob("*.py")}
+    out: dict[str, set[str]] = {}
+    for name, path in mods.items():
+        names: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                names.add(node.module.split(".")[0])
+        out[name] = {n for n in names if n in mods and n != name}
+    return out
+
+
+def test_the_trainer_scripts_import_each_other_without_a_cycle():
+    """elastic_control uses maxtext_ray; maxtext_ray is given the elastic
+    callbacks by the elastic trainer instead of importing them back."""
+    graph = trainer_graph()
+    assert "maxtext_ray" in graph["elastic_control"]
+    assert cycles(graph) == []
+
+
 def test_the_checks_see_a_cycle_a_play_importing_a_play_and_a_layer_broken():
     """The rules above can fail."""
     assert layering({"playbooks.config.schema": {"playbooks.cloud.gke"},

@@ -9,13 +9,14 @@ most -- and RunConfig(failure_config=FailureConfig(max_failures=3)). On a
 resize Ray Train restarts the workers and MaxText restores the run's latest
 checkpoint, resharded to the new mesh.
 """
+import elastic_control
 from absl import app
 
 import maxtext_ray
 
 
 def main(argv):
-    maxtext_ray.fit(argv, elastic=True)
+    maxtext_ray.fit(argv, elastic=True, callbacks=tuple(elastic_control.callbacks()))
 
 
 if __name__ == "__main__":

@@ -529,9 +529,11 @@ def train_loop_per_worker(config: dict) -> None:
         PROGRESS.ended = True
 
 
-def fit(argv: list[str], elastic: bool) -> None:
+def fit(argv: list[str], elastic: bool, callbacks: tuple = ()) -> None:
     """The trainers' main: a JaxTrainer over TPU slices running MaxText.
-    Elastic: between one slice and all of them, and three retries."""
+    Elastic: between one slice and all of them, three retries, and the
+    elastic trainer's controller callbacks (elastic_control.py: given by
+    maxtext_elastic_trainer.py, so this module never imports it back)."""
     import ray
     from ray.train.v2.api.config import FailureConfig, RunConfig
     from ray.train.v2.jax import JaxTrainer
@@ -547,7 +549,7 @@ def fit(argv: list[str], elastic: bool) -> None:
         name="maxtext_jaxtrainer",
         storage_path=os.environ.get(ENV_STORAGE_PATH),
         worker_runtime_env=worker_runtime_env(),
-        **({"failure_config": FailureConfig(max_failures=3), "callbacks": elastic_callbacks()} if elastic else {}),
+        **({"failure_config": FailureConfig(max_failures=3), "callbacks": list(callbacks)} if elastic else {}),
     )
     trainer = JaxTrainer(
         train_loop_per_worker=train_loop_per_worker,
@@ -558,13 +560,6 @@ def fit(argv: list[str], elastic: bool) -> None:
     trainer.fit()
     print("Training complete!", flush=True)
     ray.shutdown()
-
-
-def elastic_callbacks() -> list:
-    """The elastic job's additions to Ray Train's controller (elastic_control.py)."""
-    import elastic_control
-
-    return elastic_control.callbacks()
 
 
 def per_rank(argv: list[str], rank: int) -> list[str]:

@@ -32,7 +32,8 @@ import re
 from typing import Any
 
 from playbooks.config import tutorial as T
-from playbooks.config.schema import CAPACITIES, FLEX_WAIT_DEFAULT, Environment, capacities
+from playbooks.config.schema import FLEX_WAIT_DEFAULT, Environment, capacities
+from playbooks.config.tpu import dcn_networks, generation
 
 # A node label of ours on every TPU pool we make, naming its capacity option:
 # the workers select it (worker_affinity), and a re-run and `status` read a
@@ -53,9 +54,10 @@ def pool_flags(env: Environment, option: str) -> list[str]:
     return []
 
 
-def node_labels(option: str) -> str:
-    """The pool's --node-labels: the tutorial's DRANET label and ours."""
-    return f"{T.TPU_NODE_LABEL},{LABEL}={option}"
+def node_labels(env: Environment, option: str) -> str:
+    """The pool's --node-labels: the tutorial's DRANET label (where its
+    nodes get the two DCN networks: tpu.dcn_networks) and ours."""
+    return (f"{T.TPU_NODE_LABEL}," if dcn_networks(env) else "") + f"{LABEL}={option}"
 
 
 def initial_nodes(env: Environment, option: str) -> int:
@@ -135,18 +137,23 @@ def preemptible(env: Environment) -> list[str]:
 
 
 # Cloud Quotas ids of the Compute Engine quotas GKE's TPU nodes consume (not
-# the Cloud TPU API's): on-demand v6e chips are TPUS_PER_TPU_FAMILY with
-# tpu_family CT6E (named in Google's v6e guide); Spot, and flex-start first,
-# the preemptible v6e quota ("When you create a Flex-start VM, preemptible
-# quota is consumed. If your project lacks preemptible quota, then standard
-# quota is consumed"). The ids follow Cloud Quotas' naming; an id the API
-# does not know is "not checked", never a shortage. A reservation's pools
-# consume none (GKE's TPU docs).
-ON_DEMAND_QUOTA: tuple[str, dict[str, str]] = ("TPUS-PER-TPU-FAMILY-per-project-region", {"tpu_family": "CT6E"})
-PREEMPTIBLE_QUOTA: tuple[str, dict[str, str]] = ("PREEMPTIBLE-TPU-V6E-per-project-region", {})
-QUOTAS: dict[str, tuple[tuple[str, dict[str, str]], ...]] = {
-    "on-demand": (ON_DEMAND_QUOTA,), "spot": (PREEMPTIBLE_QUOTA,), "flex-start": (PREEMPTIBLE_QUOTA, ON_DEMAND_QUOTA),
-    "reservation": ()}
+# the Cloud TPU API's), each generation's in its record (config/tpu.py): for
+# v6e, on-demand chips are TPUS_PER_TPU_FAMILY with tpu_family CT6E (named
+# in Google's v6e guide); Spot, and flex-start first, the preemptible quota
+# ("When you create a Flex-start VM, preemptible quota is consumed. If your
+# project lacks preemptible quota, then standard quota is consumed"). The
+# ids follow Cloud Quotas' naming; an id the API does not know is "not
+# checked", never a shortage. A reservation's pools consume none (GKE's TPU
+# docs).
+Quota = tuple[str, dict[str, str]]
+
+
+def quotas(env: Environment, option: str) -> tuple[Quota, ...]:
+    """The quotas a pool of ``option`` consumes, in the order it tries them."""
+    gen = generation(env)
+    on_demand, preemptible = ((q[0], dict(q[1])) for q in (gen.on_demand_quota, gen.preemptible_quota))
+    return {"on-demand": (on_demand,), "spot": (preemptible,), "flex-start": (preemptible, on_demand),
+            "reservation": ()}[option]
 
 
 def quota_label(quota: tuple[str, dict[str, str]]) -> str:
@@ -189,7 +196,7 @@ def options(env: Environment, kind: str, zones: list[str] | None) -> str:
         out.append(f"or set zone: to one of {', '.join(others)} (they offer {env.machine_type})")
     if kind == "quota":
         out.append("or request the quota (IAM & Admin > Quotas)")
-    alt = [c for c in CAPACITIES if c not in capacities(env)]
+    alt = [c for c in generation(env).capacity_options if c not in capacities(env)]
     if alt:
         out.append(f"or another capacity option: ({', '.join(alt)})")
     return "; ".join(out)

@@ -3,8 +3,8 @@ pool, decided once, read-only, before anything is created.
 
 The inventory's options are tried best first: a reservation's free hosts
 take as many whole slices as they hold; the slices left go to the next
-options as their quota permits (Spot: the preemptible v6e quota; on-demand:
-TPUS_PER_TPU_FAMILY; flex-start: the preemptible quota, else the on-demand
+options as their quota permits (each generation's quotas: config/tpu.py;
+Spot: the preemptible quota; on-demand: TPUS_PER_TPU_FAMILY; flex-start: the preemptible quota, else the on-demand
 one). Quota is not capacity: the plan says "quota permits N chips", never
 that the chips are there (a stockout at create time moves that slice to the
 next option: ``plays/nodepools.py``). A check that cannot look leaves its
@@ -26,7 +26,7 @@ from playbooks.access.cli_clients import compute_describe, fact, gcloud, json_ob
 from playbooks.cloud import capacity_options as cap
 from playbooks.cloud.gke import clusters_fact, nodepool_name, nodepools_list_fact
 from playbooks.config.schema import Environment, capacities, capacity_text, reservation_parts
-from playbooks.config.tpu import chips
+from playbooks.config.tpu import chips, generation
 from playbooks.core.errors import ProbeFailed
 from playbooks.core.facts import ABSENT, Fact
 
@@ -83,7 +83,7 @@ def quotas(env: Environment) -> list[Quota]:
     """The quotas the list's options consume, each once."""
     out: list[Quota] = []
     for o in capacities(env):
-        out += [q for q in cap.QUOTAS[o] if q not in out]
+        out += [q for q in cap.quotas(env, o) if q not in out]
     return out
 
 
@@ -201,9 +201,9 @@ class Plan:
         gone = self.missing
         if not gone:
             return None
-        alt = [c for c in cap.CAPACITIES if c not in self.options]
+        alt = [c for c in generation(env).capacity_options if c not in self.options]
         fixes = []
-        if any(cap.QUOTAS[o] for o in self.options):
+        if any(cap.quotas(env, o) for o in self.options):
             fixes.append("request quota (IAM & Admin > Quotas)")
         if "reservation" in self.options:
             fixes.append("free hosts of the reservation")
@@ -270,7 +270,7 @@ class Planner:
         env, out = self.env, {}
         for q in quotas(env):
             label = f"{cap.quota_label(q)} in {env.region}"
-            used = sum(self.per for p in self.kept.values() if cap.QUOTAS[cap.pool_option(p)][:1] == (q,))
+            used = sum(self.per for p in self.kept.values() if cap.quotas(env, cap.pool_option(p))[:1] == (q,))
             try:
                 value = quota_value(self.look(quota_fact(env, q)), env.region, q[1])
                 why = f"quota {label} has no value for {env.region}" if value is None else ""
@@ -294,7 +294,7 @@ class Planner:
         return free_hosts(r) // self.env.hosts_per_slice, f"{free_hosts(r)} of {count} hosts free"
 
     def quotas_of(self, option: str) -> list[_Quota]:
-        return [self.left[x[0]] for x in cap.QUOTAS[option]]
+        return [self.left[x[0]] for x in cap.quotas(self.env, option)]
 
     def offer(self, o: str) -> Offer:
         env = self.env

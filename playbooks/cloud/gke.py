@@ -10,6 +10,7 @@ from typing import Any
 from playbooks.access.cli_clients import by_name, fact, gcloud, gcs_describe, json_list, kube_list, kube_object, kubectl
 from playbooks.config import tutorial as T
 from playbooks.config.schema import Environment
+from playbooks.config.tpu import dcn_networks, generation
 from playbooks.core.command import Command
 from playbooks.core.facts import ABSENT, Fact
 
@@ -48,8 +49,20 @@ def subnet_range(env: Environment, i: int) -> str:
 
 
 def nodepool_name(env: Environment, i: int) -> str:
-    from playbooks.config.tpu import chips
-    return f"v6e-{chips(env.topology)}-{i}"
+    """<generation>-<chips>-<i>: v6e-16-0, v5p-16-1, tpu7x-8-0."""
+    return f"{generation(env).shape(env.topology)}-{i}"
+
+
+def workload_policy_name(env: Environment) -> str:
+    """The HIGH_THROUGHPUT workload policy of a generation that needs one
+    for multi-host pools (TPU7x): one per cluster and topology."""
+    return f"{env.cluster_name}-wp-{env.topology}"
+
+
+def needs_workload_policy(env: Environment) -> bool:
+    """TPU7x multi-host pools take a workload policy in place of
+    --tpu-topology (GKE's TPU7x page; xpk's nodepool.py)."""
+    return env.mode == "standard" and generation(env).workload_policy and env.hosts_per_slice > 1
 
 
 # Another operation on the cluster (GKE's own upgrades and repairs count) is
@@ -115,6 +128,16 @@ def subnets_fact(env: Environment, name: str) -> Fact:
                                    f"{str(s.get('network', '')).rsplit('/', 1)[-1]})")
 
 
+def workload_policy_fact(env: Environment) -> Fact:
+    name = workload_policy_name(env)
+    c = gcloud("compute", "resource-policies", "list", f"--filter=region:{env.region}", "--format=json",
+               project=env.project_id)
+    return fact(f"workload policy {name}", dataclasses.replace(c, env=STRICT_COMPUTE_LISTS + c.env),
+                json_list(by_name(name)),
+                describe=lambda p: f"present ({(p.get('workloadPolicy') or {}).get('type', '?')}, "
+                                   f"{(p.get('workloadPolicy') or {}).get('acceleratorTopology', '?')})")
+
+
 def clusters_fact(env: Environment) -> Fact:
     return fact(f"cluster {env.cluster_name}",
                 gcloud("container", "clusters", "list", "--format=json", project=env.project_id),
@@ -158,8 +181,16 @@ def bucket_fact(env: Environment):
 def namespace_objects(env: Environment) -> list[tuple[str, str]]:
     """The objects of ours in the environment's namespace, read by one
     `kubectl get` (one process, one auth-plugin call, for all of them)."""
-    return [("serviceaccount", env.ksa_name), ("resourceclaimtemplate", T.NETDEV_CLAIMS[env.mode]),
-            ("raycluster", T.RAYCLUSTER_NAME)]
+    claim = [("resourceclaimtemplate", T.NETDEV_CLAIMS[env.mode])] if netdev_claim(env) else []
+    return [("serviceaccount", env.ksa_name), *claim, ("raycluster", T.RAYCLUSTER_NAME)]
+
+
+def netdev_claim(env: Environment) -> bool:
+    """Whether the TPU workers claim NICs from DRANET: on Autopilot (GKE's
+    networks) and on a Standard machine type with the tutorial's two DCN
+    networks (tpu.dcn_networks); else they reach the other slices over the
+    VM's primary network."""
+    return env.mode == "autopilot" or dcn_networks(env)
 
 
 _KINDS = {"serviceaccount": "ServiceAccount", "resourceclaimtemplate": "ResourceClaimTemplate",

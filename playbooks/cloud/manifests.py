@@ -6,6 +6,9 @@ a rendered document must keep (Autopilot's; the worker group's slices).
 - ``manifests/ray-cluster.tpu-multi-slice.yaml``: DRANET NIC claims and the
   RayCluster, one TPU worker group of ``slices`` replicas x
   ``hosts_per_slice`` hosts.
+- ``manifests/ray-cluster.tpu-multi-slice.no-dranet.yaml``: the same
+  RayCluster without the NIC claims, for a machine type without the
+  tutorial's two DCN NICs (TPU v5e, v5p, TPU7x: ``config/tpu.py``).
 - ``manifests/compute-class.tpu-dranet.yaml`` (Autopilot): the ComputeClass
   that opts the TPU nodes into managed DRANET.
 
@@ -29,10 +32,11 @@ from typing import Any
 import yaml
 
 from playbooks.cloud import capacity_options
-from playbooks.cloud.gke import kube
+from playbooks.cloud.gke import kube, netdev_claim
 from playbooks.config import tutorial as T
 from playbooks.config.project import ROOT
 from playbooks.config.schema import Environment, capacities, reservation_parts
+from playbooks.config.tpu import generation
 from playbooks.core.command import Command
 from playbooks.core.render import envsubst, leftover, render
 
@@ -58,7 +62,7 @@ def worker_node_selector(env: Environment) -> dict[str, str]:
     priorities carry the capacity). On Standard the capacity is the
     workers' affinity (worker_affinity)."""
     sel = {"iam.gke.io/gke-metadata-server-enabled": "true",
-           "cloud.google.com/gke-tpu-accelerator": T.TPU_ACCELERATOR_LABEL,
+           "cloud.google.com/gke-tpu-accelerator": generation(env).accelerator_label,
            "cloud.google.com/gke-tpu-topology": env.topology}
     if env.mode == "autopilot":
         sel[SELECTOR] = COMPUTE_CLASS
@@ -72,8 +76,29 @@ def worker_affinity(env: Environment) -> dict[str, Any]:
     return {} if env.mode == "autopilot" else capacity_options.worker_affinity(env)
 
 
+NO_DRANET_MANIFEST = "manifests/ray-cluster.tpu-multi-slice.no-dranet.yaml"
+POD_MEMORY_GB = 200  # the tutorial's worker pod
+
+
+def raycluster_manifest(env: Environment) -> str:
+    """The tutorial's template, or its twin without DRANET's NIC claims."""
+    return T.RAYCLUSTER_MANIFEST if netdev_claim(env) else NO_DRANET_MANIFEST
+
+
+def worker_memory(env: Environment) -> str:
+    """The tutorial's 200G, or three quarters of a VM that has less."""
+    vm = generation(env).machine_types[env.machine_type].memory_gb
+    return f"{POD_MEMORY_GB}G" if vm is None or vm * 3 // 4 >= POD_MEMORY_GB else f"{vm * 3 // 4}G"
+
+
 def raycluster_values(env: Environment) -> dict[str, str]:
+    if not netdev_claim(env):
+        return {**_common_values(env), "WORKER_MEMORY": worker_memory(env)}
     name, request = CLAIMS[env.mode]
+    return {**_common_values(env), "NETDEV_CLAIM": name, "NETDEV_REQUEST": json.dumps(request)}
+
+
+def _common_values(env: Environment) -> dict[str, str]:
     return {
         "NAMESPACE": env.namespace,
         "KSA_NAME": env.ksa_name,
@@ -84,8 +109,6 @@ def raycluster_values(env: Environment) -> dict[str, str]:
         "CHIPS_PER_HOST": str(env.chips_per_host),
         "WORKER_NODE_SELECTOR": json.dumps(worker_node_selector(env)),
         "WORKER_AFFINITY": json.dumps(worker_affinity(env)),
-        "NETDEV_CLAIM": name,
-        "NETDEV_REQUEST": json.dumps(request),
         # The tutorial's workers are privileged; Autopilot denies that.
         "WORKER_SECURITY_CONTEXT": json.dumps({} if env.mode == "autopilot" else {"privileged": True}),
     }
@@ -99,12 +122,12 @@ def _apply(template: str, values: dict[str, str], env: Environment) -> Command:
 
 
 def raycluster_apply(env: Environment) -> Command:
-    return _apply(T.RAYCLUSTER_MANIFEST, raycluster_values(env), env)
+    return _apply(raycluster_manifest(env), raycluster_values(env), env)
 
 
 def raycluster_docs(env: Environment) -> list[dict]:
     """The rendered RayCluster manifest: its claim template and RayCluster."""
-    text = render((ROOT / T.RAYCLUSTER_MANIFEST).read_text(), raycluster_values(env))
+    text = render((ROOT / raycluster_manifest(env)).read_text(), raycluster_values(env))
     return [d for d in yaml.safe_load_all(text) if d]
 
 

@@ -1,4 +1,4 @@
-"""What a TPU v6e chip-hour costs, per capacity option, in the
+"""What a TPU chip-hour of the environment's generation costs, per capacity option, in the
 environment's region: from the inventory's ``prices:`` (which wins), else
 Google's Cloud Billing Catalog API, read with the user's credentials and
 cached under ``.state/<env>/prices.json`` with its date. No figure is ever
@@ -25,6 +25,10 @@ is matched by its description from its start, and the region by
 ``serviceRegions`` (descriptions name cities). Commitments and Calendar
 mode are not capacity options of this project; a reservation is priced as
 the inventory says (``prices.reservation``: it is often prepaid).
+
+Each generation's SKU patterns are its record's (``config/tpu.py``): v6e's
+were read live; v5e's and v5p's are modelled on them and unverified, so a
+description that differs is "no price", never a wrong one; TPU7x has none.
 """
 from __future__ import annotations
 
@@ -40,6 +44,8 @@ from typing import Any
 from playbooks.access import connectors
 from playbooks.config import paths
 from playbooks.config.schema import MAX_PRICE, Environment, capacities
+from playbooks.config.tpu import GENERATIONS as GENERATIONS_BY_NAME
+from playbooks.config.tpu import V6E, Generation, generation
 from playbooks.core.connector import Connector
 from playbooks.core.errors import ProbeFailed
 from playbooks.core.facts import ABSENT, Fact
@@ -56,12 +62,13 @@ MAX_PAGES = 40          # Compute Engine lists ~32,000 SKUs: 7 pages
 STALE_AFTER = 24 * 3600  # a cached catalog older than a day is read again
 TOKEN = ["gcloud", "auth", "print-access-token"]
 
-# Each option's v6e SKU, by its description (from its start) and usageType.
-SKUS: dict[str, tuple[re.Pattern, str]] = {
-    "on-demand": (re.compile(r"^TpuV6e running in ", re.I), "OnDemand"),
-    "spot": (re.compile(r"^TpuV6e attached to Spot (Preemptible )?VMs running in ", re.I), "Preemptible"),
-    "flex-start": (re.compile(r"^DWS Defined Duration (Tpu)?V6e running in ", re.I), "OnDemand"),
-}
+def skus(gen: Generation) -> dict[str, tuple[re.Pattern, str]]:
+    """Each option's SKU of a generation, by its description (from its
+    start) and usageType."""
+    return {o: (re.compile(pattern, re.I), usage) for o, (pattern, usage) in gen.skus.items()}
+
+
+SKUS = skus(V6E)
 PER_HOUR = {"h": 1.0, "min": 60.0, "s": 3600.0}  # usageUnit -> its price x this = per hour
 
 
@@ -86,21 +93,23 @@ class Price:
 
 @dataclass
 class Catalog:
-    """The v6e rates read from the catalog: option -> region -> USD per
-    chip-hour, when it was read, and what could not be read of it."""
+    """One generation's rates read from the catalog: option -> region -> USD
+    per chip-hour, when it was read, and what could not be read of it."""
 
     fetched_at: float
     endpoint: str
     rates: dict[str, dict[str, float]] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
+    tpu: str = V6E.name
 
     @property
     def date(self) -> str:
         return time.strftime("%Y-%m-%d", time.gmtime(self.fetched_at))
 
     def doc(self) -> dict:
-        return {"fetched_at": self.fetched_at, "date": self.date, "endpoint": self.endpoint, "currency": CURRENCY,
-                "service": SERVICE_ID, "rates": self.rates, "problems": self.problems}
+        return ({"fetched_at": self.fetched_at, "date": self.date, "endpoint": self.endpoint, "currency": CURRENCY,
+                 "service": SERVICE_ID, "rates": self.rates, "problems": self.problems}
+                | ({} if self.tpu == V6E.name else {"tpu": self.tpu}))
 
 
 # -- reading an answer ---------------------------------------------------------------
@@ -153,23 +162,24 @@ def page_skus(doc: Any) -> tuple[list, str]:
     return skus, token
 
 
-def option_of(sku: Any) -> str | None:
-    """The capacity option a SKU prices (v6e), or None."""
+def option_of(sku: Any, gen: Generation = V6E) -> str | None:
+    """The capacity option a SKU prices (of ``gen``), or None."""
     if not isinstance(sku, dict) or not isinstance(sku.get("description"), str):
         return None
     usage = (sku.get("category") or {}).get("usageType") if isinstance(sku.get("category"), dict) else None
-    for option, (pattern, want) in SKUS.items():
+    for option, (pattern, want) in skus(gen).items():
         if pattern.match(sku["description"]) and usage == want:
             return option
     return None
 
 
-def add_rates(catalog: Catalog, skus: list) -> None:
-    """The v6e SKUs of a page into the catalog's rates; a matching SKU that
-    is not what the API documents is a problem of its own (that option and
-    region stay without a price)."""
-    for sku in skus:
-        option = option_of(sku)
+def add_rates(catalog: Catalog, page: list) -> None:
+    """The generation's SKUs of a page into the catalog's rates; a matching
+    SKU that is not what the API documents is a problem of its own (that
+    option and region stay without a price)."""
+    gen = GENERATIONS_BY_NAME[catalog.tpu]
+    for sku in page:
+        option = option_of(sku, gen)
         if option is None:
             continue
         regions = sku.get("serviceRegions")
@@ -208,10 +218,10 @@ def access_token(via: Connector) -> str:
     return token
 
 
-def fetch(via: Connector, now: float | None = None) -> Catalog:
-    """Every page of the Compute Engine SKUs (bounded), the v6e rates kept."""
+def fetch(via: Connector, now: float | None = None, gen: Generation = V6E) -> Catalog:
+    """Every page of the Compute Engine SKUs (bounded), the generation's rates kept."""
     base = endpoint(via)
-    catalog = Catalog(time.time() if now is None else now, base)
+    catalog = Catalog(time.time() if now is None else now, base, tpu=gen.name)
     headers = {"Authorization": f"Bearer {access_token(via)}"}
     ca = via.getenv(CA_VAR)
     token, seen = "", set()
@@ -220,8 +230,8 @@ def fetch(via: Connector, now: float | None = None) -> Catalog:
         if doc is ABSENT:
             raise ProbeFailed("catalog", skus_url(base), None, "", "HTTP 404",
                               why=f"could not look: {base}v1/services/{SERVICE_ID}/skus answered 404 (no such service)")
-        skus, token = page_skus(doc)
-        add_rates(catalog, skus)
+        page, token = page_skus(doc)
+        add_rates(catalog, page)
         if not token:
             return catalog
         if token in seen:
@@ -235,24 +245,26 @@ def cache_path(env: Environment) -> str:
     return paths.prices_cache(env.name)
 
 
-def from_cache(doc: Any, base: str, now: float) -> Catalog | None:
-    """The cached catalog when it is whole, of this endpoint and fresh;
-    None (read it again) otherwise."""
+def from_cache(doc: Any, base: str, now: float, gen: Generation = V6E) -> Catalog | None:
+    """The cached catalog when it is whole, of this endpoint and generation
+    and fresh; None (read it again) otherwise."""
     try:
         if not isinstance(doc, dict) or doc.get("endpoint") != base or doc.get("currency") != CURRENCY:
+            return None
+        if doc.get("tpu", V6E.name) != gen.name:
             return None
         at = doc["fetched_at"]
         if isinstance(at, bool) or not isinstance(at, (int, float)) or not 0 <= now - at <= STALE_AFTER:
             return None
         rates = doc["rates"]
         ok = isinstance(rates, dict) and all(
-            o in SKUS and isinstance(rs, dict) and all(
+            o in gen.skus and isinstance(rs, dict) and all(
                 isinstance(r, str) and isinstance(p, (int, float)) and not isinstance(p, bool)
                 and 0 < p <= MAX_PRICE for r, p in rs.items()) for o, rs in rates.items())
         problems = doc.get("problems", [])
         if not ok or not isinstance(problems, list) or not all(isinstance(p, str) for p in problems):
             return None
-        return Catalog(float(at), base, {o: dict(rs) for o, rs in rates.items()}, list(problems))
+        return Catalog(float(at), base, {o: dict(rs) for o, rs in rates.items()}, list(problems), gen.name)
     except (KeyError, TypeError):
         return None
 
@@ -263,7 +275,7 @@ def cached(env: Environment, now: float | None = None) -> Catalog | None:
     raw = connectors.this_machine().read(cache_path(env))
     try:
         return from_cache(json.loads(raw), endpoint(connectors.connector(env)),
-                          time.time() if now is None else now) if raw else None
+                          time.time() if now is None else now, generation(env)) if raw else None
     except (ValueError, UnicodeDecodeError):
         return None
 
@@ -276,20 +288,21 @@ def read_catalog(env: Environment, now: float | None = None) -> Catalog:
     base = endpoint(via)
     raw = here.read(cache_path(env))
     try:
-        cached = from_cache(json.loads(raw), base, now) if raw else None
+        cached = from_cache(json.loads(raw), base, now, generation(env)) if raw else None
     except (ValueError, UnicodeDecodeError):
         cached = None  # damaged: read again
     if cached is not None:
         return cached
-    catalog = fetch(via, now)
+    catalog = fetch(via, now, generation(env))
     here.make_dirs(paths.env_dir(env.name))
     here.write(cache_path(env), json.dumps(catalog.doc(), indent=1).encode())
     return catalog
 
 
 def catalog_fact(env: Environment) -> Fact:
-    """The v6e rates of the catalog, or why they could not be read (a
-    value, never an error: a price is never what stops a run)."""
+    """The generation's rates of the catalog, or why they could not be read
+    (a value, never an error: a price is never what stops a run)."""
+    gen = generation(env)
     def look() -> Catalog | str:
         try:
             return read_catalog(env)
@@ -299,10 +312,10 @@ def catalog_fact(env: Environment) -> Fact:
             return f"could not read the Cloud Billing Catalog: {e.why.removeprefix('could not look: ')}"
 
     url = skus_url(f"${{{ENDPOINT_VAR}:-{ENDPOINT}}}")
-    return Fact(name="v6e prices", python=look, assumed="not read in a dry run",
+    return Fact(name=f"{gen.name} prices", python=look, assumed="not read in a dry run",
                 display=f"curl -fsS -H \"Authorization: Bearer $(gcloud auth print-access-token)\" \"{url}\"  "
                         f"# every page; cached in {cache_path(env)} for a day",
-                describe=lambda c: (f"{sum(len(r) for r in c.rates.values())} v6e price(s), {c.date}"
+                describe=lambda c: (f"{sum(len(r) for r in c.rates.values())} {gen.name} price(s), {c.date}"
                                     if isinstance(c, Catalog) else c))
 
 
@@ -311,7 +324,7 @@ def needs_catalog(env: Environment, options: list[str] | tuple[str, ...] | None 
     """Whether some option has no price in the inventory (and could have one
     in the catalog)."""
     given = env.get("prices") or {}
-    return any(o not in given and o in SKUS for o in (options or capacities(env)))
+    return any(o not in given and o in generation(env).skus for o in (options or capacities(env)))
 
 
 def price(env: Environment, option: str, catalog: Catalog | str | None) -> Price:
@@ -322,13 +335,17 @@ def price(env: Environment, option: str, catalog: Catalog | str | None) -> Price
     if option == "reservation":
         return Price(option, None, why="a reservation is priced as the inventory says: set prices.reservation "
                                        "(0 when it is prepaid)")
+    gen = generation(env)
+    if option not in gen.skus:
+        return Price(option, None, why=f"no Cloud Billing Catalog SKU of {gen.title} {option} is known: set "
+                                       f"prices.{option}")
     if not isinstance(catalog, Catalog):
         return Price(option, None, why=catalog or "the catalog was not read")
     rate = catalog.rates.get(option, {}).get(env.region)
     if rate is None:
         more = f"; {catalog.problems[0]}" if catalog.problems else ""
-        return Price(option, None, why=f"the Cloud Billing Catalog ({catalog.date}) has no v6e {option} SKU in "
-                                       f"{env.region}{more}")
+        return Price(option, None, why=f"the Cloud Billing Catalog ({catalog.date}) has no {catalog.tpu} {option} "
+                                       f"SKU in {env.region}{more}")
     return Price(option, rate, f"Cloud Billing Catalog {catalog.date}")
 
 

@@ -1,8 +1,8 @@
 """What the user asks for and the tutorial says, and where things live: the
 inventory's keys and rules (``schema``), every path the project keeps
 (``paths``), the project's root (``project``), the tutorial's values
-(``tutorial``), the pinned versions (``versions``), TPU topology arithmetic
-(``tpu``), a local cluster's port layout (``local_ports``), and the
+(``tutorial``), the pinned versions (``versions``), the TPU generations,
+one record each, and their topology arithmetic (``tpu``), a local cluster's port layout (``local_ports``), and the
 settings MaxText accepts (``maxtext_settings``).
 
 Pure knowledge: no process, no file of a run, no network. May import

@@ -15,7 +15,19 @@ from playbooks.config import maxtext_settings
 from playbooks.config import tutorial as T
 from playbooks.config.local_ports import local_port_span, ports
 from playbooks.config.project import DEFAULT_INVENTORY
-from playbooks.config.tpu import chips, default_chips_per_host, hosts_per_slice, topology_problem
+from playbooks.config.tpu import (
+    GENERATIONS,
+    chips,
+    dcn_networks,
+    default_chips_per_host,
+    generation,
+    hosts_per_slice,
+    local_chips_per_host,
+    machine_topology_problem,
+    machine_type_list,
+    of_machine_type,
+    topology_problem,
+)
 from playbooks.config.versions import default_ray_image
 from playbooks.core.inventory import Entry, Env, Inventory, Key, Schema, did_you_mean, load
 
@@ -207,18 +219,35 @@ def port(v: int, env: Mapping) -> str | None:
 
 
 def machine_type(v: str, env: Mapping) -> str | None:
-    if v not in T.V6E_MACHINE_TYPES:
-        return f"is not a TPU v6e machine type (allowed: {', '.join(T.V6E_MACHINE_TYPES)})"
+    """A TPU machine type of a known generation (which decides the generation)."""
+    gen = of_machine_type(v)
+    if gen is None:
+        return f"is not a GKE TPU machine type (allowed, by generation: {machine_type_list()})"
+    if env.get("mode") == "autopilot" and not gen.autopilot:
+        return (f"is a {gen.title} machine type; this project's Autopilot path (DRANET through a ComputeClass "
+                f"with the accelerator network profile auto) is v6e's only: use mode: standard")
+    return None
+
+
+def gke_tpu(v: str, env: Mapping) -> str | None:
+    """On GKE the machine type decides the generation; `tpu:` may only agree."""
+    gen = of_machine_type(env["machine_type"])
+    if gen is not None and v != gen.name:
+        return f"does not match machine type {env['machine_type']!r}, a {gen.title} machine type (tpu: {gen.name})"
     return None
 
 
 def gke_topology(v: str, env: Mapping) -> str | None:
-    why = topology_problem(v)
-    if why:
-        return why
-    mt = env.get("machine_type")
-    if mt in T.V6E_MACHINE_TYPES and v not in T.V6E_MACHINE_TYPES[mt][1]:
-        return f"cannot be formed by machine type {mt!r} (it forms: {', '.join(T.V6E_MACHINE_TYPES[mt][1])})"
+    gen = generation(env)
+    return topology_problem(v, gen) or machine_topology_problem(v, gen, env["machine_type"])
+
+
+def offered_capacity(v: str | list, env: Mapping) -> str | None:
+    """Each option of the list is one GKE offers this generation."""
+    gen = generation(env)
+    for o in capacities(env):
+        if o not in gen.capacity_options:
+            return (f"holds {o}, which {gen.title} is not offered as (it is: {', '.join(gen.capacity_options)})")
     return None
 
 
@@ -455,16 +484,23 @@ def local_ports(v: int, env: Mapping) -> str | None:
 
 
 def local_topology(v: str, env: Mapping) -> str | None:
-    # Ray's TPU support knows the real v6e slice shapes only.
-    return topology_problem(v)
+    # Ray's TPU support knows the real slice shapes of each generation only.
+    return topology_problem(v, generation(env))
+
+
+def local_tpu(v: str, env: Mapping) -> str | None:
+    return None if v in GENERATIONS else f"is not a TPU generation (allowed: {', '.join(GENERATIONS)})"
 
 
 def chips_per_host(v: int, env: Mapping) -> str | None:
-    top = env["topology"]
-    if v not in (1, 4, 8):
-        return "must be 1, 4 or 8 (the chips of a v6e VM: ct6e-standard-1t, -4t, -8t)"
+    top, gen = env["topology"], generation(env)
+    allowed = local_chips_per_host(gen)
+    if v not in allowed:
+        said = ", ".join(map(str, allowed[:-1])) + (" or " if len(allowed) > 1 else "") + str(allowed[-1])
+        return (f"must be {said} (the chips of a {gen.title} VM: "
+                f"{', '.join(gen.machine_types)})")
     if chips(top) % v:
-        return f"does not divide the {chips(top)} chips of topology {top!r}"
+        return f"does not divide the {chips(top)} chips of {gen.name} topology {top!r}"
     return None
 
 
@@ -558,11 +594,15 @@ GKE = (
     Key("namespace", required=True, rules=(dns_label("Kubernetes namespace"),), doc="the Kubernetes namespace"),
     Key("user_identifier", required=True, rules=(email,),
         doc="the account granted the tutorial's roles: yours (me@example.com), or a service account's email"),
-    Key("machine_type", default="ct6e-standard-4t", rules=(machine_type,)),
+    Key("machine_type", default="ct6e-standard-4t", rules=(machine_type,),
+        doc="a GKE TPU machine type; it decides the TPU generation (tpu)"),
+    Key("tpu", derive=lambda e: of_machine_type(e["machine_type"]).name, rules=(gke_tpu,),  # type: ignore[union-attr]
+        doc="the TPU generation: derived from machine_type (v5e, v5p, v6e, tpu7x)"),
     Key("topology", default="4x4", rules=(gke_topology,)),
     Key("chips_per_host", int, derive=default_chips_per_host,
-        rules=(lambda v, e: None if v == T.V6E_MACHINE_TYPES.get(e["machine_type"], (v,))[0]
-               else f"does not match machine type {e['machine_type']!r}",)),
+        rules=(lambda v, e: None if v == generation(e).machine_types[e["machine_type"]].chips
+               else f"does not match machine type {e['machine_type']!r} "
+                    f"({generation(e).machine_types[e['machine_type']].chips} chips per VM)",)),
     Key("hosts_per_slice", int, derive=hosts_per_slice,
         rules=(lambda v, e: None if v == hosts_per_slice(e) else
                f"does not match topology {e['topology']!r} with {e['chips_per_host']} chips per host",
@@ -580,7 +620,7 @@ GKE = (
     Key("worker_packages", default="requirements", rules=(worker_packages,),
         doc="requirements (each job installs trainer/requirements.txt on the workers) or image (the Ray image "
             "already holds MaxText at the lock's pins)"),
-    Key("capacity", (str, list), default="on-demand", rules=(capacity,),
+    Key("capacity", (str, list), default="on-demand", rules=(capacity, offered_capacity),
         doc="on-demand (the tutorial's), spot, reservation or flex-start; or an ordered list of them, best first"),
     Key("reservation", rules=(reservation,),
         doc="when capacity holds reservation, its name or projects/P/reservations/NAME"),
@@ -626,6 +666,9 @@ LOCAL = (
     Key("rehearse_late_slice", int, rules=(late_slice,),
         doc="rehearsal: the last slice's hosts join this many seconds after they are started (1-3600; "
             "needs min_slices below slices)"),
+    Key("tpu", default="v6e", rules=(local_tpu,),
+        doc="the TPU generation the simulated hosts stand for (v5e, v5p, v6e, tpu7x): Ray's accelerator type, "
+            "TPU_ACCELERATOR_TYPE and the valid topologies follow it"),
     Key("topology", default="2x2", rules=(local_topology,)),
     Key("chips_per_host", int, derive=default_chips_per_host, rules=(chips_per_host,)),
     Key("hosts_per_slice", int, derive=hosts_per_slice,
@@ -651,7 +694,7 @@ def owned(env: Mapping) -> list[tuple[str, str, str]]:
         return []
     p, loc = env["project_id"], env["zone"] if env["mode"] == "standard" else env["region"]
     out = []
-    if env["mode"] == "standard":  # Autopilot makes none of the tutorial's networks
+    if dcn_networks(env):  # Autopilot, and a machine type without the two NICs, make none of the tutorial's networks
         out += [("cluster_name", f"net:{p}/{env['cluster_name']}-{T.SUBNETS[i][0]}",
                  f"network {env['cluster_name']}-{T.SUBNETS[i][0]} of project {p}") for i in (0, 1)]
         out += [(f"subnet_{i}_name", f"subnet:{p}/{env['region']}/{env[f'subnet_{i}_name']}",
@@ -690,6 +733,7 @@ class Environment(Env):
     AttributeError). ``test_inventory`` proves these are the schema's keys."""
 
     kind: str
+    tpu: str
     slices: int
     min_slices: int
     topology: str

@@ -27,13 +27,9 @@ CLUSTER_VERSION = "1.35.2-gke.1842000"
 # §4 TPU node pools
 TPU_NODE_LABEL = "cloud.google.com/gke-networking-dra-driver=true"
 TPU_SCOPES = "https://www.googleapis.com/auth/cloud-platform"
-TPU_THREADS_PER_CORE = 1
-# v6e (Trillium) machine types: chips per VM and the topologies each can form.
-V6E_MACHINE_TYPES = {
-    "ct6e-standard-1t": (1, ("1x1",)),
-    "ct6e-standard-4t": (4, ("2x2", "4x4", "4x8", "8x8", "8x16", "16x16")),
-    "ct6e-standard-8t": (8, ("2x4",)),
-}
+# The tutorial's v6e values (--threads-per-core=1, the machine types and
+# topologies, tpu-v6e-slice, TPU-V6E) are its record in tpu.py, beside the
+# other generations'.
 
 # §5 Storage and identity
 BUCKET_STORAGE_CLASS = "STANDARD"
@@ -51,8 +47,6 @@ TPU_WORKER_GROUP = "tpu-group"
 # The DRANET NIC claim of a TPU worker: the tutorial's on Standard; on
 # Autopilot the one GKE's sample pairs with the accelerator network profile auto.
 NETDEV_CLAIMS = {"standard": "two-netdev", "autopilot": "all-netdev"}
-TPU_ACCELERATOR_LABEL = "tpu-v6e-slice"  # the workers' cloud.google.com/gke-tpu-accelerator
-ACCELERATOR_TYPE = "TPU-V6E"
 
 # §8 Training jobs: the MaxText arguments, in the tutorial's order, per model.
 TRAIN_ARGS = {

@@ -38,7 +38,7 @@ from playbooks.config import tutorial as T
 from playbooks.config.maxtext_settings import as_text, model_config, overrides_model, parse
 from playbooks.config.project import ROOT
 from playbooks.config.schema import Environment
-from playbooks.config.tpu import chips
+from playbooks.config.tpu import GENERATIONS, chips, generation
 from playbooks.config.versions import installed
 from playbooks.core.command import Command
 from playbooks.core.facts import ABSENT, Completed, Fact
@@ -56,10 +56,12 @@ def _base() -> dict:
 
 
 def slice_devices(env: Environment) -> int:
-    """Devices in one slice: TPU chips on GKE, JAX CPU devices locally."""
+    """Devices in one slice: the JAX devices of its TPU chips on GKE (one a
+    chip, two on a TPU7x chip: MaxText's devices_per_slice), JAX CPU devices
+    locally."""
     if env.kind == "local":
         return env.hosts_per_slice * env.devices_per_host
-    return chips(env.topology)
+    return chips(env.topology) * generation(env).devices_per_chip
 
 
 def _axes(args: dict[str, str], base: dict, prefix: str) -> dict[str, int]:
@@ -101,7 +103,10 @@ def static_checks(env: Environment, job: Job) -> list[str]:
         cfg = {}
     base = _base()
     devices = slice_devices(env)
-    unit = "CPU devices in a simulated slice" if env.kind == "local" else f"chips in a {env.topology} slice"
+    per_chip = generation(env).devices_per_chip if env.kind != "local" else 1
+    unit = ("CPU devices in a simulated slice" if env.kind == "local" else
+            f"chips in a {env.topology} slice" if per_chip == 1 else
+            f"devices in a {env.topology} slice: {per_chip} per {generation(env).name} chip")
     why = _mesh_rule(_axes(args, base, "ici_"), devices, f"ICI parallelism (per slice, {devices} {unit})")
     if why:
         out.append(why)
@@ -141,7 +146,9 @@ def static_checks(env: Environment, job: Job) -> list[str]:
 
 
 # -- the fit check: an ahead-of-time compile for the TPU topology --------------
-HBM_V6E_GIB = 31.24  # what libtpu reports for a v6e chip; the compile log says it again
+# HBM per chip: each generation's record (config/tpu.py: what the runtime
+# reports; libtpu's compile log says it again, and wins); v6e's 31.24 GiB:
+HBM_V6E_GIB = 31.24
 LIBTPU_BUSY = re.compile(r"(?:TPU is already in use by (?:a )?process with pid (\d+)|libtpu_lockfile)")
 OOM = re.compile(r"CompileTimeHbmOom: .*?\(([\d.]+)G\) exceeds available HBM \(([\d.]+)G\)")
 MEMORY = re.compile(r"Memory analysis: CompiledMemoryStats\((.*?)\)")
@@ -212,7 +219,15 @@ class Fit:
         return {k: v for k, v in self.__dict__.items() if k != "cached"}
 
 
-def parse_compile(text: str, tpu_log: str = "", seconds: float = 0.0) -> Fit:
+def hbm_of(args: list[str]) -> float:
+    """The HBM per chip of the generation a compile is for (its
+    compile_topology's prefix), the default a compile log may correct."""
+    top = next((a.split("=", 1)[1] for a in args if a.startswith("compile_topology=")), "")
+    gen = next((g for g in GENERATIONS.values() if top.startswith(g.maxtext_prefix + "-")), None)
+    return gen.hbm_gib if gen else HBM_V6E_GIB
+
+
+def parse_compile(text: str, tpu_log: str = "", seconds: float = 0.0, hbm: float = HBM_V6E_GIB) -> Fit:
     m = OOM.search(text) or OOM.search(tpu_log)
     if m:
         return Fit(False, seconds, needed=float(m.group(1)), capacity=float(m.group(2)))
@@ -231,7 +246,8 @@ def parse_compile(text: str, tpu_log: str = "", seconds: float = 0.0) -> Fit:
     stats = {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", mem.group(1))}
     arguments, outputs, aliased, temporaries = (stats.get(f"{k}_size_in_bytes", 0) / GIB
                                                 for k in ("argument", "output", "alias", "temp"))
-    fit = Fit(True, seconds, arguments=arguments, outputs=outputs, aliased=aliased, temporaries=temporaries)
+    fit = Fit(True, seconds, arguments=arguments, outputs=outputs, aliased=aliased, temporaries=temporaries,
+              capacity=hbm)
     # The compiler's own account (libtpu's log) is the one it fits against;
     # the stats above, summed, overstate it.
     if (t := TOTAL.search(tpu_log)):
@@ -251,7 +267,7 @@ def compile_args(env: Environment, job: Job, extra: Extra = (), slices: int | No
     args = dict(job.args)
     for k, v in extra:
         args[k] = v
-    args.update({"compile_topology": f"v6e-{chips(env.topology)}",
+    args.update({"compile_topology": generation(env).compile_topology(env.topology),
                  "compile_topology_num_slices": str(slices or env.slices)})
     return [f"{k}={v}" for k, v in args.items()]
 
@@ -304,7 +320,7 @@ def compile_fact(args: list[str]) -> Fact:
         log = ROOT / dict(command.env)["TPU_LOG_DIR"] / "tpu_driver.INFO"
         err = log.with_name("tpu_driver.ERROR")
         text = "\n".join(p.read_text(errors="replace") for p in (log, err) if p.exists())
-        fit = parse_compile(c.stdout + "\n" + c.stderr, text, c.seconds)
+        fit = parse_compile(c.stdout + "\n" + c.stderr, text, c.seconds, hbm_of(args))
         if fit.fits or fit.needed is not None:
             connectors.this_machine().write(str(cache_path(key)), json.dumps(fit.to_json()).encode())
         return fit
@@ -387,8 +403,8 @@ def search_plan(env: Environment, job: Job) -> list[Attempt]:
     out = [Attempt(set_line(extra), extra) for extra in CANDIDATES if not job_uses(job, extra)]
     extra = dcn_following_slices(job)
     for n in (env.slices * factor for factor in MORE_SLICES):
-        out.append(Attempt(f"{n} x v6e-{chips(env.topology)}" + (f" with {set_line(extra)}" if extra else ""),
-                           extra, n))
+        shape = generation(env).compile_topology(env.topology)
+        out.append(Attempt(f"{n} x {shape}" + (f" with {set_line(extra)}" if extra else ""), extra, n))
     return out
 
 
@@ -399,7 +415,7 @@ def found(env: Environment, job: Job, short: str, a: Attempt, r: Fit) -> str:
                 f"{ready_command(env, job, a.extra)}")
     return (f"{short}. No change of settings fits; {a.slices} slices do ({r.total:.2f} of {r.capacity:.2f} GiB): "
             f"set `slices: {a.slices}` for {env.name} in the inventory and run `invoke up` ({a.slices} node pools "
-            f"of v6e-{chips(env.topology)}), then {ready_command(env, job, a.extra)}")
+            f"of {generation(env).compile_topology(env.topology)}), then {ready_command(env, job, a.extra)}")
 
 
 def none_found(env: Environment, short: str, plan: list[Attempt]) -> str:
@@ -429,7 +445,7 @@ def shapes(env: Environment, job: Job, slices: int | None = None) -> list[int]:
 
 
 def shape_name(env: Environment, n: int) -> str:
-    return f"{n} x v6e-{chips(env.topology)}"
+    return f"{n} x {generation(env).compile_topology(env.topology)}"
 
 
 Estimates = list[tuple[int, memory.Estimate]]
@@ -441,7 +457,10 @@ def estimates(env: Environment, job: Job, extra: Extra = (), slices: int | None 
     why = memory.unsupported(s)
     if why:
         return f"no HBM estimate for {why}: the compile decides"
-    return [(n, memory.estimate(s, chips(env.topology), n, HBM_V6E_GIB)) for n in shapes(env, job, slices)]
+    # Per MaxText device: a chip of two devices (TPU7x) gives each half its HBM.
+    gen = generation(env)
+    per_device = gen.hbm_gib / gen.devices_per_chip
+    return [(n, memory.estimate(s, slice_devices(env), n, per_device)) for n in shapes(env, job, slices)]
 
 
 def grouped(env: Environment, got: Estimates) -> list[tuple[str, memory.Estimate]]:
@@ -452,7 +471,7 @@ def grouped(env: Environment, got: Estimates) -> list[tuple[str, memory.Estimate
     def listed(ns: list[int]) -> str:
         return ", ".join(map(str, ns[:-1])) + " and " + str(ns[-1]) if len(ns) > 1 else str(ns[0])
 
-    return [(f"{listed(ns)} x v6e-{chips(env.topology)}", e) for ns, e in out.values()]
+    return [(f"{listed(ns)} x {generation(env).compile_topology(env.topology)}", e) for ns, e in out.values()]
 
 
 def estimated(env: Environment, got: Estimates) -> str:

@@ -19,6 +19,7 @@ from playbooks.config import tutorial as T
 from playbooks.config.maxtext_settings import run_name_problem
 from playbooks.config.project import ROOT
 from playbooks.config.schema import Environment
+from playbooks.config.tpu import generation
 from playbooks.core.command import Command, quote
 from playbooks.core.errors import InputError, ProbeFailed, shown_value
 from playbooks.core.facts import ABSENT, Action, Completed, Fact, assume
@@ -204,7 +205,7 @@ def trainer_env(env: Environment, elastic: bool) -> dict[str, str]:
         "TRAINER_HOSTS_PER_SLICE": str(env.hosts_per_slice),
         "TRAINER_TOPOLOGY": env.topology,
         "TRAINER_CHIPS_PER_HOST": str(env.chips_per_host),
-        "TRAINER_ACCELERATOR_TYPE": T.ACCELERATOR_TYPE,
+        "TRAINER_ACCELERATOR_TYPE": generation(env).ray_accelerator_type,
     }
     if elastic:
         # trainer/elastic_control.py: the starts it retries, how long a

@@ -96,7 +96,7 @@ def quota_step(env: Environment) -> Step:
         seen: list[str] = []
         for q, probe in zip(wanted, facts):
             label = f"quota {cap.quota_label(q)} in {env.region}"
-            users = f" ({', '.join(o for o in capacities(env) if q in cap.QUOTAS[o])})" if several else ""
+            users = f" ({', '.join(o for o in capacities(env) if q in cap.quotas(env, o))})" if several else ""
             try:
                 value = capacity_plan.quota_value(look(probe), env.region, q[1])
             except ProbeFailed as e:

@@ -22,6 +22,7 @@ from playbooks.core.step import Step, change, fail, ok
 from playbooks.runs import cost, goodput, goodput_reference, metrics, run_list, timeline
 from playbooks.runs import events as E
 from playbooks.runs.follow import follow as follow_job
+from playbooks.runs.train_summary import Summary
 
 
 def kept_log(env: Environment, run: str | None) -> dict | None:
@@ -173,7 +174,7 @@ def runs_step(env: Environment) -> Step:
             report["cost"] = run_cost(env, got.events, segs)
             if got.skipped:
                 report["skipped_lines"] = got.skipped
-            rows.append(run_list.row(name, got.events, report))
+            rows.append(run_list.row(name, got.events, report, Summary(chip=env.tpu, simulated=env.kind == "local")))
         rows = run_list.newest_first(rows)
         return ok(f"{len(rows)} run(s) of environment {env.name}", data=rows)
 

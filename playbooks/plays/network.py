@@ -15,6 +15,7 @@ from playbooks.cloud.gke import (
 )
 from playbooks.config import tutorial as T
 from playbooks.config.schema import Environment
+from playbooks.config.tpu import dcn_networks, generation
 from playbooks.core.facts import ABSENT
 from playbooks.core.step import Step, Verify, change, drift, ok, skipped
 
@@ -76,7 +77,16 @@ AUTOPILOT_SKIP = ("Autopilot: GKE makes and manages the TPU nodes' extra network
                   "accelerator network profile auto); the tutorial's two VPCs would never be attached")
 
 
+def no_nics(env: Environment) -> str:
+    gen = generation(env)
+    return (f"{env.machine_type} ({gen.title}): no DRANET two-netdev setup is documented for it (config/tpu.py "
+            f"says why), so its slices reach each other over the VMs' primary network; the tutorial's two VPCs "
+            f"would carry nothing")
+
+
 def steps(env: Environment) -> list[Step]:
     if env.mode == "autopilot":
         return [skipped(PLAY, "DCN networks", AUTOPILOT_SKIP, id="network:autopilot")]
+    if not dcn_networks(env):
+        return [skipped(PLAY, "DCN networks", no_nics(env), id="network:no-dcn-nics")]
     return [network_step(env, 0), network_step(env, 1), subnet_step(env, 0), subnet_step(env, 1)]

@@ -1,22 +1,29 @@
-"""§4 TPU node pools: one multi-host v6e slice per pool (Standard only)."""
+"""§4 TPU node pools: one multi-host slice per pool (Standard only), of the
+environment's TPU generation (``config/tpu.py``); TPU7x's multi-host pools
+first get their workload policy."""
 from __future__ import annotations
 
 from typing import Any
 
+from playbooks.access.cli_clients import gcloud
 from playbooks.cloud import capacity_options as cap
 from playbooks.cloud.capacity_plan import BROKEN, plan_fact
 from playbooks.cloud.gke import (
     container_change,
     location,
     machine_types_fact,
+    needs_workload_policy,
     network_name,
     nodepool_name,
     nodepools_fact,
     subnet_id,
     subnet_name,
+    workload_policy_fact,
+    workload_policy_name,
 )
 from playbooks.config import tutorial as T
 from playbooks.config.schema import Environment, capacities, capacity_text
+from playbooks.config.tpu import chips, dcn_networks, generation
 from playbooks.core.errors import PlaybookError
 from playbooks.core.facts import ABSENT
 from playbooks.core.step import Broken, Step, Verify, change, drift, fail, ok, skipped, wait
@@ -34,17 +41,28 @@ def create_command(env: Environment, name: str, option: str):
     single-host slice (one VM has all its chips) is created without
     --tpu-topology: GKE refuses a topology for a single-host TPU slice pool
     ("TPU topology can't be specified with single-host TPU slice pool", as
-    xpk met it in its PR #825)."""
-    topology = [f"--tpu-topology={env.topology}"] if env.hosts_per_slice > 1 else []
+    xpk met it in its PR #825). TPU7x's multi-host pools name their workload
+    policy instead (--placement-policy); a machine type without the two DCN
+    NICs gets no additional networks (tpu.dcn_networks)."""
+    gen = generation(env)
+    threads = [f"--threads-per-core={gen.threads_per_core}"] if gen.threads_per_core else []
+    if needs_workload_policy(env):
+        topology = [f"--placement-policy={workload_policy_name(env)}"]
+    else:
+        topology = [f"--tpu-topology={env.topology}"] if env.hosts_per_slice > 1 else []
     return container_change(
         env, "node-pools", "create", name,
         f"--location={env.zone}", f"--cluster={env.cluster_name}", f"--machine-type={env.machine_type}",
-        f"--threads-per-core={T.TPU_THREADS_PER_CORE}", *topology,
-        f"--num-nodes={cap.initial_nodes(env, option)}",
-        f"--additional-node-network=network={network_name(env, 0)},subnetwork={subnet_name(env, 0)}",
-        f"--additional-node-network=network={network_name(env, 1)},subnetwork={subnet_name(env, 1)}",
-        f"--node-labels={cap.node_labels(option)}", "--enable-gvnic", f"--scopes={T.TPU_SCOPES}",
+        *threads, *topology, f"--num-nodes={cap.initial_nodes(env, option)}", *_networks(env),
+        f"--node-labels={cap.node_labels(env, option)}", "--enable-gvnic", f"--scopes={T.TPU_SCOPES}",
         *cap.pool_flags(env, option))
+
+
+def _networks(env: Environment) -> list[str]:
+    if not dcn_networks(env):
+        return []
+    return [f"--additional-node-network=network={network_name(env, i)},subnetwork={subnet_name(env, i)}"
+            for i in (0, 1)]
 
 
 def delete_command(env: Environment, name: str):
@@ -61,8 +79,12 @@ def shape_diffs(env: Environment, p: Any) -> list[str]:
     cfg = p.get("config") or {}
     if cfg.get("machineType") != env.machine_type:
         diffs.append(f"machine type is {cfg.get('machineType')}, want {env.machine_type}")
-    top = (p.get("placementPolicy") or {}).get("tpuTopology")
-    if top != env.topology and (top or env.hosts_per_slice > 1):
+    policy = p.get("placementPolicy") or {}
+    top = policy.get("tpuTopology")
+    if needs_workload_policy(env):
+        if _last(policy.get("policyName")) != workload_policy_name(env):
+            diffs.append(f"placement policy is {policy.get('policyName')}, want {workload_policy_name(env)}")
+    elif top != env.topology and (top or env.hosts_per_slice > 1):
         diffs.append(f"TPU topology is {top}, want {env.topology}")
     option = cap.pool_option(p)
     nodes = p.get("initialNodeCount")
@@ -71,14 +93,14 @@ def shape_diffs(env: Environment, p: Any) -> list[str]:
     if not cap.as_asked(env, p):
         want = " or ".join(cap.words(env, o) for o in capacities(env))
         diffs.append(f"capacity is {cap.pool_capacity(p)}, want {want}")
-    want_nets = {(network_name(env, i), subnet_name(env, i)) for i in (0, 1)}
+    want_nets = {(network_name(env, i), subnet_name(env, i)) for i in (0, 1)} if dcn_networks(env) else set()
     have_nets = {(_last(n.get("network")), _last(n.get("subnetwork")))
                  for n in (p.get("networkConfig") or {}).get("additionalNodeNetworkConfigs") or []}
     if have_nets != want_nets:
         diffs.append(f"additional networks are {sorted(have_nets) or 'none'}, want {sorted(want_nets)}")
     labels = cfg.get("labels") or {}
     key, val = T.TPU_NODE_LABEL.split("=")
-    if labels.get(key) != val:
+    if dcn_networks(env) and labels.get(key) != val:
         diffs.append(f"node label {T.TPU_NODE_LABEL} is missing")
     ours = labels.get(cap.LABEL)
     if ours is None:
@@ -94,8 +116,9 @@ def pool_step(env: Environment, i: int) -> Step:
     by a pool of the next option of the list (``Pool.instead``); any other
     failure (a flag GKE refuses, a 403) stands."""
     pool = Pool(env, i)
-    return Step(PLAY, f"TPU node pool {pool.name}", pool.decide, id=f"nodepools:{pool.name}",
-                after=("cluster:cluster", subnet_id(0), subnet_id(1)),
+    after = ("cluster:cluster", *((subnet_id(0), subnet_id(1)) if dcn_networks(env) else ()),
+             *((POLICY_ID,) if needs_workload_policy(env) else ()))
+    return Step(PLAY, f"TPU node pool {pool.name}", pool.decide, id=f"nodepools:{pool.name}", after=after,
                 verify=Verify(pool.probe, pool.running, timeout=CREATE_TIMEOUT, interval=15), explain=pool.explain)
 
 
@@ -210,18 +233,48 @@ CHIPS_TO_SAY = 64
 
 def chips_step(env: Environment, play: str) -> list[Step]:
     """A line with the total, before more than CHIPS_TO_SAY chips are made."""
-    from playbooks.config.tpu import chips
     per_slice = chips(env.topology)
     total = env.slices * per_slice
     if total <= CHIPS_TO_SAY:
         return []
-    what = (f"{total} TPU v6e chips: {env.slices} slices of {env.topology} ({per_slice} chips, "
+    what = (f"{total} {generation(env).short} chips: {env.slices} slices of {env.topology} ({per_slice} chips, "
             f"{env.hosts_per_slice} {env.machine_type} hosts each), more than {CHIPS_TO_SAY}")
     return [Step(play, "TPU chips", lambda look: ok(f"this environment asks for {what}", data=total),
                  id=f"{play}:chips")]
 
 
+POLICY_ID = "nodepools:workload-policy"
+
+
+def policy_create(env: Environment):
+    """`gcloud compute resource-policies create workload-policy`, as GKE's
+    TPU7x page and xpk make it (--type=HIGH_THROUGHPUT, the slice topology)."""
+    return gcloud("compute", "resource-policies", "create", "workload-policy", workload_policy_name(env),
+                  "--type=HIGH_THROUGHPUT", f"--accelerator-topology={env.topology}", f"--region={env.region}",
+                  project=env.project_id)
+
+
+def policy_step(env: Environment) -> Step:
+    """The workload policy TPU7x multi-host pools are placed by."""
+    name, probe = workload_policy_name(env), workload_policy_fact(env)
+
+    def decide(look):
+        p = look(probe)
+        if p is ABSENT:
+            return change(policy_create(env), reason=f"created (HIGH_THROUGHPUT, {env.topology})")
+        wp = p.get("workloadPolicy") or {}
+        if wp.get("acceleratorTopology") not in (None, env.topology) or wp.get("type") not in (None,
+                                                                                               "HIGH_THROUGHPUT"):
+            return drift(f"workload policy {name} is {wp.get('type')} {wp.get('acceleratorTopology')}, want "
+                         f"HIGH_THROUGHPUT {env.topology}")
+        return ok(f"workload policy {name} exists (HIGH_THROUGHPUT, {env.topology})")
+
+    return Step(PLAY, f"workload policy {name}", decide, id=POLICY_ID,
+                verify=Verify(probe, lambda p: "workload policy not found" if p is ABSENT else None))
+
+
 def steps(env: Environment) -> list[Step]:
     if env.mode == "autopilot":
         return [skipped(PLAY, "TPU node pools", AUTOPILOT_SKIP, id="nodepools:all")]
-    return chips_step(env, PLAY) + [pool_step(env, i) for i in range(env.slices)]
+    policy = [policy_step(env)] if needs_workload_policy(env) else []
+    return chips_step(env, PLAY) + policy + [pool_step(env, i) for i in range(env.slices)]

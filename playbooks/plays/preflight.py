@@ -7,7 +7,7 @@ from __future__ import annotations
 from playbooks.access import connectors
 from playbooks.config import paths
 from playbooks.config.schema import Environment
-from playbooks.config.tpu import chips
+from playbooks.config.tpu import generation
 from playbooks.config.versions import installed
 from playbooks.core.lock import machine_lock
 from playbooks.core.play import Outcome, StepContext
@@ -44,7 +44,7 @@ def fit(ctx: StepContext, env: Environment, job: Job, extra: F.Extra = (), slice
         # libtpu writes its logs (the compiler's own memory account) only
         # into a folder that exists.
         connectors.this_machine().make_dirs(paths.preflight_tpu_logs(F.cache_key(args)))
-        what = f"compiling for {slices or env.slices} x v6e-{chips(env.topology)}"
+        what = f"compiling for {slices or env.slices} x {generation(env).compile_topology(env.topology)}"
         with ctx.beating(what, lambda: ""):
             result = ctx.look(F.compile_fact(args))
     return result if isinstance(result, F.Fit) else None

@@ -16,16 +16,20 @@ from playbooks.cloud.gke import (
     kube,
     kube_context,
     location,
+    needs_workload_policy,
     network_name,
     networks_fact,
     raycluster_fact,
     running_cluster,
     subnet_name,
     subnets_fact,
+    workload_policy_fact,
+    workload_policy_name,
 )
 from playbooks.cloud.kube_context import has_context, kubeconfig_fact
 from playbooks.config import tutorial as T
 from playbooks.config.schema import Environment
+from playbooks.config.tpu import dcn_networks
 from playbooks.core.command import Command, quote
 from playbooks.core.facts import ABSENT, Action, Fact, assume
 from playbooks.core.pidfile import running_fact
@@ -171,11 +175,30 @@ def network_step(env: Environment, i: int) -> Step:
                 verify=Verify(probe, gone("network"), timeout=300, interval=5))
 
 
+def policy_step(env: Environment) -> Step:
+    """TPU7x's workload policy, once the cluster (its pools) is gone."""
+    name = workload_policy_name(env)
+    probe = assume(workload_policy_fact(env), {"name": name})
+
+    def decide(look):
+        if look(probe) is ABSENT:
+            return ok(f"workload policy {name} is not there")
+        return change(gcloud("compute", "resource-policies", "delete", name, f"--region={env.region}",
+                             project=env.project_id, quiet=True), reason="deleted", found="present")
+
+    return Step(PLAY, f"workload policy {name}", decide, id="teardown:workload-policy", after=("teardown:cluster",),
+                verify=Verify(probe, gone("workload policy"), timeout=300, interval=5))
+
+
 def steps(env: Environment) -> list[Step]:
     """(The local twin's teardown is ``plays/twin.py``'s stop steps.)"""
     out = [raycluster_step(env), forward_step(env), maintenance_step(env), cluster_step(env), bucket_step(env)]
-    if env.mode == "autopilot":
-        return out  # no VPC of ours: GKE made the nodes' networks and removes them with the cluster
+    if needs_workload_policy(env):
+        out.append(policy_step(env))
+    if not dcn_networks(env):
+        # Autopilot: GKE made the nodes' networks and removes them with the
+        # cluster; a machine type without the two NICs: none were made.
+        return out
     return out + [subnet_step(env, 0), subnet_step(env, 1), network_step(env, 0), network_step(env, 1)]
 
 
@@ -185,7 +208,9 @@ def summary(env: Environment) -> str:
         return f"the local Ray cluster of environment {env.name!r} (only the processes this project started)"
     what = (f"in project {env.project_id}: RayCluster {T.RAYCLUSTER_NAME}, GKE cluster {env.cluster_name} "
             f"({location(env)}), bucket gs://{env.gs_bucket} and everything in it")
-    if env.mode == "autopilot":
+    if needs_workload_policy(env):
+        what += f", workload policy {workload_policy_name(env)}"
+    if not dcn_networks(env):
         return what
     return (f"{what}, subnets {subnet_name(env, 0)}/{subnet_name(env, 1)} and networks "
             f"{network_name(env, 0)}/{network_name(env, 1)}")

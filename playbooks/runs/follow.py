@@ -109,7 +109,7 @@ class Follower:
     def __init__(self, ctx: StepContext, env: Environment, run: str, sid: str, log_file: Path | None = None,
                  show_all: bool = False, source: str = "train", job: Any = None):
         self.ctx, self.env, self.run, self.sid, self.source = ctx, env, run, sid, source
-        self.summary = Summary()
+        self.summary = Summary(chip=env.tpu, simulated=env.kind == "local")
         self.show_all = show_all
         self.log_file = str(log_file) if (log_file and ctx.acting) else None  # written through the connector
         self.kept = self.log_file  # named in the job's end in the timeline: `invoke logs` shows it when Ray cannot

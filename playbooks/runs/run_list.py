@@ -41,9 +41,10 @@ def _known(v: float | None) -> float | None:
     return None if v is None or math.isnan(v) else v
 
 
-def row(name: str, events: list[dict], report: dict[str, Any]) -> dict[str, Any]:
+def row(name: str, events: list[dict], report: dict[str, Any], s: Summary) -> dict[str, Any]:
+    """The run's row; ``s``: an empty summary of the environment's chip (a
+    local run's MFU is simulated: no percent of a TPU peak)."""
     c = report.get("cost") or {}
-    s = Summary()
     for e in events:
         s.add(e)
     return {"run": name, "model": s.model, "state": state(events), "jobs": report["jobs"],

@@ -11,14 +11,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from playbooks.config.tpu import DEFAULT, GENERATIONS
 from playbooks.runs import events as E
 from playbooks.runs.job_log import STEP_LINE, clean
 
-# Peak bf16 TFLOP/s per chip, for MFU = TFLOP/s/device (MaxText's log) / peak.
-# v6e (Trillium): "Peak compute per chip (bf16) 918 TFLOPs"
-# (https://cloud.google.com/tpu/docs/v6e); the others from Google's TPU pages,
-# as MaxText's own benchmarks/upload_metrics_to_bq.py has them.
-PEAK_TFLOPS = {"v4": 275.0, "v5e": 197.0, "v5p": 459.0, "v6e": 918.0}
+# MFU = TFLOP/s/device (MaxText's log) / the chip's bf16 peak: each
+# generation's peak is its record's (config/tpu.py, with its source). A
+# local run's CPU never had that peak: its MFU is "simulated", no percent.
 # Each worker group's first steps compile (trace, lower, XLA): the medians,
 # MFU and the metrics picture leave them out.
 COMPILE_STEPS = 2
@@ -56,6 +55,8 @@ class Summary:
     _seen: set = field(default_factory=set)
     _first: dict[int, int] = field(default_factory=dict)
     _disruption: str | None = None  # the last loss since the last group started
+    chip: str = DEFAULT      # the TPU generation whose peak MFU divides by
+    simulated: bool = False  # a local run: CPU devices standing in for the chips
 
     def add(self, e: dict) -> None:
         """One event of the timeline."""
@@ -175,11 +176,26 @@ class Summary:
         vals = [r[5] for r in self._warm()]
         return statistics.median(vals) if vals else None
 
-    def mfu(self, chip: str = "v6e") -> float | None:
+    @property
+    def peak(self) -> float:
+        return GENERATIONS[self.chip].peak_bf16_tflops
+
+    def mfu(self) -> float | None:
         """Model FLOPs utilisation: the median TFLOP/s per device after the
-        first steps, over the chip's bf16 peak."""
+        first steps, over the chip's bf16 peak (None for a simulated run:
+        its CPU never had that peak)."""
         t = self.median_tflops_per_device
-        return None if t is None else t / PEAK_TFLOPS[chip]
+        return None if t is None or self.simulated else t / self.peak
+
+    def mfu_line(self) -> str:
+        t = self.median_tflops_per_device
+        shown = "n/a" if t is None else format(t, ".3g")
+        if self.simulated:
+            return (f"MFU: simulated ({shown} TFLOP/s/device on this machine's CPU, standing in for {self.chip} "
+                    f"chips: no percent of a TPU peak it never had)")
+        m = self.mfu()
+        pct = "n/a" if m is None else format(100 * m, ".2f" if 100 * m >= 1 else ".2g")
+        return f"MFU: {pct}% ({shown} TFLOP/s/device of a {self.chip} chip's {self.peak:.0f} bf16 peak)"
 
     @property
     def world_sizes(self) -> list[int]:
@@ -202,7 +218,6 @@ class Summary:
         def f(v, fmt):
             return format(v, fmt) if v is not None else "n/a"
 
-        mfu = self.mfu()
         out = [
             f"steps: {len(self.done_steps)} (last step {f(self.last_step, 'd')})",
             f"final loss: {f(self.final_loss, '.3f')}",
@@ -210,8 +225,7 @@ class Summary:
             f"(p50 {f(self.step_seconds_quantile(0.5), '.3f')}, "
             f"p90 {f(self.step_seconds_quantile(0.9), '.3f')}, after each group's first 2 steps)",
             f"tokens/s/device (median): {f(self.median_tokens_per_device, '.1f')}",
-            f"MFU: {percent(mfu) or 'n/a'}% ({f(self.median_tflops_per_device, '.3g')} "
-            f"TFLOP/s/device of a v6e chip's {PEAK_TFLOPS['v6e']:.0f} bf16 peak)",
+            self.mfu_line(),
         ]
         if self.params is not None:
             out.append(f"parameters: {self.params:.3f} billion"

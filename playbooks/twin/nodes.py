@@ -26,7 +26,7 @@ from playbooks.config import paths
 from playbooks.config import tutorial as T
 from playbooks.config.local_ports import LOCAL_PORTS_FIRST_NODE, LOCAL_PORTS_PER_NODE, local_port_span
 from playbooks.config.schema import Environment
-from playbooks.config.tpu import chips
+from playbooks.config.tpu import generation
 from playbooks.core.command import Command, placeholder, shown
 from playbooks.core.errors import ProbeFailed, error_line
 from playbooks.core.facts import ABSENT, Fact
@@ -74,7 +74,9 @@ def port_range(env: Environment) -> tuple[int, int]:
 
 
 def pod_type(env: Environment) -> str:
-    return f"v6e-{chips(env.topology)}"
+    """TPU_ACCELERATOR_TYPE as GKE's device plugin sets it for the
+    environment's generation: v6e-4, v5litepod-4, v5p-8 (TensorCores)."""
+    return generation(env).pod_type(env.topology)
 
 
 # The head's GCS sees a host of this machine that died (chaos.delete-worker,

@@ -32,6 +32,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import unquote
 
+from playbooks.config.tpu import GENERATIONS, of_machine_type
+
 from .server import Fake, FakeServer, HttpError, Request, Response
 from .tls import Pki
 
@@ -139,7 +141,8 @@ class KubeLink:
     ca_pem: bytes
     on_create: Callable[[dict], None] = lambda c: None
     on_delete: Callable[[dict], None] = lambda c: None
-    on_pool: Callable[[str, int], None] = lambda pool, nodes: None   # a pool's nodes exist (or not, 0)
+    # a pool's nodes exist (or not, 0), with GKE's TPU labels
+    on_pool: Callable[[str, int, dict], None] = lambda pool, nodes, labels: None
 
 
 @dataclass
@@ -157,7 +160,7 @@ class State:
     compute_ops: dict[str, dict] = field(default_factory=dict)
     # zone -> machine types it offers; (zone, name) -> reservation; quota id -> QuotaInfo
     machine_types: dict[str, list[str]] = field(default_factory=lambda: {
-        z: ["ct6e-standard-4t", "n1-standard-16"] for z in ("us-east5-a", "us-east5-b", "us-east5-c")} | {
+        z: [*TPU_MACHINE_TYPES, "n1-standard-16"] for z in ("us-east5-a", "us-east5-b", "us-east5-c")} | {
         "europe-west4-a": ["ct6e-standard-4t"], "us-central1-b": ["n1-standard-16"]})
     reservations: dict[tuple[str, str, str], dict] = field(default_factory=dict)  # (project, zone, name)
     quotas: dict[str, dict] = field(default_factory=dict)
@@ -516,11 +519,14 @@ class FakeGcp(Fake):
         return copy.deepcopy(r)
 
     def _default_quotas(self) -> None:
-        """A project granted v6e quota in us-east5 (64 chips, on-demand and
-        preemptible); 0 elsewhere, as new projects start."""
+        """A project granted quota for every TPU generation in us-east5 (64
+        chips each, on-demand and preemptible: each generation's quota ids,
+        playbooks/config/tpu.py); 0 elsewhere, as new projects start."""
+        families = {g.on_demand_quota[1]["tpu_family"] for g in GENERATIONS.values()}
         self.set_quota("TPUS-PER-TPU-FAMILY-per-project-region",
-                       [({"region": "us-east5", "tpu_family": "CT6E"}, 64), ({}, 0)])
-        self.set_quota("PREEMPTIBLE-TPU-V6E-per-project-region", [({"region": "us-east5"}, 64), ({}, 0)])
+                       [*(({"region": "us-east5", "tpu_family": f}, 64) for f in sorted(families)), ({}, 0)])
+        for g in GENERATIONS.values():
+            self.set_quota(g.preemptible_quota[0], [({"region": "us-east5"}, 64), ({}, 0)])
 
     def set_quota(self, quota_id: str, values: list[tuple[dict, int]]) -> dict:
         """A QuotaInfo as Cloud Quotas shows it: one entry per dimensions
@@ -755,7 +761,7 @@ class FakeGcp(Fake):
             nodes = int(np.get("initialNodeCount") or 0)
             if (np.get("config") or {}).get("flexStart") and np["name"] not in self.flex_start_empty:
                 nodes = int((np.get("autoscaling") or {}).get("maxNodeCount") or nodes)
-            self.kube.on_pool(np["name"], nodes if status == "RUNNING" else 0)
+            self.kube.on_pool(np["name"], nodes if status == "RUNNING" else 0, tpu_labels(np))
         return np
 
     def pools_list(self, req: Request, p: str, loc: str, cluster: str) -> dict:
@@ -816,27 +822,31 @@ class FakeGcp(Fake):
                 return ("GCE_STOCKOUT", f"TPU: the nodes cannot be created now due to lack of capacity in your "
                                         f"reservation {key[2] if key else '?'}. {instance}.", True)
             return None
-        if capacity not in QUOTA_OF:
+        quota = quota_of(capacity, spec)
+        if quota is None:
             return None
-        qid, metric = QUOTA_OF[capacity]
-        limit = self.quota_limit(qid, region)
+        qid, metric, dims = quota
+        limit = self.quota_limit(qid, region, dims)
         used = sum(pool_chips(np) for (loc, _), cl in self.st.clusters.items()
                    for np in cl["nodePools"] if np.get("status") != "ERROR" and pool_capacity(np) == capacity
-                   and _region(loc) == region)
+                   and quota_of(capacity, np) == quota and _region(loc) == region)
         if limit is not None and 0 <= limit < used + chips:
             return ("GCE_QUOTA_EXCEEDED", f"{instance}: Quota '{metric}' exceeded. Limit: {limit}.0 in region "
                                           f"{region}.", True)
         return None
 
-    def quota_limit(self, quota_id: str, region: str) -> int | None:
-        """The value in force for a region: its own entry, else the default."""
+    def quota_limit(self, quota_id: str, region: str, want: dict | None = None) -> int | None:
+        """The value in force for a region (and the other dimensions asked,
+        a tpu_family): its own entry, else the default."""
         info = self.st.quotas.get(quota_id)
         if info is None:
             return None
         best = None
         for d in info["dimensionsInfos"]:
             dims = d.get("dimensions") or {}
-            if dims.get("region", region) == region and (best is None or len(dims) > len(best[0])):
+            if any(dims.get(k, v) != v for k, v in {"region": region, **(want or {})}.items()):
+                continue
+            if best is None or len(dims) > len(best[0]):
                 best = (dims, int(d["details"]["value"]))
         return None if best is None else best[1]
 
@@ -875,7 +885,7 @@ class FakeGcp(Fake):
         c["nodePools"].remove(np)
         self._release(np)
         if self.kube:
-            self.kube.on_pool(name, 0)
+            self.kube.on_pool(name, 0, {})
         return self._container_op(p, loc, "DELETE_NODE_POOL", np["selfLink"])
 
     # == serviceusage =========================================================
@@ -1067,8 +1077,28 @@ def _rfc3339(text: Any) -> datetime | None:
 
 # The quota (Cloud Quotas id, Compute Engine metric) a pool of each capacity
 # consumes: Spot the preemptible v6e quota, on-demand TPUS_PER_TPU_FAMILY.
-QUOTA_OF = {"spot": ("PREEMPTIBLE-TPU-V6E-per-project-region", "PREEMPTIBLE_TPU_V6E"),
-            "on-demand": ("TPUS-PER-TPU-FAMILY-per-project-region", "TPUS_PER_TPU_FAMILY")}
+TPU_MACHINE_TYPES = tuple(m for g in GENERATIONS.values() for m in g.machine_types if m.endswith("-4t"))
+
+
+def quota_of(capacity: str, spec: dict) -> tuple[str, str, dict] | None:
+    """The quota a pool of this capacity and machine type consumes (its
+    generation's ids), its metric and dimensions; None: none (a reservation,
+    flex-start here, a machine type that is not a TPU's)."""
+    gen = of_machine_type(str((spec.get("config") or {}).get("machineType", "")))
+    if gen is None or capacity not in ("spot", "on-demand"):
+        return None
+    qid, dims = gen.preemptible_quota if capacity == "spot" else gen.on_demand_quota
+    return qid, qid.split("-per-")[0].replace("-", "_"), dict(dims)
+
+
+def tpu_labels(np: dict) -> dict:
+    """GKE's labels on a TPU pool's nodes: its accelerator and topology."""
+    gen = of_machine_type(str((np.get("config") or {}).get("machineType", "")))
+    top = (np.get("placementPolicy") or {}).get("tpuTopology")
+    if gen is None:
+        return {}
+    return {"cloud.google.com/gke-tpu-accelerator": gen.accelerator_label,
+            **({"cloud.google.com/gke-tpu-topology": top} if top else {})}
 
 
 def _region(location: str) -> str:
@@ -1090,8 +1120,9 @@ def pool_capacity(spec: dict) -> str:
 
 def pool_chips(spec: dict) -> int:
     """The TPU chips a pool's nodes hold (ct6e-standard-4t: 4 per node)."""
-    m = re.match(r"^ct\w+-(\d+)t$", str((spec.get("config") or {}).get("machineType", "")))
-    return int(m.group(1)) * int(spec.get("initialNodeCount") or 0) if m else 0
+    mt = str((spec.get("config") or {}).get("machineType", ""))
+    gen = of_machine_type(mt)
+    return gen.machine_types[mt].chips * int(spec.get("initialNodeCount") or 0) if gen else 0
 
 
 def _b64(data: bytes) -> str:

@@ -619,9 +619,10 @@ class FakeKube(Fake):
                          "lastUpdateTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         cur["metadata"]["resourceVersion"] = str(next(self._rv))
 
-    def set_pool_nodes(self, pool: str, count: int) -> None:
-        """The nodes of a node pool (made by the GCP fake with the pool): Ready.
-        Pending workers that now fit are scheduled."""
+    def set_pool_nodes(self, pool: str, count: int, labels: dict | None = None) -> None:
+        """The nodes of a node pool (made by the GCP fake with the pool): Ready,
+        with GKE's TPU labels (accelerator, topology). Pending workers that
+        now fit are scheduled."""
         with self.lock:
             self.tpu_pools[pool] = count
             for key in [k for k, o in self.objects.items() if k[0] == "nodes" and
@@ -629,7 +630,7 @@ class FakeKube(Fake):
                 del self.objects[key]
             for i in range(count):
                 self._put(KIND["nodes"], {"metadata": {"name": f"gke-{pool}-{i:04d}", "labels": {
-                    "cloud.google.com/gke-nodepool": pool}}, "spec": {},
+                    **(labels or {}), "cloud.google.com/gke-nodepool": pool}}, "spec": {},
                     "status": {"conditions": [{"type": "Ready", "status": "True"}]}})
             for rc in self.list("rayclusters"):
                 if self.ray_ready and (rc["metadata"]["namespace"], rc["metadata"]["name"]) not in self._ray_pending:
