@@ -16,7 +16,6 @@ from typing import Any
 
 from playbooks.access import connectors, staleness
 from playbooks.access.cli_clients import already_exists, is_transient
-from playbooks.cli import env_lease
 from playbooks.config import paths
 from playbooks.config.project import ROOT
 from playbooks.config.schema import Environment, load_inventory
@@ -348,16 +347,7 @@ def open_session(config, task: str, reporter: Reporter | None = None, read_only:
     book = Playbook(runner, reporter or Reporter(), workers=parallel, heartbeat=settings["heartbeat"])
     if mode is Mode.APPLY and task in CHANGING:
         hold_env_lock(env.name, task, settings, book.reporter)
-    if task in CHANGING:
-        env_lease.hold(env, task, _doing(task), settings, runner, book.reporter)
     return Session(env, mode, runner, book, logdir)
-
-
-def _doing(task: str) -> str:
-    """What this run runs, as a lock's or lease's holder says it."""
-    from playbooks.cli import chain
-
-    return "invoke " + " ".join(chain.current() or (task,))
 
 
 _HELD: dict[str, ExitStack] = {}  # environment -> the lock this process holds on it (until its chain ends)
@@ -372,7 +362,7 @@ def hold_env_lock(name: str, task: str, settings: dict[str, Any], reporter: Repo
 
     if name in _HELD:
         return
-    doing = _doing(task)
+    doing = "invoke " + " ".join(chain.current() or (task,))
     stack = ExitStack()
     try:
         stack.enter_context(machine_lock(paths.here(paths.env_lock(name)), f"one changing run at a time on "
@@ -424,9 +414,8 @@ def _last_resort(kind, value, tb) -> None:
     """What is raised outside every task (Invoke reading its config files,
     after tasks.py is imported): one line, the traceback kept in a file."""
     if issubclass(kind, KeyboardInterrupt):
-        taken = env_lease.lost()
-        sys.stderr.write(f"error: {taken}\n" if taken else "interrupted\n")
-        os._exit(75 if taken else 130)
+        sys.stderr.write("interrupted\n")
+        os._exit(130)
     line, code = last_resort_line(kind, value, tb)
     sys.stderr.write(line + "\n")
     sys.stderr.flush()
@@ -467,8 +456,7 @@ def clean_errors() -> Iterator[None]:
     except PlaybookError as e:
         raise Exit(f"error: {e}", code=getattr(e, "exit_code", 1)) from None
     except KeyboardInterrupt:
-        taken = env_lease.lost()  # the lease was taken by another run: its line, not "interrupted"
-        raise Exit(f"error: {taken}" if taken else "interrupted", code=75 if taken else 130) from None
+        raise Exit("interrupted", code=130) from None
     except Exception as e:  # pragma: no cover - the unexpected
         path = paths.last_error()
         keep_traceback(path, traceback.format_exc())

@@ -18,8 +18,7 @@ What they share: ``command`` (argv lists, pipes, a shell-pasteable line),
 user's YAML read strictly), ``render`` (``${VAR}`` templates through
 envsubst, never silently empty), ``http`` (read-only HTTP looks), ``procs``
 and ``pidfile`` (this machine's processes, the ones we started), ``lock``
-(one holder at a time, named), ``lease`` (one holder at a time across
-machines: a record written with a precondition, renewed, that lapses).
+(one holder at a time, named).
 
 A ``Session`` (``playbooks/cli/session.py``, the project's, not the engine's) is
 one task run: the inventory's environment, the mode, and these three.

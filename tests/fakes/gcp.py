@@ -102,18 +102,11 @@ def unauthenticated() -> dict:
 READ_ONLY_POST = re.compile(r"(:getIamPolicy|:testIamPermissions|/operations/[^/]+/wait|^/oauth2/token)$")
 
 
-# The environment's Lease (docs/modes.md): a changing run's own record of
-# who runs, taken and released by every changing run, converged or not; not
-# a change of what the environment is.
-LEASES = re.compile(r"^/apis/coordination\.k8s\.io/v1/namespaces/default/leases(/|$)")
-
-
 def changes(req: Request) -> bool:
     """A request that can change state: POST/PUT/PATCH/DELETE, minus the
     read-only RPCs that happen to be POSTs (getIamPolicy, operations wait,
-    the OAuth token endpoint) and the writes of a run's own lease."""
-    return req.mutating and not (req.method == "POST" and READ_ONLY_POST.search(req.path)) \
-        and not LEASES.search(req.path)
+    the OAuth token endpoint)."""
+    return req.mutating and not (req.method == "POST" and READ_ONLY_POST.search(req.path))
 
 
 @dataclass

@@ -73,7 +73,6 @@ KINDS = (
     Kind("cloud.google.com", "v1", "computeclasses", "ComputeClass", namespaced=False, short=("cc",)),
     Kind("", "v1", "events", "Event", short=("ev",)),
     Kind("", "v1", "nodes", "Node", namespaced=False, short=("no",)),
-    Kind("coordination.k8s.io", "v1", "leases", "Lease"),
 )
 
 # GKE Autopilot's admission webhook, as it refuses a privileged container.
@@ -437,7 +436,6 @@ class FakeKube(Fake):
     def _update(self, req: Request, kind: Kind, ns: str, name: str, sub: str | None, cur: dict) -> Response:
         body = self.body(req)
         if req.method == "PUT":
-            self._precondition(kind, name, body, cur)
             new = body
         elif "json-patch" in req.headers.get("content-type", ""):
             raise HttpError(415, status(415, "UnsupportedMediaType", "json-patch is not supported by the fake"))
@@ -448,9 +446,7 @@ class FakeKube(Fake):
         if kind.namespaced:
             new["metadata"]["namespace"] = ns
         if sub != "status":
-            new.pop("status", None)                    # status is a subresource
-            if "status" in cur:
-                new["status"] = cur["status"]
+            new["status"] = cur.get("status")          # status is a subresource
         else:
             new["spec"] = cur.get("spec")
         for k in ("uid", "creationTimestamp"):
@@ -459,19 +455,6 @@ class FakeKube(Fake):
         if sub != "status":
             self._react(kind, out)
         return Response(200, self.get(kind.plural, name, ns))
-
-    @staticmethod
-    def _precondition(kind: Kind, name: str, body: Any, cur: dict) -> None:
-        """An update (PUT) that names a resourceVersion is made only while
-        the object still has it (optimistic concurrency); otherwise 409
-        Conflict, in the API server's words. Without one, it is made."""
-        want = ((body or {}).get("metadata") or {}).get("resourceVersion") if isinstance(body, dict) else None
-        if want and want != cur["metadata"].get("resourceVersion"):
-            what = f"{kind.plural}.{kind.group}" if kind.group else kind.plural
-            raise HttpError(409, status(409, "Conflict", f'Operation cannot be fulfilled on {what} "{name}": the '
-                                        "object has been modified; please apply your changes to the latest version "
-                                        "and try again", name=name, kind=kind.plural,
-                                        **({"group": kind.group} if kind.group else {})))
 
     # -- controllers --------------------------------------------------------------
     def _react(self, kind: Kind, obj: dict) -> None:
