@@ -66,7 +66,7 @@ def hold(env: Environment, task: str, doing: str, settings: dict[str, Any], runn
     can be taken yet (apply mode; a dry run shows its looks)."""
     from playbooks.cli import chain
 
-    if env.kind != "gke" or runner.mode is Mode.CHECK:
+    if not env.platform.cloud or runner.mode is Mode.CHECK:
         return
     state = _CHAINS.get(env.name)
     if state is None:
