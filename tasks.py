@@ -147,7 +147,7 @@ def train(c, model="llama3-8b", elastic=False, steps="", set_=None, fresh=False,
         job = _job(s, model, elastic, steps, set_, fresh, preset)
         log = (s.logdir / "job.log") if s.logdir else None
         steps_ = task_steps.train_steps(s.env, job, log, preflight_first=not skip_preflight)
-        if fresh and s.env.kind != "local":  # local checkpoints are this machine's own rehearsal's
+        if fresh and s.env.platform.cloud:  # local checkpoints are this machine's own rehearsal's
             confirm("train --fresh", s.env.name, s.mode, fresh_summary(job), yes)
         s.run("train", steps_, parallel=False)
 
@@ -186,7 +186,7 @@ def logs(c, run="", follow=False, env=""):
     with clean_errors():
         s = _session(c, "logs", env)
         name = _run_flag(run)
-        steps = [] if s.env.kind == "local" else task_steps.cluster_ready_steps(s.env)
+        steps = [] if s.env.platform.simulated else task_steps.cluster_ready_steps(s.env)
         kept = (s.logdir / "job.log") if (follow and s.logdir) else None
         # keep_going: with no dashboard to reach, the log step shows the copy a follow kept.
         s.run("logs", steps + [lg.logs_step(s.env, name, follow, kept)], parallel=False, keep_going=True)

@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from playbooks.config.choices import PLATFORMS
 from playbooks.runs import goodput, stall, timeline
 
 T0 = 1_800_000_000.0
@@ -367,6 +368,7 @@ class FakeContext:
 
 class WatchedEnv:
     name, kind, ray_ip, dashboard_port, tpu = "e", "local", "127.0.0.1", 8265, "v6e"
+    platform = PLATFORMS["local"]  # what Environment.platform gives for its kind
 
     def __init__(self, stall_after: int | None, stall_action: str):
         self.stall_after, self.stall_action = stall_after, stall_action

@@ -9,6 +9,8 @@ import os
 import re
 from pathlib import Path
 
+from playbooks.config.choices import MODES, OPTIONS, PLATFORMS
+from playbooks.config.tpu import GENERATIONS
 from tests.conftest import ROOT
 
 PACKAGE = ROOT / "playbooks"
@@ -190,6 +192,61 @@ def test_no_code_outside_config_names_a_tpu_generation():
              for hit in generation_literals(p)]
     assert found == []
     assert GENERATION_WORDS.search("tpu-v6e-slice") and GENERATION_WORDS.search("ct5p-hightpu-4t")
+
+
+# The inventory's choices are records, chosen once (playbooks/config/choices.py:
+# the environment's kind, a cluster's mode, a capacity option; the TPU
+# generation: config/tpu.py): no code outside config/ compares their strings
+# (==, !=, in, not in, a match case); it reads the record's fields. The
+# trainer (shipped as it is, without playbooks/) holds none either.
+CHOICE_WORDS = frozenset({*PLATFORMS, *MODES, *OPTIONS, *GENERATIONS})
+CHOICE_CODE = ("playbooks", "tasks.py", "bench", "trainer")
+_COMPARES = (ast.Eq, ast.NotEq, ast.In, ast.NotIn)
+
+
+def _choice_words(node: ast.AST) -> list[str]:
+    items = node.elts if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else [node]
+    return [e.value for e in items if isinstance(e, ast.Constant) and e.value in CHOICE_WORDS]
+
+
+def choice_compares(source: str, where: str) -> list[str]:
+    """Each compare of a choice's string in ``source``: a side of ==, !=,
+    in or not in that is one (or a tuple, list or set holding one), or a
+    match case on one."""
+    out = []
+    for n in ast.walk(ast.parse(source)):
+        if isinstance(n, ast.Compare) and any(isinstance(op, _COMPARES) for op in n.ops):
+            hit = any(_choice_words(side) for side in (n.left, *n.comparators))
+        elif isinstance(n, ast.MatchValue):
+            hit = bool(_choice_words(n.value))
+        else:
+            continue
+        if hit:
+            out.append(f"{where}:{n.lineno}: {ast.unparse(n)[:80]}")
+    return out
+
+
+def test_no_code_outside_config_compares_a_choice_of_the_inventory():
+    paths = [p for top in CHOICE_CODE for p in ([ROOT / top] if top.endswith(".py") else (ROOT / top).rglob("*.py"))
+             if p.relative_to(ROOT).parts[:2] != ("playbooks", "config")]
+    found = [hit for p in paths for hit in choice_compares(p.read_text(), str(p.relative_to(ROOT)))]
+    assert found == []
+    assert any(p.relative_to(ROOT).parts[:2] == ("playbooks", "cli") for p in paths)
+    assert not any(p.relative_to(ROOT).parts[:2] == ("playbooks", "config") for p in paths)
+
+
+def test_the_choice_check_sees_a_compare_reintroduced():
+    """Each form a string compare of a choice takes fails the check; a
+    record's field, and a string of another meaning, do not."""
+    for snippet in ('if env.kind == "local": pass', 'x = env.mode != "autopilot"', 'x = "standard" == mode',
+                    'x = o in ("spot", "flex-start")', 'x = "reservation" not in capacities(env)',
+                    'x = option == "on-demand"', 'x = env.tpu == "v6e"', 'x = kind in {"gke"}',
+                    'match env.kind:\n    case "local": pass'):
+        assert choice_compares(snippet, "t.py"), snippet
+    for snippet in ('if env.platform.simulated: pass', 'x = env.cluster_mode.our_node_pools',
+                    'x = status == "RUNNING"', 'x = {"spot": True}', 'f(capacity="on-demand")',
+                    'x = kind not in tuple(PLATFORMS)'):
+        assert choice_compares(snippet, "t.py") == [], snippet
 
 
 def trainer_graph() -> dict[str, set[str]]:

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from playbooks.config.choices import platform
 from playbooks.config.project import ROOT
 from playbooks.core.connector import Connector, LocalConnector, SshConnector
 
@@ -59,7 +60,7 @@ def this_machine() -> LocalConnector:
 
 
 def controller(env: Any) -> str | None:
-    return env.get("controller") if env.get("kind", "gke") != "local" else None
+    return env.get("controller") if platform(env).cloud else None
 
 
 def connector(env: Any) -> Connector:

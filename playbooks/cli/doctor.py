@@ -42,19 +42,19 @@ def _version(pattern: str):
     return parse
 
 
-TOOLS = {  # name: (argv, version pattern, needed for)
-    "gcloud": (("gcloud", "version", "--format=json"), r'"Google Cloud SDK":\s*"([\d.]+)"', "gke"),
-    "gsutil": (("gsutil", "version"), r"gsutil version:?\s*([\d.]+)", "gke"),
-    "kubectl": (("kubectl", "version", "--client", "--output=json"), r'"gitVersion":\s*"v?([^"]+)"', "gke"),
-    "gke-gcloud-auth-plugin": (("gke-gcloud-auth-plugin", "--version"), r"([\d]+\.[\d.]+)", "gke"),
-    "envsubst": (("envsubst", "--version"), r"envsubst \(GNU gettext-runtime\) ([\d.]+)", "gke"),
-    "ray": (("ray", "--version"), r"ray, version ([\w.]+)", "all"),
+TOOLS = {  # name: (argv, version pattern, needed only where the cluster is in the cloud)
+    "gcloud": (("gcloud", "version", "--format=json"), r'"Google Cloud SDK":\s*"([\d.]+)"', True),
+    "gsutil": (("gsutil", "version"), r"gsutil version:?\s*([\d.]+)", True),
+    "kubectl": (("kubectl", "version", "--client", "--output=json"), r'"gitVersion":\s*"v?([^"]+)"', True),
+    "gke-gcloud-auth-plugin": (("gke-gcloud-auth-plugin", "--version"), r"([\d]+\.[\d.]+)", True),
+    "envsubst": (("envsubst", "--version"), r"envsubst \(GNU gettext-runtime\) ([\d.]+)", True),
+    "ray": (("ray", "--version"), r"ray, version ([\w.]+)", False),
 }
 
 
 def tool_step(env: Environment, name: str) -> Step:
-    argv, pattern, need = TOOLS[name]
-    if need == "gke" and env.kind == "local":
+    argv, pattern, cloud_only = TOOLS[name]
+    if cloud_only and not env.platform.cloud:
         return skipped(PLAY, name, "not used by a local environment", id=f"doctor:{name}")
     probe = fact(f"{name} version", Command(argv), _version(pattern), assumed="?")
 
@@ -126,7 +126,7 @@ def cli_parse_fact(argv: list[str]):
 
 
 def parse_step(env: Environment) -> Step:
-    if env.kind == "local":
+    if env.platform.simulated:
         return skipped(PLAY, "gcloud commands parse", "a local environment runs no gcloud command", id="doctor:parse")
     lines = gcloud_lines(env)
 
@@ -181,13 +181,13 @@ def account_step(env: Environment) -> Step:
             return ok(who)
         return fail("gcloud has no active account: run `gcloud auth login` (every gcloud command would fail)")
 
-    if env.kind == "local":
+    if env.platform.simulated:
         return skipped(PLAY, "gcloud account", "a local environment runs no gcloud command", id="doctor:account")
     return Step(PLAY, "gcloud account", decide, id="doctor:account")
 
 
 def project_step(env: Environment) -> Step:
-    if env.kind == "local":
+    if env.platform.simulated:
         return skipped(PLAY, "project access", "a local environment uses no project", id="doctor:project")
     probe = fact(f"project {env.project_id}",
                  gcloud("projects", "describe", env.project_id, "--format=value(projectId)"), text_value(),
@@ -200,7 +200,7 @@ def project_step(env: Environment) -> Step:
 
 
 def context_step(env: Environment) -> Step:
-    if env.kind == "local":
+    if env.platform.simulated:
         return skipped(PLAY, "kubectl context", "a local environment has no Kubernetes cluster", id="doctor:context")
     clusters, kubeconfig = clusters_fact(env), kubeconfig_fact(env)
     name = kube_context(env)

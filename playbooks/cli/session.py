@@ -17,6 +17,7 @@ from typing import Any
 from playbooks.access import connectors, staleness
 from playbooks.access.cli_clients import already_exists, is_transient
 from playbooks.config import paths
+from playbooks.config.choices import PLATFORMS
 from playbooks.config.project import ROOT
 from playbooks.config.schema import Environment, load_inventory
 from playbooks.core.errors import InputError, PlaybookError, shown_value
@@ -105,8 +106,8 @@ class Session:
 
 
 def _what(env: Environment) -> str:
-    if env.kind == "local":
-        return "local"
+    if env.platform.simulated:
+        return env.platform.name
     where = connectors.controller(env)
     return f"gke {env.mode}" + (f", on controller {where}" if where else "")
 
@@ -276,7 +277,7 @@ def playbook_config(config) -> dict[str, Any]:
                          f"a dry run is Invoke's own --dry)")
     out["mode"] = mode
     kind = pb.get("kind")
-    if kind is not None and kind not in ("local", "gke"):
+    if kind is not None and kind not in tuple(PLATFORMS):
         raise InputError(f"{_place('kind')} = {shown_value(kind)} is not allowed (allowed: local, gke)")
     out["kind"] = kind
     par = pb.get("parallel")

@@ -25,6 +25,7 @@ from playbooks.cloud import pods as P
 from playbooks.cloud.endpoints import dashboard
 from playbooks.cloud.gke import clusters_fact, kube, nodepool_name, nodepools_list_fact, raycluster_fact
 from playbooks.cloud.slices import pods_fact
+from playbooks.config.choices import capacity_option
 from playbooks.config.schema import Environment
 from playbooks.core.errors import ProbeFailed
 from playbooks.core.facts import ABSENT, Completed, Fact
@@ -81,10 +82,11 @@ def tpu_nodes_step(env: Environment) -> Step:
             name = nodepool_name(env, i)
             ready, _ = have.get(name, (0, 0))
             what = capacity_options.pool_capacity(pools[name]) if name in pools else "capacity unknown"
+            empty = name in pools and capacity_option(capacity_options.pool_option(pools[name])).starts_empty
             each.append(f"{name} {what} {ready}/{env.hosts_per_slice}")
             if ready < env.hosts_per_slice:
                 # flex-start pools have nodes only while workers ask for them
-                (waiting if what == "flex-start" else short).append(f"{name} ({what}) {ready} of "
+                (waiting if empty else short).append(f"{name} ({what}) {ready} of "
                                                                      f"{env.hosts_per_slice} nodes ready")
         if short and env.slices - len(short) >= env.min_slices:
             # min_slices whole pools are enough; the others are still coming
@@ -215,13 +217,13 @@ def jobs_step(env: Environment) -> Step:
         failed = [r["job"] for r in rows[-SHOWN:] if r["status"] == "FAILED"]
         text = ", ".join(f"{r['job']} {r['status']}" for r in rows[-SHOWN:]) or "none"
         if stalled:
-            causes = look(kube_objects.causes_fact(env)) if env.kind != "local" else []
+            causes = look(kube_objects.causes_fact(env)) if env.platform.cloud else []
             return fail("; ".join(stalled) + (f"; why: {causes[0]}" if causes else ""))
         if failed and failed[-1] == rows[-1]["job"]:
             return fail(f"{len(rows)} job(s): {text}")
         return ok(f"{len(rows)} job(s): {text}", data=rows)
 
-    after = ("dashboard:forward",) if env.kind != "local" else ("twin:head",)
+    after = ("dashboard:forward",) if env.platform.cloud else ("twin:head",)
     return Step(PLAY, "jobs", decide, id="status:jobs", after=after, probes=(listing,))
 
 
@@ -241,9 +243,9 @@ def steps(env: Environment) -> list[Step]:
     ready) before the dashboard's steps: a worker's Kubernetes cause is the
     diagnosis, not the Ray node it is missing."""
     out = task_steps.up_steps(env)
-    if env.kind != "local":
+    if env.platform.cloud:
         out = [account_step()] + out
-        mine = [maintenance_step(env)] + ([tpu_nodes_step(env)] if env.mode == "standard" else []) \
+        mine = [maintenance_step(env)] + ([tpu_nodes_step(env)] if env.cluster_mode.our_node_pools else []) \
             + [workers_step(env)]
         at = next((i for i, s in enumerate(out) if s.play == "dashboard"), len(out))
         out = out[:at] + mine + out[at:]

@@ -59,14 +59,14 @@ def gke_play(env: Environment, play: str) -> list[Step]:
     steps = _GKE[play](env)
     if play in KUBECTL:
         steps = [cluster.credentials_step(env, play)] + steps
-    if play == "raycluster" and env.mode == "autopilot":
+    if play == "raycluster" and not env.cluster_mode.our_node_pools:
         at = next(i for i, s in enumerate(steps) if s.id == "raycluster:apply")
         steps = steps[:at] + nodepools.chips_step(env, play) + steps[at:]
     return steps
 
 
 def play_steps(env: Environment, play: str) -> list[Step]:
-    if env.kind == "local":
+    if env.platform.simulated:
         if play in GKE_ONLY:
             return _not_local(play)
         if play == "raycluster":
@@ -74,7 +74,7 @@ def play_steps(env: Environment, play: str) -> list[Step]:
         if play == "dashboard":
             return dashboard.steps(env)
         raise KeyError(play)
-    if play == "nodepools" and env.mode == "standard":
+    if play == "nodepools" and env.cluster_mode.our_node_pools:
         # The read-only capacity checks come first: a shortage stops the
         # play before any pool is made.
         return _then(capacity.steps(env), gke_play(env, play))
@@ -93,7 +93,7 @@ def dedupe(steps: list[Step]) -> list[Step]:
 
 
 def up_steps(env: Environment) -> list[Step]:
-    if env.kind == "local":
+    if env.platform.simulated:
         return _then(local_cluster.steps(env), dashboard.steps(env))
     # The capacity checks first, and everything after them: a proven
     # shortage stops `up` before it creates anything.
@@ -104,7 +104,7 @@ def up_steps(env: Environment) -> list[Step]:
 def checks_capacity(env: Environment, task: str) -> bool:
     """Whether a task's own steps start with the capacity checks (it makes
     TPUs: node pools, or `up`)."""
-    return env.kind != "local" and (task == "up" or (task == "nodepools" and env.mode == "standard"))
+    return env.platform.cloud and (task == "up" or (task == "nodepools" and env.cluster_mode.our_node_pools))
 
 
 # The tasks that make things (a chain of them may end with node pools).
@@ -128,7 +128,7 @@ def chained(env: Environment, task: str, steps: list[Step], chain: tuple[str, ..
 
 def cluster_ready_steps(env: Environment) -> list[Step]:
     """What a job needs before it is submitted: a reachable Ray dashboard."""
-    if env.kind == "local":
+    if env.platform.simulated:
         return local_cluster.steps(env)
     return [cluster.credentials_step(env, "train"), dashboard.forward_step(env)]
 
@@ -150,7 +150,7 @@ def train_steps(env: Environment, job: Job, log_file: Path | None = None, prefli
     else:
         checks = [skipped("preflight", "preflight", "--skip-preflight: no static checks (mesh, hosts, manifest) and no "
                                                    "AOT fit check against the TPU HBM", id="preflight:skipped")]
-    hold = [train.hold_step(job)] if env.kind != "local" else []
+    hold = [train.hold_step(job)] if env.platform.cloud else []
     return _then(checks + train.preemption_note(env, job) + cluster_ready_steps(env)
                  + [train.slices_step(env, job), train.checkpoint_step(job)] + hold + [train.estimate_step(job)],
                  [train.job_step(job, log_file)])
@@ -161,7 +161,7 @@ def preflight_steps(env: Environment, job: Job) -> list[Step]:
 
 
 def chaos_steps(env: Environment, restore_after: float) -> list[Step]:
-    if env.kind == "local":
+    if env.platform.simulated:
         return local_cluster.chaos_steps(env, restore_after)
     return gke_play(env, "chaos")
 
@@ -169,13 +169,13 @@ def chaos_steps(env: Environment, restore_after: float) -> list[Step]:
 def hang_steps(env: Environment, restore_after: float) -> list[Step]:
     """chaos.hang-worker: one worker's trainer frozen, resumed after
     ``restore_after`` seconds (0: never)."""
-    if env.kind == "local":
+    if env.platform.simulated:
         return local_cluster.hang_steps(env, restore_after)
     return [cluster.credentials_step(env, "chaos")] + chaos.hang_steps(env, restore_after)
 
 
 def teardown_steps(env: Environment) -> list[Step]:
-    if env.kind == "local":
+    if env.platform.simulated:
         return local_cluster.stop_steps(env, "teardown")
     return teardown.steps(env)
 
@@ -200,8 +200,8 @@ def all_commands(env: Environment) -> list[Command]:
     book.run("chaos", hang_steps(env, 60))
     book.run("teardown", teardown_steps(env))
     out = list(runner.recorded)
-    if env.kind != "local":
-        for i in range(env.slices if env.mode == "standard" else 0):
+    if env.platform.cloud:
+        for i in range(env.slices if env.cluster_mode.our_node_pools else 0):
             out += [nodepools.create_command(env, nodepool_name(env, i), o) for o in capacities(env)]
             out.append(nodepools.delete_command(env, nodepool_name(env, i)))
         remove = remove_checkpoints(build_job(env, "llama3-8b", fresh=True))

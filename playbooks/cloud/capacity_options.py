@@ -32,6 +32,8 @@ import re
 from typing import Any
 
 from playbooks.config import tutorial as T
+from playbooks.config.choices import capacity_option
+from playbooks.config.choices import options as options_of
 from playbooks.config.schema import FLEX_WAIT_DEFAULT, Environment, capacities
 from playbooks.config.tpu import dcn_networks, generation
 
@@ -44,14 +46,8 @@ LABEL = "tpu-playbooks/capacity"
 # -- the options -------------------------------------------------------------------
 def pool_flags(env: Environment, option: str) -> list[str]:
     """What `gcloud container node-pools create` adds for the capacity."""
-    if option == "spot":
-        return ["--spot"]
-    if option == "reservation":
-        return ["--reservation-affinity=specific", f"--reservation={env.reservation}"]
-    if option == "flex-start":
-        return ["--flex-start", "--enable-autoscaling", "--min-nodes=0", f"--max-nodes={env.hosts_per_slice}",
-                "--location-policy=ANY", "--reservation-affinity=none", "--no-enable-autorepair"]
-    return []
+    return [f.format(reservation=env.get("reservation"), hosts=env.hosts_per_slice)
+            for f in capacity_option(option).pool_flags]
 
 
 def node_labels(env: Environment, option: str) -> str:
@@ -62,7 +58,7 @@ def node_labels(env: Environment, option: str) -> str:
 
 def initial_nodes(env: Environment, option: str) -> int:
     """A flex-start pool starts empty; the others with one slice's hosts."""
-    return 0 if option == "flex-start" else env.hosts_per_slice
+    return 0 if capacity_option(option).starts_empty else env.hosts_per_slice
 
 
 def worker_affinity(env: Environment) -> dict[str, Any]:
@@ -90,14 +86,14 @@ def worker_affinity(env: Environment) -> dict[str, Any]:
 def wait_seconds(env: Environment) -> float | None:
     """How long the slices' nodes may take to come: flex-start waits for
     capacity by design (capacity_wait); the others do not say."""
-    if env.get("capacity") is not None and "flex-start" in capacities(env):
+    if any(o.waits_for_capacity for o in options_of(env)):
         return float(env.capacity_wait or FLEX_WAIT_DEFAULT)
     return None
 
 
 def words(env: Environment, option: str) -> str:
     """An option in the inventory's words: a reservation with its name."""
-    return f"reservation {env.reservation}" if option == "reservation" else option
+    return f"reservation {env.reservation}" if capacity_option(option).reserved else option
 
 
 def pool_capacity(p: Any) -> str:
@@ -133,7 +129,7 @@ def after(env: Environment, option: str) -> list[str]:
 
 def preemptible(env: Environment) -> list[str]:
     """The options of the list whose slices can be taken back (Spot, flex-start)."""
-    return [o for o in capacities(env) if o in ("spot", "flex-start")] if env.get("capacity") else []
+    return [o.name for o in options_of(env) if o.preemptible]
 
 
 # Cloud Quotas ids of the Compute Engine quotas GKE's TPU nodes consume (not
@@ -151,9 +147,7 @@ Quota = tuple[str, dict[str, str]]
 def quotas(env: Environment, option: str) -> tuple[Quota, ...]:
     """The quotas a pool of ``option`` consumes, in the order it tries them."""
     gen = generation(env)
-    on_demand, preemptible = ((q[0], dict(q[1])) for q in (gen.on_demand_quota, gen.preemptible_quota))
-    return {"on-demand": (on_demand,), "spot": (preemptible,), "flex-start": (preemptible, on_demand),
-            "reservation": ()}[option]
+    return tuple((q[0], dict(q[1])) for q in (getattr(gen, kind) for kind in capacity_option(option).quotas))
 
 
 def quota_label(quota: tuple[str, dict[str, str]]) -> str:

@@ -25,6 +25,7 @@ from typing import Any
 from playbooks.access.cli_clients import compute_describe, fact, gcloud, json_object
 from playbooks.cloud import capacity_options as cap
 from playbooks.cloud.gke import clusters_fact, nodepool_name, nodepools_list_fact
+from playbooks.config.choices import capacity_option
 from playbooks.config.schema import Environment, capacities, capacity_text, reservation_parts
 from playbooks.config.tpu import chips, generation
 from playbooks.core.errors import ProbeFailed
@@ -205,7 +206,7 @@ class Plan:
         fixes = []
         if any(cap.quotas(env, o) for o in self.options):
             fixes.append("request quota (IAM & Admin > Quotas)")
-        if "reservation" in self.options:
+        if any(capacity_option(o).reserved for o in self.options):
             fixes.append("free hosts of the reservation")
         if alt:
             fixes.append(f"add an option to capacity: ({', '.join(alt)})")
@@ -281,7 +282,7 @@ class Planner:
 
     def reservation_room(self) -> tuple[int | None, str]:
         """Whole slices the reservation has free (None: could not look), and why."""
-        if "reservation" not in self.opts:
+        if not any(capacity_option(o).reserved for o in self.opts):
             return 0, ""
         try:
             r = self.look(reservation_fact(self.env))
@@ -298,7 +299,7 @@ class Planner:
 
     def offer(self, o: str) -> Offer:
         env = self.env
-        if o == "reservation":
+        if capacity_option(o).reserved:
             return Offer(o, cap.words(env, o), self.res_free, self.res_why)
         qs = self.quotas_of(o)
         if any(x.left is None for x in qs):
@@ -315,7 +316,7 @@ class Planner:
                                                     f"; not in capacity {capacity_text(env)}")
             return Slot(i, name, cap.pool_option(p), cap.pool_capacity(p), why, exists=True)
         for o in self.opts:
-            slot = self.take_reservation(i, name) if o == "reservation" else self.take_quota(i, name, o)
+            slot = self.take_reservation(i, name) if capacity_option(o).reserved else self.take_quota(i, name, o)
             if slot is not None:
                 return slot
         return Slot(i, name, None, "none", f"no option of capacity {capacity_text(env)} can take it")

@@ -15,7 +15,7 @@ from playbooks.core.pidfile import PidFile
 def dashboard(env: Environment) -> str:
     """The Ray dashboard's address (the Jobs and State APIs), where the
     environment's commands run."""
-    if env.kind == "local":
+    if env.platform.simulated:
         return f"http://{env.ray_ip}:{env.dashboard_port}"
     return f"http://localhost:{env.dashboard_port}"
 

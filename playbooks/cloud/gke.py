@@ -17,7 +17,7 @@ from playbooks.core.facts import ABSENT, Fact
 
 def location(env: Environment) -> str:
     """Autopilot clusters are regional, the tutorial's Standard cluster zonal."""
-    return env.region if env.mode == "autopilot" else env.zone
+    return env.region if env.cluster_mode.regional else env.zone
 
 
 def kube_context(env: Environment) -> str:
@@ -62,7 +62,7 @@ def workload_policy_name(env: Environment) -> str:
 def needs_workload_policy(env: Environment) -> bool:
     """TPU7x multi-host pools take a workload policy in place of
     --tpu-topology (GKE's TPU7x page; xpk's nodepool.py)."""
-    return env.mode == "standard" and generation(env).workload_policy and env.hosts_per_slice > 1
+    return env.cluster_mode.our_node_pools and generation(env).workload_policy and env.hosts_per_slice > 1
 
 
 # Another operation on the cluster (GKE's own upgrades and repairs count) is
@@ -181,7 +181,7 @@ def bucket_fact(env: Environment):
 def namespace_objects(env: Environment) -> list[tuple[str, str]]:
     """The objects of ours in the environment's namespace, read by one
     `kubectl get` (one process, one auth-plugin call, for all of them)."""
-    claim = [("resourceclaimtemplate", T.NETDEV_CLAIMS[env.mode])] if netdev_claim(env) else []
+    claim = [("resourceclaimtemplate", env.cluster_mode.netdev_claim)] if netdev_claim(env) else []
     return [("serviceaccount", env.ksa_name), *claim, ("raycluster", T.RAYCLUSTER_NAME)]
 
 
@@ -190,7 +190,7 @@ def netdev_claim(env: Environment) -> bool:
     networks) and on a Standard machine type with the tutorial's two DCN
     networks (tpu.dcn_networks); else they reach the other slices over the
     VM's primary network."""
-    return env.mode == "autopilot" or dcn_networks(env)
+    return not env.cluster_mode.our_networks or dcn_networks(env)
 
 
 _KINDS = {"serviceaccount": "ServiceAccount", "resourceclaimtemplate": "ResourceClaimTemplate",

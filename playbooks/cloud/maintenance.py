@@ -140,7 +140,7 @@ def release(ctx: StepContext, env: Environment, run: str) -> str | None:
     """The run's job ended: its exclusion goes (in the step that saw the
     end: `train`, `logs --follow`). A line saying so, or why it could not;
     None when there was none. A dry run assumes the hold was made."""
-    if env.kind == "local" or not env.hold_maintenance:
+    if env.platform.simulated or not env.hold_maintenance:
         return None
     exclusion = name(run)
     cluster = ctx.look(assume(clusters_fact(env), held(env, run)), fresh=True)

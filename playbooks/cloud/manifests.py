@@ -25,6 +25,7 @@ https://docs.cloud.google.com/kubernetes-engine/docs/how-to/allocate-network-res
 """
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Iterable
 from typing import Any
@@ -35,26 +36,17 @@ from playbooks.cloud import capacity_options
 from playbooks.cloud.gke import kube, netdev_claim
 from playbooks.config import tutorial as T
 from playbooks.config.project import ROOT
-from playbooks.config.schema import Environment, capacities, reservation_parts
+from playbooks.config.schema import Environment, reservation_parts
 from playbooks.config.tpu import generation
 from playbooks.core.command import Command
 from playbooks.core.render import envsubst, leftover, render
 
+
 # -- the RayCluster ------------------------------------------------------------------------
-# The NICs each TPU host's pod claims from DRANET (DeviceClass netdev.google.com):
-# Standard, the tutorial's two, on the two DCN networks of the node pools;
-# Autopilot, all that the accelerator network profile gives the node (the
-# claim GKE's sample pairs with it: kubernetes-engine-samples
-# ai-ml/gke-ray/rayserve/llm/tpu/networking/all-netdev-template.yaml).
-CLAIMS = {
-    "standard": (T.NETDEV_CLAIMS["standard"],
-                 {"deviceClassName": "netdev.google.com", "allocationMode": "ExactCount", "count": 2}),
-    "autopilot": (T.NETDEV_CLAIMS["autopilot"], {"deviceClassName": "netdev.google.com", "allocationMode": "All"}),
-}
-
-
+# The NICs each TPU host's pod claims from DRANET: the cluster mode's
+# (config/choices.py, ClusterMode.netdev_claim and netdev_request).
 def claim_name(env: Environment) -> str:
-    return CLAIMS[env.mode][0]
+    return env.cluster_mode.netdev_claim
 
 
 def worker_node_selector(env: Environment) -> dict[str, str]:
@@ -64,7 +56,7 @@ def worker_node_selector(env: Environment) -> dict[str, str]:
     sel = {"iam.gke.io/gke-metadata-server-enabled": "true",
            "cloud.google.com/gke-tpu-accelerator": generation(env).accelerator_label,
            "cloud.google.com/gke-tpu-topology": env.topology}
-    if env.mode == "autopilot":
+    if env.cluster_mode.compute_class:
         sel[SELECTOR] = COMPUTE_CLASS
     return sel
 
@@ -73,7 +65,7 @@ def worker_affinity(env: Environment) -> dict[str, Any]:
     """Standard: the nodes of any capacity option of the list (our label on
     each pool; why one worker group: capacity_options.worker_affinity).
     Autopilot: none (the ComputeClass's priorities)."""
-    return {} if env.mode == "autopilot" else capacity_options.worker_affinity(env)
+    return {} if env.cluster_mode.compute_class else capacity_options.worker_affinity(env)
 
 
 NO_DRANET_MANIFEST = "manifests/ray-cluster.tpu-multi-slice.no-dranet.yaml"
@@ -94,8 +86,9 @@ def worker_memory(env: Environment) -> str:
 def raycluster_values(env: Environment) -> dict[str, str]:
     if not netdev_claim(env):
         return {**_common_values(env), "WORKER_MEMORY": worker_memory(env)}
-    name, request = CLAIMS[env.mode]
-    return {**_common_values(env), "NETDEV_CLAIM": name, "NETDEV_REQUEST": json.dumps(request)}
+    mode = env.cluster_mode
+    return {**_common_values(env), "NETDEV_CLAIM": mode.netdev_claim,
+            "NETDEV_REQUEST": json.dumps(dict(mode.netdev_request))}
 
 
 def _common_values(env: Environment) -> dict[str, str]:
@@ -110,7 +103,7 @@ def _common_values(env: Environment) -> dict[str, str]:
         "WORKER_NODE_SELECTOR": json.dumps(worker_node_selector(env)),
         "WORKER_AFFINITY": json.dumps(worker_affinity(env)),
         # The tutorial's workers are privileged; Autopilot denies that.
-        "WORKER_SECURITY_CONTEXT": json.dumps({} if env.mode == "autopilot" else {"privileged": True}),
+        "WORKER_SECURITY_CONTEXT": json.dumps({} if env.cluster_mode.restricted_pods else {"privileged": True}),
     }
 
 
@@ -166,13 +159,10 @@ def priorities(env: Environment) -> list[dict[str, Any]]:
     same on both modes: ComputeClass fields spot, flexStart, reservations;
     on-demand is a priority with none of them)."""
     out = []
-    for option in capacities(env):
-        p: dict[str, Any] = {"machineType": env.machine_type, "acceleratorNetworkProfile": "auto"}
-        if option == "spot":
-            p["spot"] = True
-        elif option == "flex-start":
-            p["flexStart"] = {"enabled": True}
-        elif option == "reservation":
+    for option in env.options:
+        p: dict[str, Any] = {"machineType": env.machine_type, "acceleratorNetworkProfile": "auto",
+                             **copy.deepcopy(dict(option.compute_class))}
+        if option.reserved:
             owner, name = reservation_parts(env)
             p["reservations"] = {"affinity": "Specific", "specific": [{"name": name, "project": owner}]}
         out.append(p)
@@ -194,7 +184,7 @@ def compute_class_apply(env: Environment) -> Command:
 
 def all_docs(env: Environment) -> list[dict]:
     """Every document this environment applies."""
-    return raycluster_docs(env) + ([compute_class_doc(env)] if env.mode == "autopilot" else [])
+    return raycluster_docs(env) + ([compute_class_doc(env)] if env.cluster_mode.compute_class else [])
 
 
 # -- Autopilot's rules, checked on the rendered manifests before any apply ------------

@@ -43,6 +43,7 @@ from typing import Any
 
 from playbooks.access import connectors
 from playbooks.config import paths
+from playbooks.config.choices import capacity_option
 from playbooks.config.schema import MAX_PRICE, Environment, capacities
 from playbooks.config.tpu import GENERATIONS as GENERATIONS_BY_NAME
 from playbooks.config.tpu import V6E, Generation, generation
@@ -332,7 +333,7 @@ def price(env: Environment, option: str, catalog: Catalog | str | None) -> Price
     given = env.get("prices") or {}
     if option in given:
         return Price(option, float(given[option]), "inventory prices:")
-    if option == "reservation":
+    if not capacity_option(option).catalog_priced:
         return Price(option, None, why="a reservation is priced as the inventory says: set prices.reservation "
                                        "(0 when it is prepaid)")
     gen = generation(env)

@@ -2,8 +2,10 @@
 inventory's keys and rules (``schema``), every path the project keeps
 (``paths``), the project's root (``project``), the tutorial's values
 (``tutorial``), the pinned versions (``versions``), the TPU generations,
-one record each, and their topology arithmetic (``tpu``), a local cluster's port layout (``local_ports``), and the
-settings MaxText accepts (``maxtext_settings``).
+one record each, and their topology arithmetic (``tpu``), the inventory's
+other choices as records (the environment's kind, a cluster's mode, a
+capacity option: ``choices``), a local cluster's port layout
+(``local_ports``), and the settings MaxText accepts (``maxtext_settings``).
 
 Pure knowledge: no process, no file of a run, no network. May import
 ``playbooks.core`` only.

@@ -13,6 +13,17 @@ from typing import Any
 
 from playbooks.config import maxtext_settings
 from playbooks.config import tutorial as T
+from playbooks.config.choices import (
+    MODES,
+    OPTIONS,
+    PLATFORMS,
+    CapacityOption,
+    ClusterMode,
+    Platform,
+    cluster_mode,
+    platform,
+)
+from playbooks.config.choices import options as capacity_records
 from playbooks.config.local_ports import local_port_span, ports
 from playbooks.config.project import DEFAULT_INVENTORY
 from playbooks.config.tpu import (
@@ -94,7 +105,7 @@ def cluster_version(v: str, env: Mapping) -> str | None:
 
 
 def mode(v: str, env: Mapping) -> str | None:
-    return one_of(v, ("standard", "autopilot"))
+    return one_of(v, tuple(MODES))
 
 
 def bucket(v: str, env: Mapping) -> str | None:
@@ -223,7 +234,7 @@ def machine_type(v: str, env: Mapping) -> str | None:
     gen = of_machine_type(v)
     if gen is None:
         return f"is not a GKE TPU machine type (allowed, by generation: {machine_type_list()})"
-    if env.get("mode") == "autopilot" and not gen.autopilot:
+    if (m := cluster_mode(env)) is not None and m.compute_class and not gen.autopilot:
         return (f"is a {gen.title} machine type; this project's Autopilot path (DRANET through a ComputeClass "
                 f"with the accelerator network profile auto) is v6e's only: use mode: standard")
     return None
@@ -293,7 +304,7 @@ def gce_name(what: str):
 def standard_only(env: Mapping) -> str | None:
     """The DCN networks are the tutorial's on Standard; on Autopilot GKE makes
     them itself (the ComputeClass's accelerator network profile)."""
-    if env.get("mode") == "autopilot":
+    if (m := cluster_mode(env)) is not None and not m.our_networks:
         return "on Autopilot GKE makes and manages the TPU nodes' extra networks itself"
     return None
 
@@ -302,7 +313,7 @@ def apart_from_subnet_1_name(v: str, env: Mapping) -> str | None:
     return "must differ from subnet_1_name" if v == env["subnet_1_name"] else None
 
 
-CAPACITIES = ("on-demand", "spot", "reservation", "flex-start")
+CAPACITIES = tuple(OPTIONS)
 _RESERVATION = re.compile(r"^(projects/(?P<project>[a-z][-a-z0-9]{4,28}[a-z0-9])/reservations/)?"
                           r"(?P<name>[a-z]([-a-z0-9]{0,61}[a-z0-9])?)$")
 FLEX_WAIT_DEFAULT = 3600
@@ -574,7 +585,7 @@ ELASTIC = (
 )
 
 # -- schema -----------------------------------------------------------------
-KIND = Key("kind", str, rules=(lambda v, e: one_of(v, ("gke", "local")),),
+KIND = Key("kind", str, rules=(lambda v, e: one_of(v, tuple(PLATFORMS)),),
            doc="gke (default) or local")
 
 GKE = (
@@ -690,9 +701,9 @@ LOCAL = (
 def owned(env: Mapping) -> list[tuple[str, str, str]]:
     """What an environment owns, as (what, identity, shown): two
     environments owning the same identity would fight over it."""
-    if env["kind"] == "local":
+    if not platform(env).cloud:
         return []
-    p, loc = env["project_id"], env["zone"] if env["mode"] == "standard" else env["region"]
+    p, loc = env["project_id"], env["region"] if MODES[env["mode"]].regional else env["zone"]
     out = []
     if dcn_networks(env):  # Autopilot, and a machine type without the two NICs, make none of the tutorial's networks
         out += [("cluster_name", f"net:{p}/{env['cluster_name']}-{T.SUBNETS[i][0]}",
@@ -781,6 +792,22 @@ class Environment(Env):
     devices_per_host: int
     ray_ip: str
     gcs_port: int
+
+    # The inventory's choices, each its record (config/choices.py).
+    @property
+    def platform(self) -> Platform:
+        """Its kind: where its cluster is (the twin on this machine, or GKE)."""
+        return PLATFORMS[self.kind]
+
+    @property
+    def cluster_mode(self) -> ClusterMode:
+        """A GKE environment's mode, Standard or Autopilot (a local one has none)."""
+        return MODES[self.mode]
+
+    @property
+    def options(self) -> tuple[CapacityOption, ...]:
+        """Its capacity options, best first (a local one has none)."""
+        return capacity_records(self)
 
 
 SCHEMA = Schema({"gke": GKE, "local": LOCAL}, default_kind="gke", across=one_owner, env_type=Environment)

@@ -25,6 +25,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from playbooks.config.choices import cluster_mode, platform
+
 # -- the records ------------------------------------------------------------------
 
 
@@ -280,7 +282,7 @@ def local_chips_per_host(gen: Generation) -> tuple[int, ...]:
 
 def default_chips_per_host(env: Mapping) -> int:
     gen = generation(env)
-    if env.get("kind") == "local":
+    if platform(env).simulated:
         # Ray's rule (get_chips_per_host): v5e/v6e single-host topologies
         # (<= 8 chips) are one VM; every other slice has 4 chips per VM.
         n = chips(env["topology"])
@@ -298,4 +300,5 @@ def dcn_networks(env: Mapping) -> bool:
     with the two NICs (Autopilot: GKE makes its own)."""
     gen = generation(env)
     mt = gen.machine_types.get(env.get("machine_type", ""))
-    return env.get("mode") == "standard" and mt is not None and mt.dcn_nics
+    mode = cluster_mode(env)
+    return mode is not None and mode.our_networks and mt is not None and mt.dcn_nics

@@ -59,7 +59,7 @@ def slice_devices(env: Environment) -> int:
     """Devices in one slice: the JAX devices of its TPU chips on GKE (one a
     chip, two on a TPU7x chip: MaxText's devices_per_slice), JAX CPU devices
     locally."""
-    if env.kind == "local":
+    if env.platform.simulated:
         return env.hosts_per_slice * env.devices_per_host
     return chips(env.topology) * generation(env).devices_per_chip
 
@@ -103,8 +103,8 @@ def static_checks(env: Environment, job: Job) -> list[str]:
         cfg = {}
     base = _base()
     devices = slice_devices(env)
-    per_chip = generation(env).devices_per_chip if env.kind != "local" else 1
-    unit = ("CPU devices in a simulated slice" if env.kind == "local" else
+    per_chip = generation(env).devices_per_chip if env.platform.cloud else 1
+    unit = ("CPU devices in a simulated slice" if env.platform.simulated else
             f"chips in a {env.topology} slice" if per_chip == 1 else
             f"devices in a {env.topology} slice: {per_chip} per {generation(env).name} chip")
     why = _mesh_rule(_axes(args, base, "ici_"), devices, f"ICI parallelism (per slice, {devices} {unit})")
@@ -120,7 +120,7 @@ def static_checks(env: Environment, job: Job) -> list[str]:
         why = _mesh_rule(_axes(args, base, "dcn_"), env.slices, f"DCN parallelism (across slices, {env.slices} slices)")
         if why:
             out.append(why)
-    if env.kind != "local":
+    if env.platform.cloud:
         per_host = env.chips_per_host
         if per_host * env.hosts_per_slice != chips(env.topology):
             out.append(f"hosts: {env.hosts_per_slice} hosts x {per_host} chips = "
@@ -131,7 +131,7 @@ def static_checks(env: Environment, job: Job) -> list[str]:
         why = manifests.megascale_problem(env)
         if why:
             out.append(why)
-        if env.mode == "autopilot":
+        if env.cluster_mode.restricted_pods:
             out += manifests.autopilot_violations(manifests.all_docs(env))
     ov = overrides_model(args.items())
     q = int(args["base_num_query_heads"]) if ov and "base_num_query_heads" in args else cfg.get("base_num_query_heads")

@@ -158,7 +158,7 @@ def build_job(env: Environment, model: str, elastic: bool = False, steps: int | 
         _set(args, "run_name", T.ELASTIC_RUN_NAME[model])
     job = Job(model, elastic, T.ELASTIC_TRAINER if elastic else T.TRAINER, args, trainer_env(env, elastic),
               dashboard(env), env, fresh, preset=preset, sets=tuple(extra))
-    if env.kind == "local":
+    if env.platform.simulated:
         place_locally(job)
     else:
         place_on_gke(job)
@@ -170,7 +170,7 @@ def build_job(env: Environment, model: str, elastic: bool = False, steps: int | 
         _set(args, "steps", str(steps))
     for k, v in extra:
         _set(args, k, v)
-    if env.kind == "local" and job.arg("metrics_file") is None:
+    if env.platform.simulated and job.arg("metrics_file") is None:
         # MaxText's own per-step metrics (each rank its own file; kept as the
         # run's metrics.jsonl after the job).
         _set(args, "metrics_file", str(paths.here(paths.maxtext_metrics(env.name, job.run_name))))
@@ -414,12 +414,12 @@ def _by_step(item: tuple[str, str]) -> tuple[int, str]:
 
 def checkpoints_place(job: Job) -> tuple[str, str]:
     """Where MaxText keeps the run's checkpoints (<base_output_directory>/
-    <run_name>/checkpoints/): ("local", path), ("gcs", gs://...) or
+    <run_name>/checkpoints/): ("machine", path) on this machine, ("gcs", gs://...) or
     ("unseen", why) for a path on the TPU workers this machine cannot see."""
     base = job.arg("base_output_directory") or ""
     if job.local_data is not None:
         root = Path(base) if Path(base).is_absolute() else ROOT / base
-        return "local", str(root / job.run_name / "checkpoints")
+        return "machine", str(root / job.run_name / "checkpoints")
     if base.startswith("gs://"):
         return "gcs", f"{base.rstrip('/')}/{job.run_name}/checkpoints/"
     if _through_fuse(base):
@@ -456,7 +456,7 @@ def restores_unfinished(job: Job, have: Checkpoints) -> str | None:
 
 def checkpoints_fact(job: Job) -> Fact:
     kind, where = checkpoints_place(job)
-    if kind == "local":
+    if kind == "machine":
         path = Path(where)
 
         def look():

@@ -32,7 +32,7 @@ def machine_type_step(env: Environment) -> Step:
         here = [z for z in zones if z.startswith(env.region + "-")]
         if env.zone in zones:
             return ok(f"zone {env.zone} offers {env.machine_type}")
-        if env.mode == "autopilot" and here:
+        if env.cluster_mode.regional and here:
             # Autopilot picks the zone of its TPU nodes within the region.
             return ok(f"zones of {env.region} that offer {env.machine_type}: {', '.join(here)}")
         if here:
@@ -42,7 +42,7 @@ def machine_type_step(env: Environment) -> Step:
         return fail(f"no zone of {env.region} offers {env.machine_type}; regions that do: "
                     f"{', '.join(regions) or 'none visible to this project'} (set region: and zone:)")
 
-    where = env.region if env.mode == "autopilot" else env.zone
+    where = env.region if env.cluster_mode.regional else env.zone
     return Step(PLAY, f"{env.machine_type} in {where}", decide, id="capacity:machine-type", probes=(probe,))
 
 
@@ -140,9 +140,9 @@ def plan_step(env: Environment) -> Step:
     slice; a shortfall stops the run here, with what each option can take."""
     probe = capacity_plan.plan_fact(env)
     firsts = (clusters_fact(env), *[capacity_plan.quota_fact(env, q) for q in capacity_plan.quotas(env)],
-              *([capacity_plan.reservation_fact(env)] if "reservation" in capacities(env) else []))
+              *([capacity_plan.reservation_fact(env)] if any(o.reserved for o in env.options) else []))
     where = (" (on Autopilot the ComputeClass's priorities, in this order, choose each node's capacity)"
-             if env.mode == "autopilot" else "")
+             if env.cluster_mode.compute_class else "")
 
     def decide(look):
         p = look(probe)
@@ -197,9 +197,9 @@ def steps(env: Environment, priced: bool = False) -> list[Step]:
     """The capacity preflight: read-only, so it runs first, before any
     create. Autopilot has no node pools of ours, but the same chips.
     ``priced`` (the `capacity` task): the plan's price by the hour too."""
-    if env.kind == "local":
+    if env.platform.simulated:
         return [skipped(PLAY, "capacity", "a local environment needs no TPU capacity", id="capacity:local")]
     out = [machine_type_step(env), version_step(env), quota_step(env)]
-    if "reservation" in capacities(env):
+    if any(o.reserved for o in env.options):
         out.append(reservation_step(env))
     return out + [plan_step(env)] + ([prices_step(env)] if priced else [])

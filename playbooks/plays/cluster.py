@@ -15,7 +15,7 @@ CREATE_TIMEOUT = 45 * 60
 
 
 def create_command(env: Environment):
-    if env.mode == "autopilot":
+    if not env.cluster_mode.our_node_pools:
         # The tutorial also passes --machine-type=n1-standard-16 here, but
         # gcloud 528 rejects it for create-auto (exit 2, "unrecognized
         # arguments"): Autopilot picks its own machines, so it is left out.
@@ -33,12 +33,12 @@ def shape_diffs(env: Environment, c: Any) -> list[str]:
     if where != location(env):
         diffs.append(f"it is in {where}, want {location(env)}")
     auto = bool((c.get("autopilot") or {}).get("enabled"))
-    if auto != (env.mode == "autopilot"):
-        diffs.append(f"it is {'Autopilot' if auto else 'Standard'}, want {env.mode.capitalize()}")
+    if auto == env.cluster_mode.our_node_pools:  # an Autopilot cluster makes its own nodes
+        diffs.append(f"it is {'Autopilot' if auto else 'Standard'}, want {env.cluster_mode.title}")
     addons = c.get("addonsConfig") or {}
     if not (addons.get("rayOperatorConfig") or {}).get("enabled"):
         diffs.append("the Ray operator add-on is not enabled")
-    if env.mode == "standard":
+    if env.cluster_mode.our_workload_pool:
         pool = (c.get("workloadIdentityConfig") or {}).get("workloadPool")
         if pool != f"{env.project_id}.svc.id.goog":
             diffs.append(f"workload pool is {pool!r}, want '{env.project_id}.svc.id.goog'")

@@ -74,6 +74,6 @@ def nodes_step(env: Environment) -> Step:
 
 
 def steps(env: Environment) -> list[Step]:
-    if env.kind == "local":
+    if env.platform.simulated:
         return [nodes_step(env)]
     return [forward_step(env), nodes_step(env)]

@@ -174,7 +174,7 @@ def runs_step(env: Environment) -> Step:
             report["cost"] = run_cost(env, got.events, segs)
             if got.skipped:
                 report["skipped_lines"] = got.skipped
-            rows.append(run_list.row(name, got.events, report, Summary(chip=env.tpu, simulated=env.kind == "local")))
+            rows.append(run_list.row(name, got.events, report, Summary(chip=env.tpu, simulated=env.platform.simulated)))
         rows = run_list.newest_first(rows)
         return ok(f"{len(rows)} run(s) of environment {env.name}", data=rows)
 
@@ -227,7 +227,7 @@ def run_cost(env: Environment, events: list[dict], segs: list[tuple[float, float
     was submitted (else the environment's now: its inventory prices and a
     fresh cached catalog, never a request)."""
     recorded = cost.recorded_basis(events)
-    basis = recorded or cost.env_basis(env, None, prices.cached(env) if env.kind != "local" else None)
+    basis = recorded or cost.env_basis(env, None, prices.cached(env) if env.platform.cloud else None)
     return cost.report(events, segs, goodput.CAUSES, basis, recorded is not None)
 
 

@@ -85,7 +85,7 @@ def no_nics(env: Environment) -> str:
 
 
 def steps(env: Environment) -> list[Step]:
-    if env.mode == "autopilot":
+    if not env.cluster_mode.our_networks:
         return [skipped(PLAY, "DCN networks", AUTOPILOT_SKIP, id="network:autopilot")]
     if not dcn_networks(env):
         return [skipped(PLAY, "DCN networks", no_nics(env), id="network:no-dcn-nics")]

@@ -22,6 +22,7 @@ from playbooks.cloud.gke import (
     workload_policy_name,
 )
 from playbooks.config import tutorial as T
+from playbooks.config.choices import capacity_option
 from playbooks.config.schema import Environment, capacities, capacity_text
 from playbooks.config.tpu import chips, dcn_networks, generation
 from playbooks.core.errors import PlaybookError
@@ -163,7 +164,7 @@ class Pool:
 
     def create(self, option: str, replacing: Any = ABSENT, notes: tuple[str, ...] = (), was: str = ""):
         env = self.env
-        nodes = (f"0 to {env.hosts_per_slice} nodes as capacity comes" if option == "flex-start"
+        nodes = (f"0 to {env.hosts_per_slice} nodes as capacity comes" if capacity_option(option).starts_empty
                  else f"{env.hosts_per_slice} nodes")
         what = f"{env.topology}, {nodes}, {cap.words(env, option)}"
         if was:  # the next option, after the one before failed
@@ -274,7 +275,7 @@ def policy_step(env: Environment) -> Step:
 
 
 def steps(env: Environment) -> list[Step]:
-    if env.mode == "autopilot":
+    if not env.cluster_mode.our_node_pools:
         return [skipped(PLAY, "TPU node pools", AUTOPILOT_SKIP, id="nodepools:all")]
     policy = [policy_step(env)] if needs_workload_policy(env) else []
     return chips_step(env, PLAY) + policy + [pool_step(env, i) for i in range(env.slices)]

@@ -56,7 +56,7 @@ def static_step(env: Environment, job: Job) -> Step:
     fails here, in an instant, with the change that fits."""
     def decide(look):
         problems = F.static_checks(env, job)
-        got = F.estimates(env, job) if env.kind != "local" and not problems else None
+        got = F.estimates(env, job) if env.platform.cloud and not problems else None
         if got is not None and not isinstance(got, str):
             problems += [p for p in (F.memory_problem(env, job),) if p]
         if problems:
@@ -151,7 +151,7 @@ def _search(ctx: StepContext, env: Environment, job: Job, short: str) -> Outcome
 
 
 def steps(env: Environment, job: Job, search: bool = True) -> list[Step]:
-    if env.kind == "local":
+    if env.platform.simulated:
         fit_check = skipped(PLAY, "fits the TPU HBM (ahead-of-time compile)",
                             "a local environment trains on CPU: the fit check is for TPU HBM", id="preflight:fit",
                             after=("preflight:static",))

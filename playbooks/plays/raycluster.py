@@ -13,7 +13,7 @@ from playbooks.cloud import capacity_options, kube_objects, manifests
 from playbooks.cloud.gke import kube_get, raycluster_fact
 from playbooks.cloud.slices import pods_fact
 from playbooks.config import tutorial as T
-from playbooks.config.schema import Environment, capacities, capacity_text
+from playbooks.config.schema import Environment, capacity_text
 from playbooks.config.versions import installed
 from playbooks.core.errors import PlaybookError
 from playbooks.core.facts import ABSENT
@@ -88,8 +88,10 @@ def apply_step(env: Environment) -> Step:
                   f"workers)")
 
     after: tuple[str, ...] = ("kube:credentials", "storage:ksa", "storage:binding", "storage:bucket")
-    if env.mode == "autopilot":
-        after += ("raycluster:autopilot-rules", "raycluster:compute-class")
+    if env.cluster_mode.restricted_pods:
+        after += ("raycluster:autopilot-rules",)
+    if env.cluster_mode.compute_class:
+        after += ("raycluster:compute-class",)
     return Step(PLAY, f"RayCluster {T.RAYCLUSTER_NAME}", decide, id="raycluster:apply", after=after,
                 verify=Verify(probe, lambda rc: "RayCluster not found" if rc is ABSENT else None, timeout=60,
                               interval=5), probes=(claims, probe))
@@ -106,7 +108,7 @@ def slices_step(env: Environment) -> Step:
     # to capacity_wait (the pools themselves start empty).
     timeout = max(READY_TIMEOUT, capacity_options.wait_seconds(env) or 0)
     flex = " (waiting for flex-start capacity: the nodes come when GKE finds the chips)" \
-        if "flex-start" in capacities(env) else ""
+        if any(o.waits_for_capacity for o in env.options) else ""
 
     def decide(look):
         s = look(probe)
@@ -177,5 +179,7 @@ def compute_class_step(env: Environment) -> Step:
 def steps(env: Environment) -> list[Step]:
     """On Autopilot the RayCluster's TPU requests are what makes the chips:
     its rules are checked and its ComputeClass applied first."""
-    autopilot = [rules_step(env), compute_class_step(env)] if env.mode == "autopilot" else []
-    return [*autopilot, image_step(env), apply_step(env), slices_step(env)]
+    mode = env.cluster_mode
+    first = [rules_step(env)] if mode.restricted_pods else []
+    first += [compute_class_step(env)] if mode.compute_class else []
+    return [*first, image_step(env), apply_step(env), slices_step(env)]

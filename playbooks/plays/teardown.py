@@ -117,7 +117,7 @@ def cluster_step(env: Environment) -> Step:
             return wait(f"cluster {env.cluster_name} is already being deleted")
         # The tutorial writes --zone=$ZONE (its Standard cluster); an
         # Autopilot cluster is regional, so it is named by --location.
-        where = f"--zone={env.zone}" if env.mode == "standard" else f"--location={env.region}"
+        where = f"--location={env.region}" if env.cluster_mode.regional else f"--zone={env.zone}"
         return change(container_change(env, "clusters", "delete", env.cluster_name, where, quiet=True),
                       reason="deleted", found="present")
 
@@ -204,7 +204,7 @@ def steps(env: Environment) -> list[Step]:
 
 def summary(env: Environment) -> str:
     """What teardown deletes, for the confirmation prompt."""
-    if env.kind == "local":
+    if env.platform.simulated:
         return f"the local Ray cluster of environment {env.name!r} (only the processes this project started)"
     what = (f"in project {env.project_id}: RayCluster {T.RAYCLUSTER_NAME}, GKE cluster {env.cluster_name} "
             f"({location(env)}), bucket gs://{env.gs_bucket} and everything in it")

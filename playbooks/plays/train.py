@@ -211,7 +211,7 @@ def slice_options(env: Environment, look: Any) -> list[str]:
     ComputeClass picks per node)."""
     first = capacities(env)[0]
     pools: dict[str, Any] = {}
-    if env.mode == "standard" and look(clusters_fact(env)) is not ABSENT:
+    if env.cluster_mode.our_node_pools and look(clusters_fact(env)) is not ABSENT:
         pools = {p.get("name"): p for p in look(nodepools_list_fact(env))}
     return [pool_option(pools[n]) if n in pools else first for n in (nodepool_name(env, i) for i in range(env.slices))]
 
@@ -221,10 +221,10 @@ def basis_fact(job: Job) -> Fact:
     once per run: the estimate says it, the submit records it in the run's
     timeline (what `invoke goodput` and `invoke runs` price the run by)."""
     env = job.env
-    catalog = prices.catalog_fact(env) if env.kind != "local" and prices.needs_catalog(env) else None
+    catalog = prices.catalog_fact(env) if env.platform.cloud and prices.needs_catalog(env) else None
 
     def derive(look: Any) -> cost.Basis:
-        if env.kind == "local":
+        if env.platform.simulated:
             return cost.env_basis(env, None, None)
         return cost.env_basis(env, slice_options(env, look), look(catalog) if catalog else None)
 

@@ -78,7 +78,7 @@ def env_basis(env: Environment, options: list[str] | None, catalog: prices.Catal
     """The environment's slices, each on its option (``options``, one per
     slice; by default the first of ``capacity:``), priced; a local twin's
     chips are simulated and have no price."""
-    if env.kind == "local":
+    if env.platform.simulated:
         return Basis(env.slices, env.hosts_per_slice, env.chips_per_host, simulated=True,
                      why="a local run's chips are simulated")
     options = options or [capacities(env)[0]] * env.slices

@@ -43,7 +43,7 @@ def watch_note(env: Environment, address: str, sid: str, run: str) -> str:
              f"the larger of {stall.P90_FACTOR:g} x the run's p90 step time and {stall.DEFAULT_FLOOR / 60:g} min")
     act = f"stopped: `{stop_command(address, sid).line()}`" if env.stall_action == "stop" else "reported"
     pods = (f"; the worker pods looked at every heartbeat (`{P.list_command(env).line()}`, and the events)"
-            if env.kind != "local" else "")
+            if env.platform.cloud else "")
     return (f"watch: no new step for {after} is a stall (before a worker group's first step, its compile is allowed "
             f"for too), {act}{pods}; the run's timeline: {paths.shown(timeline.path(env, run))}")
 
@@ -81,7 +81,7 @@ def follow(ctx: StepContext, env: Environment, sid: str, address: str, via: Any,
             beating = ctx.beating(f"job {sid}", lambda: heartbeat(f)) if heartbeat else contextlib.nullcontext()
             with beating as f.beat, Watch(f, address, via, ctx.heartbeat):
                 done = stream(f)
-                if env.kind != "local":
+                if env.platform.cloud:
                     done, lost = Relink(ctx, env, f, address, via).until_end(done)
         else:
             done = stream(f)
@@ -109,7 +109,7 @@ class Follower:
     def __init__(self, ctx: StepContext, env: Environment, run: str, sid: str, log_file: Path | None = None,
                  show_all: bool = False, source: str = "train", job: Any = None):
         self.ctx, self.env, self.run, self.sid, self.source = ctx, env, run, sid, source
-        self.summary = Summary(chip=env.tpu, simulated=env.kind == "local")
+        self.summary = Summary(chip=env.tpu, simulated=env.platform.simulated)
         self.show_all = show_all
         self.log_file = str(log_file) if (log_file and ctx.acting) else None  # written through the connector
         self.kept = self.log_file  # named in the job's end in the timeline: `invoke logs` shows it when Ray cannot
@@ -287,7 +287,7 @@ class Watch:
         assert f.timeline is not None
         with f.lock:
             f.timeline.others()
-        if self.env.kind != "local":
+        if self.env.platform.cloud:
             self.pods()
         if not any(e.get("kind") == E.SUBMITTED for e in f.job_events()):
             self.status()  # its start time, once the job is listed
@@ -297,7 +297,7 @@ class Watch:
     def cause(self) -> str | None:
         """The first Kubernetes cause found (GKE), or what a chaos task did
         to a worker that is still so (the local twin)."""
-        if self.env.kind != "local":
+        if self.env.platform.cloud:
             causes = kube_objects.causes(self.env)
             if causes:
                 return causes[0]

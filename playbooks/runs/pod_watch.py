@@ -10,6 +10,7 @@ from typing import Any
 from playbooks.cloud import pods as P
 from playbooks.cloud.gke import seconds
 from playbooks.cloud.kube_objects import short
+from playbooks.config.choices import capacity_option
 from playbooks.runs import events as E
 
 _PREEMPTION = re.compile(r"(preempt|spot|impending-node-termination|ShutdownGracePeriod|flex-start)", re.I)
@@ -48,7 +49,7 @@ def loss(pod: dict, events: list[dict], capacity: str | list[str] = "on-demand")
     elif _MAINTENANCE.search(joined):
         by = "maintenance"
     elif _SHUTDOWN.search(joined):
-        kinds = {o in ("spot", "flex-start") for o in ([capacity] if isinstance(capacity, str) else capacity)}
+        kinds = {capacity_option(o).preemptible for o in ([capacity] if isinstance(capacity, str) else capacity)}
         by = "preemption" if kinds == {True} else "maintenance" if kinds == {False} else "preemption or maintenance"
     elif _NODE_GONE.search(joined):
         by = "node gone"

@@ -1,0 +1,159 @@
+"""The inventory's choices as records, one each: the environment's kind
+(where its cluster is: ``Platform``), a GKE cluster's mode (``ClusterMode``)
+and a capacity option (``CapacityOption``). Each is chosen once from the
+inventory's string (``platform``, ``cluster_mode``, ``capacity_option``);
+the code reads the record's fields, never compares the strings
+(``tests/test_structure.py`` holds every package but this one to that).
+The TPU generation is the same kind of record, in ``tpu.py``."""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from playbooks.config import tutorial as T
+
+# -- where the cluster is ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Platform:
+    """An environment's kind: the inventory's ``kind:``."""
+
+    name: str
+    # The TPU hosts are Ray node processes on this machine (the twin:
+    # playbooks/twin, plays/local_cluster start, break and stop them); their
+    # chips are JAX CPU devices: no TPU chip, no price, no MFU.
+    simulated: bool
+    # A GKE cluster in a Google Cloud project: gcloud, kubectl, capacity and
+    # quotas, prices, maintenance, a lease between machines.
+    cloud: bool
+
+
+GKE = Platform("gke", simulated=False, cloud=True)
+LOCAL = Platform("local", simulated=True, cloud=False)
+PLATFORMS: Mapping[str, Platform] = MappingProxyType({p.name: p for p in (GKE, LOCAL)})
+DEFAULT_PLATFORM = GKE.name
+
+
+def platform(env: Mapping[str, Any]) -> Platform:
+    """The environment's kind (``kind:``, gke when unset), as its record."""
+    return PLATFORMS[env.get("kind") or DEFAULT_PLATFORM]
+
+
+# -- a GKE cluster's mode --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ClusterMode:
+    """GKE Standard or Autopilot: the inventory's ``mode:``."""
+
+    name: str
+    title: str                  # how a line names it: Standard, Autopilot
+    # We make the TPU node pools (one a slice, workload policies); else GKE
+    # makes the nodes from the pods' requests (`clusters create-auto`, the
+    # cluster's autopilot.enabled).
+    our_node_pools: bool
+    # The cluster, and where its TPU nodes are looked for, is in a region
+    # (GKE picks the zone); else in the inventory's zone.
+    regional: bool
+    # `clusters create` passes --workload-pool: the cluster's pool is checked.
+    our_workload_pool: bool
+    # The tutorial's two DCN networks and subnets are ours to make (where the
+    # machine type has the NICs: tpu.dcn_networks); else GKE makes them.
+    our_networks: bool
+    # The TPU workers' capacity is a ComputeClass's priorities (their node
+    # selector names it); else our capacity label, in the workers' affinity.
+    compute_class: bool
+    # Pods are held to Autopilot's rules (no privileged container, requests
+    # it accepts): checked on the rendered manifests before any apply.
+    restricted_pods: bool
+    # The NICs each TPU host's pod claims from DRANET (DeviceClass
+    # netdev.google.com), where it claims any (gke.netdev_claim): the
+    # ResourceClaimTemplate's name and its request. Standard: the tutorial's
+    # two, on the two DCN networks of the node pools; Autopilot: all that the
+    # accelerator network profile gives the node (the claim GKE's sample
+    # pairs with it: kubernetes-engine-samples
+    # ai-ml/gke-ray/rayserve/llm/tpu/networking/all-netdev-template.yaml).
+    netdev_claim: str
+    netdev_request: Mapping[str, Any]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "netdev_request", MappingProxyType(dict(self.netdev_request)))
+
+
+STANDARD = ClusterMode("standard", "Standard", our_node_pools=True, regional=False, our_workload_pool=True,
+                       our_networks=True, compute_class=False, restricted_pods=False,
+                       netdev_claim=T.NETDEV_CLAIMS["standard"],
+                       netdev_request={"deviceClassName": "netdev.google.com", "allocationMode": "ExactCount",
+                                       "count": 2})
+AUTOPILOT = ClusterMode("autopilot", "Autopilot", our_node_pools=False, regional=True, our_workload_pool=False,
+                        our_networks=False, compute_class=True, restricted_pods=True,
+                        netdev_claim=T.NETDEV_CLAIMS["autopilot"],
+                        netdev_request={"deviceClassName": "netdev.google.com", "allocationMode": "All"})
+MODES: Mapping[str, ClusterMode] = MappingProxyType({m.name: m for m in (STANDARD, AUTOPILOT)})
+
+
+def cluster_mode(env: Mapping[str, Any]) -> ClusterMode | None:
+    """A GKE environment's mode as its record (None: no mode, a local one)."""
+    return MODES.get(env.get("mode") or "")
+
+
+# -- a capacity option ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CapacityOption:
+    """How a slice's TPUs are got: the inventory's ``capacity:`` (each of
+    its list). Sources: playbooks/cloud/capacity_options.py."""
+
+    name: str
+    # What `gcloud container node-pools create` adds; {reservation} and
+    # {hosts} are the environment's reservation and hosts per slice.
+    pool_flags: tuple[str, ...]
+    starts_empty: bool          # the pool starts with 0 nodes (they come as capacity does)
+    waits_for_capacity: bool    # the slices' nodes may take capacity_wait to come
+    preemptible: bool           # its slices can be taken back (a node shut down is a preemption)
+    reserved: bool              # it consumes a reservation (the inventory's reservation:)
+    # The quotas a pool of it consumes, in the order it tries them: the
+    # generation's fields (tpu.Generation.on_demand_quota, preemptible_quota).
+    quotas: tuple[str, ...]
+    # Its ComputeClass priority's fields (a reservation adds its own).
+    compute_class: Mapping[str, Any] = field(default_factory=dict)
+    # Its price can come from the Cloud Billing Catalog (the generation's
+    # SKU); else only from the inventory's prices:.
+    catalog_priced: bool = True
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "compute_class", MappingProxyType(dict(self.compute_class)))
+
+
+ON_DEMAND = CapacityOption("on-demand", (), starts_empty=False, waits_for_capacity=False, preemptible=False,
+                           reserved=False, quotas=("on_demand_quota",))
+SPOT = CapacityOption("spot", ("--spot",), starts_empty=False, waits_for_capacity=False, preemptible=True,
+                      reserved=False, quotas=("preemptible_quota",), compute_class={"spot": True})
+RESERVATION = CapacityOption("reservation", ("--reservation-affinity=specific", "--reservation={reservation}"),
+                             starts_empty=False, waits_for_capacity=False, preemptible=False, reserved=True,
+                             quotas=(), catalog_priced=False)
+FLEX_START = CapacityOption(
+    "flex-start", ("--flex-start", "--enable-autoscaling", "--min-nodes=0", "--max-nodes={hosts}",
+                   "--location-policy=ANY", "--reservation-affinity=none", "--no-enable-autorepair"),
+    starts_empty=True, waits_for_capacity=True, preemptible=True, reserved=False,
+    quotas=("preemptible_quota", "on_demand_quota"), compute_class={"flexStart": {"enabled": True}})
+OPTIONS: Mapping[str, CapacityOption] = MappingProxyType(
+    {o.name: o for o in (ON_DEMAND, SPOT, RESERVATION, FLEX_START)})
+
+
+def capacity_option(name: str) -> CapacityOption:
+    """An option's record from its name (the inventory's, or a pool's)."""
+    return OPTIONS[name]
+
+
+def options(env: Mapping[str, Any]) -> tuple[CapacityOption, ...]:
+    """The environment's capacity options, best first, as records (none
+    where it has no capacity: a local one)."""
+    v = env.get("capacity")
+    if v is None:
+        return ()
+    return tuple(OPTIONS[o] for o in (v if isinstance(v, list) else [v]))
