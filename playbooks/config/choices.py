@@ -27,7 +27,7 @@ class Platform:
     # chips are JAX CPU devices: no TPU chip, no price, no MFU.
     simulated: bool
     # A GKE cluster in a Google Cloud project: gcloud, kubectl, capacity and
-    # quotas, prices, maintenance, a lease between machines.
+    # quotas, prices, maintenance.
     cloud: bool
 
 
