@@ -27,7 +27,7 @@ INVOKE = str(Path(sys.executable).parent / "invoke")
 
 # The longest files first (pytest-xdist hands out whole files in collection
 # order, with --no-loadscope-reorder): two workers then end near together.
-FIRST = ("test_local_e2e.py", "test_controller_train.py", "test_preflight.py", "test_clients_faults.py",
+FIRST = ("test_local_e2e.py", "test_controller_train.py", "test_local_e2e_generations.py", "test_preflight.py", "test_clients_faults.py",
          "test_clients_journeys.py", "test_clients_capacity.py", "test_clients_slices.py", "test_clients_controller.py")
 
 
