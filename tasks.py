@@ -74,7 +74,7 @@ def cluster(c, env=""):
 
 @task(help=ENV)
 def nodepools(c, env=""):
-    """§4 One multi-host TPU v6e node pool per slice (Standard; skipped on Autopilot)."""
+    """§4 One multi-host TPU node pool per slice (Standard; skipped on Autopilot)."""
     _play(c, "nodepools", env)
 
 
