@@ -147,8 +147,9 @@ def static_checks(env: Environment, job: Job) -> list[str]:
 
 # -- the fit check: an ahead-of-time compile for the TPU topology --------------
 # HBM per chip: each generation's record (config/tpu.py: what the runtime
-# reports; libtpu's compile log says it again, and wins); v6e's 31.24 GiB:
-HBM_V6E_GIB = 31.24
+# reports; libtpu's compile log says it again, and wins); the tutorial's v6e
+# when a compile names no generation:
+HBM_V6E_GIB = GENERATIONS["v6e"].hbm_gib
 LIBTPU_BUSY = re.compile(r"(?:TPU is already in use by (?:a )?process with pid (\d+)|libtpu_lockfile)")
 OOM = re.compile(r"CompileTimeHbmOom: .*?\(([\d.]+)G\) exceeds available HBM \(([\d.]+)G\)")
 MEMORY = re.compile(r"Memory analysis: CompiledMemoryStats\((.*?)\)")
