@@ -14,6 +14,7 @@ from playbooks.core.facts import ABSENT, Fact
 
 # A job's states before its end (the Jobs API's JobStatus).
 ACTIVE = ("PENDING", "RUNNING")
+UNSUCCESSFUL = ("FAILED", "STOPPED")  # a job that ended without its work done
 
 
 def _get(via: Connector, url: str, timeout: float) -> Any:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from playbooks.access import connectors
-from playbooks.access.ray_api import ACTIVE, job_fact, job_logs_command, jobs_fact, ours, run_of
+from playbooks.access.ray_api import ACTIVE, UNSUCCESSFUL, job_fact, job_logs_command, jobs_fact, ours, run_of
 from playbooks.cloud import maintenance, prices
 from playbooks.cloud.endpoints import dashboard
 from playbooks.config import paths
@@ -61,7 +61,7 @@ def show_kept(ctx: StepContext, env: Environment, run: str | None, why: str, oth
     for line in data.decode(errors="replace").splitlines():
         ctx.echo(line)
     said = f"job {k['job']} {k['status']} {when} (the kept copy of its driver log: {why})"
-    return Outcome(FAILED if k["status"] in ("FAILED", "STOPPED") else OK, said)
+    return Outcome(FAILED if k["status"] in UNSUCCESSFUL else OK, said)
 
 
 def logs_step(env: Environment, run: str | None, follow: bool, log_file: Path | None = None) -> Step:
@@ -103,7 +103,7 @@ def logs_step(env: Environment, run: str | None, follow: bool, log_file: Path | 
         if follow and status not in ACTIVE and \
                 (line := maintenance.release(ctx, env, run_of(sid))):
             ctx.echo(f"  {line}")
-        if status in ("FAILED", "STOPPED"):
+        if status in UNSUCCESSFUL:
             return Outcome(FAILED, f"job {sid} {status}: {final.get('message') or 'see its log'}")
         return Outcome(OK, f"job {sid} {status}")
 
