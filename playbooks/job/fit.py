@@ -38,7 +38,7 @@ from playbooks.config import tutorial as T
 from playbooks.config.maxtext_settings import as_text, model_config, overrides_model, parse
 from playbooks.config.project import ROOT
 from playbooks.config.schema import Environment
-from playbooks.config.tpu import GENERATIONS, chips, generation
+from playbooks.config.tpu import DEFAULT, GENERATIONS, chips, generation
 from playbooks.config.versions import installed
 from playbooks.core.command import Command
 from playbooks.core.facts import ABSENT, Completed, Fact
@@ -147,9 +147,9 @@ def static_checks(env: Environment, job: Job) -> list[str]:
 
 # -- the fit check: an ahead-of-time compile for the TPU topology --------------
 # HBM per chip: each generation's record (config/tpu.py: what the runtime
-# reports; libtpu's compile log says it again, and wins); the tutorial's v6e
-# when a compile names no generation:
-HBM_V6E_GIB = GENERATIONS["v6e"].hbm_gib
+# reports; libtpu's compile log says it again, and wins); the tutorial's
+# generation (v6e) when a compile names none:
+HBM_V6E_GIB = GENERATIONS[DEFAULT].hbm_gib
 LIBTPU_BUSY = re.compile(r"(?:TPU is already in use by (?:a )?process with pid (\d+)|libtpu_lockfile)")
 OOM = re.compile(r"CompileTimeHbmOom: .*?\(([\d.]+)G\) exceeds available HBM \(([\d.]+)G\)")
 MEMORY = re.compile(r"Memory analysis: CompiledMemoryStats\((.*?)\)")
