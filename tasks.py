@@ -202,14 +202,20 @@ def metrics(c, run="", env=""):
         s.run("metrics", [lg.metrics_step(s.env, _run_flag(run))], parallel=False)
 
 
-@task(help={"restore_after": "local only: seconds before the killed host comes back (default 60; 0: never)", **ENV})
-def delete_worker(c, restore_after="60", env=""):
+@task(help={"restore_after": "local only: seconds before the killed host comes back (default 60; 0: never)",
+            "target": "which worker: first (default, the tutorial's), rank0 or peer (of the running job), or a "
+                      "host's or pod's name", **ENV})
+def delete_worker(c, restore_after="60", target="first", env=""):
     """§9 Delete one Ray TPU worker pod (local: kill one simulated TPU host), as a preemption would."""
     from playbooks.cli import task_steps
+    from playbooks.core.errors import InputError
 
     with clean_errors():
         s = _session(c, "chaos", env)
-        s.run("chaos", task_steps.chaos_steps(s.env, seconds("--restore-after", restore_after)), parallel=False)
+        if problem := task_steps.chaos_target_problem(s.env, target):
+            raise InputError(problem)
+        s.run("chaos", task_steps.chaos_steps(s.env, seconds("--restore-after", restore_after), target),
+              parallel=False)
 
 
 @task(help={"restore_after": "seconds before the frozen worker is resumed (default 60; 0: never)", **ENV})

@@ -63,7 +63,8 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from bench import doc_table  # noqa: E402
+from bench import doc_table, soak_checks  # noqa: E402
+from bench.soak_checks import SPECS  # noqa: E402
 from playbooks.runs.events import GROUP_LINE  # noqa: E402
 
 INVOKE = str(Path(sys.executable).parent / "invoke")
@@ -97,6 +98,17 @@ class Result:
     goodput: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    # The soak's own observations, kept with the timeline (soak_checks.py's ``facts``).
+    facts: dict = field(default_factory=dict)
+    attempts: list[str] = field(default_factory=list)  # why each earlier attempt was run again
+    not_exercised: list[str] = field(default_factory=list)
+
+    def trains(self, job: Train) -> Train:
+        """A `invoke train` of this run: the stopwatch runs from the first's start to the last's end."""
+        self.facts.setdefault("t_before", job.t_start)
+        self.facts["jobs"] = self.facts.get("jobs", 0) + 1
+        self.last = job
+        return job
 
 
 class Soak:
@@ -163,6 +175,8 @@ class Train:
     """`invoke train` in the background, its output kept line by line."""
 
     def __init__(self, soak: Soak, *args: str):
+        self.t_start = time.time()
+        self.t_end: float | None = None
         self.p = soak.background("train", "--elastic", *args)
         self.lines: list[str] = []
         self.cv = threading.Condition()
@@ -175,8 +189,10 @@ class Train:
             with self.cv:
                 self.lines.append(line.rstrip("\n"))
                 self.cv.notify_all()
+        rc = self.p.wait()
         with self.cv:
-            self.rc = self.p.wait()
+            self.t_end = time.time()
+            self.rc = rc
             self.cv.notify_all()
 
     def wait_for(self, test: Callable[[str], bool], minutes: float = 15, after: int = 0) -> int:
@@ -237,12 +253,21 @@ class Failed(Exception):
     pass
 
 
+class NotExercised(Failed):
+    """The scenario's fault could not be made to happen as described this time."""
+
+
 # -- the scenarios: each drives one run ------------------------------------------
-def chaos_kill(soak: Soak, restore_after: float) -> subprocess.Popen:
-    """`invoke chaos.delete-worker --restore-after S`, in the background
-    (it returns when the host is back); the kill is done when it prints it."""
-    p = soak.background("chaos.delete-worker", f"--restore-after={restore_after:g}")
-    return p
+def chaos_kill(soak: Soak, restore_after: float, target: str) -> subprocess.Popen:
+    """`invoke chaos.delete-worker --restore-after S --target T`, in the
+    background (it returns when the host is back); the kill is done when it
+    prints it."""
+    return soak.background("chaos.delete-worker", f"--restore-after={restore_after:g}", f"--target={target}")
+
+
+def target(name: str, i: int = 0) -> str:
+    """The --target of the scenario's i-th kill (soak_checks.SPECS)."""
+    return SPECS[name].targets[i]
 
 
 def chaos_done(p: subprocess.Popen, what: str, timeout: float = 600) -> str:
@@ -254,9 +279,10 @@ def chaos_done(p: subprocess.Popen, what: str, timeout: float = 600) -> str:
 
 def lost_and_back(restore_after: float, steps: int) -> Callable[[Soak, Result], Train]:
     def go(soak: Soak, r: Result) -> Train:
-        job = Train(soak, "--fresh", f"--steps={steps}")
+        r.facts["target_steps"] = steps
+        job = r.trains(Train(soak, "--fresh", f"--steps={steps}"))
         at = job.step_at_least(12)
-        kill = chaos_kill(soak, restore_after)
+        kill = chaos_kill(soak, restore_after, target(r.scenario))
         if restore_after == 0:
             chaos_done(kill, "chaos.delete-worker")
             shrunk = job.wait_for(one_host_group, after=at)
@@ -279,19 +305,20 @@ def in_compile(soak: Soak, r: Result) -> Train:
     the soak of 2026-12-03)."""
     cache = soak.tmp / f"jax-cache-{r.rep}"
     shutil.rmtree(cache, ignore_errors=True)
-    job = Train(soak, "--fresh", "--steps=60", "--set", f"jax_cache_dir={cache}")
+    r.facts["target_steps"] = 60
+    job = r.trains(Train(soak, "--fresh", "--steps=60", "--set", f"jax_cache_dir={cache}"))
     sid = job.sid()
     deadline = time.monotonic() + 600
     while True:
         evs = [e for e in soak.events() if e.get("job") == sid]
         if any(e.get("kind") in ("step", "peer_step") for e in evs):
-            raise Failed("the first step came before a compile was seen")
+            raise NotExercised("the first step came before a compile was seen")
         if any(e.get("kind") == "compile_started" for e in evs):
             break
         if job.rc is not None or time.monotonic() > deadline:
             raise Failed("no compile seen")
         time.sleep(0.05)
-    kill = chaos_kill(soak, 20)
+    kill = chaos_kill(soak, 20, target(r.scenario))
     job.end()
     chaos_done(kill, "chaos.delete-worker")
     return job
@@ -311,7 +338,8 @@ def in_save(soak: Soak, r: Result) -> Train:
     step 10 or later): the save it cuts short stays a
     `<step>.orbax-checkpoint-tmp-*` folder (Orbax leaves it), which the
     restore must not take."""
-    job = Train(soak, "--fresh", "--steps=40", *(a for kv in SAVE_MODEL for a in ("--set", kv)))
+    r.facts["target_steps"] = 40
+    job = r.trains(Train(soak, "--fresh", "--steps=40", *(a for kv in SAVE_MODEL for a in ("--set", kv))))
     folder = soak.checkpoints()
     deadline = time.monotonic() + 900
     while True:
@@ -322,13 +350,15 @@ def in_save(soak: Soak, r: Result) -> Train:
         if job.rc is not None or time.monotonic() > deadline:
             raise Failed("no checkpoint save of step 10 or later seen")
         time.sleep(0.01)
-    kill = chaos_kill(soak, 20)
+    kill = chaos_kill(soak, 20, target(r.scenario))
     job.end()
     chaos_done(kill, "chaos.delete-worker")
     saving = int(TMP.match(names[0]).group(1))  # type: ignore[union-attr]
     restored = [e.get("step") for e in soak.events() if e.get("kind") == "restore_started"]
+    r.facts["saving_step"] = saving
+    r.facts["restored_from"] = restored[0] if restored else None
     if not restored:
-        r.why.append("no restore after the kill")
+        pass  # soak_checks.exercised says so
     elif restored[0] < saving:
         # The save of that step never finalized: the restore took the one before
         # (Orbax's rule; the next group's checkpoint manager cleans up its folder).
@@ -341,11 +371,12 @@ def in_save(soak: Soak, r: Result) -> Train:
 def two_lost(soak: Soak, r: Result) -> Train:
     """The second host killed as soon as the job has started again on it
     (the first is still down: back after 60 s), itself back after 20 s."""
-    job = Train(soak, "--fresh", "--steps=120")
+    r.facts["target_steps"] = 120
+    job = r.trains(Train(soak, "--fresh", "--steps=120"))
     at = job.step_at_least(12)
-    first = chaos_kill(soak, 60)
+    first = chaos_kill(soak, 60, target(r.scenario, 0))
     job.wait_for(one_host_group, after=at)
-    second = chaos_kill(soak, 20)
+    second = chaos_kill(soak, 20, target(r.scenario, 1))
     job.end()
     chaos_done(first, "the first chaos.delete-worker")
     chaos_done(second, "the second chaos.delete-worker")
@@ -353,19 +384,27 @@ def two_lost(soak: Soak, r: Result) -> Train:
 
 
 def hung_resumed(soak: Soak, r: Result) -> Train:
-    job = Train(soak, "--fresh", "--steps=60")
-    job.step_at_least(12)
-    rc, out = soak.invoke("chaos.hang-worker", "--restore-after=10", timeout=300)
-    if rc != 0:
-        raise Failed(f"chaos.hang-worker failed: {out.strip().splitlines()[-1:]}")
-    job.end()
+    """A worker frozen 10 s; ``stall_after: 5`` (report): the follower must
+    see the hang as a stall, and the stall end when the steps come again."""
+    soak.configure(stall_after=5, stall_action="report")
+    try:
+        r.facts["target_steps"] = 60
+        job = r.trains(Train(soak, "--fresh", "--steps=60"))
+        job.step_at_least(12)
+        rc, out = soak.invoke("chaos.hang-worker", "--restore-after=10", timeout=300)
+        if rc != 0:
+            raise Failed(f"chaos.hang-worker failed: {out.strip().splitlines()[-1:]}")
+        job.end()
+    finally:
+        soak.configure()
     return job
 
 
 def hang_stop(soak: Soak, r: Result) -> Train:
     soak.configure(stall_after=15, stall_action="stop")
+    r.facts["target_steps"] = 60
     try:
-        job = Train(soak, "--fresh", "--steps=60")
+        job = r.trains(Train(soak, "--fresh", "--steps=60"))
         job.step_at_least(12)
         rc, out = soak.invoke("chaos.hang-worker", "--restore-after=0", timeout=300)
         if rc != 0:
@@ -375,7 +414,7 @@ def hang_stop(soak: Soak, r: Result) -> Train:
         r.notes.append(f"first job: {job.outcome()[:120]}")
     finally:
         soak.configure()
-    again = Train(soak, "--steps=60")
+    again = r.trains(Train(soak, "--steps=60"))
     again.end()
     restored = [e.get("step") for e in soak.events() if e.get("kind") == "restore_started"]
     r.notes.append(f"resumed from checkpoint {restored[-1] if restored else 'none'}")
@@ -399,46 +438,53 @@ LOST = {"back-never", "back-5s", "back-20s", "back-60s", "in-compile", "in-save"
 
 
 # -- checks -------------------------------------------------------------------------
-def check(r: Result, job: Train, soak: Soak) -> None:
-    r.outcome = job.outcome()
-    if job.rc != 0 or "SUCCEEDED" not in r.outcome:
-        r.why.append(f"exit {job.rc}: {r.outcome[:200]}")
+# A run whose fault did not happen as described is run again, at most this
+# many times in all; then it counts as "not exercised": a failure.
+ATTEMPTS = 3
+
+
+def goodput_of(soak: Soak) -> tuple[dict, str]:
+    """`invoke goodput --json` of the run's timeline ({} and why when it fails)."""
     rc, out = soak.invoke("goodput", "--json", f"--run={RUN}", timeout=300)
     try:
-        g = json.loads(out.strip().splitlines()[-1]) if rc == 0 else {}
+        return (json.loads(out.strip().splitlines()[-1]) if rc == 0 else {}), out.strip()[-200:]
     except (json.JSONDecodeError, IndexError):
-        g = {}
-    if not g:
-        r.why.append(f"invoke goodput failed: {out.strip()[-200:]}")
-        return
-    r.goodput = g
-    parts = g["productive_s"] + sum(g["badput_s"].values())
-    if g["wall_s"] and abs(parts - g["wall_s"]) > 0.02 * g["wall_s"]:
-        r.why.append(f"goodput parts {parts:.1f} s != wall {g['wall_s']:.1f} s")
-    incidents = g.get("incidents", [])
-    losses = [i for i in incidents if i["kind"] in LOSSES]
-    if r.scenario in LOST and not losses:
-        r.why.append("no lost host in the timeline")
-    for i in incidents:
-        if i["recover_s"] is None:
-            r.why.append(f"{i['kind']} at {i['at']:.0f} not recovered")
-    # A grow costs no step: the group saves before it (or had nothing new).
-    for i in incidents:
-        if i["kind"] == "resize" and i["replayed_steps"]:
-            r.why.append(f"the resize at step {i['lost_at_step']} replayed {i['replayed_steps']} steps")
+        return {}, out.strip()[-200:]
+
+
+def judge(r: Result, events: list[dict]) -> None:
+    """The run's verdict (soak_checks.py) from its facts, report and events."""
+    v = soak_checks.verdict(r.scenario, r.facts, r.goodput, events)
+    r.not_exercised = v.exercised
+    r.why += v.failures()
+    r.notes += v.not_applied()
     r.ok = not r.why
 
 
-def keep_timeline(name: str, rep: int) -> None:
-    """The run's timeline, kept past the next scenario's --fresh:
-    .state/soak/kept/<rep>-<scenario>.jsonl."""
+def check(r: Result, job: Train, soak: Soak) -> None:
+    r.outcome = job.outcome()
+    r.facts.update(rc=job.rc, outcome=r.outcome, t_after=job.t_end)
+    r.goodput, why = goodput_of(soak)
+    if not r.goodput:
+        r.why.append(f"invoke goodput failed: {why}")
+    judge(r, soak.events())
+
+
+def keep(r: Result) -> None:
+    """The run's timeline and the soak's facts, kept past the next
+    scenario's --fresh: .state/soak/kept/<rep>-<scenario>.jsonl and .json
+    (``--rescore`` judges them again)."""
     src = STATE / "training" / RUN / "events.jsonl"
+    (STATE / "kept").mkdir(parents=True, exist_ok=True)
     if src.is_file():
-        (STATE / "kept").mkdir(parents=True, exist_ok=True)
-        shutil.copy(src, STATE / "kept" / f"{rep}-{name}.jsonl")
+        shutil.copy(src, STATE / "kept" / f"{r.rep}-{r.scenario}.jsonl")
+    (STATE / "kept" / f"{r.rep}-{r.scenario}.json").write_text(json.dumps(
+        {"scenario": r.scenario, "rep": r.rep, "facts": r.facts, "notes": r.notes, "attempts": r.attempts,
+         "harness": [w for w in r.why if not w.startswith("not exercised") and ": FAILED" not in w],
+         "seconds": r.seconds}, default=str))
 
 
-def one(soak: Soak, name: str, rep: int) -> Result:
+def attempt(soak: Soak, name: str, rep: int) -> Result:
     r = Result(name, rep)
     start = time.monotonic()
     rc, out = soak.invoke("up", timeout=600)
@@ -449,6 +495,10 @@ def one(soak: Soak, name: str, rep: int) -> Result:
     try:
         job = SCENARIOS[name](soak, r)
         check(r, job, soak)
+    except NotExercised as e:
+        r.not_exercised.append(str(e))
+        r.why.append(f"not exercised: {e}")
+        r.outcome = job.outcome() if job else ""
     except (Failed, subprocess.TimeoutExpired) as e:
         r.why.append(str(e))
         r.outcome = job.outcome() if job else ""
@@ -457,9 +507,50 @@ def one(soak: Soak, name: str, rep: int) -> Result:
             job.stop()
         if left := soak.stop_jobs():
             r.notes.append(f"stopped job(s) left running: {', '.join(left)}")
-        keep_timeline(name, rep)
     r.seconds = time.monotonic() - start
     return r
+
+
+def one(soak: Soak, name: str, rep: int) -> Result:
+    """A scenario's run, again while its fault did not happen as described
+    (at most ATTEMPTS in all); the last attempt's result, with why the
+    others were run again."""
+    earlier: list[str] = []
+    for n in range(1, ATTEMPTS + 1):
+        r = attempt(soak, name, rep)
+        r.attempts = earlier
+        keep(r)
+        if not r.not_exercised:
+            break
+        earlier = [*earlier, f"attempt {n}: {'; '.join(r.not_exercised)}"]
+        if n < ATTEMPTS:
+            print(f"  not exercised ({'; '.join(r.not_exercised)}): again", flush=True)
+    return r
+
+
+def rescore() -> list[Result]:
+    """The kept runs judged again, with this tree's goodput and checks
+    (each timeline put back where `invoke goodput` reads it)."""
+    soak = Soak(Path(tempfile.mkdtemp(prefix="soak-")))
+    out = []
+    for f in sorted((f for f in (STATE / "kept").glob("*-*.json")), key=lambda f: (int(f.stem.split("-", 1)[0]),
+                                                                     list(SCENARIOS).index(f.stem.split("-", 1)[1]))):
+        kept = json.loads(f.read_text())
+        r = Result(kept["scenario"], kept["rep"], facts=kept["facts"], seconds=kept.get("seconds", 0.0),
+                   attempts=kept.get("attempts", []))
+        r.outcome = str(r.facts.get("outcome", ""))
+        r.why += kept.get("harness", [])
+        r.notes += [n for n in kept.get("notes", []) if ": n/a" not in n]
+        timeline = f.with_suffix(".jsonl")
+        dest = STATE / "training" / RUN / "events.jsonl"
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(timeline, dest) if timeline.is_file() else dest.unlink(missing_ok=True)
+        r.goodput, why = goodput_of(soak)
+        if not r.goodput:
+            r.why.append(f"invoke goodput failed: {why}")
+        judge(r, soak.events())
+        out.append(r)
+    return out
 
 
 # -- the table --------------------------------------------------------------------
@@ -479,8 +570,10 @@ def table(results: list[Result]) -> list[str]:
         gp = f"{g['goodput_pct']:.1f}% / {lib:.1f}%" if g and lib is not None else (
             f"{g['goodput_pct']:.1f}% / n/a" if g else "n/a")
         incidents = "; ".join(incident_text(i) for i in g.get("incidents", [])) if g else ""
-        notes = ("; " + "; ".join(r.notes)) if r.notes else ""
-        verdict = "passed" if r.ok else "FAILED: " + "; ".join(r.why)
+        again = [f"run again ({a})" for a in r.attempts]
+        notes = ("; " + "; ".join(again + r.notes)) if again or r.notes else ""
+        verdict = ("passed" if r.ok else f"NOT EXERCISED in {len(r.attempts) + 1} attempts: " + "; ".join(
+            r.not_exercised) if r.not_exercised else "FAILED: " + "; ".join(r.why))
         out.append(f"| {r.rep} | {r.scenario} | {verdict} | {gp} | {incidents}{notes} |")
     return out
 
@@ -547,7 +640,7 @@ def summary(block: str) -> list[str]:
     """Per scenario: its runs passed, its goodput's range, the steps replayed
     at a loss and at a grow, the median time to recover from a lost host;
     headed by the soak's own line and date."""
-    stamp = re.search(r"Written by `([^`]+)` on (\d{4}-\d{2}-\d{2})", block)
+    stamp = re.search(r"Written by `([^`]+)`.*? on (\d{4}-\d{2}-\d{2})", block)
     if stamp is None:
         raise SystemExit("docs/elastic.md: the soak's table has no 'Written by' line: run bench/soak.py --write")
     rows: dict[str, dict[str, list]] = {}
@@ -582,6 +675,26 @@ def write_summary() -> None:
     block = text.split(begin, 1)[1].split(end, 1)[0] if begin in text and end in text else ""
     doc_table.write("../README.md", "soak-summary", "bench/soak.py --summary", summary(block),
                     stamp="Summarised by `bench/soak.py --summary` from the soak's table in docs/elastic.md.")
+
+
+def judged_again(write: bool) -> None:
+    """--rescore: the kept runs' table again, from this tree's judgement."""
+    meta_file = STATE / "kept" / "soak.json"
+    if not meta_file.is_file():
+        raise SystemExit(f"{meta_file.relative_to(ROOT)}: no soak kept here: run bench/soak.py first")
+    meta = json.loads(meta_file.read_text())
+    results = rescore()
+    passed = sum(r.ok for r in results)
+    head = f"{passed} of {len(results)} runs passed in {meta['minutes']} min (judged again by this tree)."
+    lines = [head, "", *table(results), "", recovery(results)]
+    print("\n".join(lines))
+    if write:
+        doc_table.write("elastic.md", "soak", "bench/soak.py --rescore", lines,
+                        stamp=f"Written by `{meta['command']}` (run on {meta['date']} at commit `{meta['commit']}`, "
+                              f"{meta['machine']}), judged again by `bench/soak.py --rescore`")
+        doc_table.write("elastic.md", "restart-parts", f"{meta['command']} (its kept timelines)",
+                        restart_parts(STATE / "kept"))
+        write_summary()
 
 
 def hog() -> subprocess.Popen:
@@ -620,9 +733,15 @@ def main() -> None:
                     help="only the parts of a restart, from the timelines the last soak kept (with --write: its table)")
     ap.add_argument("--summary", action="store_true",
                     help="only the README's summary, from the soak's table in docs/elastic.md")
+    ap.add_argument("--rescore", action="store_true",
+                    help="no soak: the last soak's kept runs judged again with this tree's goodput and checks "
+                         "(with --write: its table)")
     a = ap.parse_args()
     if a.summary or a.parts:
         rewrite(a.parts, a.write)
+        return
+    if a.rescore:
+        judged_again(a.write)
         return
     names = [n for n in a.only.split(",") if n] or list(SCENARIOS)
     if bad := [n for n in names if n not in SCENARIOS]:
@@ -660,6 +779,10 @@ def main() -> None:
         head += f" Interrupted: {len(results)} of the {planned} runs planned ended before the stop."
     lines = [head, "", *table(results), "", recovery(results)]
     print("\n" + "\n".join(lines))
+    (STATE / "kept").mkdir(parents=True, exist_ok=True)
+    (STATE / "kept" / "soak.json").write_text(json.dumps(
+        {"command": command, "date": started.date().isoformat(), "commit": doc_table.commit(),
+         "machine": doc_table.machine(), "minutes": round(took), "head": head}))
     if a.write:
         doc_table.write("elastic.md", "soak", command, lines)
         doc_table.write("elastic.md", "restart-parts", f"{command} (its kept timelines)", restart_parts(STATE / "kept"))

@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import re
+import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -510,7 +511,7 @@ def train_loop_per_worker(config: dict) -> None:
     # Placed and running, with JAX's distributed service up: Ray Train's JAX
     # backend ran jax.distributed.initialize on every worker before this.
     event("worker_started", rank=rank, workers=world, slice=os.environ.get("TPU_NAME"),
-          host=os.environ.get("TPU_WORKER_ID"), cwd=os.getcwd())
+          host=os.environ.get("TPU_WORKER_ID"), hostname=socket.gethostname(), cwd=os.getcwd())
     if rank == 0:
         steps = overrides(config["argv"]).get("steps", "")
         event("jax_initialized", workers=world, **({"steps": int(steps)} if steps.isdigit() else {}))

@@ -5,6 +5,7 @@ place of the cloud) is put together here, as are ``status`` and ``doctor``
 beside it."""
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -28,6 +29,8 @@ from playbooks.plays import (
     teardown,
     train,
 )
+from playbooks.runs import placement
+from playbooks.twin.nodes import hosts_of
 
 GKE_ONLY = ("capacity", "prereqs", "network", "cluster", "nodepools", "storage")
 UP = ("prereqs", "network", "cluster", "nodepools", "storage", "raycluster", "dashboard")
@@ -160,10 +163,31 @@ def preflight_steps(env: Environment, job: Job) -> list[Step]:
     return preflight.steps(env, job, search=True)
 
 
-def chaos_steps(env: Environment, restore_after: float) -> list[Step]:
+def chaos_steps(env: Environment, restore_after: float, target: str = placement.FIRST) -> list[Step]:
+    """chaos.delete-worker: one worker lost (``target``: checked by
+    ``chaos_target_problem`` first)."""
     if env.platform.simulated:
-        return local_cluster.chaos_steps(env, restore_after)
-    return gke_play(env, "chaos")
+        return local_cluster.chaos_steps(env, restore_after, target)
+    return [cluster.credentials_step(env, "chaos")] + chaos.steps(env, target)
+
+
+# A pod's name: a DNS-1123 subdomain (what `kubectl delete pod` takes).
+POD_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+
+
+def chaos_target_problem(env: Environment, target: str) -> str | None:
+    """What is wrong with a ``--target``, in one line (None: nothing)."""
+    if target in placement.TARGETS:
+        return None
+    if env.platform.simulated:
+        names = [h.name for h in hosts_of(env)]
+        if target not in names:
+            return (f"--target {target!r}: not {', '.join(placement.TARGETS)} nor a TPU host of {env.name} "
+                    f"({', '.join(names)})")
+        return None
+    if not POD_NAME.match(target):
+        return f"--target {target!r}: not {', '.join(placement.TARGETS)} nor a pod's name (a DNS-1123 subdomain)"
+    return None
 
 
 def hang_steps(env: Environment, restore_after: float) -> list[Step]:

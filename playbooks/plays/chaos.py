@@ -14,8 +14,8 @@ from playbooks.core.command import placeholder
 from playbooks.core.errors import ProbeFailed
 from playbooks.core.facts import ABSENT, Action, Completed
 from playbooks.core.step import Step, change, fail
+from playbooks.runs import chaos_target, placement, timeline
 from playbooks.runs import events as E
-from playbooks.runs import timeline
 
 
 def first_worker_fact(env: Environment):
@@ -34,24 +34,38 @@ def first_worker_fact(env: Environment):
     return fact("a Ray TPU worker pod", c, parse, assumed=placeholder("POD"))
 
 
-def delete_step(env: Environment) -> Step:
+def delete_step(env: Environment, target: str = placement.FIRST) -> Step:
+    """The tutorial's find-then-delete of the first worker pod; or, with
+    ``target``, the pod of the running job's rank 0, a peer's, or a pod by
+    name (a worker's hostname is its pod's name)."""
     probe = first_worker_fact(env)
+    aimed = chaos_target.fact(env, target, lambda w: w.pod, "pod") if target in (
+        placement.RANK0, placement.PEER) else None
+
+    def delete(pod: str, why: str = ""):
+        return change(kube(env, "delete", "pod", pod, "--namespace", env.namespace),
+                      record(env, E.WORKER_LOST, pod=pod, by="chaos", target=target,
+                             cause="the pod deleted (chaos.delete-worker)"),
+                      reason=f"deleted pod {pod}{why}", found=f"pod {pod} running")
 
     def decide(look):
+        if aimed is not None:
+            pod, why = look(aimed)
+            return fail(f"--target={target}: {why}") if pod is None else delete(pod, f" ({why})")
+        if target != placement.FIRST:
+            return delete(target)
         pod = look(probe)
         if pod is ABSENT:
             return fail(f"no pod labelled {T.WORKER_SELECTOR} in namespace {env.namespace}: is the RayCluster up?")
-        return change(kube(env, "delete", "pod", pod, "--namespace", env.namespace),
-                      record(env, E.WORKER_LOST, pod=pod, by="chaos", cause="the pod deleted (chaos.delete-worker)"),
-                      reason=f"deleted pod {pod}", found=f"pod {pod} running")
+        return delete(pod)
 
     return Step("chaos", "delete one Ray TPU worker pod", decide, id="chaos:delete", after=("kube:credentials",))
 
 
-def steps(env: Environment) -> list[Step]:
+def steps(env: Environment, target: str = placement.FIRST) -> list[Step]:
     """KubeRay recreates the deleted pod itself: nothing to restore. (The
-    local twin's chaos is ``plays/twin.py``.)"""
-    return [delete_step(env)]
+    local twin's chaos is ``plays/local_cluster.py``.)"""
+    return [delete_step(env, target)]
 
 
 def record(env: Environment, kind: str, **fields: Any) -> Action:

@@ -10,12 +10,12 @@ from playbooks.access import connectors
 from playbooks.access.ray_api import alive, nodes_fact, version_fact
 from playbooks.cloud.endpoints import dashboard
 from playbooks.config.schema import Environment
-from playbooks.core.command import Command, quote
+from playbooks.core.command import Command, placeholder, quote, shown
 from playbooks.core.facts import ABSENT, Action, Fact, assume
 from playbooks.core.pidfile import PidFile
 from playbooks.core.step import Await, Broken, Step, Verify, change, fail, ok, wait
+from playbooks.runs import chaos_target, placement, timeline
 from playbooks.runs import events as E
-from playbooks.runs import timeline
 from playbooks.twin.nodes import (
     HEAD,
     Host,
@@ -203,10 +203,15 @@ def stop_steps(env: Environment, play: str = "teardown") -> list[Step]:
     return [stop_step(env, h.name, play) for h in reversed(hosts_of(env))] + [stop_step(env, HEAD, play)]
 
 
-def chaos_steps(env: Environment, restore_after: float) -> list[Step]:
+def chaos_steps(env: Environment, restore_after: float, target: str = placement.FIRST) -> list[Step]:
     """Kill one simulated TPU host at once, as a preempted VM dies; bring it
-    back after ``restore_after`` seconds (0: leave it down)."""
+    back after ``restore_after`` seconds (0: leave it down). ``target``: the
+    first running host, the running job's ``rank0`` or a ``peer`` host, or
+    a host by name (``placement.py``)."""
     all_hosts = hosts_of(env)
+    by_name = {h.name: h for h in all_hosts}
+    aimed = chaos_target.fact(env, target, lambda w: w.host, "TPU host") if target in (
+        placement.RANK0, placement.PEER) else None
     # A dry run assumes every host runs, so it shows the kill of the first.
     running = {h.name: assume(pid_fact(env, h.name), True) for h in all_hosts}
 
@@ -216,15 +221,32 @@ def chaos_steps(env: Environment, restore_after: float) -> list[Step]:
 
     killed: dict[str, Host] = {}  # the host this run kills: the one it brings back
 
+    def kill_host(h: Host, why: str) -> Any:
+        killed["host"] = h
+        return change(kill(pidfile(env, h.name)),
+                      record(env, E.WORKER_LOST, host=h.name, by="chaos", target=target,
+                             cause="SIGKILL of its Ray node (chaos.delete-worker)"),
+                      reason=f"killed TPU host {h.name}{why}",
+                      would=shown(f"kill TPU host {h.name}{why}"), found=f"TPU host {h.name} running")
+
     def decide_kill(look):
+        if aimed is not None:
+            name, why = look(aimed)
+            if name is None:
+                return fail(f"--target={target}: {why}")
+            if name not in by_name and name != placeholder("TARGET"):
+                return fail(f"--target={target}: the running job's host {name} is not a TPU host of {env.name}")
+            h = by_name.get(name) or Host(name, -1, -1)  # a dry run: the host the lookup finds
+            if h.name in running and not look(running[h.name]):
+                return fail(f"--target={target}: TPU host {h.name} ({why}) is not running")
+            return kill_host(h, f" ({why})")
+        if target != placement.FIRST:
+            if not look(running[target]):
+                return fail(f"--target={target}: TPU host {target} is not running")
+            return kill_host(by_name[target], "")
         for h in all_hosts:
             if look(running[h.name]):
-                killed["host"] = h
-                return change(kill(pidfile(env, h.name)),
-                              record(env, E.WORKER_LOST, host=h.name, by="chaos",
-                                     cause="SIGKILL of its Ray node (chaos.delete-worker)"),
-                              reason=f"killed TPU host {h.name}",
-                              would=f"kill TPU host {h.name}", found=f"TPU host {h.name} running")
+                return kill_host(h, "")
         return fail("no simulated TPU host is running: run `invoke up` first")
 
     out = [Step("chaos", "kill one TPU host", decide_kill, id="chaos:kill")]
@@ -236,6 +258,11 @@ def chaos_steps(env: Environment, restore_after: float) -> list[Step]:
             # The host this run killed (another chaos run may have killed
             # another host meanwhile: that run brings back its own).
             host = killed.get("host")
+            if host is not None and host.name not in stopped:  # a dry run: the host the lookup finds
+                return change(Action(f"sleep {restore_after:g}", lambda: None),
+                              Action(shown(f"start TPU host {host.name} again, as `invoke up` does"), lambda: None),
+                              reason=f"TPU host {host.name} back after {restore_after:g}s",
+                              would=shown(f"bring TPU host {host.name} back after {restore_after:g}s"))
             if host is None or look(stopped[host.name]):
                 return ok("every TPU host runs: nothing to bring back" if host is None else
                           f"TPU host {host.name} runs again: nothing to bring back")

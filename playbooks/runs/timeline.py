@@ -7,8 +7,8 @@ Where they come from:
 
 - ``trainer``: the trainer scripts print their own events, one JSON line each
   (``trainer event: {...}``, trainer/maxtext_ray.py), with the time they
-  happened on the worker: ``worker_started`` (each worker: its rank and
-  slice), ``jax_initialized``, ``compile_started``/``compile_ended``
+  happened on the worker: ``worker_started`` (each worker: its rank,
+  slice, host in the slice and hostname: its pod on GKE), ``jax_initialized``, ``compile_started``/``compile_ended``
   (jax.monitoring's spans), ``step``, ``first_step``, ``checkpoint_saved``
   (step, seconds), ``restore_started``, ``restored`` (step, seconds),
   ``first_step_after_restore`` (restored_from); from the first host of each
@@ -330,6 +330,11 @@ def record(env: Any, kind: str, source: str = "chaos", **fields: Any) -> list[st
     return out
 
 
+def events_shown(env: Any) -> str:
+    """Where a run's timeline is, as shown (``<run>`` for the run)."""
+    return paths.shown(paths.here(paths.events(env.name, "<run>")))
+
+
 def record_line(env: Any, kind: str) -> str:
     return (f"# {kind}: an event in the timeline of the running job's run "
-            f"({paths.shown(paths.here(paths.events(env.name, '<run>')))})")
+            f"({events_shown(env)})")

@@ -1,0 +1,268 @@
+"""What the soak asks of each run, as pure functions of what it kept: the
+run's timeline (its events), its goodput report (``invoke goodput --json``)
+and the soak's own observations (``facts``: the train's exit and outcome
+line, the steps asked, its own stopwatch around the `invoke train`s, the
+chaos targets, the save a kill aimed at). No I/O: tests/test_soak_checks.py
+feeds each a bad run and shows it fail.
+
+Two questions, asked in this order:
+
+1. ``exercised``: did the scenario's fault happen as described (the host
+   killed after step 12, the aimed rank's, the save cut short, the hang
+   seen...)? A run whose fault did not happen proves nothing: the soak runs
+   it again (a bounded number of times) and then counts it "not exercised",
+   a failure.
+2. ``criteria``: did the run come through? Each criterion passes, fails, or
+   does not apply to this run (said, never counted as a pass).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+LOSS_KINDS = ("worker_lost", "failure")
+# A lost host's incident and the kinds of event that start one.
+INCIDENT_LOSSES = ("worker_lost", "failure", "resize")
+STEP_KINDS = ("step", "peer_step")
+# The soak's stopwatch runs around each `invoke train`: its set-up (the
+# preflight's static checks, the submit) and wrap-up (the summary, the
+# metrics picture) are outside the timeline's wall. This much per job.
+WRAP_S = 90.0
+# The wall of a run's timeline may start this much before the soak's
+# stopwatch: the Jobs API's start_time is Ray's clock, on this machine too.
+CLOCK_SLACK_S = 2.0
+
+
+@dataclass(frozen=True)
+class Spec:
+    """What a scenario does, as its checks need it."""
+
+    targets: tuple[str, ...] = ()     # the chaos.delete-worker --target of each kill, in order
+    after_step: int | None = None     # the kill (or hang) after this step
+    grow: bool = False                # the job must go on with one slice and grow back
+    in_compile: bool = False          # the kill during the first compile, before any step
+    cut_save: bool = False            # the kill cuts a save short
+    second_while_first_down: float | None = None  # the second kill within this many s of the first
+    hang_s: float | None = None       # a worker frozen this long, the stall seen and recovered
+    stop: bool = False                # a stall stopped by the follower, then resumed by a second job
+
+
+SPECS: dict[str, Spec] = {
+    "back-never": Spec(("peer",), after_step=12, grow=True),
+    "back-5s": Spec(("rank0",), after_step=12),
+    "back-20s": Spec(("rank0",), after_step=12),
+    "back-60s": Spec(("peer",), after_step=12, grow=True),
+    "in-compile": Spec(("first",), in_compile=True),
+    "in-save": Spec(("peer",), cut_save=True),
+    "two-lost": Spec(("rank0", "first"), after_step=12, second_while_first_down=60),
+    "hung-resumed": Spec(after_step=12, hang_s=10),
+    "hang-stop": Spec(after_step=12, stop=True),
+}
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool | None  # None: does not apply to this run
+    detail: str = ""
+
+    def text(self) -> str:
+        verdict = "n/a" if self.ok is None else "ok" if self.ok else "FAILED"
+        return f"{self.name}: {verdict}" + (f" ({self.detail})" if self.detail else "")
+
+
+@dataclass
+class Verdict:
+    exercised: list[str] = field(default_factory=list)  # what did not happen as described
+    checks: list[Check] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.exercised and all(c.ok is not False for c in self.checks)
+
+    def failures(self) -> list[str]:
+        if self.exercised:
+            return ["not exercised: " + "; ".join(self.exercised)]
+        return [c.text() for c in self.checks if c.ok is False]
+
+    def not_applied(self) -> list[str]:
+        return [c.text() for c in self.checks if c.ok is None]
+
+
+def _t(e: dict) -> float:
+    return float(e["t"])
+
+
+def _chaos(events: list[dict], kind: str) -> list[dict]:
+    return sorted((e for e in events if e.get("kind") == kind and e.get("by") == "chaos"), key=_t)
+
+
+def _steps_before(events: list[dict], t: float, job: str | None = None) -> list[int]:
+    return [e["step"] for e in events if e.get("kind") in STEP_KINDS and isinstance(e.get("step"), int)
+            and _t(e) < t and (job is None or e.get("job") == job)]
+
+
+def rank_held(events: list[dict], host: str | None, t: float) -> int | None:
+    """The rank the twin's host ``host`` held at ``t`` (its latest
+    worker_started before then: ``<slice>-<host id>``)."""
+    best = None
+    for e in events:
+        if e.get("kind") != "worker_started" or _t(e) > t:
+            continue
+        if f"{e.get('slice')}-{e.get('host')}" == host and (best is None or _t(e) > _t(best)):
+            best = e
+    r = best.get("rank") if best else None
+    return r if isinstance(r, int) and not isinstance(r, bool) else None
+
+
+def _groups(events: list[dict]) -> list[tuple[float, int]]:
+    """(time, size) of each worker group Ray Train started or resized to."""
+    out = []
+    for e in events:
+        if e.get("kind") in ("workers_started", "workers_restarted") and isinstance(e.get("workers"), int):
+            out.append((_t(e), e["workers"]))
+    return sorted(out)
+
+
+def exercised(scenario: str, facts: dict, events: list[dict]) -> list[str]:
+    """What of the scenario did not happen as described ([]: all of it)."""
+    spec = SPECS[scenario]
+    out: list[str] = []
+    kills = _chaos(events, "worker_lost")
+    if len(kills) < len(spec.targets):
+        return [f"{len(kills)} host(s) killed by chaos, {len(spec.targets)} planned"]
+    for want, kill in zip(spec.targets, kills):
+        if want == "first":
+            continue
+        rank = rank_held(events, kill.get("host"), _t(kill))
+        if rank is None:
+            out.append(f"the rank of killed host {kill.get('host')} is not known")
+        elif (want == "rank0") != (rank == 0):
+            out.append(f"--target={want} killed {kill.get('host')}, which held rank {rank}")
+    first_hit = kills[0] if kills else None
+    hangs = _chaos(events, "worker_hung")
+    hit = first_hit or (hangs[0] if hangs else None)
+    if spec.after_step is not None:
+        if hit is None:
+            out.append("no host killed or frozen")
+        else:
+            before = _steps_before(events, _t(hit))
+            if not before or max(before) < spec.after_step:
+                out.append(f"the fault came at step {max(before) if before else '-'}, not after step "
+                           f"{spec.after_step}")
+    if spec.in_compile and first_hit is not None:
+        compiles = [e for e in events if e.get("kind") == "compile_started" and _t(e) <= _t(first_hit)]
+        if not compiles:
+            out.append("the kill came before any compile started")
+        if (before := _steps_before(events, _t(first_hit))):
+            out.append(f"the kill came after step {max(before)}: not in the first compile")
+    if spec.grow and not any(e.get("kind") == "resize" and (e.get("workers") or 0) > (e.get("workers_from") or 0)
+                             for e in events):
+        out.append("the job never grew back to more slices")
+    if spec.grow and not any(size == 1 for _, size in _groups(events)):
+        out.append("the job never went on with one slice")
+    if spec.cut_save:
+        saving, restored = facts.get("saving_step"), facts.get("restored_from")
+        if saving is None:
+            out.append("no save was being written at the kill")
+        elif restored is None:
+            out.append("no restore after the kill")
+        elif restored >= saving:
+            out.append(f"the save of step {saving} finished before the kill (restored from {restored})")
+    if spec.second_while_first_down is not None and len(kills) >= 2:
+        a, b = kills[0], kills[1]
+        if a.get("host") == b.get("host"):
+            out.append(f"both kills hit {a.get('host')}")
+        elif _t(b) - _t(a) >= spec.second_while_first_down:
+            out.append(f"the second kill came {_t(b) - _t(a):.0f} s after the first: the first host was back")
+    if spec.hang_s is not None:
+        resumed = _chaos(events, "worker_resumed")
+        if not hangs or not resumed:
+            out.append("no worker frozen and resumed")
+        elif _t(resumed[0]) - _t(hangs[0]) < spec.hang_s:
+            out.append(f"the worker was frozen {_t(resumed[0]) - _t(hangs[0]):.1f} s, not {spec.hang_s:g}")
+    if spec.stop:
+        if not hangs:
+            out.append("no worker frozen")
+        if not any(e.get("kind") == "stopped" for e in events):
+            out.append("the follower did not stop the stalled job")
+        if facts.get("jobs", 1) < 2:
+            out.append("no second job resumed the run")
+    return out
+
+
+def _incidents(g: dict) -> list[dict]:
+    return list(g.get("incidents") or [])
+
+
+def _stopped(i: dict) -> bool:
+    return i.get("kind") == "stall" and bool(i.get("stopped"))
+
+
+def criteria(scenario: str, facts: dict, g: dict, events: list[dict]) -> list[Check]:
+    """Each pass criterion of a run; every one of them can fail."""
+    spec = SPECS[scenario]
+    out: list[Check] = []
+    outcome = str(facts.get("outcome", ""))
+    out.append(Check("SUCCEEDED", facts.get("rc") == 0 and "SUCCEEDED" in outcome,
+                     "" if facts.get("rc") == 0 and "SUCCEEDED" in outcome else
+                     f"exit {facts.get('rc')}: {outcome[:160]}"))
+    counted, want = (g.get("steps") or {}).get("counted"), facts.get("target_steps")
+    out.append(Check("every step counted once", counted == want, f"{counted} counted of {want} asked"))
+    incidents = _incidents(g)
+    unrecovered = [i for i in incidents if i.get("recover_s") is None and not _stopped(i)]
+    if unrecovered:
+        out.append(Check("every incident recovered", False, "; ".join(
+            f"{i['kind']} at step {i.get('lost_at_step')} not recovered" for i in unrecovered)))
+    elif not incidents:
+        out.append(Check("every incident recovered", False, "no incident in the report: the fault left no trace"))
+    else:
+        out.append(Check("every incident recovered", True, f"{len(incidents)} incident(s)"))
+    if spec.hang_s is not None:
+        stalls = [i for i in incidents if i.get("kind") == "stall"]
+        out.append(Check("the hang seen as a stall", bool(stalls) and all(i.get("recover_s") is not None
+                                                                           for i in stalls),
+                         f"{len(stalls)} stall(s)" if stalls else "no stall in the report"))
+    if spec.stop:
+        stopped = [i for i in incidents if _stopped(i)]
+        if not stopped:
+            out.append(Check("the stopped stall's steps replayed", False, "no stall reported as stopped"))
+        else:
+            i = stopped[0]
+            lost, k, n = i.get("lost_at_step"), i.get("restored_from_step"), i.get("replayed_steps")
+            right = lost is not None and k is not None and n == lost - k
+            out.append(Check("the stopped stall's steps replayed", right,
+                             f"lost at {lost}, resumed from {k}, {n} replayed"))
+    grows = [i for i in incidents if i.get("kind") == "resize"]
+    if grows:
+        bad = [i for i in grows if i.get("replayed_steps")]
+        out.append(Check("no step replayed at a grow", not bad, "; ".join(
+            f"the grow at step {i.get('lost_at_step')} replayed {i.get('replayed_steps')}" for i in bad)
+            or f"{len(grows)} grow(s), 0 replayed"))
+    else:
+        out.append(Check("no step replayed at a grow", None,
+                         "no grow: the host was back before the restart" if spec.targets else "no grow"))
+    told = sum(i.get("replayed_steps") or 0 for i in incidents)
+    ran = (g.get("steps") or {}).get("replayed")
+    out.append(Check("the incidents' replayed steps were run again", told == ran,
+                     f"incidents say {told}, steps run again {ran}"))
+    t0, t1, jobs = facts.get("t_before"), facts.get("t_after"), int(facts.get("jobs") or 1)
+    start, end, wall = g.get("start"), g.get("end"), g.get("wall_s")
+    if None in (t0, t1, start, end, wall):
+        out.append(Check("wall within the soak's stopwatch", False, "no stopwatch or no wall"))
+    else:
+        inside = start >= t0 - CLOCK_SLACK_S and end <= t1 + CLOCK_SLACK_S
+        covers = (t1 - t0) - wall <= WRAP_S * jobs
+        out.append(Check("wall within the soak's stopwatch", inside and covers,
+                         f"timeline {wall:.1f} s of the stopwatch's {t1 - t0:.1f} s" + (
+                             "" if inside else ": it runs outside the stopwatch") + (
+                             "" if covers else f": over {WRAP_S * jobs:g} s of it uncounted")))
+    return out
+
+
+def verdict(scenario: str, facts: dict, g: dict, events: list[dict]) -> Verdict:
+    v = Verdict(exercised(scenario, facts, events))
+    if g:
+        v.checks = criteria(scenario, facts, g, events)
+    else:
+        v.checks = [Check("goodput report", False, "no report")]
+    return v

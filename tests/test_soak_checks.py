@@ -1,0 +1,167 @@
+"""The soak's judgement (bench/soak_checks.py): each scenario's "did the
+fault happen as described" and each pass criterion, fed a good run and then
+bad ones: every criterion fails on the run it is there to catch."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from bench import soak_checks as S
+
+T0 = 1_800_000_000.0
+
+
+def ev(t: float, kind: str, **f) -> dict:
+    return {"t": T0 + t, "kind": kind, "step": f.pop("step", None), "source": f.pop("source", "trainer"), **f}
+
+
+def started(t: float, rank: int, slice_: int, workers: int = 2) -> dict:
+    return ev(t, "worker_started", rank=rank, workers=workers, slice=f"tpu-group-{slice_}", host="0", job="j-1")
+
+
+def back_20s_run() -> tuple[dict, dict, list[dict]]:
+    """A host (rank 0's) lost after step 14, the job on one slice, then
+    grown back: the facts, the goodput report and the events."""
+    events = [ev(0, "submitted", source="train", job="j-1"),
+              started(5, 0, 0), started(5.1, 1, 1),
+              ev(6, "workers_started", workers=2, source="ray_train", n=1),
+              *[ev(10 + s, "step", step=s, seconds=1.0) for s in range(1, 15)],
+              ev(25, "worker_lost", by="chaos", host="tpu-group-0-0", target="rank0", source="chaos"),
+              ev(28, "failure", source="ray_train", decision="RETRY", n=1),
+              ev(30, "workers_restarted", workers=1, source="ray_train", n=1),
+              started(31, 0, 1, workers=1),
+              ev(35, "restore_started", step=10), ev(36, "restored", step=10, seconds=1.0),
+              *[ev(40 + s, "step", step=s, seconds=1.0) for s in range(11, 31)],
+              ev(71, "resize", workers_from=1, workers=2, source="ray_train", n=1),
+              ev(80, "workers_restarted", workers=2, source="ray_train", n=2),
+              started(81, 0, 0), started(81.1, 1, 1),
+              *[ev(90 + s, "step", step=s, seconds=1.0) for s in range(31, 41)],
+              ev(131, "job_end", source="train", job="j-1", status="SUCCEEDED")]
+    g = {"start": T0, "end": T0 + 131, "wall_s": 131.0, "steps": {"counted": 40, "replayed": 4},
+         "incidents": [{"kind": "worker_lost", "at": T0 + 25, "lost_at_step": 14, "restored_from_step": 10,
+                        "replayed_steps": 4, "recover_s": 26.0},
+                       {"kind": "resize", "at": T0 + 71, "lost_at_step": 30, "restored_from_step": 30,
+                        "replayed_steps": 0, "recover_s": 20.0}]}
+    facts = {"rc": 0, "outcome": "job j-1 SUCCEEDED at step 40", "target_steps": 40, "t_before": T0 - 20,
+             "t_after": T0 + 140, "jobs": 1}
+    return facts, g, events
+
+
+def test_a_good_run_passes_every_criterion_and_was_exercised():
+    facts, g, events = back_20s_run()
+    v = S.verdict("back-20s", facts, g, events)
+    assert v.exercised == []
+    assert [c.name for c in v.checks if c.ok is not True] == []
+    assert v.ok
+
+
+def bad(change) -> S.Verdict:
+    facts, g, events = copy.deepcopy(back_20s_run())
+    change(facts, g, events)
+    return S.verdict("back-20s", facts, g, events)
+
+
+def failed(v: S.Verdict) -> list[str]:
+    return [c.name for c in v.checks if c.ok is False]
+
+
+@pytest.mark.parametrize("criterion,change", [
+    ("SUCCEEDED", lambda f, g, e: f.update(rc=1, outcome="job j-1 FAILED")),
+    ("SUCCEEDED", lambda f, g, e: f.update(outcome="job j-1 STOPPED")),
+    ("every step counted once", lambda f, g, e: g["steps"].update(counted=39)),
+    ("every incident recovered", lambda f, g, e: g["incidents"][0].update(recover_s=None)),
+    ("every incident recovered", lambda f, g, e: g.update(incidents=[])),
+    ("no step replayed at a grow", lambda f, g, e: g["incidents"][1].update(replayed_steps=3)),
+    ("the incidents' replayed steps were run again", lambda f, g, e: g["steps"].update(replayed=2)),
+    ("wall within the soak's stopwatch", lambda f, g, e: g.update(end=T0 + 200)),      # an end after the train ended
+    ("wall within the soak's stopwatch", lambda f, g, e: g.update(wall_s=20.0)),       # most of the run uncounted
+    ("wall within the soak's stopwatch", lambda f, g, e: f.pop("t_after")),
+])
+def test_each_criterion_fails_on_the_run_it_is_there_to_catch(criterion, change):
+    v = bad(change)
+    assert criterion in failed(v)
+    assert not v.ok
+
+
+def test_a_grow_folded_into_the_restart_is_not_applied_not_passed():
+    facts, g, events = back_20s_run()
+    g["incidents"] = g["incidents"][:1]
+    v = S.verdict("back-5s", facts, g, events)
+    grow = next(c for c in v.checks if c.name == "no step replayed at a grow")
+    assert grow.ok is None and "no grow" in grow.detail
+    assert v.not_applied() and v.ok
+
+
+@pytest.mark.parametrize("scenario,change,why", [
+    # --target=rank0 killed the host that held rank 1
+    ("back-20s", lambda f, g, e: e.__setitem__(slice(1, 3), [started(5, 1, 0), started(5.1, 0, 1)]), "held rank 1"),
+    # a peer aimed at, rank 0's host killed
+    ("back-60s", lambda f, g, e: None, "held rank 0"),
+    # the kill came before step 12
+    ("back-20s", lambda f, g, e: e.__setitem__(slice(3, 18), e[3:6]), "not after step 12"),
+    # no kill at all
+    ("back-20s", lambda f, g, e: e.__setitem__(slice(0), []) or e.remove(
+        next(x for x in e if x["kind"] == "worker_lost")), "0 host(s) killed"),
+    # back-never: never went on with one slice
+    ("back-never", lambda f, g, e: [x.update(workers=2) for x in e if x["kind"] == "workers_restarted"],
+     "never went on with one slice"),
+    # in-save: the save finished before the kill
+    ("in-save", lambda f, g, e: f.update(saving_step=10, restored_from=10), "finished before the kill"),
+    # in-compile: the kill came after the first step
+    ("in-compile", lambda f, g, e: e.insert(3, ev(7, "compile_started")), "not in the first compile"),
+    # hung-resumed: no freeze recorded
+    ("hung-resumed", lambda f, g, e: None, "no worker frozen and resumed"),
+    # hang-stop: the follower never stopped the job
+    ("hang-stop", lambda f, g, e: e.append(ev(30, "worker_hung", by="chaos", host="tpu-group-0-0")),
+     "did not stop the stalled job"),
+])
+def test_a_fault_that_did_not_happen_as_described_is_not_exercised(scenario, change, why):
+    facts, g, events = copy.deepcopy(back_20s_run())
+    change(facts, g, events)
+    v = S.verdict(scenario, facts, g, events)
+    assert any(why in x for x in v.exercised), v.exercised
+    assert not v.ok and v.failures()[0].startswith("not exercised: ")
+
+
+def test_in_save_exercised_when_the_kill_cut_the_save_short():
+    facts, _g, events = back_20s_run()
+    for e in events:
+        if e["kind"] == "worker_lost":
+            e["host"] = "tpu-group-1-0"  # a peer
+    facts.update(saving_step=15, restored_from=10)
+    assert S.exercised("in-save", facts, events) == []
+
+
+def test_two_lost_needs_the_second_kill_while_the_first_host_is_down():
+    facts, _g, events = back_20s_run()
+    events.append(ev(40, "worker_lost", by="chaos", host="tpu-group-1-0", source="chaos"))
+    assert S.exercised("two-lost", facts, events) == []
+    late = [dict(e, t=T0 + 100) if e["kind"] == "worker_lost" and e["host"] == "tpu-group-1-0" else e
+            for e in events]
+    assert any("the first host was back" in x for x in S.exercised("two-lost", facts, late))
+
+
+def test_the_hang_must_be_seen_as_a_stall_that_recovered():
+    facts, g, events = back_20s_run()
+    events = [e for e in events if e["kind"] != "worker_lost"] + [
+        ev(26, "worker_hung", by="chaos", host="tpu-group-0-0"), ev(36, "worker_resumed", by="chaos")]
+    g["incidents"] = [{"kind": "stall", "at": T0 + 26, "lost_at_step": 14, "restored_from_step": None,
+                       "replayed_steps": 0, "recover_s": 11.0}]
+    g["steps"]["replayed"] = 0
+    assert S.exercised("hung-resumed", facts, events) == []
+    assert "the hang seen as a stall" not in failed(S.verdict("hung-resumed", facts, g, events))
+    g["incidents"] = []
+    assert "the hang seen as a stall" in failed(S.verdict("hung-resumed", facts, g, events))
+
+
+def test_a_stopped_stall_must_count_its_replayed_steps():
+    facts, g, events = back_20s_run()
+    events += [ev(26, "worker_hung", by="chaos", host="tpu-group-0-0"), ev(50, "stopped", source="train")]
+    facts["jobs"] = 2
+    g["incidents"] = [{"kind": "stall", "at": T0 + 26, "lost_at_step": 16, "restored_from_step": 10,
+                       "replayed_steps": 0, "recover_s": None, "stopped": True}]
+    g["steps"]["replayed"] = 6
+    assert "the stopped stall's steps replayed" in failed(S.verdict("hang-stop", facts, g, events))
+    g["incidents"][0]["replayed_steps"] = 6
+    assert "the stopped stall's steps replayed" not in failed(S.verdict("hang-stop", facts, g, events))
