@@ -5,38 +5,41 @@ up`, `invoke goodput --json`), and a table of how each came out.
 
     .venv/bin/python bench/soak.py [--repeat 3] [--load] [--only back-20s,...] [--write]
 
-Scenarios (a host is a simulated TPU host: one slice of the twin):
+Scenarios (a host is a simulated TPU host: one slice of the twin; the
+kills aimed with `chaos.delete-worker --target`, see soak_checks.SPECS):
 
-- back-never: a host lost after step 12, never back by itself; `invoke up`
-  brings it back once the job goes on with one slice;
-- back-5s, back-20s, back-60s: a host lost after step 12 and back after 5,
-  20 or 60 s (`--restore-after`), as KubeRay recreates a deleted pod;
+- back-never: a peer's host lost after step 12, never back by itself;
+  `invoke up` brings it back once the job goes on with one slice;
+- back-5s, back-20s, back-60s: a host (rank 0's, rank 0's, a peer's) lost
+  after step 12 and back after 5, 20 or 60 s (`--restore-after`), as
+  KubeRay recreates a deleted pod;
 - in-compile: a host lost during the job's first compile (before any step;
   the run's compilation cache empty), back after 20 s;
-- in-save: a host lost while a checkpoint is being written (its
+- in-save: a peer's host lost while a checkpoint is being written (its
   `<step>.orbax-checkpoint-tmp-*` folder there), back after 20 s;
-- two-lost: a host lost after step 12 (back after 60 s), and the other as
-  soon as the job starts again on it (back after 20 s): for a while no
-  slice is left;
+- two-lost: rank 0's host lost after step 12 (back after 60 s), and the
+  other as soon as the job starts again on it (back after 20 s): for a
+  while no slice is left;
 - hung-resumed: a host's training worker frozen (SIGSTOP) after step 12,
-  resumed after 10 s;
+  resumed after 10 s, `stall_after: 5`: the stall must be seen;
 - hang-stop: `stall_after: 15`, `stall_action: stop`: a worker frozen for
   good; the follower stops the job; `invoke train --elastic` (no --fresh)
   resumes the run from its checkpoint and finishes it.
 
-A scenario passes when its run SUCCEEDED to its last step, each lost host's
-incident recovered, each grow replayed no step (when a save before it was
-possible), and its goodput parts add up to its wall time within 2 %. The
-table gives each run's outcome, its goodput (ours, and Google's
-ml-goodput-measurement on the same steps), and each incident: the step it
-was lost at, the checkpoint restored, the steps replayed, the time to
-recover (the loss to the first step after it); then the median and p90 of
-the time to recover over the lost hosts.
+Each run must first prove its fault happened as described (else it is run
+again, at most ATTEMPTS times, then counted "not exercised": a failure);
+then pass each criterion of bench/soak_checks.py (each shown failing on a
+bad run by tests/test_soak_checks.py). The table gives each run's outcome,
+its goodput (ours, and Google's ml-goodput-measurement on the same steps),
+and each incident: the step it was lost at, the checkpoint restored, the
+steps replayed, the time to recover (the loss to the first step after it);
+then the median and p90 of the time to recover over the lost hosts.
 
 `--load` runs a CPU hog on one core meanwhile. `--write` writes the table,
 dated, into docs/elastic.md (between its markers), and its summary (a row
 per scenario) into the README; `--summary` writes only that summary again. Each run's timeline is
-kept: .state/soak/kept/<rep>-<scenario>.jsonl. Uses its own environment
+kept: .state/soak/kept/<rep>-<scenario>.jsonl, the soak's facts beside it
+(.json); `--rescore` judges the kept runs again with this tree's code. Uses its own environment
 (soak: ray_ip 127.0.0.12, gcs_port 7400, dashboard_port 8305, its own
 .state folder) and stops its cluster at the end.
 """

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 
 import pytest
 
@@ -281,6 +282,42 @@ def test_chaos_deletes_exactly_one_worker_pod_found_by_label(cloud: Cloud):
     assert recap(run, "chaos")["changed"] == 1
     assert name not in cloud.kube.worker_pods("default")       # KubeRay's stand-in replaced it
     assert len(cloud.kube.worker_pods("default")) == 8
+
+
+def test_chaos_target_rank0_and_peer_delete_the_pods_the_running_jobs_timeline_names(cloud: Cloud):
+    """--target=rank0 / peer: the pod of the running job's rank 0, or of
+    another rank, from its worker_started events (a worker's hostname is its
+    pod's name); with no job running it refuses, deleting nothing."""
+    from tests.fakes.cloud import ROOT, STANDARD
+    cloud.seed_full()
+    cloud.get_credentials()
+    pods = sorted(cloud.kube.worker_pods("default"))
+    run_dir = ROOT / ".state" / STANDARD / "training" / "rayjob-multi-slice"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    run_dir.mkdir(parents=True)
+    try:
+        none = failed_run(cloud.invoke("chaos.delete-worker", "--target=rank0"))
+        assert "--target=rank0: no job is running" in none.out, none.out
+        assert [r for r in none.requests if r.method == "DELETE"] == []
+        cloud.dashboard.jobs = [{"submission_id": "rayjob-multi-slice-1", "status": "RUNNING", "start_time": 1,
+                                 "entrypoint": f"python maxtext_multi_slice_trainer.py base.yml "
+                                               f"base_output_directory=gs://{BUCKET}/ run_name=rayjob-multi-slice"}]
+        events = [{"t": 100.0 + i, "kind": "worker_started", "step": None, "source": "trainer",
+                   "job": "rayjob-multi-slice-1", "rank": rank, "workers": 2, "slice": f"slice-{rank}", "host": "0",
+                   "hostname": pod} for i, (rank, pod) in enumerate(((1, pods[5]), (0, pods[3])))]
+        (run_dir / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+        for target, pod in (("rank0", pods[3]), ("peer", pods[5])):
+            run = ok_run(cloud.invoke("chaos.delete-worker", f"--target={target}"))
+            [deleted] = [r for r in run.requests if r.method == "DELETE"]
+            assert deleted.path == f"/api/v1/namespaces/default/pods/{pod}", (target, deleted.path)
+            assert run.calls("GET", r"/namespaces/default/pods$") == []  # not the tutorial's first-pod lookup
+        lost = [e for e in map(json.loads, (run_dir / "events.jsonl").read_text().splitlines())
+                if e["kind"] == "worker_lost"]
+        assert [(e["pod"], e["target"]) for e in lost] == [(pods[3], "rank0"), (pods[5], "peer")]
+        bad = cloud.invoke("chaos.delete-worker", "--target=Not_A_Pod")
+        assert bad.rc == 2 and "--target 'Not_A_Pod': not first, rank0, peer nor a pod's name" in bad.out, bad.out
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
 
 
 # -- 11. checkpoints Orbax finalized, and GKE maintenance held off during a run --------
