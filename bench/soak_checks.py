@@ -194,8 +194,10 @@ def _incidents(g: dict) -> list[dict]:
     return list(g.get("incidents") or [])
 
 
-def _stopped(i: dict) -> bool:
-    return i.get("kind") == "stall" and bool(i.get("stopped"))
+def _ended(i: dict) -> bool:
+    """An incident its job's end ended before any recovery (the goodput
+    report's ``ended``: a stalled job stopped by the follower)."""
+    return bool(i.get("ended"))
 
 
 def criteria(scenario: str, facts: dict, g: dict, events: list[dict]) -> list[Check]:
@@ -209,7 +211,9 @@ def criteria(scenario: str, facts: dict, g: dict, events: list[dict]) -> list[Ch
     counted, want = (g.get("steps") or {}).get("counted"), facts.get("target_steps")
     out.append(Check("every step counted once", counted == want, f"{counted} counted of {want} asked"))
     incidents = _incidents(g)
-    unrecovered = [i for i in incidents if i.get("recover_s") is None and not _stopped(i)]
+    # An incident its job's end ended is over when the next job resumes the run (``resumed_s``).
+    unrecovered = [i for i in incidents if i.get("recover_s") is None
+                   and not (_ended(i) and spec.stop and i.get("resumed_s") is not None)]
     if unrecovered:
         out.append(Check("every incident recovered", False, "; ".join(
             f"{i['kind']} at step {i.get('lost_at_step')} not recovered" for i in unrecovered)))
@@ -223,15 +227,16 @@ def criteria(scenario: str, facts: dict, g: dict, events: list[dict]) -> list[Ch
                                                                            for i in stalls),
                          f"{len(stalls)} stall(s)" if stalls else "no stall in the report"))
     if spec.stop:
-        stopped = [i for i in incidents if _stopped(i)]
+        stopped = [i for i in incidents if i.get("kind") == "stall" and _ended(i)]
         if not stopped:
-            out.append(Check("the stopped stall's steps replayed", False, "no stall reported as stopped"))
+            out.append(Check("the stopped stall's steps replayed", False,
+                             "no stall reported as ended by its job's stop (it was counted recovered)"))
         else:
             i = stopped[0]
             lost, k, n = i.get("lost_at_step"), i.get("restored_from_step"), i.get("replayed_steps")
-            right = lost is not None and k is not None and n == lost - k
+            right = lost is not None and k is not None and n == lost - k and i.get("resumed_s") is not None
             out.append(Check("the stopped stall's steps replayed", right,
-                             f"lost at {lost}, resumed from {k}, {n} replayed"))
+                             f"lost at {lost}, the next job resumed from {k}, {n} replayed"))
     grows = [i for i in incidents if i.get("kind") == "resize"]
     if grows:
         bad = [i for i in grows if i.get("replayed_steps")]

@@ -159,9 +159,18 @@ def test_a_stopped_stall_must_count_its_replayed_steps():
     facts, g, events = back_20s_run()
     events += [ev(26, "worker_hung", by="chaos", host="tpu-group-0-0"), ev(50, "stopped", source="train")]
     facts["jobs"] = 2
-    g["incidents"] = [{"kind": "stall", "at": T0 + 26, "lost_at_step": 16, "restored_from_step": 10,
-                       "replayed_steps": 0, "recover_s": None, "stopped": True}]
+    # As 010859f reported it: the stall "recovered" when the job was stopped, 0 steps replayed.
+    g["incidents"] = [{"kind": "stall", "at": T0 + 26, "lost_at_step": 16, "restored_from_step": None,
+                       "replayed_steps": 0, "recover_s": 20.2}]
     g["steps"]["replayed"] = 6
     assert "the stopped stall's steps replayed" in failed(S.verdict("hang-stop", facts, g, events))
-    g["incidents"][0]["replayed_steps"] = 6
-    assert "the stopped stall's steps replayed" not in failed(S.verdict("hang-stop", facts, g, events))
+    # Ended by the stop, resumed by the next job from 10: 6 replayed.
+    g["incidents"] = [{"kind": "stall", "at": T0 + 26, "lost_at_step": 16, "restored_from_step": 10,
+                       "replayed_steps": 6, "recover_s": None, "ended": "stopped (by the follower)",
+                       "resumed_s": 60.0}]
+    assert failed(S.verdict("hang-stop", facts, g, events)) == []
+    g["incidents"][0]["replayed_steps"] = 0
+    assert failed(S.verdict("hang-stop", facts, g, events)) == [
+        "the stopped stall's steps replayed", "the incidents' replayed steps were run again"]
+    g["incidents"][0].update(replayed_steps=6, resumed_s=None)  # no job resumed it
+    assert "every incident recovered" in failed(S.verdict("hang-stop", facts, g, events))
