@@ -325,7 +325,7 @@ def test_a_returned_slice_is_billed_from_its_return_until_the_grow_as_held_not_t
     assert c["chip_hours"] == pytest.approx(billed / 3600, abs=1e-4)
     assert c["used_chip_hours"] == pytest.approx(c["chip_hours"] - held, abs=1e-4)
     text = "\n".join(goodput.lines({**goodput.account(evs, "r"), "cost": c}))
-    assert f"held, not training (billed, not in the worker group)" in text and "$" in text.split("held, not")[1]
+    assert "held, not training (billed, not in the worker group)" in text and "$" in text.split("held, not")[1]
 
 
 def test_a_pod_that_failed_keeps_its_node_billed_a_preempted_one_does_not():
@@ -462,8 +462,15 @@ def test_the_estimate_is_steps_left_times_the_step_time_measured_times_the_chips
     assert "unknown ($86.40/h while it runs)" in cost.estimate(79, None, b, why="none measured")
     sim = cost.Basis(2, 1, 4, simulated=True)
     assert cost.estimate(20, cost.StepTime(0.3, "x"), sim) == (
-        "cost estimate: 20 steps x 0.3 s (x) x 8 chips = 0.01333 chip-hours; no price: a local run's chips are "
-        "simulated")
+        "cost estimate: (20 steps x 0.3 s (x)) x 8 chips = 0.01333 chip-hours (a lower bound: start-up, compile and "
+        "checkpoint saves not included (none measured)); no price: a local run's chips are simulated")
+    # Autopilot: its ComputeClass picks each node's option, not recorded: the cheapest to the dearest.
+    auto = cost.env_basis(env("dev", mode="autopilot", capacity=["spot", "on-demand"],
+                              prices={"spot": 1.0, "on-demand": 3.0}), None, None)
+    assert auto.rates == [None, None] and auto.ranges == [[1.0, 3.0], [1.0, 3.0]] and auto.per_chip_hour is None
+    assert "Autopilot's ComputeClass picks each node's option among spot, on-demand: not recorded" in auto.price_text()
+    line = cost.estimate(79, cost.StepTime(2.0, "m"), auto)
+    assert "= $" in line and "-" in line.split("= $")[1].split(" ")[0], line
 
 
 def test_the_step_time_is_the_runs_own_else_the_newest_run_of_its_model_past_each_groups_first_steps():
