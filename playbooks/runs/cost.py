@@ -292,74 +292,84 @@ def _takes_nodes(e: dict) -> bool:
                                                                   and e.get("by") in NODE_GONE)
 
 
+class _Walk:
+    """What is billed and used as the events come (``ledger``)."""
+
+    def __init__(self, basis: Basis, groups: dict[int, frozenset[str]]):
+        self.basis, self.groups = basis, groups
+        self.absent: set[str] = set()
+        self.gone = 0  # slices gone whose name was not recorded
+        self.running = True
+        self.group: tuple[frozenset[str] | None, int] | None = None
+        self.out: list[Period] = []
+
+    def period(self, t: float) -> Period:
+        names, b = set(self.basis.names), self.basis
+        kb = max(0, b.slices - len(self.absent & names if names else self.absent) - self.gone)
+        among = frozenset(names - self.absent)
+        billed = Held(among, kb)
+        if not self.running:
+            used = Held(frozenset(), 0)
+        elif self.group is None:
+            used = billed
+        else:
+            said, k = self.group
+            if said is not None and len(said) == k:
+                live = frozenset(said - self.absent)
+                used = Held(live, min(len(live), kb))
+            else:
+                used = Held(among, min(k, kb))
+        return Period(t, b, billed, used)
+
+    def snap(self, t: float) -> None:
+        p, out = self.period(t), self.out
+        if out and out[-1].t == t:
+            out[-1] = p
+        elif not out or (out[-1].basis, out[-1].billed, out[-1].used) != (p.basis, p.billed, p.used):
+            out.append(p)
+
+    def see(self, i: int, e: dict) -> bool:
+        """Take one event in; True when it changed what is billed or used."""
+        kind = e.get("kind")
+        if kind == PRICED and (b := basis_of(e)) is not None:
+            if (b.slices, b.names) != (self.basis.slices, self.basis.names):
+                self.absent, self.gone = set(), 0
+            self.basis = b
+        elif kind in (E.SUBMITTED, E.JOB_END):
+            self.running, self.group = kind == E.SUBMITTED, None
+        elif kind == E.WORKER_STARTED and i in self.groups:
+            n = _int(e.get("workers"))
+            said = self.groups[i]
+            self.group = (said, math.ceil(n / self.basis.hosts_per_slice) if n else len(said))
+        elif kind in E.GROUP_LINES and not self.groups and (n := _int(e.get("workers"))) is not None:
+            self.group = (None, math.ceil(n / self.basis.hosts_per_slice))
+        elif _takes_nodes(e):
+            if e.get("slice"):
+                self.absent.add(str(e["slice"]))
+            else:
+                self.gone += 1
+        elif kind in (E.HOST_BACK, E.SCHEDULED) and e.get("slice"):
+            if str(e["slice"]) in self.absent:
+                self.absent.discard(str(e["slice"]))
+            elif self.gone:
+                self.gone -= 1
+        else:
+            return False
+        return True
+
+
 def ledger(events: list[dict], fallback: Basis) -> list[Period]:
     """The periods of a run, in time order: each ``priced`` event's basis
     from its time (the first also before it; ``fallback`` where none), the
     slices billed and used (the module says what proves each)."""
     evs = sorted((e for e in events if E.number(e.get("t")) is not None), key=lambda e: float(e["t"]))
     bases = recorded_bases(evs)
-    basis = bases[0][1] if bases else fallback
-    groups = _groups(evs)
-    trainer_groups = bool(groups)
-    absent: set[str] = set()
-    gone = 0  # slices gone whose name was not recorded
-    running = True
-    group: tuple[frozenset[str] | None, int] | None = None
-    out: list[Period] = []
-
-    def snap(t: float) -> None:
-        names = set(basis.names)
-        kb = max(0, basis.slices - len(absent & names if names else absent) - gone)
-        among = frozenset(names - absent)
-        billed = Held(among, kb)
-        if not running:
-            used = Held(frozenset(), 0)
-        elif group is None:
-            used = billed
-        else:
-            said, k = group
-            if said is not None and len(said) == k:
-                live = frozenset(said - absent)
-                used = Held(live, min(len(live), kb))
-            else:
-                used = Held(among, min(k, kb))
-        p = Period(t, basis, billed, used)
-        if out and out[-1].t == t:
-            out[-1] = p
-        elif not out or (out[-1].basis, out[-1].billed, out[-1].used) != (p.basis, p.billed, p.used):
-            out.append(p)
-
-    snap(float("-inf"))
+    walk = _Walk(bases[0][1] if bases else fallback, _groups(evs))
+    walk.snap(float("-inf"))
     for i, e in enumerate(evs):
-        kind, t = e.get("kind"), float(e["t"])
-        if kind == PRICED and (b := basis_of(e)) is not None:
-            if (b.slices, b.names) != (basis.slices, basis.names):
-                absent, gone = set(), 0
-            basis = b
-        elif kind == E.SUBMITTED:
-            running, group = True, None
-        elif kind == E.JOB_END:
-            running, group = False, None
-        elif kind == E.WORKER_STARTED and i in groups:
-            n = _int(e.get("workers"))
-            group = (groups[i], math.ceil(n / basis.hosts_per_slice)) if n else (groups[i], len(groups[i]))
-        elif kind in E.GROUP_LINES and not trainer_groups and (n := _int(e.get("workers"))) is not None:
-            group = (None, math.ceil(n / basis.hosts_per_slice))
-        elif _takes_nodes(e):
-            if e.get("slice"):
-                absent.add(str(e["slice"]))
-            else:
-                gone += 1
-        elif kind in (E.HOST_BACK, E.SCHEDULED) and e.get("slice"):
-            name = str(e["slice"])
-            if name in absent:
-                absent.discard(name)
-            elif gone:
-                gone -= 1
-        else:
-            continue
-        snap(t)
-    return out
+        if walk.see(i, e):
+            walk.snap(float(e["t"]))
+    return walk.out
 
 
 # -- chip-hours and dollars by cause ---------------------------------------------------------
