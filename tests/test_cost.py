@@ -192,43 +192,189 @@ def test_the_inventory_wins_and_a_reservation_is_priced_only_there():
 
 
 # -- chip-hours and dollars on a recorded timeline ----------------------------------------
-def recorded(priced: bool = True, rates=(2.7, 2.7)) -> list[dict]:
-    """The recorded run (two simulated slices of one 4-chip host, a host lost
-    after step 16, a one-host group, the grow back), with the basis a GKE
-    submit records."""
+SLICES = ["tpu-group-0", "tpu-group-1"]  # the twin's slices' names (TPU_NAME), index = slice
+
+
+def recorded(priced: bool = True, rates=(2.7, 2.7), names: list[str] | None = None) -> list[dict]:
+    """The recorded run (two simulated slices of one 4-chip host, slice 0's
+    host killed after step 16, a one-host group on slice 1 to the end),
+    with the basis a GKE submit records (``names``: where each slice's
+    option is known, as the twin records it); the chaos kill names its
+    slice, as chaos.delete-worker records it now."""
     evs = [json.loads(x) for x in RECORDED.read_text().splitlines()]
+    for e in evs:
+        if e["kind"] == E.WORKER_LOST and e["source"] == "chaos":
+            e["slice"] = "tpu-group-0"
     if priced:
         t0 = min(e["t"] for e in evs) - 1
-        b = cost.Basis(2, 1, 4, ["on-demand", "spot"], list(rates), ["inventory prices:"])
+        b = cost.Basis(2, 1, 4, ["on-demand", "spot"], list(rates), ["inventory prices:"], names=names or [])
         evs.append({"t": t0, "kind": E.PRICED, "step": None, "source": "train", **b.event_fields()})
     return sorted(evs, key=lambda e: e["t"])
 
 
-def test_each_causes_chip_hours_are_its_seconds_times_the_chips_held_and_its_dollars_those_times_the_price():
-    evs = recorded()
+def t_of(evs: list[dict], kind: str, **fields) -> float:
+    return next(e["t"] for e in evs if e["kind"] == kind and all(e.get(k) == v for k, v in fields.items()))
+
+
+def seconds(segs, a: float, b: float) -> float:
+    """The seconds of the goodput segments within [a, b]."""
+    return sum(max(0.0, min(y, b) - max(x, a)) for x, y, _ in segs)
+
+
+def test_each_causes_chip_hours_are_its_seconds_times_the_chips_used_and_the_parts_add_up_to_the_billed():
+    evs = recorded(names=SLICES)
     _, segs = goodput.account_with_segments(evs, "r")
-    basis = cost.recorded_basis(evs)
-    c = cost.report(evs, segs, goodput.CAUSES, basis, True)
-    # The chips: 8 until the one-host group (the run ended on it), then 4.
-    held = cost.chips_held(evs, basis)
-    assert [n for _, n in held] == [8, 8, 4]
-    shrink, end = held[2][0], segs[-1][1]
-    # Every second is counted once: the parts add up to the whole.
-    assert c["productive_chip_hours"] + sum(c["badput_chip_hours"].values()) == pytest.approx(c["chip_hours"], abs=1e-3)
-    whole = sum((b - a) * 8 for a, b, _ in segs) / 3600 - (end - shrink) * 4 / 3600
-    assert c["chip_hours"] == pytest.approx(whole, abs=1e-3)
-    assert c["per_chip_hour"] == 2.7 and c["cost"] == pytest.approx(c["chip_hours"] * 2.7, abs=0.01)
-    for cause, h in c["badput_chip_hours"].items():
-        assert c["badput_cost"][cause] == pytest.approx(h * 2.7, abs=0.006)
+    c = cost.report(evs, segs, goodput.CAUSES, cost.recorded_basis(evs), True)
+    start, end = segs[0][0], segs[-1][1]
+    kill = t_of(evs, E.WORKER_LOST, source="chaos")
+    # Billed: both hosts until slice 0's is killed, then slice 1's alone.
+    assert c["chip_hours"] == pytest.approx((seconds(segs, start, kill) * 8 + seconds(segs, kill, end) * 4) / 3600,
+                                            abs=1e-4)
+    # Every chip-hour once: the productive, each cause's and the held add up to the billed.
+    assert c["productive_chip_hours"] + sum(c["badput_chip_hours"].values()) == pytest.approx(c["chip_hours"],
+                                                                                             abs=1e-3)
+    assert c["used_chip_hours"] == pytest.approx(c["chip_hours"] - c["badput_chip_hours"][cost.HELD], abs=1e-4)
     # A second's chip-hours: the scheduling wait held every chip.
     sched = sum(b - a for a, b, k in segs if k == "scheduling")
     assert c["badput_chip_hours"]["scheduling"] == pytest.approx(sched * 8 / 3600, abs=1e-4)
-    # Two options, one price each: their mean.
-    assert cost.recorded_basis(recorded(rates=(2.7, 1.5))).per_chip_hour == pytest.approx(2.1)
+    # One price of every slice: it, never made up for one.
+    same = recorded(rates=(2.7, 2.7))
+    one = cost.report(same, segs, goodput.CAUSES, cost.recorded_basis(same), True)
+    assert one["per_chip_hour"] == 2.7 and one["cost"] == pytest.approx(one["chip_hours"] * 2.7, abs=0.01)
+    for cause, h in one["badput_chip_hours"].items():
+        assert one["badput_cost"][cause] == pytest.approx(h * 2.7, abs=0.006)
+
+
+def swapped(evs: list[dict]) -> list[dict]:
+    """The same run with its slices' names swapped: slice 1 lost, slice 0 going on."""
+    swap = {"tpu-group-0": "tpu-group-1", "tpu-group-1": "tpu-group-0"}
+    return [{**e, **({"slice": swap[e["slice"]]} if e.get("slice") in swap else {})} for e in evs]
+
+
+@pytest.mark.parametrize("lost, survivor_rate", [("slice 0 (on-demand)", 1.4033), ("slice 1 (spot)", 2.7)])
+def test_a_mixed_price_run_that_loses_a_slice_prices_the_one_slice_period_at_the_survivors_price(lost, survivor_rate):
+    """One on-demand ($2.7) and one Spot ($1.4033) slice: while both run,
+    each at its own price; after the loss, the surviving slice's, never the
+    mean ($2.052) of the two."""
+    evs = recorded(rates=(2.7, 1.4033), names=SLICES)
+    if lost.startswith("slice 1"):
+        evs = swapped(evs)
+    _, segs = goodput.account_with_segments(evs, "r")
+    c = cost.report(evs, segs, goodput.CAUSES, cost.recorded_basis(evs), True)
+    start, end = segs[0][0], segs[-1][1]
+    kill = t_of(evs, E.WORKER_LOST, source="chaos")
+    both = seconds(segs, start, kill) * 4 * (2.7 + 1.4033) / 3600
+    alone = seconds(segs, kill, end) * 4 * survivor_rate / 3600
+    assert c["cost"] == pytest.approx(round(both + alone, 2), abs=0.006)
+    assert c["per_chip_hour"] is None and "slice 0 on-demand $2.7, slice 1 spot $1.403 per chip-hour" in c["price"]
+    # The productive steps of the one-slice group: the survivor's price.
+    regroup = t_of(evs, E.WORKER_STARTED, workers=1)
+    after = sum(min(b, end) - max(a, regroup) for a, b, k in segs if k == "productive" and b > regroup)
+    before = c["productive_chip_hours"] - after * 4 / 3600
+    assert c["productive_cost"] == pytest.approx(before * (2.7 + 1.4033) / 2 + after * 4 / 3600 * survivor_rate,
+                                                 abs=0.006)
+
+
+def test_where_which_slice_survived_is_not_recorded_the_dollars_are_the_range_never_the_mean():
+    """A GKE submit does not record which replica is on which pool: while one
+    slice of two is held, its price is the Spot one's to the on-demand one's."""
+    evs = recorded(rates=(2.7, 1.4033))
+    _, segs = goodput.account_with_segments(evs, "r")
+    c = cost.report(evs, segs, goodput.CAUSES, cost.recorded_basis(evs), True)
+    start, end = segs[0][0], segs[-1][1]
+    kill = t_of(evs, E.WORKER_LOST, source="chaos")
+    both = seconds(segs, start, kill) * 4 * (2.7 + 1.4033) / 3600
+    one = seconds(segs, kill, end) * 4 / 3600
+    assert c["cost"] == [pytest.approx(round(both + one * 1.4033, 2), abs=0.006),
+                         pytest.approx(round(both + one * 2.7, 2), abs=0.006)]
+    assert cost.cost_text(c) == f"{c['chip_hours']:.4g} chip-hours, ${c['cost'][0]:,.2f}-{c['cost'][1]:,.2f}"
+    # Every slice held (the scheduling wait): exact.
+    assert isinstance(c["badput_cost"]["scheduling"], float)
+
+
+@pytest.mark.parametrize("platform", ["twin", "gke"])
+def test_a_returned_slice_is_billed_from_its_return_until_the_grow_as_held_not_training(platform):
+    """Slice 0 is back (the twin: its host started again; GKE: a pod placed
+    on its new node) before the elastic group grows to it: its chips are
+    billed from then, not used until the grow."""
+    evs = recorded(rates=(2.7, 1.4033), names=SLICES)
+    end = max(e["t"] for e in evs)
+    regroup = t_of(evs, E.WORKER_STARTED, workers=1)
+    back, grow = regroup + 5.0, regroup + 12.5
+    assert grow < end - 1
+    if platform == "twin":
+        evs.append({"t": back, "kind": E.HOST_BACK, "step": None, "source": "chaos", "host": "tpu-group-0-0",
+                    "slice": "tpu-group-0", "job": "rayjob-elastic-8b-3"})
+    else:  # the pods: a preemption takes slice 0's node, its pod is placed on a node again
+        for e in evs:
+            if e["kind"] == E.WORKER_LOST and e["source"] == "chaos":
+                e.update(source="pods", by="preemption", pod="w-0", host=None)
+        evs.append({"t": back, "kind": E.SCHEDULED, "step": None, "source": "pods", "pod": "w-0b",
+                    "slice": "tpu-group-0", "node": "n-0b"})
+    evs += [{"t": grow, "kind": E.WORKER_STARTED, "step": None, "rank": r, "workers": 2, "slice": s, "host": "0",
+             "source": "trainer", "job": "rayjob-elastic-8b-3"} for r, s in enumerate(SLICES)]
+    evs.sort(key=lambda e: e["t"])
+    _, segs = goodput.account_with_segments(evs, "r")
+    c = cost.report(evs, segs, goodput.CAUSES, cost.recorded_basis(evs), True)
+    held = seconds(segs, back, grow) * 4 / 3600
+    assert c["badput_chip_hours"][cost.HELD] == pytest.approx(held, abs=1e-4)
+    assert c["badput_cost"][cost.HELD] == pytest.approx(round(held * 2.7, 2), abs=0.006)  # slice 0: on-demand
+    kill = t_of(evs, E.WORKER_LOST, step=None)
+    start = segs[0][0]
+    billed = seconds(segs, start, kill) * 8 + seconds(segs, kill, back) * 4 + seconds(segs, back, end) * 8
+    assert c["chip_hours"] == pytest.approx(billed / 3600, abs=1e-4)
+    assert c["used_chip_hours"] == pytest.approx(c["chip_hours"] - held, abs=1e-4)
+    text = "\n".join(goodput.lines({**goodput.account(evs, "r"), "cost": c}))
+    assert "held, not training (billed, not in the worker group)" in text and "$" in text.split("held, not")[1]
+
+
+def test_a_pod_that_failed_keeps_its_node_billed_a_preempted_one_does_not():
+    evs = recorded(rates=(2.7, 2.7), names=SLICES)
+    for e in evs:
+        if e["kind"] == E.WORKER_LOST and e["source"] == "chaos":
+            e.update(source="pods", by="pod failed", pod="w-0", host=None)
+    _, segs = goodput.account_with_segments(evs, "r")
+    c = cost.report(evs, segs, goodput.CAUSES, cost.recorded_basis(evs), True)
+    assert c["chip_hours"] == pytest.approx(seconds(segs, segs[0][0], segs[-1][1]) * 8 / 3600, abs=1e-4)
+    regroup = t_of(evs, E.WORKER_STARTED, workers=1)
+    assert c["badput_chip_hours"][cost.HELD] == pytest.approx(seconds(segs, regroup, segs[-1][1]) * 4 / 3600,
+                                                              abs=1e-4)
+
+
+def test_each_priced_event_prices_the_time_from_it_a_resubmits_price_not_the_whole_run():
+    evs = recorded(rates=(2.7, 2.7), names=SLICES)
+    _, segs = goodput.account_with_segments(evs, "r")
+    mid = t_of(evs, E.WORKER_STARTED, workers=1)
+    again = cost.Basis(2, 1, 4, ["spot", "spot"], [1.0, 1.0], ["inventory prices:"], names=SLICES)
+    evs2 = sorted([*evs, {"t": mid, "kind": E.PRICED, "step": None, "source": "train", **again.event_fields()}],
+                  key=lambda e: e["t"])
+    c = cost.report(evs2, segs, goodput.CAUSES, cost.recorded_basis(evs2), True)
+    start, end = segs[0][0], segs[-1][1]
+    kill = t_of(evs, E.WORKER_LOST, source="chaos")
+    first = (seconds(segs, start, kill) * 8 + seconds(segs, kill, mid) * 4) / 3600
+    assert c["cost"] == pytest.approx(round(first * 2.7 + seconds(segs, mid, end) * 4 / 3600 * 1.0, 2), abs=0.006)
+    assert [p["slices"][0]["per_chip_hour"] for p in c["prices"]] == [2.7, 1.0]
+    assert "from 2" in "\n".join(cost.header_lines(c))  # each submission's prices, from its time
+
+
+def test_the_gap_between_two_jobs_is_billed_held_not_training():
+    evs = recorded(rates=(2.7, 2.7), names=SLICES)
+    end = max(e["t"] for e in evs)
+    evs += [{"t": end + 1, "kind": E.JOB_END, "step": None, "source": "train", "status": "STOPPED",
+             "job": "rayjob-elastic-8b-3"},
+            {"t": end + 61, "kind": E.SUBMITTED, "step": None, "source": "train", "job": "rayjob-elastic-8b-4"},
+            {"t": end + 70, "kind": E.JOB_END, "step": None, "source": "train", "status": "FAILED",
+             "job": "rayjob-elastic-8b-4"}]
+    _, segs = goodput.account_with_segments(evs, "r")
+    c = cost.report(evs, segs, goodput.CAUSES, cost.recorded_basis(evs), True)
+    # Slice 1's host alive through the gap: 60 s x 4 chips held, not training (slice 0's was killed).
+    gap = seconds(segs, end + 1, end + 61)
+    assert gap == pytest.approx(60)
+    assert c["badput_chip_hours"][cost.HELD] >= gap * 4 / 3600 - 1e-6
 
 
 def test_a_slice_without_a_price_leaves_the_run_with_chip_hours_only_never_a_figure():
-    evs = recorded(rates=(2.7, None))
+    evs = recorded(rates=(2.7, None), names=SLICES)
     _, segs = goodput.account_with_segments(evs, "r")
     c = cost.report(evs, segs, goodput.CAUSES, cost.recorded_basis(evs), True)
     assert c["chip_hours"] > 0 and "cost" not in c and c["per_chip_hour"] is None
@@ -270,7 +416,8 @@ def test_goodput_shows_the_runs_cost_and_each_causes_and_runs_lists_every_run(gk
     c = json.loads(r.stdout)["cost"]
     assert c["basis"] == "recorded when the run was submitted" and c["chips"] == 8
     text = gke_cli("goodput", "--run=priced").stdout
-    assert f"cost: {c['chip_hours']:.4g} chip-hours, ${c['cost']:,.2f}: 8 chips at $2.7/chip-hour" in text, text
+    assert (f"cost: {c['chip_hours']:.4g} chip-hours billed, ${c['cost']:,.2f} ({c['used_chip_hours']:.4g} used by "
+            f"the worker group), 8 chips\n    at $2.7/chip-hour") in text, text
     assert f"${c['badput_cost']['restart']:,.2f}" in text
     # Not recorded (a run submitted before prices were): the inventory's price now, said so.
     old = json.loads(gke_cli("goodput", "--run=older", "--json", prices={"on-demand": 2.0}).stdout)["cost"]
@@ -298,14 +445,32 @@ def test_goodput_shows_the_runs_cost_and_each_causes_and_runs_lists_every_run(gk
 def test_the_estimate_is_steps_left_times_the_step_time_measured_times_the_chips_times_the_price():
     b = cost.Basis(2, 4, 4, ["on-demand"] * 2, [2.7, 2.7], ["Cloud Billing Catalog 2026-12-04"])
     line = cost.estimate(79, cost.StepTime(2.0, "median of 57 steps of run r"), b)
-    assert line.startswith("cost estimate: 79 steps x 2 s (median of 57 steps of run r) x 32 chips = 1.404 "
-                           "chip-hours x $2.7 = $3.79 (2.63 min at $86.40/h); $2.7/chip-hour (on-demand $2.7; Cloud "
-                           "Billing Catalog 2026-12-04)"), line
+    assert line == ("cost estimate: (79 steps x 2 s (median of 57 steps of run r)) x 32 chips = 1.404 chip-hours x "
+                    "$2.7 = $3.79 (2.63 min at $86.40/h; a lower bound: start-up, compile and checkpoint saves not "
+                    "included (none measured)); $2.7/chip-hour (on-demand $2.7; Cloud Billing Catalog 2026-12-04)"), line
+    # The run's measured start-up, compile (per job) and checkpoint saves (per step) are added, and said.
+    over = cost.Overhead(30.0, 12.0, 0.1, "r")
+    line = cost.estimate(79, cost.StepTime(2.0, "median of 57 steps of run r"), b, overhead=over)
+    assert line.startswith("cost estimate: (79 steps x 2 s (median of 57 steps of run r) + 30 s start-up + 12 s "
+                           "compile + 7.9 s checkpoint saves (run r's, per job)) x 32 chips = 1.848 chip-hours x $2.7 "
+                           "= $4.99 (3.47 min at $86.40/h; at least: waiting for capacity and incidents not "
+                           "included)"), line
+    report = goodput.account(recorded(priced=False), "r")
+    o = cost.overhead_of(report, "r")
+    assert o is not None and o.startup_s == report["badput_s"]["startup"] > 0
+    assert o.checkpoint_per_step_s == pytest.approx(report["badput_s"]["checkpoint"] / report["steps"]["counted"])
     assert "unknown ($86.40/h while it runs)" in cost.estimate(79, None, b, why="none measured")
     sim = cost.Basis(2, 1, 4, simulated=True)
     assert cost.estimate(20, cost.StepTime(0.3, "x"), sim) == (
-        "cost estimate: 20 steps x 0.3 s (x) x 8 chips = 0.01333 chip-hours; no price: a local run's chips are "
-        "simulated")
+        "cost estimate: (20 steps x 0.3 s (x)) x 8 chips = 0.01333 chip-hours (a lower bound: start-up, compile and "
+        "checkpoint saves not included (none measured)); no price: a local run's chips are simulated")
+    # Autopilot: its ComputeClass picks each node's option, not recorded: the cheapest to the dearest.
+    auto = cost.env_basis(env("dev", mode="autopilot", capacity=["spot", "on-demand"],
+                              prices={"spot": 1.0, "on-demand": 3.0}), None, None)
+    assert auto.rates == [None, None] and auto.ranges == [[1.0, 3.0], [1.0, 3.0]] and auto.per_chip_hour is None
+    assert "Autopilot's ComputeClass picks each node's option among spot, on-demand: not recorded" in auto.price_text()
+    line = cost.estimate(79, cost.StepTime(2.0, "m"), auto)
+    assert "= $" in line and "-" in line.split("= $")[1].split(" ")[0], line
 
 
 def test_the_step_time_is_the_runs_own_else_the_newest_run_of_its_model_past_each_groups_first_steps():
@@ -318,7 +483,7 @@ def test_the_step_time_is_the_runs_own_else_the_newest_run_of_its_model_past_eac
     # Another run counts only when it trained the same model (its model_check says which).
     said = [*evs, {"t": evs[-1]["t"], "kind": E.MODEL_CHECK, "model": "llama3-8b", "step": None}]
     assert cost.measured([("other", said), ("r", [])], "r", "llama3-8b", 2) == cost.StepTime(
-        own.seconds, f"median of {len(vals)} steps of run other")
+        own.seconds, f"median of {len(vals)} steps of run other", "other")
     assert cost.measured([("other", said)], "r", "llama3-70b", 2) is None
     assert cost.measured([("other", evs)], "r", "llama3-8b", 2) is None  # no model said: not taken
 

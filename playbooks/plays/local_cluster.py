@@ -102,10 +102,12 @@ def _ghost_gone(env: Environment, host: Host) -> Await:
 
 
 def _start_host(env: Environment, host: Host, nodes: Any, reason: str, would: str, *before: Any,
-                late: float = 0.0):
-    """The change that starts a host (after its ghost is gone, if listed)."""
+                late: float = 0.0, after: tuple[Any, ...] = ()):
+    """The change that starts a host (after its ghost is gone, if listed),
+    then ``after`` (the chaos restore's event)."""
     ghost = (_ghost_gone(env, host),) if nodes is not ABSENT and registered(nodes, host) else ()
-    return change(*before, *ghost, host_command(env, host, late), reason=reason, would=would, found="not running")
+    return change(*before, *ghost, host_command(env, host, late), *after, reason=reason, would=would,
+                  found="not running")
 
 
 def _host_verify(env: Environment, host: Host) -> Verify:
@@ -224,7 +226,7 @@ def chaos_steps(env: Environment, restore_after: float, target: str = placement.
     def kill_host(h: Host, why: str) -> Any:
         killed["host"] = h
         return change(kill(pidfile(env, h.name)),
-                      record(env, E.WORKER_LOST, host=h.name, by="chaos", target=target,
+                      record(env, E.WORKER_LOST, host=h.name, slice=h.tpu_name, by="chaos", target=target,
                              cause="SIGKILL of its Ray node (chaos.delete-worker)"),
                       reason=f"killed TPU host {h.name}{why}",
                       would=shown(f"kill TPU host {h.name}{why}"), found=f"TPU host {h.name} running")
@@ -268,7 +270,9 @@ def chaos_steps(env: Environment, restore_after: float, target: str = placement.
                           f"TPU host {host.name} runs again: nothing to bring back")
             return _start_host(env, host, look(nodes), f"TPU host {host.name} back after {restore_after:g}s",
                                f"bring TPU host {host.name} back after {restore_after:g}s",
-                               Action(f"sleep {restore_after:g}", lambda: time.sleep(restore_after)))
+                               Action(f"sleep {restore_after:g}", lambda: time.sleep(restore_after)),
+                               after=(record(env, E.HOST_BACK, host=host.name, slice=host.tpu_name, by="chaos",
+                                             cause=f"started again after {restore_after:g}s (chaos.delete-worker)"),))
 
         def back(s: Any) -> str | None:
             # Only the host this run brought back (another may be down for

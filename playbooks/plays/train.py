@@ -38,11 +38,12 @@ from playbooks.job.spec import (
     restores_unfinished,
     submit_command,
 )
-from playbooks.runs import cost, metrics, timeline
+from playbooks.runs import cost, goodput, metrics, timeline
 from playbooks.runs import events as E
 from playbooks.runs.follow import Followed, Follower, follow
 from playbooks.runs.job_log import clean
 from playbooks.runs.train_summary import Summary
+from playbooks.twin.nodes import slice_names
 
 PLAY = "train"
 SUBMIT_ATTEMPTS = 5
@@ -205,10 +206,12 @@ def slices_step(env: Environment, job: Job) -> Step:
 
 
 # -- what the run will cost -------------------------------------------------------
-def slice_options(env: Environment, look: Any) -> list[str]:
+def slice_options(env: Environment, look: Any) -> list[str] | None:
     """Each slice's capacity option: its node pool's (Standard), else the
-    first of ``capacity:`` (a pool not made yet; Autopilot, whose
-    ComputeClass picks per node)."""
+    first of ``capacity:`` (a pool not made yet); None on Autopilot, whose
+    ComputeClass picks each node's among ``capacity:`` (not known here)."""
+    if not env.cluster_mode.our_node_pools:
+        return None
     first = capacities(env)[0]
     pools: dict[str, Any] = {}
     if env.cluster_mode.our_node_pools and look(clusters_fact(env)) is not ABSENT:
@@ -224,8 +227,8 @@ def basis_fact(job: Job) -> Fact:
     catalog = prices.catalog_fact(env) if env.platform.cloud and prices.needs_catalog(env) else None
 
     def derive(look: Any) -> cost.Basis:
-        if env.platform.simulated:
-            return cost.env_basis(env, None, None)
+        if env.platform.simulated:  # the twin's slice i is its hosts' TPU_NAME
+            return cost.env_basis(env, None, None, names=slice_names(env))
         return cost.env_basis(env, slice_options(env, look), look(catalog) if catalog else None)
 
     return Fact(name="price basis", display=f"the chips of {env.slices} slice(s) and their price per chip-hour",
@@ -236,13 +239,18 @@ NOT_MEASURED = "no step time measured yet for this model here (the preflight com
 NOT_READ = "the timelines are not read in a dry run (`invoke train` with playbook.mode=check reads them)"
 
 
-def measured_step(job: Job) -> cost.StepTime | None:
+def measured_step(job: Job) -> tuple[cost.StepTime, cost.Overhead | None] | None:
     """The step time the run's (or the newest run of its model's) timeline
-    measured here (this project's own files)."""
+    measured here (this project's own files), and that run's start-up,
+    compile and checkpoint seconds (its goodput report)."""
     root = paths.here(paths.training(job.env.name))
     files = sorted(root.glob(f"*/{timeline.FILE}"), key=lambda p: p.stat().st_mtime, reverse=True)
     runs = [(f.parent.name, timeline.read(job.env, f.parent.name)) for f in files]
-    return cost.measured(runs, job.run_name, job.model, job.env.slices * job.env.hosts_per_slice)
+    step = cost.measured(runs, job.run_name, job.model, job.env.slices * job.env.hosts_per_slice)
+    if step is None:
+        return None
+    evs = next(e for name, e in runs if name == step.run)
+    return step, cost.overhead_of(goodput.account(evs, step.run), step.run)
 
 
 def estimate_step(job: Job) -> Step:
@@ -253,14 +261,14 @@ def estimate_step(job: Job) -> Step:
     have = checkpoints_fact(job) if kind != "unseen" and not job.fresh else None
     when = Fact(name="step time", python=lambda: measured_step(job) or NOT_MEASURED,
                 display=f"# the step time of {paths.training(job.env.name)}/*/{timeline.FILE}", assumed=NOT_READ,
-                describe=lambda s: s.basis if isinstance(s, cost.StepTime) else str(s))
+                describe=lambda s: s[0].basis if isinstance(s, tuple) else str(s))
 
     def decide(look):
         last = look(have).last if have is not None and isinstance(look(have), Checkpoints) else None
         left = job.steps - (last + 1 if last is not None else 0)
-        step = look(when)
-        return ok(cost.estimate(left, step if isinstance(step, cost.StepTime) else None, look(basis),
-                                why=None if isinstance(step, cost.StepTime) else str(step)))
+        got = look(when)
+        step, overhead = got if isinstance(got, tuple) else (None, None)
+        return ok(cost.estimate(left, step, look(basis), why=None if step else str(got), overhead=overhead))
 
     return Step(PLAY, "cost estimate", decide, id="train:estimate", probes=(basis, when),
                 after=("train:checkpoints",))

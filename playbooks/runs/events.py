@@ -29,6 +29,7 @@ MODEL_CHECK = "model_check"                # the trainer: the model config appli
 WORKER_LOST = "worker_lost"
 WORKER_HUNG = "worker_hung"
 WORKER_RESUMED = "worker_resumed"
+HOST_BACK = "host_back"                    # chaos: a twin's killed host started again (billed again: cost.py)
 SCHEDULED = "scheduled"                    # a worker pod on its node (GKE)
 FAILURE = "failure"                        # Ray Train's failure policy
 RESIZE = "resize"                          # Ray Train's resize of a running group

@@ -46,6 +46,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from playbooks.runs import cost
 from playbooks.runs import events as E
 from playbooks.runs.timeline import who
 
@@ -401,11 +402,7 @@ def _library_line(lib: dict | None) -> list[str]:
 
 def _cost_lines(c: dict | None) -> list[str]:
     """The run's chips, chip-hours and cost (``cost.py``), if counted."""
-    if not c:
-        return []
-    sim = " (simulated: a local run)" if c.get("chips_simulated") else ""
-    total = f"{c['chip_hours']:.4g} chip-hours" + (f", ${c['cost']:,.2f}" if c.get("cost") is not None else "")
-    return [f"  cost: {total}: {c['chips']} chips{sim} at {c['price']}", f"    ({c['basis']})"]
+    return cost.header_lines(c) if c else []
 
 
 def _spent(c: dict | None, hours_key: str | tuple[str, str], cost_key: str | tuple[str, str]) -> str:
@@ -417,7 +414,7 @@ def _spent(c: dict | None, hours_key: str | tuple[str, str], cost_key: str | tup
         return c.get(k) if isinstance(k, str) else (c.get(k[0]) or {}).get(k[1])
 
     h, d = get(hours_key), get(cost_key)
-    return f"  {h:9.3g} chip-h" + (f"  ${d:,.2f}" if d is not None else "") if h is not None else ""
+    return f"  {h:9.3g} chip-h" + (f"  {cost.money_text(d)}" if d is not None else "") if h is not None else ""
 
 
 def lines(r: dict) -> list[str]:
@@ -440,6 +437,9 @@ def lines(r: dict) -> list[str]:
         if s:
             out.append(f"    {WHAT[cause]:<38} {s:9.1f} s  {100 * s / r['wall_s']:5.1f}%"
                        + _spent(c, ("badput_chip_hours", cause), ("badput_cost", cause)))
+    if c and (c.get("badput_chip_hours") or {}).get(cost.HELD):
+        out.append(f"  {cost.HELD_WHAT + ' (billed, not in the worker group)':<54}"
+                   + _spent(c, ("badput_chip_hours", cost.HELD), ("badput_cost", cost.HELD)))
     if r["incidents"]:
         out.append("  incidents")
     for i in r["incidents"]:

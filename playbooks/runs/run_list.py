@@ -9,6 +9,7 @@ import math
 from typing import Any
 
 from playbooks.runs import events as E
+from playbooks.runs.cost import money_text
 from playbooks.runs.train_summary import Summary, percent
 
 COLUMNS = ("run", "model", "state", "steps", "of", "wall", "goodput", "loss", "MFU", "chip-hours", "cost",
@@ -72,7 +73,7 @@ def cells(r: dict) -> list[str]:
         return UNKNOWN if v is None else format(v, fmt)
 
     ch = "" if r["chip_hours"] is None else f"{r['chip_hours']:.4g}" + (" (sim.)" if r["chips_simulated"] else "")
-    cost = f"${r['cost']:,.2f}" if r["cost"] is not None else "no price"
+    cost = money_text(r["cost"]) if r["cost"] is not None else "no price"
     when = E.when(r["last_event"]) if r["last_event"] else UNKNOWN
     return [r["run"], known(r.get("model")), r["state"], str(r["steps"]), known(r.get("target_steps")),
             _wall(r["wall_s"]), f"{r['goodput_pct']:.1f}%", known(r.get("final_loss"), ".3f"),

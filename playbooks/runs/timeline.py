@@ -21,8 +21,9 @@ Where they come from:
 - ``train``/``logs``: the follower: ``submitted``, ``stall_started``,
   ``stall_ended``, ``stopped`` (stall_action: stop), ``job_end`` (status).
 - ``chaos``: the chaos tasks, for the run of the running job:
-  ``worker_lost`` (by chaos: the host or pod), ``worker_hung`` and
-  ``worker_resumed``.
+  ``worker_lost`` (by chaos: the host or pod; a twin's host with its
+  slice), ``worker_hung``, ``worker_resumed`` and ``host_back`` (a twin's
+  killed host started again, with its slice: billed again, ``cost.py``).
 - ``pods``: on GKE, the pod watch while a job is followed: ``scheduled``
   (a worker pod on a node, its slice) and ``worker_lost`` (by a preemption,
   maintenance, a node gone, a failed pod; with its Kubernetes cause).

@@ -44,10 +44,20 @@ class Host:
     slice: int
     worker: int
 
+    @property
+    def tpu_name(self) -> str:
+        """Its slice's name (TPU_NAME), as its workers report it."""
+        return f"{T.TPU_WORKER_GROUP}-{self.slice}"
+
 
 def hosts_of(env: Environment) -> list[Host]:
     return [Host(f"{T.TPU_WORKER_GROUP}-{s}-{w}", s, w) for s in range(env.slices)
             for w in range(env.hosts_per_slice)]
+
+
+def slice_names(env: Environment) -> list[str]:
+    """Each simulated slice's name (TPU_NAME), index = slice."""
+    return list(dict.fromkeys(h.tpu_name for h in hosts_of(env)))
 
 
 def pidfile(env: Environment, name: str) -> PidFile:
@@ -137,7 +147,7 @@ def host_command(env: Environment, host: Host, late: float = 0.0) -> Command:
                    # A TPU host to Ray (TPU_*), CPU devices to JAX: every job on
                    # the twin, also one submitted as to GKE, sees this host's
                    # chips as devices_per_host CPU devices.
-                   env=(("TPU_NAME", f"{T.TPU_WORKER_GROUP}-{host.slice}"), ("TPU_WORKER_ID", str(host.worker)),
+                   env=(("TPU_NAME", host.tpu_name), ("TPU_WORKER_ID", str(host.worker)),
                         ("TPU_ACCELERATOR_TYPE", pod_type(env)), ("TPU_TOPOLOGY", env.topology),
                         ("JAX_PLATFORMS", "cpu"),
                         ("XLA_FLAGS", f"--xla_force_host_platform_device_count={env.devices_per_host}")),
