@@ -420,7 +420,7 @@ def check(r: Result, job: Train, soak: Soak) -> None:
     if r.scenario in LOST and not losses:
         r.why.append("no lost host in the timeline")
     for i in incidents:
-        if i["recover_s"] is None:
+        if i["recover_s"] is None and i.get("resumed_s") is None:  # a stopped stall: resumed by the next job
             r.why.append(f"{i['kind']} at {i['at']:.0f} not recovered")
     # A grow costs no step: the group saves before it (or had nothing new).
     for i in incidents:
@@ -466,7 +466,8 @@ def one(soak: Soak, name: str, rep: int) -> Result:
 def incident_text(i: dict) -> str:
     lost = i["lost_at_step"] if i["lost_at_step"] is not None else "-"
     k = i["restored_from_step"] if i["restored_from_step"] is not None else "-"
-    rec = f"{i['recover_s']:.1f} s" if i["recover_s"] is not None else "not recovered"
+    rec = (f"{i['recover_s']:.1f} s" if i["recover_s"] is not None else
+           f"{i['ended']}, resumed by the next job" if i.get("resumed_s") is not None else "not recovered")
     return f"{i['kind']}: lost {lost}, restored {k}, replayed {i['replayed_steps']}, {rec}"
 
 

@@ -288,7 +288,7 @@ class Sweep:
         self.phase, self.last_step_t = self.regroup_phase(), None
 
     def group_started(self, e: dict, t: float, i: int) -> None:
-        # The trainer's own time of a group's start (Ray's line is stamped when read).
+        # The trainer's own time of a group's start (Ray's line may come after it, or be timed within bounds).
         if self.phase == "scheduling":
             self.phase = self.regroup_phase()
 
