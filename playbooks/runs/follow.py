@@ -347,7 +347,6 @@ class Replay:
 
     def __init__(self, f: Follower):
         self.f, self.read = f, array("q", f.read)
-        f.reader.reconnected()  # what comes first was written while the stream was down
         self.at: int | None = None  # where the next line should stand among those read
         self.new = False
         self.skipped = 0
@@ -404,6 +403,7 @@ class Relink:
                 if ended_ok:
                     return done, None
                 # It ended while the stream was down: the rest of its log, once.
+                self.f.reader.reconnected()
                 return self.ctx.stream(job_logs_command(self.address, self.f.sid, follow=False), Replay(self.f)), None
             if up and j is None:
                 return done, None  # the dashboard has no such job: nothing to follow (the submit says why)
@@ -414,6 +414,7 @@ class Relink:
             if self.relink(up) is None:
                 return done, self.gave_up(f"the job could not be reached again within {self.timeout:.0f} s "
                                           f"(reconnect_timeout)")
+            self.f.reader.reconnected()  # what comes first was written while the stream was down
             replay = Replay(self.f)
             done = self.ctx.stream(job_logs_command(self.address, self.f.sid, follow=True), replay)
             fruitless = 0 if replay.new else fruitless + 1
