@@ -437,7 +437,6 @@ SCENARIOS: dict[str, Callable[[Soak, Result], Train]] = {
     "hung-resumed": hung_resumed,
     "hang-stop": hang_stop,
 }
-LOST = {"back-never", "back-5s", "back-20s", "back-60s", "in-compile", "in-save", "two-lost"}
 
 
 # -- checks -------------------------------------------------------------------------
@@ -560,7 +559,8 @@ def rescore() -> list[Result]:
 def incident_text(i: dict) -> str:
     lost = i["lost_at_step"] if i["lost_at_step"] is not None else "-"
     k = i["restored_from_step"] if i["restored_from_step"] is not None else "-"
-    rec = f"{i['recover_s']:.1f} s" if i["recover_s"] is not None else "not recovered"
+    rec = (f"{i['recover_s']:.1f} s" if i["recover_s"] is not None else
+           f"{i['ended']}, resumed by the next job" if i.get("resumed_s") is not None else "not recovered")
     return f"{i['kind']}: lost {lost}, restored {k}, replayed {i['replayed_steps']}, {rec}"
 
 

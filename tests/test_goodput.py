@@ -258,7 +258,7 @@ RAY_LINES = """\
 """
 
 
-def test_ray_train_and_ray_lines_become_events_stamped_when_read():
+def test_ray_train_and_ray_lines_become_events_a_group_at_its_trainers_start_the_rest_when_read_live():
     clock = iter(range(100, 200)).__next__
     r = timeline.Reader("run-1", clock=lambda: float(clock()))
     out = [e for line in RAY_LINES.splitlines() for e in r.feed(line)] + r.end()
@@ -274,6 +274,10 @@ def test_ray_train_and_ray_lines_become_events_stamped_when_read():
     assert by["resize"]["workers_from"] == 1 and by["resize"]["workers"] == 2
     assert [e["workers"] for e in out if e["kind"].startswith("workers_")] == [2, 1, 2]
     assert all(e["job"] == "run-1" for e in out)
+    # The first group's line at its rank 0's start; read live (the trainer's
+    # events within LIVE_S of the clock), the rest when read.
+    assert (out[0]["t"], out[0]["t_from"]) == (1796165880.5, "trainer")
+    assert {e["t_from"] for e in out[3:]} == {"read"} and by["failure"]["t"] < by["worker_lost"]["t"]
 
 
 def test_a_log_read_again_from_its_start_adds_nothing_twice(tmp_path, monkeypatch):
@@ -291,7 +295,8 @@ def test_a_log_read_again_from_its_start_adds_nothing_twice(tmp_path, monkeypatc
         w.add(r.end())
         assert len(timeline.read(Env(), "run")) == 8
     # A stamp is the first reading's; what another process appends is read back.
-    assert {e["t"] for e in timeline.read(Env(), "run") if e["source"] == "ray_train"} == {1000.0}
+    assert {e["t"] for e in timeline.read(Env(), "run") if e["source"] == "ray_train"
+            and e["t_from"] == "read"} == {1000.0}
     timeline.append(Env(), "run", [timeline.event("worker_lost", "chaos", t=2000.0, job="run-1", by="chaos")])
     assert [e["kind"] for e in w.others()] == ["worker_lost"] and w.others() == []
     # Attached to the job that started at 1000: all of it is this job's. A

@@ -98,11 +98,12 @@ def test_a_stall_is_blamed_on_a_worker_hung_in_the_minute_before_it_and_ends_at_
     assert (10.0, 70.0, "stall") in s.intervals
 
 
-def test_a_stall_said_twice_is_one_and_the_jobs_end_closes_it():
+def test_a_stall_said_twice_is_one_and_the_jobs_end_closes_it_not_recovered():
     s = swept([ev(E.SUBMITTED, 0), ev(E.STEP, 10, 3, seconds=1.0), ev(E.STALL_STARTED, 40, since=10.0),
-               ev(E.STALL_STARTED, 50, since=10.0), ev(E.JOB_END, 55)])
+               ev(E.STALL_STARTED, 50, since=10.0), ev(E.JOB_END, 55, status="FAILED")])
     assert [i.kind for i in s.incidents] == ["stall"]
-    assert s.incidents[0].by == "no cause recorded" and s.incidents[0].recover_s == 45.0
+    assert s.incidents[0].by == "no cause recorded" and s.incidents[0].recover_s is None
+    assert s.incidents[0].ended == "job ended (FAILED)" and (10.0, 55.0, "stall") in s.intervals
 
 
 @pytest.mark.parametrize("kind, cause", [(E.COMPILE_ENDED, "compile"), (E.CHECKPOINT_SAVED, "checkpoint")])

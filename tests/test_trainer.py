@@ -191,6 +191,8 @@ def summary_of(lines) -> Summary:
                 h.line(msg, 100.0)
         for line in out.getvalue().splitlines():
             feed(f"(RayTrainWorker pid={pid}) {line}")
+    for e in reader.end():  # the log's end: a line still held for its time (the follower's job end)
+        s.add(e)
     return s
 
 

@@ -47,7 +47,7 @@ PRICED = "priced"                          # `train`: the chips the run holds an
 STEPS = (STEP, PEER_STEP)
 # What an incident starts with: a worker gone, Ray Train's failure, a resize.
 LOSSES = (WORKER_LOST, FAILURE, RESIZE)
-# A worker group starting, as Ray Train says it (its line, stamped when read).
+# A worker group starting, as Ray Train says it (its line, timed at the trainer's start of the group: timeline.py).
 GROUP_LINES = (WORKERS_STARTED, WORKERS_RESTARTED)
 # A worker group starting, as the trainer says it (its own time).
 GROUP_START = (WORKER_STARTED, JAX_INITIALIZED)

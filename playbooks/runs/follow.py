@@ -127,9 +127,10 @@ class Follower:
 
     def line(self, line: str) -> None:
         self.read.append(hash(line))
-        events = self.reader.feed(line)
-        for e in events:
-            self.summary.add(e)
+        with self.lock:  # the watch's thread gives the reader's held lines their time (``held``)
+            events = self.reader.feed(line)
+            for e in events:
+                self.summary.add(e)
         if self.log_file:
             connectors.this_machine().append(self.log_file, (line + "\n").encode())
         if self.show_all or shown(clean(line)):
@@ -149,6 +150,16 @@ class Follower:
                 self.stall.progress(e)
             return new
 
+    def held(self, now: float) -> None:
+        """Ray's lines the reader holds for a bound on their time (no
+        trainer event after them yet), timed once they have waited long
+        enough: the watch's look."""
+        with self.lock:
+            events = self.reader.flush(now)
+            for e in events:
+                self.summary.add(e)
+            self.add(events)
+
     def job_events(self) -> list[dict]:
         with self.lock:
             return [e for e in self.timeline.events if e.get("job") == self.sid] if self.timeline else []
@@ -167,7 +178,11 @@ class Follower:
         if self.timeline is None:
             return
         self.started(final)
-        self.add(self.reader.end())
+        with self.lock:
+            rest = self.reader.end()
+            for e in rest:
+                self.summary.add(e)
+            self.add(rest)
         status = final.get("status") if isinstance(final, dict) else "UNKNOWN"
         end = final.get("end_time") if isinstance(final, dict) else None
         t = float(end) / 1000 if isinstance(end, (int, float)) and end else None
@@ -287,6 +302,7 @@ class Watch:
         assert f.timeline is not None
         with f.lock:
             f.timeline.others()
+        f.held(self.clock())
         if self.env.platform.cloud:
             self.pods()
         if not any(e.get("kind") == E.SUBMITTED for e in f.job_events()):
@@ -387,6 +403,7 @@ class Relink:
                 if ended_ok:
                     return done, None
                 # It ended while the stream was down: the rest of its log, once.
+                self.f.reader.reconnected()
                 return self.ctx.stream(job_logs_command(self.address, self.f.sid, follow=False), Replay(self.f)), None
             if up and j is None:
                 return done, None  # the dashboard has no such job: nothing to follow (the submit says why)
@@ -397,6 +414,7 @@ class Relink:
             if self.relink(up) is None:
                 return done, self.gave_up(f"the job could not be reached again within {self.timeout:.0f} s "
                                           f"(reconnect_timeout)")
+            self.f.reader.reconnected()  # what comes first was written while the stream was down
             replay = Replay(self.f)
             done = self.ctx.stream(job_logs_command(self.address, self.f.sid, follow=True), replay)
             fruitless = 0 if replay.new else fruitless + 1

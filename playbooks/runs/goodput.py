@@ -7,8 +7,8 @@ The wall time runs from the run's first submission to its last job's end
 - ``productive``: a step that counts, the first time it runs (MaxText's
   step: from the previous step of its worker group, or, for a group's first
   step, the step's own seconds back from its end); or one of these badputs:
-- ``scheduling``: waiting for capacity and scheduling (submitted, until a
-  worker group starts);
+- ``scheduling``: waiting for capacity and scheduling (a job submitted,
+  until its worker group starts);
 - ``startup``: the first worker group starting (JAX, MaxText's setup);
 - ``compile``: jax.monitoring's compile spans (trace, lower, XLA);
 - ``checkpoint``: checkpoint saves, as long as they hold the training;
@@ -19,7 +19,9 @@ The wall time runs from the run's first submission to its last job's end
 - ``replayed``: steps run again after a restore (at or below the step
   lost at), and the step in progress when a worker was lost;
 - ``stall``: a stall, from the last step to the next one (or the failure);
-- ``other``: after the last step until the job's end, between jobs.
+- ``between_jobs``: from a job's end until the next job is submitted (no
+  job running: nothing waits for capacity then);
+- ``other``: after the last step until the job's end.
 
 Where two overlap, the more specific wins, in the order stall, restore,
 checkpoint, compile, replayed, productive, then the phase (the rest), so
@@ -29,9 +31,18 @@ An incident is a worker lost, a failure, a resize or a stall: lost at step
 N (the last step its worker group finished), restored from step K, N - K
 steps replayed, and the time to recover (from the loss to the first step of
 a new worker group); what else goes wrong before that first step belongs to
-the same incident. A step the old group still finishes after the loss (a
-survivor logs the step it was in when its peer was killed) is that group's
-last work: it moves N, it does not end the incident.
+the same incident. An incident its job's end ends first (a stall the
+follower stopped, ``stall_action: stop``; a job that failed) is not
+recovered: it says how it ended, and when a later job of the run resumes,
+the step that job restored, the steps it replays and how long after the
+incident its first step came (``resumed_s``). A step the old group still
+finishes after the loss (a survivor logs the step it was in when its peer
+was killed) is that group's last work: it moves N, it does not end the
+incident.
+
+Ray's lines carry no time: an event given one within bounds
+(``timeline.py``: ``t_uncertain_s``) is listed with them (``uncertain``),
+and the seconds its window covers may belong to the cause beside it.
 
 Rank 0 says each step it finishes (``step``); the first host of every other
 slice says them too (``peer_step``), so that a step is known when rank 0's
@@ -51,7 +62,7 @@ from playbooks.runs import events as E
 from playbooks.runs.timeline import who
 
 CAUSES = ("scheduling", "startup", "compile", "checkpoint", "detection", "restart", "restore", "replayed", "stall",
-          "other")
+          "between_jobs", "other")
 PRODUCTIVE = "productive"
 # Which cause a second gets when several intervals cover it (higher wins).
 RANK = {"stall": 9, "restore": 8, "checkpoint": 7, "compile": 6, "replayed": 5, PRODUCTIVE: 4}
@@ -62,7 +73,8 @@ REGROUP = E.REGROUP
 GROUP_START = E.GROUP_START
 WHAT = {"scheduling": "waiting for capacity and scheduling", "startup": "start-up", "compile": "compile",
         "checkpoint": "checkpoint saves", "detection": "failure detection", "restart": "restart",
-        "restore": "restore", "replayed": "replayed steps", "stall": "stalls", "other": "other"}
+        "restore": "restore", "replayed": "replayed steps", "stall": "stalls",
+        "between_jobs": "between jobs (none running)", "other": "other"}
 
 
 def _num(v: Any) -> float | None:
@@ -122,7 +134,30 @@ def _report(run: str | None, jobs: list[str], start: float, end: float, ended: b
         "badput_s": {c: round(parts.get(c, 0.0), 3) for c in CAUSES},
         "steps": {"counted": sweep.counted, "replayed": sweep.replayed},
         "incidents": [i.report() for i in sorted(sweep.incidents, key=lambda i: i.t)],
+        "uncertain": uncertain(sweep.evs, start, end),
     }
+
+
+def uncertain(evs: list[dict], start: float, end: float) -> dict:
+    """The events whose time is known only within bounds (Ray's lines read
+    after the log's stream dropped): each with its ``within_s`` either way
+    (None: at or before its time, by how much unknown), and the seconds
+    their windows cover, which may belong to a cause beside theirs."""
+    out, windows = [], []
+    for e in evs:
+        u = _num(e.get("t_uncertain_s"))
+        if (u is None or u <= 0) and e.get("t_from") != "before":
+            continue
+        t = float(e["t"])
+        out.append({"kind": e.get("kind"), "at": round(t, 3), "within_s": u})
+        if u:
+            windows.append((max(start, t - u), min(end, t + u)))
+    covered, reach = 0.0, float("-inf")
+    for a, b in sorted(windows):
+        a = max(a, reach)
+        if b > a:
+            covered, reach = covered + b - a, b
+    return {"events": out, "seconds": round(covered, 3)}
 
 
 @dataclass
@@ -141,6 +176,8 @@ class Incident:
     failures: int = 0
     detect_s: float | None = None
     first_step: int | None = None
+    ended: str | None = None  # how its job ended before it was recovered from
+    resumed_s: float | None = None  # the incident to the first step of the job that resumed the run
 
     def report(self) -> dict:
         out: dict[str, Any] = {"kind": self.kind, "at": round(self.t, 3), "by": self.by,
@@ -152,6 +189,10 @@ class Incident:
             out["first_step"] = self.first_step
         if self.failures:
             out["failures"] = self.failures
+        if self.ended is not None:
+            out["ended"] = self.ended
+        if self.resumed_s is not None:
+            out["resumed_s"] = self.resumed_s
         return out
 
 
@@ -196,8 +237,11 @@ class Sweep:
         if self.end > self.prev:
             self.base.append((self.prev, self.end, "other" if self.phase == "running" else self.phase))
         self.close_stall(self.end)
-        if self.open is not None:
+        if self.open is not None and not self.listed(self.open):
             self.incidents.append(self.open)  # not recovered (yet)
+
+    def listed(self, inc: Incident) -> bool:
+        return any(i is inc for i in self.incidents)
 
     # -- the phases ----------------------------------------------------------
     def tile(self, i: int, t: float) -> None:
@@ -220,11 +264,22 @@ class Sweep:
     def regroup_phase(self) -> str:
         return "startup" if self.open is None else "restart"
 
-    def close_stall(self, t: float) -> None:
-        if self.stall is not None:
-            self.intervals.append((self.stall.since, t, "stall"))
-            self.stall.incident.recover_s = round(t - self.stall.since, 3)
-            self.stall = None
+    def close_stall(self, t: float, ended: str | None = None) -> None:
+        """The stall's end: by progress (or a loss: its own incident), or,
+        ``ended``, by its job's end: then not recovered, and open until a
+        later job resumes the run."""
+        if self.stall is None:
+            return
+        self.intervals.append((self.stall.since, t, "stall"))
+        inc = self.stall.incident
+        self.stall = None
+        if ended is None and inc.ended is None:
+            inc.recover_s = round(t - inc.t, 3)
+            return
+        inc.ended = inc.ended or ended
+        inc.replayed_steps = None  # until a job resumes the run
+        if self.open is None:
+            self.open, self.regrouped = inc, False
 
     # -- the handlers ----------------------------------------------------------
     def submitted(self, e: dict, t: float, i: int) -> None:
@@ -234,7 +289,7 @@ class Sweep:
         self.phase, self.last_step_t = self.regroup_phase(), None
 
     def group_started(self, e: dict, t: float, i: int) -> None:
-        # The trainer's own time of a group's start (Ray's line is stamped when read).
+        # The trainer's own time of a group's start (Ray's line may come after it, or be timed within bounds).
         if self.phase == "scheduling":
             self.phase = self.regroup_phase()
 
@@ -282,9 +337,20 @@ class Sweep:
         self.incidents.append(inc)
         self.stall = OpenStall(since, inc)
 
+    def stopped(self, e: dict, t: float, i: int) -> None:
+        """The follower stopped the job (``stall_action: stop``): what it
+        stalled in is not recovered from."""
+        how = f"stopped ({e.get('by') or 'by the follower'})"
+        for inc in (self.stall.incident if self.stall else None, self.open):
+            if inc is not None and inc.ended is None:
+                inc.ended = how
+
     def job_end(self, e: dict, t: float, i: int) -> None:
-        self.close_stall(t)
-        self.phase, self.last_step_t = "other", None
+        how = f"job ended ({e.get('status') or 'status unknown'})"
+        self.close_stall(t, ended=how)
+        if self.open is not None and self.open.ended is None:
+            self.open.ended = how
+        self.phase, self.last_step_t = "between_jobs", None
 
     def step(self, e: dict, t: float, i: int) -> None:
         n = _step(e)
@@ -336,8 +402,13 @@ class Sweep:
         if k is None:
             k = inc.restored_from_step = n - 1 if lost is not None and n - 1 <= lost else None
         inc.replayed_steps = max(0, lost - k) if k is not None and lost is not None else 0
-        inc.recover_s, inc.first_step = round(t - inc.t, 3), n
-        self.incidents.append(inc)
+        inc.first_step = n
+        if inc.ended is None:
+            inc.recover_s = round(t - inc.t, 3)
+        else:  # its job ended first: a later job resumed the run
+            inc.resumed_s = round(t - inc.t, 3)
+        if not self.listed(inc):
+            self.incidents.append(inc)
         self.open = None
 
 
@@ -350,7 +421,7 @@ HANDLERS: dict[str, Callable[[Sweep, dict, float, int], None]] = {
     E.COMPILE_ENDED: lambda s, e, t, i: s.overlay(e, t, "compile"),
     E.CHECKPOINT_SAVED: lambda s, e, t, i: s.overlay(e, t, "checkpoint"),
     E.STALL_STARTED: Sweep.stall_started, E.STALL_ENDED: lambda s, e, t, i: s.close_stall(t),
-    E.JOB_END: Sweep.job_end,
+    E.STOPPED: Sweep.stopped, E.JOB_END: Sweep.job_end,
     **dict.fromkeys(E.STEPS, Sweep.step),
 }
 
@@ -446,8 +517,27 @@ def lines(r: dict) -> list[str]:
         when = E.when(i["at"])
         k = i["restored_from_step"]
         rec = f"recovered in {i['recover_s']:.1f} s" if i["recover_s"] is not None else "not recovered"
+        if i.get("ended"):
+            rec = f"not recovered: {i['ended']}" + (f"; the next job's first step {i['resumed_s']:.1f} s after it"
+                                                    if i.get("resumed_s") is not None else "")
         lost = f"lost at step {i['lost_at_step']}" if i["lost_at_step"] is not None else "before any step"
         out.append(f"    {when} {i['kind']} ({i['by']}): {lost}, "
                    + (f"restored from step {k}, " if k is not None else "no restore, ")
                    + f"{i['replayed_steps'] if i['replayed_steps'] is not None else '?'} steps replayed, {rec}")
-    return out + note
+    return out + _uncertain_lines(r.get("uncertain")) + note
+
+
+def _uncertain_lines(u: dict | None) -> list[str]:
+    """How far the parts may be off: Ray's lines timed within bounds."""
+    if not u or not u.get("events"):
+        return []
+    known = [e["within_s"] for e in u["events"] if e["within_s"] is not None]
+    unknown = len(u["events"]) - len(known)
+    out = [f"  times not exact: {len(u['events'])} of Ray's lines read after the log's stream dropped "
+           f"(Ray's lines carry no time)"]
+    if known:
+        out.append(f"    {len(known)} within +/-{max(known):.1f} s of their time here: up to {u['seconds']:.1f} s "
+                   f"of the parts above may belong to the cause beside theirs")
+    if unknown:
+        out.append(f"    {unknown} at or before their time here, by how much unknown (no trainer event before them)")
+    return out

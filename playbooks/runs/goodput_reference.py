@@ -44,6 +44,7 @@ LIBRARY_TYPE = {
     "restore": "UNPRODUCTIVE_CHECKPOINT_RESTORE_TIME",
     "replayed": "WASTED_PROGRESS_FROM_DISRUPTION",
     "stall": "OTHER",
+    "between_jobs": "OTHER",
     "other": "OTHER",
 }
 GROUP_START = E.JAX_INITIALIZED

@@ -174,7 +174,7 @@ def _clip(ax: Any, pts: list[tuple[int, float]]) -> None:
 # The band's colours: productive green, each badput its own.
 COLOURS = {"productive": "tab:green", "scheduling": "tab:gray", "startup": "tab:olive", "compile": "tab:purple",
            "checkpoint": "tab:cyan", "detection": "tab:orange", "restart": "tab:red", "restore": "tab:blue",
-           "replayed": "tab:pink", "stall": "black", "other": "lightgray"}
+           "replayed": "tab:pink", "stall": "black", "between_jobs": "white", "other": "lightgray"}
 
 
 def band(events: list[dict]) -> tuple[list[tuple[float, float, str]], list[tuple[float, str]]]:

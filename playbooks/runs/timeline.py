@@ -13,8 +13,9 @@ Where they come from:
   (step, seconds), ``restore_started``, ``restored`` (step, seconds),
   ``first_step_after_restore`` (restored_from); from the first host of each
   other slice, ``peer_step`` (its rank: the steps it finishes).
-- ``ray_train``/``ray``: Ray Train's and Ray's lines in the followed log,
-  stamped when read: ``workers_started`` and ``workers_restarted`` (how
+- ``ray_train``/``ray``: Ray Train's and Ray's lines in the followed log
+  (they carry no time: each is given one, and says how, ``t_from``, as
+  ``Reader`` below says): ``workers_started`` and ``workers_restarted`` (how
   many), ``failure`` (Ray Train's failure policy: RETRY or RAISE, its
   source, its error), ``resize`` (from, to), ``worker_lost`` (a node Ray
   marked dead).
@@ -29,9 +30,8 @@ Where they come from:
   maintenance, a node gone, a failed pod; with its Kubernetes cause).
 
 A log read again from its start (``invoke logs --follow`` after ``train``)
-adds nothing twice: an event is known by its key (``key``). Lines without a
-time of their own are stamped when read; read again later, they keep the
-time they were first written with.
+adds nothing twice: an event is known by its key (``key``). Ray's lines,
+read again later, keep the time they were first written with.
 """
 from __future__ import annotations
 
@@ -194,30 +194,133 @@ def event(kind: str, source: str, step: int | None = None, t: float | None = Non
     return {"t": round(time.time() if t is None else t, 3), "kind": kind, "step": step, "source": source, **fields}
 
 
+# Ray's lines in a job's log carry no time of their own (Ray 2.60: Ray
+# Train's controller logs "%(message)s" to its console, and the driver
+# prints a raylet's "marked dead" error as it is), so each gets one here:
+# - a worker group's line, the time the trainer says that group's workers
+#   started (``worker_started``/``jax_initialized`` of as many workers): Ray
+#   Train prints the line once it has launched the training function on
+#   them (``t_from``: "trainer");
+# - while the log is read as it is written (the trainer's last event read
+#   within ``LIVE_S`` of its own time), the time it is read ("read");
+# - else (a log read from its start, or again after its stream dropped)
+#   the middle of what the log's order allows: after the trainer's latest
+#   event before it, before the first one after it (and before it was
+#   read), ``t_uncertain_s`` either way ("between"); with no trainer event
+#   before it, that bound ("before": at or before it, by how much unknown).
+# ``t_read``: when it was read, where that is not its time.
+LIVE_S = 10.0
+# A line held for its bound, with no trainer event after it, is given one
+# (the time it was read as its upper bound) after this many seconds.
+HOLD_S = 5.0
+
+
+@dataclass
+class Held:
+    """A Ray line's event waiting for its time: when it was read, the
+    trainer's latest time before it, and whether the log was read as it
+    was written."""
+
+    event: dict
+    read: float
+    after: float | None
+    live: bool
+
+
 class Reader:
     """A job's log lines, as they are read, into events: the trainer's own
-    (with their time), Ray Train's and Ray's (stamped with ``clock()`` when
-    read, and numbered, so that a log read again adds them once)."""
+    (with their time), Ray Train's and Ray's (numbered, so that a log read
+    again adds them once; their time as above)."""
 
     def __init__(self, job: str, clock: Callable[[], float] = time.time):
         self.job, self.clock = job, clock
         self.counts: dict[str, int] = {}
         self.disrupted = False  # a failure or resize seen: the next worker group is a restart
         self.last_step: int | None = None
-        self._failure: dict | None = None
+        self._failure: Held | None = None
         self._after_failure = 0
+        self.live = False  # the log is read as it is written (not known until a trainer event says so)
+        self.latest: float | None = None  # the trainer's latest time so far, in the log's order
+        self.held: list[Held] = []
+        self.starts: list[dict] = []  # the trainer's worker-group starts no group line has claimed yet
 
-    def _ray(self, kind: str, source: str, t: float | None = None, **fields: Any) -> dict:
+    def reconnected(self) -> None:
+        """The log is read again from where it was (its stream dropped):
+        what comes first was written while it was down."""
+        self.live = False
+
+    def _ray(self, kind: str, source: str, **fields: Any) -> Held:
         n = self.counts[kind] = self.counts.get(kind, 0) + 1
-        return {"t": round(self.clock() if t is None else t, 3), "kind": kind, "step": self.last_step,
-                "source": source, "job": self.job, "n": n, **fields}
+        e = {"t": None, "kind": kind, "step": self.last_step, "source": source, "job": self.job, "n": n, **fields}
+        return Held(e, round(self.clock(), 3), self.latest, self.live)
+
+    @staticmethod
+    def _timed(h: Held, before: float | None = None, anchor: dict | None = None) -> dict:
+        """A held line's event with its time: the trainer's start it anchors
+        on, the time it was read (read live, or nothing before it), or the
+        middle of the bounds the log's order gives it."""
+        e = h.event
+        if anchor is not None:
+            return dict(e, t=round(float(anchor["t"]), 3), t_from="trainer", t_read=h.read)
+        if h.live:
+            return dict(e, t=h.read, t_from="read")
+        hi = min(h.read, before) if before is not None else h.read
+        if h.after is None:  # no trainer event before it: at or before its bound, how long before unknown
+            return dict(e, t=round(hi, 3), t_from="before", t_read=h.read)
+        hi = max(h.after, hi)
+        return dict(e, t=round((h.after + hi) / 2, 3), t_from="between", t_uncertain_s=round((hi - h.after) / 2, 3),
+                    t_read=h.read)
+
+    def _start_of(self, h: Held, starts: list[dict]) -> dict | None:
+        """The trainer's start of the worker group a group line says, if read."""
+        if h.event["kind"] not in E.GROUP_LINES:
+            return None
+        n = h.event.get("workers")
+        return next((s for s in starts if s.get("workers") in (None, n)), None)
+
+    def _release(self, before: float | None = None, start: dict | None = None) -> tuple[list[dict], bool]:
+        """Every held line, in the log's order, with its time (``before``:
+        the time of the trainer's event that comes next; ``start``: that
+        event, a worker group's start), and whether a group line claimed
+        the start."""
+        held, self.held = self.held, []
+        out, claimed = [], False
+        for h in held:
+            anchor = None if claimed or start is None else self._start_of(h, [start])
+            claimed = claimed or anchor is not None
+            out.append(self._timed(h, before, anchor))
+        return out, claimed
+
+    def _emit(self, h: Held) -> list[dict]:
+        """A Ray line's event: a group line at its group's start when the
+        trainer said it already, else held for its start; another line
+        stamped now when the log is read live, else held for its bound."""
+        if h.event["kind"] in E.GROUP_LINES:
+            anchor = self._start_of(h, self.starts)
+            self.starts = []
+            if anchor is None:
+                self.held.append(h)
+                return []
+            return self._release()[0] + [self._timed(h, anchor=anchor)]
+        self.starts = []  # a failure or resize: the starts before it were another group's
+        if h.live and not self.held:
+            return [self._timed(h)]
+        self.held.append(h)
+        return []
 
     def _close_failure(self) -> list[dict]:
         f, self._failure = self._failure, None
-        if f is None:
-            return []
-        t = f.pop("t")
-        return [self._ray(E.FAILURE, "ray_train", t=t, **f)]
+        return self._emit(f) if f is not None else []
+
+    def _trainer(self, e: dict) -> list[dict]:
+        t = float(e["t"])
+        self.live = self.clock() - t <= LIVE_S
+        start = e["kind"] in E.GROUP_START
+        out, claimed = self._release(before=t, start=e if start else None)
+        if start and not claimed:
+            self.starts.append(e)
+        self.latest = t if self.latest is None else max(self.latest, t)
+        return out + [e]
 
     def feed(self, raw: str) -> list[dict]:
         line = clean(raw)
@@ -225,14 +328,15 @@ class Reader:
         body = PREFIX.sub("", line, count=1)
         if self._failure is not None:
             self._after_failure += 1
+            f = self._failure.event
             if (m := FAILURE_SOURCE.match(body)):
-                self._failure["origin"] = m.group(1)
+                f["origin"] = m.group(1)
                 return out
             if (m := FAILURE_COUNT.match(body)):
-                self._failure["count"] = int(m.group(1))
+                f["count"] = int(m.group(1))
                 return out
             if (m := FAILURE_ERROR.match(body)):
-                self._failure["error"] = m.group(1)[:300]
+                f["error"] = m.group(1)[:300]
                 return self._close_failure()
             if self._after_failure > 6:
                 out += self._close_failure()
@@ -250,25 +354,32 @@ class Reader:
                 self.last_step = e["step"]
             elif e["kind"] == "peer_step" and isinstance(e.get("step"), int) and e["step"] > (self.last_step or -1):
                 self.last_step = e["step"]  # rank 0's host may be the one lost before logging it
-            return out + [e]
+            return out + self._trainer(e)
         if (m := E.GROUP_LINE.search(line)):
             kind = E.WORKERS_RESTARTED if self.disrupted else E.WORKERS_STARTED
-            out.append(self._ray(kind, "ray_train", workers=int(m.group(1))))
+            out += self._emit(self._ray(kind, "ray_train", workers=int(m.group(1))))
         elif (m := FAILURE.search(line)):
             out += self._close_failure()
             self.disrupted = True
-            self._failure, self._after_failure = {"t": round(self.clock(), 3), "decision": m.group(1)}, 0
+            self._failure, self._after_failure = self._ray(E.FAILURE, "ray_train", decision=m.group(1)), 0
         elif (m := RESIZE.search(line)):
             self.disrupted = True
-            out.append(self._ray(E.RESIZE, "ray_train", workers_from=int(m.group(1)), workers=int(m.group(2))))
+            out += self._emit(self._ray(E.RESIZE, "ray_train", workers_from=int(m.group(1)), workers=int(m.group(2))))
         elif (m := NODE_DEAD.search(line)):
-            out.append(self._ray(E.WORKER_LOST, "ray", by="node", node=m.group(3),
-                                 cause=f"Ray marked node {m.group(3)} dead: {m.group(4)}"))
+            out += self._emit(self._ray(E.WORKER_LOST, "ray", by="node", node=m.group(3),
+                                        cause=f"Ray marked node {m.group(3)} dead: {m.group(4)}"))
         return out
+
+    def flush(self, now: float) -> list[dict]:
+        """The held lines, timed, once the oldest has waited ``HOLD_S``
+        seconds for a trainer event after it (the follower's watch asks)."""
+        if self.held and now - self.held[0].read >= HOLD_S:
+            return self._release()[0]
+        return []
 
     def end(self) -> list[dict]:
         """What is still pending at the log's end."""
-        return self._close_failure()
+        return self._close_failure() + self._release()[0]
 
 
 class Writer:

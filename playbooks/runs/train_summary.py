@@ -266,4 +266,6 @@ def of_log(lines: Iterable[str]) -> Summary:
     for line in lines:
         for e in reader.feed(line):
             s.add(e)
+    for e in reader.end():
+        s.add(e)
     return s
