@@ -723,6 +723,33 @@ def rewrite(parts: bool, write: bool) -> None:
         doc_table.write("elastic.md", "restart-parts", "bench/soak.py --parts (the timelines of the soak above)", lines)
 
 
+def matrix(names: list[str], repeat: int, load: bool) -> tuple[list[Result], bool]:
+    """Every scenario, ``repeat`` times: the results, and whether a Ctrl-C
+    or SIGTERM stopped it (the runs that ended are still a table)."""
+    tmp = Path(tempfile.mkdtemp(prefix="soak-"))
+    soak = Soak(tmp)
+    shutil.rmtree(STATE, ignore_errors=True)  # each run's timeline is kept in .state/soak/kept/
+    hogging = hog() if load else None
+    results: list[Result] = []
+    stopped = False
+    try:
+        for rep in range(1, repeat + 1):
+            for name in names:
+                print(f"[{rep}/{repeat}] {name} ...", flush=True)
+                r = one(soak, name, rep)
+                results.append(r)
+                print(f"  {'passed' if r.ok else 'FAILED'} in {r.seconds:.0f} s: " + "; ".join(
+                    [incident_text(i) for i in (r.goodput or {}).get("incidents", [])] + r.notes + r.why), flush=True)
+    except KeyboardInterrupt:
+        stopped = True
+    finally:
+        if hogging is not None:
+            hogging.kill()
+        subprocess.run([INVOKE, "teardown", "--yes"], cwd=ROOT, env=soak.env, capture_output=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+    return results, stopped
+
+
 def main() -> None:
     # A SIGTERM (a CI timeout, `kill`) ends the soak as Ctrl-C does: its
     # cluster torn down, the hog stopped.
@@ -751,28 +778,8 @@ def main() -> None:
         sys.exit(f"--only: no scenario {', '.join(bad)} (scenarios: {', '.join(SCENARIOS)})")
     if a.repeat < 1:
         sys.exit("--repeat must be at least 1")
-    tmp = Path(tempfile.mkdtemp(prefix="soak-"))
-    soak = Soak(tmp)
-    shutil.rmtree(STATE, ignore_errors=True)  # each run's timeline is kept in .state/soak/kept/
-    load = hog() if a.load else None
-    results: list[Result] = []
     started = datetime.datetime.now()
-    stopped = False
-    try:
-        for rep in range(1, a.repeat + 1):
-            for name in names:
-                print(f"[{rep}/{a.repeat}] {name} ...", flush=True)
-                r = one(soak, name, rep)
-                results.append(r)
-                print(f"  {'passed' if r.ok else 'FAILED'} in {r.seconds:.0f} s: " + "; ".join(
-                    [incident_text(i) for i in (r.goodput or {}).get("incidents", [])] + r.notes + r.why), flush=True)
-    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the runs that ended are still a table
-        stopped = True
-    finally:
-        if load is not None:
-            load.kill()
-        subprocess.run([INVOKE, "teardown", "--yes"], cwd=ROOT, env=soak.env, capture_output=True)
-        shutil.rmtree(tmp, ignore_errors=True)
+    results, stopped = matrix(names, a.repeat, a.load)
     passed = sum(r.ok for r in results)
     took = (datetime.datetime.now() - started).total_seconds() / 60
     command = f"bench/soak.py --repeat {a.repeat}{' --load' if a.load else ''}{' --only ' + a.only if a.only else ''}"

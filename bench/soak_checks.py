@@ -126,10 +126,15 @@ def _groups(events: list[dict]) -> list[tuple[float, int]]:
 def exercised(scenario: str, facts: dict, events: list[dict]) -> list[str]:
     """What of the scenario did not happen as described ([]: all of it)."""
     spec = SPECS[scenario]
-    out: list[str] = []
     kills = _chaos(events, "worker_lost")
     if len(kills) < len(spec.targets):
         return [f"{len(kills)} host(s) killed by chaos, {len(spec.targets)} planned"]
+    return _aimed(spec, kills, events) + _when(spec, facts, kills, events)
+
+
+def _aimed(spec: Spec, kills: list[dict], events: list[dict]) -> list[str]:
+    """Each kill on the rank its --target aimed at (the rank its host held then)."""
+    out = []
     for want, kill in zip(spec.targets, kills):
         if want == "first":
             continue
@@ -138,6 +143,12 @@ def exercised(scenario: str, facts: dict, events: list[dict]) -> list[str]:
             out.append(f"the rank of killed host {kill.get('host')} is not known")
         elif (want == "rank0") != (rank == 0):
             out.append(f"--target={want} killed {kill.get('host')}, which held rank {rank}")
+    return out
+
+
+def _when(spec: Spec, facts: dict, kills: list[dict], events: list[dict]) -> list[str]:
+    """The fault at the moment the scenario describes, and what it leads to."""
+    out: list[str] = []
     first_hit = kills[0] if kills else None
     hangs = _chaos(events, "worker_hung")
     hit = first_hit or (hangs[0] if hangs else None)
@@ -174,6 +185,13 @@ def exercised(scenario: str, facts: dict, events: list[dict]) -> list[str]:
             out.append(f"both kills hit {a.get('host')}")
         elif _t(b) - _t(a) >= spec.second_while_first_down:
             out.append(f"the second kill came {_t(b) - _t(a):.0f} s after the first: the first host was back")
+    return out + _hangs(spec, facts, events)
+
+
+def _hangs(spec: Spec, facts: dict, events: list[dict]) -> list[str]:
+    """The worker frozen as long as described; the stalled job stopped and resumed."""
+    out: list[str] = []
+    hangs = _chaos(events, "worker_hung")
     if spec.hang_s is not None:
         resumed = _chaos(events, "worker_resumed")
         if not hangs or not resumed:
@@ -250,18 +268,21 @@ def criteria(scenario: str, facts: dict, g: dict, events: list[dict]) -> list[Ch
     ran = (g.get("steps") or {}).get("replayed")
     out.append(Check("the incidents' replayed steps were run again", told == ran,
                      f"incidents say {told}, steps run again {ran}"))
+    return out + [_wall(facts, g)]
+
+
+def _wall(facts: dict, g: dict) -> Check:
+    """The timeline's wall inside the soak's own stopwatch, and most of it."""
     t0, t1, jobs = facts.get("t_before"), facts.get("t_after"), int(facts.get("jobs") or 1)
     start, end, wall = g.get("start"), g.get("end"), g.get("wall_s")
     if None in (t0, t1, start, end, wall):
-        out.append(Check("wall within the soak's stopwatch", False, "no stopwatch or no wall"))
-    else:
-        inside = start >= t0 - CLOCK_SLACK_S and end <= t1 + CLOCK_SLACK_S
-        covers = (t1 - t0) - wall <= WRAP_S * jobs
-        out.append(Check("wall within the soak's stopwatch", inside and covers,
-                         f"timeline {wall:.1f} s of the stopwatch's {t1 - t0:.1f} s" + (
-                             "" if inside else ": it runs outside the stopwatch") + (
-                             "" if covers else f": over {WRAP_S * jobs:g} s of it uncounted")))
-    return out
+        return Check("wall within the soak's stopwatch", False, "no stopwatch or no wall")
+    inside = start >= t0 - CLOCK_SLACK_S and end <= t1 + CLOCK_SLACK_S
+    covers = (t1 - t0) - wall <= WRAP_S * jobs
+    return Check("wall within the soak's stopwatch", inside and covers,
+                 f"timeline {wall:.1f} s of the stopwatch's {t1 - t0:.1f} s" + (
+                     "" if inside else ": it runs outside the stopwatch") + (
+                     "" if covers else f": over {WRAP_S * jobs:g} s of it uncounted"))
 
 
 def verdict(scenario: str, facts: dict, g: dict, events: list[dict]) -> Verdict:

@@ -105,9 +105,11 @@ def test_a_loss_while_the_port_forward_was_down_is_one_incident_at_its_real_time
     assert u["seconds"] == pytest.approx(19.0)
     text = "\n".join(goodput.lines(r))
     assert "times not exact: 2 of Ray's lines" in text and "+/-9.5 s" in text and "up to 19.0 s" in text
-    # The chips: two workers' until the new group started at 60, then one's.
+    # The chips: both slices' until the host was lost at 45 (its real time),
+    # then one's, the new group's from 60; nothing changes at the reconnect.
     basis = cost.Basis(slices=2, hosts_per_slice=1, chips_per_host=4)
-    assert cost.chips_held(timeline.ordered(events), basis)[1:] == [(T0 + 10.0, 8), (T0 + 60.0, 4)]
+    periods = [(p.t, p.billed.k * 4, p.used.k * 4) for p in cost.ledger(timeline.ordered(events), basis)][1:]
+    assert periods == [(T0 + 10.0, 8, 8), (T0 + 45.0, 4, 4), (T0 + 60.0, 4, 4), (T0 + 120.0, 4, 0)]
 
 
 def test_read_as_it_is_written_a_line_keeps_the_time_it_was_read():

@@ -12,7 +12,6 @@ from playbooks.cloud.endpoints import dashboard
 from playbooks.config.schema import Environment
 from playbooks.core.command import Command, placeholder, quote, shown
 from playbooks.core.facts import ABSENT, Action, Fact, assume
-from playbooks.core.pidfile import PidFile
 from playbooks.core.step import Await, Broken, Step, Verify, change, fail, ok, wait
 from playbooks.runs import chaos_target, placement, timeline
 from playbooks.runs import events as E
@@ -205,11 +204,10 @@ def stop_steps(env: Environment, play: str = "teardown") -> list[Step]:
     return [stop_step(env, h.name, play) for h in reversed(hosts_of(env))] + [stop_step(env, HEAD, play)]
 
 
-def chaos_steps(env: Environment, restore_after: float, target: str = placement.FIRST) -> list[Step]:
-    """Kill one simulated TPU host at once, as a preempted VM dies; bring it
-    back after ``restore_after`` seconds (0: leave it down). ``target``: the
-    first running host, the running job's ``rank0`` or a ``peer`` host, or
-    a host by name (``placement.py``)."""
+def kill_step(env: Environment, target: str, killed: dict[str, Host]) -> Step:
+    """Kill one simulated TPU host at once, as a preempted VM dies: the
+    first running one, the running job's ``rank0`` or a ``peer`` host, or a
+    host by name (``placement.py``); ``killed`` gets the host."""
     all_hosts = hosts_of(env)
     by_name = {h.name: h for h in all_hosts}
     aimed = chaos_target.fact(env, target, lambda w: w.host, "TPU host") if target in (
@@ -217,15 +215,11 @@ def chaos_steps(env: Environment, restore_after: float, target: str = placement.
     # A dry run assumes every host runs, so it shows the kill of the first.
     running = {h.name: assume(pid_fact(env, h.name), True) for h in all_hosts}
 
-    def kill(pf: PidFile) -> Action:
-        return Action(f"kill -KILL $(cat {quote(str(pf.path))})  # with its child processes",
-                      lambda: connectors.this_machine().kill(pf.pid() or -1))
-
-    killed: dict[str, Host] = {}  # the host this run kills: the one it brings back
-
     def kill_host(h: Host, why: str) -> Any:
         killed["host"] = h
-        return change(kill(pidfile(env, h.name)),
+        pf = pidfile(env, h.name)
+        return change(Action(f"kill -KILL $(cat {quote(str(pf.path))})  # with its child processes",
+                             lambda: connectors.this_machine().kill(pf.pid() or -1)),
                       record(env, E.WORKER_LOST, host=h.name, slice=h.tpu_name, by="chaos", target=target,
                              cause="SIGKILL of its Ray node (chaos.delete-worker)"),
                       reason=f"killed TPU host {h.name}{why}",
@@ -251,7 +245,15 @@ def chaos_steps(env: Environment, restore_after: float, target: str = placement.
                 return kill_host(h, "")
         return fail("no simulated TPU host is running: run `invoke up` first")
 
-    out = [Step("chaos", "kill one TPU host", decide_kill, id="chaos:kill")]
+    return Step("chaos", "kill one TPU host", decide_kill, id="chaos:kill")
+
+
+def chaos_steps(env: Environment, restore_after: float, target: str = placement.FIRST) -> list[Step]:
+    """Kill one simulated TPU host (``kill_step``); bring it back after
+    ``restore_after`` seconds (0: leave it down)."""
+    all_hosts = hosts_of(env)
+    killed: dict[str, Host] = {}  # the host this run kills: the one it brings back
+    out = [kill_step(env, target, killed)]
     if restore_after > 0:
         stopped = {h.name: pid_fact(env, h.name) for h in all_hosts}
         nodes = nodes_fact(dashboard(env), connectors.this_machine())
