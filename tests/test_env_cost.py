@@ -107,7 +107,7 @@ def test_a_part_without_a_price_is_named_with_its_reason_and_left_out_of_the_sum
     assert [p.name for p in c.unpriced] == ["default-pool", "v6e-16-0", "v6e-16-1", "cluster fee"]
     assert c.hourly == 0 and c.since_up == 0
     text = "\n".join(env_cost.lines(c))
-    assert "without default-pool, v6e-16-0, v6e-16-1, cluster fee: no price" in text
+    assert "; without default-pool, v6e-16-0, v6e-16-1, cluster fee: no price" in text
     assert "set prices.default-pool, USD per node-hour" in text
     assert "set prices.cluster-fee, USD per hour" in text and "free tier" in text
     assert "no Cloud Billing Catalog read in the last day" in text
@@ -187,3 +187,4 @@ def test_a_run_stopped_and_resumed_is_not_a_plain_succeeded_and_lists_its_jobs()
     assert run_list.state(evs2) == "no end seen after 2 stops, 1 failure"
     assert run_list.state(_job("r-1", 0, "SUCCEEDED")) == "SUCCEEDED"
     assert run_list.state([]) == "no end seen"
+

@@ -259,7 +259,7 @@ def headline(c: EnvCost) -> str:
     if c.absent:
         return f"environment cost: none: {c.absent}"
     un = c.unpriced
-    without = f" (without {', '.join(p.name for p in un)}: no price)" if un else ""
+    without = f"; without {', '.join(p.name for p in un)}: no price" if un else ""
     partial = [p.name for p in c.parts if p.per_hour is not None and p.since_up is None]
     since = "since up: unknown (the cluster's createTime is not a time)" if c.up_since is None else (
         f"${c.since_up:,.2f} since up {_when(c.up_since)} ({(c.now - c.up_since) / 3600:.1f} h, at least"
@@ -274,10 +274,13 @@ def lines(c: EnvCost) -> list[str]:
         return out
     width = max(len(p.name) for p in c.parts)
     for p in c.parts:
-        hourly = f"${p.per_hour:,.2f}/h" if p.per_hour is not None else "no price"
+        if p.per_hour is None:
+            out.append(f"  {p.name:<{width}}  {p.what}: {p.price}")
+            continue
+        hourly = f"${p.per_hour:,.2f}/h"
         since = (f", ${p.since_up:,.2f} since up ({p.unit_hours:.1f} {'node' if p.name != 'cluster fee' else 'cluster'}"
                  f"-h)" if p.since_up is not None and p.unit_hours is not None else
-                 f", since up unknown ({p.unknown_since})" if p.unknown_since and p.per_hour is not None else "")
+                 f", since up unknown ({p.unknown_since})")
         out.append(f"  {p.name:<{width}}  {p.what}: {hourly}{since}; {p.price}")
     out.append(f"  since up: {LOWER_BOUND}")
     return out
