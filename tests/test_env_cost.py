@@ -63,7 +63,7 @@ def catalog() -> P.Catalog:
     return c
 
 
-ENV = dict(kind="gke", mode="standard", region="us-east5", zone="us-east5-b", slices=2, topology="4x4")
+ENV = {"kind": "gke", "mode": "standard", "region": "us-east5", "zone": "us-east5-b", "slices": 2, "topology": "4x4"}
 
 
 def test_the_fakes_cluster_has_what_the_cost_is_read_from(cluster):

@@ -184,7 +184,8 @@ def _catalog_why(catalog: prices.Catalog | str | None) -> str | None:
                                              "reads it; status and runs never send a request)")
 
 
-def tpu_rate(env: Environment, pool: dict, chips: int, catalog: prices.Catalog | str | None) -> tuple[float | None, str]:
+def tpu_rate(env: Environment, pool: dict, chips: int,
+             catalog: prices.Catalog | str | None) -> tuple[float | None, str]:
     """USD per node-hour of a TPU pool: its chips x its option's price."""
     option = capacity_options.pool_option(pool)
     p = prices.price(env, option, catalog if catalog is not None else _catalog_why(catalog))

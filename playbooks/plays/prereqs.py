@@ -32,7 +32,8 @@ def services_fact(env: Environment):
     return fact("enabled services",
                 gcloud("services", "list", "--enabled", "--format=json", project=env.project_id),
                 json_list(_enabled_services), assumed=set(),
-                describe=lambda s: "enabled: " + (", ".join(x for x in services(env) if x in s) or "none of the needed"))
+                describe=lambda s: "enabled: " + (", ".join(x for x in services(env) if x in s)
+                                                  or "none of the needed"))
 
 
 def policy_fact(env: Environment):
