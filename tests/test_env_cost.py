@@ -137,7 +137,7 @@ def test_reading_says_what_it_could_not_read_and_never_stops():
                           "selected.", why="could not look: gcloud exited 1")
 
     assert env_cost.headline(env_cost.read(e, no_account, NOW)) == (
-        "environment cost: unknown: the cluster could not be read: gcloud has no account (`gcloud auth login`)")
+        "environment cost: unknown: the cluster could not be read: gcloud has no account")
     assert env_cost.read(e, lambda f: ABSENT, NOW).absent.startswith("no cluster ")
     assert env_cost.read(env("local"), no_account, NOW).absent.startswith("a local cluster")
 

@@ -136,7 +136,7 @@ def facts(env: Environment) -> tuple[Fact, ...]:
 
 def why_not(e: ProbeFailed) -> str:
     if NO_ACCOUNT_WORDS in f"{e.why} {e.stderr}":
-        return "gcloud has no account (`gcloud auth login`)"
+        return "gcloud has no account"  # its fix is said once, by status's diagnosis and `invoke doctor`
     return e.why.removeprefix("could not look: ")
 
 
