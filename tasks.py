@@ -266,14 +266,16 @@ def goodput(c, run="", json_=False, env=""):
             lambda env, report: gp.lines(report))
 
 
-@task(help={"json": "print them as one JSON list (run, state, steps, wall_s, goodput_pct, chip_hours, cost, ...)",
+@task(help={"json": "print one JSON object: runs (run, state, jobs, steps, wall_s, goodput_pct, chip_hours, cost, ...) "
+                    "and environment_cost",
             **ENV})
 def runs(c, json_=False, env=""):
-    """Every run this environment knows (its timelines), newest first: state, steps, wall, goodput, chip-hours, cost."""
+    """Every run this environment knows (its timelines), newest first, and what the environment costs (read-only)."""
     from playbooks.plays import logs as lg
     from playbooks.runs import run_list
 
-    _report(c, "runs", env, lg.runs_step, "runs:list", json_, lambda env, rows: run_list.table(rows, env.name))
+    _report(c, "runs", env, lg.runs_step, "runs:list", json_,
+            lambda env, doc: run_list.table(doc["runs"], env.name) + doc["environment_cost"]["lines"])
 
 
 @task(help={"yes": "do not ask for confirmation", **ENV})

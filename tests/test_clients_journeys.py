@@ -61,7 +61,7 @@ def _apis_and_roles(cloud: Cloud, first) -> None:
     """the APIs and the user's three roles."""
     # §1 the APIs and the user's three roles
     assert bodies(first, "POST", r"/services:batchEnable$") == [
-        {"serviceIds": ["container.googleapis.com", "cloudbuild.googleapis.com"]}]
+        {"serviceIds": ["container.googleapis.com", "cloudbuild.googleapis.com", "cloudbilling.googleapis.com"]}]
     policy = cloud.gcp.st.iam
     for role in ("roles/container.admin", "roles/iam.serviceAccountAdmin", "roles/cloudbuild.builds.editor"):
         assert any(b["role"] == role and f"user:{USER}" in b["members"] for b in policy["bindings"]), role

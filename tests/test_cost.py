@@ -424,22 +424,28 @@ def test_goodput_shows_the_runs_cost_and_each_causes_and_runs_lists_every_run(gk
     assert old["basis"].startswith("not recorded with the run") and old["per_chip_hour"] == 2.0
     assert old["chips"] == 32  # the environment's 2 x v6e-16
     # `invoke runs`: both, newest first, with their cost; --json's times are seconds since the epoch.
-    rows = json.loads(gke_cli("runs", "--json", prices={"on-demand": 2.0}).stdout)
+    doc = json.loads(gke_cli("runs", "--json", prices={"on-demand": 2.0}).stdout)
+    rows = doc["runs"]
     assert [x["run"] for x in rows] == ["priced", "older"]
+    assert rows[0]["jobs"] == [{"job": "rayjob-elastic-8b-3", "end": max(e["t"] for e in recorded()),
+                                "status": "SUCCEEDED"}]
+    # The environment's cost: read from the cluster, here unknown (no gcloud account), said so.
+    assert doc["environment_cost"]["unknown"].startswith("the cluster could not be read"), doc["environment_cost"]
     assert rows[0]["cost"] == c["cost"] and rows[0]["state"] == "SUCCEEDED" and rows[0]["steps"] == 60
     assert rows[0]["target_steps"] == 60 and rows[0]["last_event"] == max(e["t"] for e in recorded())
     # What the recorded run did not record is unknown, never made up.
     assert (rows[0]["model"], rows[0]["final_loss"], rows[0]["mfu"]) == (None, None, None)
     table = gke_cli("runs").stdout.splitlines()
-    assert table[0].split() == ["run", "model", "state", "steps", "of", "wall", "goodput", "loss", "MFU",
+    assert table[0].split() == ["run", "model", "state", "jobs", "steps", "of", "wall", "goodput", "loss", "MFU",
                                 "chip-hours", "cost", "last", "event"]
     cells = table[1].split()
-    assert cells[:5] == ["priced", "-", "SUCCEEDED", "60", "60"] and f"${c['cost']:,.2f}" in table[1]
+    assert cells[:6] == ["priced", "-", "SUCCEEDED", "1", "60", "60"] and f"${c['cost']:,.2f}" in table[1]
     # The last event with its date and zone (the test's TZ: UTC).
     assert table[1].endswith(time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(rows[0]["last_event"]))), table
     # A run without a price: "no price" in its row, and why once, naming it (never "no price: no price").
     assert "no price" in table[2]
-    assert table[3:] == ["older: no price (the catalog was not read)"], table
+    assert table[3:-1] == ["older: no price (the catalog was not read)"], table
+    assert table[-1].startswith("environment cost: unknown: the cluster could not be read"), table
 
 
 def test_the_estimate_is_steps_left_times_the_step_time_measured_times_the_chips_times_the_price():
@@ -506,7 +512,8 @@ def test_runs_gives_the_model_the_steps_asked_the_final_loss_and_the_mfu_from_th
     assert (r["model"], r["target_steps"], r["final_loss"], r["mfu"]) == ("llama3-8b", 60, pytest.approx(4.1), 0.5)
     # A local run's chips are CPU devices: no MFU against a TPU peak they never had.
     assert run_list.row("r", evs, report, Summary(chip="v6e", simulated=True))["mfu"] is None
-    assert run_list.cells(r)[:9] == ["r", "llama3-8b", "SUCCEEDED", "60", "60", "1.5 min", "30.6%", "4.100", "50.00%"]
+    assert run_list.cells(r)[:10] == ["r", "llama3-8b", "SUCCEEDED", "1", "60", "60", "1.5 min", "30.6%", "4.100",
+                                      "50.00%"]
 
 
 def test_a_task_that_only_looks_keeps_its_newest_log_folders_and_nothing_else_is_pruned(gke_cli):

@@ -147,7 +147,7 @@ def test_user_identifier_is_granted_as_the_member_it_names(identifier, member):
     wrong = {"bindings": [{"role": r, "members": [("user:" if member.startswith("service") else "serviceAccount:")
                                                   + identifier]} for r in T.USER_ROLES]}
     facts = {"gcloud services list --enabled --format=json --project=my-tpu-project":
-             [{"config": {"name": s}, "state": "ENABLED"} for s in T.SERVICES],
+             [{"config": {"name": s}, "state": "ENABLED"} for s in prereqs.services(e)],
              "gcloud projects get-iam-policy my-tpu-project --format=json": Answers(wrong, granted)}
     recap, out = run_with_facts(prereqs.steps(e), facts)
     assert recap.counters() == "ok=3 changed=1 failed=0 skipped=0", out.text()

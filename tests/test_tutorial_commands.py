@@ -49,7 +49,9 @@ def lines(text):
 def test_provisioning_commands(transcripts):
     up = lines(transcripts["up"])
     expected = [
-        f"gcloud services enable container.googleapis.com cloudbuild.googleapis.com --project={P}",
+        # the tutorial's two APIs, and the Cloud Billing API the prices are read from (no `prices:` here)
+        f"gcloud services enable container.googleapis.com cloudbuild.googleapis.com cloudbilling.googleapis.com "
+        f"--project={P}",
         *[f"gcloud projects add-iam-policy-binding {P} --member=user:{U} --role={r}"
           for r in ("roles/container.admin", "roles/iam.serviceAccountAdmin", "roles/cloudbuild.builds.editor")],
         f"{D}gcloud compute networks create {C}-net-1 --subnet-mode=custom --mtu=8896 --project={P}",

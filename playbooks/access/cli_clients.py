@@ -299,6 +299,10 @@ def text_value(what: str = "probe") -> Callable[[Completed], Any]:
     return parse
 
 
+# gcloud's own words when it has no account (any command, before any API call).
+NO_ACCOUNT_WORDS = "do not currently have an active account"
+
+
 def fact(name: str, command: Command, parse: Callable[[Completed], Any], assumed: Any = ABSENT,
          describe: Callable[[Any], str] | None = None) -> Fact:
     return Fact(name=name, command=command, parse=parse, assumed=assumed, describe=describe)

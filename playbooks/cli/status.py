@@ -16,11 +16,11 @@ import json
 import time
 from typing import Any
 
-from playbooks.access.cli_clients import fact
+from playbooks.access.cli_clients import NO_ACCOUNT_WORDS, fact
 from playbooks.access.connectors import connector
 from playbooks.access.ray_api import job_logs_command, jobs_fact, ours, run_of
 from playbooks.cli import doctor, task_steps
-from playbooks.cloud import capacity_options, kube_objects, maintenance
+from playbooks.cloud import capacity_options, env_cost, kube_objects, maintenance
 from playbooks.cloud import pods as P
 from playbooks.cloud.endpoints import dashboard
 from playbooks.cloud.gke import clusters_fact, kube, nodepool_name, nodepools_list_fact, raycluster_fact
@@ -36,11 +36,10 @@ from playbooks.runs import metrics, stall, timeline
 
 PLAY = "status"
 ACCOUNT = "status:account"
-# gcloud's own words when it has no account (any command, before any API call).
-NO_ACCOUNT_WORDS = "do not currently have an active account"
 # What the diagnosis adds when a row is its cause: how to make it as asked.
 FIX = {ACCOUNT: "run `gcloud auth login` (`invoke doctor` checks it)"}
 UP = "run `invoke up`"
+COST = "status:cost"
 SHOWN = 3  # the newest jobs said in the jobs line (and whose runs' checkpoints are looked at)
 POOL_LABEL = "cloud.google.com/gke-nodepool"
 
@@ -227,6 +226,16 @@ def jobs_step(env: Environment) -> Step:
     return Step(PLAY, "jobs", decide, id="status:jobs", after=after, probes=(listing,))
 
 
+def cost_step(env: Environment) -> Step:
+    """What the environment costs by the hour as it stands and since `up`
+    (``cloud/env_cost.py``): said under the table, never a finding."""
+    def decide(look):
+        c = env_cost.read(env, look)
+        return ok(env_cost.headline(c), data=c.doc() | {"lines": env_cost.lines(c)})
+
+    return Step(PLAY, "environment cost", decide, id=COST, probes=env_cost.facts(env))
+
+
 def account_step() -> Step:
     """gcloud's credentials, read once (`gcloud config list`: no API)."""
     probe = doctor.credentials_fact()
@@ -250,6 +259,8 @@ def steps(env: Environment) -> list[Step]:
         at = next((i for i, s in enumerate(out) if s.play == "dashboard"), len(out))
         out = out[:at] + mine + out[at:]
     out.append(jobs_step(env))
+    if env.platform.cloud:
+        out.append(cost_step(env))
     return out
 
 
@@ -299,6 +310,8 @@ def report(env: Environment, recap: Recap) -> dict:
     full = recap.full_reasons()
     items = []
     for r in recap.results:
+        if r.step_id == COST:
+            continue  # said under the table (``cost``), never a finding
         v, what = verdict(r, found, full)
         items.append({"what": r.title, "verdict": v, "outcome": r.outcome, "state": _state(r.lines),
                       "reason": what, "notes": list(r.notes)})
@@ -307,7 +320,8 @@ def report(env: Environment, recap: Recap) -> dict:
     # on is one, and is counted there.
     as_asked = not recap.not_run and all(i["outcome"] in (OK, SKIPPED) for i in items)
     return {"environment": env.name, "kind": env.kind, "mode": env.get("mode"), "as_asked": as_asked,
-            "items": items, "jobs": recap.data("status:jobs") or [], "diagnosis": diagnosis(recap, items),
+            "items": items, "jobs": recap.data("status:jobs") or [], "cost": recap.data(COST),
+            "diagnosis": diagnosis(recap, items),
             "seconds": round(recap.wall, 1)}
 
 
@@ -339,7 +353,7 @@ def diagnosis(recap: Recap, items: list[dict]) -> str | None:
         what = first["verdict"] + ("" if first["verdict"] == NOT_READY else f": {UP}")
     else:
         what = first["reason"]
-    fix = FIX.get(recap.results[items.index(first)].step_id)
+    fix = FIX.get([r for r in recap.results if r.step_id != COST][items.index(first)].step_id)
     return f"{first['what']}: {what}" + (f": {fix}" if fix else "")
 
 
@@ -364,6 +378,8 @@ def table(doc: dict) -> list[str]:
                 if j["not_finalized"]:
                     extra += f" (not finalized, ignored: {', '.join(j['not_finalized'])})"
             out.append(f"    {j['job']}  {j['status']}  {j['age']} ago{extra}")
+    if doc.get("cost"):
+        out += [f"  {line}" for line in doc["cost"]["lines"]]
     out.append(f"diagnosis: {doc['diagnosis']}" if doc["diagnosis"] else
                "diagnosis: everything is as the inventory asks")
     return out

@@ -7,7 +7,8 @@ from its pods and events (``kube_objects``), whole TPU slices as Kubernetes and 
 exclusion (``maintenance``), the capacity options and the plan per slice
 (``capacity_options``, ``capacity_plan``), what a v6e chip-hour costs per
 option (``prices``: the inventory's, else the Cloud Billing Catalog's),
-where a Ray dashboard answers (``endpoints``).
+what the environment costs while it stands, its node pools and cluster fee
+(``env_cost``), where a Ray dashboard answers (``endpoints``).
 
 Facts and commands, no steps. May import ``playbooks.core``,
 ``playbooks.config`` and ``playbooks.access``.

@@ -53,6 +53,7 @@ from playbooks.core.facts import ABSENT, Fact
 
 SERVICE_ID = "6F81-5844-456A"  # Compute Engine
 ENDPOINT = "https://cloudbilling.googleapis.com/"
+API = "cloudbilling.googleapis.com"  # the Cloud Billing API: enabled by `prereqs` when the catalog is read
 # gcloud's own override of this API's endpoint (property
 # api_endpoint_overrides/cloudbilling), and its custom CA bundle.
 ENDPOINT_VAR = "CLOUDSDK_API_ENDPOINT_OVERRIDES_CLOUDBILLING"

@@ -389,18 +389,30 @@ def capacity_wait(v: int | None, env: Mapping) -> str | None:
 MAX_PRICE = 100.0
 
 
+# The environment's parts that no capacity option prices (cloud/env_cost.py):
+# USD per node-hour of the cluster's default-pool, USD per hour of the GKE
+# cluster management fee.
+DEFAULT_POOL = "default-pool"
+CLUSTER_FEE = "cluster-fee"
+PRICE_UNITS = {**dict.fromkeys(CAPACITIES, "chip-hour"), DEFAULT_POOL: "node-hour", CLUSTER_FEE: "hour"}
+
+
 def prices(v: Mapping, env: Mapping) -> str | Entry | None:
-    """USD per chip-hour per capacity option: a number from 0 (a prepaid
-    reservation) to MAX_PRICE; they win over the Cloud Billing Catalog."""
-    allowed = f"allowed: {', '.join(CAPACITIES)}"
+    """USD per chip-hour per capacity option (per node-hour of the
+    default-pool, per hour of the cluster fee): a number from 0 (a prepaid
+    reservation, a free-tier cluster) to MAX_PRICE; they win over the Cloud
+    Billing Catalog."""
+    allowed = f"allowed: {', '.join(PRICE_UNITS)}"
     for k, val in v.items():
-        if k not in CAPACITIES:
-            return Entry(str(k), val, f"is not a capacity option ({allowed}){did_you_mean(k, CAPACITIES)}")
+        if k not in PRICE_UNITS:
+            return Entry(str(k), val, f"is not a capacity option, {DEFAULT_POOL} or {CLUSTER_FEE} ({allowed})"
+                                      f"{did_you_mean(k, tuple(PRICE_UNITS))}")
+        unit = PRICE_UNITS[k]
         if isinstance(val, bool) or not isinstance(val, (int, float)):
-            return Entry(k, val, "must be a number: USD per chip-hour (e.g. 2.7)")
+            return Entry(k, val, f"must be a number: USD per {unit} (e.g. 2.7)")
         if not 0 <= val <= MAX_PRICE:  # NaN fails both
-            return Entry(k, val, f"must be between 0 and {MAX_PRICE:g} USD per chip-hour (v6e lists at $2.70-3.24 "
-                                 f"on demand; 0: a prepaid reservation)")
+            return Entry(k, val, f"must be between 0 and {MAX_PRICE:g} USD per {unit} (v6e lists at $2.70-3.24 "
+                                 f"a chip-hour on demand; 0: a prepaid reservation, a free-tier cluster)")
     return None
 
 
@@ -639,7 +651,8 @@ GKE = (
         doc="when capacity holds flex-start, seconds to wait for the slices' nodes (default 3600)"),
     Key("prices", dict, default={}, rules=(prices,),
         doc="USD per chip-hour per capacity option (on-demand: 2.7, reservation: 0, ...): they win over the Cloud "
-            "Billing Catalog's v6e prices; a reservation is priced only here"),
+            "Billing Catalog's v6e prices; a reservation is priced only here; default-pool (USD per node-hour) and "
+            "cluster-fee (USD per hour) price the environment's other parts"),
     Key("controller", rules=(ssh_target,),
         doc="user@host[:port]: run the commands on this host over SSH (Cloud Shell, a bastion in the VPC)"),
     Key("gateway", rules=(needs_controller, ssh_target), doc="user@host[:port]: a jump host to the controller"),

@@ -11,7 +11,7 @@ from typing import Any
 
 from playbooks.access import connectors
 from playbooks.access.ray_api import ACTIVE, UNSUCCESSFUL, job_fact, job_logs_command, jobs_fact, ours, run_of
-from playbooks.cloud import maintenance, prices
+from playbooks.cloud import env_cost, maintenance, prices
 from playbooks.cloud.endpoints import dashboard
 from playbooks.config import paths
 from playbooks.config.schema import Environment
@@ -159,8 +159,9 @@ def timelines(env: Environment) -> list[str]:
 
 
 def runs_step(env: Environment) -> Step:
-    """Every run with a timeline, newest first: state, steps, wall time,
-    goodput, chip-hours and cost (``run_list.py``)."""
+    """Every run with a timeline, newest first: state, jobs, steps, wall
+    time, goodput, chip-hours and cost (``run_list.py``); and what the
+    environment costs as it stands and since `up` (``env_cost.py``)."""
     shown = paths.events(env.name, "*")
     probe = Fact(name="timelines", python=lambda: {n: timeline.read_checked(env, n) for n in timelines(env)},
                  display=f"cat {shown}", assumed={}, describe=lambda d: f"{len(d)} run(s)")
@@ -176,9 +177,12 @@ def runs_step(env: Environment) -> Step:
                 report["skipped_lines"] = got.skipped
             rows.append(run_list.row(name, got.events, report, Summary(chip=env.tpu, simulated=env.platform.simulated)))
         rows = run_list.newest_first(rows)
-        return ok(f"{len(rows)} run(s) of environment {env.name}", data=rows)
+        c = env_cost.read(env, look, now)
+        return ok(f"{len(rows)} run(s) of environment {env.name}",
+                  data={"runs": rows, "environment_cost": c.doc() | {"lines": env_cost.lines(c)}})
 
-    return Step("runs", "runs of this environment", decide, id="runs:list", probes=(probe,))
+    return Step("runs", "runs of this environment", decide, id="runs:list",
+                probes=(probe, *(env_cost.facts(env) if env.platform.cloud else ())))
 
 
 def newest_timeline(env: Environment) -> str | None:

@@ -1,10 +1,11 @@
-"""§1 Project prerequisites: the APIs and the three IAM roles of user_identifier (a user, or a
-service account)."""
+"""§1 Project prerequisites: the APIs (the tutorial's, and the Cloud Billing API where a price is
+read from its catalog) and the three IAM roles of user_identifier (a user, or a service account)."""
 from __future__ import annotations
 
 from typing import Any
 
 from playbooks.access.cli_clients import fact, gcloud, json_list, json_object
+from playbooks.cloud import prices
 from playbooks.config import tutorial as T
 from playbooks.config.schema import Environment
 from playbooks.core.step import Step, Verify, change, ok
@@ -21,11 +22,18 @@ def _enabled_services(items: list) -> set[str]:
     return out
 
 
+def services(env: Environment) -> tuple[str, ...]:
+    """The tutorial's APIs, and the Cloud Billing API where a price is read
+    from its catalog (an option the inventory's ``prices:`` does not price)."""
+    return T.SERVICES + ((prices.API,) if prices.needs_catalog(env) else ())
+
+
 def services_fact(env: Environment):
     return fact("enabled services",
                 gcloud("services", "list", "--enabled", "--format=json", project=env.project_id),
                 json_list(_enabled_services), assumed=set(),
-                describe=lambda s: "enabled: " + (", ".join(x for x in T.SERVICES if x in s) or "none of the needed"))
+                describe=lambda s: "enabled: " + (", ".join(x for x in services(env) if x in s)
+                                                  or "none of the needed"))
 
 
 def policy_fact(env: Environment):
@@ -64,17 +72,19 @@ def steps(env: Environment) -> list[Step]:
     out: list[Step] = []
     svc = services_fact(env)
 
+    apis = services(env)
+
     def decide_services(look):
         enabled = look(svc)
-        missing = [s for s in T.SERVICES if s not in enabled]
+        missing = [s for s in apis if s not in enabled]
         if not missing:
             return ok("already enabled")
-        return change(gcloud("services", "enable", *T.SERVICES, project=env.project_id),
+        return change(gcloud("services", "enable", *apis, project=env.project_id),
                       reason="enabled " + ", ".join(missing))
 
-    out.append(Step(PLAY, "APIs " + " ".join(T.SERVICES), decide_services,
-                    verify=Verify(svc, lambda e: None if set(T.SERVICES) <= e else
-                                  "not enabled yet: " + ", ".join(sorted(set(T.SERVICES) - e)),
+    out.append(Step(PLAY, "APIs " + " ".join(apis), decide_services,
+                    verify=Verify(svc, lambda e: None if set(apis) <= e else
+                                  "not enabled yet: " + ", ".join(sorted(set(apis) - e)),
                                   timeout=120, interval=10),
                     id="prereqs:apis"))
     pol = policy_fact(env)

@@ -1,6 +1,7 @@
 """`invoke runs`: every run an environment knows (one timeline each),
-newest first: its model, state, steps (of the steps asked), wall time,
-goodput, final loss, MFU, chip-hours and cost. Pure: the rows are made from
+newest first: its model, state (with the stops and failures it was
+resumed after), jobs, steps (of the steps asked), wall time, goodput,
+final loss, MFU, chip-hours and cost. Pure: the rows are made from
 each run's events, goodput report and cost part (``goodput.py``,
 ``cost.py``, the summary of ``train_summary.py``)."""
 from __future__ import annotations
@@ -12,21 +13,39 @@ from playbooks.runs import events as E
 from playbooks.runs.cost import money_text
 from playbooks.runs.train_summary import Summary, percent
 
-COLUMNS = ("run", "model", "state", "steps", "of", "wall", "goodput", "loss", "MFU", "chip-hours", "cost",
+COLUMNS = ("run", "model", "state", "jobs", "steps", "of", "wall", "goodput", "loss", "MFU", "chip-hours", "cost",
            "last event")
 UNKNOWN = "-"
+
+
+def jobs(events: list[dict]) -> list[dict]:
+    """Each job of the run, in the order submitted: its id, its end as the
+    follower saw it (seconds since the epoch) and its status (None: no end
+    seen, a job running or not followed to its end)."""
+    out: dict[str, dict] = {}
+    for e in events:
+        sid = e.get("job")
+        if not sid:
+            continue
+        j = out.setdefault(str(sid), {"job": str(sid), "end": None, "status": None})
+        if e.get("kind") == E.JOB_END:
+            j.update(end=float(e["t"]), status=str(e.get("status") or "UNKNOWN"))
+    return list(out.values())
 
 
 def state(events: list[dict]) -> str:
     """The last job's end as the follower saw it (SUCCEEDED, FAILED,
     STOPPED), or that no end was seen (a job running, or not followed to
-    its end)."""
-    jobs = [e.get("job") for e in events if e.get("job")]
-    last = jobs[-1] if jobs else None
-    end = next((e for e in reversed(events) if e.get("kind") == E.JOB_END and e.get("job") == last), None)
-    if end is None:
+    its end); a run resumed after jobs that were stopped or failed is not
+    a plain end: "SUCCEEDED after 1 stop", "... after 2 stops, 1 failure"."""
+    js = jobs(events)
+    if not js:
         return "no end seen"
-    return str(end.get("status") or "UNKNOWN")
+    last = js[-1]["status"] or "no end seen"
+    before = [j["status"] for j in js[:-1]]
+    stops, failures = before.count("STOPPED"), sum(1 for st in before if st in ("FAILED", "UNKNOWN"))
+    said = [f"{n} {word}{'s' if n > 1 else ''}" for n, word in ((stops, "stop"), (failures, "failure")) if n]
+    return f"{last} after {', '.join(said)}" if said else last
 
 
 def target_steps(events: list[dict]) -> int | None:
@@ -48,7 +67,7 @@ def row(name: str, events: list[dict], report: dict[str, Any], s: Summary) -> di
     c = report.get("cost") or {}
     for e in events:
         s.add(e)
-    return {"run": name, "model": s.model, "state": state(events), "jobs": report["jobs"],
+    return {"run": name, "model": s.model, "state": state(events), "jobs": jobs(events),
             "steps": report["steps"]["counted"], "target_steps": target_steps(events),
             "final_loss": _known(s.final_loss), "mfu": _known(s.mfu()),
             "wall_s": report["wall_s"], "goodput_pct": report["goodput_pct"],
@@ -75,7 +94,8 @@ def cells(r: dict) -> list[str]:
     ch = "" if r["chip_hours"] is None else f"{r['chip_hours']:.4g}" + (" (sim.)" if r["chips_simulated"] else "")
     cost = money_text(r["cost"]) if r["cost"] is not None else "no price"
     when = E.when(r["last_event"]) if r["last_event"] else UNKNOWN
-    return [r["run"], known(r.get("model")), r["state"], str(r["steps"]), known(r.get("target_steps")),
+    return [r["run"], known(r.get("model")), r["state"], str(len(r["jobs"])), str(r["steps"]),
+            known(r.get("target_steps")),
             _wall(r["wall_s"]), f"{r['goodput_pct']:.1f}%", known(r.get("final_loss"), ".3f"),
             f"{percent(r['mfu'])}%" if r.get("mfu") is not None else UNKNOWN, ch, cost, when]
 

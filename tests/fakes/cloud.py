@@ -260,7 +260,7 @@ class Cloud:
     # piece, without running clients (fast); shapes as the real API shows them.
     def seed_project(self) -> None:
         g = self.gcp
-        g.st.services |= {"container.googleapis.com", "cloudbuild.googleapis.com"}
+        g.st.services |= {"container.googleapis.com", "cloudbuild.googleapis.com", "cloudbilling.googleapis.com"}
         policy = g._policy()
         for role in ("roles/container.admin", "roles/iam.serviceAccountAdmin", "roles/cloudbuild.builds.editor"):
             policy["bindings"].append({"role": role, "members": [f"user:{USER}"]})
