@@ -189,3 +189,18 @@ def test_the_time_between_jobs_is_its_own_and_scheduling_only_from_a_submit_to_i
     assert r["badput_s"]["other"] == pytest.approx(2.0)  # the second job's last step to its end
     segs = goodput.segments(hang_stop())
     assert (T0 + 105.0, T0 + 300.0, "between_jobs") in segs
+
+
+def test_the_cost_says_how_many_chip_hours_its_uncertain_times_may_move_between_causes():
+    """Ray's failure and node-dead lines read after the reconnect are timed
+    within +/-9.5 s (41-60 s): the chips billed in that window (8 until the
+    loss at 45, 4 after) may belong to the cause beside theirs."""
+    events = timeline_of(replay(recorded_log()))
+    r, segs = goodput.account_with_segments(events, "run")
+    basis = cost.Basis(slices=2, hosts_per_slice=1, chips_per_host=4, options=["on-demand", "spot"],
+                       rates=[2.0, 1.0])
+    c = cost.report(events, segs, goodput.CAUSES, basis, True, r["uncertain"])
+    assert c["uncertain_chip_hours"] == pytest.approx(round((4 * 8 + 15 * 4) / 3600, 4))
+    assert "of the causes' below may belong to the cause beside theirs" in "\n".join(cost.header_lines(c))
+    # Read live, no line is uncertain: nothing said.
+    assert "uncertain_chip_hours" not in cost.report(events, segs, goodput.CAUSES, basis, True, None)

@@ -172,7 +172,7 @@ def runs_step(env: Environment) -> Step:
             if not got.events:
                 continue
             report, segs = goodput.account_with_segments(got.events, name, now=now)
-            report["cost"] = run_cost(env, got.events, segs)
+            report["cost"] = run_cost(env, got.events, segs, report.get("uncertain"))
             if got.skipped:
                 report["skipped_lines"] = got.skipped
             rows.append(run_list.row(name, got.events, report, Summary(chip=env.tpu, simulated=env.platform.simulated)))
@@ -213,7 +213,7 @@ def goodput_step(env: Environment, run: str | None) -> Step:
             return fail(f"run {name} has no events ({paths.events(env.name, name)}): `invoke train` (or `invoke "
                         f"logs --follow`) writes them while it follows a job")
         report, segs = goodput.account_with_segments(s["events"], name, now=time.time())
-        report["cost"] = run_cost(env, s["events"], segs)
+        report["cost"] = run_cost(env, s["events"], segs, report.get("uncertain"))
         report["library"] = goodput_reference.compute(s["events"])
         report["badput_library_type"] = dict(goodput_reference.LIBRARY_TYPE)
         if s.get("skipped"):
@@ -226,13 +226,15 @@ def goodput_step(env: Environment, run: str | None) -> Step:
                 probes=(probe,))
 
 
-def run_cost(env: Environment, events: list[dict], segs: list[tuple[float, float, str]]) -> dict:
+def run_cost(env: Environment, events: list[dict], segs: list[tuple[float, float, str]],
+             uncertain: dict | None = None) -> dict:
     """A run's chip-hours and cost by cause, on the basis recorded when it
     was submitted (else the environment's now: its inventory prices and a
-    fresh cached catalog, never a request)."""
+    fresh cached catalog, never a request); ``uncertain``: the goodput
+    report's events timed within bounds."""
     recorded = cost.recorded_basis(events)
     basis = recorded or cost.env_basis(env, None, prices.cached(env) if env.platform.cloud else None)
-    return cost.report(events, segs, goodput.CAUSES, basis, recorded is not None)
+    return cost.report(events, segs, goodput.CAUSES, basis, recorded is not None, uncertain)
 
 
 def _timeline(env: Environment, run: str | None) -> dict:

@@ -415,14 +415,38 @@ def tally(segments: list[tuple[float, float, str]], periods: list[Period]) -> tu
     return billed, by
 
 
+def windows(uncertain: dict | None) -> list[tuple[float, float]]:
+    """The time windows of the goodput report's events timed within bounds
+    (``uncertain``: each ``at`` +/- ``within_s``), merged."""
+    spans = sorted((float(e["at"]) - float(e["within_s"]), float(e["at"]) + float(e["within_s"]))
+                   for e in (uncertain or {}).get("events") or []
+                   if E.number(e.get("at")) is not None and E.number(e.get("within_s")))
+    out: list[tuple[float, float]] = []
+    for a, b in spans:
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
+def within(segments: list[tuple[float, float, str]], spans: list[tuple[float, float]]
+           ) -> list[tuple[float, float, str]]:
+    """The parts of the segments inside the spans."""
+    return [(max(a, lo), min(b, hi), c) for a, b, c in segments for lo, hi in spans if min(b, hi) > max(a, lo)]
+
+
 def report(events: list[dict], segments: list[tuple[float, float, str]], causes: Iterable[str],
-           basis: Basis, recorded: bool) -> dict[str, Any]:
+           basis: Basis, recorded: bool, uncertain: dict | None = None) -> dict[str, Any]:
     """The goodput report's cost part: chip-hours billed and used, of the
     productive time, of each cause and held not training; dollars where a
     price is known (a [low, high] range where which slices is not known);
-    the prices of each slice, per submission."""
+    the prices of each slice, per submission. ``uncertain`` (the goodput
+    report's events timed within bounds): the chip-hours billed in their
+    windows may belong to the cause beside theirs (``uncertain_chip_hours``)."""
     periods = ledger(events, basis)
     billed, by = tally(segments, periods)
+    loose, _ = tally(within(segments, windows(uncertain)), periods)
     productive = by.pop("productive", _Sum())
     names = [*causes, HELD]
     bases = recorded_bases(events) or [(float("-inf"), basis)]
@@ -443,8 +467,12 @@ def report(events: list[dict], segments: list[tuple[float, float, str]], causes:
                                 **({"range": b.ranges[i]} if i < len(b.ranges) and b.ranges[i] else {})}
                                for i in range(b.slices)]} for t, b in bases],
     }
+    if loose.hours:
+        out["uncertain_chip_hours"] = round(loose.hours, 4)
     if billed.priced and not last.simulated:
         out["cost"] = billed.money()
+        if loose.hours:
+            out["uncertain_cost"] = loose.money()
         out["productive_cost"] = productive.money()
         out["badput_cost"] = {c: by.get(c, _Sum()).money() for c in names}
     return out
@@ -481,6 +509,10 @@ def header_lines(c: dict[str, Any]) -> list[str]:
         out.append(f"    at {c['price']}")
     if isinstance(c.get("cost"), list):
         out.append(f"    (a range: {RANGE_WHY})")
+    if c.get("uncertain_chip_hours"):
+        money = f" ({money_text(c['uncertain_cost'])})" if c.get("uncertain_cost") is not None else ""
+        out.append(f"    up to {c['uncertain_chip_hours']:.4g} chip-hours{money} of the causes' below may belong to "
+                   f"the cause beside theirs: Ray's lines timed within bounds (times not exact, below)")
     return out + [f"    ({c['basis']})"]
 
 
