@@ -206,6 +206,33 @@ def test_a_damaged_stale_or_foreign_cache_is_never_trusted(doc):
     assert P.from_cache(good, "https://cloudbilling.googleapis.com/", now + P.STALE_AFTER + 1) is None
 
 
+def test_the_cached_catalog_is_read_from_this_machine_only_never_from_a_controller_that_is_down(monkeypatch, tmp_path):
+    """`invoke goodput`/`runs` price a run from the cached catalog: with a
+    controller (down, or any), nothing is asked of it (no `env` over SSH
+    for the endpoint override), and a cache that cannot be read is no
+    catalog, never an error."""
+    from playbooks.access import connectors
+    from playbooks.core.errors import Unreachable
+
+    def down(env):
+        raise Unreachable("controller me@192.0.2.1 is unreachable: timed out")
+    monkeypatch.setattr(connectors, "connector", down)
+    cache = tmp_path / "prices.json"
+    monkeypatch.setattr(P, "cache_path", lambda env: str(cache))
+    remote = env("dev", controller="me@192.0.2.1")
+    assert P.cached(remote) is None  # no cache yet
+    cache.write_text(json.dumps(catalog_of(ON_DEMAND, SPOT).doc()))
+    c = P.cached(remote)
+    assert c is not None and P.price(remote, "spot", c).per_chip_hour == 1.4033
+    # Without a controller, the endpoint is this machine's, still no request.
+    assert P.cached(env("dev")).rates["on-demand"] == {"us-east5": 2.7}
+    monkeypatch.setitem(connectors.this_machine().base_env, P.ENDPOINT_VAR, "https://127.0.0.1:9/")
+    assert P.cached(env("dev")) is None  # another endpoint's cache is not this one's
+    cache.unlink()
+    cache.mkdir()  # not a file: cannot be read
+    assert P.cached(remote) is None
+
+
 def test_the_inventory_wins_and_a_reservation_is_priced_only_there():
     e = env("dev", capacity=["reservation", "spot"], reservation="my-res", prices={"spot": 1.0})
     c = catalog_of(SPOT, ON_DEMAND)

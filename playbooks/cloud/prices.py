@@ -303,14 +303,26 @@ def from_cache(doc: Any, base: str, now: float, gen: Generation = V6E) -> Catalo
 
 
 def cached(env: Environment, now: float | None = None) -> Catalog | None:
-    """The cached catalog when fresh and whole; never a request (for the
-    read-only reports: goodput, runs)."""
-    raw = connectors.this_machine().read(cache_path(env))
+    """The cached catalog when fresh and whole, from this machine's state
+    only: never a request, to the API or to a controller (for the read-only
+    reports: goodput, runs, logs). Its endpoint must be this machine's where
+    the catalog is read here; with a ``controller`` the catalog is read
+    there, under the controller's endpoint, and asking the controller for it
+    would be a request: the endpoint the cache says it was read from is
+    taken (``read_catalog`` checks it on the next read)."""
+    here = connectors.this_machine()
     try:
-        return from_cache(json.loads(raw), endpoint(connectors.connector(env)),
-                          time.time() if now is None else now, generation(env)) if raw else None
-    except (ValueError, UnicodeDecodeError):
+        raw = here.read(cache_path(env))
+        doc = json.loads(raw) if raw else None
+    except (OSError, ValueError, UnicodeDecodeError):
         return None
+    if connectors.controller(env):
+        base = doc.get("endpoint") if isinstance(doc, dict) else None
+        if not isinstance(base, str):
+            return None
+    else:
+        base = endpoint(here)
+    return from_cache(doc, base, time.time() if now is None else now, generation(env))
 
 
 def read_catalog(env: Environment, now: float | None = None) -> Catalog:
