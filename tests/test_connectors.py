@@ -269,7 +269,18 @@ def test_get_json_reads_where_the_connector_runs(conn):
         srv.shutdown()
 
 
-def test_get_json_sends_its_headers_off_the_command_line_and_says_the_servers_error(conn):
+def _https(tmp_path, handler):
+    """A loopback HTTPS server (a test CA's certificate) running ``handler``:
+    the server, its base URL and the CA file to trust."""
+    from tests.fakes.tls import make_pki
+    pki = make_pki(tmp_path / "pki", "connectors")
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    srv.socket = pki.server_context().wrap_socket(srv.socket, server_side=True)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv, f"https://127.0.0.1:{srv.server_address[1]}", str(pki.ca_file)
+
+
+def test_get_json_sends_its_headers_off_the_command_line_and_says_the_servers_error(conn, tmp_path):
     """A bearer token reaches the server (over SSH curl reads it from its
     stdin, not its command line), and a Google API error's message is the
     failure's, without the token."""
@@ -289,19 +300,65 @@ def test_get_json_sends_its_headers_off_the_command_line_and_says_the_servers_er
         def log_message(self, *a):
             pass
 
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    srv, base, ca = _https(tmp_path, H)
     secret = "ya29.do-not-show"
     try:
-        base = f"http://127.0.0.1:{srv.server_address[1]}"
-        assert conn.get_json(f"{base}/ok", headers={"Authorization": f"Bearer {secret}"}) == {"skus": []}
+        assert conn.get_json(f"{base}/ok", headers={"Authorization": f"Bearer {secret}"}, ca_file=ca) == {"skus": []}
         assert seen == [f"Bearer {secret}"]
         with pytest.raises(ProbeFailed) as e:
-            conn.get_json(f"{base}/denied", headers={"Authorization": f"Bearer {secret}"})
+            conn.get_json(f"{base}/denied", headers={"Authorization": f"Bearer {secret}"}, ca_file=ca)
         assert "HTTP 403: PERMISSION_DENIED: Cloud Billing API is disabled." in e.value.why
         assert secret not in e.value.render()
     finally:
         srv.shutdown()
+
+
+def test_credentials_never_go_over_plain_http_nor_on_to_where_a_redirect_points(conn, tmp_path):
+    """A bearer token is refused for an http:// URL before any connection
+    (the server sees nothing), and a redirect answered to a request that
+    carries one is not followed: the place it points to never sees the
+    token, and the failure says it was a redirect. Without credentials (the
+    Ray dashboard) plain http works as before."""
+    seen: list[tuple[str, str | None]] = []
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            seen.append((self.path, self.headers.get("Authorization")))
+            if self.path == "/moved":
+                self.send_response(302)
+                self.send_header("Location", "/elsewhere")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            body = b'{"ok": true}'
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    srv, base, ca = _https(tmp_path, H)
+    plain = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=plain.serve_forever, daemon=True).start()
+    plain_base = f"http://127.0.0.1:{plain.server_address[1]}"
+    secret = {"Authorization": "Bearer ya29.do-not-send"}
+    try:
+        with pytest.raises(ProbeFailed) as e:
+            conn.get_json(f"{plain_base}/ok", headers=secret)
+        assert "credentials are sent only over https://" in e.value.why and seen == []
+        assert "ya29" not in e.value.render()
+        with pytest.raises(ProbeFailed) as e:
+            conn.get_json(f"{base}/moved", headers=secret, ca_file=ca)
+        assert "HTTP 302: a redirect to" in e.value.why and "/elsewhere" in e.value.why
+        assert "not followed with credentials" in e.value.why
+        assert seen == [("/moved", secret["Authorization"])]  # /elsewhere never asked, the token never sent on
+        # No credentials (the Ray dashboard): plain http as before.
+        assert conn.get_json(f"{plain_base}/ok") == {"ok": True}
+    finally:
+        srv.shutdown()
+        plain.shutdown()
 
 
 def test_ssh_login_environment_is_the_controllers(server, tmp_path):

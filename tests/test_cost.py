@@ -66,6 +66,35 @@ def test_each_option_is_its_own_sku_and_the_decoys_are_not_taken():
     assert c.problems == []
 
 
+@pytest.mark.parametrize("first_page", [True, False])
+def test_two_skus_for_one_option_and_region_are_a_problem_and_no_price_never_the_last_one_read(first_page):
+    """A second SKU matching on-demand in us-east5 (another id, another
+    price), on the same page or the next: which one is meant cannot be
+    told, so that option has no price there (named in one line), whatever
+    the order; the other options and regions keep theirs, and so does the
+    cache."""
+    other = sku("TpuV6e running in Columbus (Tier 2)", "OnDemand", ["us-east5", "europe-west4"], "3", 0)
+    other["skuId"] = "AAAA-BBBB-CCCC"
+    pages = [[ON_DEMAND, SPOT, other]] if first_page else [[ON_DEMAND, SPOT], [other]]
+    for order in (pages, [list(reversed(p)) for p in reversed(pages)]):
+        c = P.Catalog(time.time(), "https://cloudbilling.googleapis.com/")
+        for page in order:
+            P.add_rates(c, page)
+        assert "us-east5" not in c.rates["on-demand"] and c.rates["on-demand"]["europe-west4"] == 3.0
+        assert c.rates["spot"] == {"us-east5": 1.4033}
+        [problem] = c.problems
+        assert "two SKUs for v6e on-demand in us-east5" in problem and "2549-F208-72FA" in problem \
+            and "AAAA-BBBB-CCCC" in problem and "\n" not in problem
+        p = P.price(env("dev"), "on-demand", c)
+        assert p.per_chip_hour is None and "two SKUs for v6e on-demand in us-east5" in p.text()
+        assert p.text().startswith("no price (") and "set prices.on-demand" in p.why
+        assert P.price(env("dev"), "spot", c).per_chip_hour == 1.4033
+        again = P.from_cache(json.loads(json.dumps(c.doc())), "https://cloudbilling.googleapis.com/", time.time())
+        assert again is not None and P.price(env("dev"), "on-demand", again).why == p.why
+    # The same SKU listed twice (a page boundary read again) is one price.
+    assert catalog_of(ON_DEMAND, ON_DEMAND).rates == {"on-demand": {"us-east5": 2.7}}
+
+
 @pytest.mark.parametrize("change, words", [
     ({"units": "two"}, "units is 'two', not an int64"),
     ({"units": 2.5}, "units is 2.5, not an int64"),
@@ -175,6 +204,33 @@ def test_a_damaged_stale_or_foreign_cache_is_never_trusted(doc):
     assert P.from_cache(doc, "https://cloudbilling.googleapis.com/", now) is None
     assert P.from_cache(good, "https://cloudbilling.googleapis.com/", now).rates == {"on-demand": {"us-east5": 2.7}}
     assert P.from_cache(good, "https://cloudbilling.googleapis.com/", now + P.STALE_AFTER + 1) is None
+
+
+def test_the_cached_catalog_is_read_from_this_machine_only_never_from_a_controller_that_is_down(monkeypatch, tmp_path):
+    """`invoke goodput`/`runs` price a run from the cached catalog: with a
+    controller (down, or any), nothing is asked of it (no `env` over SSH
+    for the endpoint override), and a cache that cannot be read is no
+    catalog, never an error."""
+    from playbooks.access import connectors
+    from playbooks.core.errors import Unreachable
+
+    def down(env):
+        raise Unreachable("controller me@192.0.2.1 is unreachable: timed out")
+    monkeypatch.setattr(connectors, "connector", down)
+    cache = tmp_path / "prices.json"
+    monkeypatch.setattr(P, "cache_path", lambda env: str(cache))
+    remote = env("dev", controller="me@192.0.2.1")
+    assert P.cached(remote) is None  # no cache yet
+    cache.write_text(json.dumps(catalog_of(ON_DEMAND, SPOT).doc()))
+    c = P.cached(remote)
+    assert c is not None and P.price(remote, "spot", c).per_chip_hour == 1.4033
+    # Without a controller, the endpoint is this machine's, still no request.
+    assert P.cached(env("dev")).rates["on-demand"] == {"us-east5": 2.7}
+    monkeypatch.setitem(connectors.this_machine().base_env, P.ENDPOINT_VAR, "https://127.0.0.1:9/")
+    assert P.cached(env("dev")) is None  # another endpoint's cache is not this one's
+    cache.unlink()
+    cache.mkdir()  # not a file: cannot be read
+    assert P.cached(remote) is None
 
 
 def test_the_inventory_wins_and_a_reservation_is_priced_only_there():

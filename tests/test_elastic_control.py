@@ -12,7 +12,7 @@ from tests.conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "trainer"))
 import elastic_control as ec
-from ray.exceptions import RayActorError, RaySystemError
+from ray.exceptions import ActorDiedError, GetTimeoutError, NodeDiedError, RayActorError, RaySystemError
 from ray.train.v2._internal.exceptions import WorkerGroupStartupFailedError
 from ray.train.v2._internal.execution.controller.state import (
     ResizingState,
@@ -285,6 +285,36 @@ def test_a_save_that_does_not_come_is_waited_for_only_as_long_as_the_timeout(mon
     assert e["outcome"] == "no save: MaxText ran on to step 39 and ended, not stopping at the notice" and e["step"] is None
 
 
+class Unanswered(Worker):
+    """A worker whose looks after the notice raise ``error`` (ray.get raises it)."""
+
+    def __init__(self, progress, rank, error):
+        super().__init__(progress, rank)
+        self.error = error
+
+    def execute_async(self, fn):
+        if fn is mr.progress and self.progress.get("noticed"):
+            raise self.error
+        return super().execute_async(fn)
+
+
+@pytest.mark.parametrize("error, said", [
+    (ActorDiedError(), "no save: a worker is gone (ActorDiedError)"),
+    (NodeDiedError("node 1 died"), "no save: a worker is gone (NodeDiedError)"),
+    (GetTimeoutError("timed out"), "no save: a worker did not answer within 30 s"),
+    (ValueError("bad progress"), "no save: the workers could not be asked (ValueError: bad progress)"),
+])
+def test_a_save_not_waited_for_names_why_a_worker_gone_only_when_ray_says_it_is(monkeypatch, clock, capsys, error,
+                                                                                 said):
+    monkeypatch.setattr(ec.ray, "get", lambda x, timeout=None: x)
+    w0 = Unanswered({"last_step": 18, "last_saved": 10, "ended": False}, 0, error)
+    s = ec.SaveBeforeResize()
+    s.after_worker_group_start(Group([w0]))
+    s.after_controller_state_update(None, ResizingState(scaling_decision=grow()))
+    s.before_controller_execute_resize_decision(grow())
+    assert events(capsys)[-1]["outcome"] == said
+
+
 def test_the_notice_is_sent_only_where_jaxs_preemption_service_takes_it(monkeypatch):
     from jax._src import distributed
     sent = []
@@ -327,6 +357,29 @@ def test_a_worker_that_cannot_load_the_trainer_fails_the_start_as_retryable_up_t
     with pytest.raises(RayActorError):
         cb.before_init_train_context([Failing(RayActorError())])
     assert cb.failures == 3
+
+
+def test_a_start_that_works_gives_the_next_starts_the_whole_retry_budget_again(monkeypatch, capsys):
+    """A run whose group failed to start twice (then started), and later,
+    after a lost slice, fails to start twice again: each time within the
+    bound of 2, so retried, never raised for the earlier starts' failures."""
+    def get(refs, timeout=None):
+        for r in refs:
+            if isinstance(r, Exception):
+                raise r
+        return refs
+    monkeypatch.setattr(ec.ray, "get", get)
+    monkeypatch.setenv(ec.ENV_START_RETRIES, "2")
+    cb = ec.RetryStartFailures()
+    lost = RaySystemError("System error: No module named 'maxtext_ray'")
+    for _ in range(2):  # two incidents, each with two failed starts, then a start that works
+        for n in (1, 2):
+            with pytest.raises(WorkerGroupStartupFailedError, match=f"start {n} of 2 retried"):
+                cb.before_init_train_context([Failing(lost)])
+        assert cb.before_init_train_context([Failing(True)]) == {}
+        cb.after_worker_group_start(Group([]))
+    decisions = [e["decision"] for e in events(capsys) if e["kind"] == "start_failed"]
+    assert decisions == ["RETRY"] * 4
 
 
 def test_the_elastic_trainer_gives_ray_train_these_callbacks_and_a_fixed_one_none(monkeypatch):

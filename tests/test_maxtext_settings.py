@@ -258,6 +258,44 @@ def test_an_elastic_job_carries_its_start_retries_and_resize_save_timeout_and_ke
     assert (job.env_vars["TRAINER_START_RETRIES"], job.env_vars["TRAINER_RESIZE_SAVE_TIMEOUT_S"]) == ("0", "30")
 
 
+def test_an_elastic_jobs_failure_bound_is_the_inventorys_max_failures_3_by_default_and_reaches_ray_train(monkeypatch):
+    """The bound on the failures an elastic job recovers from is a key of
+    the inventory, carried in the job's environment to the trainer, which
+    gives it to Ray Train's FailureConfig (-1: Ray's no limit)."""
+    import sys
+
+    from tests.conftest import ROOT, env
+    sys.path.insert(0, str(ROOT / "trainer"))
+    import maxtext_ray as mr
+    for e in (env("local"), env("dev")):
+        assert build_job(e, "llama3-8b", elastic=True).env_vars["TRAINER_MAX_FAILURES"] == "3"
+        assert "TRAINER_MAX_FAILURES" not in build_job(e, "llama3-8b").env_vars  # a fixed-size job: Ray's own
+    for given in (-1, 0, 7):
+        job = build_job(env("dev", max_failures=given), "llama3-8b", elastic=True)
+        assert job.env_vars["TRAINER_MAX_FAILURES"] == str(given)
+        assert mr.max_failures(job.env_vars) == given
+    assert mr.max_failures({}) == 3
+    from ray.train.v2.api.config import FailureConfig
+    made: list[FailureConfig] = []
+
+    class Trainer:
+        def __init__(self, **kw):
+            made.append(kw["run_config"].failure_config)
+
+        def fit(self):
+            pass
+    import ray
+    import ray.train.v2.jax as rj
+    monkeypatch.setattr(rj, "JaxTrainer", Trainer)
+    monkeypatch.setattr(ray, "shutdown", lambda: None)
+    monkeypatch.setattr(mr, "absolute_config", lambda argv: argv)
+    monkeypatch.setattr(mr, "check_model_config", lambda argv: None)
+    monkeypatch.setattr(mr, "worker_runtime_env", lambda: {})
+    monkeypatch.setenv(mr.ENV_MAX_FAILURES, "-1")
+    mr.fit(["trainer", "base.yml"], elastic=True)
+    assert made[-1].max_failures == -1
+
+
 def test_every_job_saves_on_a_preemption_notice_and_its_workers_run_the_setup_hook():
     from playbooks.job.spec import runtime_env
     from tests.conftest import env

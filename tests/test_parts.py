@@ -217,11 +217,13 @@ def test_the_whole_job_is_checked_after_every_change():
 
 # -- a followed log read again from its start (runs/follow.py: Replay) --------------------
 class _Taker:
-    """A follower stand-in: the hashes of the lines read, the lines taken."""
+    """A follower stand-in: the hashes of the lines read, where the job's
+    log began among them, the lines taken."""
 
-    def __init__(self, read: list[str]):
+    def __init__(self, read: list[str], log_from: int | None):
         from array import array
         self.read = array("q", (hash(x) for x in read))
+        self.log_from = log_from
         self.taken: list[str] = []
 
     def line(self, text: str) -> None:
@@ -229,21 +231,171 @@ class _Taker:
         self.taken.append(text)
 
 
-@pytest.mark.parametrize("before, again, new", [
+SUBMITTED = ["Job submission server address: x", "", "Job 'r-1' submitted successfully", "",
+             "Tailing logs until the job exits (disable with --no-wait):"]
+
+
+@pytest.mark.parametrize("before, log_from, again, new", [
     # `ray job submit`'s own lines first, then the log: re-read from the log's start.
-    (["Job submission server address: x", "Tailing logs", "a", "b", "c"], ["a", "b", "c", "d", "e"], ["d", "e"]),
+    ([*SUBMITTED, "a", "b", "c"], 5, ["a", "b", "c", "d", "e"], ["d", "e"]),
+    # The log's first line is blank, as lines of the submit's own are: still each line once.
+    ([*SUBMITTED, "", "a", "b"], 5, ["", "a", "b", "c"], ["c"]),
+    # The log's first line is one the submit printed too: matched by its place after the submit's lines.
+    ([*SUBMITTED, "Tailing logs until the job exits (disable with --no-wait):", "a"], 5,
+     ["Tailing logs until the job exits (disable with --no-wait):", "a", "b"], ["b"]),
     # Nothing of the log read before the drop: every line is new.
-    (["Job submission server address: x"], ["a", "b"], ["a", "b"]),
+    (["Job submission server address: x"], None, ["a", "b"], ["a", "b"]),
     # A line that repeats (a step line twice in a log): matched by its place, not by its text.
-    (["a", "x", "a", "x"], ["a", "x", "a", "x", "a", "x"], ["a", "x"]),
+    (["a", "x", "a", "x"], 0, ["a", "x", "a", "x", "a", "x"], ["a", "x"]),
     # A log that is not the one read (another job's): nothing is skipped past the first difference.
-    (["a", "b"], ["a", "c", "b"], ["c", "b"]),
+    (["a", "b"], 0, ["a", "c", "b"], ["c", "b"]),
 ])
-def test_a_log_read_again_skips_the_lines_read_once_each_and_loses_none(before, again, new):
+def test_a_log_read_again_skips_the_lines_read_once_each_and_loses_none(before, log_from, again, new):
     from playbooks.runs.follow import Replay
-    f = _Taker(before)
+    f = _Taker(before, log_from)
     replay = Replay(f)  # type: ignore[arg-type]
     for text in again:
         replay(text)
     assert f.taken == new and replay.skipped == len(again) - len(new)
     assert replay.new == bool(new)
+
+
+# -- a follow's stream: the CLI's own traceback, a clean close (runs/follow.py) ---------------------
+class _FollowCtx:
+    """What a follow asks of its step: acting, lines said and noted, the
+    streams run (each a list of lines and an exit code), a clock."""
+
+    acting = True
+
+    def __init__(self, streams: list[tuple[list[str], int]] = ()):
+        self.said: list[str] = []
+        self.notes: list[str] = []
+        self.streams = list(streams)
+        self.ran: list[str] = []
+        self.t = 0.0
+
+    def echo(self, line: str) -> None:
+        self.said.append(line)
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+
+    def clock(self) -> float:
+        return self.t
+
+    def sleep(self, s: float) -> None:
+        self.t += s
+
+    def act(self, command) -> None:
+        self.ran.append(command.line())
+
+    def stream(self, command, on_line):
+        from playbooks.core.facts import Completed
+        self.ran.append(command.line())
+        lines, rc = self.streams.pop(0)
+        for line in lines:
+            on_line(line)
+        return Completed(command.line(), rc, "\n".join(lines), "")
+
+
+CLI_DIED = ["Traceback (most recent call last):", '  File "/usr/bin/ray", line 8, in <module>', "    sys.exit(main())",
+            "", "The above exception was the direct cause of the following exception:", "",
+            "Traceback (most recent call last):", '  File "aiohttp/client.py", line 1, in read',
+            "aiohttp.client_exceptions.ServerDisconnectedError: Server disconnected"]
+JOB_FAILED = ["Traceback (most recent call last):", '  File "maxtext_ray.py", line 3, in fit',
+              "ValueError: the job's own error"]
+
+
+@pytest.fixture
+def followed(tmp_path, monkeypatch):
+    """A follower of job r-1 (its timeline under tmp_path) and its kept log."""
+    from playbooks.config import paths
+    from playbooks.runs.follow import Follower
+    monkeypatch.setattr(paths, "here", lambda rel: tmp_path / rel)
+
+    def make(ctx, job=None):
+        log = tmp_path / "job.log"
+        return Follower(ctx, env("dev"), "r", "r-1", log, job=job), log
+    return make
+
+
+def test_the_streaming_clis_own_traceback_stays_out_of_the_jobs_log_and_the_jobs_does_not(followed):
+    from playbooks.core.facts import Completed
+    ctx = _FollowCtx()
+    f, log = followed(ctx)
+    # The job's own traceback, then more of its lines: the job's (in order).
+    for line in [*SUBMITTED, "a", *JOB_FAILED, "", "(RayTrainWorker pid=1) b"]:
+        f.line(line)
+    # The CLI dies with the link: its traceback last, the command failed.
+    for line in ["c", *CLI_DIED]:
+        f.line(line)
+    f.stream_ended(Completed("ray job logs", 1, "", ""))
+    f.close()
+    kept = log.read_text().splitlines()
+    assert kept == [*SUBMITTED, "a", *JOB_FAILED, "", "(RayTrainWorker pid=1) b", "c"]
+    assert not any("ServerDisconnectedError" in s for s in ctx.said)
+    assert ctx.notes == ["the log's stream ended with its CLI's own error (not the job's: kept out of its log): "
+                         "aiohttp.client_exceptions.ServerDisconnectedError: Server disconnected"]
+    # A job whose log ends with its traceback, the stream ending well: the job's.
+    ctx = _FollowCtx()
+    f, log = followed(ctx, job={"status": "RUNNING"})
+    log.unlink()
+    for line in ["a", *JOB_FAILED]:
+        f.line(line)
+    f.stream_ended(Completed("ray job logs", 0, "", ""))
+    f.close()
+    assert log.read_text().splitlines() == ["a", *JOB_FAILED] and ctx.notes == []
+
+
+def test_a_replay_after_a_blank_first_line_and_the_clis_traceback_writes_each_line_once(followed):
+    from playbooks.core.facts import Completed
+    from playbooks.runs.follow import Replay
+    ctx = _FollowCtx()
+    f, log = followed(ctx)
+    for line in [*SUBMITTED, "", "a", "b", *CLI_DIED]:
+        f.line(line)
+    f.stream_ended(Completed("ray job submit", 1, "", ""))
+    assert f.log_from == len(SUBMITTED)
+    replay = Replay(f)
+    for line in ["", "a", "b", "c", "d"]:
+        replay(line)
+    f.close()
+    assert log.read_text().splitlines() == [*SUBMITTED, "", "a", "b", "c", "d"]
+
+
+class _Dashboard:
+    """The Jobs API as a follow reads it: up, and the job's statuses in turn
+    (the last one kept)."""
+
+    def __init__(self, statuses: list[str]):
+        self.statuses = statuses
+
+    def get_json(self, url, timeout=10.0, headers=None, ca_file=None):
+        if url.endswith("/api/version"):
+            return {"ray_version": "2.60.0"}
+        status = self.statuses.pop(0) if len(self.statuses) > 1 else self.statuses[0]
+        return {"submission_id": "r-1", "status": status}
+
+
+@pytest.mark.parametrize("kind", ["dev", "local"])
+def test_a_clean_close_of_the_stream_while_the_job_runs_is_followed_on_not_a_failure(followed, monkeypatch, kind):
+    """The stream ends with exit 0 while the Jobs API says RUNNING (asked
+    again a moment later, still RUNNING): the log is followed on from where
+    it was, every line once, to the job's end; the step is not ended on the
+    stream's word."""
+    from playbooks.access.ray_api import job_logs_command
+    from playbooks.core.facts import Completed
+    from playbooks.runs.follow import Relink
+    ctx = _FollowCtx(streams=[(["a", "b", "c"], 0)])
+    f, log = followed(ctx, job={"status": "RUNNING"})
+    e = env(kind)
+    f.env = e
+    for line in ["a", "b"]:
+        f.line(line)
+    dash = _Dashboard(["RUNNING", "RUNNING", "SUCCEEDED"])
+    done, lost = Relink(ctx, e, f, "http://127.0.0.1:8265", dash).until_end(Completed("ray job logs", 0, "", ""))
+    f.close()
+    assert lost is None and done.ok
+    assert ctx.ran == [job_logs_command("http://127.0.0.1:8265", "r-1", follow=True).line()]  # no port-forward
+    assert log.read_text().splitlines() == ["a", "b", "c"]
+    assert any("its stream ended, the job still running" in s for s in ctx.said), ctx.said

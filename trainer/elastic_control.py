@@ -30,7 +30,8 @@ are not ``UserCallback``s to its own: ray/train/v2/api/data_parallel_trainer.py,
   ray/train/v2/_internal/execution/worker_group/worker_group.py). Before the
   context is made, each worker proves it can import the trainer; one that
   cannot fails the start as a ``WorkerGroupStartupFailedError``, retried,
-  at most ``TRAINER_START_RETRIES`` times.
+  at most ``TRAINER_START_RETRIES`` times in a row (a start that works
+  gives the next ones the whole budget again).
 
 Each prints what it did as a timeline event (``trainer event: {...}``).
 """
@@ -231,8 +232,8 @@ class SaveBeforeResize(ControllerCallback, _Group):
         while time.monotonic() < deadline:
             try:
                 ps = ray.get([w.execute_async(maxtext_ray.progress) for w in workers], timeout=30)
-            except Exception:
-                return None, "no save: a worker is gone"  # the resize goes on without the save
+            except Exception as e:  # the resize goes on without the save, the cause said as what it is
+                return None, f"no save: {why_no_answer(e)}"
             if all(p.get("ended") for p in ps):
                 if ps[0].get("stopped_for_notice"):
                     return ps[0].get("last_saved"), "saved"
@@ -244,8 +245,36 @@ class SaveBeforeResize(ControllerCallback, _Group):
         return None, "no save within the timeout"
 
 
+# Ray's errors for a worker that is no more: its actor died or cannot be
+# reached (RayActorError: ActorDiedError, ActorUnavailableError), its
+# process crashed, its node died.
+WORKER_GONE: tuple[type[BaseException], ...] = (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError,
+                                                 ray.exceptions.NodeDiedError)
+
+
+def why_no_answer(e: BaseException) -> str:
+    """Why the workers did not answer a look, in words: only Ray's own
+    errors for a worker (or its node) that died are "a worker is gone"; a
+    timeout is a worker that did not answer; anything else is named as the
+    error it is."""
+    if isinstance(e, WORKER_GONE):
+        return f"a worker is gone ({type(e).__name__})"
+    if isinstance(e, ray.exceptions.GetTimeoutError):
+        return "a worker did not answer within 30 s"
+    said = " ".join(str(e).split())[:200]
+    return f"the workers could not be asked ({type(e).__name__}{': ' + said if said else ''})"
+
+
 class RetryStartFailures(WorkerGroupCallback):
+    """A group's failed starts, counted from its last start that worked:
+    each start that succeeds gives the next ones the whole budget again (a
+    run that loses a slice twice, hours apart, is not refused the second
+    time for the first one's failed starts)."""
+
     def __init__(self) -> None:
+        self.failures = 0
+
+    def after_worker_group_start(self, worker_group: Any) -> None:
         self.failures = 0
 
     def before_init_train_context(self, workers: list) -> dict:

@@ -5,7 +5,8 @@ lost, and grows back when it returns.
 
 The same JaxTrainer as maxtext_multi_slice_trainer.py, with num_workers =
 (hosts per slice, all hosts) -- one whole slice at least, every slice at
-most -- and RunConfig(failure_config=FailureConfig(max_failures=3)). On a
+most -- and RunConfig(failure_config=FailureConfig(max_failures=N)), N the
+inventory's max_failures (TRAINER_MAX_FAILURES, 3 by default). On a
 resize Ray Train restarts the workers and MaxText restores the run's latest
 checkpoint, resharded to the new mesh.
 """

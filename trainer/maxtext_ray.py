@@ -33,6 +33,11 @@ ENV_EXPECTED_MODEL = "TRAINER_EXPECTED_MODEL"
 # Elastic: how often a healthy worker group looks for slices that came (Ray
 # Train's default, 60 s, when unset).
 ENV_RESIZE_INTERVAL = "TRAINER_RESIZE_INTERVAL_S"
+# Elastic: the worker-group failures Ray Train recovers from over the job's
+# life (FailureConfig.max_failures; -1: no limit). Preemptions Ray
+# recognizes count apart (max_preemption_failures, Ray's -1: no limit).
+ENV_MAX_FAILURES = "TRAINER_MAX_FAILURES"
+MAX_FAILURES = 3
 
 MODEL_KEYS = ("base_emb_dim", "base_num_query_heads", "base_num_kv_heads", "base_num_decoder_layers",
               "base_mlp_dim", "head_dim", "vocab_size")
@@ -530,9 +535,16 @@ def train_loop_per_worker(config: dict) -> None:
         PROGRESS.ended = True
 
 
+def max_failures(environ=os.environ) -> int:
+    """The job's ``max_failures`` (the inventory's, checked there), else 3."""
+    raw = environ.get(ENV_MAX_FAILURES, "")
+    return int(raw) if raw else MAX_FAILURES
+
+
 def fit(argv: list[str], elastic: bool, callbacks: tuple = ()) -> None:
     """The trainers' main: a JaxTrainer over TPU slices running MaxText.
-    Elastic: between one slice and all of them, three retries, and the
+    Elastic: between one slice and all of them, ``max_failures`` recoveries
+    from a failed worker group (the inventory's, 3 by default), and the
     elastic trainer's controller callbacks (elastic_control.py: given by
     maxtext_elastic_trainer.py, so this module never imports it back)."""
     import ray
@@ -550,7 +562,8 @@ def fit(argv: list[str], elastic: bool, callbacks: tuple = ()) -> None:
         name="maxtext_jaxtrainer",
         storage_path=os.environ.get(ENV_STORAGE_PATH),
         worker_runtime_env=worker_runtime_env(),
-        **({"failure_config": FailureConfig(max_failures=3), "callbacks": list(callbacks)} if elastic else {}),
+        **({"failure_config": FailureConfig(max_failures=max_failures()), "callbacks": list(callbacks)}
+           if elastic else {}),
     )
     trainer = JaxTrainer(
         train_loop_per_worker=train_loop_per_worker,

@@ -15,6 +15,9 @@ from playbooks.core.facts import ABSENT, Fact
 # A job's states before its end (the Jobs API's JobStatus).
 ACTIVE = ("PENDING", "RUNNING")
 UNSUCCESSFUL = ("FAILED", "STOPPED")  # a job that ended without its work done
+# `ray job submit` prints its own lines (the job submitted, the next steps),
+# then this one, then the job's log (ray/dashboard/modules/job/cli.py).
+SUBMIT_TAILS = "Tailing logs until the job exits"
 
 
 def _get(via: Connector, url: str, timeout: float) -> Any:

@@ -96,13 +96,18 @@ class Price:
 @dataclass
 class Catalog:
     """One generation's rates read from the catalog: option -> region -> USD
-    per chip-hour, when it was read, and what could not be read of it."""
+    per chip-hour, when it was read, and what could not be read of it;
+    ``unpriced``: option -> region -> why the catalog's answer gives no one
+    price there (two SKUs for it). ``read_from``: while pages are read, the
+    SKU each rate came from (not cached)."""
 
     fetched_at: float
     endpoint: str
     rates: dict[str, dict[str, float]] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
     tpu: str = V6E.name
+    unpriced: dict[str, dict[str, str]] = field(default_factory=dict)
+    read_from: dict[tuple[str, str], tuple[str, float]] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def date(self) -> str:
@@ -110,8 +115,27 @@ class Catalog:
 
     def doc(self) -> dict:
         return ({"fetched_at": self.fetched_at, "date": self.date, "endpoint": self.endpoint, "currency": CURRENCY,
-                 "service": SERVICE_ID, "rates": self.rates, "problems": self.problems}
+                 "service": SERVICE_ID, "rates": self.rates, "problems": self.problems, "unpriced": self.unpriced}
                 | ({} if self.tpu == V6E.name else {"tpu": self.tpu}))
+
+    def take(self, option: str, region: str, price: float, where: str) -> None:
+        """A SKU's price of an option in a region: the rate there, unless
+        another SKU priced it already (then neither: which one is meant cannot
+        be told, so it is a problem and no price, never the last one read)."""
+        if region in self.unpriced.get(option, {}):
+            return
+        before = self.read_from.get((option, region))
+        if before is None or before == (where, price):  # the first, or the same SKU listed again
+            self.read_from[(option, region)] = (where, price)
+            self.rates.setdefault(option, {})[region] = price
+            return
+        why = (f"two SKUs for {self.tpu} {option} in {region}: {before[0]} at ${before[1]:.4g}/chip-hour and "
+               f"{where} at ${price:.4g}/chip-hour; which one is meant cannot be told")
+        self.problems.append(why)
+        self.unpriced.setdefault(option, {})[region] = why
+        del self.rates[option][region]
+        if not self.rates[option]:
+            del self.rates[option]
 
 
 # -- reading an answer ---------------------------------------------------------------
@@ -195,7 +219,7 @@ def add_rates(catalog: Catalog, page: list) -> None:
             catalog.problems.append(str(e))
             continue
         for r in regions:
-            catalog.rates.setdefault(option, {})[r] = price
+            catalog.take(option, r, price, where)
 
 
 # -- fetching -------------------------------------------------------------------------------
@@ -266,20 +290,40 @@ def from_cache(doc: Any, base: str, now: float, gen: Generation = V6E) -> Catalo
         problems = doc.get("problems", [])
         if not ok or not isinstance(problems, list) or not all(isinstance(p, str) for p in problems):
             return None
-        return Catalog(float(at), base, {o: dict(rs) for o, rs in rates.items()}, list(problems), gen.name)
+        # A cache written before two SKUs for one price were told apart
+        # (no "unpriced") may hold the last one read: read again.
+        unpriced = doc["unpriced"]
+        if not isinstance(unpriced, dict) or not all(
+                o in gen.skus and isinstance(rs, dict) and all(isinstance(r, str) and isinstance(w, str)
+                                                               for r, w in rs.items()) for o, rs in unpriced.items()):
+            return None
+        return Catalog(float(at), base, {o: dict(rs) for o, rs in rates.items()}, list(problems), gen.name,
+                       {o: dict(rs) for o, rs in unpriced.items()})
     except (KeyError, TypeError):
         return None
 
 
 def cached(env: Environment, now: float | None = None) -> Catalog | None:
-    """The cached catalog when fresh and whole; never a request (for the
-    read-only reports: goodput, runs)."""
-    raw = connectors.this_machine().read(cache_path(env))
+    """The cached catalog when fresh and whole, from this machine's state
+    only: never a request, to the API or to a controller (for the read-only
+    reports: goodput, runs, logs). Its endpoint must be this machine's where
+    the catalog is read here; with a ``controller`` the catalog is read
+    there, under the controller's endpoint, and asking the controller for it
+    would be a request: the endpoint the cache says it was read from is
+    taken (``read_catalog`` checks it on the next read)."""
+    here = connectors.this_machine()
     try:
-        return from_cache(json.loads(raw), endpoint(connectors.connector(env)),
-                          time.time() if now is None else now, generation(env)) if raw else None
-    except (ValueError, UnicodeDecodeError):
+        raw = here.read(cache_path(env))
+        doc = json.loads(raw) if raw else None
+    except (OSError, ValueError, UnicodeDecodeError):
         return None
+    if connectors.controller(env):
+        base = doc.get("endpoint") if isinstance(doc, dict) else None
+        if not isinstance(base, str):
+            return None
+    else:
+        base = endpoint(here)
+    return from_cache(doc, base, time.time() if now is None else now, generation(env))
 
 
 def read_catalog(env: Environment, now: float | None = None) -> Catalog:
@@ -344,6 +388,8 @@ def price(env: Environment, option: str, catalog: Catalog | str | None) -> Price
     if not isinstance(catalog, Catalog):
         return Price(option, None, why=catalog or "the catalog was not read")
     rate = catalog.rates.get(option, {}).get(env.region)
+    if (two := catalog.unpriced.get(option, {}).get(env.region)) is not None:
+        return Price(option, None, why=f"the Cloud Billing Catalog ({catalog.date}) lists {two}: set prices.{option}")
     if rate is None:
         more = f"; {catalog.problems[0]}" if catalog.problems else ""
         return Price(option, None, why=f"the Cloud Billing Catalog ({catalog.date}) has no {catalog.tpu} {option} "

@@ -581,6 +581,7 @@ def resize_interval(v: int | None, env: Mapping) -> str | None:
 
 START_RETRIES_MAX = 100
 RESIZE_SAVE_TIMEOUT_MAX = 6 * 3600
+MAX_FAILURES_MAX = 1000
 
 ELASTIC = (
     Key("resize_interval", int, rules=(resize_interval,),
@@ -594,6 +595,11 @@ ELASTIC = (
         rules=(between(1, RESIZE_SAVE_TIMEOUT_MAX, "6 hours: no checkpoint save takes that long"),),
         doc="seconds an elastic job's resize waits for the checkpoint it saves first (a grow then replays no "
             "step); past it the resize goes on from the last checkpoint"),
+    Key("max_failures", int, default=3,
+        rules=(between(-1, MAX_FAILURES_MAX, "-1 is no limit: say that instead"),),
+        doc="how many worker-group failures (a lost host, a crashed worker) an elastic job recovers from over its "
+            "whole life before it fails (Ray Train's FailureConfig.max_failures; -1: no limit, 0: none); node "
+            "preemptions Ray recognizes are counted apart, without a limit"),
 )
 
 # -- schema -----------------------------------------------------------------
@@ -770,6 +776,7 @@ class Environment(Env):
     resize_interval: int | None
     start_retries: int
     resize_save_timeout: int
+    max_failures: int
     # gke
     project_id: str
     region: str

@@ -7,6 +7,7 @@ import json
 import socket
 import ssl
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Mapping
 from typing import Any
@@ -38,21 +39,65 @@ def _context(ca_file: str | None) -> ssl.SSLContext | None:
     return ssl.create_default_context(cafile=ca_file) if ca_file else None
 
 
+# -- credentials (a bearer token in ``headers``) ----------------------------------------
+# They go only to the URL asked for, and only over TLS: never over plain
+# http:// (anyone on the path reads them), never on to where a redirect
+# points (urllib copies a request's headers onto the redirected one; curl
+# without -L does not follow). Both connectors hold to this.
+def plain_http_refused(url: str) -> str | None:
+    """Why a request with credentials may not go to ``url`` (None: it may)."""
+    scheme = urllib.parse.urlsplit(url).scheme.lower()
+    if scheme != "https":
+        return f"credentials are sent only over https://, not to {scheme or 'a scheme-less'}:// URL {url}"
+    return None
+
+
+def redirect_refused(status: int, location: str | None) -> str:
+    """What a redirect answered to a request with credentials says: it is
+    not followed (the credentials would go on to wherever it points)."""
+    return (f"HTTP {status}: a redirect{f' to {location}' if location else ''}, not followed with credentials "
+            f"(point the endpoint at where it redirects)")
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """A request with credentials: a redirect is answered as the error it
+    is (an HTTPError with its 3xx status), not followed."""
+
+    def redirect_request(self, req: Any, fp: Any, code: int, msg: str, headers: Any, newurl: str) -> None:
+        return None
+
+
+def _open(url: str, headers: Mapping[str, str], timeout: float, ca_file: str | None) -> Any:
+    context = _context(ca_file)
+    if not headers:
+        return urllib.request.urlopen(urllib.request.Request(url), timeout=timeout, context=context)
+    req = urllib.request.Request(url)
+    for k, v in headers.items():
+        req.add_unredirected_header(k, v)  # and, were a redirect followed, left off it
+    opener = urllib.request.build_opener(urllib.request.HTTPSHandler(context=context), _NoRedirect())
+    return opener.open(req, timeout=timeout)
+
+
 def get_json(url: str, timeout: float = 10.0, absent_if_refused: bool = True,
              headers: Mapping[str, str] | None = None, ca_file: str | None = None) -> Any:
     """GET a JSON document. Connection refused on a loopback address proves
     nothing listens there (ABSENT); a 404 proves nothing is at that path
     (ABSENT); anything else that fails is an error, with the server's own
     message when it gave one. ``headers`` are sent but never shown (a
-    bearer token); ``ca_file`` is the CA bundle to trust (else the system's)."""
+    bearer token), only over https:// and never on a redirect (one is a
+    failure); ``ca_file`` is the CA bundle to trust (else the system's)."""
     shown = f"curl -fsS {url}"
+    if headers and (refused := plain_http_refused(url)):
+        raise ProbeFailed("http", shown, None, "", refused, why=f"could not look: {refused}")
     try:
-        req = urllib.request.Request(url, headers=dict(headers or {}))
-        with urllib.request.urlopen(req, timeout=timeout, context=_context(ca_file)) as r:
+        with _open(url, dict(headers or {}), timeout, ca_file) as r:
             return json.loads(r.read().decode() or "null")
     except urllib.error.HTTPError as e:
         if e.code == 404:
             return ABSENT
+        if headers and 300 <= e.code < 400:
+            detail = redirect_refused(e.code, e.headers.get("Location") if e.headers else None)
+            raise ProbeFailed("http", shown, None, "", detail, why=f"could not look: {detail}") from None
         try:
             said = server_message(e.read())
         except OSError:

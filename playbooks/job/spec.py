@@ -209,9 +209,11 @@ def trainer_env(env: Environment, elastic: bool) -> dict[str, str]:
     }
     if elastic:
         # trainer/elastic_control.py: the starts it retries, how long a
-        # resize waits for its save.
+        # resize waits for its save; trainer/maxtext_ray.py: the failures
+        # Ray Train recovers from (FailureConfig.max_failures).
         out["TRAINER_START_RETRIES"] = str(env.start_retries)
         out["TRAINER_RESIZE_SAVE_TIMEOUT_S"] = str(env.resize_save_timeout)
+        out["TRAINER_MAX_FAILURES"] = str(env.max_failures)
     return out
 
 

@@ -2,6 +2,8 @@
 watch beside it), the run's event vocabulary (``events``: each kind named
 once, the sets the readers share), the run's timeline of events
 (``timeline``), a job's log lines as the console shows them (``job_log``),
+the streaming CLI's own dying traceback told from the job's lines
+(``cli_traceback``),
 what the RayCluster's pods say of a followed job (``pod_watch``), when a job is
 stalled (``stall``), the summary of its steps (``train_summary``), where each
 second went (``goodput``, and the field's library on the same run,

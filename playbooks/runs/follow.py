@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from playbooks.access import connectors
-from playbooks.access.ray_api import ACTIVE, job_fact, job_logs_command
+from playbooks.access.ray_api import ACTIVE, SUBMIT_TAILS, job_fact, job_logs_command
 from playbooks.cloud import kube_objects
 from playbooks.cloud import pods as P
 from playbooks.cloud.endpoints import forward_command, forward_pidfile
@@ -27,6 +27,7 @@ from playbooks.core.facts import Completed
 from playbooks.core.play import StepContext
 from playbooks.runs import events as E
 from playbooks.runs import pod_watch, stall, timeline
+from playbooks.runs.cli_traceback import TracebackHold
 from playbooks.runs.job_log import clean, shown
 from playbooks.runs.train_summary import Summary
 
@@ -81,7 +82,10 @@ def follow(ctx: StepContext, env: Environment, sid: str, address: str, via: Any,
             beating = ctx.beating(f"job {sid}", lambda: heartbeat(f)) if heartbeat else contextlib.nullcontext()
             with beating as f.beat, Watch(f, address, via, ctx.heartbeat):
                 done = stream(f)
-                if env.platform.cloud:
+                f.stream_ended(done)
+                # On GKE, every end of the stream while the job runs (a drop, a
+                # clean close); locally (no link to make again), a clean close.
+                if env.platform.cloud or (done is not None and done.ok):
                     done, lost = Relink(ctx, env, f, address, via).until_end(done)
         else:
             done = stream(f)
@@ -124,9 +128,31 @@ class Follower:
         self.stall = StallTracker(self)
         self.stopped = False  # by stall_action: stop
         self.read = array("q")  # each line read, hashed: a log read again from its start skips them (Relink)
+        # Where the job's own log begins among the lines read: a job already
+        # there is followed through `ray job logs --follow` (its log from
+        # the first line); a submit prints its own lines first, then
+        # SUBMIT_TAILS, then the log. None: none of the log read yet.
+        self.log_from: int | None = 0 if job is not None else None
+        self.hold = TracebackHold(self._take)  # the streaming CLI's own dying traceback kept out
 
     def line(self, line: str) -> None:
+        """A line of the stream (the CLI's own traceback held back)."""
+        self.hold(line)
+
+    def stream_ended(self, done: Completed | None) -> None:
+        """A stream of the log ended: lines held back go on as the job's,
+        unless they are the CLI's own traceback (its command failed with it
+        as its last lines): said in the run's log (which has the command's
+        whole output), never in the job's kept log or its timeline."""
+        cli = self.hold.end(failed=done is not None and not done.ok)
+        if cli:
+            self.ctx.note(f"the log's stream ended with its CLI's own error (not the job's: kept out of its log): "
+                          f"{cli[-1][:200]}")
+
+    def _take(self, line: str) -> None:
         self.read.append(hash(line))
+        if self.log_from is None and SUBMIT_TAILS in clean(line):
+            self.log_from = len(self.read)
         with self.lock:  # the watch's thread gives the reader's held lines their time (``held``)
             events = self.reader.feed(line)
             for e in events:
@@ -191,6 +217,7 @@ class Follower:
                                  n=1, **kept)])
 
     def close(self) -> None:
+        self.hold.release()  # a traceback still held (Ctrl-C mid-stream): the job's, for all that is known
         self.log_file = None
 
     @staticmethod
@@ -340,22 +367,23 @@ class Watch:
 
 class Replay:
     """A followed log read again from its start (`ray job logs --follow`
-    after the link dropped): the lines already read are skipped, matched one
-    by one from where the log's first line stands among them (`ray job
-    submit` printed its own lines first), so none comes twice; from the
-    first line not read before, every line goes on to the follower."""
+    after the link dropped): the lines of the log already read (those from
+    ``log_from``, where the log began among the lines read: `ray job submit`
+    printed its own lines first) are skipped, matched one by one by their
+    place, so none comes twice; from the first line that differs (or the
+    first past them), every line goes on to the follower. Nothing of the
+    log read yet: every line is new."""
 
     def __init__(self, f: Follower):
-        self.f, self.read = f, array("q", f.read)
-        self.at: int | None = None  # where the next line should stand among those read
+        start = f.log_from if f.log_from is not None else len(f.read)
+        self.f, self.read = f, array("q", f.read[start:])
+        self.at = 0  # where the next line should stand among the log's lines read
         self.new = False
         self.skipped = 0
 
     def __call__(self, line: str) -> None:
         if not self.new:
             h = hash(line)
-            if self.at is None:
-                self.at = self.read.index(h) if h in self.read else len(self.read)
             if self.at < len(self.read) and self.read[self.at] == h:
                 self.at += 1
                 self.skipped += 1
@@ -368,19 +396,24 @@ class Relink:
     """A follow that outlives its link to the Ray dashboard (on GKE, `kubectl
     port-forward`, the link users see drop most: an idle timeout, a
     restarted head pod, a laptop that slept). When the log's stream ends
-    while the job is still running, or the dashboard no longer answers, the
-    port-forward is started again (a stale one stopped first) and the log
-    followed on from where it was (``Replay``: no line twice, none lost, the
-    timeline whole), said in one line. After ``reconnect_timeout`` seconds
-    without reaching the job, the follow gives up with the job not seen to
-    end, and how to follow it again."""
+    while the job is still running (dropped, or closed cleanly: the Jobs API
+    says whether the job runs, never the stream's end), or the dashboard no
+    longer answers, the port-forward is started again (a stale one stopped
+    first) and the log followed on from where it was (``Replay``: no line
+    twice, none lost, the timeline whole), said in one line. After
+    ``reconnect_timeout`` seconds without reaching the job, the follow gives
+    up with the job not seen to end, and how to follow it again. Locally
+    (``link`` false: no port-forward) only a clean close of a running job's
+    stream is followed on; a dashboard that does not answer ends the follow
+    as before."""
 
     WAIT = 1.0  # between looks for the dashboard, while it does not answer
     TRIES = 5   # streams in a row that end early with no new line before the follow gives up
 
     def __init__(self, ctx: StepContext, env: Environment, f: Follower, address: str, via: Any):
         self.ctx, self.env, self.f, self.address, self.via = ctx, env, f, address, via
-        self.timeout = float(env.reconnect_timeout)
+        self.link = env.platform.cloud
+        self.timeout = float(env.reconnect_timeout) if self.link else 0.0
 
     def reach(self) -> tuple[bool, dict | None]:
         """Whether the dashboard answers, and the job as the Jobs API says
@@ -396,6 +429,7 @@ class Relink:
         if done is None or not self.ctx.acting:
             return done, None
         fruitless = 0  # streams in a row that ended early with no new line
+        looked_again = False  # after a stream that ended cleanly, the Jobs API asked once more
         while True:
             up, j = self.reach()
             ended_ok = done is not None and done.ok
@@ -404,26 +438,36 @@ class Relink:
                     return done, None
                 # It ended while the stream was down: the rest of its log, once.
                 self.f.reader.reconnected()
-                return self.ctx.stream(job_logs_command(self.address, self.f.sid, follow=False), Replay(self.f)), None
+                rest = self.ctx.stream(job_logs_command(self.address, self.f.sid, follow=False), Replay(self.f))
+                self.f.stream_ended(rest)
+                return rest, None
             if up and j is None:
                 return done, None  # the dashboard has no such job: nothing to follow (the submit says why)
-            if j is not None and ended_ok:
-                return done, None  # the stream saw the end; the Jobs API has not caught up yet
+            if j is not None and ended_ok and not looked_again:
+                # A clean end of the stream while the Jobs API says the job
+                # runs: it may lag the job's end by a moment; asked again once.
+                looked_again = True
+                self.ctx.sleep(self.WAIT)
+                continue
+            if not self.link and not up:
+                return done, None  # locally nothing to make again: the final look says what the job is
             if fruitless >= self.TRIES:
                 return done, self.gave_up(f"{self.TRIES} streams of its log in a row ended with no new line")
             if self.relink(up) is None:
                 return done, self.gave_up(f"the job could not be reached again within {self.timeout:.0f} s "
-                                          f"(reconnect_timeout)")
+                                          f"(reconnect_timeout)" if self.link else "the job could not be reached")
             self.f.reader.reconnected()  # what comes first was written while the stream was down
-            replay = Replay(self.f)
-            done = self.ctx.stream(job_logs_command(self.address, self.f.sid, follow=True), replay)
-            fruitless = 0 if replay.new else fruitless + 1
+            taken = len(self.f.read)
+            done = self.ctx.stream(job_logs_command(self.address, self.f.sid, follow=True), Replay(self.f))
+            self.f.stream_ended(done)
+            fruitless = 0 if len(self.f.read) > taken else fruitless + 1
+            looked_again = False
 
     def relink(self, up: bool) -> dict | None:
         """The link made again (the port-forward started anew unless the
         dashboard answers), until the job answers or the time is up: the
         job, or None. Said in one line."""
-        line, start, restarted = len(self.f.read), self.ctx.clock(), not up
+        line, start, restarted = len(self.f.read), self.ctx.clock(), not up and self.link
         pf = forward_pidfile(self.env)
         if restarted:
             if pf.alive():
@@ -439,11 +483,12 @@ class Relink:
                 return j
             if self.ctx.clock() - start >= self.timeout:
                 return None
-            if not up and not pf.alive():
+            if not up and self.link and not pf.alive():
                 self.ctx.act(forward_command(self.env))  # it exited (the head pod not back yet): once more
             self.ctx.sleep(self.WAIT)
 
     def gave_up(self, why: str) -> str:
+        log = f" (the port-forward's log: {paths.forward_log(self.env.name)})" if self.link else ""
         return (f"job {self.f.sid} was not seen to end: its log's stream from the Ray dashboard ({self.address}) "
-                f"dropped and {why} (the port-forward's log: {paths.forward_log(self.env.name)}); it may still be "
-                f"running: `invoke logs --run {self.f.run} --follow` follows it again")
+                f"ended and {why}{log}; it may still be running: `invoke logs --run {self.f.run} --follow` "
+                f"follows it again")

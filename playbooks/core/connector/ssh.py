@@ -23,7 +23,7 @@ from typing import Any
 from .. import procs
 from ..errors import CommandFailed, ProbeFailed, Unreachable, first_line
 from ..facts import ABSENT
-from ..http import server_message
+from ..http import plain_http_refused, redirect_refused, server_message
 from . import channel
 from .base import TIMED_OUT, Connector, Ran, under
 from .lines import PID_MARK, Lines, PidStripper, without_pid_lines
@@ -497,18 +497,25 @@ class SshConnector(Connector):
                  ca_file: str | None = None) -> Any:
         """curl on the controller (where the port-forward listens): the HTTP
         status on the last line; 000 with curl's exit 7 is a refused port.
-        Headers go on curl's stdin (``-H @-``), never on its command line."""
-        argv = ["curl", "-sS", "--max-time", str(int(max(1, timeout))), "-w", "\n%{http_code}"]
+        Headers go on curl's stdin (``-H @-``), never on its command line;
+        with headers, only over https:// and no redirect followed (curl
+        without -L; ``http.plain_http_refused``, ``http.redirect_refused``)."""
+        if headers and (refused := plain_http_refused(url)):
+            return _http_absent_or_fail(url, None, refused)
+        argv = ["curl", "-sS", "--max-time", str(int(max(1, timeout))), "-w", "\n%{http_code}\n%{redirect_url}"]
         argv += ["--cacert", ca_file] if ca_file else []
         argv += ["-H", "@-"] if headers else []
         stdin = "".join(f"{k}: {v}\n" for k, v in (headers or {}).items()) or None
         r = self.run([*argv, url], input=stdin, timeout=timeout + 5)
-        body, _, code = r.stdout.rpartition("\n")
+        rest, _, location = r.stdout.rpartition("\n")
+        body, _, code = rest.rpartition("\n")
         if r.rc == 7:
             return _http_absent_or_fail(url, 0, "connection refused")
         if r.rc != 0:
             return _http_absent_or_fail(url, None, (r.stderr.strip() or f"curl exited {r.rc}")[:300])
         status = int(code) if code.isdigit() else None
+        if headers and status is not None and 300 <= status < 400:
+            return _http_absent_or_fail(url, status, redirect_refused(status, location or None))
         if status != 200:
             said = server_message(body)
             return _http_absent_or_fail(url, status, f"HTTP {code}" + (f": {said}" if said else ""))
