@@ -451,3 +451,37 @@ def test_status_says_a_running_job_is_stalled_from_its_log_and_its_chaos(tmp_pat
     assert fact.parse(log(start() + steps(1, 5, 27))) == ""
     with pytest.raises(Exception, match="could not read it"):
         fact.parse(Completed("ray job logs ...", 1, "", "RuntimeError: no such job"))
+
+
+def test_a_short_stall_after_is_looked_for_often_enough_to_see_a_10s_hang(tmp_path, monkeypatch):
+    """stall_after: 5 and a worker frozen 10 s: the watch looks every fifth
+    of stall_after (1 s), not every 30 s heartbeat, so it sees the stall
+    before the steps come again (the soak's hung-resumed missed it at 30 s)."""
+    from playbooks.config import paths
+    from playbooks.runs import follow, stall
+    assert (stall.look_every(30, None), stall.look_every(30, 600), stall.look_every(30, 60),
+            stall.look_every(30, 5)) == (30, 30, 12, 1.0)
+    monkeypatch.setattr(paths, "here", lambda rel: tmp_path / rel)
+    ctx, env = FakeContext(), WatchedEnv(5, "report")
+    f = follow.Follower(ctx, env, "run", "run-1")
+    for e in start() + steps(1, 5, 27):
+        f.line(f"(RayTrainWorker pid=1) trainer event: {json.dumps(e)}")
+    now = [T0 + 31.0]  # the last step; frozen until 41
+    w = follow.Watch(f, "http://127.0.0.1:8265", None, stall.look_every(30, env.stall_after), clock=lambda: now[0])
+    while now[0] < T0 + 41.0:
+        w.tick()
+        now[0] += w.interval
+    assert [s for s in ctx.said if s.startswith("stalled")], ctx.said
+    # Looked at every heartbeat (30 s), the same hang is missed: no look falls inside it.
+    ctx2 = FakeContext()
+    f2 = follow.Follower(ctx2, env, "run2", "run2-1")
+    for e in start() + steps(1, 5, 27):
+        f2.line(f"(RayTrainWorker pid=1) trainer event: {json.dumps(e)}")
+    now[0] = T0 + 31.0
+    w2 = follow.Watch(f2, "http://127.0.0.1:8265", None, 30.0, clock=lambda: now[0])
+    w2.tick()
+    now[0] += 30.0
+    for n, t in enumerate(range(41, 61), start=6):  # the steps again from 41, one a second
+        f2.line(f"(RayTrainWorker pid=1) trainer event: {json.dumps(ev(t, 'step', n, seconds=1.0))}")
+    w2.tick()
+    assert not [s for s in ctx2.said if s.startswith("stalled")]

@@ -551,7 +551,7 @@ def stall_after(v: int | None, env: Mapping) -> str | None:
     if v is None:
         return None
     if not STALL_AFTER_MIN <= v <= STALL_AFTER_MAX:
-        return (f"must be between {STALL_AFTER_MIN} and {STALL_AFTER_MAX} seconds (a watch looks every heartbeat; "
+        return (f"must be between {STALL_AFTER_MIN} and {STALL_AFTER_MAX} seconds (the watch looks every fifth of it; "
                 f"7 days is longer than any step); unset, it is the larger of 10 x the run's p90 step time and "
                 f"600 s")
     return None

@@ -40,10 +40,12 @@ def stop_command(address: str, sid: str) -> Command:
 
 def watch_note(env: Environment, address: str, sid: str, run: str) -> str:
     """What the watch does while the job runs, said before it starts."""
-    after = (f"{env.stall_after} s (stall_after)" if env.stall_after else
+    after = (f"{env.stall_after} s (stall_after; looked for every {stall.look_every(1e9, env.stall_after):g} s or "
+             f"heartbeat, whichever is sooner)" if env.stall_after else
              f"the larger of {stall.P90_FACTOR:g} x the run's p90 step time and {stall.DEFAULT_FLOOR / 60:g} min")
     act = f"stopped: `{stop_command(address, sid).line()}`" if env.stall_action == "stop" else "reported"
-    pods = (f"; the worker pods looked at every heartbeat (`{P.list_command(env).line()}`, and the events)"
+    pods = (f"; the worker pods looked at every {'look' if env.stall_after else 'heartbeat'} "
+            f"(`{P.list_command(env).line()}`, and the events)"
             if env.platform.cloud else "")
     return (f"watch: no new step for {after} is a stall (before a worker group's first step, its compile is allowed "
             f"for too), {act}{pods}; the run's timeline: {paths.shown(timeline.path(env, run))}")
@@ -80,7 +82,7 @@ def follow(ctx: StepContext, env: Environment, sid: str, address: str, via: Any,
     try:
         if ctx.acting:
             beating = ctx.beating(f"job {sid}", lambda: heartbeat(f)) if heartbeat else contextlib.nullcontext()
-            with beating as f.beat, Watch(f, address, via, ctx.heartbeat):
+            with beating as f.beat, Watch(f, address, via, stall.look_every(ctx.heartbeat, env.stall_after)):
                 done = stream(f)
                 f.stream_ended(done)
                 # On GKE, every end of the stream while the job runs (a drop, a

@@ -78,6 +78,15 @@ def p90(events: list[dict]) -> float | None:
     return vals[min(len(vals) - 1, int(0.9 * len(vals)))]
 
 
+def look_every(heartbeat: float, stall_after: int | None) -> float:
+    """How often the watch beside a followed job looks: every heartbeat, or
+    a fifth of ``stall_after`` (at least a second) when that is sooner, so
+    that a stall is seen within 1.2 x ``stall_after`` (with the default
+    30 s heartbeat, a 10 s hang under ``stall_after: 5`` was seen only when
+    a look happened to fall inside it)."""
+    return heartbeat if not stall_after else min(heartbeat, max(1.0, stall_after / 5))
+
+
 def threshold(stall_after: int | None, p90_s: float | None) -> float:
     """Seconds without a step that make a stall: ``stall_after`` when the
     inventory sets it, else the larger of 10 x p90 and 10 minutes."""
