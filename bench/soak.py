@@ -530,29 +530,52 @@ def one(soak: Soak, name: str, rep: int) -> Result:
     return r
 
 
-def rescore() -> list[Result]:
-    """The kept runs judged again, with this tree's goodput and checks
-    (each timeline put back where `invoke goodput` reads it)."""
+def rescored(soak: Soak, f: Path) -> Result:
+    """One kept run judged again (its timeline put back where `invoke
+    goodput` reads it)."""
+    kept = json.loads(f.read_text())
+    r = Result(kept["scenario"], kept["rep"], facts=kept["facts"], seconds=kept.get("seconds", 0.0),
+               attempts=kept.get("attempts", []))
+    r.outcome = str(r.facts.get("outcome", ""))
+    r.why += kept.get("harness", [])
+    r.notes += [n for n in kept.get("notes", []) if ": n/a" not in n]
+    timeline = f.with_suffix(".jsonl")
+    dest = STATE / "training" / RUN / "events.jsonl"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy(timeline, dest) if timeline.is_file() else dest.unlink(missing_ok=True)
+    r.goodput, why = goodput_of(soak)
+    if not r.goodput:
+        r.why.append(f"invoke goodput failed: {why}")
+    judge(r, soak.events())
+    return r
+
+
+def kept_runs(folder: Path) -> list[Path]:
+    return sorted(folder.glob("*-*.json"), key=lambda f: (int(f.stem.split("-", 1)[0]),
+                                                          list(SCENARIOS).index(f.stem.split("-", 1)[1])))
+
+
+def rescore() -> tuple[list[Result], list[dict]]:
+    """The kept runs judged again, with this tree's goodput and checks: the
+    soak's (.state/soak/kept), each scenario of a later soak kept beside it
+    (.state/soak/kept-<name>: a scenario run again after a fix) in place of
+    the first soak's runs of it, which the table still names. Returns the
+    results and the later soaks' records."""
     soak = Soak(Path(tempfile.mkdtemp(prefix="soak-")))
-    out = []
-    for f in sorted((f for f in (STATE / "kept").glob("*-*.json")), key=lambda f: (int(f.stem.split("-", 1)[0]),
-                                                                     list(SCENARIOS).index(f.stem.split("-", 1)[1]))):
-        kept = json.loads(f.read_text())
-        r = Result(kept["scenario"], kept["rep"], facts=kept["facts"], seconds=kept.get("seconds", 0.0),
-                   attempts=kept.get("attempts", []))
-        r.outcome = str(r.facts.get("outcome", ""))
-        r.why += kept.get("harness", [])
-        r.notes += [n for n in kept.get("notes", []) if ": n/a" not in n]
-        timeline = f.with_suffix(".jsonl")
-        dest = STATE / "training" / RUN / "events.jsonl"
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(timeline, dest) if timeline.is_file() else dest.unlink(missing_ok=True)
-        r.goodput, why = goodput_of(soak)
-        if not r.goodput:
-            r.why.append(f"invoke goodput failed: {why}")
-        judge(r, soak.events())
-        out.append(r)
-    return out
+    out = {(r.rep, r.scenario): r for r in (rescored(soak, f) for f in kept_runs(STATE / "kept"))}
+    later = []
+    for folder in sorted(p for p in STATE.glob("kept-*") if (p / "soak.json").is_file()):
+        meta = json.loads((folder / "soak.json").read_text())
+        later.append(meta)
+        for f in kept_runs(folder):
+            r = rescored(soak, f)
+            first = out.get((r.rep, r.scenario))
+            if first is not None:
+                verdict = "passed" if first.ok else "FAILED: " + "; ".join(first.why)
+                r.notes.append(f"run again by `{meta['command']}` at commit `{meta['commit']}`; the first soak's "
+                               f"run: {verdict}")
+            out[(r.rep, r.scenario)] = r
+    return [out[k] for k in sorted(out, key=lambda k: (k[0], list(SCENARIOS).index(k[1])))], later
 
 
 # -- the table --------------------------------------------------------------------
@@ -686,15 +709,19 @@ def judged_again(write: bool) -> None:
     if not meta_file.is_file():
         raise SystemExit(f"{meta_file.relative_to(ROOT)}: no soak kept here: run bench/soak.py first")
     meta = json.loads(meta_file.read_text())
-    results = rescore()
+    results, later = rescore()
     passed = sum(r.ok for r in results)
-    head = f"{passed} of {len(results)} runs passed in {meta['minutes']} min (judged again by this tree)."
+    minutes = meta["minutes"] + sum(m["minutes"] for m in later)
+    head = f"{passed} of {len(results)} runs passed in {minutes} min (judged again by this tree)."
     lines = [head, "", *table(results), "", recovery(results)]
     print("\n".join(lines))
+    also = "".join(f"; its {', '.join(m.get('scenarios') or ['?'])} runs again by `{m['command']}` (on {m['date']} at "
+                   f"commit `{m['commit']}`, {m['minutes']} min)" for m in later)
     if write:
         doc_table.write("elastic.md", "soak", "bench/soak.py --rescore", lines,
                         stamp=f"Written by `{meta['command']}` (run on {meta['date']} at commit `{meta['commit']}`, "
-                              f"{meta['machine']}), judged again by `bench/soak.py --rescore`")
+                              f"{meta['machine']}, {meta['minutes']} min){also}, judged again by "
+                              f"`bench/soak.py --rescore`")
         doc_table.write("elastic.md", "restart-parts", f"{meta['command']} (its kept timelines)",
                         restart_parts(STATE / "kept"))
         write_summary()
@@ -791,7 +818,7 @@ def main() -> None:
     print("\n" + "\n".join(lines))
     (STATE / "kept").mkdir(parents=True, exist_ok=True)
     (STATE / "kept" / "soak.json").write_text(json.dumps(
-        {"command": command, "date": started.date().isoformat(), "commit": doc_table.commit(),
+        {"command": command, "scenarios": names, "date": started.date().isoformat(), "commit": doc_table.commit(),
          "machine": doc_table.machine(), "minutes": round(took), "head": head}))
     if a.write:
         doc_table.write("elastic.md", "soak", command, lines)
