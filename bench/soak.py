@@ -715,8 +715,8 @@ def judged_again(write: bool) -> None:
     head = f"{passed} of {len(results)} runs passed in {minutes} min (judged again by this tree)."
     lines = [head, "", *table(results), "", recovery(results)]
     print("\n".join(lines))
-    also = "".join(f"; its {', '.join(m.get('scenarios') or ['?'])} runs again by `{m['command']}` (on {m['date']} at "
-                   f"commit `{m['commit']}`, {m['minutes']} min)" for m in later)
+    also = "".join(f"; with the runs of `{m['command']}` (on {m['date']} at commit `{m['commit']}`, {m['minutes']} "
+                   f"min)" for m in later)
     if write:
         doc_table.write("elastic.md", "soak", "bench/soak.py --rescore", lines,
                         stamp=f"Written by `{meta['command']}` (run on {meta['date']} at commit `{meta['commit']}`, "
@@ -750,7 +750,7 @@ def rewrite(parts: bool, write: bool) -> None:
         doc_table.write("elastic.md", "restart-parts", "bench/soak.py --parts (the timelines of the soak above)", lines)
 
 
-def matrix(names: list[str], repeat: int, load: bool) -> tuple[list[Result], bool]:
+def matrix(names: list[str], repeat: int, load: bool, first: int = 1) -> tuple[list[Result], bool]:
     """Every scenario, ``repeat`` times: the results, and whether a Ctrl-C
     or SIGTERM stopped it (the runs that ended are still a table)."""
     tmp = Path(tempfile.mkdtemp(prefix="soak-"))
@@ -760,7 +760,7 @@ def matrix(names: list[str], repeat: int, load: bool) -> tuple[list[Result], boo
     results: list[Result] = []
     stopped = False
     try:
-        for rep in range(1, repeat + 1):
+        for rep in range(first, repeat + 1):
             for name in names:
                 print(f"[{rep}/{repeat}] {name} ...", flush=True)
                 r = one(soak, name, rep)
@@ -783,6 +783,9 @@ def main() -> None:
     signal.signal(signal.SIGTERM, interrupted)
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeat", type=int, default=1, help="how many times the whole matrix runs")
+    ap.add_argument("--first-rep", type=int, default=1,
+                    help="start at this repetition (the rest of a soak that stopped: its runs kept beside the first's "
+                         "in .state/soak/kept-<name>, `--rescore` joins them)")
     ap.add_argument("--load", action="store_true", help="a CPU hog on one core meanwhile")
     ap.add_argument("--only", default="", help=f"some scenarios, comma-separated (of {', '.join(SCENARIOS)})")
     ap.add_argument("--write", action="store_true", help="write the table, dated, into docs/elastic.md")
@@ -806,11 +809,14 @@ def main() -> None:
     if a.repeat < 1:
         sys.exit("--repeat must be at least 1")
     started = datetime.datetime.now()
-    results, stopped = matrix(names, a.repeat, a.load)
+    if not 1 <= a.first_rep <= a.repeat:
+        sys.exit("--first-rep must be between 1 and --repeat")
+    results, stopped = matrix(names, a.repeat, a.load, a.first_rep)
     passed = sum(r.ok for r in results)
     took = (datetime.datetime.now() - started).total_seconds() / 60
-    command = f"bench/soak.py --repeat {a.repeat}{' --load' if a.load else ''}{' --only ' + a.only if a.only else ''}"
-    planned = a.repeat * len(names)
+    command = (f"bench/soak.py --repeat {a.repeat}{' --load' if a.load else ''}{' --only ' + a.only if a.only else ''}"
+               + (f" --first-rep {a.first_rep}" if a.first_rep > 1 else ""))
+    planned = (a.repeat - a.first_rep + 1) * len(names)
     head = f"{passed} of {len(results)} runs passed in {took:.0f} min."
     if stopped:
         head += f" Interrupted: {len(results)} of the {planned} runs planned ended before the stop."

@@ -103,7 +103,12 @@ def head_command(env: Environment) -> Command:
     return Command(("ray", "start", "--head", "--block", f"--node-ip-address={env.ray_ip}", f"--port={env.gcs_port}",
                     f"--dashboard-host={env.ray_ip}", f"--dashboard-port={env.dashboard_port}",
                     f"--ray-client-server-port={env.gcs_port + 1}", *node_ports(env, 0), "--num-cpus=1",
-                    "--disable-usage-stats"),
+                    # Its own temp folder, as each host has: a job's supervisor finds
+                    # its cluster's address in <temp>/ray_current_cluster, which with
+                    # the default /tmp/ray is the newest cluster on this machine (a
+                    # test's, another environment's twin), and the job's driver then
+                    # waits on that cluster's GCS, not its own.
+                    f"--temp-dir={paths.node_temp(env.name, HEAD)}", "--disable-usage-stats"),
                    env=(("JAX_PLATFORMS", "cpu"), *HEALTH_CHECKS), background=True, log=log(env, HEAD),
                    pid_file=pidfile(env, HEAD))
 
