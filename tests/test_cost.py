@@ -414,6 +414,24 @@ def test_on_gke_without_the_pods_pools_which_slice_survived_is_a_range():
         assert "a range" in "\n".join(cost.header_lines(c))
 
 
+def test_the_priced_event_on_gke_standard_records_each_slices_node_pool():
+    """What `train` records at its submit: slice i's node pool (what its
+    option was read from), none on Autopilot (it makes its own nodes)."""
+    from playbooks.core.facts import ABSENT
+    from playbooks.job.spec import build_job
+    from playbooks.plays import train
+
+    def look(fact):
+        return ABSENT if fact.name.startswith("cluster") else []
+
+    for name, pools in (("dev", ["v6e-16-0", "v6e-16-1"]), ("dev-autopilot", None)):
+        e = env(name, prices={"on-demand": 2.7, "spot": 1.4})
+        b = train.basis_fact(build_job(e, "llama3-8b")).derive(look)
+        assert train.slice_pools(e) == pools and (b.pools or None) == pools
+        assert cost.basis_of({"kind": E.PRICED, **b.event_fields()}).pools == (pools or [])
+        assert ("pools" in b.event_fields()) == bool(pools)
+
+
 def test_a_replica_seen_on_two_pools_or_two_on_one_pool_is_not_known():
     b = cost.Basis(2, 1, 4, ["on-demand", "spot"], [2.7, 1.4], pools=POOLS)
     sched = [{"kind": E.SCHEDULED, "slice": s, "pool": p} for s, p in
