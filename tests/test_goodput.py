@@ -404,7 +404,7 @@ def test_the_node_read_is_one_kubectl_get_of_the_node_that_tells_absent_from_cou
     for k, r in answers.items():
         monkeypatch.setattr(connectors, "connector", lambda _env, r=r: Via(r))
         if k == "x":
-            with pytest.raises(PlaybookError, match="could not look .*Unable to connect to the server"):
+            with pytest.raises(PlaybookError, match=r"could not look .*Unable to connect to the server"):
                 kube_objects.node(e, "gke-n-1")
         else:
             got = kube_objects.node(e, "gke-n-1")
