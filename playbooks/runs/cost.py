@@ -143,11 +143,13 @@ class Basis:
         else:  # which is not known: any k of the slices
             fixed, rest, unknown = [], list(range(self.slices)), held.k
         got, others = [self.bounds(i) for i in fixed], [self.bounds(i) for i in rest]
-        if any(b is None for b in got + others) or held.k > len(fixed) + min(unknown, len(rest)):
+        if held.k > len(fixed) + min(unknown, len(rest)):
             return None
-        lows = sorted([b[0] for b in got if b] + sorted(b[0] for b in others if b)[:unknown])
-        highs = sorted([b[1] for b in got if b] + sorted((b[1] for b in others if b), reverse=True)[:unknown],
-                       reverse=True)
+        mine, theirs = [b for b in got if b is not None], [b for b in others if b is not None]
+        if len(mine) + len(theirs) < len(got) + len(others):  # one that may be held has no price
+            return None
+        lows = sorted([b[0] for b in mine] + sorted(b[0] for b in theirs)[:unknown])
+        highs = sorted([b[1] for b in mine] + sorted((b[1] for b in theirs), reverse=True)[:unknown], reverse=True)
         return (sum(lows[:held.k]), sum(highs[:held.k]))
 
     def slice_text(self) -> str:
