@@ -348,6 +348,107 @@ def test_where_which_slice_survived_is_not_recorded_the_dollars_are_the_range_ne
     assert isinstance(c["badput_cost"]["scheduling"], float)
 
 
+POOLS = ["v6e-16-0", "v6e-16-1"]  # GKE Standard: slice i is node pool i (its option: options[i])
+
+
+def on_gke(evs: list[dict], lost_on: str, pools: bool = True) -> list[dict]:
+    """The recorded run as GKE records it: the priced event with each
+    slice's node pool and no names, the pod watch's first look (each
+    replica's pod placed on a node of its pool, before the run), and slice
+    0's (tpu-group-0's) loss a preemption of its pod with its node.
+    ``lost_on``: the pool replica tpu-group-0 is on (the other replica is
+    on the other pool: KubeRay pins neither)."""
+    other = next(p for p in POOLS if p != lost_on)
+    t0 = min(e["t"] for e in evs) - 5
+    out = []
+    for e in evs:
+        if e["kind"] == E.PRICED:
+            e = {**e, "names": [], **({"pools": POOLS} if pools else {})}
+        elif e["kind"] == E.WORKER_LOST and e["source"] == "chaos":
+            e = {**e, "source": "pods", "by": "preemption", "pod": "w-0", "host": None}
+        out.append(e)
+    for i, (replica, pool) in enumerate((("tpu-group-0", lost_on), ("tpu-group-1", other))):
+        out.append({"t": t0, "kind": E.SCHEDULED, "step": None, "source": "pods", "pod": f"w-{i}",
+                    "slice": replica, "node": f"gke-{pool}-0000", **({"pool": pool} if pools else {})})
+    return sorted(out, key=lambda e: e["t"])
+
+
+@pytest.mark.parametrize("lost_on, survivor_rate", [("v6e-16-1", 2.7), ("v6e-16-0", 1.4033)])
+def test_on_gke_the_pods_node_pools_price_the_one_slice_period_at_the_survivors_price_not_a_range(
+        lost_on, survivor_rate):
+    """An on-demand ($2.7, pool v6e-16-0) and a Spot ($1.4033, pool
+    v6e-16-1) slice: the replica lost is the one on ``lost_on`` (the
+    scheduled events say which pool each replica's node is in); the group
+    goes on with the other, priced at its own option's price."""
+    evs = on_gke(recorded(rates=(2.7, 1.4033)), lost_on)
+    basis = cost.recorded_basis(evs)
+    assert basis.pools == POOLS and basis.names == []
+    _, segs = goodput.account_with_segments(evs, "r")
+    c = cost.report(evs, segs, goodput.CAUSES, basis, True)
+    start, end = segs[0][0], segs[-1][1]
+    lost = t_of(evs, E.WORKER_LOST, source="pods")
+    both = seconds(segs, start, lost) * 4 * (2.7 + 1.4033) / 3600
+    alone = seconds(segs, lost, end) * 4 * survivor_rate / 3600
+    assert isinstance(c["cost"], float) and c["cost"] == pytest.approx(round(both + alone, 2), abs=0.006)
+    assert c["chip_hours"] == pytest.approx((seconds(segs, start, lost) * 8 + seconds(segs, lost, end) * 4) / 3600,
+                                            abs=1e-4)
+    assert all(not isinstance(m, list) for m in c["badput_cost"].values())
+    assert "a range" not in "\n".join(cost.header_lines(c))
+
+
+def test_on_gke_without_the_pods_pools_which_slice_survived_is_a_range():
+    """The same run, its events without pools (a watch that could not read
+    the nodes, a run recorded before): the one-slice period is the range."""
+    for evs in (on_gke(recorded(rates=(2.7, 1.4033)), "v6e-16-1", pools=False),
+                # the pools of the slices recorded, the replicas' not: still not known
+                [{k: v for k, v in e.items() if k != "pool"} for e in on_gke(recorded(rates=(2.7, 1.4033)),
+                                                                              "v6e-16-1")]):
+        _, segs = goodput.account_with_segments(evs, "r")
+        c = cost.report(evs, segs, goodput.CAUSES, cost.recorded_basis(evs), True)
+        start, end = segs[0][0], segs[-1][1]
+        lost = t_of(evs, E.WORKER_LOST, source="pods")
+        both = seconds(segs, start, lost) * 4 * (2.7 + 1.4033) / 3600
+        one = seconds(segs, lost, end) * 4 / 3600
+        assert c["cost"] == [pytest.approx(round(both + one * 1.4033, 2), abs=0.006),
+                             pytest.approx(round(both + one * 2.7, 2), abs=0.006)]
+        assert "a range" in "\n".join(cost.header_lines(c))
+
+
+def test_the_priced_event_on_gke_standard_records_each_slices_node_pool():
+    """What `train` records at its submit: slice i's node pool (what its
+    option was read from), none on Autopilot (it makes its own nodes)."""
+    from playbooks.core.facts import ABSENT
+    from playbooks.job.spec import build_job
+    from playbooks.plays import train
+
+    def look(fact):
+        return ABSENT if fact.name.startswith("cluster") else []
+
+    for name, pools in (("dev", ["v6e-16-0", "v6e-16-1"]), ("dev-autopilot", None)):
+        e = env(name, prices={"on-demand": 2.7, "spot": 1.4})
+        b = train.basis_fact(build_job(e, "llama3-8b")).derive(look)
+        assert train.slice_pools(e) == pools and (b.pools or None) == pools
+        assert cost.basis_of({"kind": E.PRICED, **b.event_fields()}).pools == (pools or [])
+        assert ("pools" in b.event_fields()) == bool(pools)
+
+
+def test_a_replica_seen_on_two_pools_or_two_on_one_pool_is_not_known():
+    b = cost.Basis(2, 1, 4, ["on-demand", "spot"], [2.7, 1.4], pools=POOLS)
+    sched = [{"kind": E.SCHEDULED, "slice": s, "pool": p} for s, p in
+             (("tpu-group-0", "v6e-16-0"), ("tpu-group-0", "v6e-16-1"), ("tpu-group-1", "v6e-16-1"))]
+    where = cost.placed(sched)
+    assert where == {"tpu-group-1": "v6e-16-1"}
+    assert cost.resolve(b, where).names == ["", "tpu-group-1"]
+    # tpu-group-1 held alone: the Spot slice's; tpu-group-0 held alone: on the slice no name is known of.
+    r = cost.resolve(b, where)
+    assert r.rate_sum(cost.Held(frozenset({"tpu-group-1"}), 1)) == (1.4, 1.4)
+    assert r.rate_sum(cost.Held(frozenset({"tpu-group-0"}), 1)) == (2.7, 2.7)
+    assert r.rate_sum(cost.Held(frozenset(), 1)) == (1.4, 2.7)  # which one not known: the range
+    two = cost.placed([{"kind": E.SCHEDULED, "slice": s, "pool": "v6e-16-0"} for s in ("tpu-group-0", "tpu-group-1")])
+    assert cost.resolve(b, two).names == []  # two replicas on one pool: neither known
+    assert cost.basis_of({**b.event_fields(), "pools": ["v6e-16-0"]}).pools == []  # one a slice, or none
+
+
 @pytest.mark.parametrize("platform", ["twin", "gke"])
 def test_a_returned_slice_is_billed_from_its_return_until_the_grow_as_held_not_training(platform):
     """Slice 0 is back (the twin: its host started again; GKE: a pod placed

@@ -344,6 +344,108 @@ def test_the_pod_watch_says_a_pod_scheduled_and_what_lost_one():
     assert (s["kind"], s["node"], s["slice"]) == ("scheduled", "gke-tpu-2", "tpu-group-x1")
 
 
+def test_a_scheduled_pod_carries_its_nodes_pool_each_node_read_once_none_where_it_cannot_be_read():
+    """The node pool of a scheduled pod's node (GKE's label), from one read
+    of the node per node name; a node that is gone or could not be read
+    gives no pool, never a guess, and is not read again."""
+    from playbooks.cloud import pods as P
+    from playbooks.core.errors import ProbeFailed
+    from playbooks.core.facts import ABSENT
+    from playbooks.runs import pod_watch
+    reads: list[str] = []
+
+    def read(node: str):
+        reads.append(node)
+        if node == "gke-broken":
+            raise ProbeFailed("kubectl", f"kubectl get node {node}", 1, "", "Unable to connect to the server",
+                              why="could not look (exit code 1): Unable to connect to the server")
+        if node == "gke-gone":
+            return ABSENT
+        return {"metadata": {"name": node, "labels": {P.NODEPOOL_LABEL: "v6e-16-1"}}}
+
+    notes: list[str] = []
+    pools = pod_watch.NodePools(read, notes.append)
+    [a] = pod_watch.pod_changes({}, {"w-a": pod("w-a")}, [], 5.0, pools=pools)
+    assert (a["kind"], a["slice"], a["node"], a["pool"]) == ("scheduled", "tpu-group-x1", "gke-tpu-1", "v6e-16-1")
+    [b] = pod_watch.pod_changes({}, {"w-b": pod("w-b", "u2")}, [], 6.0, pools=pools)
+    assert b["pool"] == "v6e-16-1" and reads == ["gke-tpu-1"]  # the same node: not read again
+    for node in ("gke-broken", "gke-gone"):
+        for _ in range(2):
+            [c] = pod_watch.pod_changes({}, {"w-c": pod("w-c", "u3", node=node)}, [], 7.0, pools=pools)
+            assert "pool" not in c and c["node"] == node
+    assert reads == ["gke-tpu-1", "gke-broken", "gke-gone"]
+    assert len(notes) == 1 and "node gke-broken's pool not read" in notes[0] and "Unable to connect" in notes[0]
+    assert "pool" not in pod_watch.pod_changes({}, {"w-a": pod("w-a")}, [], 5.0)[0]  # no reader: no pool
+
+
+def test_the_node_read_is_one_kubectl_get_of_the_node_that_tells_absent_from_could_not_look(monkeypatch):
+    from playbooks.access import connectors, kube_api
+    from playbooks.cloud import kube_objects
+    from playbooks.cloud import pods as P
+    from playbooks.core.connector import Ran
+    from playbooks.core.errors import PlaybookError
+    from playbooks.core.facts import ABSENT
+    from tests.conftest import env
+    e = env("dev")
+    argv = P.node_command(e, "gke-n-1").argv
+    g = kube_api.parse_get(list(argv))  # the connector's client shortcut answers it (no process)
+    assert g is not None and g.refs == [("node", "gke-n-1")] and g.ignore_not_found
+    answers = {"": Ran(0, "", "", 0.1), "{": Ran(0, json.dumps({"metadata": {"name": "gke-n-1"}}), "", 0.1),
+               "x": Ran(1, "", "Unable to connect to the server", 0.1)}
+
+    class Via:
+        def __init__(self, r):
+            self.r = r
+
+        def run(self, argv, timeout=None):
+            assert list(argv) == list(P.node_command(e, "gke-n-1").argv)
+            return self.r
+
+    for k, r in answers.items():
+        monkeypatch.setattr(connectors, "connector", lambda _env, r=r: Via(r))
+        if k == "x":
+            with pytest.raises(PlaybookError, match=r"could not look .*Unable to connect to the server"):
+                kube_objects.node(e, "gke-n-1")
+        else:
+            got = kube_objects.node(e, "gke-n-1")
+            assert (got is ABSENT) if k == "" else got["metadata"]["name"] == "gke-n-1"
+
+
+def test_the_watchs_first_look_records_the_pods_already_placed_with_their_pools_of_no_job(tmp_path, monkeypatch):
+    """The pods placed before the watch began: where each slice is (its
+    pool), at the time it was placed, of no job (a follow again adds none
+    twice); later looks: the job's, each new node read once."""
+    from playbooks.cloud import kube_objects
+    from playbooks.cloud import pods as P
+    from playbooks.config import paths
+    from playbooks.runs import follow
+    monkeypatch.setattr(paths, "here", lambda rel: tmp_path / rel)
+    env = WatchedEnv(30, "report")
+    env.capacity = "on-demand"
+    looks = [[pod("w-a", node="gke-p0-0"), pod("w-b", "u2", node="gke-p1-0")]]
+    reads: list[str] = []
+
+    def node(_env, name):
+        reads.append(name)
+        return {"metadata": {"name": name, "labels": {P.NODEPOOL_LABEL: name[4:6]}}}
+
+    monkeypatch.setattr(kube_objects, "pods_and_events", lambda _env: (looks[-1], []))
+    monkeypatch.setattr(kube_objects, "node", node)
+    for _ in range(2):  # a follow, then a follow again of the same job
+        f = follow.Follower(FakeContext(), env, "run", "run-1", job={"start_time": T0 * 1000})
+        w = follow.Watch(f, "http://127.0.0.1:8265", None, 1.0, clock=lambda: T0 + 50)
+        w.pods()
+        w.pods()
+    sched = [e for e in timeline.read(env, "run") if e["kind"] == "scheduled"]
+    assert [(e["pod"], e["pool"], e.get("job")) for e in sched] == [("w-a", "p0", None), ("w-b", "p1", None)]
+    assert sched[0]["t"] == 1796119200.0  # when it was placed (its PodScheduled condition)
+    looks.append([pod("w-a", node="gke-p0-0"), pod("w-c", "u3", node="gke-p1-1")])
+    w.pods()
+    [new] = [e for e in timeline.read(env, "run") if e["kind"] == "scheduled" and e["pod"] == "w-c"]
+    assert (new["pool"], new["job"]) == ("p1", "run-1")
+    assert reads == ["gke-p0-0", "gke-p1-0", "gke-p0-0", "gke-p1-0", "gke-p1-1"]  # once per node, per watch
+
+
 # -- the watch beside a followed job ------------------------------------------------------------
 class FakeContext:
     """What a follower asks of its step: the mode, a look at the job, a

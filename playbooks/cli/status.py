@@ -41,7 +41,7 @@ FIX = {ACCOUNT: "run `gcloud auth login` (`invoke doctor` checks it)"}
 UP = "run `invoke up`"
 COST = "status:cost"
 SHOWN = 3  # the newest jobs said in the jobs line (and whose runs' checkpoints are looked at)
-POOL_LABEL = "cloud.google.com/gke-nodepool"
+POOL_LABEL = P.NODEPOOL_LABEL
 
 
 def pool_nodes(c: Completed) -> dict[str, tuple[int, int]]:

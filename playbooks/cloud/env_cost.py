@@ -40,13 +40,14 @@ from typing import Any
 
 from playbooks.access.cli_clients import NO_ACCOUNT_WORDS, fact, json_object
 from playbooks.cloud import capacity_options, prices
+from playbooks.cloud import pods as P
 from playbooks.cloud.gke import clusters_fact, kube, seconds
 from playbooks.config.schema import CLUSTER_FEE, DEFAULT_POOL, Environment
 from playbooks.config.tpu import of_machine_type
 from playbooks.core.errors import ProbeFailed
 from playbooks.core.facts import ABSENT, Completed, Fact
 
-POOL_LABEL = "cloud.google.com/gke-nodepool"
+POOL_LABEL = P.NODEPOOL_LABEL
 LOWER_BOUND = ("from each node's creation as it exists now: nodes deleted since (a Spot node preempted, a pool "
                "made again) are not counted, so it is a lower bound")
 

@@ -10,7 +10,7 @@ from collections import OrderedDict
 from typing import Any
 
 from playbooks.access import connectors
-from playbooks.access.cli_clients import json_object
+from playbooks.access.cli_clients import json_object, kube_object
 from playbooks.cloud import pods as P
 from playbooks.cloud.gke import kube, kube_context
 from playbooks.config import tutorial as T
@@ -28,6 +28,14 @@ def kubectl_json(env: Environment, *args: str, timeout: float = 60) -> Any:
     command = kube(env, "get", *args, "--output=json")
     r = connectors.connector(env).run(command.argv, timeout=timeout)
     return json_object("kubectl")(Completed(command.line(), r.rc, r.stdout, r.stderr, r.seconds))
+
+
+def node(env: Environment, name: str, timeout: float = 30) -> Any:
+    """One node (the API's JSON), ABSENT where the API server says there is
+    none; ProbeFailed where it could not look."""
+    command = P.node_command(env, name)
+    r = connectors.connector(env).run(command.argv, timeout=timeout)
+    return kube_object("kubectl")(Completed(command.line(), r.rc, r.stdout, r.stderr, r.seconds))
 
 
 # -- why the workers are not running ----------------------------------------------------

@@ -1,7 +1,8 @@
 """The RayCluster's pods as Kubernetes reports them, read in one place:
 whose a pod is (head or worker, its worker group), the replica (TPU slice)
 a worker belongs to, whether a pod or a node is Ready, a pod's restarts and
-whether it is going away, and the command that lists the RayCluster's pods.
+whether it is going away, a node's node pool, and the commands that list
+the RayCluster's pods and read one node.
 The times Kubernetes writes (RFC 3339) are read by ``gke.seconds``."""
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ KUBERAY_REPLICA_INDEX = "ray.io/worker-group-replica-index"
 GKE_REPLICA_INDEX = "replicaIndex"
 KUBERAY_REPLICA_NAME = "ray.io/worker-group-replica-name"
 REPLICA_LABELS = (KUBERAY_REPLICA_INDEX, GKE_REPLICA_INDEX, KUBERAY_REPLICA_NAME)
+# GKE's label of a node: the node pool it belongs to.
+NODEPOOL_LABEL = "cloud.google.com/gke-nodepool"
 
 
 def labels(obj: dict) -> dict:
@@ -46,6 +49,11 @@ def replica(pod: dict) -> str | None:
     """The replica (TPU slice) of a worker pod, as its labels give it."""
     lb = labels(pod)
     return next((str(lb[k]) for k in REPLICA_LABELS if lb.get(k) not in (None, "")), None)
+
+
+def node_pool(node: dict) -> str | None:
+    """The node pool of a node, as GKE labels it (None: not labelled)."""
+    return str(labels(node).get(NODEPOOL_LABEL) or "") or None
 
 
 def conditions(obj: dict) -> dict[str, dict]:
@@ -78,3 +86,8 @@ def list_args(env: Environment) -> tuple[str, ...]:
 def list_command(env: Environment) -> Command:
     """The RayCluster's pods, as JSON."""
     return kube(env, "get", *list_args(env), "--output=json")
+
+
+def node_command(env: Environment, node: str) -> Command:
+    """One node, as JSON (empty output: the API server's NotFound)."""
+    return kube(env, "get", "node", node, "--ignore-not-found", "--output=json")

@@ -206,17 +206,24 @@ def slices_step(env: Environment, job: Job) -> Step:
 
 
 # -- what the run will cost -------------------------------------------------------
+def slice_pools(env: Environment) -> list[str] | None:
+    """Each slice's node pool, index = slice (Standard); None on Autopilot,
+    which makes its own nodes."""
+    return [nodepool_name(env, i) for i in range(env.slices)] if env.cluster_mode.our_node_pools else None
+
+
 def slice_options(env: Environment, look: Any) -> list[str] | None:
     """Each slice's capacity option: its node pool's (Standard), else the
     first of ``capacity:`` (a pool not made yet); None on Autopilot, whose
     ComputeClass picks each node's among ``capacity:`` (not known here)."""
-    if not env.cluster_mode.our_node_pools:
+    names = slice_pools(env)
+    if names is None:
         return None
     first = capacities(env)[0]
     pools: dict[str, Any] = {}
-    if env.cluster_mode.our_node_pools and look(clusters_fact(env)) is not ABSENT:
+    if look(clusters_fact(env)) is not ABSENT:
         pools = {p.get("name"): p for p in look(nodepools_list_fact(env))}
-    return [pool_option(pools[n]) if n in pools else first for n in (nodepool_name(env, i) for i in range(env.slices))]
+    return [pool_option(pools[n]) if n in pools else first for n in names]
 
 
 def basis_fact(job: Job) -> Fact:
@@ -229,7 +236,8 @@ def basis_fact(job: Job) -> Fact:
     def derive(look: Any) -> cost.Basis:
         if env.platform.simulated:  # the twin's slice i is its hosts' TPU_NAME
             return cost.env_basis(env, None, None, names=slice_names(env))
-        return cost.env_basis(env, slice_options(env, look), look(catalog) if catalog else None)
+        return cost.env_basis(env, slice_options(env, look), look(catalog) if catalog else None,
+                              pools=slice_pools(env))
 
     return Fact(name="price basis", display=f"the chips of {env.slices} slice(s) and their price per chip-hour",
                 derive=derive, describe=lambda b: f"{b.chips} chips, {b.price_text()}")

@@ -25,11 +25,14 @@ Pure functions of a run's events and its price basis: no I/O.
   event's ``options`` and ``rates``, index = slice), each period at the
   price recorded for it (a resubmit's ``priced`` applies from its time).
   A slice's price is known where its workers' slice name says which
-  option it runs on (the ``priced`` event's ``names``: the twin's hosts);
-  on GKE a KubeRay replica's node pool is not recorded, so where the
-  slices' prices differ and fewer than all are held, the dollars are a
-  range (the cheapest to the dearest slices that many), never a mean. A
-  slice without a price leaves the run without one: chip-hours only.
+  option it runs on: the ``priced`` event's ``names`` (the twin's hosts);
+  on GKE its ``pools`` (slice i is node pool i) and the pod watch's
+  ``scheduled`` events, each with the pool of the pod's node: a replica
+  (slice name) seen on one pool only is that pool's slice (``placed``).
+  Where a replica's pool is not known, the slices' prices differ and fewer
+  than all are held, the dollars are a range (the cheapest to the dearest
+  slices that many), never a mean. A slice without a price leaves the run
+  without one: chip-hours only.
 - Each second of the goodput report (``goodput.py``'s segments: productive
   or one cause of badput) costs the chips used then; the chips billed and
   not used then are ``held``.
@@ -43,7 +46,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from playbooks.cloud import prices
@@ -57,8 +60,8 @@ HELD_WHAT = "held, not training"
 # or deleted pod leaves its node, billed.
 NODE_GONE = ("preemption", "maintenance", "node gone", "preemption or maintenance")
 
-RANGE_WHY = ("while it held fewer slices than all, which ones is not recorded (a KubeRay replica's node pool): "
-             "the cheapest to the dearest that many")
+RANGE_WHY = ("while it held fewer slices than all, which ones is not recorded (on GKE a KubeRay replica's node pool, "
+             "where no pod of it was seen placed on a node of a pool): the cheapest to the dearest that many")
 Money = float | list[float]  # USD: a figure, or [low, high] where which slices were held is not known
 
 
@@ -79,8 +82,10 @@ class Basis:
     None, ``ranges`` [cheapest, dearest] where its option is one of several
     (Autopilot), ``names`` the slice name its workers report (TPU_NAME),
     recorded only where slice i is known to run on ``options[i]`` (the
-    twin's hosts; not on GKE, where a KubeRay replica's pool is not
-    recorded). ``simulated``: a local twin's chips."""
+    twin's hosts; on GKE, where a KubeRay replica is not pinned to a pool,
+    ``placed`` fills them in from the pods' nodes: "" where not known),
+    ``pools`` each slice's node pool (GKE Standard). ``simulated``: a local
+    twin's chips."""
 
     slices: int
     hosts_per_slice: int
@@ -92,6 +97,7 @@ class Basis:
     simulated: bool = False
     names: list[str] = field(default_factory=list)
     ranges: list[list[float] | None] = field(default_factory=list)
+    pools: list[str] = field(default_factory=list)
 
     @property
     def chips(self) -> int:
@@ -121,19 +127,29 @@ class Basis:
     def rate_sum(self, held: Held) -> tuple[float, float] | None:
         """USD per hour of one chip of each slice held: exact when which
         slices is known (or their prices are one), else the cheapest to the
-        dearest ``k`` slices; None when one that may be held has no price."""
+        dearest ``k`` slices; None when one that may be held has no price.
+        A held name whose slice is not known is on one of the slices no
+        name is known of (the cheapest of them to the dearest)."""
         if held.k <= 0:
             return (0.0, 0.0)
         if self.simulated:
             return None
-        index = {n: i for i, n in enumerate(self.names)}
-        named = bool(held.among) and all(n in index for n in held.among) and held.k <= len(held.among)
-        pool = [index[n] for n in held.among] if named else list(range(self.slices))
-        got = [self.bounds(i) for i in pool]
-        if any(b is None for b in got) or held.k > len(pool):
+        index = {n: i for i, n in enumerate(self.names) if n}
+        known = [index[n] for n in held.among if n in index]
+        free = [i for i in range(self.slices) if i not in index.values()]
+        unknown = len(held.among) - len(known)
+        if held.among and held.k <= len(held.among) and unknown <= len(free):
+            fixed, rest = known, free if unknown else []
+        else:  # which is not known: any k of the slices
+            fixed, rest, unknown = [], list(range(self.slices)), held.k
+        got, others = [self.bounds(i) for i in fixed], [self.bounds(i) for i in rest]
+        if held.k > len(fixed) + min(unknown, len(rest)):
             return None
-        lows = sorted(b[0] for b in got if b is not None)
-        highs = sorted((b[1] for b in got if b is not None), reverse=True)
+        mine, theirs = [b for b in got if b is not None], [b for b in others if b is not None]
+        if len(mine) + len(theirs) < len(got) + len(others):  # one that may be held has no price
+            return None
+        lows = sorted([b[0] for b in mine] + sorted(b[0] for b in theirs)[:unknown])
+        highs = sorted([b[1] for b in mine] + sorted((b[1] for b in theirs), reverse=True)[:unknown], reverse=True)
         return (sum(lows[:held.k]), sum(highs[:held.k]))
 
     def slice_text(self) -> str:
@@ -167,18 +183,19 @@ class Basis:
     def event_fields(self) -> dict[str, Any]:
         return {"slices": self.slices, "hosts_per_slice": self.hosts_per_slice, "chips_per_host": self.chips_per_host,
                 "options": self.options, "rates": self.rates, "sources": self.sources, "why": self.why,
-                "simulated": self.simulated, "names": self.names, "ranges": self.ranges}
+                "simulated": self.simulated, "names": self.names, "ranges": self.ranges,
+                **({"pools": self.pools} if self.pools else {})}
 
 
 def env_basis(env: Environment, options: list[str] | None, catalog: prices.Catalog | str | None,
-              names: list[str] | None = None) -> Basis:
+              names: list[str] | None = None, pools: list[str] | None = None) -> Basis:
     """The environment's slices, each on its option (``options``, one per
     slice; None: on Standard the first of ``capacity:``, on Autopilot not
     known: its ComputeClass picks each node's among ``capacity:``, so each
     slice is priced from the cheapest to the dearest of them), priced; a
     local twin's chips are simulated and have no price. ``names``: the
     slice names its workers report, where slice i is known to be on
-    ``options[i]``."""
+    ``options[i]``; ``pools``: each slice's node pool (GKE Standard)."""
     if env.platform.simulated:
         return Basis(env.slices, env.hosts_per_slice, env.chips_per_host, simulated=True,
                      why="a local run's chips are simulated", names=list(names or []))
@@ -202,7 +219,7 @@ def env_basis(env: Environment, options: list[str] | None, catalog: prices.Catal
     got = [prices.price(env, o, catalog) for o in options]
     return Basis(env.slices, env.hosts_per_slice, env.chips_per_host, list(options), [p.per_chip_hour for p in got],
                  [p.source for p in got if p.source], next((p.why for p in got if p.why), ""),
-                 names=list(names or []))
+                 names=list(names or []), pools=list(pools or []))
 
 
 def _int(v: Any) -> int | None:
@@ -234,8 +251,10 @@ def basis_of(e: dict) -> Basis | None:
     opts, srcs = [str(o) for o in listed("options")], [str(x) for x in listed("sources")]
     names = [str(n) for n in listed("names")]
     names = names if len(names) == s and len(set(names)) == s else []  # one name a slice, or none at all
+    pools = [str(n) for n in listed("pools")]
+    pools = pools if len(pools) == s and len(set(pools)) == s else []  # one pool a slice, or none at all
     return Basis(s, h, c, opts, rates, srcs, str(e.get("why") or ""), bool(e.get("simulated")), names,
-                 [_span(r) for r in listed("ranges")])
+                 [_span(r) for r in listed("ranges")], pools)
 
 
 def recorded_bases(events: Iterable[dict]) -> list[tuple[float, Basis]]:
@@ -251,6 +270,31 @@ def recorded_basis(events: Iterable[dict]) -> Basis | None:
     """The basis recorded with the run's last submission, if any."""
     got = recorded_bases(events)
     return got[-1][1] if got else None
+
+
+# -- which slice a replica is (GKE) -------------------------------------------------------
+def placed(events: Iterable[dict]) -> dict[str, str]:
+    """Each replica (slice name) the pod watch saw placed on nodes of one
+    node pool only, and that pool (its ``scheduled`` events' ``pool``); a
+    replica seen on two pools is left out (which, when, is not known)."""
+    seen: dict[str, set[str]] = {}
+    for e in events:
+        if e.get("kind") == E.SCHEDULED and e.get("slice") and e.get("pool"):
+            seen.setdefault(str(e["slice"]), set()).add(str(e["pool"]))
+    return {n: next(iter(p)) for n, p in seen.items() if len(p) == 1}
+
+
+def resolve(b: Basis, where: dict[str, str]) -> Basis:
+    """A GKE basis with the names of its slices filled in where a replica
+    was seen on slice i's pool alone (``placed``): "" where not known, or
+    where two replicas were seen on one pool."""
+    if b.names or not b.pools:
+        return b
+    names = []
+    for pool in b.pools:
+        on = [n for n, p in where.items() if p == pool]
+        names.append(on[0] if len(on) == 1 else "")
+    return replace(b, names=names) if any(names) else b
 
 
 # -- what is billed and what is used, when -----------------------------------------------
@@ -295,8 +339,9 @@ def _takes_nodes(e: dict) -> bool:
 class _Walk:
     """What is billed and used as the events come (``ledger``)."""
 
-    def __init__(self, basis: Basis, groups: dict[int, frozenset[str]]):
-        self.basis, self.groups = basis, groups
+    def __init__(self, basis: Basis, groups: dict[int, frozenset[str]], where: dict[str, str]):
+        self.where = where
+        self.basis, self.groups = resolve(basis, where), groups
         self.absent: set[str] = set()
         self.gone = 0  # slices gone whose name was not recorded
         self.running = True
@@ -304,9 +349,10 @@ class _Walk:
         self.out: list[Period] = []
 
     def period(self, t: float) -> Period:
-        names, b = set(self.basis.names), self.basis
-        kb = max(0, b.slices - len(self.absent & names if names else self.absent) - self.gone)
-        among = frozenset(names - self.absent)
+        names, b = set(self.basis.names) - {""}, self.basis
+        every = len(names) == b.slices  # each slice's name known (else which are billed is not)
+        kb = max(0, b.slices - len(self.absent & names if every else self.absent) - self.gone)
+        among = frozenset(names - self.absent) if every else frozenset()
         billed = Held(among, kb)
         if not self.running:
             used = Held(frozenset(), 0)
@@ -332,6 +378,7 @@ class _Walk:
         """Take one event in; True when it changed what is billed or used."""
         kind = e.get("kind")
         if kind == PRICED and (b := basis_of(e)) is not None:
+            b = resolve(b, self.where)
             if (b.slices, b.names) != (self.basis.slices, self.basis.names):
                 self.absent, self.gone = set(), 0
             self.basis = b
@@ -364,7 +411,7 @@ def ledger(events: list[dict], fallback: Basis) -> list[Period]:
     slices billed and used (the module says what proves each)."""
     evs = sorted((e for e in events if E.number(e.get("t")) is not None), key=lambda e: float(e["t"]))
     bases = recorded_bases(evs)
-    walk = _Walk(bases[0][1] if bases else fallback, _groups(evs))
+    walk = _Walk(bases[0][1] if bases else fallback, _groups(evs), placed(evs))
     walk.snap(float("-inf"))
     for i, e in enumerate(evs):
         if walk.see(i, e):

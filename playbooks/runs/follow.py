@@ -295,6 +295,8 @@ class Watch:
         self.env = f.env
         self._stop = threading.Event()
         self._pods: dict[str, dict] | None = None
+        self._pools = pod_watch.NodePools(lambda node: kube_objects.node(self.env, node),
+                                          lambda why: self.f.ctx.note(f"watch: {why}"))
         self.thread = threading.Thread(target=self._run, daemon=True, name="job-watch")
 
     def __enter__(self) -> Watch:
@@ -356,12 +358,17 @@ class Watch:
 
     def pods(self) -> None:
         """The worker pods now, against the last look: new ones scheduled,
-        ones gone or failing, with their Kubernetes cause."""
+        ones gone or failing, with their Kubernetes cause. The first look
+        records the pods already placed, each at the time it was placed and
+        of no job (the cluster's, not the job's: a follow again adds none
+        twice). Each new node is read once, for its node pool."""
         pods, events = kube_objects.pods_and_events(self.env)
         now = {p["metadata"]["name"]: p for p in pods if P.is_worker(p)}
-        if self._pods is not None:
+        found = pod_watch.pod_changes(self._pods or {}, now, events, self.clock(), self.env.capacity, self._pools)
+        if self._pods is None:  # the cluster's placements as found, no job's (a pod gone wrong before: not lost now)
+            self.f.add([e for e in found if e["kind"] == E.SCHEDULED])
+        else:
             chaos = {e.get("pod") for e in self.f.job_events() if e.get("source") == "chaos"}
-            found = pod_watch.pod_changes(self._pods, now, events, self.clock(), self.env.capacity)
             self.f.add([dict(e, job=self.f.sid) for e in found
                         if not (e["kind"] == E.WORKER_LOST and e.get("pod") in chaos)])
         self._pods = now

@@ -1,16 +1,20 @@
 """The pod watch of a followed job (GKE): two looks at the RayCluster's
-worker pods, as timeline events: a pod placed on its node (``scheduled``)
-and a pod lost (``worker_lost``), with what did it in Kubernetes' words (a
-preemption, maintenance, a node gone, a failed pod, deleted)."""
+worker pods, as timeline events: a pod placed on its node (``scheduled``,
+with the node's node pool where it was read: what prices the pod's slice,
+``runs/cost.py``) and a pod lost (``worker_lost``), with what did it in
+Kubernetes' words (a preemption, maintenance, a node gone, a failed pod,
+deleted)."""
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 
 from playbooks.cloud import pods as P
 from playbooks.cloud.gke import seconds
 from playbooks.cloud.kube_objects import short
 from playbooks.config.choices import capacity_option
+from playbooks.core.errors import PlaybookError
 from playbooks.runs import events as E
 
 _PREEMPTION = re.compile(r"(preempt|spot|impending-node-termination|ShutdownGracePeriod|flex-start)", re.I)
@@ -60,11 +64,36 @@ def loss(pod: dict, events: list[dict], capacity: str | list[str] = "on-demand")
     return by, (texts[0] if texts else "the pod was deleted (no cause recorded)")
 
 
+class NodePools:
+    """Each node's node pool (GKE's label), read once per node name:
+    ``read`` gives the node's JSON, ABSENT (no such node), or raises a
+    PlaybookError (it could not look). A node absent, unlabelled or not read
+    has no pool, never a guess, and is not read again; ``note`` is told why
+    one could not be read."""
+
+    def __init__(self, read: Callable[[str], Any], note: Callable[[str], None] = lambda _: None):
+        self.read, self.note = read, note
+        self.known: dict[str, str | None] = {}
+
+    def __call__(self, node: str) -> str | None:
+        if node not in self.known:
+            try:
+                got = self.read(node)
+            except PlaybookError as e:
+                got = None
+                self.note(f"node {node}'s pool not read (its pods' slice is priced as not known): "
+                          f"{str(e).splitlines()[0][:200]}")
+            self.known[node] = P.node_pool(got) if isinstance(got, dict) else None
+        return self.known[node]
+
+
 def pod_changes(before: dict[str, dict], now: dict[str, dict], events: list[dict], t: float,
-                capacity: str | list[str] = "on-demand") -> list[dict]:
+                capacity: str | list[str] = "on-demand",
+                pools: Callable[[str], str | None] | None = None) -> list[dict]:
     """Timeline events from two looks at the worker pods (name -> pod):
-    ``scheduled`` (a pod placed on a node: its slice, its node) and
-    ``worker_lost`` (a pod going away, failed or restarted; what did it)."""
+    ``scheduled`` (a pod placed on a node: its slice, its node, and the
+    node's ``pool`` where ``pools`` knows it) and ``worker_lost`` (a pod
+    going away, failed or restarted; what did it)."""
     by_pod: dict[str, list[dict]] = {}
     for ev in events:
         by_pod.setdefault((ev.get("involvedObject") or {}).get("name") or "", []).append(ev)
@@ -84,7 +113,9 @@ def pod_changes(before: dict[str, dict], now: dict[str, dict], events: list[dict
         node = (p.get("spec") or {}).get("nodeName")
         if node and not (same and (old.get("spec") or {}).get("nodeName")):
             sched = P.conditions(p).get("PodScheduled") or {}
-            out.append(base(E.SCHEDULED, p, seconds(sched.get("lastTransitionTime"))))
+            pool = pools(node) if pools is not None else None
+            out.append(dict(base(E.SCHEDULED, p, seconds(sched.get("lastTransitionTime"))),
+                            **({"pool": pool} if pool else {})))
         restarted = same and P.restarts(p) > P.restarts(old)
         if (P.failing(p) and not (same and P.failing(old))) or (restarted and not P.failing(p)):
             by, cause = loss(p, by_pod.get(name, []), capacity)
