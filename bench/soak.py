@@ -659,7 +659,8 @@ def restart_parts(kept: Path) -> list[str]:
 # The README's summary: one row per scenario, read from the soak's table in
 # docs/elastic.md (the record: a summary of a soak that ran before this
 # script could summarise is the same numbers).
-INCIDENT = re.compile(r"(\w+): lost ([\d-]+), restored ([\d-]+), replayed (\d+), ([\d.]+) s")
+INCIDENT = re.compile(r"(\w+): lost ([\d-]+), restored ([\d-]+), replayed (\d+), "
+                      r"(?:([\d.]+) s|[^;|]*?resumed by the next job)")
 
 
 def summary(block: str) -> list[str]:
@@ -680,7 +681,7 @@ def summary(block: str) -> list[str]:
             r["goodput"].append(float(m.group(1)))
         for kind, _, _, replayed, secs in INCIDENT.findall(cells[4]):
             r["grow" if kind == "resize" else "lost"].append(int(replayed))
-            if kind in LOSSES:
+            if kind in LOSSES and secs:
                 r["recover"].append(float(secs))
     head = next((ln for ln in block.splitlines() if " runs passed in " in ln), "")
     out = [f"`{stamp.group(1)}`, {stamp.group(2)}: {head} Each scenario, over its runs "
@@ -713,6 +714,13 @@ def judged_again(write: bool) -> None:
     passed = sum(r.ok for r in results)
     minutes = meta["minutes"] + sum(m["minutes"] for m in later)
     head = f"{passed} of {len(results)} runs passed in {minutes} min (judged again by this tree)."
+    m = re.search(r"--repeat (\d+)", meta["command"])
+    planned = (int(m.group(1)) if m else 1) * len(meta.get("scenarios") or SCENARIOS)
+    if len(results) < planned:
+        done = {(r.rep, r.scenario) for r in results}
+        missing = [f"{rep}-{name}" for rep in range(1, planned // len(SCENARIOS) + 1) for name in SCENARIOS
+                   if (rep, name) not in done]
+        head += f" Not run: {len(missing)} of the {planned} planned ({', '.join(missing)})."
     lines = [head, "", *table(results), "", recovery(results)]
     print("\n".join(lines))
     also = "".join(f"; with the runs of `{m['command']}` (on {m['date']} at commit `{m['commit']}`, {m['minutes']} "
