@@ -544,27 +544,29 @@ def test_teardown_stops_only_this_projects_processes(local, run: Run, tmp_path):
 
 
 def test_a_ray_head_that_exits_fails_the_step_at_once_with_its_last_log_line(tmp_path):
-    """A TMPDIR too long for Ray's socket paths: the head dies at start; the
-    step says why within seconds instead of waiting out its timeout."""
+    """The head's own temp folder taken by a file: the head dies at start;
+    the step says why within seconds instead of waiting out its timeout."""
+    from playbooks.config import paths
     name = "e2e-local-exits"
     base = yaml.safe_load((ROOT / "inventory.yaml").read_text())["environments"]["local"]
     inv = tmp_path / "inventory.yaml"
     inv.write_text(yaml.safe_dump({"default": name, "environments": {name: {
         **base, "slices": 1, "gcs_port": GCS_PORT + 50, "dashboard_port": 8295 + OFFSET,
         "ray_ip": f"127.0.0.{50 + OFFSET}"}}}))
-    deep = tmp_path / ("t" * 100)
-    deep.mkdir()
+    taken = Path(paths.node_temp(name, "head"))
+    shutil.rmtree(taken, ignore_errors=True)
+    taken.write_text("not a folder\n")
     e = {k: v for k, v in os.environ.items() if not k.startswith("INVOKE_")}
-    e.update({"INVOKE_PLAYBOOK_INVENTORY": str(inv), "HOME": str(tmp_path), "TMPDIR": str(deep),
-              "RAY_USAGE_STATS_ENABLED": "0"})
+    e.update({"INVOKE_PLAYBOOK_INVENTORY": str(inv), "HOME": str(tmp_path), "RAY_USAGE_STATS_ENABLED": "0"})
     shutil.rmtree(ROOT / ".state" / name, ignore_errors=True)
     start = time.monotonic()
     try:
         r = subprocess.run([INVOKE, "up"], cwd=ROOT, env=e, capture_output=True, text=True, timeout=120)
         took = time.monotonic() - start
         assert r.returncode == 1, r.stdout + r.stderr
-        assert re.search(r"the Ray head exited: .*AF_UNIX path length cannot exceed 107 bytes", r.stdout), r.stdout
+        assert re.search(r"the Ray head exited: .*File exists: '/tmp/ray-twin-", r.stdout), r.stdout
         assert took < 60, f"{took:.0f}s: the wait went on after the head had exited"
     finally:
         subprocess.run([INVOKE, "teardown", "--yes"], cwd=ROOT, env=e, capture_output=True, timeout=120)
         shutil.rmtree(ROOT / ".state" / name, ignore_errors=True)
+        taken.unlink(missing_ok=True)
