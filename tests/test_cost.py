@@ -331,18 +331,26 @@ def test_a_mixed_price_run_that_loses_a_slice_prices_the_one_slice_period_at_the
                                                  abs=0.006)
 
 
+def priced_as_a_range(evs: list[dict], lost_by: str) -> tuple[dict, list]:
+    """The run's cost report and the range it must give: both
+    slices (on-demand $2.7, Spot $1.4033) until the loss recorded by
+    ``lost_by``, then one slice at the Spot price to the on-demand one."""
+    _, segs = goodput.account_with_segments(evs, "r")
+    c = cost.report(evs, segs, goodput.CAUSES, cost.recorded_basis(evs), True)
+    start, end = segs[0][0], segs[-1][1]
+    lost = t_of(evs, E.WORKER_LOST, source=lost_by)
+    both = seconds(segs, start, lost) * 4 * (2.7 + 1.4033) / 3600
+    one = seconds(segs, lost, end) * 4 / 3600
+    return c, [pytest.approx(round(both + one * 1.4033, 2), abs=0.006),
+               pytest.approx(round(both + one * 2.7, 2), abs=0.006)]
+
+
 def test_where_which_slice_survived_is_not_recorded_the_dollars_are_the_range_never_the_mean():
     """A GKE submit does not record which replica is on which pool: while one
     slice of two is held, its price is the Spot one's to the on-demand one's."""
     evs = recorded(rates=(2.7, 1.4033))
-    _, segs = goodput.account_with_segments(evs, "r")
-    c = cost.report(evs, segs, goodput.CAUSES, cost.recorded_basis(evs), True)
-    start, end = segs[0][0], segs[-1][1]
-    kill = t_of(evs, E.WORKER_LOST, source="chaos")
-    both = seconds(segs, start, kill) * 4 * (2.7 + 1.4033) / 3600
-    one = seconds(segs, kill, end) * 4 / 3600
-    assert c["cost"] == [pytest.approx(round(both + one * 1.4033, 2), abs=0.006),
-                         pytest.approx(round(both + one * 2.7, 2), abs=0.006)]
+    c, want = priced_as_a_range(evs, "chaos")
+    assert c["cost"] == want
     assert cost.cost_text(c) == f"{c['chip_hours']:.4g} chip-hours, ${c['cost'][0]:,.2f}-{c['cost'][1]:,.2f}"
     # Every slice held (the scheduling wait): exact.
     assert isinstance(c["badput_cost"]["scheduling"], float)
@@ -403,14 +411,8 @@ def test_on_gke_without_the_pods_pools_which_slice_survived_is_a_range():
                 # the pools of the slices recorded, the replicas' not: still not known
                 [{k: v for k, v in e.items() if k != "pool"} for e in on_gke(recorded(rates=(2.7, 1.4033)),
                                                                               "v6e-16-1")]):
-        _, segs = goodput.account_with_segments(evs, "r")
-        c = cost.report(evs, segs, goodput.CAUSES, cost.recorded_basis(evs), True)
-        start, end = segs[0][0], segs[-1][1]
-        lost = t_of(evs, E.WORKER_LOST, source="pods")
-        both = seconds(segs, start, lost) * 4 * (2.7 + 1.4033) / 3600
-        one = seconds(segs, lost, end) * 4 / 3600
-        assert c["cost"] == [pytest.approx(round(both + one * 1.4033, 2), abs=0.006),
-                             pytest.approx(round(both + one * 2.7, 2), abs=0.006)]
+        c, want = priced_as_a_range(evs, "pods")
+        assert c["cost"] == want
         assert "a range" in "\n".join(cost.header_lines(c))
 
 

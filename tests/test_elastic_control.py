@@ -327,6 +327,14 @@ def test_the_notice_is_sent_only_where_jaxs_preemption_service_takes_it(monkeypa
 
 
 # -- RetryStartFailures: a worker that cannot load the trainer ------------------------
+def raising_get(refs, timeout=None):
+    """ray.get of Failing's answers: an error among them raised."""
+    for r in refs:
+        if isinstance(r, Exception):
+            raise r
+    return refs
+
+
 class Failing:
     def __init__(self, error):
         self.error = error
@@ -336,12 +344,7 @@ class Failing:
 
 
 def test_a_worker_that_cannot_load_the_trainer_fails_the_start_as_retryable_up_to_the_bound(monkeypatch, capsys):
-    def get(refs, timeout=None):
-        for r in refs:
-            if isinstance(r, Exception):
-                raise r
-        return refs
-    monkeypatch.setattr(ec.ray, "get", get)
+    monkeypatch.setattr(ec.ray, "get", raising_get)
     monkeypatch.setenv(ec.ENV_START_RETRIES, "2")
     cb = ec.RetryStartFailures()
     lost = RaySystemError("System error: No module named 'maxtext_ray'")
@@ -363,12 +366,7 @@ def test_a_start_that_works_gives_the_next_starts_the_whole_retry_budget_again(m
     """A run whose group failed to start twice (then started), and later,
     after a lost slice, fails to start twice again: each time within the
     bound of 2, so retried, never raised for the earlier starts' failures."""
-    def get(refs, timeout=None):
-        for r in refs:
-            if isinstance(r, Exception):
-                raise r
-        return refs
-    monkeypatch.setattr(ec.ray, "get", get)
+    monkeypatch.setattr(ec.ray, "get", raising_get)
     monkeypatch.setenv(ec.ENV_START_RETRIES, "2")
     cb = ec.RetryStartFailures()
     lost = RaySystemError("System error: No module named 'maxtext_ray'")
