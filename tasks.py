@@ -228,6 +228,33 @@ def hang_worker(c, restore_after="60", env=""):
         s.run("chaos", task_steps.hang_steps(s.env, seconds("--restore-after", restore_after)), parallel=False)
 
 
+@task(help={"target": "which host: first (default: the environment's first), rank0 or peer (of the running job), or a "
+                      "host's name", **ENV})
+def sicken_worker(c, target="first", env=""):
+    """Local only: start one simulated TPU host again with fewer JAX devices than its chips (a host back broken)."""
+    from playbooks.core.errors import InputError
+    from playbooks.plays import chaos as ch
+
+    with clean_errors():
+        s = _session(c, "chaos", env)
+        if problem := ch.sicken_problem(s.env) or ch.target_problem(s.env, target):
+            raise InputError(f"chaos.sicken-worker: {problem}")
+        s.run("chaos", ch.sicken_steps(s.env, target), parallel=False)
+
+
+@task(help={"target": "the sick host to heal, by name (default: every sick host)", **ENV})
+def heal_worker(c, target="", env=""):
+    """Local only: start every sick simulated TPU host (chaos.sicken-worker) again whole."""
+    from playbooks.core.errors import InputError
+    from playbooks.plays import chaos as ch
+
+    with clean_errors():
+        s = _session(c, "chaos", env)
+        if problem := ch.sicken_problem(s.env) or ch.heal_target_problem(s.env, target):
+            raise InputError(f"chaos.heal-worker: {problem}")
+        s.run("chaos", ch.heal_steps(s.env, target), parallel=False)
+
+
 def _report(c, task: str, env: str, make_step, step_id: str, as_json: bool, lines_of) -> None:
     """A read-only report task (goodput, runs): its one step run quietly,
     then its data printed as JSON or as lines (a dry run prints the step)."""
@@ -334,6 +361,8 @@ def doctor(c, env=""):
 chaos = Collection("chaos")
 chaos.add_task(delete_worker)
 chaos.add_task(hang_worker)
+chaos.add_task(sicken_worker)
+chaos.add_task(heal_worker)
 
 ns = Collection(capacity, prereqs, network, cluster, nodepools, storage, raycluster, dashboard, up, status, train,
                 preflight, logs, metrics, goodput, runs, teardown, doctor)

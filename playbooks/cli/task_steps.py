@@ -5,7 +5,6 @@ place of the cloud) is put together here, as are ``status`` and ``doctor``
 beside it."""
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -30,12 +29,11 @@ from playbooks.plays import (
     train,
 )
 from playbooks.runs import placement
-from playbooks.twin.nodes import hosts_of
 
 GKE_ONLY = ("capacity", "prereqs", "network", "cluster", "nodepools", "storage")
 UP = ("prereqs", "network", "cluster", "nodepools", "storage", "raycluster", "dashboard")
 # The plays whose steps run kubectl: the cluster's credentials come first.
-KUBECTL = ("storage", "raycluster", "dashboard", "chaos")
+KUBECTL = ("storage", "raycluster", "dashboard")
 
 _GKE: dict[str, Callable[[Environment], list[Step]]] = {
     "capacity": lambda env: capacity.steps(env, priced=True),
@@ -46,7 +44,6 @@ _GKE: dict[str, Callable[[Environment], list[Step]]] = {
     "storage": storage.steps,
     "raycluster": raycluster.steps,
     "dashboard": dashboard.steps,
-    "chaos": chaos.steps,
 }
 
 
@@ -166,36 +163,23 @@ def preflight_steps(env: Environment, job: Job) -> list[Step]:
 def chaos_steps(env: Environment, restore_after: float, target: str = placement.FIRST) -> list[Step]:
     """chaos.delete-worker: one worker lost (``target``: checked by
     ``chaos_target_problem`` first)."""
-    if env.platform.simulated:
-        return local_cluster.chaos_steps(env, restore_after, target)
-    return [cluster.credentials_step(env, "chaos")] + chaos.steps(env, target)
-
-
-# A pod's name: a DNS-1123 subdomain (what `kubectl delete pod` takes).
-POD_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+    return _kubectl_first(env, chaos.delete_steps(env, restore_after, target))
 
 
 def chaos_target_problem(env: Environment, target: str) -> str | None:
     """What is wrong with a ``--target``, in one line (None: nothing)."""
-    if target in placement.TARGETS:
-        return None
-    if env.platform.simulated:
-        names = [h.name for h in hosts_of(env)]
-        if target not in names:
-            return (f"--target {target!r}: not {', '.join(placement.TARGETS)} nor a TPU host of {env.name} "
-                    f"({', '.join(names)})")
-        return None
-    if not POD_NAME.match(target):
-        return f"--target {target!r}: not {', '.join(placement.TARGETS)} nor a pod's name (a DNS-1123 subdomain)"
-    return None
+    return chaos.target_problem(env, target)
 
 
 def hang_steps(env: Environment, restore_after: float) -> list[Step]:
     """chaos.hang-worker: one worker's trainer frozen, resumed after
     ``restore_after`` seconds (0: never)."""
-    if env.platform.simulated:
-        return local_cluster.hang_steps(env, restore_after)
-    return [cluster.credentials_step(env, "chaos")] + chaos.hang_steps(env, restore_after)
+    return _kubectl_first(env, chaos.hang_steps(env, restore_after))
+
+
+def _kubectl_first(env: Environment, steps: list[Step]) -> list[Step]:
+    """The chaos play's steps, after the cluster's kubectl credentials on GKE."""
+    return steps if env.platform.simulated else [cluster.credentials_step(env, "chaos")] + steps
 
 
 def teardown_steps(env: Environment) -> list[Step]:
@@ -222,6 +206,9 @@ def all_commands(env: Environment) -> list[Command]:
             book.run("train", train_steps(env, build_job(env, model, elastic, sets=sets)))
     book.run("chaos", chaos_steps(env, 0))
     book.run("chaos", hang_steps(env, 60))
+    if chaos.sicken_problem(env) is None:
+        book.run("chaos", chaos.sicken_steps(env))
+        book.run("chaos", chaos.heal_steps(env))
     book.run("teardown", teardown_steps(env))
     out = list(runner.recorded)
     if env.platform.cloud:

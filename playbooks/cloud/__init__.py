@@ -8,7 +8,9 @@ exclusion (``maintenance``), the capacity options and the plan per slice
 (``capacity_options``, ``capacity_plan``), what a v6e chip-hour costs per
 option (``prices``: the inventory's, else the Cloud Billing Catalog's),
 what the environment costs while it stands, its node pools and cluster fee
-(``env_cost``), where a Ray dashboard answers (``endpoints``).
+(``env_cost``), where a Ray dashboard answers (``endpoints``), GKE's way to
+act on a TPU host for the chaos play: a worker pod deleted, its trainer
+stopped and resumed (``chaos_gke``).
 
 Facts and commands, no steps. May import ``playbooks.core``,
 ``playbooks.config`` and ``playbooks.access``.

@@ -6,8 +6,9 @@ In the tutorial's order: ``capacity`` (the read-only checks and the plan per
 slice), ``prereqs`` (§1: APIs, roles), ``network`` (§2), ``cluster`` (§3),
 ``nodepools`` (§4), ``storage`` (§5: bucket, identity), ``raycluster`` (§7),
 ``dashboard`` (the port-forward and the Ray nodes), ``preflight`` (the fit
-before a job), ``train`` (§8-9: the job, followed), ``chaos`` (§9: a worker
-deleted or frozen), ``teardown`` (§10). Also: ``logs`` (logs, metrics and
+before a job), ``train`` (§8-9: the job, followed), ``chaos`` (§9: a host killed,
+frozen, made sick, on GKE or the twin: one play over each target's way),
+``teardown`` (§10). Also: ``logs`` (logs, metrics and
 goodput of a run), ``local_cluster`` (the local twin started, stopped and
 checked) and ``controller`` (the files synced to a controller host).
 

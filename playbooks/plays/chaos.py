@@ -1,116 +1,262 @@
-"""§9 Chaos: delete one Ray TPU worker pod while a job trains, as the
-tutorial does (find it by label, delete it)."""
+"""§9 Chaos: one play over the target's own way to act on a TPU host. On
+GKE a host is a Ray TPU worker pod, acted on with kubectl
+(``cloud/chaos_gke.py``); on the twin, a simulated host's Ray node on this
+machine (``twin/chaos_twin.py``). Each task's steps are written here once:
+
+- ``delete_steps`` (chaos.delete-worker): choose a host (the first, as the
+  tutorial finds it; the running job's rank 0 or a peer; or one by name),
+  kill it, and bring it back after --restore-after where the target does
+  not itself (the twin; KubeRay recreates a deleted pod).
+- ``hang_steps`` (chaos.hang-worker): freeze one host's training worker
+  (SIGSTOP: its Ray node stays up, the job hangs), resume it after
+  --restore-after (0: never).
+- ``sicken_steps`` (chaos.sicken-worker): start a host again sick, with
+  fewer JAX devices than its chips, as a host that comes back broken; and
+  ``heal_steps`` (chaos.heal-worker): start it again whole. The twin only.
+
+Every act is recorded in the running job's timeline (``record``)."""
 from __future__ import annotations
 
-import dataclasses
 import time
 from typing import Any
 
-from playbooks.access.cli_clients import fact
-from playbooks.cloud.gke import kube
-from playbooks.config import tutorial as T
+from playbooks.cloud.chaos_gke import GkeWorkers
 from playbooks.config.schema import Environment
-from playbooks.core.command import placeholder
-from playbooks.core.errors import ProbeFailed
-from playbooks.core.facts import ABSENT, Action, Completed
-from playbooks.core.step import Step, change, fail
+from playbooks.core.command import placeholder, shown
+from playbooks.core.facts import Action
+from playbooks.core.step import Step, change, fail, ok
 from playbooks.runs import chaos_target, placement, timeline
 from playbooks.runs import events as E
+from playbooks.twin.chaos_twin import TwinHosts
+from playbooks.twin.nodes import Host
+
+# The target's own way to act on a host: its facts, commands and words.
+Way = TwinHosts | GkeWorkers
 
 
-def first_worker_fact(env: Environment):
-    c = kube(env, "get", "pods", "-l", T.WORKER_SELECTOR, "--namespace", env.namespace,
-             "-o", "jsonpath={.items[0].metadata.name}")
-    c = dataclasses.replace(c, binds="POD")
-
-    def parse(r: Completed) -> Any:
-        if r.ok:
-            return r.stdout.strip() or ABSENT
-        if "array index out of bounds" in r.stderr:
-            return ABSENT  # the list came back empty: no worker pod
-        raise ProbeFailed("worker pod", r.line, r.rc, r.stdout, r.stderr,
-                          why=f"could not look: {r.first_error_line()}")
-
-    return fact("a Ray TPU worker pod", c, parse, assumed=placeholder("POD"))
+def way(env: Environment) -> Way:
+    return TwinHosts(env) if env.platform.simulated else GkeWorkers(env)
 
 
-def delete_step(env: Environment, target: str = placement.FIRST) -> Step:
-    """The tutorial's find-then-delete of the first worker pod; or, with
-    ``target``, the pod of the running job's rank 0, a peer's, or a pod by
-    name (a worker's hostname is its pod's name)."""
-    probe = first_worker_fact(env)
-    aimed = chaos_target.fact(env, target, lambda w: w.pod, "pod") if target in (
-        placement.RANK0, placement.PEER) else None
-
-    def delete(pod: str, why: str = ""):
-        return change(kube(env, "delete", "pod", pod, "--namespace", env.namespace),
-                      record(env, E.WORKER_LOST, pod=pod, by="chaos", target=target,
-                             cause="the pod deleted (chaos.delete-worker)"),
-                      reason=f"deleted pod {pod}{why}", found=f"pod {pod} running")
-
-    def decide(look):
-        if aimed is not None:
-            pod, why = look(aimed)
-            return fail(f"--target={target}: {why}") if pod is None else delete(pod, f" ({why})")
-        if target != placement.FIRST:
-            return delete(target)
-        pod = look(probe)
-        if pod is ABSENT:
-            return fail(f"no pod labelled {T.WORKER_SELECTOR} in namespace {env.namespace}: is the RayCluster up?")
-        return delete(pod)
-
-    return Step("chaos", "delete one Ray TPU worker pod", decide, id="chaos:delete", after=("kube:credentials",))
-
-
-def steps(env: Environment, target: str = placement.FIRST) -> list[Step]:
-    """KubeRay recreates the deleted pod itself: nothing to restore. (The
-    local twin's chaos is ``plays/local_cluster.py``.)"""
-    return [delete_step(env, target)]
+def twin(env: Environment) -> TwinHosts:
+    """The twin's way: sicken and heal are the twin's alone (``sicken_problem``)."""
+    w = way(env)
+    if not isinstance(w, TwinHosts):
+        raise ValueError(f"{env.name}: {GkeWorkers.cannot_sicken}")
+    return w
 
 
 def record(env: Environment, kind: str, **fields: Any) -> Action:
     """A chaos event, in the timeline of the running job's run (found
-    through the Ray dashboard's port-forward; none: not recorded)."""
+    through the Ray dashboard; no job running: not recorded)."""
     def go() -> None:
         timeline.record(env, kind, **fields)
     return Action(timeline.record_line(env, kind), go)
 
 
-# What stops (or resumes) the training worker in a worker pod: every process
-# whose command line is Ray Train's worker's (its raylet, the pod's Ray node,
-# stays up). /proc, not pkill: the Ray image need not have procps.
-SIGNAL_WORKERS = ('n=0; for d in /proc/[0-9]*; do case "$(tr "\\0" " " 2>/dev/null < "$d/cmdline")" in '
-                  '"ray::RayTrainWorker"*) kill -{sig} "${{d#/proc/}}" && n=$((n+1));; esac; done; '
-                  '[ "$n" -gt 0 ] || {{ echo "no ray::RayTrainWorker process in this pod" >&2; exit 1; }}')
+def target_problem(env: Environment, target: str) -> str | None:
+    """What is wrong with a ``--target``, in one line (None: nothing)."""
+    if target in placement.TARGETS:
+        return None
+    return way(env).target_problem(target, placement.TARGETS)
 
 
-def signal_workers(env: Environment, pod: str, sig: str):
-    return kube(env, "exec", pod, "--namespace", env.namespace, "--", "sh", "-c", SIGNAL_WORKERS.format(sig=sig))
+def _chooser(env: Environment, w: Way, target: str, pick: Any):
+    """``choose(look)``: (verdict, host, why) of the host ``target`` names:
+    the running job's rank 0 or peer (its timeline), one by name, or
+    ``pick.first``."""
+    aimed = chaos_target.fact(env, target, w.name_of, w.noun) if target in (placement.RANK0, placement.PEER) else None
+
+    def choose(look):
+        if aimed is not None:
+            name, why = look(aimed)
+            if name is None:
+                return "fail", None, f"--target={target}: {why}"
+            return pick.named(look, name, f" ({why})", target, aimed=True)
+        if target != placement.FIRST:
+            return pick.named(look, target, "", target, aimed=False)
+        return pick.first(look)
+
+    return choose
+
+
+def _decided(verdict: str, why: str):
+    return ok(why) if verdict == "ok" else fail(why)
+
+
+def delete_steps(env: Environment, restore_after: float, target: str = placement.FIRST) -> list[Step]:
+    """Kill one host (``target``: checked by ``target_problem`` first), as
+    a preempted VM dies; bring it back after ``restore_after`` seconds (0:
+    leave it down) where the target does not itself."""
+    w = way(env)
+    killed: dict[str, Any] = {}  # the host this run kills: the one it brings back
+    choose = _chooser(env, w, target, w.picker())
+
+    def decide_kill(look):
+        verdict, h, why = choose(look)
+        if h is None:
+            return _decided(verdict, why)
+        killed["victim"] = h
+        reason, would = w.kill_words(h, why)
+        return change(*w.kill(h), record(env, E.WORKER_LOST, **w.fields(h), by="chaos", target=target,
+                                         cause=w.kill_cause),
+                      reason=reason, would=would, found=f"{w.label(h)} running")
+
+    out = [Step("chaos", w.kill_title, decide_kill, id=w.kill_id, after=w.after)]
+    back = w.restorer() if restore_after > 0 else None
+    if back is not None:
+
+        def decide_restore(look):
+            # The host this run killed (another chaos run may have killed
+            # another host meanwhile: that run brings back its own).
+            h = killed.get("victim")
+            if h is None:
+                return ok(f"every {w.noun} runs: nothing to bring back")
+            return back.decide(look, h, restore_after,
+                               record(env, E.HOST_BACK, **w.fields(h), by="chaos",
+                                      cause=f"started again after {restore_after:g}s (chaos.delete-worker)"))
+
+        out.append(Step("chaos", f"bring the {w.noun} back", decide_restore, id="chaos:restore",
+                        after=(w.kill_id,), verify=back.verify(killed)))
+    return out
 
 
 def hang_steps(env: Environment, restore_after: float) -> list[Step]:
-    """Stop the trainer process in one worker pod (SIGSTOP through kubectl
-    exec): the pod and its Ray node stay up, the job hangs; resume it after
-    ``restore_after`` seconds (SIGCONT; 0: leave it stopped)."""
-    probe = first_worker_fact(env)
+    """Freeze the training worker of one host (SIGSTOP: its Ray node stays
+    up, so Ray does not declare it dead: the job hangs, as a worker stuck in
+    a collective or in jax.distributed.initialize does); resume it after
+    ``restore_after`` seconds (SIGCONT; 0: leave it frozen). A target that
+    cannot see a frozen worker freezes and resumes in one change; one that
+    can verifies the freeze and resumes in a step of its own."""
+    w = way(env)
+    freezer, resumer = w.freezer(), w.resumer()
+
+    def resumed(v: Any) -> tuple[Any, ...]:
+        return (Action(f"sleep {restore_after:g}", lambda: time.sleep(restore_after)), w.resume(v),
+                record(env, E.WORKER_RESUMED, **w.hang_fields(v), by="chaos",
+                       cause=f"SIGCONT after {restore_after:g}s (chaos.hang-worker)"))
+
+    def decide_hang(look):
+        verdict, v, why = freezer.first(look)
+        if v is None:
+            return _decided(verdict, why)
+        reason, would, found = w.hang_words(v, restore_after)
+        then = resumed(v) if restore_after > 0 and resumer is None else ()
+        return change(w.freeze(v), record(env, E.WORKER_HUNG, **w.hang_fields(v), by="chaos",
+                                          cause=f"{w.hang_cause(v)} (chaos.hang-worker)"), *then,
+                      reason=reason, would=would, found=found)
+
+    out = [Step("chaos", w.hang_title, decide_hang, id="chaos:hang", after=w.after, verify=w.frozen_verify())]
+    if restore_after > 0 and resumer is not None:
+
+        def decide_resume(look):
+            v = resumer.frozen(look)
+            if v is None:
+                return ok("no training worker is frozen: nothing to resume")
+            reason, would, found = resumer.words(v, restore_after)
+            return change(*resumed(v), reason=reason, would=would, found=found)
+
+        out.append(Step("chaos", "resume the training worker", decide_resume, id="chaos:resume",
+                        after=("chaos:hang",), verify=resumer.verify()))
+    return out
+
+
+def sicken_problem(env: Environment) -> str | None:
+    """Why the target cannot make a host sick (None: it can)."""
+    return way(env).cannot_sicken
+
+
+def sicken_steps(env: Environment, target: str = placement.FIRST) -> list[Step]:
+    """Start one host again sick: fewer JAX devices than its chips, so a
+    health check's count of the devices JAX sees finds it. ``first``: the
+    environment's first host (whatever its state, so a second run finds it
+    sick and changes nothing); a running host is killed first (a worker
+    lost), one that is down is started sick (a host that comes back
+    broken). It stays sick until ``heal_steps``. The twin only
+    (``sicken_problem``)."""
+    w = twin(env)
+    sick, whole = w.sick_devices, env.devices_per_host
+    health = {h.name: w.health_fact(h) for h in w.hosts}
+    nodes = w.nodes()
+    started: list[Host] = []
+    choose = _chooser(env, w, target, _AnyHost(w))
 
     def decide(look):
-        pod = look(probe)
-        if pod is ABSENT:
-            return fail(f"no pod labelled {T.WORKER_SELECTOR} in namespace {env.namespace}: is the RayCluster up?")
-        then: tuple = ()
-        if restore_after > 0:
-            then = (Action(f"sleep {restore_after:g}", lambda: time.sleep(restore_after)),
-                    signal_workers(env, pod, "CONT"),
-                    record(env, E.WORKER_RESUMED, pod=pod, by="chaos",
-                           cause=f"SIGCONT after {restore_after:g}s (chaos.hang-worker)"))
-        return change(signal_workers(env, pod, "STOP"),
-                      record(env, E.WORKER_HUNG, pod=pod, by="chaos",
-                             cause="SIGSTOP of its training worker (chaos.hang-worker)"), *then,
-                      reason=f"stopped the training worker in pod {pod}" + (
-                          f", resumed it after {restore_after:g}s" if restore_after > 0 else
-                          f" (left stopped: `{signal_workers(env, pod, 'CONT').line()}` resumes it)"),
-                      found=f"pod {pod} training")
+        verdict, h, why = choose(look)
+        if h is None:
+            return _decided(verdict, why)
+        started[:] = [h]
+        what = f"with {sick} of its {whole} JAX devices"
+        sickened = record(env, E.HOST_SICKENED, **w.fields(h), devices=sick, of=whole, by="chaos", target=target,
+                          cause=f"started again {what} (XLA_FLAGS; chaos.sicken-worker)")
+        reason = f"TPU host {h.name} started again {what}{why}"
+        would = shown(f"start TPU host {h.name} again {what}{why}")
+        if not w.known(h):  # a dry run: the host the lookup finds
+            return change(Action(shown(f"kill TPU host {h.name} if it runs, start it again {what}"), lambda: None),
+                          sickened, reason=reason, would=would)
+        s = look(health[h.name])
+        if s["process"] and s["devices"] < whole:
+            return ok(f"TPU host {h.name} already runs sick: {s['devices']} of its {whole} JAX devices")
+        lost = record(env, E.WORKER_LOST, **w.fields(h), by="chaos", target=target,
+                      cause="SIGKILL of its Ray node, to start it again sick (chaos.sicken-worker)")
+        return change(*w.start_again(h, sick, s["process"], look(nodes), (lost,)), sickened, reason=reason,
+                      would=would, found=f"TPU host {h.name} " + (
+                          f"running with its {s['devices']} devices" if s["process"] else "not running"))
 
-    return [Step("chaos", "stop the training worker in one Ray TPU worker pod", decide, id="chaos:hang",
-                 after=("kube:credentials",))]
+    return [Step("chaos", "make one TPU host sick", decide, id="chaos:sicken",
+                 verify=w.health_verify(started, sick))]
+
+
+class _AnyHost:
+    """sicken's choice: a host whatever its state (down: it comes back sick)."""
+
+    def __init__(self, w: TwinHosts):
+        self.w = w
+
+    def first(self, look):
+        return "act", self.w.hosts[0], ""
+
+    def named(self, look, name, why, target, aimed):
+        w = self.w
+        if aimed and name not in w.by_name and name != placeholder("TARGET"):
+            return "fail", None, f"--target={target}: the running job's host {name} is not a TPU host of {w.env.name}"
+        return "act", w.by_name.get(name) or Host(name, -1, -1), why
+
+
+def heal_target_problem(env: Environment, target: str) -> str | None:
+    """What is wrong with chaos.heal-worker's ``--target``: a host by name, or none (every sick host)."""
+    w = way(env)
+    names = w.by_name if isinstance(w, TwinHosts) else {}
+    if target == "" or target in names:
+        return None
+    return f"--target {target!r}: not a TPU host of {env.name} ({', '.join(names)})"
+
+
+def heal_steps(env: Environment, target: str = "") -> list[Step]:
+    """Start every sick host (``target``: that one) again whole. A dry run
+    assumes the first (or the named) host sick, so it shows the heal."""
+    w = twin(env)
+    whole = env.devices_per_host
+    hosts = [w.by_name[target]] if target else w.hosts
+    health = {h.name: w.health_fact(h, sick=h == hosts[0]) for h in hosts}
+    nodes = w.nodes()
+    healed: list[Host] = []
+
+    def decide(look):
+        sick = [(h, s) for h in hosts if (s := look(health[h.name]))["process"] and s["devices"] < whole]
+        if not sick:
+            return ok(f"TPU host {target} is not sick: nothing to heal" if target else
+                      "no TPU host is sick: nothing to heal")
+        healed[:] = [h for h, _ in sick]
+        listed = look(nodes)
+        acts = [a for h, s in sick for a in (
+            *w.start_again(h, whole, True, listed),
+            record(env, E.HOST_HEALED, **w.fields(h), devices=whole, by="chaos",
+                   cause=f"started again with its {whole} JAX devices (chaos.heal-worker)"))]
+        names = ", ".join(h.name for h, _ in sick)
+        return change(*acts, reason=f"healed TPU host {names}: its {whole} JAX devices again",
+                      would=f"start TPU host {names} again with its {whole} JAX devices",
+                      found=", ".join(f"TPU host {h.name} with {s['devices']} of {whole} devices" for h, s in sick))
+
+    return [Step("chaos", f"heal TPU host {target}" if target else "heal the sick TPU hosts", decide,
+                 id="chaos:heal", verify=w.health_verify(healed, whole))]

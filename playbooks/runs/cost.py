@@ -395,7 +395,7 @@ class _Walk:
                 self.absent.add(str(e["slice"]))
             else:
                 self.gone += 1
-        elif kind in (E.HOST_BACK, E.SCHEDULED) and e.get("slice"):
+        elif kind in (*E.BACK, E.SCHEDULED) and e.get("slice"):
             if str(e["slice"]) in self.absent:
                 self.absent.discard(str(e["slice"]))
             elif self.gone:

@@ -30,6 +30,8 @@ WORKER_LOST = "worker_lost"
 WORKER_HUNG = "worker_hung"
 WORKER_RESUMED = "worker_resumed"
 HOST_BACK = "host_back"                    # chaos: a twin's killed host started again (billed again: cost.py)
+HOST_SICKENED = "host_sickened"            # chaos: a twin's host started again with fewer JAX devices than its chips
+HOST_HEALED = "host_healed"                # chaos: a sick host started again whole
 SCHEDULED = "scheduled"                    # a worker pod on its node (GKE)
 FAILURE = "failure"                        # Ray Train's failure policy
 RESIZE = "resize"                          # Ray Train's resize of a running group
@@ -59,6 +61,8 @@ STALL_ENDS = (*STEPS, FAILURE, WORKER_LOST, JOB_END)
 STARTS = (*GROUP_LINES, JAX_INITIALIZED)
 # Progress before a group's first step (start-up, restore, compile).
 PROGRESS = (SUBMITTED, WORKER_STARTED, COMPILE_STARTED, COMPILE_ENDED, RESTORE_STARTED, RESTORED, CHECKPOINT_SAVED)
+# A host started again after a loss: billed again (cost.py).
+BACK = (HOST_BACK, HOST_SICKENED)
 # What a chaos task does to a worker that is still so until resumed.
 CHAOS = (WORKER_HUNG, WORKER_LOST)
 

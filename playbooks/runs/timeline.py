@@ -23,8 +23,10 @@ Where they come from:
   ``stall_ended``, ``stopped`` (stall_action: stop), ``job_end`` (status).
 - ``chaos``: the chaos tasks, for the run of the running job:
   ``worker_lost`` (by chaos: the host or pod; a twin's host with its
-  slice), ``worker_hung``, ``worker_resumed`` and ``host_back`` (a twin's
-  killed host started again, with its slice: billed again, ``cost.py``).
+  slice), ``worker_hung``, ``worker_resumed``, ``host_back`` (a twin's
+  killed host started again, with its slice: billed again, ``cost.py``),
+  ``host_sickened`` (a twin's host started again with fewer JAX devices:
+  ``devices`` of ``of``; billed again) and ``host_healed`` (whole again).
 - ``pods``: on GKE, the pod watch while a job is followed: ``scheduled``
   (a worker pod on a node, its slice) and ``worker_lost`` (by a preemption,
   maintenance, a node gone, a failed pod; with its Kubernetes cause).

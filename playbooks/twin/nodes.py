@@ -1,8 +1,9 @@
 """The local twin: a Ray cluster on this machine, a head plus simulated TPU
 hosts, standing in for the RayCluster on GKE. What it is made of: its
 nodes, their commands, ports, pid files and logs, and what the Ray State API
-says of them. The steps that start, stop and kill its nodes are in
-``plays/twin.py``.
+says of them. The steps that start and stop its nodes are in
+``plays/local_cluster.py``; chaos's (kill, freeze, sicken) in ``plays/chaos.py``
+over ``twin/chaos_twin.py``.
 
 A simulated host is a Ray node started with the env vars GKE's TPU webhook
 sets on a TPU pod (TPU_NAME, TPU_WORKER_ID, TPU_ACCELERATOR_TYPE,
@@ -136,7 +137,14 @@ def late_seconds(env: Environment, host: Host) -> float:
     return late + LATE_STAGGER * host.worker
 
 
-def host_command(env: Environment, host: Host, late: float = 0.0) -> Command:
+# How a host's process is told its JAX devices (XLA_FLAGS).
+DEVICE_COUNT = "--xla_force_host_platform_device_count="
+
+
+def host_command(env: Environment, host: Host, late: float = 0.0, devices: int | None = None) -> Command:
+    """``ray start`` of a simulated TPU host; ``devices``: the CPU devices
+    it gives JAX when not its devices_per_host (a host made sick by chaos:
+    fewer devices than its chips)."""
     k = 1 + host.slice * env.hosts_per_slice + host.worker
     # Its own temp folder, as a pod has its own disk (paths.node_temp: nodes
     # sharing one would share, and pull from under each other, the job's
@@ -155,7 +163,7 @@ def host_command(env: Environment, host: Host, late: float = 0.0) -> Command:
                    env=(("TPU_NAME", host.tpu_name), ("TPU_WORKER_ID", str(host.worker)),
                         ("TPU_ACCELERATOR_TYPE", pod_type(env)), ("TPU_TOPOLOGY", env.topology),
                         ("JAX_PLATFORMS", "cpu"),
-                        ("XLA_FLAGS", f"--xla_force_host_platform_device_count={env.devices_per_host}")),
+                        ("XLA_FLAGS", f"{DEVICE_COUNT}{env.devices_per_host if devices is None else devices}")),
                    background=True, log=log(env, host.name), pid_file=pidfile(env, host.name))
 
 
