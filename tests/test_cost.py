@@ -451,19 +451,19 @@ def test_a_replica_seen_on_two_pools_or_two_on_one_pool_is_not_known():
     assert cost.basis_of({**b.event_fields(), "pools": ["v6e-16-0"]}).pools == []  # one a slice, or none
 
 
-@pytest.mark.parametrize("platform", ["twin", "gke"])
+@pytest.mark.parametrize("platform", ["twin", "twin-sick", "gke"])
 def test_a_returned_slice_is_billed_from_its_return_until_the_grow_as_held_not_training(platform):
-    """Slice 0 is back (the twin: its host started again; GKE: a pod placed
-    on its new node) before the elastic group grows to it: its chips are
-    billed from then, not used until the grow."""
+    """Slice 0 is back (the twin: its host started again, whole or sick;
+    GKE: a pod placed on its new node) before the elastic group grows to it:
+    its chips are billed from then, not used until the grow."""
     evs = recorded(rates=(2.7, 1.4033), names=SLICES)
     end = max(e["t"] for e in evs)
     regroup = t_of(evs, E.WORKER_STARTED, workers=1)
     back, grow = regroup + 5.0, regroup + 12.5
     assert grow < end - 1
-    if platform == "twin":
-        evs.append({"t": back, "kind": E.HOST_BACK, "step": None, "source": "chaos", "host": "tpu-group-0-0",
-                    "slice": "tpu-group-0", "job": "rayjob-elastic-8b-3"})
+    if platform.startswith("twin"):
+        evs.append({"t": back, "kind": E.HOST_SICKENED if platform == "twin-sick" else E.HOST_BACK, "step": None,
+                    "source": "chaos", "host": "tpu-group-0-0", "slice": "tpu-group-0", "job": "rayjob-elastic-8b-3"})
     else:  # the pods: a preemption takes slice 0's node, its pod is placed on a node again
         for e in evs:
             if e["kind"] == E.WORKER_LOST and e["source"] == "chaos":
