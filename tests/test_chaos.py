@@ -130,3 +130,39 @@ def test_gke_refuses_to_make_a_host_sick_in_one_line():
         rc, out, err = dry_run("dev", [task])
         assert rc == 2 and out == "", (task, out)
         assert err.strip().count("\n") == 0 and "no way to make a real TPU host sick" in err, err
+
+
+def test_a_hosts_devices_are_read_from_its_running_process_and_an_unsaid_count_is_could_not_look(tmp_path,
+                                                                                                  monkeypatch):
+    """health() on real processes (a `sleep`, not a Ray node): its devices
+    from /proc/<pid>/environ; gone: not running; no XLA_FLAGS: a probe
+    that could not tell, never a healthy or a sick host."""
+    import os
+    import subprocess
+
+    import pytest
+
+    from playbooks.core.connector.local import LocalConnector
+    from playbooks.core.errors import ProbeFailed
+    from playbooks.core.pidfile import PidFile
+    from playbooks.twin import chaos_twin
+
+    here = LocalConnector(tmp_path)
+    monkeypatch.setattr(chaos_twin.connectors, "this_machine", lambda: here)
+    monkeypatch.setattr(chaos_twin, "pidfile", lambda env, name: PidFile(tmp_path, name, "", via=here))
+    monkeypatch.setattr(chaos_twin, "list_nodes", lambda url, via: [])
+    host = hosts_of(LOCAL)[0]
+    base = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    for flags, want in (("--xla_force_host_platform_device_count=3", 3), (None, ProbeFailed)):
+        p = subprocess.Popen(["sleep", "60"], env={**base, **({"XLA_FLAGS": flags} if flags else {})})
+        try:
+            PidFile(tmp_path, host.name, "", via=here).write(p.pid)
+            if want is ProbeFailed:
+                with pytest.raises(ProbeFailed, match="could not tell TPU host tpu-group-0-0's devices"):
+                    chaos_twin.health(LOCAL, host)
+            else:
+                assert chaos_twin.health(LOCAL, host) == {"process": True, "joined": False, "devices": want}
+        finally:
+            p.kill()
+            p.wait()
+    assert chaos_twin.health(LOCAL, host) == {"process": False, "joined": False, "devices": None}
