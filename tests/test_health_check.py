@@ -5,6 +5,7 @@ backdoor in the shipped code); its settings, from the inventory to the
 job's env and back; its place in the training function (no Ray)."""
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -148,7 +149,8 @@ def test_a_healthy_host_fails_with_the_group_naming_the_sick_peer(cases):
 def test_verdicts_that_never_come_fail_every_host_in_time(cases):
     c = cases["no_peer"]
     coll = checks_of(c)["collective"]
-    assert not coll["ok"] and coll["detail"].startswith("did not answer in 2 s: a host did not join")
+    # every host's three checks (2 s each) could have ended, then 2 s more: 8 s less its own checks' time
+    assert not coll["ok"] and re.match(r"did not answer in [2-8](\.\d)? s: a host did not join", coll["detail"])
     assert "the hosts' verdicts could not be gathered" in c["raised"] and c["seconds"] < 25
 
 

@@ -346,7 +346,11 @@ def gate(rank: int, settings: Settings, emit: Emit) -> dict:
     me = whoami(rank)
     checks = local_checks(settings)
     mine = verdict(me, checks)
-    coll, verdicts = collective(mine, settings.timeout_s)
+    # The all-gather waits until the slowest host could have ended its
+    # checks (each bounded) and joined, then its own limit: a host with a
+    # hung check still joins, and every host names it.
+    wait = (len(checks) + 1) * settings.timeout_s - (time.monotonic() - start)
+    coll, verdicts = collective(mine, round(max(wait, settings.timeout_s), 1))
     checks.append(coll)
     ok = all(c.ok for c in checks)
     emit("health_checked", **me, ok=ok, seconds=round(time.monotonic() - start, 3),
