@@ -19,6 +19,7 @@ from tests.test_inventory import error, resolve, write
 
 sys.path.insert(0, str(ROOT / "trainer"))
 import health_check as hc
+
 import maxtext_ray as mr
 
 # Each case in one JAX process (its import costs seconds): what the gate

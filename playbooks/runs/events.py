@@ -60,7 +60,8 @@ STALL_ENDS = (*STEPS, FAILURE, WORKER_LOST, JOB_END)
 # A worker group starting, for the stall watch (the compile allowance starts again).
 STARTS = (*GROUP_LINES, JAX_INITIALIZED)
 # Progress before a group's first step (start-up, restore, compile).
-PROGRESS = (SUBMITTED, WORKER_STARTED, HEALTH_CHECKED, COMPILE_STARTED, COMPILE_ENDED, RESTORE_STARTED, RESTORED, CHECKPOINT_SAVED)
+PROGRESS = (SUBMITTED, WORKER_STARTED, HEALTH_CHECKED, COMPILE_STARTED, COMPILE_ENDED, RESTORE_STARTED, RESTORED,
+            CHECKPOINT_SAVED)
 # What a chaos task does to a worker that is still so until resumed.
 CHAOS = (WORKER_HUNG, WORKER_LOST)
 
