@@ -173,6 +173,96 @@ def test_alone_a_bad_flag_is_one_line_and_exit_2():
     assert p.stderr == "health_check.py: TRAINER_HEALTH_CHECK_HBM_FRACTION='1.5' must be above 0 and at most 0.95\n"
 
 
+# Two JAX processes on this machine joined by jax.distributed (as Ray
+# Train's JAX backend joins a worker group), each a "host" of its own slice.
+GROUP = r"""
+import json, os, sys, time
+sys.path.insert(0, sys.argv[1])
+import jax
+jax.distributed.initialize(coordinator_address=f"127.0.0.1:{sys.argv[2]}", num_processes=2,
+                           process_id=int(sys.argv[3]), initialization_timeout=120)
+import health_check as hc
+if sys.argv[4] == "hang":
+    time.sleep(120)  # never reaches the gate: its JAX devices never start
+if sys.argv[4] == "no-gather":
+    hc.gather = lambda mine: time.sleep(120)  # its checks pass, it never joins the all-gather
+events = []
+try:
+    hc.gate(int(sys.argv[3]), hc.Settings.from_env(), emit=lambda kind, **f: events.append({"kind": kind, **f}))
+    raised = None
+except hc.HostUnhealthy as e:
+    raised = str(e)
+print("RESULT " + json.dumps({"events": events, "raised": raised}), flush=True)
+os._exit(0)
+"""
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def group_of_two(second: str, devices_expected: tuple[str, str], timeout: str) -> list[dict | None]:
+    """Both processes' results (None: it printed none, killed at the end)."""
+    port, procs = free_port(), []
+    for i in (0, 1):
+        env = jax_env(2, TPU_NAME=f"slice-{i}", TPU_WORKER_ID="0", TRAINER_DEVICES_PER_HOST=devices_expected[i],
+                      TRAINER_HEALTH_CHECK_TIMEOUT_S=timeout)
+        procs.append(subprocess.Popen(["nice", "-n", "19", sys.executable, "-c", GROUP, str(ROOT / "trainer"),
+                                       str(port), str(i), second if i else "gate"],
+                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    out = []
+    for p in procs:
+        try:
+            stdout, stderr = p.communicate(timeout=240 if p is procs[0] else 1)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            stdout, stderr = p.communicate()
+        line = [x for x in stdout.splitlines() if x.startswith("RESULT ")]
+        out.append(json.loads(line[-1][len("RESULT "):]) if line else None)
+        if p is procs[0]:
+            assert out[0] is not None, stderr[-3000:]
+    return out
+
+
+def test_across_processes_every_host_names_the_sick_one():
+    """A real all-gather between two processes: the healthy host fails
+    too, naming the other's slice and check; rank 0 says the group's."""
+    well, sick = group_of_two("gate", ("2", "4"), timeout="60")
+    assert sick is not None
+    for r in (well, sick):
+        assert r["raised"].endswith("(slice slice-1, worker 0, rank 1): devices: devices 2 of 4 (cpu)"), r["raised"]
+        assert checks_of(r)["collective"] == {**checks_of(r)["collective"], "ok": True,
+                                              "detail": "the verdicts of 2 host(s) gathered over 4 devices"}
+    (gate,) = [e for e in well["events"] if e["kind"] == "health_gate"]
+    assert (gate["ok"], gate["hosts"], [h["slice"] for h in gate["unhealthy"]]) == (False, 2, ["slice-1"])
+
+
+def test_across_processes_a_host_that_never_joins_the_all_gather_fails_the_other_in_time():
+    start = time.monotonic()
+    well, _ = group_of_two("no-gather", ("2", "2"), timeout="8")  # at most 4 x 8 s in the gate
+    assert time.monotonic() - start < 150
+    assert re.match(r"did not answer in \d+(\.\d)? s: a host did not join", checks_of(well)["collective"]["detail"])
+    assert "the hosts' verdicts could not be gathered" in well["raised"]
+
+
+def test_across_processes_a_host_hung_before_its_gate_stops_the_other_at_its_devices():
+    """JAX's devices start only with every process's: the waiting host says
+    so (it cannot tell a peer hung from its own chips), runs nothing else
+    that would wait on them, and fails in one check's time."""
+    start = time.monotonic()
+    well, _ = group_of_two("hang", ("2", "2"), timeout="8")
+    assert time.monotonic() - start < 100
+    checks = checks_of(well)
+    assert checks["devices"]["detail"].startswith("did not answer in 8 s: JAX's devices start only when all 2 "
+                                                  "processes of the group start theirs")
+    assert [checks[k]["detail"] for k in ("matmul", "memory", "collective")] == [hc.NO_BACKEND] * 3
+    assert well["raised"].endswith("(slice slice-0, worker 0, rank 0): devices: " + checks["devices"]["detail"])
+
+
 # -- bounded, settings, the message: no JAX ---------------------------------------
 def test_bounded_gives_up_on_a_check_at_its_limit_and_says_an_exception_in_one_line():
     start = time.monotonic()

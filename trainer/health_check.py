@@ -258,11 +258,34 @@ def size(nbytes: int) -> str:
     return f"{nbytes / 2**30:.2f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.0f} MiB"
 
 
+NO_BACKEND = "not run: JAX's devices did not answer"
+
+
 def local_checks(settings: Settings) -> list[Check]:
+    """The host's own checks. When its devices do not answer, the others
+    (which would wait on the same devices) are not run."""
     t = settings.timeout_s
-    return [bounded("devices", lambda: devices_check(settings.devices), t),
-            bounded("matmul", matmul_check, t),
+    devices = bounded("devices", lambda: devices_check(settings.devices), t)
+    if not devices.ok and devices.detail.startswith("did not answer"):
+        n = group_size()
+        if n and n > 1:
+            # jax.distributed: every process's backend starts with the others'
+            # (they exchange their devices), so a peer stuck before it holds this one too.
+            devices.detail += (f": JAX's devices start only when all {n} processes of the group start theirs "
+                               "(a host hung before its health check, or this host's chips did not open)")
+        return [devices, Check("matmul", False, 0.0, NO_BACKEND), Check("memory", False, 0.0, NO_BACKEND)]
+    return [devices, bounded("matmul", matmul_check, t),
             bounded("memory", lambda: memory_check(settings.hbm_fraction), t)]
+
+
+def group_size() -> int | None:
+    """The processes jax.distributed was started with (None: not started)."""
+    try:
+        from jax._src import distributed
+
+        return getattr(distributed.global_state, "num_processes", None)
+    except Exception:  # a JAX without it: unknown
+        return None
 
 
 # -- every host's verdict, to every host ---------------------------------------
@@ -274,10 +297,10 @@ def whoami(rank: int | None = None) -> dict:
 
 def verdict(me: dict, checks: list[Check]) -> dict:
     """This host and its failed checks, short enough for one row of the all-gather."""
-    failed = [f"{c.name}: {c.detail[:DETAIL_MAX]}" for c in checks if not c.ok]
+    failed = [f"{c.name}: {c.detail[:DETAIL_MAX * 2]}" for c in checks if not c.ok and c.detail != NO_BACKEND]
     v = {**me, "hostname": str(me["hostname"])[:100], "slice": (me["slice"] or "")[:100] or None, "failed": failed}
     if len(encode(v)) > VERDICT_BYTES:
-        v["failed"] = [c.name for c in checks if not c.ok]
+        v["failed"] = [c.name for c in checks if not c.ok and c.detail != NO_BACKEND]
     return v
 
 
@@ -329,7 +352,7 @@ def message(sick: list[dict], coll: Check | None) -> str:
     and its failed checks."""
     parts = [f"{v.get('hostname')} (slice {v.get('slice')}, worker {v.get('host')}, rank {v.get('rank')}): "
              + "; ".join(v["failed"]) for v in sick]
-    if coll is not None and not coll.ok:
+    if coll is not None and not coll.ok and coll.detail != NO_BACKEND:
         parts.append(f"the hosts' verdicts could not be gathered: {coll.detail}")
     return one_line("health check failed, the worker group stops before MaxText: " + " | ".join(parts), 2000)
 
@@ -350,7 +373,10 @@ def gate(rank: int, settings: Settings, emit: Emit) -> dict:
     # checks (each bounded) and joined, then its own limit: a host with a
     # hung check still joins, and every host names it.
     wait = (len(checks) + 1) * settings.timeout_s - (time.monotonic() - start)
-    coll, verdicts = collective(mine, round(max(wait, settings.timeout_s), 1))
+    if checks[-1].detail == NO_BACKEND:  # the all-gather would wait on the same devices
+        coll, verdicts = Check("collective", False, 0.0, NO_BACKEND), []
+    else:
+        coll, verdicts = collective(mine, round(max(wait, settings.timeout_s), 1))
     checks.append(coll)
     ok = all(c.ok for c in checks)
     emit("health_checked", **me, ok=ok, seconds=round(time.monotonic() - start, 3),
