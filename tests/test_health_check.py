@@ -370,6 +370,17 @@ def test_the_job_env_carries_the_gates_settings_under_the_trainers_names(tmp_pat
     assert trainer_env(tpu7x, elastic=False)[hc.ENV_DEVICES] == "8"
 
 
+def test_the_inventorys_defaults_and_bounds_are_the_trainers():
+    """The trainer cannot import playbooks/: the two say the same numbers."""
+    from playbooks.config import schema
+
+    keys = {k.name: k for k in schema.LOCAL}
+    assert (keys["health_check_timeout"].default, keys["health_check_hbm_fraction"].default) == (
+        hc.TIMEOUT_S, hc.HBM_FRACTION)
+    assert schema.HBM_FRACTION_MAX == hc.HBM_FRACTION_MAX
+    assert schema.HEALTH_CHECK_TIMEOUT_MAX <= 24 * 3600  # within what the trainer accepts
+
+
 @pytest.mark.parametrize("changes,rule", [
     ({"health_check": "maybe"}, "key 'health_check' = 'maybe' must be true or false"),
     ({"health_check_timeout": 5}, "key 'health_check_timeout' = 5 must be at least 10"),
