@@ -30,6 +30,7 @@ exits 1 when the host is unhealthy.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import socket
@@ -199,6 +200,7 @@ def memory_plan(device: Any, fraction: float) -> tuple[int, str]:
     return max(want, 0), f"{fraction:g} of bytes_limit {limit / 2**30:.2f} GiB"
 
 
+@functools.cache  # one compile per buffer size, whichever device
 def _fill_and_verify() -> tuple[Callable, Callable]:
     import jax
     import jax.numpy as jnp
