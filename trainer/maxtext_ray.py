@@ -18,7 +18,8 @@ import threading
 import time
 from dataclasses import dataclass
 
-import preemption_sync  # beside this module, in the job's working directory
+import health_check  # beside this module, in the job's working directory
+import preemption_sync
 import yaml
 
 # Set by the playbook in the job's runtime environment.
@@ -520,6 +521,14 @@ def train_loop_per_worker(config: dict) -> None:
     if rank == 0:
         steps = overrides(config["argv"]).get("steps", "")
         event("jax_initialized", workers=world, **({"steps": int(steps)} if steps.isdigit() else {}))
+    health = health_check.Settings.from_env()
+    if health.enabled:
+        # Every host checks itself and learns every other's verdict: a sick
+        # host fails the whole group here (HostUnhealthy, naming it), before
+        # MaxText's first collective would hang on it. Before the compile
+        # listener: the checks' own compiles are not the training's.
+        health_check.gate(rank, health, emit=event)
+    if rank == 0:
         watch_events()
     elif os.environ.get("TPU_WORKER_ID", "0") == "0":
         # The first host of every other slice says the steps it finishes: when

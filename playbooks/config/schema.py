@@ -602,6 +602,34 @@ ELASTIC = (
             "preemptions Ray recognizes are counted apart, without a limit"),
 )
 
+# -- the health gate: every host checks itself before MaxText starts ------------
+# trainer/health_check.py: each check's own limit (opening a TPU chip alone
+# takes 7-9 s, measured on a v5e), and the share of each device's HBM the
+# memory check writes (0.89 was measured writing and reading back; 0.95 the
+# most: the runtime keeps some for itself).
+HEALTH_CHECK_TIMEOUT_MIN, HEALTH_CHECK_TIMEOUT_MAX = 10, 3600
+HBM_FRACTION_MAX = 0.95
+
+
+def hbm_fraction(v: float, env: Mapping) -> str | None:
+    if isinstance(v, bool) or not 0 < v <= HBM_FRACTION_MAX:
+        return f"must be a number above 0 and at most {HBM_FRACTION_MAX} (of each device's memory; the runtime keeps " \
+               "some for itself)"
+    return None
+
+
+HEALTH = (
+    Key("health_check", bool, default=True,
+        doc="true: every training worker checks its TPU host (devices, a matmul, its memory, a collective over "
+            "every host) before MaxText starts, and a sick host fails the worker group at once, named; false: none"),
+    Key("health_check_timeout", int, default=120,
+        rules=(between(HEALTH_CHECK_TIMEOUT_MIN, HEALTH_CHECK_TIMEOUT_MAX,
+                       "an hour: a check that has not answered by then is a sick host"),),
+        doc="seconds each check of the health gate may take before it counts as failed (did not answer)"),
+    Key("health_check_hbm_fraction", (int, float), default=0.85, rules=(hbm_fraction,),
+        doc="the share of each TPU device's memory (bytes_limit) the health gate writes and reads back"),
+)
+
 # -- schema -----------------------------------------------------------------
 KIND = Key("kind", str, rules=(lambda v, e: one_of(v, tuple(PLATFORMS)),),
            doc="gke (default) or local")
@@ -684,6 +712,7 @@ GKE = (
             "to its Ray dashboard dropped (started again, the log followed on from where it was)"),
     *STALL,
     *ELASTIC,
+    *HEALTH,
 )
 
 LOCAL = (
@@ -715,6 +744,7 @@ LOCAL = (
     Key("train_overrides", dict, default={}, rules=(overrides,)),
     *STALL,
     *ELASTIC,
+    *HEALTH,
 )
 
 def owned(env: Mapping) -> list[tuple[str, str, str]]:
@@ -777,6 +807,9 @@ class Environment(Env):
     start_retries: int
     resize_save_timeout: int
     max_failures: int
+    health_check: bool
+    health_check_timeout: int
+    health_check_hbm_fraction: float
     # gke
     project_id: str
     region: str

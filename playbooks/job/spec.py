@@ -206,6 +206,14 @@ def trainer_env(env: Environment, elastic: bool) -> dict[str, str]:
         "TRAINER_TOPOLOGY": env.topology,
         "TRAINER_CHIPS_PER_HOST": str(env.chips_per_host),
         "TRAINER_ACCELERATOR_TYPE": generation(env).ray_accelerator_type,
+        # trainer/health_check.py: the gate before MaxText, and the JAX
+        # devices a host must show (the twin's CPU devices per host; on GKE
+        # its chips' devices: two a chip on TPU7x).
+        "TRAINER_HEALTH_CHECK": "on" if env.health_check else "off",
+        "TRAINER_HEALTH_CHECK_TIMEOUT_S": str(env.health_check_timeout),
+        "TRAINER_HEALTH_CHECK_HBM_FRACTION": f"{env.health_check_hbm_fraction:g}",
+        "TRAINER_DEVICES_PER_HOST": str(env.devices_per_host if env.platform.simulated
+                                        else env.chips_per_host * generation(env).devices_per_chip),
     }
     if elastic:
         # trainer/elastic_control.py: the starts it retries, how long a

@@ -26,6 +26,8 @@ RESTORE_STARTED = "restore_started"
 RESTORED = "restored"
 PARAMETERS = "parameters"                  # MaxText's count of the model's parameters
 MODEL_CHECK = "model_check"                # the trainer: the model config applied, its parameters expected
+HEALTH_CHECKED = "health_checked"          # the trainer: each host's health gate, its checks (health_check.py)
+HEALTH_GATE = "health_gate"                # the trainer: rank 0, the gate's verdict over every host
 WORKER_LOST = "worker_lost"
 WORKER_HUNG = "worker_hung"
 WORKER_RESUMED = "worker_resumed"
@@ -60,7 +62,8 @@ STALL_ENDS = (*STEPS, FAILURE, WORKER_LOST, JOB_END)
 # A worker group starting, for the stall watch (the compile allowance starts again).
 STARTS = (*GROUP_LINES, JAX_INITIALIZED)
 # Progress before a group's first step (start-up, restore, compile).
-PROGRESS = (SUBMITTED, WORKER_STARTED, COMPILE_STARTED, COMPILE_ENDED, RESTORE_STARTED, RESTORED, CHECKPOINT_SAVED)
+PROGRESS = (SUBMITTED, WORKER_STARTED, HEALTH_CHECKED, COMPILE_STARTED, COMPILE_ENDED, RESTORE_STARTED, RESTORED,
+            CHECKPOINT_SAVED)
 # A host started again after a loss: billed again (cost.py).
 BACK = (HOST_BACK, HOST_SICKENED)
 # What a chaos task does to a worker that is still so until resumed.

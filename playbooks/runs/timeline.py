@@ -8,7 +8,9 @@ Where they come from:
 - ``trainer``: the trainer scripts print their own events, one JSON line each
   (``trainer event: {...}``, trainer/maxtext_ray.py), with the time they
   happened on the worker: ``worker_started`` (each worker: its rank,
-  slice, host in the slice and hostname: its pod on GKE), ``jax_initialized``, ``compile_started``/``compile_ended``
+  slice, host in the slice and hostname: its pod on GKE), ``jax_initialized``,
+  ``health_checked`` (each host's health gate, trainer/health_check.py) and
+  ``health_gate`` (rank 0: its verdict over every host), ``compile_started``/``compile_ended``
   (jax.monitoring's spans), ``step``, ``first_step``, ``checkpoint_saved``
   (step, seconds), ``restore_started``, ``restored`` (step, seconds),
   ``first_step_after_restore`` (restored_from); from the first host of each
