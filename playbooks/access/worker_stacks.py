@@ -79,9 +79,9 @@ def list_workers(address: str, via: Connector, timeout: float = 10.0) -> list[Wo
     return out
 
 
-def read_stack(address: str, via: Connector, w: WorkerProc, timeout: float = STACK_TIMEOUT) -> StackRead:
+def read_stack(address: str, via: Connector, w: WorkerProc, timeout: float | None = None) -> StackRead:
     try:
-        status, body = via.get_text(traceback_url(address, w.node_id, w.pid), timeout=timeout)
+        status, body = via.get_text(traceback_url(address, w.node_id, w.pid), timeout=timeout or STACK_TIMEOUT)
     except ProbeFailed as e:
         if "timed out" in (e.stderr or ""):
             return StackRead(no_answer=True)
@@ -90,12 +90,19 @@ def read_stack(address: str, via: Connector, w: WorkerProc, timeout: float = STA
         return StackRead(text=body)
     if status == DISABLED:
         return StackRead(unread="profiling is off on the Ray head (RAY_DASHBOARD_ENABLE_PROFILING=1 turns it on)")
-    first = next((line.strip() for line in body.splitlines() if line.strip()), "")
-    return StackRead(unread=f"HTTP {status}: {first[:200]}")
+    return StackRead(unread=f"HTTP {status}: {said(body)[:200]}")
+
+
+def said(body: str) -> str:
+    """The words of a failed answer: py-spy's own error (the first line of
+    Ray's "=== stderr ===" section) when there is one, else its first line."""
+    _, marker, rest = body.partition("=== stderr ===")
+    lines = [line.strip() for line in (rest if marker else body).splitlines() if line.strip()]
+    return lines[0] if lines and not lines[0].startswith("=== ") else (body.strip().splitlines() or [""])[0]
 
 
 def read_stacks(address: str, via: Connector, workers: list[WorkerProc],
-                timeout: float = STACK_TIMEOUT) -> dict[WorkerProc, StackRead]:
+                timeout: float | None = None) -> dict[WorkerProc, StackRead]:
     """Every worker's stack, ``PARALLEL`` at a time, each within ``timeout``."""
     if not workers:
         return {}
