@@ -207,6 +207,10 @@ def trainer_env(env: Environment, elastic: bool) -> dict[str, str]:
         "TRAINER_CHIPS_PER_HOST": str(env.chips_per_host),
         "TRAINER_ACCELERATOR_TYPE": generation(env).ray_accelerator_type,
     }
+    if env.stall_after:
+        # trainer/heartbeat.py: each worker's beat, a few within stall_after
+        # (the hang diagnosis tells a stopped beat after 3 intervals).
+        out["TRAINER_HEARTBEAT_S"] = str(max(1, min(30, env.stall_after // 4)))
     if elastic:
         # trainer/elastic_control.py: the starts it retries, how long a
         # resize waits for its save; trainer/maxtext_ray.py: the failures

@@ -153,65 +153,79 @@ def _why_silent(w: Worker, now: float) -> str:
     return "; ".join(parts)
 
 
-def diagnose(workers: Iterable[Worker], now: float) -> Diagnosis:
-    """The culprit host(s) and the cause, in one line ("hang: ...")."""
-    ws = list(workers)
-    n = len(ws)
+def _found(ws: Sequence[Worker], cause: str, culprits: Sequence[Worker], line: str) -> Diagnosis:
     evidence = {"stacks": sum(w.stack is not None for w in ws), "no_answer": sum(w.no_answer for w in ws),
                 "heartbeats": sum(w.beat is not None for w in ws)}
+    return Diagnosis(cause, tuple(w.name for w in culprits), "hang: " + line, len(ws), evidence)
 
-    def found(cause: str, culprits: Sequence[Worker], line: str) -> Diagnosis:
-        return Diagnosis(cause, tuple(w.name for w in culprits), "hang: " + line, n, evidence)
 
-    if not ws or not any(w.stack is not None or w.no_answer or w.beat is not None for w in ws):
-        unread = sorted({w.unread for w in ws if w.unread})
-        why = f" (stacks: {unread[0]})" if unread else ""
-        return found(UNKNOWN, [], f"cause unknown: no evidence from {n} worker(s): no stack read, no heartbeat"
-                                  f"{why}")
+def _silent(ws: list[Worker], now: float) -> Diagnosis | None:
+    """Silent while others are alive: the one the others wait for."""
     silent = [w for w in ws if w.silent(now)]
     alive = [w for w in ws if w not in silent and w.alive(now)]
-    # 1. Silent while others are alive: the one the others wait for.
-    if silent and alive:
-        waiting = [w for w in alive if blocked(w.stack)]
-        ctx = {context(w.stack) for w in alive} - {None}
-        inside = f" ({WHAT[next(iter(ctx))]})" if len(ctx) == 1 else ""
-        how = (f"missing from the collective the other {len(alive)} wait in{inside}" if waiting else
-               f"silent while the other {len(alive)} beat on, no step coming{inside}")
-        why = _why_silent(silent[0], now) if len(silent) == 1 else "their heartbeats stopped or stacks gave no answer"
-        return found(MISSING, silent, f"{_names(silent)} {how} ({why}; others {_others_at(alive)})")
-    if silent and not alive:
-        return found(UNKNOWN, [], f"cause unknown: none of the {n} workers is alive (every heartbeat stopped or "
-                                  f"stack gave no answer): the whole group, not one host")
-    # 2. Behind: a worker's last step before the others'.
+    if not silent:
+        return None
+    if not alive:
+        return _found(ws, UNKNOWN, [], f"cause unknown: none of the {len(ws)} workers is alive (every heartbeat "
+                                       f"stopped or stack gave no answer): the whole group, not one host")
+    ctx = {context(w.stack) for w in alive} - {None}
+    inside = f" ({WHAT[next(iter(ctx))]})" if len(ctx) == 1 else ""
+    how = (f"missing from the collective the other {len(alive)} wait in{inside}"
+           if any(blocked(w.stack) for w in alive) else
+           f"silent while the other {len(alive)} beat on, no step coming{inside}")
+    why = _why_silent(silent[0], now) if len(silent) == 1 else "their heartbeats stopped or stacks gave no answer"
+    return _found(ws, MISSING, silent, f"{_names(silent)} {how} ({why}; others {_others_at(alive)})")
+
+
+def _behind(ws: list[Worker]) -> Diagnosis | None:
+    """A worker whose last step is before the others': what its stack shows
+    it in, else missing from the collective."""
     stepped = [w for w in ws if w.step is not None]
-    top = max((w.step for w in stepped), default=None)
+    top = max((w.step for w in stepped if w.step is not None), default=None)
     behind = [w for w in stepped if top is not None and w.step is not None and w.step < top]
-    if behind and len(behind) < len(stepped):
-        ahead = [w for w in ws if w not in behind]
-        ctx = {context(w.stack) for w in behind} - {None}
-        cause = next(iter(ctx)) if len(ctx) == 1 else MISSING
-        what = WHAT.get(cause, "missing from the collective the others wait in")
-        steps = sorted({w.step for w in behind if w.step is not None})
-        return found(cause, behind, f"{_names(behind)} {what} (last step {steps[0]}; the other {len(ahead)} "
-                                    f"{_others_at(ahead)})")
-    # 3. A context some or all training threads are in.
-    by: dict[str, list[Worker]] = {}
-    for w in ws:
-        c = context(w.stack)
-        if c is not None:
-            by.setdefault(c, []).append(w)
+    if not behind or len(behind) == len(stepped):
+        return None
+    ahead = [w for w in ws if w not in behind]
+    ctx = {context(w.stack) for w in behind} - {None}
+    cause = next(iter(ctx)) if len(ctx) == 1 else MISSING
+    what = WHAT.get(cause, "missing from the collective the others wait in")
+    first = min(w.step for w in behind if w.step is not None)
+    return _found(ws, cause, behind, f"{_names(behind)} {what} (last step {first}; the other {len(ahead)} "
+                                     f"{_others_at(ahead)})")
+
+
+def _in_context(ws: list[Worker]) -> Diagnosis | None:
+    """Training threads in a checkpoint, input or compile: the ones that
+    are (all of them: every host)."""
     read = [w for w in ws if w.stack is not None]
     for cause in (CHECKPOINT, INPUT, COMPILE):
-        some = by.get(cause, [])
+        some = [w for w in read if context(w.stack) == cause]
         if some and len(some) < len(read):
             rest = [w for w in read if w not in some]
-            return found(cause, some, f"{_names(some)} {WHAT[cause]} while the other {len(rest)} "
-                                      f"{'wait in a collective' if any(blocked(w.stack) for w in rest) else 'are not'}"
-                                      f" ({_others_at(ws)})")
-        if some and len(some) == len(read):
-            return found(cause, some, f"every host {WHAT[cause]} ({len(some)} of {n} stacks read; {_others_at(ws)})")
-    # 4. Nothing tells one host from the others.
-    waiting = sum(blocked(w.stack) for w in ws)
-    told = (f"{waiting} of {len(read)} stacks read wait in a collective" if read else "no stack read")
-    return found(UNKNOWN, [], f"cause unknown: {told}; heartbeats {'fresh' if evidence['heartbeats'] else 'none'}"
-                              f"; every worker {_others_at(ws)}")
+            others = "wait in a collective" if any(blocked(w.stack) for w in rest) else "are not"
+            return _found(ws, cause, some, f"{_names(some)} {WHAT[cause]} while the other {len(rest)} {others} "
+                                           f"({_others_at(ws)})")
+        if some:
+            return _found(ws, cause, some, f"every host {WHAT[cause]} ({len(some)} of {len(ws)} stacks read; "
+                                           f"{_others_at(ws)})")
+    return None
+
+
+def diagnose(workers: Iterable[Worker], now: float) -> Diagnosis:
+    """The culprit host(s) and the cause, in one line ("hang: ..."): a
+    silent worker, else one behind, else what the stacks are in, else
+    unknown (saying what was seen)."""
+    ws = list(workers)
+    if not any(w.stack is not None or w.no_answer or w.beat is not None for w in ws):
+        unread = sorted({w.unread for w in ws if w.unread})
+        why = f" (stacks: {unread[0]})" if unread else ""
+        return _found(ws, UNKNOWN, [], f"cause unknown: no evidence from {len(ws)} worker(s): no stack read, no "
+                                       f"heartbeat{why}")
+    found = _silent(ws, now) or _behind(ws) or _in_context(ws)
+    if found is not None:
+        return found
+    read = [w for w in ws if w.stack is not None]
+    told = (f"{sum(blocked(w.stack) for w in read)} of {len(read)} stacks read wait in a collective" if read
+            else "no stack read")
+    beats = "fresh" if any(w.beat is not None for w in ws) else "none"
+    return _found(ws, UNKNOWN, [], f"cause unknown: {told}; heartbeats {beats}; every worker {_others_at(ws)}")
