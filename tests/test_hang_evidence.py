@@ -142,3 +142,44 @@ def test_the_watch_names_the_hang_once_per_stall_before_it_stops_the_job(dash, h
     reads = len([r for r in dash.server.since() if r.path == "/worker/traceback"])
     w.tick()
     assert len([r for r in dash.server.since() if r.path == "/worker/traceback"]) == reads == 4
+
+
+# -- where the diagnosis is shown ------------------------------------------------------------
+HANG = "hang: host tpu-group-1-0 (slice tpu-group-1) missing from the collective the other 3 wait in"
+
+
+def test_goodput_shows_the_stalls_hang_under_its_incident():
+    from playbooks.runs import goodput
+    from tests.test_goodput import ev
+    events = start() + steps(1, 5, 27) + [
+        ev(43.0, "stall_started", 5, since=T0 + 31.0), ev(44.0, E.HANG_DIAGNOSED, 5, cause=H.MISSING, line=HANG),
+        ev(71.0, "step", 6, seconds=40.0), ev(71.0, "stall_ended", 6, since=T0 + 31.0, seconds=40.0),
+        ev(75, "job_end")]
+    r = goodput.account(events, "run")
+    [i] = r["incidents"]
+    assert i["hang"] == HANG
+    text = goodput.lines(r)
+    assert text[text.index(next(t for t in text if " stall (" in t)) + 1] == f"      {HANG}"
+    # A diagnosis outside any stall is no stall's.
+    late = [e for e in events if e["kind"] != E.HANG_DIAGNOSED] + [ev(74.0, E.HANG_DIAGNOSED, 9, line=HANG)]
+    assert "hang" not in goodput.account(late, "run")["incidents"][0]
+
+
+def test_status_says_the_stalls_hang_the_follower_named(here):
+    import time
+
+    from playbooks.cli import status
+    from playbooks.core.facts import Completed
+    now = time.time()
+    env = WatchedEnv(30, "report")
+    shifted = [dict(e, t=now - 100 + e["t"] - T0) for e in start() + steps(1, 5, 27)]
+    log = Completed("ray job logs ...", 0, "\n".join(f"(RayTrainWorker pid=1) trainer event: {json.dumps(e)}"
+                                                     for e in shifted), "")
+    fact = status.stall_fact(env, "run-1")
+    assert "hang:" not in fact.parse(log)
+    timeline.append(env, "run", [timeline.event(E.HANG_DIAGNOSED, "train", 5, t=now - 200, job="run-1",
+                                                line="hang: an older stall's")])
+    assert "hang:" not in fact.parse(log)  # before this stall began: another stall's
+    timeline.append(env, "run", [timeline.event(E.HANG_DIAGNOSED, "train", 5, t=now - 20, job="run-1", line=HANG)])
+    line = fact.parse(log)
+    assert line.startswith("stalled: no step since ") and line.endswith(f"; {HANG}")
