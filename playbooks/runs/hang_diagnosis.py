@@ -168,7 +168,7 @@ def _silent(ws: list[Worker], now: float) -> Diagnosis | None:
     if not alive:
         return _found(ws, UNKNOWN, [], f"cause unknown: none of the {len(ws)} workers is alive (every heartbeat "
                                        f"stopped or stack gave no answer): the whole group, not one host")
-    ctx = {context(w.stack) for w in alive} - {None}
+    ctx = {c for w in alive if (c := context(w.stack)) is not None}
     inside = f" ({WHAT[next(iter(ctx))]})" if len(ctx) == 1 else ""
     how = (f"missing from the collective the other {len(alive)} wait in{inside}"
            if any(blocked(w.stack) for w in alive) else
@@ -186,7 +186,7 @@ def _behind(ws: list[Worker]) -> Diagnosis | None:
     if not behind or len(behind) == len(stepped):
         return None
     ahead = [w for w in ws if w not in behind]
-    ctx = {context(w.stack) for w in behind} - {None}
+    ctx = {c for w in behind if (c := context(w.stack)) is not None}
     cause = next(iter(ctx)) if len(ctx) == 1 else MISSING
     what = WHAT.get(cause, "missing from the collective the others wait in")
     first = min(w.step for w in behind if w.step is not None)

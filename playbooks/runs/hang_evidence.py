@@ -61,13 +61,15 @@ def workers(beats: list[dict], stacks: dict[WorkerProc, StackRead]) -> list[Work
     """The workers, joined by (node id, pid): each heard from, then each
     listed by Ray that never beat."""
     named = names(beats)
-    by_proc = {(w.node_id, w.pid): (w, r) for w, r in stacks.items()}
+    by_proc: dict[tuple[Any, Any], StackRead] = {(w.node_id, w.pid): r for w, r in stacks.items()}
+    unlisted = {(w.node_id, w.pid): w for w in stacks}
     out = []
     for b in beats:
-        w, r = by_proc.pop((b.get("node_id"), b.get("pid")), (None, StackRead(unread="not listed by Ray as alive")))
+        r = by_proc.pop((b.get("node_id"), b.get("pid")), StackRead(unread="not listed by Ray as alive"))
         out.append(Worker(named[b["rank"]], b["rank"], b.get("slice"), r.text, r.no_answer, r.unread,
                           float(b["t"]), E.number(b.get("every")), E.step_of(b)))
-    for w, r in by_proc.values():
+    for key, r in by_proc.items():
+        w = unlisted[key]
         out.append(Worker(f"pid {w.pid} on node {w.node_id[:8]}", None, None, r.text, r.no_answer, r.unread))
     return out
 
