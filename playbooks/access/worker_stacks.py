@@ -19,7 +19,6 @@ host that runs the port-forward), each as its curl line."""
 from __future__ import annotations
 
 import urllib.parse
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -104,6 +103,7 @@ def said(body: str) -> str:
 def read_stacks(address: str, via: Connector, workers: list[WorkerProc],
                 timeout: float | None = None) -> dict[WorkerProc, StackRead]:
     """Every worker's stack, ``PARALLEL`` at a time, each within ``timeout``."""
+    from concurrent.futures import ThreadPoolExecutor  # only when a stall is diagnosed
     if not workers:
         return {}
     with ThreadPoolExecutor(max_workers=min(PARALLEL, len(workers)), thread_name_prefix="stack") as pool:
