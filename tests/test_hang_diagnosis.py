@@ -157,3 +157,17 @@ def test_the_trainer_heartbeat_interval_comes_from_the_job_env():
     assert trainer_heartbeat.interval({"TRAINER_HEARTBEAT_S": "5"}) == 5.0
     assert trainer_heartbeat.interval({"TRAINER_HEARTBEAT_S": "0.01"}) == 1.0
     assert trainer_heartbeat.interval({"TRAINER_HEARTBEAT_S": "soon"}) == 30.0
+
+
+def test_the_job_gives_the_heartbeat_a_quarter_of_stall_after_and_keeps_ray_from_folding_it():
+    import re
+
+    from playbooks.job.spec import trainer_env
+    from tests.conftest import env
+    assert trainer_env(env("local", stall_after=20), False)["TRAINER_HEARTBEAT_S"] == "5"
+    assert trainer_env(env("local", stall_after=5), False)["TRAINER_HEARTBEAT_S"] == "1"
+    assert trainer_env(env("local", stall_after=3600), False)["TRAINER_HEARTBEAT_S"] == "30"
+    assert "TRAINER_HEARTBEAT_S" not in trainer_env(env("local"), False)  # the trainer's 30 s
+    # Ray's driver never folds a line its allow regex finds: each worker's beat, as the trainer prints it.
+    allow = re.compile(trainer_env(env("dev"), False)["RAY_DEDUP_LOGS_ALLOW_REGEX"])
+    assert allow.search('(RayTrainWorker pid=7, ip=10.0.0.3) trainer event: {"t": 1.0, "kind": "heartbeat"}')

@@ -206,6 +206,11 @@ def trainer_env(env: Environment, elastic: bool) -> dict[str, str]:
         "TRAINER_TOPOLOGY": env.topology,
         "TRAINER_CHIPS_PER_HOST": str(env.chips_per_host),
         "TRAINER_ACCELERATOR_TYPE": generation(env).ray_accelerator_type,
+        # The trainer's events, never folded by the driver's log dedup (Ray's
+        # default on GKE: lines alike but for their numbers, from several
+        # workers within 5 s, become one "[repeated Nx]"): every worker's
+        # heartbeat reaches the follower.
+        "RAY_DEDUP_LOGS_ALLOW_REGEX": "trainer event: ",
     }
     if env.stall_after:
         # trainer/heartbeat.py: each worker's beat, a few within stall_after
