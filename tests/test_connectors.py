@@ -6,6 +6,7 @@ missing program); Ctrl-C; background spawn and stop; put and read, binary
 safe; the environment."""
 from __future__ import annotations
 
+import contextlib
 import http.server
 import json
 import os
@@ -265,6 +266,43 @@ def test_get_json_reads_where_the_connector_runs(conn):
         assert conn.get_json(f"{base}/ok") == {"ray_version": "2.60.0"}
         assert conn.get_json(f"{base}/missing") is ABSENT
         assert conn.get_json(f"http://127.0.0.1:{sshd.free_port()}/api/version") is ABSENT  # nothing listens
+    finally:
+        srv.shutdown()
+
+
+def test_get_text_gives_any_status_with_its_body_and_a_timeout_as_timed_out(conn):
+    """A worker's stack (Ray's /worker/traceback): the text of a 200 and of
+    a 500 (py-spy's error) alike; an answer that does not come within the
+    timeout is "timed out", one that cannot come (nothing listens) is not."""
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            if self.path == "/slow":
+                time.sleep(3)
+            body = ("Thread 7 (idle): \"MainThread\"\n" if self.path == "/ok" else "=== stderr ===\nError: x\n").encode()
+            self.send_response(200 if self.path == "/ok" else 500)
+            self.send_header("Content-Type", "text/plain; charset=utf-8")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            with contextlib.suppress(OSError):
+                self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    srv.handle_error = lambda *a: None  # the client that gave up on /slow
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        base = f"http://127.0.0.1:{srv.server_address[1]}"
+        assert conn.get_text(f"{base}/ok") == (200, 'Thread 7 (idle): "MainThread"\n')
+        assert conn.get_text(f"{base}/fail") == (500, "=== stderr ===\nError: x\n")
+        start = time.monotonic()
+        with pytest.raises(ProbeFailed) as slow:
+            conn.get_text(f"{base}/slow", timeout=1)
+        assert slow.value.stderr == "timed out" and time.monotonic() - start < 2.9
+        with pytest.raises(ProbeFailed) as refused:
+            conn.get_text(f"http://127.0.0.1:{sshd.free_port()}/worker/traceback")
+        assert refused.value.stderr != "timed out"
     finally:
         srv.shutdown()
 

@@ -469,6 +469,11 @@ def test_a_hung_worker_is_a_stall_reported_within_stall_after_and_a_heartbeat(ru
     [ended] = [e for e in evs if e["kind"] == "stall_ended"]
     assert stall["since"] <= hung["t"] <= stall["t"] <= resumed["t"] <= ended["t"]
     assert stall["step"] == int(stalls[0][1])
+    # The hang named by its evidence (the heartbeats; the stacks, where py-spy
+    # answers), never by what chaos recorded: the frozen host.
+    [diag] = [e for e in evs if e["kind"] == "hang_diagnosed"]
+    assert (diag["cause"], diag["culprits"]) == ("missing_from_collective", [hung["host"]]), (diag, run.out[-6000:])
+    assert re.search(rf"^  hang: host {hung['host']} \(slice tpu-group-\d\) missing from the collective", run.out, re.M)
     # Reported in time: the watch looks every heartbeat (and a look takes a moment).
     late = stall["t"] - stall["since"]
     assert STALL_AFTER <= late <= STALL_AFTER + HEARTBEAT + 2, late

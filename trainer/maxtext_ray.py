@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass
 
 import health_check  # beside this module, in the job's working directory
+import heartbeat  # beside this module, in the job's working directory
 import preemption_sync
 import yaml
 
@@ -510,6 +511,7 @@ def watch_progress() -> None:
 
 def train_loop_per_worker(config: dict) -> None:
     """Ray Train's per-worker function: MaxText with the job's argv."""
+    import ray
     import ray.train
 
     ctx = ray.train.get_context()
@@ -536,9 +538,14 @@ def train_loop_per_worker(config: dict) -> None:
         # survivor's is where the group was lost (goodput's "lost at").
         watch_events(peer_rank=rank)
     watch_progress()
+    beat = heartbeat.Heartbeat(event, {"rank": rank, "slice": os.environ.get("TPU_NAME"),
+                                       "host": os.environ.get("TPU_WORKER_ID"), "hostname": socket.gethostname(),
+                                       "pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id()},
+                               lambda: PROGRESS.last_step, heartbeat.interval()).start()
     try:
         run_maxtext(config["argv"], config["layout"], world, rank)
     finally:
+        beat.stop()
         if rank == 0 and _events is not None:
             _events.finish()
         PROGRESS.ended = True

@@ -3,7 +3,8 @@ this machine, or a controller host over SSH), how the command-line clients
 are called and their output read (``cli_clients``: a proven NotFound, a value,
 or "could not look"; ``gcloud_parse``: gcloud's own parser, offline), kubectl
 answered by the kubernetes client (``kube_api``), Ray's HTTP APIs
-(``ray_api``), and which cached answers a change may have made stale
+(``ray_api``), the training workers' Python stacks read through Ray's
+dashboard (``worker_stacks``), and which cached answers a change may have made stale
 (``staleness``).
 
 Knows no GKE resource and no play. May import ``playbooks.core`` and

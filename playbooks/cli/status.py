@@ -32,6 +32,7 @@ from playbooks.core.facts import ABSENT, Completed, Fact
 from playbooks.core.recap import CHANGED, FAILED, NOT_READY, OK, SKIPPED, UNKNOWN, UNREACHABLE, Recap, StepResult
 from playbooks.core.step import Step, fail, ok, unchecked
 from playbooks.job.spec import Checkpoints, run_checkpoints
+from playbooks.runs import events as E
 from playbooks.runs import metrics, stall, timeline
 
 PLAY = "status"
@@ -191,10 +192,14 @@ def stall_fact(env: Environment, sid: str) -> Fact:
                               why=f"could not read it: {c.first_error_line()}")
         reader = timeline.Reader(sid)
         events = [e for line in c.stdout.splitlines() for e in reader.feed(line) if e["source"] == "trainer"]
-        events += [e for e in timeline.read(env, run_of(sid))
-                   if e.get("job") == sid and e.get("source") in ("chaos", "pods")]
+        recorded = [e for e in timeline.read(env, run_of(sid)) if e.get("job") == sid]
+        events += [e for e in recorded if e.get("source") in ("chaos", "pods")]
         found = stall.check(events, time.time(), env.stall_after)
-        return found.line() if found else ""
+        if found is None:
+            return ""
+        # The follower's diagnosis of this stall's hang (hang_diagnosis.py), when it made one.
+        hang = [e for e in recorded if e.get("kind") == E.HANG_DIAGNOSED and float(e["t"]) >= found.since]
+        return found.line() + (f"; {hang[-1].get('line')}" if hang else "")
 
     return fact(f"stall of job {sid}", job_logs_command(dashboard(env), sid, follow=False), parse, assumed="",
                 describe=lambda line: line or "steps coming")

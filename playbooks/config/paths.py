@@ -121,6 +121,11 @@ def run_dir(env: str, run: str) -> str:
     return f"{STATE}/{env}/training/{run}"
 
 
+def hang_dir(env: str, run: str, stamp: str) -> str:
+    """A diagnosed hang's evidence: each worker's stack, evidence.json."""
+    return f"{run_dir(env, run)}/hangs/{stamp}"
+
+
 # What a local job's MaxText metrics_file is (the trainer adds .rank<N>).
 MAXTEXT_METRICS = "maxtext-metrics.jsonl"
 

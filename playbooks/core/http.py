@@ -118,6 +118,31 @@ def get_json(url: str, timeout: float = 10.0, absent_if_refused: bool = True,
         raise ProbeFailed("http", shown, None, "", str(e), why=f"could not look: {e}") from None
 
 
+def get_text(url: str, timeout: float = 10.0) -> tuple[int, str]:
+    """GET a text answer (a Ray worker's stack): its HTTP status and body,
+    whatever the status (an error's body is the server's own words). No
+    answer at all (refused, timed out, reset) raises ``ProbeFailed``; one
+    that timed out says "timed out"."""
+    shown = f"curl -sS {url}"
+    try:
+        with _open(url, {}, timeout, None) as r:
+            return r.status, r.read().decode("utf-8", "replace")
+    except urllib.error.HTTPError as e:
+        try:
+            body = e.read().decode("utf-8", "replace")
+        except OSError:
+            body = ""
+        return e.code, body
+    except urllib.error.URLError as e:
+        timed_out = isinstance(e.reason, TimeoutError)
+        why = "timed out" if timed_out else str(e.reason)
+        raise ProbeFailed("http", shown, None, "", why, why=f"could not look: {why}") from None
+    except TimeoutError:
+        raise ProbeFailed("http", shown, None, "", "timed out", why="could not look: timed out") from None
+    except OSError as e:
+        raise ProbeFailed("http", shown, None, "", str(e), why=f"could not look: {e}") from None
+
+
 def port_open(host: str, port: int, timeout: float = 1.0) -> bool:
     try:
         with socket.create_connection((host, port), timeout=timeout):

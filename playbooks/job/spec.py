@@ -214,7 +214,16 @@ def trainer_env(env: Environment, elastic: bool) -> dict[str, str]:
         "TRAINER_HEALTH_CHECK_HBM_FRACTION": f"{env.health_check_hbm_fraction:g}",
         "TRAINER_DEVICES_PER_HOST": str(env.devices_per_host if env.platform.simulated
                                         else env.chips_per_host * generation(env).devices_per_chip),
+        # The trainer's events, never folded by the driver's log dedup (Ray's
+        # default on GKE: lines alike but for their numbers, from several
+        # workers within 5 s, become one "[repeated Nx]"): every worker's
+        # heartbeat reaches the follower.
+        "RAY_DEDUP_LOGS_ALLOW_REGEX": "trainer event: ",
     }
+    if env.stall_after:
+        # trainer/heartbeat.py: each worker's beat, a few within stall_after
+        # (the hang diagnosis tells a stopped beat after 3 intervals).
+        out["TRAINER_HEARTBEAT_S"] = str(max(1, min(30, env.stall_after // 4)))
     if elastic:
         # trainer/elastic_control.py: the starts it retries, how long a
         # resize waits for its save; trainer/maxtext_ray.py: the failures

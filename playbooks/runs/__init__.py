@@ -5,7 +5,9 @@ once, the sets the readers share), the run's timeline of events
 the streaming CLI's own dying traceback told from the job's lines
 (``cli_traceback``),
 what the RayCluster's pods say of a followed job (``pod_watch``), when a job is
-stalled (``stall``), the summary of its steps (``train_summary``), where each
+stalled (``stall``), a stalled job's hang named by its evidence (``hang_diagnosis``: the
+culprit host and cause from the workers' stacks and heartbeats; ``hang_evidence``: gathering and
+keeping them), the summary of its steps (``train_summary``), where each
 second went (``goodput``, and the field's library on the same run,
 ``goodput_reference``), what it cost in chip-hours and dollars, and the
 estimate before a submit (``cost``), the list of an environment's runs

@@ -43,6 +43,8 @@ START_FAILED = "start_failed"              # the elastic trainer: a worker that 
 STALL_STARTED = "stall_started"
 STALL_ENDED = "stall_ended"
 STOPPED = "stopped"                        # stall_action: stop
+HANG_DIAGNOSED = "hang_diagnosed"          # the follower, once per stall: culprits, cause, evidence (hang_diagnosis.py)
+HEARTBEAT = "heartbeat"                    # the trainer: each worker's beat (the follower keeps it, not the timeline)
 JOB_END = "job_end"
 PRICED = "priced"                          # `train`: the chips the run holds and their price, at its submit
 

@@ -26,7 +26,7 @@ from playbooks.core.errors import PlaybookError
 from playbooks.core.facts import Completed
 from playbooks.core.play import StepContext
 from playbooks.runs import events as E
-from playbooks.runs import pod_watch, stall, timeline
+from playbooks.runs import hang_evidence, pod_watch, stall, timeline
 from playbooks.runs.cli_traceback import TracebackHold
 from playbooks.runs.job_log import clean, shown
 from playbooks.runs.train_summary import Summary
@@ -128,6 +128,7 @@ class Follower:
         since = float(start) / 1000 if isinstance(start, (int, float)) and start else None
         self.timeline = timeline.Writer(env, run, sid, since if job is not None else None) if ctx.acting else None
         self.stall = StallTracker(self)
+        self.heartbeats = hang_evidence.Heartbeats()  # each worker's last beat: the hang diagnosis reads them
         self.stopped = False  # by stall_action: stop
         self.read = array("q")  # each line read, hashed: a log read again from its start skips them (Relink)
         # Where the job's own log begins among the lines read: a job already
@@ -156,7 +157,7 @@ class Follower:
         if self.log_from is None and SUBMIT_TAILS in clean(line):
             self.log_from = len(self.read)
         with self.lock:  # the watch's thread gives the reader's held lines their time (``held``)
-            events = self.reader.feed(line)
+            events = self.heartbeats.take(self.reader.feed(line))
             for e in events:
                 self.summary.add(e)
         if self.log_file:
@@ -245,7 +246,7 @@ class StallTracker:
         self.current: stall.Stall | None = None
 
     def look(self, now: float, running: Callable[[], bool], cause: Callable[[], str | None],
-             stop: Callable[[], object]) -> None:
+             stop: Callable[[], object], diagnose: Callable[[], object] = lambda: None) -> None:
         f = self.f
         if self.current is not None:
             return
@@ -262,6 +263,7 @@ class StallTracker:
         f.ctx.echo(s.line() + (f"\n  why: {why}" if why else ""))
         f.add([timeline.event(E.STALL_STARTED, f.source, s.last_step, t=s.now, job=f.sid, since=s.since,
                               p90=s.p90, limit=s.limit, line=s.line(), **({"cause": why} if why else {}))])
+        diagnose()  # the hang named by its evidence, before any stop ends the workers
         if f.beat is not None:
             f.beat.touch()
         if f.env.stall_action == "stop":
@@ -339,7 +341,22 @@ class Watch:
         if not any(e.get("kind") == E.SUBMITTED for e in f.job_events()):
             self.status()  # its start time, once the job is listed
         f.stall.look(self.clock(), lambda: self.status() == "RUNNING", self.cause,
-                     lambda: f.ctx.act(stop_command(self.address, f.sid)))
+                     lambda: f.ctx.act(stop_command(self.address, f.sid)), self.diagnose)
+
+    def diagnose(self) -> None:
+        """The stall's hang named (once per stall): the workers' stacks and
+        heartbeats, kept under the run's folder; said and in the timeline."""
+        f = self.f
+        beats = f.heartbeats.since(hang_evidence.group_start(f.job_events()))
+        try:
+            found = hang_evidence.collect(self.env, f.run, self.address, self.via, beats, self.clock())
+        except Exception as e:  # never in the way of the stall's own report and stop
+            f.ctx.note(f"hang diagnosis: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}")
+            return
+        d = found.diagnosis
+        f.ctx.echo(f"  {d.line} (evidence: {found.folder})")
+        f.add([timeline.event(E.HANG_DIAGNOSED, f.source, f.summary.last_step, job=f.sid, cause=d.cause,
+                              culprits=list(d.culprits), line=d.line, evidence=found.folder)])
 
     def cause(self) -> str | None:
         """The first Kubernetes cause found (GKE), or what a chaos task did

@@ -178,6 +178,7 @@ class Incident:
     first_step: int | None = None
     ended: str | None = None  # how its job ended before it was recovered from
     resumed_s: float | None = None  # the incident to the first step of the job that resumed the run
+    hang: str | None = None  # a stall's hang as the follower named it (hang_diagnosis.py)
 
     def report(self) -> dict:
         out: dict[str, Any] = {"kind": self.kind, "at": round(self.t, 3), "by": self.by,
@@ -193,6 +194,8 @@ class Incident:
             out["ended"] = self.ended
         if self.resumed_s is not None:
             out["resumed_s"] = self.resumed_s
+        if self.hang is not None:
+            out["hang"] = self.hang
         return out
 
 
@@ -337,6 +340,11 @@ class Sweep:
         self.incidents.append(inc)
         self.stall = OpenStall(since, inc)
 
+    def hang_diagnosed(self, e: dict, t: float, i: int) -> None:
+        """The follower's naming of the open stall's hang: its line, kept on the stall."""
+        if self.stall is not None and isinstance(e.get("line"), str):
+            self.stall.incident.hang = e["line"]
+
     def stopped(self, e: dict, t: float, i: int) -> None:
         """The follower stopped the job (``stall_action: stop``): what it
         stalled in is not recovered from."""
@@ -421,7 +429,7 @@ HANDLERS: dict[str, Callable[[Sweep, dict, float, int], None]] = {
     E.COMPILE_ENDED: lambda s, e, t, i: s.overlay(e, t, "compile"),
     E.CHECKPOINT_SAVED: lambda s, e, t, i: s.overlay(e, t, "checkpoint"),
     E.STALL_STARTED: Sweep.stall_started, E.STALL_ENDED: lambda s, e, t, i: s.close_stall(t),
-    E.STOPPED: Sweep.stopped, E.JOB_END: Sweep.job_end,
+    E.STOPPED: Sweep.stopped, E.JOB_END: Sweep.job_end, E.HANG_DIAGNOSED: Sweep.hang_diagnosed,
     **dict.fromkeys(E.STEPS, Sweep.step),
 }
 
@@ -524,6 +532,8 @@ def lines(r: dict) -> list[str]:
         out.append(f"    {when} {i['kind']} ({i['by']}): {lost}, "
                    + (f"restored from step {k}, " if k is not None else "no restore, ")
                    + f"{i['replayed_steps'] if i['replayed_steps'] is not None else '?'} steps replayed, {rec}")
+        if i.get("hang"):
+            out.append(f"      {i['hang']}")
     return out + _uncertain_lines(r.get("uncertain")) + note
 
 

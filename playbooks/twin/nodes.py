@@ -100,6 +100,12 @@ def pod_type(env: Environment) -> str:
 HEALTH_CHECKS = (("RAY_health_check_period_ms", "1000"), ("RAY_health_check_failure_threshold", "3"))
 
 
+# The dashboard's /worker/traceback (a worker's Python stack, by py-spy: the
+# hang diagnosis reads it) answers 403 unless the head has this (Ray 2.60's
+# default: off). The twin's dashboard listens on its ray_ip only.
+PROFILING = ("RAY_DASHBOARD_ENABLE_PROFILING", "1")
+
+
 def head_command(env: Environment) -> Command:
     return Command(("ray", "start", "--head", "--block", f"--node-ip-address={env.ray_ip}", f"--port={env.gcs_port}",
                     f"--dashboard-host={env.ray_ip}", f"--dashboard-port={env.dashboard_port}",
@@ -110,7 +116,7 @@ def head_command(env: Environment) -> Command:
                     # test's, another environment's twin), and the job's driver then
                     # waits on that cluster's GCS, not its own.
                     f"--temp-dir={paths.node_temp(env.name, HEAD)}", "--disable-usage-stats"),
-                   env=(("JAX_PLATFORMS", "cpu"), *HEALTH_CHECKS), background=True, log=log(env, HEAD),
+                   env=(("JAX_PLATFORMS", "cpu"), *HEALTH_CHECKS, PROFILING), background=True, log=log(env, HEAD),
                    pid_file=pidfile(env, HEAD))
 
 

@@ -5,7 +5,12 @@ that is Pending has no Ray node), and the Jobs API: its list (no jobs
 unless a test adds some), a job's details, its log whole and its log's
 tail (the WebSocket `ray job logs --follow` and the Jobs SDK read: each
 line as a text message, the connection closed normally at the job's end),
-as Ray 2.60's dashboard answers them (ray/dashboard/modules/job/)."""
+as Ray 2.60's dashboard answers them (ray/dashboard/modules/job/); the
+State API's actors (filtered as Ray filters them) and a worker's Python
+stack, ``/worker/traceback`` (ray/dashboard/modules/reporter/
+reporter_head.py: 403 while profiling is off, py-spy's text, or its
+failure as a 500; an answer a test holds back, as a dump that never
+returns)."""
 from __future__ import annotations
 
 import base64
@@ -43,6 +48,12 @@ class FakeDashboard(Fake):
         self.jobs: list[dict] = []  # JobDetails, as GET /api/jobs/ lists them
         self.logs: dict[str, list[str]] = {}  # submission id -> its log's lines so far
         self.changed = threading.Condition()
+        # The State API's actors (ActorState, detail=false) and what each
+        # worker's /worker/traceback answers: (status, text), or a number:
+        # seconds before its answer (a py-spy dump that does not return).
+        self.actors: list[dict] = []
+        self.stacks: dict[tuple[str, int], tuple[int, str] | float] = {}
+        self.profiling = True  # RAY_DASHBOARD_ENABLE_PROFILING=1 on the head
         self.server = FakeServer("dashboard", None, self.handle)
         self.port = self.server.port
 
@@ -59,11 +70,24 @@ class FakeDashboard(Fake):
             self.logs[sid] = []
         return job
 
+    def add_worker(self, node_id: str, pid: int, stack: tuple[int, str] | float | str = "",
+                   state: str = "ALIVE", class_name: str = "RayTrainWorker") -> dict:
+        """A training worker's actor, and what its stack read answers (a
+        text: py-spy's dump, 200)."""
+        actor = {"actor_id": f"{len(self.actors):032x}", "class_name": class_name, "state": state,
+                 "job_id": "02000000", "name": "", "node_id": node_id, "pid": pid, "ray_namespace": "_ray_train"}
+        self.actors.append(actor)
+        self.stacks[(node_id, pid)] = (200, stack) if isinstance(stack, str) else stack
+        return actor
+
     def reset(self) -> None:
         """No jobs: what the next test's cluster starts with."""
         with self.changed:
             self.jobs.clear()
             self.logs.clear()
+            self.actors.clear()
+            self.stacks.clear()
+            self.profiling = True
             self.changed.notify_all()
 
     def log(self, sid: str, *lines: str) -> None:
@@ -87,6 +111,10 @@ class FakeDashboard(Fake):
         parts = req.path.strip("/").split("/")
         if parts[:2] == ["api", "jobs"] and len(parts) >= 3 and parts[2]:
             return self.job_answer(req, parts[2], parts[3:])
+        if req.path == "/api/v0/actors":
+            return Response(200, self.state_answer(self.filtered(self.actors, req)))
+        if req.path == "/worker/traceback":
+            return self.traceback(req)
         return Response(*self.answer(req.path))
 
     def job_answer(self, req: Request, sid: str, rest: list[str]) -> Response:
@@ -124,6 +152,49 @@ class FakeDashboard(Fake):
                 h.wfile.write(ws_frame(struct.pack("!H", 1000), opcode=0x8))
                 h.wfile.flush()
                 return
+
+    @staticmethod
+    def filtered(rows: list[dict], req: Request) -> list[dict]:
+        """The State API's filters (ray/dashboard/state_api_utils.py): each
+        filter_keys/filter_predicates/filter_values triple, all of them."""
+        q = req.query_all
+        keys, preds, vals = q.get("filter_keys", []), q.get("filter_predicates", []), q.get("filter_values", [])
+        assert len(keys) == len(preds) == len(vals), "Ray asserts as many filter keys as values"
+        out = rows
+        for k, p, v in zip(keys, preds, vals, strict=True):
+            assert p in ("=", "!="), f"Ray supports = and != only, not {p!r}"
+            out = [r for r in out if (str(r.get(k)) == v) == (p == "=")]
+        return out
+
+    @staticmethod
+    def state_answer(rows: list[dict]) -> dict:
+        return {"result": True, "msg": "", "data": {"result": {
+            "total": len(rows), "num_after_truncation": len(rows), "num_filtered": len(rows),
+            "result": rows, "partial_failure_warning": "", "warnings": None}}}
+
+    def traceback(self, req: Request) -> Response:
+        if not self.profiling:
+            return self.text(403, "Profiling is disabled by default for security reasons. To enable profiling, set "
+                                  "the environment variable RAY_DASHBOARD_ENABLE_PROFILING=1 on the Ray head node. "
+                                  "See https://docs.ray.io/en/latest/ray-observability/user-guides/profiling.html "
+                                  "for details.")
+        node, pid = req.query.get("node_id"), req.query.get("pid")
+        if not pid or not node:  # Ray raises ValueError: aiohttp's own 500
+            return self.text(500, "500 Internal Server Error\n\nServer got itself in trouble")
+        answer = self.stacks.get((node, int(pid)))
+        if answer is None:
+            if not any(a["node_id"] == node for a in self.actors):
+                return self.text(500, f"Failed to get agent address for node at node_id {node}")
+            answer = (500, f"Failed to execute `['/usr/bin/py-spy', 'dump', '-p', '{pid}']`.\n\n=== stderr ===\n"
+                           f"Error: Failed to find python version from target process\n\n\n=== stdout ===\n\n")
+        if isinstance(answer, (int, float)):
+            time.sleep(answer)
+            return self.text(200, "")
+        return self.text(*answer)
+
+    @staticmethod
+    def text(status: int, body: str) -> Response:
+        return Response(status, body.encode(), {"Content-Type": "text/plain; charset=utf-8"})
 
     def nodes(self) -> list[dict]:
         out = []

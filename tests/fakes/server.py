@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -28,6 +29,7 @@ class Request:
     raw: bytes
     at: float = field(default_factory=time.time)
     status: int = 0
+    query_all: dict[str, list[str]] = field(default_factory=dict)  # each key's every value, in order
 
     @property
     def body(self) -> Any:
@@ -106,6 +108,15 @@ class Fault:
 Handler = Callable[[Request], Response]
 
 
+class _Server(ThreadingHTTPServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that gave up before the answer (its timeout, a held
+        answer) is no error of the fake's: not printed."""
+        if isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
+            return
+        super().handle_error(request, client_address)
+
+
 class FakeServer:
     """HTTPS on 127.0.0.1 (plain HTTP without ``pki``), an ephemeral port.
     ``handle`` answers requests; ``check_auth`` may raise HttpError before it."""
@@ -129,7 +140,7 @@ class FakeServer:
 
             do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = do_HEAD = _serve
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), _H)
+        self.httpd = _Server(("127.0.0.1", 0), _H)
         self.httpd.daemon_threads = True
         if pki is not None:
             self.httpd.socket = pki.server_context().wrap_socket(self.httpd.socket, server_side=True)
@@ -182,7 +193,8 @@ class FakeServer:
         n = int(h.headers.get("Content-Length") or 0)
         raw = h.rfile.read(n) if n else b""
         query = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
-        req = Request(h.command, parts.path, query, {k.lower(): v for k, v in h.headers.items()}, raw)
+        req = Request(h.command, parts.path, query, {k.lower(): v for k, v in h.headers.items()}, raw,
+                      query_all=parse_qs(parts.query, keep_blank_values=True))
         with self.lock:
             self.requests.append(req)
             fault = next((f for f in self.faults if f.take(req)), None)

@@ -146,6 +146,12 @@ class Connector(Protocol):
         where the connector runs, is the CA bundle to trust."""
         ...
 
+    def get_text(self, url: str, timeout: float = 10.0) -> tuple[int, str]:
+        """GET a text answer where this connector runs: its HTTP status and
+        body, whatever the status; no answer within ``timeout`` (or none at
+        all) raises ``ProbeFailed`` ("timed out" when it timed out)."""
+        ...
+
     def getenv(self, name: str) -> str | None:
         """A variable of the environment the connector's children start
         from (None when it is not set)."""

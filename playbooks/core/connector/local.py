@@ -16,7 +16,7 @@ from typing import Any
 
 from .. import procs
 from ..errors import CommandFailed
-from ..http import get_json, port_open
+from ..http import get_json, get_text, port_open
 from .base import NOT_FOUND, TIMED_OUT, Connector, Ran, Shortcut, under
 
 
@@ -172,6 +172,9 @@ class LocalConnector(Connector):
     def get_json(self, url: str, timeout: float = 10.0, headers: Mapping[str, str] | None = None,
                  ca_file: str | None = None) -> Any:
         return get_json(url, timeout=timeout, headers=headers, ca_file=ca_file)
+
+    def get_text(self, url: str, timeout: float = 10.0) -> tuple[int, str]:
+        return get_text(url, timeout=timeout)
 
     def getenv(self, name: str) -> str | None:
         return self.base_env.get(name)

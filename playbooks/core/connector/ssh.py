@@ -524,6 +524,17 @@ class SshConnector(Connector):
         except json.JSONDecodeError:
             return _http_absent_or_fail(url, None, "the answer is not JSON")
 
+    def get_text(self, url: str, timeout: float = 10.0) -> tuple[int, str]:
+        """curl on the controller: the HTTP status on the last line; curl's
+        exit 28 is a timeout, any other failure no answer."""
+        argv = ["curl", "-sS", "--max-time", str(int(max(1, timeout))), "-w", "\n%{http_code}", url]
+        r = self.run(argv, timeout=timeout + 5)
+        body, _, code = r.stdout.rpartition("\n")
+        if r.rc != 0 or not code.isdigit():
+            why = "timed out" if r.rc == 28 else (r.stderr.strip() or f"curl exited {r.rc}")[:300]
+            raise ProbeFailed("http", f"curl -sS {url}", r.rc, "", why, why=f"could not look: {why}")
+        return int(code), body
+
     def getenv(self, name: str) -> str | None:
         if self._env_cache is None:
             r = self.run(["env", "-0"], cwd="/")  # before remote_dir exists, too
