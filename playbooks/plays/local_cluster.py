@@ -12,8 +12,9 @@ from playbooks.cloud.endpoints import dashboard
 from playbooks.config.schema import Environment
 from playbooks.core.command import Command, placeholder, quote, shown
 from playbooks.core.facts import ABSENT, Action, Fact, assume
-from playbooks.core.step import Await, Broken, Step, Verify, change, fail, ok, wait
+from playbooks.core.step import Await, Broken, Step, Verify, change, fail, ok, skip, wait
 from playbooks.runs import chaos_target, placement, timeline
+from playbooks.runs import quarantine_record as quarantined
 from playbooks.runs import events as E
 from playbooks.twin.nodes import (
     HEAD,
@@ -120,9 +121,17 @@ def _host_verify(env: Environment, host: Host) -> Verify:
 REHEARSAL = "rehearse_late_slice: a slice that comes late, as a flex-start pool's nodes do"
 
 
+def held_out(host: str, held: dict) -> str | None:
+    """Why a quarantined host is not started (None: it is not quarantined)."""
+    rec = held.get(host)
+    return None if rec is None else (f"TPU host {host} is quarantined: {quarantined.line(host, rec)}; "
+                                     f"`invoke hosts.release {host}` gives it back")
+
+
 def host_step(env: Environment, host: Host) -> Step:
     pidf, nodes = pid_fact(env, host.name), nodes_fact(dashboard(env), connectors.this_machine())
     late = late_seconds(env, host)
+    held = quarantined.fact(env)
 
     def decide(look):
         running, listed = look(pidf), look(nodes)
@@ -134,6 +143,8 @@ def host_step(env: Environment, host: Host) -> Step:
             if late:
                 return ok(f"TPU host {host.name}'s process runs; it joins {late:g}s after its start ({REHEARSAL})")
             return wait(f"TPU host {host.name}'s process runs; it has not joined yet")
+        if why := held_out(host.name, look(held)):
+            return skip(why)
         shape = f"({pod_type(env)}, {env.chips_per_host} chips)"
         if late:
             return _start_host(env, host, listed, f"TPU host {host.name} started {shape}; it joins {late:g}s later "
@@ -149,7 +160,7 @@ def host_step(env: Environment, host: Host) -> Step:
 def slices_step(env: Environment, after: str) -> Step:
     """Done when min_slices slices are whole (every host joined); the
     others are named as waiting (in the recap, status, the heartbeats)."""
-    probe = hosts_state_fact(env)
+    probe, held = hosts_state_fact(env), quarantined.fact(env)
     need = env.min_slices
     longest = max((late_seconds(env, h) for h in hosts_of(env)), default=0.0)
 
@@ -157,6 +168,10 @@ def slices_step(env: Environment, after: str) -> Step:
         s = slices_of(env, look(probe))
         if s.enough(need):
             return ok(s.text(need), notes=[s.waiting_text()])
+        # A quarantined host never joins: said at once, not after a wait.
+        out = [(h.slice, why) for h in hosts_of(env) if (why := held_out(h.name, look(held)))]
+        if out and env.slices - len({i for i, _ in out}) < need:
+            return fail(f"{s.text(need)}: {out[0][1]}")
         return wait(s.text(need))
 
     def check(state: Any) -> str | None:
@@ -270,6 +285,8 @@ def chaos_steps(env: Environment, restore_after: float, target: str = placement.
             if host is None or look(stopped[host.name]):
                 return ok("every TPU host runs: nothing to bring back" if host is None else
                           f"TPU host {host.name} runs again: nothing to bring back")
+            if why := held_out(host.name, look(quarantined.fact(env))):
+                return ok(f"not brought back: {why}")
             return _start_host(env, host, look(nodes), f"TPU host {host.name} back after {restore_after:g}s",
                                f"bring TPU host {host.name} back after {restore_after:g}s",
                                Action(f"sleep {restore_after:g}", lambda: time.sleep(restore_after)),
