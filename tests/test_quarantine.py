@@ -71,7 +71,7 @@ def _up_facts(held: dict) -> dict:
 def test_up_does_not_start_a_quarantined_host_and_says_at_once_why_its_slice_is_missing():
     local = env("local")
     steps = local_cluster.steps(local)
-    recap, out = run_with_facts(steps, {**_up_facts(HELD), NODES: [{"state": "ALIVE", "is_head_node": True}]},
+    recap, _out = run_with_facts(steps, {**_up_facts(HELD), NODES: [{"state": "ALIVE", "is_head_node": True}]},
                                 mode=Mode.CHECK, keep_going=True)
     by = {r.title: r for r in recap.results}
     host = by["twin : TPU host tpu-group-1-0"]

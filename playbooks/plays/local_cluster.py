@@ -14,8 +14,8 @@ from playbooks.core.command import Command, placeholder, quote, shown
 from playbooks.core.facts import ABSENT, Action, Fact, assume
 from playbooks.core.step import Await, Broken, Step, Verify, change, fail, ok, skip, wait
 from playbooks.runs import chaos_target, placement, timeline
-from playbooks.runs import quarantine_record as quarantined
 from playbooks.runs import events as E
+from playbooks.runs import quarantine_record as quarantined
 from playbooks.twin.nodes import (
     HEAD,
     Host,
