@@ -335,10 +335,9 @@ def doctor(c, env=""):
                                         **ENV})
 def hosts_list(c, json_=False, env=""):
     """The quarantined hosts: which, why, since when, by what; on GKE each node cordoned and tainted now (read-only)."""
-    from playbooks.cli import task_steps
     from playbooks.plays import quarantine as q
 
-    _report(c, "hosts", env, lambda env: task_steps.hosts_steps(env)[-1], "hosts:quarantined", json_,
+    _report(c, "hosts", env, q.list_step, "hosts:quarantined", json_,
             lambda env, rows: [line for r in rows for line in q.row_lines(r)] or ["no host is quarantined"])
 
 

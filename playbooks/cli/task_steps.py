@@ -249,12 +249,6 @@ def release_steps(env: Environment, name: str) -> list[Step]:
     return [cluster.credentials_step(env, quarantine.RELEASE)] + quarantine.release_gke_steps(env, name)
 
 
-def hosts_steps(env: Environment) -> list[Step]:
-    """`invoke hosts`: the record, and on GKE each recorded node now."""
-    first = [] if env.platform.simulated else [cluster.credentials_step(env, "hosts")]
-    return first + [quarantine.list_step(env)]
-
-
 def teardown_steps(env: Environment) -> list[Step]:
     if env.platform.simulated:
         return local_cluster.stop_steps(env, "teardown")
