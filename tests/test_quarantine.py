@@ -164,3 +164,42 @@ def test_no_pod_of_ours_tolerates_the_quarantine_taint(name):
     # The check itself sees a toleration that would let them in.
     assert _tolerates({"operator": "Exists"}, quarantine.TAINT_KEY)
     assert _tolerates({"key": quarantine.TAINT_KEY, "operator": "Equal", "value": "true"}, quarantine.TAINT_KEY)
+
+
+def test_the_twin_quarantine_really_stops_the_host_holds_it_out_and_release_forgets_it(here):
+    """Apply mode with this machine's connector (rooted in a temporary
+    folder): a stand-in process carrying a host's pid-file marker is the
+    host's node; no Ray. Quarantined: recorded, the process stopped; a second
+    run changes nothing; `up`'s host step (check mode) would not start it."""
+    import subprocess
+    import sys
+
+    from playbooks.core.play import Playbook
+    from playbooks.core.recap import Reporter
+    from playbooks.core.runner import Runner
+    from playbooks.twin.nodes import Host, pidfile
+
+    local = env("local")
+    node = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", "ray start --address"])
+    try:
+        pidfile(local, "tpu-group-1-0").write(node.pid)
+        lines: list[str] = []
+
+        def run(steps, mode=Mode.APPLY):
+            book = Playbook(Runner(mode, connectors.this_machine()), Reporter(lines.append), workers=1)
+            return book.run("t", steps)
+
+        first = run(task_steps.quarantine_steps(local, "tpu-group-1-0", "chips failed", "a test"))
+        assert [r.outcome for r in first.results] == ["changed", "changed"], "\n".join(lines)
+        assert node.wait(timeout=30) is not None                        # the node's process is gone
+        assert R.read(local)["tpu-group-1-0"]["why"] == "chips failed"
+        again = run(task_steps.quarantine_steps(local, "tpu-group-1-0", "other words", "a test"))
+        assert [r.outcome for r in again.results] == ["ok", "ok"]
+        assert R.read(local)["tpu-group-1-0"]["why"] == "chips failed"
+        held = run([local_cluster.host_step(local, Host("tpu-group-1-0", 1, 0))], mode=Mode.CHECK)
+        assert held.results[0].outcome == "skipped" and "quarantined" in held.results[0].reason
+        gone = run([quarantine.forget_step(local, "tpu-group-1-0")])
+        assert gone.results[0].outcome == "changed" and R.read(local) == {}
+    finally:
+        node.kill()
+        node.wait()
