@@ -358,6 +358,55 @@ def doctor(c, env=""):
         s.run("doctor", dr.steps(s.env), parallel=False, keep_going=True)
 
 
+@task(name="list", default=True, help={"json": "print them as one JSON list (host, slice, why, since, by, nodes)",
+                                        **ENV})
+def hosts_list(c, json_=False, env=""):
+    """The quarantined hosts: which, why, since when, by what; on GKE each node cordoned and tainted now (read-only)."""
+    from playbooks.plays import quarantine as q
+
+    _report(c, "hosts", env, q.list_step, "hosts:quarantined", json_,
+            lambda env, rows: [line for r in rows for line in q.row_lines(r)] or ["no host is quarantined"])
+
+
+@task(help={"host": "the host: a simulated TPU host's name (local), a TPU slice's node pool (GKE)",
+            "why": "why it is set aside, in one line (kept in the record)", **ENV})
+def quarantine(c, host, why="", env=""):
+    """Set a host aside: recorded; local: its Ray node stopped; GKE: its slice's nodes cordoned, tainted, pods moved."""
+    from playbooks.cli import task_steps
+    from playbooks.cli.session import one_line
+
+    with clean_errors():
+        s = _session(c, "quarantine", env)
+        _host(s.env, host)
+        text = one_line("--why", why)
+        s.run("quarantine", task_steps.quarantine_steps(s.env, host, text, "invoke hosts.quarantine"),
+              parallel=False)
+
+
+@task(help={"host": "the quarantined host to give back", **ENV})
+def release(c, host, env=""):
+    """Give a host back: GKE: its nodes uncordoned and untainted; local: started again; then out of the record."""
+    from playbooks.cli import task_steps
+
+    with clean_errors():
+        s = _session(c, "release", env)
+        _host(s.env, host)
+        s.run("release", task_steps.release_steps(s.env, host), parallel=False)
+
+
+def _host(env, host: str) -> None:
+    from playbooks.cli import task_steps
+    from playbooks.core.errors import InputError
+
+    if problem := task_steps.host_problem(env, host):
+        raise InputError(problem)
+
+
+hosts = Collection("hosts")
+hosts.add_task(hosts_list)
+hosts.add_task(quarantine)
+hosts.add_task(release)
+
 chaos = Collection("chaos")
 chaos.add_task(delete_worker)
 chaos.add_task(hang_worker)
@@ -367,6 +416,7 @@ chaos.add_task(heal_worker)
 ns = Collection(capacity, prereqs, network, cluster, nodepools, storage, raycluster, dashboard, up, status, train,
                 preflight, logs, metrics, goodput, runs, teardown, doctor)
 ns.add_collection(chaos)
+ns.add_collection(hosts)
 # Defaults of None (not 4, not "apply"): Invoke converts an INVOKE_PLAYBOOK_*
 # variable to its default's type, and int("abc") would be its traceback;
 # playbooks.session checks every value (defaults: apply, 4 steps at once).

@@ -70,8 +70,29 @@ GENERATION_TASKS = ("capacity", "network", "nodepools", "up", "raycluster", "tra
                     "preflight-llama3-70b", "train-elastic", "status", "teardown")
 
 
+<<<<<<< HEAD
 # The twin's chaos alone: on GKE these tasks refuse in one line (tests/test_chaos.py).
 LOCAL_ONLY = ("chaos-sicken", "chaos-heal")
+=======
+# The hosts set aside: hosts.quarantine and hosts.release name a host, each
+# environment's first (a simulated host; a slice's node pool on GKE).
+HOST_TASKS = {
+    "hosts": ["hosts"],
+    "hosts-quarantine": ["hosts.quarantine", "{host}", "--why=chips failed the matmul check"],
+    "hosts-release": ["hosts.release", "{host}"],
+}
+FIRST_HOST = {"dev": "v6e-16-0", "dev-autopilot": "v6e-16-0", "local": "tpu-group-0-0",
+              "std-replace-pool": "v6e-16-0"}
+# A slice's pool made again (quarantine_replace_pool), from an inventory of its own.
+QUARANTINE_INVENTORY = GOLDENS / "quarantine-inventory.yaml"
+
+
+def args_of(env: str, task: str) -> list[str]:
+    """The command line of a golden case."""
+    if task in HOST_TASKS:
+        return [a.format(host=FIRST_HOST[env]) for a in HOST_TASKS[task]]
+    return TASKS[task]
+>>>>>>> quar36
 
 
 def environments() -> list[str]:
@@ -88,6 +109,8 @@ def cases() -> list[tuple[str, str, Path | None]]:
         out += [(e, t, CAPACITY_INVENTORY) for t in CAPACITY_TASKS]
     for e in yaml.safe_load(GENERATIONS_INVENTORY.read_text())["environments"]:
         out += [(e, t, GENERATIONS_INVENTORY) for t in GENERATION_TASKS]
+    out += [(e, t, None) for e in ("dev", "dev-autopilot", "local") for t in HOST_TASKS]
+    out += [("std-replace-pool", t, QUARANTINE_INVENTORY) for t in ("hosts-quarantine", "hosts-release")]
     return out
 
 
@@ -126,7 +149,7 @@ def golden_path(env: str, name: str) -> Path:
 def main() -> int:
     failed = 0
     for env, name, inventory in cases():
-        rc, out, err = dry_run(env, TASKS[name], inventory)
+        rc, out, err = dry_run(env, args_of(env, name), inventory)
         if rc != expected_rc(env, name, inventory) or "PROCESSES STARTED" in err:
             print(f"{env} {name}: exit {rc}\n{err}", file=sys.stderr)
             failed += 1

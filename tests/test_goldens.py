@@ -9,13 +9,13 @@ import difflib
 
 import pytest
 
-from tests.goldens import TASKS, cases, dry_run, expected_rc, golden_path
+from tests.goldens import args_of, cases, dry_run, expected_rc, golden_path
 
 CASES = cases()
 
 
 def assert_golden(env: str, task: str, inventory, real_cli: bool = False) -> None:
-    rc, out, err = dry_run(env, TASKS[task], inventory, real_cli)
+    rc, out, err = dry_run(env, args_of(env, task), inventory, real_cli)
     assert "PROCESSES STARTED" not in err, err
     assert rc == expected_rc(env, task, inventory), err
     want = golden_path(env, task).read_text()

@@ -336,7 +336,8 @@ def test_status_of_a_stopped_local_cluster_says_what_is():
              "ss -ltn 'sport >= :6390 and sport <= :6412'  # a port of the local nodes already taken": [],
              "curl -fsS 'http://127.0.0.2:8265/api/v0/nodes?limit=10000&detail=true'  # what `ray list nodes "
              "--address http://127.0.0.2:8265` reads": ABSENT,
-             "curl -fsS http://127.0.0.2:8265/api/jobs/": ABSENT}
+             "curl -fsS http://127.0.0.2:8265/api/jobs/": ABSENT,
+             "cat .state/local/quarantine.json": {}}
     recap, _out = run_with_facts(status.steps(local), facts, mode=Mode.CHECK)
     doc = status.report(local, recap)
     rows = {i["what"]: (i["verdict"], i["reason"]) for i in doc["items"]}

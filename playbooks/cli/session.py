@@ -142,6 +142,19 @@ def seconds(flag: str, text: Any, maximum: float = MAX_WAIT) -> float:
     return value
 
 
+WHY_MAX = 200
+
+
+def one_line(flag: str, text: Any) -> str:
+    """A reason given on the command line: one printable line, 1-200 characters."""
+    t = str(text or "").strip()
+    if not t:
+        raise InputError(f"{flag} is required: why, in one line (it is kept in the record)")
+    if len(t) > WHY_MAX or not t.isprintable():
+        raise InputError(f"{flag} {shown_value(t)} must be one printable line of at most {WHY_MAX} characters")
+    return t
+
+
 def bare_flag(*spellings: str) -> None:
     """Refuse a value flag given with no value (Invoke drops a bare
     iterable flag silently)."""

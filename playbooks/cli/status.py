@@ -33,6 +33,7 @@ from playbooks.core.recap import CHANGED, FAILED, NOT_READY, OK, SKIPPED, UNKNOW
 from playbooks.core.step import Step, fail, ok, unchecked
 from playbooks.job.spec import Checkpoints, run_checkpoints
 from playbooks.runs import events as E
+from playbooks.plays import quarantine
 from playbooks.runs import metrics, stall, timeline
 
 PLAY = "status"
@@ -264,6 +265,8 @@ def steps(env: Environment) -> list[Step]:
         at = next((i for i, s in enumerate(out) if s.play == "dashboard"), len(out))
         out = out[:at] + mine + out[at:]
     out.append(jobs_step(env))
+    # The hosts set aside: its notes, one line per host (and per node on GKE).
+    out.append(quarantine.list_step(env, PLAY, held_fails=True))
     if env.platform.cloud:
         out.append(cost_step(env))
     return out

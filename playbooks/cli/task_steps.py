@@ -23,6 +23,7 @@ from playbooks.plays import (
     nodepools,
     preflight,
     prereqs,
+    quarantine,
     raycluster,
     storage,
     teardown,
@@ -182,6 +183,56 @@ def _kubectl_first(env: Environment, steps: list[Step]) -> list[Step]:
     return steps if env.platform.simulated else [cluster.credentials_step(env, "chaos")] + steps
 
 
+# -- hosts set aside (`invoke hosts`, hosts.quarantine, hosts.release) ------------------
+def host_names(env: Environment) -> list[str]:
+    """What a host is called: a simulated host's name, a GKE slice's node pool."""
+    return [h.name for h in hosts_of(env)] if env.platform.simulated else quarantine.known_hosts(env)
+
+
+def host_problem(env: Environment, name: str) -> str | None:
+    """What is wrong with a host's NAME, in one line (None: nothing)."""
+    names = host_names(env)
+    if name in names:
+        return None
+    what = "a simulated TPU host" if env.platform.simulated else "a TPU slice's node pool"
+    return f"host {name!r}: not {what} of {env.name} (its hosts: {', '.join(names)})"
+
+
+AUTOPILOT_QUARANTINE = ("Autopilot makes and replaces its own nodes: this project cordons and taints only the "
+                        "nodes of its own node pools (Standard)")
+
+
+def quarantine_steps(env: Environment, name: str, why: str, by: str) -> list[Step]:
+    """A host set aside (``host_problem`` checked first): recorded, then on
+    the twin its Ray node stopped; on GKE its slice's nodes cordoned and
+    tainted, its worker pods moved off, and, with quarantine_replace_pool,
+    its pool deleted and made again by the nodepools play's own step."""
+    if env.platform.simulated:
+        host = next(h for h in hosts_of(env) if h.name == name)
+        return _then([quarantine.record_step(env, name, host.tpu_name, why, by)],
+                     [local_cluster.stop_step(env, name, quarantine.PLAY)])
+    if not env.cluster_mode.our_node_pools:
+        return [skipped(quarantine.PLAY, f"quarantine {name}", AUTOPILOT_QUARANTINE, id="quarantine:autopilot")]
+    i = host_names(env).index(name)
+    delete = nodepools.delete_command(env, name) if env.quarantine_replace_pool else None
+    out = [cluster.credentials_step(env, quarantine.PLAY)] + quarantine.gke_steps(env, name, why, by, delete)
+    if delete is not None:
+        out = _then(out, [nodepools.pool_step(env, i)])
+    return out
+
+
+def release_steps(env: Environment, name: str) -> list[Step]:
+    """A host given back: out of the record, then on the twin started again
+    (as `up` does); on GKE its nodes uncordoned and untainted first."""
+    if env.platform.simulated:
+        host = next(h for h in hosts_of(env) if h.name == name)
+        return _then([quarantine.forget_step(env, name)],
+                     [local_cluster.head_step(env), local_cluster.host_step(env, host)])
+    if not env.cluster_mode.our_node_pools:
+        return [skipped(quarantine.RELEASE, f"release {name}", AUTOPILOT_QUARANTINE, id="release:autopilot")]
+    return [cluster.credentials_step(env, quarantine.RELEASE)] + quarantine.release_gke_steps(env, name)
+
+
 def teardown_steps(env: Environment) -> list[Step]:
     if env.platform.simulated:
         return local_cluster.stop_steps(env, "teardown")
@@ -210,6 +261,9 @@ def all_commands(env: Environment) -> list[Command]:
         book.run("chaos", chaos.sicken_steps(env))
         book.run("chaos", chaos.heal_steps(env))
     book.run("teardown", teardown_steps(env))
+    first = host_names(env)[0]
+    book.run("quarantine", quarantine_steps(env, first, "all_commands", "all_commands"))
+    book.run("release", release_steps(env, first))
     out = list(runner.recorded)
     if env.platform.cloud:
         for i in range(env.slices if env.cluster_mode.our_node_pools else 0):

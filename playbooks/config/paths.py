@@ -12,6 +12,7 @@ or written here: a local job's folders, the kept metrics, the logs).
                                               only looks: its newest 20 kept, cli/session.py's KEEP_LOGS)
     .state/<env>/lock                         one changing run at a time: who holds it, since when
     .state/<env>/nodes/<node>.pid             the local twin's Ray nodes (pid, marker)
+    .state/<env>/quarantine.json              the hosts set aside: which, why, since when, by what
     .state/<env>/logs/<node>.log              their output
     /tmp/ray-twin-<hash>/                     a simulated TPU host's own Ray folder (node_temp)
     .state/<env>/port-forward.pid, .log       the Ray dashboard's port-forward (GKE)
@@ -74,6 +75,11 @@ def prices_cache(env: str) -> str:
 
 def runs(env: str) -> str:
     return f"{STATE}/{env}/runs"
+
+
+def quarantine(env: str) -> str:
+    """The hosts set aside (runs/quarantine_record.py)."""
+    return f"{STATE}/{env}/quarantine.json"
 
 
 # -- the local twin -------------------------------------------------------------

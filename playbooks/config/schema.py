@@ -225,6 +225,13 @@ def local_hosts(v: int, env: Mapping) -> str | None:
     return None
 
 
+def replace_pool(v: bool, env: Mapping) -> str | None:
+    if v and (m := cluster_mode(env)) is not None and not m.our_node_pools:
+        return f"is true, but mode is {env['mode']}: GKE makes Autopilot's nodes; there is no node pool of ours to " \
+               f"make again"
+    return None
+
+
 def port(v: int, env: Mapping) -> str | None:
     return None if 1024 <= v <= 65535 else "must be a port between 1024 and 65535"
 
@@ -706,6 +713,10 @@ GKE = (
     Key("hold_maintenance", bool, default=True,
         doc="true: `train` adds a GKE maintenance exclusion (no minor or node upgrades) for the run, removed when "
             "the job ends; false: the cluster's maintenance policy is left alone"),
+    Key("quarantine_replace_pool", bool, default=False, rules=(replace_pool,),
+        doc="true: `hosts.quarantine` of a slice also makes its node pool again (deleted, then created as "
+            "`nodepools` does: a multi-host slice is replaced whole); false: its nodes stay cordoned and tainted "
+            "until `hosts.release`"),
     Key("reconnect_timeout", int, default=300,
         rules=(between(10, 24 * 3600, "a day: a link down that long is not coming back by itself"),),
         doc="seconds `train` and `logs --follow` keep trying to reach a running job again after the port-forward "
@@ -839,6 +850,7 @@ class Environment(Env):
     remote_dir: str
     control_plane: str
     hold_maintenance: bool
+    quarantine_replace_pool: bool
     reconnect_timeout: int
     # local
     rehearse_late_slice: int | None

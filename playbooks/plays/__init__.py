@@ -10,7 +10,8 @@ before a job), ``train`` (§8-9: the job, followed), ``chaos`` (§9: a host kill
 frozen, made sick, on GKE or the twin: one play over each target's way),
 ``teardown`` (§10). Also: ``logs`` (logs, metrics and
 goodput of a run), ``local_cluster`` (the local twin started, stopped and
-checked) and ``controller`` (the files synced to a controller host).
+checked), ``controller`` (the files synced to a controller host) and
+``quarantine`` (a host set aside and given back).
 
 May import ``playbooks.core``, ``playbooks.config``, ``playbooks.access``,
 ``playbooks.cloud``, ``playbooks.job``, ``playbooks.runs`` and

@@ -12,7 +12,8 @@ from playbooks.cloud.endpoints import dashboard
 from playbooks.config.schema import Environment
 from playbooks.core.command import quote
 from playbooks.core.facts import ABSENT, Action, Fact, assume
-from playbooks.core.step import Broken, Step, Verify, change, fail, ok, wait
+from playbooks.core.step import Broken, Step, Verify, change, fail, ok, skip, wait
+from playbooks.runs import quarantine_record as quarantined
 from playbooks.twin.node_start import START_TIMEOUT, host_verify, start_host, started
 from playbooks.twin.nodes import (
     HEAD,
@@ -77,6 +78,7 @@ REHEARSAL = "rehearse_late_slice: a slice that comes late, as a flex-start pool'
 def host_step(env: Environment, host: Host) -> Step:
     pidf, nodes = pid_fact(env, host.name), nodes_fact(dashboard(env), connectors.this_machine())
     late = late_seconds(env, host)
+    held = quarantined.fact(env)
 
     def decide(look):
         running, listed = look(pidf), look(nodes)
@@ -88,6 +90,8 @@ def host_step(env: Environment, host: Host) -> Step:
             if late:
                 return ok(f"TPU host {host.name}'s process runs; it joins {late:g}s after its start ({REHEARSAL})")
             return wait(f"TPU host {host.name}'s process runs; it has not joined yet")
+        if why := quarantined.held_out(host.name, look(held)):
+            return skip(why)
         shape = f"({pod_type(env)}, {env.chips_per_host} chips)"
         if late:
             return start_host(env, host, listed, f"TPU host {host.name} started {shape}; it joins {late:g}s later "
@@ -103,7 +107,7 @@ def host_step(env: Environment, host: Host) -> Step:
 def slices_step(env: Environment, after: str) -> Step:
     """Done when min_slices slices are whole (every host joined); the
     others are named as waiting (in the recap, status, the heartbeats)."""
-    probe = hosts_state_fact(env)
+    probe, held = hosts_state_fact(env), quarantined.fact(env)
     need = env.min_slices
     longest = max((late_seconds(env, h) for h in hosts_of(env)), default=0.0)
 
@@ -111,6 +115,10 @@ def slices_step(env: Environment, after: str) -> Step:
         s = slices_of(env, look(probe))
         if s.enough(need):
             return ok(s.text(need), notes=[s.waiting_text()])
+        # A quarantined host never joins: said at once, not after a wait.
+        out = [(h.slice, why) for h in hosts_of(env) if (why := quarantined.held_out(h.name, look(held)))]
+        if out and env.slices - len({i for i, _ in out}) < need:
+            return fail(f"{s.text(need)}: {out[0][1]}")
         return wait(s.text(need))
 
     def check(state: Any) -> str | None:

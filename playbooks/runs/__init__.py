@@ -12,8 +12,9 @@ second went (``goodput``, and the field's library on the same run,
 ``goodput_reference``), what it cost in chip-hours and dollars, and the
 estimate before a submit (``cost``), the list of an environment's runs
 (``run_list``), its kept step metrics and their plot (``metrics``), where each
-rank of a running job sits (``placement``) and what a chaos task's
-``--target`` aims at (``chaos_target``).
+rank of a running job sits (``placement``), what a chaos task's
+``--target`` aims at (``chaos_target``) and the hosts an environment has set
+aside (``quarantine_record``).
 
 May import ``playbooks.core``, ``playbooks.config``, ``playbooks.access``,
 ``playbooks.cloud`` and ``playbooks.job``.

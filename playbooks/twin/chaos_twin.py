@@ -21,6 +21,7 @@ from playbooks.core.command import Command, placeholder, quote, shown
 from playbooks.core.errors import ProbeFailed
 from playbooks.core.facts import ABSENT, Action, Fact, assume
 from playbooks.core.step import Broken, Decision, Verify, change, ok
+from playbooks.runs import quarantine_record as quarantined
 from playbooks.twin.node_start import START_TIMEOUT, ghost_gone, start_host
 from playbooks.twin.nodes import (
     DEVICE_COUNT,
@@ -207,6 +208,7 @@ class _Restorer:
         self.way = way
         self.stopped = {h.name: pid_fact(way.env, h.name) for h in way.hosts}
         self.nodes = way.nodes()
+        self.held = quarantined.fact(way.env)
 
     def verify(self, killed: dict[str, Any]) -> Verify:
         """The host this run brought back running and joined."""
@@ -234,6 +236,8 @@ class _Restorer:
                           would=shown(f"bring TPU host {h.name} back after {restore_after:g}s"))
         if look(self.stopped[h.name]):
             return ok(f"TPU host {h.name} runs again: nothing to bring back")
+        if why := quarantined.held_out(h.name, look(self.held)):
+            return ok(f"not brought back: {why}")
         return start_host(self.way.env, h, look(self.nodes), f"TPU host {h.name} back after {restore_after:g}s",
                           f"bring TPU host {h.name} back after {restore_after:g}s",
                           Action(f"sleep {restore_after:g}", lambda: time.sleep(restore_after)), after=(back,))

@@ -237,6 +237,7 @@ class Cloud:
     def reset(self) -> None:
         for name in (STANDARD, AUTOPILOT):  # a catalog one test cached is not the next one's
             (ROOT / ".state" / name / "prices.json").unlink(missing_ok=True)
+            (ROOT / ".state" / name / "quarantine.json").unlink(missing_ok=True)
         self.gcp.reset()
         self.kube.reset()
         self.dashboard.reset()

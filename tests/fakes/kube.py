@@ -12,7 +12,11 @@ cluster has TPU node pools (``set_pool_nodes``, called by the GCP fake), a
 replica runs only on a pool with a whole slice of nodes (one replica per
 ``numOfHosts`` nodes of a pool); the others stay Pending, unschedulable
 ("Insufficient google.com/tpu"), until nodes come. Without TPU pools
-(Autopilot makes its nodes itself) every pod runs.
+(Autopilot makes its nodes itself) every pod runs. A running worker is
+given a free node of a TPU pool (``spec.nodeName``), never a cordoned one
+nor one with a NoSchedule taint (the pods tolerate none): when only such
+nodes are free (or none is) it stays Pending with the scheduler's words. A pool made
+again gets nodes of new names, as GKE's.
 """
 from __future__ import annotations
 
@@ -526,12 +530,31 @@ class FakeKube(Fake):
             return True
         return replica < sum(n // hosts for n in self.tpu_pools.values())
 
-    def _unschedulable(self) -> dict:
+    def _unschedulable(self, why: str | None = None) -> dict:
         n = len(self.list("nodes"))
         return {"phase": "Pending", "conditions": [
             {"type": "Ready", "status": "False"},
             {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-             "message": f"0/{n} nodes are available: {n} Insufficient google.com/tpu."}]}
+             "message": why or f"0/{n} nodes are available: {n} Insufficient google.com/tpu."}]}
+
+    def _node_for(self) -> tuple[str | None, str | None]:
+        """The scheduler's choice for a TPU worker pod: a node of a TPU pool
+        that no pod holds, not cordoned and without a NoSchedule taint (the
+        pods tolerate none): (node, None); (None, why) when the only free
+        nodes are refused or every one is taken; (None, None) without TPU
+        pool nodes (the pod runs as before: the pools' counts decide)."""
+        nodes = [n for n in self.list("nodes")
+                 if (n["metadata"].get("labels") or {}).get("cloud.google.com/gke-nodepool") in self.tpu_pools]
+        taken = {(p.get("spec") or {}).get("nodeName") for p in self.list("pods")}
+        free = [n for n in nodes if n["metadata"]["name"] not in taken]
+        good = [n for n in free if not (n.get("spec") or {}).get("unschedulable") and not any(
+            t.get("effect") in ("NoSchedule", "NoExecute") for t in (n.get("spec") or {}).get("taints") or [])]
+        if good:
+            return good[0]["metadata"]["name"], None
+        if nodes:
+            return None, (f"0/{len(nodes)} nodes are available: {len(free)} node(s) were unschedulable or had "
+                          f"untolerated taints, {len(nodes) - len(free)} node(s) were taken.")
+        return None, None
 
     def _pod(self, rc: dict, node_type: str, group: str = "", replica: int = 0, host: int = 0) -> dict | None:
         why = self._admit(rc, node_type, group)
@@ -547,14 +570,17 @@ class FakeKube(Fake):
         if node_type == "worker" and hosts > 1:
             labels["replicaIndex"] = f"{group}-{replica}"   # GKE's TPU webhook, on a multi-host replica's pods
         fits = node_type == "head" or self._fits(hosts, replica)
+        node, refused = self._node_for() if fits and node_type == "worker" else (None, None)
         pod = {"metadata": {"name": name, "namespace": md["namespace"], "labels": labels,
                             "ownerReferences": [{"apiVersion": "ray.io/v1", "kind": "RayCluster",
                                                  "name": md["name"], "uid": md["uid"], "controller": True}]},
                "spec": {"containers": [{"name": f"ray-{node_type}", "image": "rayproject/ray"}]},
-               "status": copy.deepcopy(RUNNING) if fits else self._unschedulable()}
+               "status": copy.deepcopy(RUNNING) if fits and not refused else self._unschedulable(refused)}
+        if node:
+            pod["spec"]["nodeName"] = node
         if node_type == "worker":
             pod.update({"_replica": replica, "_host": host})
-            if not fits:
+            if not fits or refused:
                 pod["_unscheduled"] = True
         return self._put(KIND["pods"], pod)
 
@@ -581,6 +607,11 @@ class FakeKube(Fake):
                     self.objects.pop(("pods", ns, p["metadata"]["name"]), None)
                 elif p.get("_unscheduled") and self._fits(hosts, p.get("_replica", 0)):
                     # Nodes came: the scheduler places the pending pod.
+                    node, refused = self._node_for()
+                    if refused:
+                        continue
+                    if node:
+                        p["spec"]["nodeName"] = node
                     p["status"] = copy.deepcopy(RUNNING)
                     del p["_unscheduled"]
                     p["metadata"]["resourceVersion"] = str(next(self._rv))
@@ -608,11 +639,12 @@ class FakeKube(Fake):
         now fit are scheduled."""
         with self.lock:
             self.tpu_pools[pool] = count
+            made = uuid.uuid4().hex[:8]   # as GKE names a pool's nodes: new names for a pool made again
             for key in [k for k, o in self.objects.items() if k[0] == "nodes" and
                         (o["metadata"].get("labels") or {}).get("cloud.google.com/gke-nodepool") == pool]:
                 del self.objects[key]
             for i in range(count):
-                self._put(KIND["nodes"], {"metadata": {"name": f"gke-{pool}-{i:04d}", "labels": {
+                self._put(KIND["nodes"], {"metadata": {"name": f"gke-{pool}-{made}-{i:04d}", "labels": {
                     **(labels or {}), "cloud.google.com/gke-nodepool": pool}}, "spec": {},
                     "status": {"conditions": [{"type": "Ready", "status": "True"}]}})
             for rc in self.list("rayclusters"):

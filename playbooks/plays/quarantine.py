@@ -1,0 +1,270 @@
+"""A host set aside, and given back: the record (``runs/quarantine_record``)
+and, on GKE, a slice's nodes cordoned and tainted so that KubeRay's
+recreated worker pods land elsewhere, its worker pods deleted (moved off),
+and, if the inventory says so, its node pool made again (the delete here,
+the create by the ``nodepools`` play's own step: ``cli/task_steps.py``
+composes them). Release: uncordoned, the taint removed, the record cleared.
+
+On the twin the host's Ray node is stopped and started again by the
+``local_cluster`` play's steps (composed in ``cli/task_steps.py``); its host
+step does not start a host of the record.
+
+Which nodes: the record's (written first, with the slice's nodes as they
+are then); before it is written (a dry run, check mode) the slice's nodes
+now. A pool made again has new nodes, not set aside: they are left alone."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from playbooks.access.cli_clients import fact, json_object
+from playbooks.cloud import pods as P
+from playbooks.cloud.gke import kube, nodepool_name, nodepools_fact
+from playbooks.config import tutorial as T
+from playbooks.config.schema import Environment
+from playbooks.core.command import Command, placeholder, shown
+from playbooks.core.facts import ABSENT, Fact, assume
+from playbooks.core.step import Step, Verify, change, fail, ok
+from playbooks.runs import quarantine_record as R
+
+PLAY = "quarantine"
+RELEASE = "release"
+# The taint that keeps pods off a quarantined node: no pod of ours tolerates
+# it (manifests/ tolerate google.com/tpu only; tests/test_quarantine.py).
+TAINT_KEY = "tpu-playbooks.dev/quarantined"
+TAINT = f"{TAINT_KEY}=true:NoSchedule"
+POOL_DELETE_TIMEOUT = 30 * 60
+
+
+def slice_of(env: Environment, name: str) -> int | None:
+    """The slice a GKE host name names (its node pool's name), or None."""
+    return next((i for i in range(env.slices) if nodepool_name(env, i) == name), None)
+
+
+def known_hosts(env: Environment) -> list[str]:
+    return [nodepool_name(env, i) for i in range(env.slices)]
+
+
+# -- what is there: the slice's nodes, the worker pods ------------------------------
+def _nodes(c: Any) -> dict[str, dict]:
+    out = {}
+    for n in json_object("nodes")(c).get("items") or []:
+        spec = n.get("spec") or {}
+        out[(n.get("metadata") or {}).get("name", "?")] = {
+            "cordoned": bool(spec.get("unschedulable")),
+            "tainted": any(t.get("key") == TAINT_KEY for t in spec.get("taints") or [])}
+    return out
+
+
+def nodes_fact(env: Environment, pool: str, cordoned: bool = False) -> Fact:
+    """The pool's nodes: name -> cordoned, tainted (a dry run: one node per
+    host, ``cordoned`` and tainted as said)."""
+    assumed = {placeholder(f"NODE{w}"): {"cordoned": cordoned, "tainted": cordoned}
+               for w in range(env.hosts_per_slice)}
+    return fact(f"nodes of {pool}", kube(env, "get", "nodes", "-l", f"{P.NODEPOOL_LABEL}={pool}", "--output=json"),
+                _nodes, assumed=assumed,
+                describe=lambda ns: shown(", ".join(f"{n}{' cordoned' if v['cordoned'] else ''}"
+                                                    f"{' tainted' if v['tainted'] else ''}" for n, v in ns.items()))
+                or "none")
+
+
+def _pods(c: Any) -> dict[str, str]:
+    return {(p.get("metadata") or {}).get("name", "?"): (p.get("spec") or {}).get("nodeName") or ""
+            for p in json_object("worker pods")(c).get("items") or []}
+
+
+def pods_fact(env: Environment) -> Fact:
+    """The Ray TPU worker pods: name -> its node (a dry run: one per node)."""
+    assumed = {placeholder(f"POD{w}"): placeholder(f"NODE{w}") for w in range(env.hosts_per_slice)}
+    return fact("Ray TPU worker pods", kube(env, "get", "pods", "-l", T.WORKER_SELECTOR, "--namespace",
+                                            env.namespace, "--output=json"), _pods, assumed=assumed,
+                describe=lambda ps: f"{len(ps)} pod(s)")
+
+
+def _targets(env: Environment, name: str, look: Callable[[Fact], Any], nodes: Fact, held: Fact) -> dict[str, dict]:
+    """The nodes this host's quarantine is about, as they are now: the
+    record's (those still there), else the slice's."""
+    now = look(nodes)
+    recorded = (look(held).get(name) or {}).get("nodes")
+    return {n: v for n, v in now.items() if n in recorded} if recorded else now
+
+
+# -- quarantine ---------------------------------------------------------------------
+def record_step(env: Environment, name: str, slice_: str, why: str, by: str, nodes: Fact | None = None,
+                play: str = PLAY) -> Step:
+    """The host written into the record (with the slice's nodes, on GKE)."""
+    held = R.fact(env)
+
+    def decide(look):
+        had = look(held).get(name)
+        if had is not None:
+            return ok(f"{name} is quarantined since {R.since_text(had)}: {had.get('why')}")
+        names = sorted(look(nodes)) if nodes is not None else []
+        return change(R.add(env, name, R.entry(slice_, why, by, names)), reason=f"recorded {name}: {why}",
+                      would=f"record {name} as quarantined: {why}", found="not quarantined")
+
+    return Step(play, f"record {name}", decide, id=f"{play}:record",
+                verify=Verify(held, lambda hs: None if name in hs else "not in the record"))
+
+
+def _node_step(env: Environment, name: str, what: str, needs: Callable[[dict], bool],
+               command: Callable[[str], Command], select: Callable[[Callable[[Fact], Any]], dict[str, dict]],
+               nodes: Fact, play: str, after: tuple[str, ...]) -> Step:
+    """One kubectl change per node of the host (``select``) that ``needs``
+    it; verified when none of those needs it any more."""
+    chosen: list[str] = []
+
+    def decide(look):
+        targets = select(look)
+        todo = sorted(n for n, v in targets.items() if needs(v))
+        chosen[:] = todo
+        if not targets:
+            return ok(f"no node of {name} is left: nothing to {what}")
+        if not todo:
+            return ok(f"every node of {name} ({len(targets)}) is as asked: nothing to {what}")
+        return change(*[command(n) for n in todo], reason=f"{what}: {', '.join(todo)}",
+                      would=f"{what} {', '.join(todo)}", found=f"{len(todo)} node(s) to {what}")
+
+    def check(now: Any) -> str | None:
+        left = [n for n in chosen if n in now and needs(now[n])]
+        return f"{', '.join(left)}: not yet" if left else None
+
+    return Step(play, f"{what} the nodes of {name}", decide, id=f"{play}:{what}", after=after,
+                verify=Verify(nodes, check, timeout=30, interval=2))
+
+
+def pods_step(env: Environment, name: str, held: Fact, nodes: Fact) -> Step:
+    """The worker pods on the host's nodes deleted: KubeRay makes them again,
+    and the taint keeps them off these nodes."""
+    pods = pods_fact(env)
+    chosen: list[str] = []
+
+    def decide(look):
+        targets = _targets(env, name, look, nodes, held)
+        todo = sorted(p for p, node in look(pods).items() if node and node in targets)
+        chosen[:] = todo
+        if not todo:
+            return ok(f"no Ray worker pod runs on the nodes of {name}")
+        return change(*[kube(env, "delete", "pod", p, "--namespace", env.namespace) for p in todo],
+                      reason=f"deleted {', '.join(todo)} (KubeRay makes them again, elsewhere)",
+                      would=f"delete worker pod(s) {', '.join(todo)}", found=f"{len(todo)} pod(s) on its nodes")
+
+    def check(now: Any) -> str | None:
+        left = [p for p in chosen if p in now]
+        return f"{', '.join(left)} still there" if left else None
+
+    return Step(PLAY, f"move the worker pods off {name}", decide, id=f"{PLAY}:pods",
+                after=(f"{PLAY}:cordon", f"{PLAY}:taint"), verify=Verify(pods, check, timeout=120, interval=3))
+
+
+def replace_step(env: Environment, name: str, held: Fact, nodes: Fact, delete: Command) -> Step:
+    """The slice's pool deleted while a node of the record is still in it
+    (the pool's own step, after this one, makes it again: new nodes)."""
+    pool = nodepools_fact(env, name)
+
+    def decide(look):
+        targets = _targets(env, name, look, nodes, held)
+        if not targets:
+            return ok(f"no quarantined node of {name} is left in its pool: nothing to replace")
+        return change(delete, reason=f"deleted node pool {name} ({len(targets)} quarantined node(s)); made again next",
+                      would=f"delete node pool {name}, to make it again", found="its quarantined nodes")
+
+    return Step(PLAY, f"replace node pool {name}", decide, id=f"{PLAY}:replace", after=(f"{PLAY}:pods",),
+                verify=Verify(pool, lambda p: None if p is ABSENT else f"node pool {name} still there",
+                              timeout=POOL_DELETE_TIMEOUT, interval=15))
+
+
+def gke_steps(env: Environment, name: str, why: str, by: str, delete_pool: Command | None = None) -> list[Step]:
+    """Quarantine a slice (``name``: its node pool): record, cordon, taint,
+    the worker pods moved off; with ``delete_pool``, its pool deleted (the
+    caller adds the pool's create step after it)."""
+    nodes, held = nodes_fact(env, name), R.fact(env)
+
+    def select(look):
+        return _targets(env, name, look, nodes, held)
+
+    out = [record_step(env, name, name, why, by, nodes),
+           _node_step(env, name, "cordon", lambda v: not v["cordoned"], lambda n: kube(env, "cordon", n), select,
+                      nodes, PLAY, (f"{PLAY}:record",)),
+           _node_step(env, name, "taint", lambda v: not v["tainted"],
+                      lambda n: kube(env, "taint", "nodes", n, TAINT, "--overwrite"), select, nodes, PLAY,
+                      (f"{PLAY}:cordon",)),
+           pods_step(env, name, held, nodes)]
+    if delete_pool is not None:
+        out.append(replace_step(env, name, held, nodes, delete_pool))
+    return out
+
+
+# -- release ------------------------------------------------------------------------
+def forget_step(env: Environment, name: str, play: str = RELEASE, after: tuple[str, ...] = ()) -> Step:
+    """The host taken out of the record (last: a release cut short is found again)."""
+    held = assume(R.fact(env), {name: R.entry(name, "(as recorded)", "(as recorded)")})
+
+    def decide(look):
+        if name not in look(held):
+            return ok(f"{name} is not in the record")
+        return change(R.remove(env, name), reason=f"{name} taken out of the record",
+                      would=f"take {name} out of the record", found="quarantined")
+
+    return Step(play, f"forget {name}", decide, id=f"{play}:record", after=after,
+                verify=Verify(held, lambda hs: "still in the record" if name in hs else None))
+
+
+def release_gke_steps(env: Environment, name: str) -> list[Step]:
+    """Uncordon and untaint the slice's nodes that are of the record or carry
+    our taint (never a node someone else cordoned), then forget it."""
+    nodes = nodes_fact(env, name, cordoned=True)
+    held = assume(R.fact(env), {name: R.entry(name, "(as recorded)", "(as recorded)")})
+
+    def ours(look):
+        recorded = set((look(held).get(name) or {}).get("nodes") or [])
+        return {n: v for n, v in look(nodes).items() if n in recorded or v["tainted"]}
+
+    return [_node_step(env, name, "uncordon", lambda v: v["cordoned"], lambda n: kube(env, "uncordon", n), ours,
+                       nodes, RELEASE, ()),
+            _node_step(env, name, "untaint", lambda v: v["tainted"],
+                       lambda n: kube(env, "taint", "nodes", n, f"{TAINT_KEY}-"), ours, nodes, RELEASE,
+                       (f"{RELEASE}:uncordon",)),
+            forget_step(env, name, after=(f"{RELEASE}:untaint",))]
+
+
+# -- what is set aside (`invoke hosts`, a row of `status`) ----------------------------
+def listing(env: Environment, look: Callable[[Fact], Any]) -> list[dict]:
+    """Each host of the record; on GKE with its recorded nodes as they are
+    now (cordoned, tainted, gone)."""
+    out = []
+    for name, rec in sorted(look(R.fact(env)).items()):
+        row = {"host": name, "slice": rec.get("slice"), "why": rec.get("why"), "since": R.since_text(rec),
+               "by": rec.get("by"), "nodes": None}
+        if env.platform.cloud and slice_of(env, name) is not None:
+            now = look(nodes_fact(env, name, cordoned=True))
+            row["nodes"] = {n: now.get(n) for n in rec.get("nodes") or []}
+        out.append(row)
+    return out
+
+
+def row_lines(row: dict) -> list[str]:
+    """A host of ``listing`` in lines: the host, then each node now."""
+    out = [f"{row['host']}: slice {row['slice']}, since {row['since']}, by {row['by']}: {row['why']}"]
+    for n, v in (row["nodes"] or {}).items():
+        out.append(f"  node {n}: gone (its pool made again, or the node replaced)" if v is None else
+                   f"  node {n}: {'cordoned' if v['cordoned'] else 'NOT cordoned'}, "
+                   f"{'tainted' if v['tainted'] else 'NOT tainted'}")
+    return out
+
+
+def list_step(env: Environment, play: str = "hosts", held_fails: bool = False) -> Step:
+    """Read-only: the hosts set aside. ``held_fails`` (a row of `status`):
+    a host set aside is not as the inventory asks (its slice is held out)."""
+    def decide(look):
+        rows = listing(env, look)
+        if not rows:
+            return ok("no host is quarantined", data=[])
+        lines = [line for r in rows for line in row_lines(r)]
+        names = ", ".join(r["host"] for r in rows)
+        if held_fails:
+            return fail(f"{len(rows)} quarantined: {names} (`invoke hosts`; `invoke hosts.release NAME` gives one "
+                        f"back)", notes=lines)
+        return ok(f"{len(rows)} quarantined: {names}", data=rows, notes=lines)
+
+    return Step(play, "quarantined hosts", decide, id=f"{play}:quarantined", probes=(R.fact(env),))

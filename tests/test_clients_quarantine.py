@@ -1,0 +1,130 @@
+"""A slice set aside on GKE and given back: `invoke hosts.quarantine` cordons
+and taints its nodes and moves its worker pods off (KubeRay's new pods do
+not land there), the optional pool replaced whole; a second run changes
+nothing; check mode changes nothing; `invoke hosts.release` undoes it.
+
+The real gcloud and kubectl against the loopback fakes (tests/fakes/; what
+every such test shares: tests/clients.py)."""
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from playbooks.plays.quarantine import TAINT_KEY
+from tests.clients import ROOT, Cloud, failed_run, ok_run, recap
+
+pytestmark = pytest.mark.clients
+
+POOL = "v6e-16-0"
+
+
+def pool_nodes(cloud: Cloud, pool: str = POOL) -> dict[str, dict]:
+    return {n["metadata"]["name"]: n.get("spec") or {} for n in cloud.kube.list("nodes")
+            if n["metadata"]["labels"].get("cloud.google.com/gke-nodepool") == pool}
+
+
+def on_nodes(cloud: Cloud, nodes) -> list[str]:
+    return sorted(p["metadata"]["name"] for p in cloud.kube.list("pods", "default", "ray.io/node-type=worker")
+                  if (p.get("spec") or {}).get("nodeName") in set(nodes))
+
+
+def tainted(spec: dict) -> bool:
+    return any(t.get("key") == TAINT_KEY and t.get("effect") == "NoSchedule" for t in spec.get("taints") or [])
+
+
+def record(cloud: Cloud) -> dict:
+    path = ROOT / ".state" / cloud.envdata().name / "quarantine.json"
+    return json.loads(path.read_text())["hosts"] if path.exists() else {}
+
+
+def up(cloud: Cloud) -> dict[str, dict]:
+    cloud.seed_full()
+    cloud.get_credentials()
+    nodes = pool_nodes(cloud)
+    assert len(nodes) == 4 and len(on_nodes(cloud, nodes)) == 4    # a v6e-16 slice: 4 hosts, a worker on each
+    return nodes
+
+
+def test_quarantine_cordons_taints_moves_the_pods_then_a_second_run_changes_nothing(cloud: Cloud):
+    nodes = up(cloud)
+    before = on_nodes(cloud, nodes)
+    run = ok_run(cloud.invoke("hosts.quarantine", POOL, "--why=chips failed the matmul check"))
+    for name, spec in pool_nodes(cloud).items():
+        assert spec.get("unschedulable") is True, (name, spec)
+        assert tainted(spec), (name, spec)
+    deleted = sorted(r.path.rsplit("/", 1)[-1] for r in run.kube if r.method == "DELETE")
+    assert deleted == before
+    # KubeRay's stand-in made them again: none on the quarantined nodes, and
+    # with every other node taken, they wait (as on GKE, until a slice comes).
+    assert on_nodes(cloud, nodes) == []
+    pending = [p for p in cloud.kube.list("pods", "default", "ray.io/node-type=worker")
+               if p["status"]["phase"] == "Pending"]
+    assert len(pending) == 4 and "untolerated taints" in json.dumps(pending[0]["status"])
+    # The other slice's nodes are untouched.
+    assert not any(s.get("unschedulable") or s.get("taints") for s in pool_nodes(cloud, "v6e-16-1").values())
+    rec = record(cloud)[POOL]
+    assert (rec["slice"], sorted(rec["nodes"]), rec["why"]) == (POOL, sorted(nodes), "chips failed the matmul check")
+    assert rec["by"] == "invoke hosts.quarantine"
+    assert recap(run, "quarantine")["failed"] == 0
+
+    again = ok_run(cloud.invoke("hosts.quarantine", POOL, "--why=again"))
+    assert again.changes == [], again.changes
+    assert record(cloud)[POOL]["why"] == "chips failed the matmul check"       # the first reason stays
+
+    listed = ok_run(cloud.invoke("hosts"))
+    assert re.search(rf"^{POOL}: slice {POOL}, since \S+ \S+, by invoke hosts.quarantine: chips failed the matmul "
+                     rf"check$", listed.out, re.M), listed.out
+    assert len(re.findall(r"^  node \S+: cordoned, tainted$", listed.out, re.M)) == 4, listed.out
+    assert listed.changes == []
+
+
+def test_check_mode_changes_nothing_and_says_what_it_would_do(cloud: Cloud):
+    nodes = up(cloud)
+    run = ok_run(cloud.invoke("hosts.quarantine", POOL, "--why=x", INVOKE_PLAYBOOK_MODE="check"))
+    assert run.changes == []
+    assert record(cloud) == {}
+    assert not any(s.get("unschedulable") or s.get("taints") for s in pool_nodes(cloud).values())
+    assert len(on_nodes(cloud, nodes)) == 4
+    assert "would record v6e-16-0 as quarantined: x" in run.out
+
+
+def test_release_uncordons_untaints_and_forgets_but_leaves_a_node_someone_else_cordoned(cloud: Cloud):
+    nodes = up(cloud)
+    ok_run(cloud.invoke("hosts.quarantine", POOL, "--why=hung in a collective"))
+    other = sorted(pool_nodes(cloud, "v6e-16-1"))[0]
+    p = cloud.client("kubectl", "cordon", other)                  # a person's, not ours
+    assert p.returncode == 0, p.stderr
+    run = ok_run(cloud.invoke("hosts.release", POOL))
+    for name, spec in pool_nodes(cloud).items():
+        assert not spec.get("unschedulable") and not tainted(spec), (name, spec)
+    assert pool_nodes(cloud, "v6e-16-1")[other].get("unschedulable") is True
+    assert record(cloud) == {}
+    assert recap(run, "release")["changed"] == 3       # uncordon, untaint, forget
+    again = ok_run(cloud.invoke("hosts.release", POOL))
+    assert again.changes == []
+    assert sorted(nodes) == sorted(pool_nodes(cloud))
+
+
+def test_a_pool_replaced_whole_when_the_inventory_says_so(cloud: Cloud):
+    cloud.change_inventory(quarantine_replace_pool=True)
+    nodes = up(cloud)
+    run = ok_run(cloud.invoke("hosts.quarantine", POOL, "--why=vfio busy"))
+    assert [r.path.rsplit("/", 1)[-1] for r in run.gcp if r.method == "DELETE"] == [POOL]
+    assert [r.body["nodePool"]["name"] for r in run.gcp if r.method == "POST" and r.path.endswith("/nodePools")] \
+        == [POOL]
+    new = pool_nodes(cloud)
+    assert len(new) == 4 and not set(new) & set(nodes)             # new nodes, not set aside
+    assert not any(s.get("unschedulable") or s.get("taints") for s in new.values())
+    assert len(on_nodes(cloud, new)) == 4                            # the workers came back onto them
+    again = ok_run(cloud.invoke("hosts.quarantine", POOL, "--why=vfio busy"))
+    assert again.changes == [], again.changes
+    assert "no quarantined node of v6e-16-0 is left in its pool: nothing to replace" in again.out
+
+
+def test_a_bad_host_name_is_one_line_naming_the_known_hosts(cloud: Cloud):
+    run = failed_run(cloud.invoke("hosts.quarantine", "v6e-16-7", "--why=x"))
+    assert run.out.strip() == ("error: host 'v6e-16-7': not a TPU slice's node pool of "
+                               f"{cloud.envdata().name} (its hosts: v6e-16-0, v6e-16-1)"), run.out
+    assert run.requests == []
