@@ -70,10 +70,8 @@ GENERATION_TASKS = ("capacity", "network", "nodepools", "up", "raycluster", "tra
                     "preflight-llama3-70b", "train-elastic", "status", "teardown")
 
 
-<<<<<<< HEAD
 # The twin's chaos alone: on GKE these tasks refuse in one line (tests/test_chaos.py).
 LOCAL_ONLY = ("chaos-sicken", "chaos-heal")
-=======
 # The hosts set aside: hosts.quarantine and hosts.release name a host, each
 # environment's first (a simulated host; a slice's node pool on GKE).
 HOST_TASKS = {
@@ -92,7 +90,6 @@ def args_of(env: str, task: str) -> list[str]:
     if task in HOST_TASKS:
         return [a.format(host=FIRST_HOST[env]) for a in HOST_TASKS[task]]
     return TASKS[task]
->>>>>>> quar36
 
 
 def environments() -> list[str]:

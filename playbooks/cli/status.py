@@ -32,8 +32,8 @@ from playbooks.core.facts import ABSENT, Completed, Fact
 from playbooks.core.recap import CHANGED, FAILED, NOT_READY, OK, SKIPPED, UNKNOWN, UNREACHABLE, Recap, StepResult
 from playbooks.core.step import Step, fail, ok, unchecked
 from playbooks.job.spec import Checkpoints, run_checkpoints
-from playbooks.runs import events as E
 from playbooks.plays import quarantine
+from playbooks.runs import events as E
 from playbooks.runs import metrics, stall, timeline
 
 PLAY = "status"

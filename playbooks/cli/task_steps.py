@@ -30,6 +30,7 @@ from playbooks.plays import (
     train,
 )
 from playbooks.runs import placement
+from playbooks.twin.nodes import hosts_of
 
 GKE_ONLY = ("capacity", "prereqs", "network", "cluster", "nodepools", "storage")
 UP = ("prereqs", "network", "cluster", "nodepools", "storage", "raycluster", "dashboard")
