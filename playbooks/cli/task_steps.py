@@ -29,7 +29,7 @@ from playbooks.plays import (
     teardown,
     train,
 )
-from playbooks.runs import placement
+from playbooks.runs import placement, restart
 from playbooks.twin.nodes import hosts_of
 
 GKE_ONLY = ("capacity", "prereqs", "network", "cluster", "nodepools", "storage")
@@ -155,7 +155,18 @@ def train_steps(env: Environment, job: Job, log_file: Path | None = None, prefli
     hold = [train.hold_step(job)] if env.platform.cloud else []
     return _then(checks + train.preemption_note(env, job) + cluster_ready_steps(env)
                  + [train.slices_step(env, job), train.checkpoint_step(job)] + hold + [train.estimate_step(job)],
-                 [train.job_step(job, log_file)])
+                 [train.job_step(job, log_file, follow_quarantine(env, job.elastic))])
+
+
+def follow_quarantine(env: Environment, elastic: bool) -> restart.Quarantine:
+    """How a followed job's watch sets a host aside (stall_action: restart):
+    ``hosts.quarantine``'s steps, its pool never made again from the watch
+    (that takes many minutes: `invoke hosts.quarantine NAME` does it)."""
+    hosts = {h.name: h.tpu_name for h in hosts_of(env)} if env.platform.simulated else \
+        {n: n for n in quarantine.known_hosts(env)}
+    refused = None if env.platform.simulated or env.cluster_mode.our_node_pools else AUTOPILOT_QUARANTINE
+    return restart.Quarantine(elastic, hosts, lambda name, why, by: quarantine_steps(env, name, why, by,
+                                                                                     replace=False), refused)
 
 
 def preflight_steps(env: Environment, job: Job) -> list[Step]:
@@ -203,11 +214,12 @@ AUTOPILOT_QUARANTINE = ("Autopilot makes and replaces its own nodes: this projec
                         "nodes of its own node pools (Standard)")
 
 
-def quarantine_steps(env: Environment, name: str, why: str, by: str) -> list[Step]:
+def quarantine_steps(env: Environment, name: str, why: str, by: str, replace: bool = True) -> list[Step]:
     """A host set aside (``host_problem`` checked first): recorded, then on
     the twin its Ray node stopped; on GKE its slice's nodes cordoned and
     tainted, its worker pods moved off, and, with quarantine_replace_pool,
-    its pool deleted and made again by the nodepools play's own step."""
+    its pool deleted and made again by the nodepools play's own step
+    (unless ``replace`` is false)."""
     if env.platform.simulated:
         host = next(h for h in hosts_of(env) if h.name == name)
         return _then([quarantine.record_step(env, name, host.tpu_name, why, by)],
@@ -215,7 +227,7 @@ def quarantine_steps(env: Environment, name: str, why: str, by: str) -> list[Ste
     if not env.cluster_mode.our_node_pools:
         return [skipped(quarantine.PLAY, f"quarantine {name}", AUTOPILOT_QUARANTINE, id="quarantine:autopilot")]
     i = host_names(env).index(name)
-    delete = nodepools.delete_command(env, name) if env.quarantine_replace_pool else None
+    delete = nodepools.delete_command(env, name) if env.quarantine_replace_pool and replace else None
     out = [cluster.credentials_step(env, quarantine.PLAY)] + quarantine.gke_steps(env, name, why, by, delete)
     if delete is not None:
         out = _then(out, [nodepools.pool_step(env, i)])

@@ -550,7 +550,7 @@ def overrides(v: Mapping, env: Mapping) -> str | Entry | None:
 
 
 # -- a running job: stalls ---------------------------------------------------
-STALL_ACTIONS = ("report", "stop")
+STALL_ACTIONS = ("report", "stop", "restart")
 STALL_AFTER_MIN, STALL_AFTER_MAX = 5, 7 * 24 * 3600
 
 
@@ -573,8 +573,10 @@ STALL = (
         doc="seconds without a new step that make a RUNNING job stalled (default: the larger of 10 x the run's p90 "
             "step time and 600; the compile is allowed for before a worker group's first step)"),
     Key("stall_action", default="report", rules=(stall_action,),
-        doc="report (a line, an event of the run's timeline) or stop (also `ray job stop`: no chips burn on a hung "
-            "job; a later `invoke train` resumes it from its checkpoint)"),
+        doc="report (a line, an event of the run's timeline), stop (also `ray job stop`: no chips burn on a hung "
+            "job; a later `invoke train` resumes it from its checkpoint) or restart (an elastic job: the host the "
+            "hang diagnosis or the health gate names quarantined, the job goes on on the slices left; else "
+            "stopped; docs/quarantine.md)"),
 )
 
 # -- an elastic job: how soon it takes in a slice that came ----------------------

@@ -260,6 +260,30 @@ def execute(step: Step, ctx: StepContext) -> Outcome:
     return _decided(ctx, step, decision)
 
 
+def run_within(ctx: StepContext, steps: Sequence[Step]) -> list[tuple[Step, Outcome]]:
+    """Steps run from inside a running step (an action it takes while it
+    runs: the follow's quarantine of a host), one after another through the
+    same runner and mode, so each is printed, recorded, and only printed in
+    check mode and a dry run; their lines go to the running step's log, a
+    line per step's outcome. A failure stops the rest (not run). Returns
+    each step run, with its outcome."""
+    done: list[tuple[Step, Outcome]] = []
+    for step in steps:
+        ctx.log.emit("step", f"[{step.title}]")
+        inner = StepContext(ctx.runner, step, ctx.log, ctx.sleep, ctx.heartbeat, ctx.clock)
+        try:
+            out = execute(step, inner)
+        except PlaybookError as e:
+            out = Outcome(FAILED, str(e).splitlines()[0] if str(e) else type(e).__name__)
+        if out.outcome == CHANGED and not ctx.acting and not out.reason.startswith("would "):
+            out = Outcome(CHANGED, f"would change: {out.reason}", out.cause, out.found, out.data, out.notes)
+        ctx.log.raw(f"  {out.outcome}: [{step.title}]" + (f" {shown(out.reason)}" if out.reason else ""))
+        done.append((step, out))
+        if out.outcome in FAILING:
+            break
+    return done
+
+
 def _decided(ctx: StepContext, step: Step, decision: Decision) -> Outcome:
     """The outcome of a decision that is not a change: as it is, or after
     the wait it asks for."""

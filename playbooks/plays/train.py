@@ -38,7 +38,7 @@ from playbooks.job.spec import (
     restores_unfinished,
     submit_command,
 )
-from playbooks.runs import cost, goodput, metrics, timeline
+from playbooks.runs import cost, goodput, metrics, restart, timeline
 from playbooks.runs import events as E
 from playbooks.runs.follow import Followed, Follower, follow
 from playbooks.runs.job_log import clean
@@ -350,9 +350,10 @@ def entrypoint_steps(entrypoint: str) -> int | None:
     return int(found[-1]) if found and found[-1].isdigit() else None
 
 
-def job_step(job: Job, log_file: Path | None = None) -> Step:
-    """A run step: it follows the job's log as it comes, to the job's end."""
-    run = JobRun(job, log_file)
+def job_step(job: Job, log_file: Path | None = None, quarantine: restart.Quarantine | None = None) -> Step:
+    """A run step: it follows the job's log as it comes, to the job's end
+    (``quarantine``: how its follow sets a host aside, stall_action: restart)."""
+    run = JobRun(job, log_file, quarantine)
     return Step(PLAY, f"job {job.run_name} ({job.model}{', elastic' if job.elastic else ''})", run=run.run,
                 id="train:job", after=("train:checkpoints",))
 
@@ -361,8 +362,8 @@ class JobRun:
     """The job step's parts: which job (one running of the run is followed,
     else a new one submitted), the follow, what it came to."""
 
-    def __init__(self, job: Job, log_file: Path | None):
-        self.job, self.log_file = job, log_file
+    def __init__(self, job: Job, log_file: Path | None, quarantine: restart.Quarantine | None = None):
+        self.job, self.log_file, self.quarantine = job, log_file, quarantine
         self.via = connectors.connector(job.env)
         self.listing, self.checkpoints = jobs_fact(job.address, self.via), checkpoints_fact(job)
 
@@ -382,7 +383,7 @@ class JobRun:
                    lambda fl: _follow_or_submit(ctx, job, sid, active is not None, fl), run=job.run_name, job=active,
                    log_file=self.log_file, heartbeat=lambda fl: self.now(ctx, sid, fl),
                    interrupted=f"interrupted: job {sid} goes on in the cluster; `invoke train` again follows it, "
-                               f"`ray job stop --address {job.address} {sid}` stops it")
+                               f"`ray job stop --address {job.address} {sid}` stops it", quarantine=self.quarantine)
         return self.outcome(ctx, sid, f)
 
     def which(self, ctx: StepContext, listed: Any) -> tuple[str, dict | None]:
@@ -427,6 +428,6 @@ class JobRun:
             ctx.echo(f"  {line}")
         _keep_metrics(ctx, job, f.summary, sid)
         if f.stopped and isinstance(final, dict) and final.get("status") == "STOPPED":
-            return Outcome(FAILED, f"job {sid} STOPPED after a stall (stall_action: stop): `invoke train` resumes "
-                                   f"run {job.run_name} from its last checkpoint")
+            return Outcome(FAILED, f"job {sid} STOPPED after a stall (stall_action: {job.env.stall_action}): `invoke "
+                                   f"train` resumes run {job.run_name} from its last checkpoint")
         return _verdict(job, sid, final, f.summary, self.log_file)

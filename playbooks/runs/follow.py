@@ -1,8 +1,10 @@
 """Following a job (``invoke train``, ``invoke logs --follow``): what its log
 lines become (the summary, the run's log file, the lines shown, the run's
 timeline), and the watch beside it while it runs: a stall said in one line
-(and, with ``stall_action: stop``, the job stopped), on GKE the worker
-pods (scheduled, lost and why), and what the chaos tasks recorded."""
+(and, with ``stall_action: stop``, the job stopped; with ``restart``, the
+host the hang diagnosis names set aside: ``runs/restart.py``), a health
+gate's failed hosts, on GKE the worker pods (scheduled, lost and why), and
+what the chaos tasks recorded."""
 from __future__ import annotations
 
 import contextlib
@@ -24,9 +26,11 @@ from playbooks.config.schema import Environment
 from playbooks.core.command import Command
 from playbooks.core.errors import PlaybookError
 from playbooks.core.facts import Completed
-from playbooks.core.play import StepContext
+from playbooks.core.play import StepContext, run_within
+from playbooks.core.recap import FAILING
 from playbooks.runs import events as E
-from playbooks.runs import hang_evidence, pod_watch, stall, timeline
+from playbooks.runs import hang_evidence, pod_watch, restart, stall, timeline
+from playbooks.runs.hang_diagnosis import Diagnosis
 from playbooks.runs.cli_traceback import TracebackHold
 from playbooks.runs.job_log import clean, shown
 from playbooks.runs.train_summary import Summary
@@ -38,12 +42,28 @@ def stop_command(address: str, sid: str) -> Command:
     return Command(("ray", "job", "stop", "--address", address, sid))
 
 
-def watch_note(env: Environment, address: str, sid: str, run: str) -> str:
+def sets_aside(env: Environment, q: restart.Quarantine | None) -> bool:
+    """Whether this follow sets hosts aside by itself (``stall_action:
+    restart``, an elastic job, hosts that can be)."""
+    return env.stall_action == "restart" and q is not None and q.elastic and not q.refused
+
+
+def watch_note(env: Environment, address: str, sid: str, run: str, q: restart.Quarantine | None = None) -> str:
     """What the watch does while the job runs, said before it starts."""
     after = (f"{env.stall_after} s (stall_after; looked for every {stall.look_every(1e9, env.stall_after):g} s or "
              f"heartbeat, whichever is sooner)" if env.stall_after else
              f"the larger of {stall.P90_FACTOR:g} x the run's p90 step time and {stall.DEFAULT_FLOOR / 60:g} min")
-    act = f"stopped: `{stop_command(address, sid).line()}`" if env.stall_action == "stop" else "reported"
+    stop = f"`{stop_command(address, sid).line()}`"
+    if env.stall_action == "restart" and sets_aside(env, q):
+        act = (f"the host(s) the hang diagnosis names quarantined as `invoke hosts.quarantine NAME` does (the "
+               f"elastic job goes on on the slices left; its steps below), else stopped: {stop}; a host the health "
+               f"gate fails, quarantined too")
+    elif env.stall_action == "restart":
+        why = (q.refused if q is not None and q.refused else "the job is not elastic" if q is not None else
+               "this follow sets no host aside: `invoke train` does")
+        act = f"stopped: {stop}, the host the hang diagnosis names said ({why})"
+    else:
+        act = f"stopped: {stop}" if env.stall_action == "stop" else "reported"
     pods = (f"; the worker pods looked at every {'look' if env.stall_after else 'heartbeat'} "
             f"(`{P.list_command(env).line()}`, and the events)"
             if env.platform.cloud else "")
@@ -66,16 +86,21 @@ class Followed:
 def follow(ctx: StepContext, env: Environment, sid: str, address: str, via: Any,
            stream: Callable[[Follower], Completed | None], *, run: str, job: Any = None, log_file: Path | None = None,
            show_all: bool = False, source: str = "train", heartbeat: Callable[[Follower], str] | None = None,
-           interrupted: str = "") -> Followed:
+           interrupted: str = "", quarantine: restart.Quarantine | None = None) -> Followed:
     """Follow job ``sid`` to its end, the one way both ``train`` and ``logs
     --follow`` do: the follower (its lines, summary, log file, timeline), the
     watch note, a running job's submission time, the heartbeat (``heartbeat``
     says the job's state) and the watch beside ``stream`` (which runs the
     command that streams the log into the follower), then the Jobs API's
     final word and the job's end in the timeline. ``interrupted``: said on
-    Ctrl-C (the job goes on)."""
-    f = Follower(ctx, env, run, sid, log_file, show_all=show_all, source=source, job=job)
-    ctx.note(watch_note(env, address, sid, run))
+    Ctrl-C (the job goes on). ``quarantine``: how hosts are set aside
+    (``stall_action: restart``; its steps shown, not run, when not acting)."""
+    f = Follower(ctx, env, run, sid, log_file, show_all=show_all, source=source, job=job, quarantine=quarantine)
+    ctx.note(watch_note(env, address, sid, run, quarantine))
+    if not ctx.acting and quarantine is not None and sets_aside(env, quarantine):
+        first = next(iter(quarantine.hosts))
+        ctx.note(f"watch: a host set aside by {restart.BY_STALL}, e.g. {first}:")
+        run_within(ctx, quarantine.steps(first, "(the hang diagnosis's line)", restart.BY_STALL))
     lost: str | None = None
     if job is not None:
         f.started(job)
@@ -113,8 +138,11 @@ class Follower:
     timeline; ``beat``: a heartbeat told of each line shown."""
 
     def __init__(self, ctx: StepContext, env: Environment, run: str, sid: str, log_file: Path | None = None,
-                 show_all: bool = False, source: str = "train", job: Any = None):
+                 show_all: bool = False, source: str = "train", job: Any = None,
+                 quarantine: restart.Quarantine | None = None):
         self.ctx, self.env, self.run, self.sid, self.source = ctx, env, run, sid, source
+        self.quarantine = quarantine
+        self.quarantined: list[str] = []  # hosts this follow quarantined (stall_action: restart)
         self.summary = Summary(chip=env.tpu, simulated=env.platform.simulated)
         self.show_all = show_all
         self.log_file = str(log_file) if (log_file and ctx.acting) else None  # written through the connector
@@ -129,7 +157,7 @@ class Follower:
         self.timeline = timeline.Writer(env, run, sid, since if job is not None else None) if ctx.acting else None
         self.stall = StallTracker(self)
         self.heartbeats = hang_evidence.Heartbeats()  # each worker's last beat: the hang diagnosis reads them
-        self.stopped = False  # by stall_action: stop
+        self.stopped = False  # by stall_action: stop (or restart, with no host to set aside)
         self.read = array("q")  # each line read, hashed: a log read again from its start skips them (Relink)
         # Where the job's own log begins among the lines read: a job already
         # there is followed through `ray job logs --follow` (its log from
@@ -246,7 +274,8 @@ class StallTracker:
         self.current: stall.Stall | None = None
 
     def look(self, now: float, running: Callable[[], bool], cause: Callable[[], str | None],
-             stop: Callable[[], object], diagnose: Callable[[], object] = lambda: None) -> None:
+             stop: Callable[[], object], diagnose: Callable[[], Diagnosis | None] = lambda: None,
+             restart_: Callable[[Diagnosis | None], object] = lambda d: None) -> None:
         f = self.f
         if self.current is not None:
             return
@@ -263,7 +292,7 @@ class StallTracker:
         f.ctx.echo(s.line() + (f"\n  why: {why}" if why else ""))
         f.add([timeline.event(E.STALL_STARTED, f.source, s.last_step, t=s.now, job=f.sid, since=s.since,
                               p90=s.p90, limit=s.limit, line=s.line(), **({"cause": why} if why else {}))])
-        diagnose()  # the hang named by its evidence, before any stop ends the workers
+        found = diagnose()  # the hang named by its evidence, before any stop ends the workers
         if f.beat is not None:
             f.beat.touch()
         if f.env.stall_action == "stop":
@@ -272,6 +301,8 @@ class StallTracker:
             f.add([timeline.event(E.STOPPED, f.source, s.last_step, job=f.sid, by="stall_action: stop")])
             f.ctx.echo(f"stall_action: stop: job {f.sid} stopped; `invoke train` resumes run {f.run} from its "
                        f"last checkpoint")
+        elif f.env.stall_action == "restart":
+            restart_(found)
 
     def progress(self, e: dict) -> None:
         """An event the follower added (under its lock): progress ends the stall."""
@@ -299,6 +330,7 @@ class Watch:
         self._pods: dict[str, dict] | None = None
         self._pools = pod_watch.NodePools(lambda node: kube_objects.node(self.env, node),
                                           lambda why: self.f.ctx.note(f"watch: {why}"))
+        self._gates: set[float] = set()  # the health gates' failures acted on (their times)
         self.thread = threading.Thread(target=self._run, daemon=True, name="job-watch")
 
     def __enter__(self) -> Watch:
@@ -340,10 +372,95 @@ class Watch:
             self.pods()
         if not any(e.get("kind") == E.SUBMITTED for e in f.job_events()):
             self.status()  # its start time, once the job is listed
-        f.stall.look(self.clock(), lambda: self.status() == "RUNNING", self.cause,
-                     lambda: f.ctx.act(stop_command(self.address, f.sid)), self.diagnose)
+        self.gate()
+        f.stall.look(self.clock(), lambda: self.status() == "RUNNING", self.cause, self.stop, self.diagnose,
+                     self.restart)
 
-    def diagnose(self) -> None:
+    def stop(self) -> None:
+        self.f.ctx.act(stop_command(self.address, self.f.sid))
+
+    # -- stall_action: restart, and the health gate's failures (runs/restart.py decides) --
+    def host_of(self, name: str) -> str | None:
+        """The host a worker's name maps to: on the twin the simulated host
+        of that name; on GKE the node pool of the node its pod (by name or
+        hostname) runs on. None: no host of the environment's."""
+        q = self.f.quarantine
+        if q is None:
+            return None
+        if self.env.platform.simulated:
+            return name if name in q.hosts else None
+        if self._pods is None or not _pod_named(self._pods, name):
+            self.pods()
+        pod = _pod_named(self._pods or {}, name)
+        node = (pod.get("spec") or {}).get("nodeName") if pod else None
+        pool = self._pools(node) if node else None
+        return pool if pool in q.hosts else None
+
+    def restart(self, found: Diagnosis | None) -> None:
+        """A stall with ``stall_action: restart``: the culprit host(s) set
+        aside (an elastic job), else the job stopped; said in one line."""
+        f = self.f
+        if not f.ctx.acting:
+            return
+        last = f.stall.current.last_step if f.stall.current is not None else None
+        if f.quarantine is None:
+            plan = restart.Plan((), True, f"{restart.BY_STALL}: job {f.sid} stopped: this follow sets no host aside "
+                                          f"(`invoke train` does); `invoke train` resumes run {f.run} from its last "
+                                          f"checkpoint")
+        else:
+            plan = restart.for_stall(f.quarantine, None if found is None else found.culprits, self.host_of, f.sid,
+                                     f.run, gone=f.quarantined)
+        if plan.hosts and self.set_aside(plan.hosts, found.line if found is not None else "a hang", restart.BY_STALL):
+            f.ctx.echo(plan.line)
+            return
+        if not plan.stop:  # a host could not be set aside: the job stopped instead (said by set_aside)
+            plan = restart.Plan((), True, f"{restart.BY_STALL}: job {f.sid} stopped; `invoke train` resumes run "
+                                          f"{f.run} from its last checkpoint")
+        self.stop()
+        f.stopped = True
+        f.add([timeline.event(E.STOPPED, f.source, last, job=f.sid, by=restart.BY_STALL)])
+        f.ctx.echo(plan.line)
+
+    def gate(self) -> None:
+        """A health gate that failed hosts, once each: set aside for an
+        elastic job with ``stall_action: restart``, else a line naming them."""
+        f = self.f
+        if not f.ctx.acting:
+            return
+        for e in f.job_events():
+            if e.get("kind") != E.HEALTH_GATE or not e.get("unhealthy") or e["t"] in self._gates:
+                continue
+            self._gates.add(e["t"])
+            bad = [u for u in e["unhealthy"] if isinstance(u, dict)]
+            q = f.quarantine if f.env.stall_action == "restart" else None
+            plan = restart.for_gate(q, restart.gate_names(bad, self.env.platform.simulated), self.host_of, f.sid,
+                                    gone=f.quarantined)
+            if plan is None:
+                continue
+            failed = sorted({str(c) for u in bad for c in (u.get("failed") or [])})
+            why = "failed its health checks" + (f": {', '.join(failed)}" if failed else "")
+            if not plan.hosts or self.set_aside(plan.hosts, why, restart.BY_GATE):
+                f.ctx.echo(plan.line)
+
+    def set_aside(self, hosts: tuple[str, ...], why: str, by: str) -> bool:
+        """Each host quarantined through the engine (its steps printed and
+        recorded as every step's are), then in the timeline; False when one
+        could not be (said)."""
+        f = self.f
+        q = f.quarantine
+        assert q is not None
+        for h in hosts:
+            done = run_within(f.ctx, q.steps(h, why, by))
+            failed = [o for _, o in done if o.outcome in FAILING]
+            if failed:
+                f.ctx.echo(f"{by}: host {h} could not be set aside: {failed[0].reason.splitlines()[0][:300]}")
+                return False
+            f.quarantined.append(h)
+            f.add([timeline.event(E.QUARANTINED, f.source, f.summary.last_step, job=f.sid, host=h,
+                                  slice=q.hosts.get(h), why=why, by=by)])
+        return True
+
+    def diagnose(self) -> Diagnosis | None:
         """The stall's hang named (once per stall): the workers' stacks and
         heartbeats, kept under the run's folder; said and in the timeline."""
         f = self.f
@@ -352,11 +469,12 @@ class Watch:
             found = hang_evidence.collect(self.env, f.run, self.address, self.via, beats, self.clock())
         except Exception as e:  # never in the way of the stall's own report and stop
             f.ctx.note(f"hang diagnosis: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}")
-            return
+            return None
         d = found.diagnosis
         f.ctx.echo(f"  {d.line} (evidence: {found.folder})")
         f.add([timeline.event(E.HANG_DIAGNOSED, f.source, f.summary.last_step, job=f.sid, cause=d.cause,
                               culprits=list(d.culprits), line=d.line, evidence=found.folder)])
+        return d
 
     def cause(self) -> str | None:
         """The first Kubernetes cause found (GKE), or what a chaos task did
@@ -389,6 +507,11 @@ class Watch:
             self.f.add([dict(e, job=self.f.sid) for e in found
                         if not (e["kind"] == E.WORKER_LOST and e.get("pod") in chaos)])
         self._pods = now
+
+
+def _pod_named(pods: dict[str, dict], name: str) -> dict | None:
+    """The pod a worker's name is: its pod's name, or its hostname."""
+    return pods.get(name) or next((p for p in pods.values() if (p.get("spec") or {}).get("hostname") == name), None)
 
 
 class Replay:

@@ -22,7 +22,10 @@ Where they come from:
   source, its error), ``resize`` (from, to), ``worker_lost`` (a node Ray
   marked dead).
 - ``train``/``logs``: the follower: ``submitted``, ``stall_started``,
-  ``stall_ended``, ``stopped`` (stall_action: stop), ``job_end`` (status).
+  ``stall_ended``, ``stopped`` (stall_action: stop, or restart with no
+  host to set aside), ``hang_diagnosed``, ``quarantined`` (a host set
+  aside by stall_action: restart or a failed health gate: host, slice, why,
+  by; ``runs/restart.py``), ``job_end`` (status).
 - ``chaos``: the chaos tasks, for the run of the running job:
   ``worker_lost`` (by chaos: the host or pod; a twin's host with its
   slice), ``worker_hung``, ``worker_resumed``, ``host_back`` (a twin's
