@@ -108,6 +108,9 @@ def cases() -> list[tuple[str, str, Path | None]]:
         out += [(e, t, GENERATIONS_INVENTORY) for t in GENERATION_TASKS]
     out += [(e, t, None) for e in ("dev", "dev-autopilot", "local") for t in HOST_TASKS]
     out += [("std-replace-pool", t, QUARANTINE_INVENTORY) for t in ("hosts-quarantine", "hosts-release")]
+    # stall_action: restart: the watch's quarantine, its steps in the dry run (an elastic job), or the stop.
+    out += [("std-replace-pool", "train-elastic", QUARANTINE_INVENTORY)]
+    out += [("local-restart", t, QUARANTINE_INVENTORY) for t in ("train-elastic", "train-llama3-8b")]
     return out
 
 

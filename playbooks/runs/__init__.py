@@ -13,8 +13,10 @@ second went (``goodput``, and the field's library on the same run,
 estimate before a submit (``cost``), the list of an environment's runs
 (``run_list``), its kept step metrics and their plot (``metrics``), where each
 rank of a running job sits (``placement``), what a chaos task's
-``--target`` aims at (``chaos_target``) and the hosts an environment has set
-aside (``quarantine_record``).
+``--target`` aims at (``chaos_target``), the hosts an environment has set
+aside (``quarantine_record``) and which host the follow sets aside by
+itself, or whether it stops the job instead (``restart``: stall_action:
+restart, a failed health gate).
 
 May import ``playbooks.core``, ``playbooks.config``, ``playbooks.access``,
 ``playbooks.cloud`` and ``playbooks.job``.
