@@ -33,6 +33,12 @@ Pure functions of a run's events and its price basis: no I/O.
   than all are held, the dollars are a range (the cheapest to the dearest
   slices that many), never a mean. A slice without a price leaves the run
   without one: chip-hours only.
+- A host the follower set aside (``quarantined``: stall_action: restart, a
+  failed health gate; ``runs/restart.py``): on the twin its host is
+  stopped, not billed (as a lost host); on GKE its slice's nodes exist and
+  bill, not in any worker group: their own cause, ``quarantined``, until a
+  pod is placed on its pool again (the pool made again) or the run's next
+  job is priced (a release is not in the run's timeline).
 - Each second of the goodput report (``goodput.py``'s segments: productive
   or one cause of badput) costs the chips used then; the chips billed and
   not used then are ``held``.
@@ -56,6 +62,8 @@ from playbooks.runs import events as E
 PRICED = E.PRICED
 HELD = "held"  # cost's own cause: chips billed, not in the worker group
 HELD_WHAT = "held, not training"
+QUARANTINED = "quarantined"  # cost's own cause: a slice set aside, its nodes billed (GKE)
+QUARANTINED_WHAT = "quarantined (set aside, billed)"
 # A pod lost this way took its node with it (pod_watch.py's words); a failed
 # or deleted pod leaves its node, billed.
 NODE_GONE = ("preemption", "maintenance", "node gone", "preemption or maintenance")
@@ -306,11 +314,12 @@ class Period:
     basis: Basis
     billed: Held
     used: Held
+    quarantined: Held = Held(frozenset(), 0)  # billed, set aside (GKE)
 
     @property
     def held(self) -> Held:
         among = self.billed.among - self.used.among if self.used.k == len(self.used.among) else self.billed.among
-        return Held(among, max(0, self.billed.k - self.used.k))
+        return Held(among - self.quarantined.among, max(0, self.billed.k - self.used.k - self.quarantined.k))
 
 
 def _groups(events: list[dict]) -> dict[int, frozenset[str]]:
@@ -344,6 +353,8 @@ class _Walk:
         self.basis, self.groups = resolve(basis, where), groups
         self.absent: set[str] = set()
         self.gone = 0  # slices gone whose name was not recorded
+        self.aside: set[str] = set()  # slices set aside, still billed (GKE)
+        self.aside_unnamed = 0  # the same, their name not known
         self.running = True
         self.group: tuple[frozenset[str] | None, int] | None = None
         self.out: list[Period] = []
@@ -354,18 +365,21 @@ class _Walk:
         kb = max(0, b.slices - len(self.absent & names if every else self.absent) - self.gone)
         among = frozenset(names - self.absent) if every else frozenset()
         billed = Held(among, kb)
+        aside = Held(frozenset(self.aside - self.absent),
+                     min(kb, len(self.aside - self.absent) + self.aside_unnamed))
+        free = Held(among - aside.among, max(0, kb - aside.k))  # billed, not set aside
         if not self.running:
             used = Held(frozenset(), 0)
         elif self.group is None:
-            used = billed
+            used = free
         else:
             said, k = self.group
             if said is not None and len(said) == k:
-                live = frozenset(said - self.absent)
-                used = Held(live, min(len(live), kb))
+                live = frozenset(said - self.absent - self.aside)
+                used = Held(live, min(len(live), free.k))
             else:
-                used = Held(among, min(k, kb))
-        return Period(t, b, billed, used)
+                used = Held(free.among, min(k, free.k))
+        return Period(t, b, billed, used, aside)
 
     def snap(self, t: float) -> None:
         p, out = self.period(t), self.out
@@ -381,6 +395,7 @@ class _Walk:
             b = resolve(b, self.where)
             if (b.slices, b.names) != (self.basis.slices, self.basis.names):
                 self.absent, self.gone = set(), 0
+            self.aside, self.aside_unnamed = set(), 0
             self.basis = b
         elif kind in (E.SUBMITTED, E.JOB_END):
             self.running, self.group = kind == E.SUBMITTED, None
@@ -395,6 +410,10 @@ class _Walk:
                 self.absent.add(str(e["slice"]))
             else:
                 self.gone += 1
+        elif kind == E.QUARANTINED:
+            self.set_aside(str(e.get("slice") or ""))
+        elif kind in (*E.BACK, E.SCHEDULED) and e.get("slice") and str(e["slice"]) in self.aside:
+            self.aside.discard(str(e["slice"]))  # its pool made again: a pod placed on it
         elif kind in (*E.BACK, E.SCHEDULED) and e.get("slice"):
             if str(e["slice"]) in self.absent:
                 self.absent.discard(str(e["slice"]))
@@ -403,6 +422,24 @@ class _Walk:
         else:
             return False
         return True
+
+
+    def set_aside(self, slice_: str) -> None:
+        """A ``quarantined`` slice: the twin's host stopped (not billed); on
+        GKE its pool (slice i is pool i) billed and set aside."""
+        b = self.basis
+        if b.simulated:
+            if slice_:
+                self.absent.add(slice_)
+            else:
+                self.gone += 1
+            return
+        i = b.pools.index(slice_) if slice_ in b.pools else None
+        name = b.names[i] if i is not None and i < len(b.names) and b.names[i] else None
+        if name is not None:
+            self.aside.add(name)
+        else:
+            self.aside_unnamed += 1
 
 
 def ledger(events: list[dict], fallback: Basis) -> list[Period]:
@@ -449,7 +486,7 @@ class _Sum:
 def tally(segments: list[tuple[float, float, str]], periods: list[Period]) -> tuple[_Sum, dict[str, _Sum]]:
     """The chips billed (the whole) and, per cause, the chips used, over the
     goodput segments; what was billed and not used is ``HELD``."""
-    billed, by = _Sum(), {HELD: _Sum()}
+    billed, by = _Sum(), {HELD: _Sum(), QUARANTINED: _Sum()}
     for a, b, cause in segments:
         for j, p in enumerate(periods):
             lo = max(a, p.t)
@@ -459,6 +496,7 @@ def tally(segments: list[tuple[float, float, str]], periods: list[Period]) -> tu
             billed.add(hi - lo, p.basis, p.billed)
             by.setdefault(cause, _Sum()).add(hi - lo, p.basis, p.used)
             by[HELD].add(hi - lo, p.basis, p.held)
+            by[QUARANTINED].add(hi - lo, p.basis, p.quarantined)
     return billed, by
 
 
@@ -495,10 +533,10 @@ def report(events: list[dict], segments: list[tuple[float, float, str]], causes:
     billed, by = tally(segments, periods)
     loose, _ = tally(within(segments, windows(uncertain)), periods)
     productive = by.pop("productive", _Sum())
-    names = [*causes, HELD]
+    names = [*causes, HELD, QUARANTINED]
     bases = recorded_bases(events) or [(float("-inf"), basis)]
     last = bases[-1][1]
-    used = billed.hours - by[HELD].hours
+    used = billed.hours - by[HELD].hours - by[QUARANTINED].hours
     out: dict[str, Any] = {
         "chips": last.chips, "chips_simulated": last.simulated,
         "chip_hours": round(billed.hours, 4), "used_chip_hours": round(used, 4),

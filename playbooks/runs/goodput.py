@@ -18,7 +18,9 @@ The wall time runs from the run's first submission to its last job's end
 - ``restore``: restoring a checkpoint;
 - ``replayed``: steps run again after a restore (at or below the step
   lost at), and the step in progress when a worker was lost;
-- ``stall``: a stall, from the last step to the next one (or the failure);
+- ``stall``: a stall, from the last step to the next one (or the failure,
+  or the host the follower set aside: ``stall_action: restart``, after
+  which the incident goes on as a lost host's: detection, restart);
 - ``between_jobs``: from a job's end until the next job is submitted (no
   job running: nothing waits for capacity then);
 - ``other``: after the last step until the job's end.
@@ -179,6 +181,7 @@ class Incident:
     ended: str | None = None  # how its job ended before it was recovered from
     resumed_s: float | None = None  # the incident to the first step of the job that resumed the run
     hang: str | None = None  # a stall's hang as the follower named it (hang_diagnosis.py)
+    quarantined: list[str] | None = None  # the hosts the follower set aside for it (runs/restart.py)
 
     def report(self) -> dict:
         out: dict[str, Any] = {"kind": self.kind, "at": round(self.t, 3), "by": self.by,
@@ -196,6 +199,8 @@ class Incident:
             out["resumed_s"] = self.resumed_s
         if self.hang is not None:
             out["hang"] = self.hang
+        if self.quarantined:
+            out["quarantined"] = self.quarantined
         return out
 
 
@@ -345,6 +350,23 @@ class Sweep:
         if self.stall is not None and isinstance(e.get("line"), str):
             self.stall.incident.hang = e["line"]
 
+    def quarantined(self, e: dict, t: float, i: int) -> None:
+        """A host the follower set aside (``stall_action: restart``, a failed
+        health gate): during a stall, the stall's seconds end there, and its
+        incident goes on as a lost host's (detection until Ray Train fails
+        the group, then restart) until a new group's first step. A gate's:
+        named on the incident its failure opened, if any."""
+        inc = self.stall.incident if self.stall is not None else self.open
+        if inc is not None and isinstance(e.get("host"), str):
+            inc.quarantined = (inc.quarantined or []) + [e["host"]]
+        if self.stall is None:
+            return
+        self.intervals.append((self.stall.since, t, "stall"))
+        self.stall = None
+        if self.open is None:
+            self.open, self.regrouped, self.phase = inc, False, "detection"
+        self.last_step_t = None
+
     def stopped(self, e: dict, t: float, i: int) -> None:
         """The follower stopped the job (``stall_action: stop``): what it
         stalled in is not recovered from."""
@@ -430,6 +452,7 @@ HANDLERS: dict[str, Callable[[Sweep, dict, float, int], None]] = {
     E.CHECKPOINT_SAVED: lambda s, e, t, i: s.overlay(e, t, "checkpoint"),
     E.STALL_STARTED: Sweep.stall_started, E.STALL_ENDED: lambda s, e, t, i: s.close_stall(t),
     E.STOPPED: Sweep.stopped, E.JOB_END: Sweep.job_end, E.HANG_DIAGNOSED: Sweep.hang_diagnosed,
+    E.QUARANTINED: Sweep.quarantined,
     **dict.fromkeys(E.STEPS, Sweep.step),
 }
 
@@ -519,6 +542,9 @@ def lines(r: dict) -> list[str]:
     if c and (c.get("badput_chip_hours") or {}).get(cost.HELD):
         out.append(f"  {cost.HELD_WHAT + ' (billed, not in the worker group)':<54}"
                    + _spent(c, ("badput_chip_hours", cost.HELD), ("badput_cost", cost.HELD)))
+    if c and (c.get("badput_chip_hours") or {}).get(cost.QUARANTINED):
+        out.append(f"  {cost.QUARANTINED_WHAT:<54}"
+                   + _spent(c, ("badput_chip_hours", cost.QUARANTINED), ("badput_cost", cost.QUARANTINED)))
     if r["incidents"]:
         out.append("  incidents")
     for i in r["incidents"]:
@@ -534,6 +560,8 @@ def lines(r: dict) -> list[str]:
                    + f"{i['replayed_steps'] if i['replayed_steps'] is not None else '?'} steps replayed, {rec}")
         if i.get("hang"):
             out.append(f"      {i['hang']}")
+        if i.get("quarantined"):
+            out.append(f"      set aside: {', '.join(i['quarantined'])} (`invoke hosts`)")
     return out + _uncertain_lines(r.get("uncertain")) + note
 
 
