@@ -200,7 +200,7 @@ def test_a_quarantine_that_fails_stops_the_job_instead(tmp_path, monkeypatch):
 
 def test_nothing_is_set_aside_or_stopped_in_check_mode(tmp_path, monkeypatch):
     fake = FakeQuarantine()
-    ctx, env, f, w, _ = watched(tmp_path, monkeypatch, fake, acting=False)
+    ctx, _env, f, w, _ = watched(tmp_path, monkeypatch, fake, acting=False)
     w.restart(Diagnosis(MISSING, ("tpu-group-1-0",), "hang: ...", 2))
     f.line("trainer event: " + json.dumps(ev(40, "health_gate", ok=False, unhealthy=[
         {"hostname": "m", "slice": "tpu-group-1", "host": 0, "failed": ["devices"]}])))

@@ -30,8 +30,8 @@ from playbooks.core.play import StepContext, run_within
 from playbooks.core.recap import FAILING
 from playbooks.runs import events as E
 from playbooks.runs import hang_evidence, pod_watch, restart, stall, timeline
-from playbooks.runs.hang_diagnosis import Diagnosis
 from playbooks.runs.cli_traceback import TracebackHold
+from playbooks.runs.hang_diagnosis import Diagnosis
 from playbooks.runs.job_log import clean, shown
 from playbooks.runs.train_summary import Summary
 
@@ -275,7 +275,7 @@ class StallTracker:
 
     def look(self, now: float, running: Callable[[], bool], cause: Callable[[], str | None],
              stop: Callable[[], object], diagnose: Callable[[], Diagnosis | None] = lambda: None,
-             restart_: Callable[[Diagnosis | None], object] = lambda d: None) -> None:
+             on_restart: Callable[[Diagnosis | None], object] = lambda d: None) -> None:
         f = self.f
         if self.current is not None:
             return
@@ -302,7 +302,7 @@ class StallTracker:
             f.ctx.echo(f"stall_action: stop: job {f.sid} stopped; `invoke train` resumes run {f.run} from its "
                        f"last checkpoint")
         elif f.env.stall_action == "restart":
-            restart_(found)
+            on_restart(found)
 
     def progress(self, e: dict) -> None:
         """An event the follower added (under its lock): progress ends the stall."""
