@@ -321,7 +321,8 @@ def one_worker(monkeypatch):
     ctx = types.SimpleNamespace(get_world_rank=lambda: 1, get_world_size=lambda: 2)
     train = types.ModuleType("ray.train")
     train.get_context = lambda: ctx
-    monkeypatch.setitem(sys.modules, "ray", types.SimpleNamespace(train=train))
+    runtime = types.SimpleNamespace(get_node_id=lambda: "node-1")  # the heartbeat's
+    monkeypatch.setitem(sys.modules, "ray", types.SimpleNamespace(train=train, get_runtime_context=lambda: runtime))
     monkeypatch.setitem(sys.modules, "ray.train", train)
     monkeypatch.setenv("TPU_WORKER_ID", "1")
     ran, gated = [], []

@@ -27,6 +27,7 @@ from playbooks.core.facts import Action
 from playbooks.core.step import Step, change, fail, ok
 from playbooks.runs import chaos_target, placement, timeline
 from playbooks.runs import events as E
+from playbooks.runs import quarantine_record as quarantined
 from playbooks.twin.chaos_twin import TwinHosts
 from playbooks.twin.nodes import Host
 
@@ -105,6 +106,7 @@ def delete_steps(env: Environment, restore_after: float, target: str = placement
     out = [Step("chaos", w.kill_title, decide_kill, id=w.kill_id, after=w.after)]
     back = w.restorer() if restore_after > 0 else None
     if back is not None:
+        held = quarantined.fact(env)  # a host set aside is not brought back
 
         def decide_restore(look):
             # The host this run killed (another chaos run may have killed
@@ -114,7 +116,8 @@ def delete_steps(env: Environment, restore_after: float, target: str = placement
                 return ok(f"every {w.noun} runs: nothing to bring back")
             return back.decide(look, h, restore_after,
                                record(env, E.HOST_BACK, **w.fields(h), by="chaos",
-                                      cause=f"started again after {restore_after:g}s (chaos.delete-worker)"))
+                                      cause=f"started again after {restore_after:g}s (chaos.delete-worker)"),
+                               held_out=lambda: quarantined.held_out(h.name, look(held)))
 
         out.append(Step("chaos", f"bring the {w.noun} back", decide_restore, id="chaos:restore",
                         after=(w.kill_id,), verify=back.verify(killed)))

@@ -10,6 +10,7 @@ whole). Facts, commands and their words; the steps are the play's."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from playbooks.access import connectors
@@ -21,7 +22,6 @@ from playbooks.core.command import Command, placeholder, quote, shown
 from playbooks.core.errors import ProbeFailed
 from playbooks.core.facts import ABSENT, Action, Fact, assume
 from playbooks.core.step import Broken, Decision, Verify, change, ok
-from playbooks.runs import quarantine_record as quarantined
 from playbooks.twin.node_start import START_TIMEOUT, ghost_gone, start_host
 from playbooks.twin.nodes import (
     DEVICE_COUNT,
@@ -208,7 +208,6 @@ class _Restorer:
         self.way = way
         self.stopped = {h.name: pid_fact(way.env, h.name) for h in way.hosts}
         self.nodes = way.nodes()
-        self.held = quarantined.fact(way.env)
 
     def verify(self, killed: dict[str, Any]) -> Verify:
         """The host this run brought back running and joined."""
@@ -227,8 +226,10 @@ class _Restorer:
 
         return Verify(hosts_state_fact(env), back, timeout=START_TIMEOUT, interval=2)
 
-    def decide(self, look: Any, h: Host, restore_after: float, back: Action) -> Decision:
-        """Bring ``h`` back (``back``: its event); a host running again: ok."""
+    def decide(self, look: Any, h: Host, restore_after: float, back: Action,
+               held_out: Callable[[], str | None] = lambda: None) -> Decision:
+        """Bring ``h`` back (``back``: its event); a host running again, or
+        one held out (``held_out``: why, the quarantine's; None: not held): ok."""
         if not self.way.known(h):  # a dry run: the host the lookup finds
             return change(Action(f"sleep {restore_after:g}", lambda: None),
                           Action(shown(f"start TPU host {h.name} again, as `invoke up` does"), lambda: None),
@@ -236,7 +237,7 @@ class _Restorer:
                           would=shown(f"bring TPU host {h.name} back after {restore_after:g}s"))
         if look(self.stopped[h.name]):
             return ok(f"TPU host {h.name} runs again: nothing to bring back")
-        if why := quarantined.held_out(h.name, look(self.held)):
+        if why := held_out():
             return ok(f"not brought back: {why}")
         return start_host(self.way.env, h, look(self.nodes), f"TPU host {h.name} back after {restore_after:g}s",
                           f"bring TPU host {h.name} back after {restore_after:g}s",
