@@ -33,6 +33,7 @@ import argparse
 import functools
 import json
 import os
+import re
 import socket
 import sys
 import threading
@@ -63,6 +64,8 @@ NO_LIMIT_BYTES = 64 * 2**20
 # One host's verdict in the all-gather: a JSON text of at most this many bytes.
 VERDICT_BYTES = 1024
 DETAIL_MAX = 160
+# A collective that JAX itself timed out (its distributed runtime's words).
+DEADLINE = re.compile(r"DEADLINE_EXCEEDED|timed out with key")
 
 
 class HostUnhealthy(RuntimeError):
@@ -344,7 +347,11 @@ def collective(mine: dict, timeout_s: float) -> tuple[Check, list[dict | None]]:
         return True, f"the verdicts of {len(rows)} host(s) gathered over {jax.device_count()} devices"
 
     c = bounded("collective", run, timeout_s)
-    if not c.ok and c.detail.startswith("did not answer"):
+    if not c.ok and DEADLINE.search(c.detail):
+        # JAX's own collective gave up first (Gloo's 30 s key-value wait on
+        # CPU; a barrier's deadline on TPU): the same cause as our limit.
+        c.detail = f"JAX's all-gather timed out (DEADLINE_EXCEEDED) within {timeout_s:g} s"
+    if not c.ok and (c.detail.startswith("did not answer") or c.detail.startswith("JAX's all-gather timed out")):
         c.detail += ": a host did not join the all-gather (hung, gone, or its interconnect is down)"
     return c, (got[-1] if got else [])
 
