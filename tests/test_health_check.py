@@ -205,8 +205,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def group_of_two(second: str, devices_expected: tuple[str, str], timeout: str) -> list[dict | None]:
-    """Both processes' results (None: it printed none, killed at the end)."""
+def group_of_two(second: str, devices_expected: tuple[str, str], timeout: str,
+                 second_wait: float = 1.0) -> list[dict | None]:
+    """Both processes' results (None: it printed none, killed at the end:
+    ``second_wait`` seconds after the first's, when it is meant to hang)."""
     port, procs = free_port(), []
     for i in (0, 1):
         env = jax_env(2, TPU_NAME=f"slice-{i}", TPU_WORKER_ID="0", TRAINER_DEVICES_PER_HOST=devices_expected[i],
@@ -217,7 +219,7 @@ def group_of_two(second: str, devices_expected: tuple[str, str], timeout: str) -
     out = []
     for p in procs:
         try:
-            stdout, stderr = p.communicate(timeout=240 if p is procs[0] else 1)
+            stdout, stderr = p.communicate(timeout=240 if p is procs[0] else second_wait)
         except subprocess.TimeoutExpired:
             p.kill()
             stdout, stderr = p.communicate()
@@ -231,7 +233,8 @@ def group_of_two(second: str, devices_expected: tuple[str, str], timeout: str) -
 def test_across_processes_every_host_names_the_sick_one():
     """A real all-gather between two processes: the healthy host fails
     too, naming the other's slice and check; rank 0 says the group's."""
-    well, sick = group_of_two("gate", ("2", "4"), timeout="60")
+    # The sick one ends too, later than the first under load: waited for.
+    well, sick = group_of_two("gate", ("2", "4"), timeout="60", second_wait=120)
     assert sick is not None
     for r in (well, sick):
         assert r["raised"].endswith("(slice slice-1, worker 0, rank 1): devices: devices 2 of 4 (cpu)"), r["raised"]
