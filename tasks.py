@@ -132,11 +132,12 @@ def _job(s, model, elastic, steps, sets, fresh, preset):
         "fresh": "delete the run's checkpoints first, so it starts from step 0 (on GKE: asks first, unless --yes)",
         "skip_preflight": "submit without the static checks and the AOT fit check (GKE runs them by default)",
         "yes": "do not ask before --fresh deletes the run's checkpoints in the bucket",
+        "detach": "submit the job and return without following it (stall_watch: cluster watches it on the Ray head)",
         **ENV,
     },
 )
 def train(c, model="llama3-8b", elastic=False, steps="", set_=None, fresh=False, preset="", skip_preflight=False,
-          yes=False, env=""):
+          yes=False, detach=False, env=""):
     """§8-9 Submit the tutorial's training job with `ray job submit`, follow it, exit with its status."""
     from playbooks.cli import task_steps
     from playbooks.cli.confirm import confirm
@@ -146,7 +147,7 @@ def train(c, model="llama3-8b", elastic=False, steps="", set_=None, fresh=False,
         s = _session(c, "train", env)
         job = _job(s, model, elastic, steps, set_, fresh, preset)
         log = (s.logdir / "job.log") if s.logdir else None
-        steps_ = task_steps.train_steps(s.env, job, log, preflight_first=not skip_preflight)
+        steps_ = task_steps.train_steps(s.env, job, log, preflight_first=not skip_preflight, detach=detach)
         if fresh and s.env.platform.cloud:  # local checkpoints are this machine's own rehearsal's
             confirm("train --fresh", s.env.name, s.mode, fresh_summary(job), yes)
         s.run("train", steps_, parallel=False)
@@ -174,6 +175,24 @@ def _run_flag(run: str) -> str | None:
     if why:
         raise InputError(f"--run {run!r}: a run name {why}")
     return run
+
+
+@task(help={"run": "the run (its run_name) of the job", "job": "the job's submission id (<run>-<n>)",
+            "elastic": "the job is elastic (a host can be set aside and the job go on)", **ENV})
+def watch(c, run="", job="", elastic=False, env=""):
+    """Watch one job to its end and act (stall_action, the health gate): what `train` runs on the Ray head."""
+    from playbooks.cli import task_steps
+    from playbooks.core.errors import InputError
+
+    with clean_errors():
+        name = _run_flag(run)
+        if name is None:
+            raise InputError("watch: --run is required (the run of the job to watch)")
+        if not job.startswith(f"{name}-") or not job[len(name) + 1:].isdigit():
+            raise InputError(f"watch: --job {job!r} is not a job of run {name} (<run>-<n>, e.g. {name}-1)")
+        s = _session(c, "watch", env)
+        log = (s.logdir / "job.log") if s.logdir else None
+        s.run("watch", task_steps.watch_steps(s.env, name, job, elastic, log), parallel=False)
 
 
 @task(help={"run": "the run (its run_name); default: the newest job of this environment",
@@ -414,7 +433,7 @@ chaos.add_task(sicken_worker)
 chaos.add_task(heal_worker)
 
 ns = Collection(capacity, prereqs, network, cluster, nodepools, storage, raycluster, dashboard, up, status, train,
-                preflight, logs, metrics, goodput, runs, teardown, doctor)
+                watch, preflight, logs, metrics, goodput, runs, teardown, doctor)
 ns.add_collection(chaos)
 ns.add_collection(hosts)
 # Defaults of None (not 4, not "apply"): Invoke converts an INVOKE_PLAYBOOK_*

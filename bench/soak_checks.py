@@ -44,6 +44,9 @@ class Spec:
     second_while_first_down: float | None = None  # the second kill within this many s of the first
     hang_s: float | None = None       # a worker frozen this long, the stall seen and recovered
     stop: bool = False                # a stall stopped by the follower, then resumed by a second job
+    never_resumes: bool = False       # a worker frozen for good: the watch in the cluster sets its host aside
+    sick: str | None = None           # "back": a host back sick after step 12; "start": sick before the job
+    detached: bool = False            # no `invoke` process follows the job: the watch in the cluster acts
 
 
 SPECS: dict[str, Spec] = {
@@ -56,7 +59,18 @@ SPECS: dict[str, Spec] = {
     "two-lost": Spec(("rank0", "first"), after_step=12, second_while_first_down=60),
     "hung-resumed": Spec(after_step=12, hang_s=10),
     "hang-stop": Spec(after_step=12, stop=True),
+    "hang-never": Spec(after_step=12, never_resumes=True, detached=True),
+    "sick-back": Spec(after_step=12, sick="back", detached=True),
+    "sick-start": Spec(sick="start", detached=True),
 }
+# The source of the events the watch in the cluster writes (`invoke watch`).
+WATCH = "watch"
+# The bound on a never-resuming hang's time to its first step after the
+# restart: stall_after (the soak's, HANG_STALL_AFTER) plus the soak's median
+# time to recover from a lost host (docs/elastic.md, the soak of
+# 2026-12-04: 63.2 s). Issue 36's goal.
+HANG_STALL_AFTER = 15
+RECOVER_MEDIAN_S = 63.2
 
 
 @dataclass
@@ -151,10 +165,11 @@ def _when(spec: Spec, facts: dict, kills: list[dict], events: list[dict]) -> lis
     out: list[str] = []
     first_hit = kills[0] if kills else None
     hangs = _chaos(events, "worker_hung")
-    hit = first_hit or (hangs[0] if hangs else None)
+    sickened = _chaos(events, "host_sickened") if spec.sick else []
+    hit = first_hit or (hangs[0] if hangs else None) or (sickened[0] if sickened else None)
     if spec.after_step is not None:
         if hit is None:
-            out.append("no host killed or frozen")
+            out.append("no host killed, frozen or made sick")
         else:
             before = _steps_before(events, _t(hit))
             if not before or max(before) < spec.after_step:
@@ -185,7 +200,42 @@ def _when(spec: Spec, facts: dict, kills: list[dict], events: list[dict]) -> lis
             out.append(f"both kills hit {a.get('host')}")
         elif _t(b) - _t(a) >= spec.second_while_first_down:
             out.append(f"the second kill came {_t(b) - _t(a):.0f} s after the first: the first host was back")
-    return out + _hangs(spec, facts, events)
+    return out + _hangs(spec, facts, events) + _sick(spec, facts, events)
+
+
+def _quarantines(events: list[dict], by: str) -> list[dict]:
+    return sorted((e for e in events if e.get("kind") == "quarantined" and e.get("by") == by), key=_t)
+
+
+def gate_failed_on(events: list[dict], host: str | None) -> list[dict]:
+    """The health gates that failed ``host`` (its "<slice>-<host id>")."""
+    out = []
+    for e in events:
+        if e.get("kind") != "health_gate":
+            continue
+        for u in e.get("unhealthy") or []:
+            if isinstance(u, dict) and f"{u.get('slice')}-{u.get('host')}" == host:
+                out.append(e)
+                break
+    return sorted(out, key=_t)
+
+
+def _sick(spec: Spec, facts: dict, events: list[dict]) -> list[str]:
+    """The host made sick when described, and found sick by the gate's own
+    checks (never by what chaos recorded)."""
+    if spec.sick is None:
+        return []
+    sickened = _chaos(events, "host_sickened")
+    host = facts.get("sick_host") or (sickened[0].get("host") if sickened else None)
+    out: list[str] = []
+    if spec.sick == "back":
+        if not sickened:
+            return ["no host made sick by chaos"]
+    elif not facts.get("sick_before_job"):
+        out.append("no host was sick before the job was submitted")
+    if not gate_failed_on(events, host):
+        out.append(f"no health gate found host {host} sick")
+    return out
 
 
 def _hangs(spec: Spec, facts: dict, events: list[dict]) -> list[str]:
@@ -198,6 +248,11 @@ def _hangs(spec: Spec, facts: dict, events: list[dict]) -> list[str]:
             out.append("no worker frozen and resumed")
         elif _t(resumed[0]) - _t(hangs[0]) < spec.hang_s:
             out.append(f"the worker was frozen {_t(resumed[0]) - _t(hangs[0]):.1f} s, not {spec.hang_s:g}")
+    if spec.never_resumes:
+        if not hangs:
+            out.append("no worker frozen")
+        elif _chaos(events, "worker_resumed"):
+            out.append("the frozen worker was resumed")
     if spec.stop:
         if not hangs:
             out.append("no worker frozen")
@@ -268,7 +323,59 @@ def criteria(scenario: str, facts: dict, g: dict, events: list[dict]) -> list[Ch
     ran = (g.get("steps") or {}).get("replayed")
     out.append(Check("the incidents' replayed steps were run again", told == ran,
                      f"incidents say {told}, steps run again {ran}"))
-    return out + [_wall(facts, g)]
+    return out + _acted(spec, facts, g, events) + [_wall(facts, g)]
+
+
+def _acted(spec: Spec, facts: dict, g: dict, events: list[dict]) -> list[Check]:
+    """What the watch in the cluster did, nobody following: the hang's
+    culprit named and set aside; a sick host set aside by the gate, and
+    taken back once released; a job that is not elastic refused naming it."""
+    out: list[Check] = []
+    if spec.detached:
+        by_us = [e for e in events if e.get("kind") in ("quarantined", "stopped", "stall_started", "hang_diagnosed")
+                 and e.get("source") not in (WATCH, "chaos")]
+        followers = facts.get("followers")
+        sources = ", ".join(sorted({str(e.get("source")) for e in by_us}))
+        out.append(Check("acted by the watch in the cluster, nobody following",
+                         not by_us and followers == 0,
+                         f"{len(by_us)} action(s) recorded by a follow ({sources})" if by_us else
+                         f"{followers} `invoke` follow(s) of the job seen" if followers != 0 else
+                         "every action the watch's"))
+    if spec.never_resumes:
+        hung = _chaos(events, "worker_hung")
+        host = hung[0].get("host") if hung else None
+        named = [e for e in events if e.get("kind") == "hang_diagnosed"]
+        culprits = [list(e.get("culprits") or []) for e in named]
+        out.append(Check("the culprit named right", bool(named) and all(c == [host] for c in culprits),
+                         f"hung {host}, named {culprits or 'none'}"))
+        set_aside = [e for e in _quarantines(events, "stall_action: restart") if e.get("source") == WATCH]
+        out.append(Check("the culprit set aside", [e.get("host") for e in set_aside] == [host],
+                         f"set aside {[e.get('host') for e in set_aside] or 'none'}"))
+        t_hang = _t(hung[0]) if hung else None
+        after = [e for e in events if e.get("kind") == "step" and set_aside and _t(e) > _t(set_aside[0])]
+        took = _t(min(after, key=_t)) - t_hang if after and t_hang is not None else None
+        bound = HANG_STALL_AFTER + RECOVER_MEDIAN_S
+        out.append(Check("hang to the first step after the restart within stall_after + the median recovery",
+                         took is not None and took <= bound,
+                         f"{took:.1f} s (bound {bound:g} s)" if took is not None else "no step after the restart"))
+    if spec.sick is not None:
+        host = facts.get("sick_host")
+        set_aside = [e for e in _quarantines(events, "health gate") if e.get("source") == WATCH]
+        out.append(Check("the sick host set aside by the gate", [e.get("host") for e in set_aside] == [host],
+                         f"sick {host}, set aside {[e.get('host') for e in set_aside] or 'none'}"))
+        if spec.sick == "back":
+            released = facts.get("released_at")
+            back = [e for e in events if e.get("kind") == "worker_started" and released is not None
+                    and _t(e) > released and f"{e.get('slice')}-{e.get('host')}" == host]
+            out.append(Check("released and healthy, taken back", bool(back),
+                             f"a worker on {host} {_t(back[0]) - released:.0f} s after its release" if back else
+                             f"no worker on {host} after its release"))
+        else:
+            line, rc = str(facts.get("refusal") or ""), facts.get("refusal_rc")
+            out.append(Check("a job that is not elastic refused, naming the host",
+                             rc not in (0, None) and bool(host) and str(host) in line and "\n" not in line.strip(),
+                             f"exit {rc}: {line[:200]}"))
+    return out
 
 
 def _wall(facts: dict, g: dict) -> Check:

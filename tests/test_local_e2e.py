@@ -8,8 +8,10 @@ the start (rehearse_late_slice, min_slices: 1), so the job starts on one
 slice and grows to two; a host killed mid-run (chaos.delete-worker) that
 comes back by itself 20 s later while the job runs; the job shrinks and
 grows back, saving before the grow (no step replayed); one worker
-frozen (chaos.hang-worker) and resumed: a stall reported in time; the job
-succeeds; its summary, kept metrics, picture, log, timeline and goodput; a
+frozen for good (chaos.hang-worker --restore-after 0): the watch in the
+cluster (a Ray job beside the job, stall_watch: cluster) reports the stall
+in time, names the frozen host and sets it aside (stall_action: restart),
+and the job goes on on the slice left; the job succeeds; its summary, kept metrics, picture, log, timeline and goodput; a
 second `up` and `train` that change nothing. (The non-elastic trainer runs end to
 end in test_controller_train.py.)"""
 import json
@@ -38,9 +40,9 @@ OFFSET = int(os.environ.get("PLAYBOOK_E2E_OFFSET", "0"))
 GCS_PORT = 6500 if OFFSET == 0 else 9000 + 100 * OFFSET  # (+ about 30 ports after it)
 HEARTBEAT = 3
 # The hang phase: a stall is no step for STALL_AFTER seconds (this
-# environment's stall_after); the frozen worker is resumed after HANG_FOR.
+# environment's stall_after); the frozen worker is never resumed: the watch
+# sets its host aside (stall_action: restart).
 STALL_AFTER = 20
-HANG_FOR = 30
 EVENTS = ROOT / ".state" / ENV / "training" / RUN / "events.jsonl"
 # Slice 1's host is held back (rehearse_late_slice) until the job's first
 # worker group (one slice) has started; the test then tells it to join
@@ -67,7 +69,7 @@ def local(tmp_path_factory):
     d = tmp_path_factory.mktemp("e2e")
     base = yaml.safe_load((ROOT / "inventory.yaml").read_text())["environments"]["local"]
     env = {**base, "gcs_port": GCS_PORT, "dashboard_port": 8275 + OFFSET, "ray_ip": f"127.0.0.{3 + OFFSET}",
-           "stall_after": STALL_AFTER, "min_slices": 1, "rehearse_late_slice": LATE,
+           "stall_after": STALL_AFTER, "stall_action": "restart", "min_slices": 1, "rehearse_late_slice": LATE,
            "resize_interval": RESIZE_INTERVAL}
     inv = d / "inventory.yaml"
     inv.write_text(yaml.safe_dump({"default": ENV, "environments": {ENV: env}}))
@@ -118,8 +120,9 @@ def run(local, tmp_path_factory) -> Run:
     """The one elastic run: started on one simulated slice while slice 1 is
     held back, growing to two when it joins; one host killed after step 12,
     the job going on with one, the host back after RESTORE_AFTER seconds, the
-    job growing back to two; then one worker frozen and resumed (a stall); the
-    job ending SUCCEEDED."""
+    job growing back to two; then one worker frozen for good (a stall): its
+    host set aside by the watch in the cluster, the job going on with one
+    slice; the job ending SUCCEEDED."""
     markers = tmp_path_factory.mktemp("markers")
     values = hostile(markers)
     sets = [a for k, v in values.items() for a in ("--set", f"{k}={v}")]
@@ -131,7 +134,7 @@ def run(local, tmp_path_factory) -> Run:
     try:
         the_late_slice_joins(job)
         a_host_is_lost_and_comes_back(local, job, r)
-        a_worker_hangs_and_is_resumed(local, job, r)
+        a_worker_hangs_for_good_and_its_host_is_set_aside(local, job, r)
         rest, _ = job.p.communicate(timeout=900)
         job.seen.append(rest)
     finally:
@@ -198,20 +201,23 @@ def a_host_is_lost_and_comes_back(local, job: JobOutput, r: Run) -> None:
     assert chaos.returncode == 0, r.chaos
 
 
-def a_worker_hangs_and_is_resumed(local, job: JobOutput, r: Run) -> None:
-    """The hang phase (issue 21): once the job has grown back to two workers,
-    one worker's trainer is frozen (chaos.hang-worker: SIGSTOP, its Ray node
-    left up) and resumed HANG_FOR seconds later. The follower must say
-    "stalled" within stall_after plus a heartbeat, and the job goes on.
-    Frozen after the regrown group's first save: by then its collectives are
-    set up (setting one up waits 30 s at most for the other worker; a running
-    one waits)."""
+def a_worker_hangs_for_good_and_its_host_is_set_aside(local, job: JobOutput, r: Run) -> None:
+    """The hang phase (issues 21 and 36): once the job has grown back to two
+    workers, one worker's trainer is frozen for good (chaos.hang-worker
+    --restore-after 0: SIGSTOP, its Ray node left up). The watch in the
+    cluster must say "stalled" within stall_after plus a heartbeat, name the
+    frozen host and set it aside; the job goes on with one slice. Frozen
+    after the regrown group's first save: by then its collectives are set up
+    (setting one up waits 30 s at most for the other worker; a running one
+    waits)."""
     restored = int(job.wait_for(r"restoring from this run's directory step (\d+)").group(1))
     job.wait_for(rf"completed step: {min(restored + 11, STEPS - 5)},")
-    hang = chaos_task(local, "chaos.hang-worker", f"--restore-after={HANG_FOR}")
+    hang = chaos_task(local, "chaos.hang-worker", "--restore-after=0")
     try:
         job.wait_for(r"^stalled: no step since ", minutes=3)
-        job.wait_for(r"^stall ended: ", minutes=3)
+        job.wait_for(r"^watch in the cluster: host tpu-group-\d-0 quarantined by stall_action: restart", minutes=3)
+        job.wait_for(r"Started training worker group of size 1", minutes=5)
+        job.wait_for(r"completed step: ", minutes=5)
         r.hang, _ = hang.communicate(timeout=300)
     finally:
         if hang.poll() is None:
@@ -285,11 +291,13 @@ def test_the_job_goes_on_with_one_slice_and_grows_back(run: Run):
     assert (f"changed: [chaos : bring the TPU host back] TPU host tpu-group-0-0 back after {RESTORE_AFTER}s"
             in run.chaos), run.chaos
     assert '"TRAINER_RESIZE_INTERVAL_S": "3"' in run.out       # resize_interval, to the trainer
-    # 1 -> 2: the late slice joined; 2 -> 1 -> 2: a host lost and brought back.
-    assert summary_value(run.out, "worker group sizes") == "1 -> 2 -> 1 -> 2"
+    # 1 -> 2: the late slice joined; 2 -> 1 -> 2: a host lost and brought
+    # back; -> 1: the hung host set aside.
+    assert summary_value(run.out, "worker group sizes") == "1 -> 2 -> 1 -> 2 -> 1"
     assert run.out.count("resize the worker group from 1 -> 2 workers") >= 2
     resized = re.findall(r"^\s+resize (\d) -> (\d) workers after step (\d+|n/a) \(.+\)$", run.out, re.M)
-    assert [(a, b) for a, b, _ in resized] == [("1", "2"), ("2", "1"), ("1", "2")], resized
+    assert [(a, b) for a, b, _ in resized] == [("1", "2"), ("2", "1"), ("1", "2"), ("2", "1")], resized
+    resized = resized[:3]  # the hang's restart: test_a_worker_hung_for_good_...
     # (the first grow may come during the first compile: "after step n/a")
     assert all(at != "n/a" for _, _, at in resized[1:]), resized
     # Each restart after the kill restores a checkpoint past step 0 (the kill
@@ -298,6 +306,9 @@ def test_the_job_goes_on_with_one_slice_and_grows_back(run: Run):
     # logging it, so a grow during or just after the first compile restores
     # step 0 or nothing, a later one no step past the one it grew after.
     restored = [int(x) for x in summary_value(run.out, "restored from checkpoint step(s)").split(", ")]
+    # The last restore is the hang's restart's (past step 0): the rest are the kill's and the grows'.
+    assert restored[-1] > 0
+    restored = restored[:-1]
     # Every restart after the kill restores past step 0, but a one-slice group
     # grown away before it restored: on a loaded machine the host may come
     # back while that group still compiles (the last resize's save then says
@@ -366,7 +377,7 @@ def test_the_runs_metrics_are_kept_and_drawn(local, run: Run):
     resizes = re.findall(r"^\s+resize \d -> \d workers after step (\d+|n/a) \(.+\)$", run.out, re.M)
     assert [e["after_step"] for e in events if e["event"] == "resize"] == [None if s == "n/a" else int(s)
                                                                             for s in resizes]
-    assert [(e["from"], e["to"]) for e in events if e["event"] == "resize"] == [(1, 2), (2, 1), (1, 2)]
+    assert [(e["from"], e["to"]) for e in events if e["event"] == "resize"] == [(1, 2), (2, 1), (1, 2), (2, 1)]
     # `invoke metrics` draws them; the panels plot exactly the kept records
     # but each worker group's compile steps, as the summary leaves them out.
     rc, out = local("metrics")
@@ -405,6 +416,12 @@ def test_logs_and_a_second_run_change_nothing(local, run: Run):
             RayJobLogs().run(argv, local.env, 120)
         assert cli.returncode == 0 and sdk is not None and sdk.rc == 0, (cli.stderr, sdk and sdk.stderr)
         assert [ANSI.sub("", ln) for ln in sdk.stdout.splitlines() if ln.strip()] == cli_lines(cli.stdout)
+    # The host the watch set aside is listed, and given back whole.
+    hung = next(e for e in events() if e["kind"] == "worker_hung")["host"]
+    rc, out = local("hosts")
+    assert rc == 0 and hung in out and "stall_action: restart" in out, out
+    rc, out = local("hosts.release", hung)
+    assert rc == 0 and f"changed: [twin : TPU host {hung}] TPU host {hung} " in out, out
     # Converged: the cluster is reused, nothing changes.
     rc, out = local("up")
     assert rc == 0 and re.search(r"ok=\d+ changed=0 failed=0", out), out
@@ -453,30 +470,37 @@ def events() -> list[dict]:
     return [json.loads(line) for line in EVENTS.read_text().splitlines()]
 
 
-def test_a_hung_worker_is_a_stall_reported_within_stall_after_and_a_heartbeat(run: Run):
+def test_a_worker_hung_for_good_is_a_stall_its_host_named_and_set_aside_by_the_watch_in_the_cluster(run: Run):
     assert "changed: [chaos : freeze one TPU host's training worker] froze the training worker of TPU host" in run.hang
-    assert "changed: [chaos : resume the training worker] resumed the training worker" in run.hang
-    # One stall, said once, with what was done to the worker, and its end.
+    assert "resumed the training worker" not in run.hang
+    # One stall, said once (the watch's line, shown by `invoke train`), with what was done to the worker.
     stalls = re.findall(r"^stalled: no step since \d\d:\d\d \((\d+) s; last step (\d+); p90 step ([\d.]+) s\)\n"
                         r"  why: chaos \(tpu-group-\d-0\): SIGSTOP of its training worker, pid \d+ \(chaos.hang-worker\)$",
                         run.out, re.M)
     assert len(stalls) == 1, run.out[-6000:]
-    assert re.search(r"^stall ended: step \d+ after \d+ (s|min) without a step$", run.out, re.M)
     evs = events()
     [hung] = [e for e in evs if e["kind"] == "worker_hung"]
-    [resumed] = [e for e in evs if e["kind"] == "worker_resumed"]
+    assert not [e for e in evs if e["kind"] == "worker_resumed"]
     [stall] = [e for e in evs if e["kind"] == "stall_started"]
     [ended] = [e for e in evs if e["kind"] == "stall_ended"]
-    assert stall["since"] <= hung["t"] <= stall["t"] <= resumed["t"] <= ended["t"]
+    [aside] = [e for e in evs if e["kind"] == "quarantined"]
+    assert stall["since"] <= hung["t"] <= stall["t"] <= aside["t"] <= ended["t"]
     assert stall["step"] == int(stalls[0][1])
     # The hang named by its evidence (the heartbeats; the stacks, where py-spy
-    # answers), never by what chaos recorded: the frozen host.
+    # answers), never by what chaos recorded: the frozen host, set aside.
     [diag] = [e for e in evs if e["kind"] == "hang_diagnosed"]
     assert (diag["cause"], diag["culprits"]) == ("missing_from_collective", [hung["host"]]), (diag, run.out[-6000:])
     assert re.search(rf"^  hang: host {hung['host']} \(slice tpu-group-\d\) missing from the collective", run.out, re.M)
+    assert (aside["host"], aside["by"]) == (hung["host"], "stall_action: restart"), aside
+    # Acted on by the watch in the cluster, not by `invoke train` (a viewer).
+    assert {e["source"] for e in (stall, diag, aside, ended)} == {"watch"}, (stall, diag, aside, ended)
+    assert f"Ray job {RUN}-1-watch (`invoke watch`, stall_watch: cluster)" in run.out
+    assert f"watch in the cluster: host {hung['host']} quarantined by stall_action: restart" in run.out
     # Reported in time: the watch looks every heartbeat (and a look takes a moment).
     late = stall["t"] - stall["since"]
     assert STALL_AFTER <= late <= STALL_AFTER + HEARTBEAT + 2, late
+    # The job went on with one slice after it.
+    assert any(e["kind"] == "step" and e["t"] > aside["t"] for e in evs)
 
 
 def test_goodput_accounts_for_every_second_and_each_replayed_step(local, run: Run):
@@ -509,10 +533,11 @@ def test_goodput_accounts_for_every_second_and_each_replayed_step(local, run: Ru
     assert 0 < lost["recover_s"] < g["wall_s"]
     # Each step run again after a restore is badput, counted once as replayed.
     assert g["steps"]["replayed"] >= lost["replayed_steps"]
-    # The hang: a stall incident, and as much stall badput.
+    # The hang: a stall incident up to its host set aside, then a restart
+    # from the last checkpoint (its steps run again), with its host named.
     [hang] = [i for i in g["incidents"] if i["kind"] == "stall"]
-    assert "chaos (tpu-group" in hang["by"] and hang["replayed_steps"] == 0
-    assert hang["recover_s"] >= STALL_AFTER and abs(g["badput_s"]["stall"] - hang["recover_s"]) < 1
+    assert "chaos (tpu-group" in hang["by"] and hang["replayed_steps"] >= 0
+    assert hang["recover_s"] >= STALL_AFTER and g["badput_s"]["stall"] >= STALL_AFTER - 1
     # The same, for a person.
     rc, text = local("goodput")
     assert rc == 0 and f"goodput of run {RUN} (job {RUN}-1): {g['goodput_pct']:.1f}% of" in text, text

@@ -174,3 +174,134 @@ def test_a_stopped_stall_must_count_its_replayed_steps():
         "the stopped stall's steps replayed", "the incidents' replayed steps were run again"]
     g["incidents"][0].update(replayed_steps=6, resumed_s=None)  # no job resumed it
     assert "every incident recovered" in failed(S.verdict("hang-stop", facts, g, events))
+
+
+# -- the watch in the cluster: a hang that never resumes, a host sick (issue 36) --------
+def hang_never_run() -> tuple[dict, dict, list[dict]]:
+    """A worker frozen for good after step 14, nobody following: the watch
+    names and sets aside its host, the job goes on with one slice."""
+    events = [ev(0, "submitted", source="watch", job="j-1"),
+              started(5, 0, 0), started(5.1, 1, 1),
+              ev(6, "workers_started", workers=2, source="ray_train", n=1),
+              *[ev(10 + s, "step", step=s, seconds=1.0) for s in range(1, 15)],
+              ev(25, "worker_hung", by="chaos", host="tpu-group-1-0", source="chaos"),
+              ev(40, "stall_started", source="watch", job="j-1"),
+              ev(41, "hang_diagnosed", source="watch", culprits=["tpu-group-1-0"], job="j-1"),
+              ev(42, "quarantined", source="watch", host="tpu-group-1-0", by="stall_action: restart", job="j-1"),
+              ev(44, "failure", source="ray_train", decision="RETRY", n=1),
+              ev(46, "workers_restarted", workers=1, source="ray_train", n=1),
+              started(47, 0, 0, workers=1),
+              ev(50, "restore_started", step=10), ev(51, "restored", step=10, seconds=1.0),
+              *[ev(55 + s, "step", step=s, seconds=1.0) for s in range(11, 41)],
+              ev(96, "job_end", source="watch", job="j-1", status="SUCCEEDED")]
+    g = {"start": T0, "end": T0 + 96, "wall_s": 96.0, "steps": {"counted": 40, "replayed": 4},
+         "incidents": [{"kind": "stall", "at": T0 + 25, "lost_at_step": 14, "restored_from_step": 10,
+                        "replayed_steps": 4, "recover_s": 41.0}]}
+    facts = {"rc": 0, "outcome": "job j-1 SUCCEEDED (detached)", "target_steps": 40, "t_before": T0 - 5,
+             "t_after": T0 + 100, "jobs": 1, "followers": 0}
+    return facts, g, events
+
+
+def sick_run(kind: str) -> tuple[dict, dict, list[dict]]:
+    """Host tpu-group-1-0 sick (after step 14, or before the job), failed by
+    the gate, set aside by the watch; for "back", released and taken back."""
+    facts, g, events = hang_never_run()
+    events = [e for e in events if e["kind"] not in ("worker_hung", "stall_started", "hang_diagnosed",
+                                                     "quarantined")]
+    gate = ev(30 if kind == "back" else 8, "health_gate", job="j-1", unhealthy=[
+        {"slice": "tpu-group-1", "host": "0", "failed": ["devices"]}])
+    sick = ev(25 if kind == "back" else -10, "host_sickened", by="chaos", host="tpu-group-1-0", source="chaos")
+    set_aside = ev(31 if kind == "back" else 9, "quarantined", source="watch", host="tpu-group-1-0",
+                   by="health gate", job="j-1")
+    events += [sick, gate, set_aside, started(97, 1, 1)]
+    events.sort(key=lambda e: e["t"])
+    facts.update(sick_host="tpu-group-1-0", released_at=T0 + 96.5, sick_before_job=kind == "start",
+                 refusal_rc=1, refusal="job j-2 FAILED: the health gate failed on host tpu-group-1-0 (devices)")
+    g["incidents"][0]["kind"] = "failure"
+    return facts, g, events
+
+
+@pytest.mark.parametrize("scenario,run", [("hang-never", hang_never_run), ("sick-back", lambda: sick_run("back")),
+                                          ("sick-start", lambda: sick_run("start"))])
+def test_a_good_watched_run_passes_every_criterion_and_was_exercised(scenario, run):
+    facts, g, events = run()
+    v = S.verdict(scenario, facts, g, events)
+    assert v.exercised == []
+    assert [c.text() for c in v.checks if c.ok is not True and c.name != "no step replayed at a grow"] == []
+    assert v.ok
+
+
+def _culprit(e: list[dict], name: str) -> None:
+    next(x for x in e if x["kind"] == "hang_diagnosed")["culprits"] = [name]
+
+
+@pytest.mark.parametrize("scenario,criterion,change", [
+    ("hang-never", "acted by the watch in the cluster, nobody following", lambda f, g, e: f.update(followers=1)),
+    ("hang-never", "acted by the watch in the cluster, nobody following",
+     lambda f, g, e: next(x for x in e if x["kind"] == "quarantined").update(source="train")),
+    ("hang-never", "the culprit named right", lambda f, g, e: _culprit(e, "tpu-group-0-0")),
+    ("hang-never", "the culprit named right",
+     lambda f, g, e: e.remove(next(x for x in e if x["kind"] == "hang_diagnosed"))),
+    ("hang-never", "the culprit set aside",
+     lambda f, g, e: next(x for x in e if x["kind"] == "quarantined").update(host="tpu-group-0-0")),
+    ("hang-never", "hang to the first step after the restart within stall_after + the median recovery",
+     lambda f, g, e: [x.update(t=x["t"] + 200) for x in e if x["kind"] == "step" and x["t"] > T0 + 42]),
+    ("sick-back", "the sick host set aside by the gate",
+     lambda f, g, e: e.remove(next(x for x in e if x["kind"] == "quarantined"))),
+    ("sick-back", "released and healthy, taken back", lambda f, g, e: e.pop()),
+    ("sick-start", "a job that is not elastic refused, naming the host", lambda f, g, e: f.update(refusal_rc=0)),
+    ("sick-start", "a job that is not elastic refused, naming the host",
+     lambda f, g, e: f.update(refusal="job j-2 FAILED: see the log")),
+])
+def test_each_watch_criterion_fails_on_the_run_it_is_there_to_catch(scenario, criterion, change):
+    facts, g, events = copy.deepcopy(hang_never_run() if scenario == "hang-never" else
+                                     sick_run(scenario.split("-")[1]))
+    change(facts, g, events)
+    v = S.verdict(scenario, facts, g, events)
+    assert criterion in failed(v), [c.text() for c in v.checks]
+    assert not v.ok
+
+
+@pytest.mark.parametrize("scenario,change,why", [
+    ("hang-never", lambda f, g, e: e.append(ev(60, "worker_resumed", by="chaos", source="chaos")), "was resumed"),
+    ("hang-never", lambda f, g, e: e.remove(next(x for x in e if x["kind"] == "worker_hung")), "no worker frozen"),
+    ("sick-back", lambda f, g, e: e.remove(next(x for x in e if x["kind"] == "host_sickened")), "no host made sick"),
+    ("sick-back", lambda f, g, e: e.remove(next(x for x in e if x["kind"] == "health_gate")),
+     "no health gate found host tpu-group-1-0 sick"),
+    ("sick-back", lambda f, g, e: next(x for x in e if x["kind"] == "host_sickened").update(t=T0 + 12),
+     "not after step 12"),
+    ("sick-start", lambda f, g, e: f.update(sick_before_job=False), "no host was sick before the job"),
+])
+def test_a_watched_fault_that_did_not_happen_is_not_exercised(scenario, change, why):
+    facts, g, events = copy.deepcopy(hang_never_run() if scenario == "hang-never" else
+                                     sick_run(scenario.split("-")[1]))
+    change(facts, g, events)
+    v = S.verdict(scenario, facts, g, events)
+    assert any(why in x for x in v.exercised), v.exercised
+
+
+def test_the_soak_counts_a_follow_of_its_own_inventory_only(tmp_path):
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from bench.soak import followers
+    inv = tmp_path / "inventory.yaml"
+    base = followers(inv)
+    code = "import time; time.sleep(30)"
+    mine = subprocess.Popen(["bash", "-c", f"exec -a /x/.venv/bin/invoke {sys.executable} -c '{code}' train"],
+                            env={**os.environ, "INVOKE_PLAYBOOK_INVENTORY": str(inv)})
+    other = subprocess.Popen(["bash", "-c", f"exec -a /x/.venv/bin/invoke {sys.executable} -c '{code}' logs"],
+                             env={**os.environ, "INVOKE_PLAYBOOK_INVENTORY": str(tmp_path / "other.yaml")})
+    watch = subprocess.Popen(["bash", "-c", f"exec {sys.executable} -c '{code}' -m invoke watch"],
+                             env={**os.environ, "INVOKE_PLAYBOOK_INVENTORY": str(inv)})
+    try:
+        deadline = time.monotonic() + 10
+        while followers(inv) < base + 1 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert followers(inv) == base + 1
+    finally:
+        for p in (mine, other, watch):
+            p.kill()
+            p.wait()

@@ -415,3 +415,19 @@ def test_a_notice_after_an_orbax_finalize_still_reaches_its_sync_point(mode):
                        text=True, timeout=120)
     assert p.returncode == 0, p.stderr[-2000:]
     assert p.stdout.strip() == ("saved at []" if mode == "bare" else "saved at [52]"), p.stderr[-2000:]
+
+
+def test_a_step_without_a_measure_is_no_part_of_the_medians():
+    """A step saved on a preemption notice before MaxText logged it (the
+    save before a grow, the hang's restart) has no time or rate: the medians
+    are the measured steps' (a NaN in statistics.median's sort made the
+    e2e's tokens/s/device median NaN)."""
+    from playbooks.runs.train_summary import Summary
+    s = Summary(chip="v6e", simulated=True)
+    for step in range(8):
+        s.add({"t": float(step), "kind": "step", "step": step, "seconds": 1.0 + step / 10,
+               "tokens_per_s_per_device": 100.0 + step, "loss": 5.0, "tflops_per_device": 0.5})
+        if step == 4:
+            s.add({"t": 4.5, "kind": "step", "step": 40, "seconds": None, "unlogged": "saved on a notice"})
+    assert s.median_tokens_per_device == 104.5 and abs(s.median_step_seconds - 1.45) < 1e-9  # steps 2-7
+    assert s.median_tflops_per_device == 0.5 and s.step_seconds_quantile(0.9) == 1.7

@@ -28,6 +28,7 @@ from playbooks.plays import (
     storage,
     teardown,
     train,
+    watch,
 )
 from playbooks.runs import placement, restart
 from playbooks.twin.nodes import hosts_of
@@ -143,7 +144,8 @@ def _then(first: list[Step], then: list[Step]) -> list[Step]:
     return first + then
 
 
-def train_steps(env: Environment, job: Job, log_file: Path | None = None, preflight_first: bool = True) -> list[Step]:
+def train_steps(env: Environment, job: Job, log_file: Path | None = None, preflight_first: bool = True,
+                detach: bool = False) -> list[Step]:
     """Preflight first (nothing is started for a job that cannot fit), then
     the cluster, the run's checkpoints, GKE maintenance held off (GKE), the
     job (which releases the hold when it ends)."""
@@ -155,7 +157,12 @@ def train_steps(env: Environment, job: Job, log_file: Path | None = None, prefli
     hold = [train.hold_step(job)] if env.platform.cloud else []
     return _then(checks + train.preemption_note(env, job) + cluster_ready_steps(env)
                  + [train.slices_step(env, job), train.checkpoint_step(job)] + hold + [train.estimate_step(job)],
-                 [train.job_step(job, log_file, follow_quarantine(env, job.elastic))])
+                 [train.job_step(job, log_file, follow_quarantine(env, job.elastic), detach)])
+
+
+def watch_steps(env: Environment, run: str, sid: str, elastic: bool, log_file: Path | None = None) -> list[Step]:
+    """`invoke watch`: the job followed by the watch that acts."""
+    return [watch.watch_step(env, run, sid, follow_quarantine(env, elastic), log_file)]
 
 
 def follow_quarantine(env: Environment, elastic: bool) -> restart.Quarantine:

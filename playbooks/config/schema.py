@@ -568,6 +568,22 @@ def stall_action(v: str, env: Mapping) -> str | None:
     return one_of(v, STALL_ACTIONS)
 
 
+STALL_WATCHES = ("cluster", "follow")
+
+
+def default_stall_watch(env: Mapping) -> str:
+    return "follow" if env.get("kind", "gke") == "gke" else "cluster"
+
+
+def stall_watch(v: str, env: Mapping) -> str | None:
+    if (why := one_of(v, STALL_WATCHES)):
+        return why
+    if v == "cluster" and env.get("kind", "gke") == "gke":
+        return ("is cluster, which is built for the local twin only: on GKE the watch runs in `invoke train`'s "
+                "follow (follow); docs/quarantine.md says what is missing")
+    return None
+
+
 STALL = (
     Key("stall_after", int, rules=(stall_after,),
         doc="seconds without a new step that make a RUNNING job stalled (default: the larger of 10 x the run's p90 "
@@ -577,6 +593,10 @@ STALL = (
             "job; a later `invoke train` resumes it from its checkpoint) or restart (an elastic job: the host the "
             "hang diagnosis or the health gate names quarantined, the job goes on on the slices left; else "
             "stopped; docs/quarantine.md)"),
+    Key("stall_watch", derive=default_stall_watch, rules=(stall_watch,),
+        doc="where the stall watch and its actions run: cluster (a Ray job of its own on the Ray head beside each "
+            "job, `invoke watch`: nobody needs to follow; the local twin's default) or follow (inside `invoke "
+            "train` / `logs --follow` on this machine: GKE's only choice today)"),
 )
 
 # -- an elastic job: how soon it takes in a slice that came ----------------------
@@ -816,6 +836,7 @@ class Environment(Env):
     train_overrides: dict[str, Any]
     stall_after: int | None
     stall_action: str
+    stall_watch: str
     resize_interval: int | None
     start_retries: int
     resize_save_timeout: int

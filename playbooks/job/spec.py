@@ -242,8 +242,11 @@ def place_locally(job: Job) -> None:
     _set(job.args, "jax_cache_dir", p["jax_cache"])
     _set(job.args, "dump_hlo_local_dir", p["xla_dump"])
     job.env_vars.update({
+        # No XLA_FLAGS here: each simulated TPU host's Ray node gives its
+        # own (its devices, twin/nodes.py), as a TPU VM has its own chips; a
+        # job's runtime env would override every host's, a sick one's
+        # (chaos.sicken-worker) too, and the health gate would never see it.
         "JAX_PLATFORMS": "cpu",
-        "XLA_FLAGS": f"--xla_force_host_platform_device_count={env.devices_per_host}",
         "TPU_LOG_DIR": p["tpu_logs"],
         "TRAINER_STORAGE_PATH": p["ray_results"],
         # Every step line, not one per worker group ("repeated Nx").
@@ -314,10 +317,12 @@ def runtime_env(job: Job) -> str:
                        "worker_process_setup_hook": SETUP_HOOK})
 
 
-def submit_command(job: Job, submission_id: str) -> Command:
-    return Command(("ray", "job", "submit", "--address", job.address, "--working-dir", WORKING_DIR,
-                    "--runtime-env-json", runtime_env(job), f"--submission-id={submission_id}", "--",
-                    *job.argv()))
+def submit_command(job: Job, submission_id: str, wait: bool = True) -> Command:
+    """`ray job submit`: followed to the job's end (``wait``), else
+    ``--no-wait`` (`invoke train --detach`)."""
+    return Command(("ray", "job", "submit", "--address", job.address, *(() if wait else ("--no-wait",)),
+                    "--working-dir", WORKING_DIR, "--runtime-env-json", runtime_env(job),
+                    f"--submission-id={submission_id}", "--", *job.argv()))
 
 
 # -- checkpoints of the run ------------------------------------------------

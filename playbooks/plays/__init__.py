@@ -10,8 +10,9 @@ before a job), ``train`` (§8-9: the job, followed), ``chaos`` (§9: a host kill
 frozen, made sick, on GKE or the twin: one play over each target's way),
 ``teardown`` (§10). Also: ``logs`` (logs, metrics and
 goodput of a run), ``local_cluster`` (the local twin started, stopped and
-checked), ``controller`` (the files synced to a controller host) and
-``quarantine`` (a host set aside and given back).
+checked), ``controller`` (the files synced to a controller host),
+``quarantine`` (a host set aside and given back) and ``watch`` (one job
+followed by the watch that acts: what `train` runs on the Ray head).
 
 May import ``playbooks.core``, ``playbooks.config``, ``playbooks.access``,
 ``playbooks.cloud``, ``playbooks.job``, ``playbooks.runs`` and

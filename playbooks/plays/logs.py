@@ -19,7 +19,7 @@ from playbooks.core.facts import ABSENT, Action, Fact
 from playbooks.core.play import Outcome, StepContext
 from playbooks.core.recap import FAILED, OK
 from playbooks.core.step import Step, change, fail, ok
-from playbooks.runs import cost, goodput, goodput_reference, metrics, run_list, timeline
+from playbooks.runs import cluster_watch, cost, goodput, goodput_reference, metrics, run_list, timeline
 from playbooks.runs import events as E
 from playbooks.runs.follow import follow as follow_job
 from playbooks.runs.train_summary import Summary
@@ -91,7 +91,8 @@ def logs_step(env: Environment, run: str | None, follow: bool, log_file: Path | 
         else:
             # Followed: the run's timeline and the stall watch, as `train` does.
             got = follow_job(ctx, env, sid, addr, via, lambda f: ctx.stream(job_logs_command(addr, sid, True), f.line),
-                             run=run_of(sid), job=mine[-1], show_all=True, source="logs", log_file=log_file)
+                             run=run_of(sid), job=mine[-1], show_all=True, source="logs", log_file=log_file,
+                             viewer=cluster_watch.in_cluster(env))
             if got.lost:
                 return Outcome(FAILED, got.lost)
             done, final = got.done, got.final if got.done is not None else ctx.look(job_fact(addr, sid, via),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +25,11 @@ from playbooks.cloud.gke import clusters_fact, nodepool_name, nodepools_list_fac
 from playbooks.cloud.slices import from_ray, ray_nodes_as_asked
 from playbooks.config import paths
 from playbooks.config.schema import Environment, capacities, capacity_text
+from playbooks.core.command import Command
 from playbooks.core.errors import InputError
 from playbooks.core.facts import ABSENT, Action, Completed, Fact, assume
 from playbooks.core.play import Outcome, StepContext
-from playbooks.core.recap import CHANGED, FAILED, SKIPPED
+from playbooks.core.recap import CHANGED, FAILED, OK, SKIPPED
 from playbooks.core.step import Step, Verify, change, fail, ok, skipped
 from playbooks.job.spec import (
     Checkpoints,
@@ -38,7 +40,7 @@ from playbooks.job.spec import (
     restores_unfinished,
     submit_command,
 )
-from playbooks.runs import cost, goodput, metrics, restart, timeline
+from playbooks.runs import cluster_watch, cost, goodput, metrics, restart, timeline
 from playbooks.runs import events as E
 from playbooks.runs.follow import Followed, Follower, follow
 from playbooks.runs.job_log import clean
@@ -296,10 +298,16 @@ def _follow_or_submit(ctx: StepContext, job: Job, sid: str, attach: bool, f: Fol
     while the head's job agent is not up yet: no job was made)."""
     if attach:
         return ctx.stream(job_logs_command(job.address, sid, follow=True), f.line)
-    command = submit_command(job, sid)
+    return _submit(ctx, submit_command(job, sid), f.line)
+
+
+def _submit(ctx: StepContext, command: Command, on_line: Callable[[str], None] | None = None) -> Completed | None:
+    """A `ray job submit`, its lines to ``on_line`` (else to the step's
+    log), tried again while the head's job agent is not up yet (no job was
+    made)."""
     done = None
     for attempt in range(1, SUBMIT_ATTEMPTS + 1):
-        done = ctx.stream(command, f.line)
+        done = ctx.stream(command, on_line or ctx.note)
         if done is None or done.ok or not NOT_READY.search(done.stdout) or attempt == SUBMIT_ATTEMPTS:
             break
         ctx.log.emit("retry", f"the Ray head is not ready for jobs yet; submitting again in {SUBMIT_DELAY:.0f}s "
@@ -350,10 +358,13 @@ def entrypoint_steps(entrypoint: str) -> int | None:
     return int(found[-1]) if found and found[-1].isdigit() else None
 
 
-def job_step(job: Job, log_file: Path | None = None, quarantine: restart.Quarantine | None = None) -> Step:
+def job_step(job: Job, log_file: Path | None = None, quarantine: restart.Quarantine | None = None,
+             detach: bool = False) -> Step:
     """A run step: it follows the job's log as it comes, to the job's end
-    (``quarantine``: how its follow sets a host aside, stall_action: restart)."""
-    run = JobRun(job, log_file, quarantine)
+    (``quarantine``: how its follow sets a host aside, stall_action: restart;
+    with ``stall_watch: cluster`` the watch on the Ray head does, and this
+    follow views it; ``detach``: submitted, not followed)."""
+    run = JobRun(job, log_file, quarantine, detach)
     return Step(PLAY, f"job {job.run_name} ({job.model}{', elastic' if job.elastic else ''})", run=run.run,
                 id="train:job", after=("train:checkpoints",))
 
@@ -362,8 +373,10 @@ class JobRun:
     """The job step's parts: which job (one running of the run is followed,
     else a new one submitted), the follow, what it came to."""
 
-    def __init__(self, job: Job, log_file: Path | None, quarantine: restart.Quarantine | None = None):
-        self.job, self.log_file, self.quarantine = job, log_file, quarantine
+    def __init__(self, job: Job, log_file: Path | None, quarantine: restart.Quarantine | None = None,
+                 detach: bool = False):
+        self.job, self.log_file, self.quarantine, self.detach = job, log_file, quarantine, detach
+        self.in_cluster = cluster_watch.in_cluster(job.env)
         self.via = connectors.connector(job.env)
         self.listing, self.checkpoints = jobs_fact(job.address, self.via), checkpoints_fact(job)
 
@@ -379,12 +392,49 @@ class JobRun:
         sid, active = self.which(ctx, listed)
         if active is None:
             ctx.act(priced_event(job, ctx.look(basis_fact(job))))
+        if self.in_cluster and (failed := self.watched(ctx, sid, listed)):
+            return failed
+        if self.detach:
+            return self.submitted(ctx, sid, active)
         f = follow(ctx, job.env, sid, job.address, self.via,
                    lambda fl: _follow_or_submit(ctx, job, sid, active is not None, fl), run=job.run_name, job=active,
                    log_file=self.log_file, heartbeat=lambda fl: self.now(ctx, sid, fl),
                    interrupted=f"interrupted: job {sid} goes on in the cluster; `invoke train` again follows it, "
-                               f"`ray job stop --address {job.address} {sid}` stops it", quarantine=self.quarantine)
+                               f"`ray job stop --address {job.address} {sid}` stops it", quarantine=self.quarantine,
+                   viewer=self.in_cluster)
         return self.outcome(ctx, sid, f)
+
+    def watched(self, ctx: StepContext, sid: str, listed: Any) -> Outcome | None:
+        """The job's watch on the Ray head (``stall_watch: cluster``),
+        submitted first unless it runs already: it waits for the job to be
+        listed. A watch that cannot be submitted fails the step before the
+        job is (no job runs unwatched)."""
+        job = self.job
+        if cluster_watch.watching(listed, sid) is not None:
+            ctx.note(f"job {sid}'s watch {cluster_watch.watch_id(sid)} runs already")
+            return None
+        done = _submit(ctx, cluster_watch.submit_command(job.env, job.address, job.run_name, sid, job.elastic))
+        if done is not None and not done.ok:
+            last = [line for line in done.stdout.splitlines() if line.strip()][-1:] or ["no output"]
+            return Outcome(FAILED, f"the watch of job {sid} could not be submitted (exit code {done.rc}): "
+                                   f"{clean(last[0])}; no job was submitted")
+        return None
+
+    def submitted(self, ctx: StepContext, sid: str, active: dict | None) -> Outcome:
+        """``--detach``: the job submitted (``--no-wait``), not followed."""
+        job = self.job
+        view = f"`invoke logs --run {job.run_name} --follow` views it"
+        watch = (f"its watch {cluster_watch.watch_id(sid)} acts on the Ray head" if self.in_cluster else
+                 f"nothing watches it (stall_watch: follow): {view.split('` ')[0]}` watches it")
+        if active is not None:
+            return Outcome(OK, f"job {sid} of run {job.run_name} is already {active.get('status')}; {watch}; {view}")
+        done = _submit(ctx, submit_command(job, sid, wait=False))
+        if done is None:
+            return Outcome(CHANGED, f"would submit job {sid}, not followed")
+        if not done.ok:
+            last = [line for line in done.stdout.splitlines() if line.strip()][-1:] or ["no output"]
+            return Outcome(FAILED, f"`ray job submit` failed (exit code {done.rc}): {clean(last[0])}")
+        return Outcome(CHANGED, f"job {sid} submitted, not followed (--detach); {watch}; {view}")
 
     def which(self, ctx: StepContext, listed: Any) -> tuple[str, dict | None]:
         """The job to follow: the run's job still running, or a new one's id."""
@@ -427,6 +477,9 @@ class JobRun:
         for line in f.summary.lines():
             ctx.echo(f"  {line}")
         _keep_metrics(ctx, job, f.summary, sid)
+        if isinstance(final, dict) and final.get("status") == "FAILED" and \
+                (gate := restart.gate_refusal(f.job_events(), job.env.platform.simulated, job.elastic)):
+            return Outcome(FAILED, f"job {sid} FAILED: {gate}" + (f" (log: {self.log_file})" if self.log_file else ""))
         if f.stopped and isinstance(final, dict) and final.get("status") == "STOPPED":
             return Outcome(FAILED, f"job {sid} STOPPED after a stall (stall_action: {job.env.stall_action}): `invoke "
                                    f"train` resumes run {job.run_name} from its last checkpoint")

@@ -16,7 +16,8 @@ rank of a running job sits (``placement``), what a chaos task's
 ``--target`` aims at (``chaos_target``), the hosts an environment has set
 aside (``quarantine_record``) and which host the follow sets aside by
 itself, or whether it stops the job instead (``restart``: stall_action:
-restart, a failed health gate).
+restart, a failed health gate), and the watch's own Ray job beside each
+job, that acts with nobody following (``cluster_watch``).
 
 May import ``playbooks.core``, ``playbooks.config``, ``playbooks.access``,
 ``playbooks.cloud`` and ``playbooks.job``.

@@ -28,8 +28,8 @@ from playbooks.core.errors import PlaybookError
 from playbooks.core.facts import Completed
 from playbooks.core.play import StepContext, run_within
 from playbooks.core.recap import FAILING
+from playbooks.runs import cluster_watch, hang_evidence, pod_watch, restart, stall, timeline
 from playbooks.runs import events as E
-from playbooks.runs import hang_evidence, pod_watch, restart, stall, timeline
 from playbooks.runs.cli_traceback import TracebackHold
 from playbooks.runs.hang_diagnosis import Diagnosis
 from playbooks.runs.job_log import clean, shown
@@ -48,8 +48,14 @@ def sets_aside(env: Environment, q: restart.Quarantine | None) -> bool:
     return env.stall_action == "restart" and q is not None and q.elastic and not q.refused
 
 
-def watch_note(env: Environment, address: str, sid: str, run: str, q: restart.Quarantine | None = None) -> str:
+def watch_note(env: Environment, address: str, sid: str, run: str, q: restart.Quarantine | None = None,
+               viewer: bool = False) -> str:
     """What the watch does while the job runs, said before it starts."""
+    if viewer:
+        return (f"watch: in the cluster, Ray job {cluster_watch.watch_id(sid)} (`invoke watch`, stall_watch: "
+                f"cluster), acts on stalls (stall_action: {env.stall_action}) and health gates and writes the run's "
+                f"timeline ({paths.shown(timeline.path(env, run))}); this follow shows what it records, and the job "
+                f"goes on watched if this follow ends")
     after = (f"{env.stall_after} s (stall_after; looked for every {stall.look_every(1e9, env.stall_after):g} s or "
              f"heartbeat, whichever is sooner)" if env.stall_after else
              f"the larger of {stall.P90_FACTOR:g} x the run's p90 step time and {stall.DEFAULT_FLOOR / 60:g} min")
@@ -86,7 +92,7 @@ class Followed:
 def follow(ctx: StepContext, env: Environment, sid: str, address: str, via: Any,
            stream: Callable[[Follower], Completed | None], *, run: str, job: Any = None, log_file: Path | None = None,
            show_all: bool = False, source: str = "train", heartbeat: Callable[[Follower], str] | None = None,
-           interrupted: str = "", quarantine: restart.Quarantine | None = None) -> Followed:
+           interrupted: str = "", quarantine: restart.Quarantine | None = None, viewer: bool = False) -> Followed:
     """Follow job ``sid`` to its end, the one way both ``train`` and ``logs
     --follow`` do: the follower (its lines, summary, log file, timeline), the
     watch note, a running job's submission time, the heartbeat (``heartbeat``
@@ -94,16 +100,23 @@ def follow(ctx: StepContext, env: Environment, sid: str, address: str, via: Any,
     command that streams the log into the follower), then the Jobs API's
     final word and the job's end in the timeline. ``interrupted``: said on
     Ctrl-C (the job goes on). ``quarantine``: how hosts are set aside
-    (``stall_action: restart``; its steps shown, not run, when not acting)."""
-    f = Follower(ctx, env, run, sid, log_file, show_all=show_all, source=source, job=job, quarantine=quarantine)
-    ctx.note(watch_note(env, address, sid, run, quarantine))
+    (``stall_action: restart``; its steps shown, not run, when not acting).
+    ``viewer``: the watch in the cluster acts and writes the timeline
+    (``runs/cluster_watch.py``); this follow writes nothing of the run's and
+    shows what the watch records."""
+    f = Follower(ctx, env, run, sid, log_file, show_all=show_all, source=source, job=job, quarantine=quarantine,
+                 viewer=viewer)
+    ctx.note(watch_note(env, address, sid, run, quarantine, viewer))
     if not ctx.acting and quarantine is not None and sets_aside(env, quarantine):
         first = next(iter(quarantine.hosts))
-        ctx.note(f"watch: a host set aside by {restart.BY_STALL}, e.g. {first}:")
+        ctx.note(f"watch{' in the cluster' if viewer else ''}: a host set aside by {restart.BY_STALL}, e.g. "
+                 f"{first}:")
         run_within(ctx, quarantine.steps(first, "(the hang diagnosis's line)", restart.BY_STALL))
     lost: str | None = None
     if job is not None:
         f.started(job)
+    if viewer and ctx.acting:
+        unwatched(ctx, address, sid, run, via)
     try:
         if ctx.acting:
             beating = ctx.beating(f"job {sid}", lambda: heartbeat(f)) if heartbeat else contextlib.nullcontext()
@@ -127,8 +140,41 @@ def follow(ctx: StepContext, env: Environment, sid: str, address: str, via: Any,
     if lost:
         return Followed(done, None, f, lost)
     final = ctx.look(job_fact(address, sid, via), fresh=True)
+    if viewer and ctx.acting:
+        last_of_watch(ctx, f, address, via)
     f.ended(final)
     return Followed(done, final, f)
+
+
+# How long a viewer waits, once the job ended, for the watch in the cluster
+# to end too (it writes the job's end, and its last action, then ends).
+WATCH_END_WAIT = 30.0
+
+
+def unwatched(ctx: StepContext, address: str, sid: str, run: str, via: Any) -> None:
+    """A viewer's job that no watch follows (one submitted before, or a
+    watch that failed): said, with how to watch it."""
+    w = ctx.peek(job_fact(address, cluster_watch.watch_id(sid), via))
+    if not (isinstance(w, dict) and w.get("status") in ACTIVE):
+        state = w.get("status") if isinstance(w, dict) else "not there"
+        ctx.echo(f"watch: job {sid}'s watch {cluster_watch.watch_id(sid)} is {state}: nothing acts on a stall; "
+                 f"`invoke watch --run {run} --job {sid}` watches it")
+
+
+def last_of_watch(ctx: StepContext, f: Follower, address: str, via: Any) -> None:
+    """The job ended: the watch's last records shown (it ends soon after
+    its job, at most WATCH_END_WAIT seconds waited for)."""
+    waited = 0.0
+    while waited < WATCH_END_WAIT:
+        w = ctx.peek(job_fact(address, cluster_watch.watch_id(f.sid), via))
+        if not (isinstance(w, dict) and w.get("status") in ACTIVE):
+            break
+        ctx.sleep(1.0)
+        waited += 1.0
+    if f.timeline is not None:
+        with f.lock:
+            others = f.timeline.others()
+        Watch.show_to(f, others)
 
 
 class Follower:
@@ -139,9 +185,10 @@ class Follower:
 
     def __init__(self, ctx: StepContext, env: Environment, run: str, sid: str, log_file: Path | None = None,
                  show_all: bool = False, source: str = "train", job: Any = None,
-                 quarantine: restart.Quarantine | None = None):
+                 quarantine: restart.Quarantine | None = None, viewer: bool = False):
         self.ctx, self.env, self.run, self.sid, self.source = ctx, env, run, sid, source
-        self.quarantine = quarantine
+        self.viewer = viewer  # the watch in the cluster writes the timeline and acts; this one shows it
+        self.quarantine = None if viewer else quarantine
         self.quarantined: list[str] = []  # hosts this follow quarantined (stall_action: restart)
         self.summary = Summary(chip=env.tpu, simulated=env.platform.simulated)
         self.show_all = show_all
@@ -154,10 +201,14 @@ class Follower:
         # about to be submitted).
         start = job.get("start_time") if isinstance(job, dict) else None
         since = float(start) / 1000 if isinstance(start, (int, float)) and start else None
-        self.timeline = timeline.Writer(env, run, sid, since if job is not None else None) if ctx.acting else None
+        self.timeline = timeline.Writer(env, run, sid, since if job is not None else None,
+                                        write=not viewer) if ctx.acting else None
         self.stall = StallTracker(self)
         self.heartbeats = hang_evidence.Heartbeats()  # each worker's last beat: the hang diagnosis reads them
         self.stopped = False  # by stall_action: stop (or restart, with no host to set aside)
+        # Set when a health gate failed hosts: the watch looks at once, not at
+        # its next beat (Ray Train's next worker group may take them again).
+        self.wake = threading.Event()
         self.read = array("q")  # each line read, hashed: a log read again from its start skips them (Relink)
         # Where the job's own log begins among the lines read: a job already
         # there is followed through `ray job logs --follow` (its log from
@@ -205,6 +256,8 @@ class Follower:
             new = self.timeline.add(events)
             for e in new:
                 self.stall.progress(e)
+                if e.get("kind") == E.HEALTH_GATE and e.get("unhealthy"):
+                    self.wake.set()
             return new
 
     def held(self, now: float) -> None:
@@ -340,15 +393,20 @@ class Watch:
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
+        self.f.wake.set()
         if self.thread.is_alive():
             self.thread.join(timeout=self.interval + 30)
 
     def _run(self) -> None:
-        # At a fixed rate: a look that takes a while does not push the next one back.
+        # At a fixed rate: a look that takes a while does not push the next
+        # one back; a failed health gate read wakes it at once.
         beat = time.monotonic()
         while True:
             beat += self.interval
-            if self._stop.wait(max(0.0, beat - time.monotonic())):
+            if self.f.wake.wait(max(0.0, beat - time.monotonic())):
+                self.f.wake.clear()
+                beat = time.monotonic()
+            if self._stop.is_set():
                 return
             try:
                 self.tick()
@@ -366,7 +424,10 @@ class Watch:
         f = self.f
         assert f.timeline is not None
         with f.lock:
-            f.timeline.others()
+            others = f.timeline.others()
+        if f.viewer:
+            self.show(others)
+            return
         f.held(self.clock())
         if self.env.platform.cloud:
             self.pods()
@@ -378,6 +439,23 @@ class Watch:
 
     def stop(self) -> None:
         self.f.ctx.act(stop_command(self.address, self.f.sid))
+
+    def show(self, events: list[dict]) -> None:
+        Watch.show_to(self.f, events)
+
+    @staticmethod
+    def show_to(f: Follower, events: list[dict]) -> None:
+        """A viewer's look: what the watch in the cluster recorded of this
+        job since the last, each said as the watch said it."""
+        for e in events:
+            if e.get("job") != f.sid or e.get("source") != WATCH_SOURCE:
+                continue
+            if (line := watch_line(e)) is not None:
+                f.ctx.echo(line)
+            if e.get("kind") == E.STOPPED:
+                f.stopped = True
+            elif e.get("kind") == E.QUARANTINED and e.get("host"):
+                f.quarantined.append(str(e["host"]))
 
     # -- stall_action: restart, and the health gate's failures (runs/restart.py decides) --
     def host_of(self, name: str) -> str | None:
@@ -450,13 +528,16 @@ class Watch:
         q = f.quarantine
         assert q is not None
         for h in hosts:
+            # The event at the quarantine's start: its node's end (the twin)
+            # fails the worker group before the steps' verify has seen it.
+            began = self.clock()
             done = run_within(f.ctx, q.steps(h, why, by))
             failed = [o for _, o in done if o.outcome in FAILING]
             if failed:
                 f.ctx.echo(f"{by}: host {h} could not be set aside: {failed[0].reason.splitlines()[0][:300]}")
                 return False
             f.quarantined.append(h)
-            f.add([timeline.event(E.QUARANTINED, f.source, f.summary.last_step, job=f.sid, host=h,
+            f.add([timeline.event(E.QUARANTINED, f.source, f.summary.last_step, t=began, job=f.sid, host=h,
                                   slice=q.hosts.get(h), why=why, by=by)])
         return True
 
@@ -507,6 +588,29 @@ class Watch:
             self.f.add([dict(e, job=self.f.sid) for e in found
                         if not (e["kind"] == E.WORKER_LOST and e.get("pod") in chaos)])
         self._pods = now
+
+
+# The source of the events the watch in the cluster (`invoke watch`) writes.
+WATCH_SOURCE = "watch"
+
+
+def watch_line(e: dict) -> str | None:
+    """One of the watch's events as a line (None: not one it says)."""
+    kind = e.get("kind")
+    if kind == E.STALL_STARTED:
+        return str(e.get("line") or "stalled") + (f"\n  why: {e['cause']}" if e.get("cause") else "")
+    if kind == E.STALL_ENDED:
+        by, secs = str(e.get("by") or "progress"), e.get("seconds")
+        what = f"step {e.get('step')}" if by in E.STEPS else by.replace("_", " ")
+        return (f"stall ended: {what}"
+                + (f" after {stall.duration(float(secs))} without a step" if isinstance(secs, (int, float)) else ""))
+    if kind == E.HANG_DIAGNOSED:
+        return f"  {e.get('line') or 'hang diagnosed'}" + (f" (evidence: {e['evidence']})" if e.get("evidence") else "")
+    if kind == E.QUARANTINED:
+        return f"watch in the cluster: host {e.get('host')} quarantined by {e.get('by')}: {e.get('why')}"
+    if kind == E.STOPPED:
+        return f"watch in the cluster: job {e.get('job')} stopped by {e.get('by')}"
+    return None
 
 
 def _pod_named(pods: dict[str, dict], name: str) -> dict | None:

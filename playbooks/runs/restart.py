@@ -146,3 +146,21 @@ def for_gate(q: Quarantine | None, names: Sequence[str], host_of: Callable[[str]
                                f"the job: none is set aside (none would be left to go on with)")
     return Plan(tuple(hosts), False, f"health gate: {_shown(hosts)} quarantined (failed its checks); the elastic "
                                      f"job's next worker group goes on without it; {_release(hosts)}")
+
+
+def gate_refusal(events: Sequence[Any], simulated: bool, elastic: bool) -> str | None:
+    """A failed job's one line when a health gate of it failed hosts: which,
+    on what checks, and what to do (None: no gate failed one)."""
+    bad = [u for e in events if isinstance(e, dict) and e.get("kind") == "health_gate"
+           for u in (e.get("unhealthy") or []) if isinstance(u, dict)]
+    names = gate_names(bad, simulated)
+    if not names:
+        return None
+    failed = sorted({str(c) for u in bad for c in (u.get("failed") or [])})
+    what = f" ({', '.join(failed)})" if failed else ""
+    first = names[0]
+    todo = ("fix it, or set it aside (`invoke hosts.quarantine " + first + "`) and run `invoke train --elastic`"
+            if not elastic else "fix it, or set it aside (`invoke hosts.quarantine " + first + "`) and run "
+            "`invoke train` again")
+    return (f"the health gate failed on {_shown(names)}{what}; "
+            + ("a job that is not elastic cannot go on without its slice: " if not elastic else "") + todo)

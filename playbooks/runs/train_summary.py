@@ -38,6 +38,13 @@ def _f(v: Any) -> float:
     return n if n is not None else math.nan
 
 
+def _measured(vals: Any) -> list[float]:
+    """The values a step measured: a step with none (saved on a preemption
+    notice before MaxText logged it) is no part of a median (a NaN in
+    statistics.median's sort makes its answer depend on where it falls)."""
+    return [v for v in vals if not math.isnan(v)]
+
+
 @dataclass
 class Summary:
     # group, step, seconds, tokens/s/device, loss, TFLOP/s/device
@@ -157,23 +164,23 @@ class Summary:
 
     @property
     def median_step_seconds(self) -> float | None:
-        vals = [r[2] for r in self._warm()]
+        vals = _measured(r[2] for r in self._warm())
         return statistics.median(vals) if vals else None
 
     @property
     def median_tokens_per_device(self) -> float | None:
-        vals = [r[3] for r in self._warm()]
+        vals = _measured(r[3] for r in self._warm())
         return statistics.median(vals) if vals else None
 
     def step_seconds_quantile(self, q: float) -> float | None:
-        vals = sorted(r[2] for r in self._warm())
+        vals = sorted(_measured(r[2] for r in self._warm()))
         if not vals:
             return None
         return vals[min(len(vals) - 1, int(q * len(vals)))] if q < 1 else vals[-1]
 
     @property
     def median_tflops_per_device(self) -> float | None:
-        vals = [r[5] for r in self._warm()]
+        vals = _measured(r[5] for r in self._warm())
         return statistics.median(vals) if vals else None
 
     @property

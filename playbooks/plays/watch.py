@@ -1,0 +1,71 @@
+"""`invoke watch`: one job followed to its end by the watch that acts
+(``stall_action``, the health gate's failures), writing the run's
+timeline: what `invoke train` runs on the Ray head beside each job when
+``stall_watch: cluster`` (``runs/cluster_watch.py``). A person may run it
+too, on a job nobody watches."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from playbooks.access import connectors
+from playbooks.access.ray_api import ACTIVE, job_fact, job_logs_command
+from playbooks.cloud.endpoints import dashboard
+from playbooks.config.schema import Environment
+from playbooks.core.facts import ABSENT
+from playbooks.core.play import Outcome, StepContext
+from playbooks.core.recap import FAILED, OK
+from playbooks.core.step import Step
+from playbooks.runs import restart
+from playbooks.runs.follow import WATCH_SOURCE, follow
+
+PLAY = "watch"
+# How long the watch waits for its job to be listed: the watch is submitted
+# first, the job right after it (a head that is slow to take jobs included).
+LISTED_WITHIN = 300.0
+LOOK_EVERY = 2.0
+
+
+def listed(ctx: StepContext, address: str, sid: str, via: Any) -> dict | None:
+    """The Jobs API's job ``sid``, waited for up to LISTED_WITHIN seconds
+    (None: not listed by then)."""
+    waited = 0.0
+    while True:
+        j = ctx.look(job_fact(address, sid, via), fresh=True)
+        if isinstance(j, dict) and j.get("status"):
+            return j
+        if j is not ABSENT and not ctx.acting:
+            return None
+        if waited >= LISTED_WITHIN:
+            return None
+        ctx.sleep(LOOK_EVERY)
+        waited += LOOK_EVERY
+
+
+def watch_step(env: Environment, run: str, sid: str, quarantine: restart.Quarantine,
+               log_file: Path | None = None) -> Step:
+    """The job ``sid`` of run ``run`` followed to its end, the watch acting."""
+    address = dashboard(env)
+    via = connectors.connector(env)
+
+    def run_step(ctx: StepContext) -> Outcome:
+        job = listed(ctx, address, sid, via) if ctx.probing else None
+        if ctx.probing and job is None:
+            return Outcome(FAILED, f"job {sid} was not listed by the Ray head at {address} within "
+                                   f"{LISTED_WITHIN:.0f} s: nothing to watch")
+        if job is not None and job.get("status") not in ACTIVE:
+            return Outcome(OK, f"job {sid} is already {job.get('status')}: nothing to watch")
+        got = follow(ctx, env, sid, address, via, lambda f: ctx.stream(job_logs_command(address, sid, True), f.line),
+                     run=run, job=job, source=WATCH_SOURCE, log_file=log_file, quarantine=quarantine,
+                     interrupted=f"interrupted: job {sid} goes on unwatched; `invoke watch --run {run} --job {sid}` "
+                                 f"watches it again")
+        if got.done is None:
+            return Outcome(OK, f"would watch job {sid} to its end")
+        if got.lost:
+            return Outcome(FAILED, got.lost)
+        status = got.final.get("status") if isinstance(got.final, dict) else "UNKNOWN"
+        did = ([f"quarantined {', '.join(got.follower.quarantined)}"] if got.follower.quarantined else []) + \
+              (["stopped it"] if got.follower.stopped else [])
+        return Outcome(OK, f"job {sid} {status}, watched to its end" + (f" ({'; '.join(did)})" if did else ""))
+
+    return Step(PLAY, f"watch job {sid} (stall_action: {env.stall_action})", run=run_step, id="watch:job")

@@ -1,0 +1,132 @@
+"""The watch in the cluster (stall_watch: cluster): its Ray job's command
+(each word arriving as it was through Ray's shell), its id never taken
+for a run's job, and the follow beside it a viewer that acts on nothing,
+writes nothing and shows what the watch recorded."""
+from __future__ import annotations
+
+import json
+import shlex
+
+from playbooks.access.ray_api import ours
+from playbooks.runs import cluster_watch, restart, timeline
+from tests.test_goodput import T0, WatchedEnv, ev, start, steps
+from tests.test_restart import TWIN, FakeQuarantine, StepsContext
+
+
+class Env(WatchedEnv):
+    stall_watch = "cluster"
+
+
+def test_the_watch_job_arrives_word_for_word_through_rays_shell(monkeypatch):
+    from playbooks.config import paths
+    odd = "/tmp/a project's folder $(x)"
+    monkeypatch.setattr(paths, "ROOT", type(paths.ROOT)(odd))
+    monkeypatch.setenv("INVOKE_PLAYBOOK_INVENTORY", "/tmp/inv 'x'.yaml")
+    c = cluster_watch.submit_command(Env(30, "restart"), "http://127.0.0.1:8265", "run", "run-3", elastic=True)
+    argv = list(c.argv)
+    assert f"--submission-id=run-3{cluster_watch.SUFFIX}" in argv and "--no-wait" in argv
+    entry = argv[argv.index("--") + 1:]
+    assert entry[:3] == ["env", "-C", odd]
+    assert entry[-5:] == ["watch", "--env=e", "--run=run", "--job=run-3", "--elastic"]
+    # Ray 2.60 joins the entrypoint with shlex.join and the head runs it through a shell.
+    assert shlex.split(shlex.join(entry)) == entry
+    env_vars = json.loads(argv[argv.index("--runtime-env-json") + 1])["env_vars"]
+    assert env_vars["INVOKE_PLAYBOOK_INVENTORY"] == "/tmp/inv 'x'.yaml"
+    monkeypatch.delenv("INVOKE_PLAYBOOK_INVENTORY")
+    c = cluster_watch.submit_command(Env(30, "restart"), "http://x", "run", "run-3", elastic=False)
+    assert "--elastic" not in c.argv and "INVOKE_PLAYBOOK_INVENTORY" not in " ".join(c.argv)
+
+
+def test_the_watch_is_never_a_runs_job_and_is_found_only_while_it_runs():
+    listed = [{"submission_id": "run-1", "status": "RUNNING", "start_time": 1},
+              {"submission_id": "run-1-watch", "status": "RUNNING", "start_time": 2}]
+    assert [j["submission_id"] for j in ours("run", listed)] == ["run-1"]
+    assert [j["submission_id"] for j in ours(None, listed)] == ["run-1"]
+    assert cluster_watch.watching(listed, "run-1") == listed[1]
+    assert cluster_watch.watching([dict(listed[1], status="SUCCEEDED")], "run-1") is None
+    assert cluster_watch.watching(None, "run-1") is None
+
+
+def viewer(tmp_path, monkeypatch, fake: FakeQuarantine):
+    from playbooks.config import paths
+    from playbooks.runs import follow
+    monkeypatch.setattr(paths, "here", lambda rel: tmp_path / rel)
+    ctx, env = StepsContext(True), Env(30, "restart")
+    f = follow.Follower(ctx, env, "run", "run-1", quarantine=restart.Quarantine(True, TWIN, fake), viewer=True)
+    for e in start() + steps(1, 5, 27):
+        f.line(f"(RayTrainWorker pid=1) trainer event: {json.dumps(e)}")
+    now = [T0 + 31 + 60]  # a stall long since
+    return ctx, env, f, follow.Watch(f, "http://127.0.0.1:8265", None, 1.0, clock=lambda: now[0])
+
+
+def test_the_viewer_acts_on_nothing_writes_nothing_and_shows_what_the_watch_recorded(tmp_path, monkeypatch):
+    fake = FakeQuarantine()
+    ctx, env, f, w = viewer(tmp_path, monkeypatch, fake)
+    w.tick()
+    # The stall is the watch's to act on: nothing set aside, stopped, said or written here.
+    assert fake.calls == [] and ctx.ran == [] and not f.stopped
+    assert not [s for s in ctx.said if s.startswith("stalled")]
+    assert timeline.read(env, "run") == []
+    # What the watch in the cluster wrote, shown as it said it.
+    timeline.append(env, "run", [
+        ev(40, "stall_started", source="watch", job="run-1", line="stalled: no step since 12:00 (30 s; last step 5)",
+           cause="chaos (tpu-group-1-0): SIGSTOP"),
+        ev(41, "hang_diagnosed", source="watch", job="run-1", line="hang: host tpu-group-1-0 missing",
+           culprits=["tpu-group-1-0"], evidence="hangs/x"),
+        ev(42, "quarantined", source="watch", job="run-1", host="tpu-group-1-0", by="stall_action: restart",
+           why="hang: host tpu-group-1-0 missing"),
+        ev(43, "stall_ended", 9, source="watch", job="run-1", by="step", seconds=31.0),
+        ev(44, "quarantined", source="watch", job="run-2", host="tpu-group-0-0", by="health gate", why="x"),
+        ev(45, "stopped", source="train", job="run-1", by="someone else"),
+    ])
+    w.tick()
+    assert "stalled: no step since 12:00 (30 s; last step 5)" in ctx.said
+    assert "  why: chaos (tpu-group-1-0): SIGSTOP" in ctx.said
+    assert "  hang: host tpu-group-1-0 missing (evidence: hangs/x)" in ctx.said
+    assert ("watch in the cluster: host tpu-group-1-0 quarantined by stall_action: restart: hang: host "
+            "tpu-group-1-0 missing") in ctx.said
+    assert "stall ended: step 9 after 31 s without a step" in ctx.said
+    # Another job's, or another source's, are not this watch's.
+    assert f.quarantined == ["tpu-group-1-0"] and not f.stopped
+    assert not [s for s in ctx.said if "tpu-group-0-0" in s or "someone else" in s]
+    # Still nothing written by the viewer: the file holds the watch's six lines only.
+    assert len(timeline.read(env, "run")) == 6
+
+
+def test_a_stop_by_the_watch_is_the_viewers_outcome_too(tmp_path, monkeypatch):
+    ctx, env, f, w = viewer(tmp_path, monkeypatch, FakeQuarantine())
+    timeline.append(env, "run", [ev(40, "stopped", source="watch", job="run-1", by="stall_action: stop")])
+    w.tick()
+    assert f.stopped and "watch in the cluster: job run-1 stopped by stall_action: stop" in ctx.said
+
+
+def test_a_failed_gate_is_the_failed_jobs_one_line_naming_the_host():
+    gate = {"kind": "health_gate", "t": 1.0, "unhealthy": [
+        {"slice": "tpu-group-0", "host": 0, "hostname": "m", "failed": ["devices"]}]}
+    line = restart.gate_refusal([gate], simulated=True, elastic=False)
+    assert line is not None and "\n" not in line
+    assert "the health gate failed on host tpu-group-0-0 (devices)" in line
+    assert "a job that is not elastic cannot go on" in line and "`invoke hosts.quarantine tpu-group-0-0`" in line
+    assert "not elastic" not in (restart.gate_refusal([gate], simulated=True, elastic=True) or "")
+    assert restart.gate_refusal([dict(gate, unhealthy=[])], simulated=True, elastic=False) is None
+    assert restart.gate_refusal([], simulated=False, elastic=False) is None
+
+
+def test_a_failed_health_gate_wakes_the_watch_at_once_not_at_its_next_beat(tmp_path, monkeypatch):
+    import threading
+
+    from playbooks.config import paths
+    from playbooks.runs import follow
+    monkeypatch.setattr(paths, "here", lambda rel: tmp_path / rel)
+    ctx, env = StepsContext(True), Env(30, "restart")
+    f = follow.Follower(ctx, env, "run", "run-1", quarantine=restart.Quarantine(True, TWIN, FakeQuarantine()))
+    ticked = threading.Event()
+    w = follow.Watch(f, "http://127.0.0.1:8265", None, 600.0)  # a beat every 10 minutes
+    monkeypatch.setattr(w, "tick", ticked.set)
+    with w:
+        gate = ev(5, "health_gate", job="run-1", source="trainer", unhealthy=[{"slice": "tpu-group-1", "host": 0}])
+        healthy = dict(gate, t=gate["t"] - 1, unhealthy=[])
+        f.line(f"(RayTrainWorker pid=1) trainer event: {json.dumps(healthy)}")
+        assert not ticked.wait(1.0)  # a gate that passed wakes nothing
+        f.line(f"(RayTrainWorker pid=1) trainer event: {json.dumps(gate)}")
+        assert ticked.wait(5.0)
