@@ -621,6 +621,34 @@ def sick_start(soak: Soak, r: Result) -> Detached:
     return job
 
 
+def many_lost(soak: Soak, r: Result) -> Detached:
+    """A peer's host lost four times in one job (back after 5 s), each loss
+    a failure window after the last (`failure_window: 60`, max_failures
+    3): one more than the old budget over a job's life, never more than one
+    in a window; the job must go on to its end."""
+    soak.configure(failure_window=60)
+    try:
+        r.facts["target_steps"] = 500
+        job = r.trains(Detached(soak, "--elastic", "--fresh", "--steps=500"))
+        job.step_at_least(12)
+        last = 0.0
+        for _ in SPECS[r.scenario].targets:
+            if last:
+                job.wait_event(lambda e, t=last: e.get("kind") in ("workers_started", "workers_restarted")
+                               and e.get("workers") == 2 and float(e["t"]) > t, "two slices again", 10)
+                job.wait_event(lambda e, t=last: e.get("kind") == "step" and float(e["t"]) > t + 5, "a step again",
+                               10)
+                time.sleep(max(0.0, last + 65 - time.time()))
+            chaos_done(chaos_kill(soak, 5, "peer"), "chaos.delete-worker")
+            lost = [e for e in job.events() if e.get("kind") == "worker_lost" and e.get("by") == "chaos"]
+            last = max(float(e["t"]) for e in lost) if lost else time.time()
+        job.end()
+        r.facts["followers"] = job.seen
+    finally:
+        soak.configure()
+    return job
+
+
 SCENARIOS: dict[str, Callable[[Soak, Result], Train | Detached]] = {
     "back-never": lost_and_back(0, 100),
     "back-5s": lost_and_back(5, 80),
@@ -634,6 +662,7 @@ SCENARIOS: dict[str, Callable[[Soak, Result], Train | Detached]] = {
     "hang-never": hang_never,
     "sick-back": sick_back,
     "sick-start": sick_start,
+    "many-lost": many_lost,
 }
 
 

@@ -47,6 +47,7 @@ class Spec:
     never_resumes: bool = False       # a worker frozen for good: the watch in the cluster sets its host aside
     sick: str | None = None           # "back": a host back sick after step 12; "start": sick before the job
     detached: bool = False            # no `invoke` process follows the job: the watch in the cluster acts
+    budget: bool = False              # more hosts lost in one job than the old lifetime budget (max_failures)
 
 
 SPECS: dict[str, Spec] = {
@@ -62,7 +63,11 @@ SPECS: dict[str, Spec] = {
     "hang-never": Spec(after_step=12, never_resumes=True, detached=True),
     "sick-back": Spec(after_step=12, sick="back", detached=True),
     "sick-start": Spec(sick="start", detached=True),
+    "many-lost": Spec(("peer",) * 4, after_step=12, detached=True, budget=True),
 }
+# Ray Train's max_failures, which it counted over a job's whole life (and
+# the inventory's default): many-lost loses one host more than this in one job.
+OLD_BUDGET = 3
 # The source of the events the watch in the cluster writes (`invoke watch`).
 WATCH = "watch"
 # The bound on a never-resuming hang's time to its first step after the
@@ -341,6 +346,16 @@ def _acted(spec: Spec, facts: dict, g: dict, events: list[dict]) -> list[Check]:
                          f"{len(by_us)} action(s) recorded by a follow ({sources})" if by_us else
                          f"{followers} `invoke` follow(s) of the job seen" if followers != 0 else
                          "every action the watch's"))
+    if spec.budget:
+        kills = _chaos(events, "worker_lost")
+        counted = [e for e in events if e.get("kind") == "failure_counted"]
+        most = max((int(e.get("failures") or 0) for e in counted), default=None)
+        budget = counted[0].get("budget") if counted else None
+        out.append(Check("more hosts lost than the old budget, each window within its own",
+                         len(kills) > OLD_BUDGET and most is not None and budget is not None and most <= budget,
+                         f"{len(kills)} lost (old budget {OLD_BUDGET}); at most {most} failure(s) in a window of "
+                         f"{counted[0].get('window_s') if counted else '-'} s (budget {budget})" if counted else
+                         f"{len(kills)} lost; no failure counted in a window (no failure_window?)"))
     if spec.never_resumes:
         hung = _chaos(events, "worker_hung")
         host = hung[0].get("host") if hung else None

@@ -394,3 +394,56 @@ def test_the_elastic_trainer_gives_ray_train_these_callbacks_and_a_fixed_one_non
     for c in ec.callbacks():
         # Not UserCallbacks: Ray Train appends these to its own (the controller's and the worker group's hooks).
         assert isinstance(c, (ControllerCallback, WorkerGroupCallback)) and not isinstance(c, UserCallback)
+
+
+# -- the failure budget: max_failures within a window, not over the job's life ---------
+def test_failures_spread_over_more_than_the_window_never_spend_the_budget(capsys):
+    now = [0.0]
+    b = ec.FailureBudget(3, 3600.0, clock=lambda: now[0])
+    for _ in range(10):  # ten lost hosts, each 20 minutes after the last: at most 3 in any hour
+        now[0] += 1200.0
+        b.before_controller_execute_failure_decision(FailureDecision.RETRY)
+    assert len(b.times) == 3
+    events = [json.loads(line.split("trainer event: ", 1)[1]) for line in capsys.readouterr().out.splitlines()
+              if "trainer event: " in line]
+    assert [e["failures"] for e in events] == [1, 2, 3] + [3] * 7 and events[0]["window_s"] == 3600.0
+
+
+def test_one_failure_more_than_the_budget_within_the_window_ends_the_job():
+    now = [0.0]
+    b = ec.FailureBudget(3, 3600.0, clock=lambda: now[0])
+    for _ in range(3):
+        now[0] += 60.0
+        b.before_controller_execute_failure_decision(FailureDecision.RETRY)
+    b.before_controller_execute_failure_decision(FailureDecision.RAISE)  # not a retry: not counted
+    now[0] += 60.0
+    with pytest.raises(ec.FailureBudgetSpent, match=r"4 worker-group failures within 3600 s \(max_failures 3 per "
+                                                     r"failure_window 3600 s\)"):
+        b.before_controller_execute_failure_decision(FailureDecision.RETRY)
+
+
+def test_a_window_leaves_ray_trains_own_count_unlimited_and_none_keeps_it(monkeypatch):
+    env = {mr.ENV_MAX_FAILURES: "3", mr.ENV_FAILURE_WINDOW: "3600"}
+    assert mr.ray_max_failures(env) == -1 and mr.failure_window(env) == 3600.0
+    assert mr.ray_max_failures({mr.ENV_MAX_FAILURES: "3", mr.ENV_FAILURE_WINDOW: "0"}) == 3
+    assert mr.ray_max_failures({mr.ENV_MAX_FAILURES: "-1", mr.ENV_FAILURE_WINDOW: "3600"}) == -1
+    assert mr.ray_max_failures({}) == mr.MAX_FAILURES
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    assert isinstance(ec.callbacks()[0], ec.FailureBudget)
+    monkeypatch.setenv(mr.ENV_FAILURE_WINDOW, "0")
+    assert not any(isinstance(c, ec.FailureBudget) for c in ec.callbacks())
+
+
+def test_a_spent_budget_is_a_controller_error_ray_train_does_not_retry():
+    """Read in the pinned Ray 2.60's controller: a callback's exception
+    becomes a ControllerError, which its default failure policy raises."""
+    from ray.train.v2._internal.execution.callback_manager import CallbackManager
+    from ray.train.v2._internal.execution.failure_handling.default import DefaultFailurePolicy
+    from ray.train.v2.api.config import FailureConfig
+    from ray.train.v2.api.exceptions import ControllerError
+    manager = CallbackManager([ec.FailureBudget(0, 60.0)])
+    with pytest.raises(ControllerError) as err:
+        manager.invoke("before_controller_execute_failure_decision", FailureDecision.RETRY)
+    policy = DefaultFailurePolicy(FailureConfig(max_failures=-1))
+    assert policy.make_decision(err.value) == FailureDecision.RAISE

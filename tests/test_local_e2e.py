@@ -490,7 +490,9 @@ def test_a_worker_hung_for_good_is_a_stall_its_host_named_and_set_aside_by_the_w
     # answers), never by what chaos recorded: the frozen host, set aside.
     [diag] = [e for e in evs if e["kind"] == "hang_diagnosed"]
     assert (diag["cause"], diag["culprits"]) == ("missing_from_collective", [hung["host"]]), (diag, run.out[-6000:])
-    assert re.search(rf"^  hang: host {hung['host']} \(slice tpu-group-\d\) missing from the collective", run.out, re.M)
+    # (its words: the stacks read, or the heartbeats alone when a dump did not answer in time)
+    assert re.search(rf"^  hang: host {hung['host']} \(slice tpu-group-\d\) (missing from the collective|silent "
+                     rf"while the other)", run.out, re.M), run.out[-6000:]
     assert (aside["host"], aside["by"]) == (hung["host"], "stall_action: restart"), aside
     # Acted on by the watch in the cluster, not by `invoke train` (a viewer).
     assert {e["source"] for e in (stall, diag, aside, ended)} == {"watch"}, (stall, diag, aside, ended)

@@ -305,3 +305,32 @@ def test_the_soak_counts_a_follow_of_its_own_inventory_only(tmp_path):
         for p in (mine, other, watch):
             p.kill()
             p.wait()
+
+
+def many_lost_run() -> tuple[dict, dict, list[dict]]:
+    """Four of a peer's hosts lost in one job, a window apart: one failure
+    counted in each window of 60 s (budget 3)."""
+    events = [ev(0, "submitted", source="watch", job="j-1"), started(5, 0, 0), started(5.1, 1, 1),
+              *[ev(10 + s, "step", step=s, seconds=1.0) for s in range(1, 15)]]
+    for k in range(4):
+        t = 25 + 70 * k
+        events += [ev(t, "worker_lost", by="chaos", host="tpu-group-1-0", target="peer", source="chaos"),
+                   ev(t + 2, "failure_counted", failures=1, budget=3, window_s=60.0),
+                   started(t + 10, 0, 0), started(t + 10.1, 1, 1)]
+    events.sort(key=lambda e: e["t"])
+    facts, g, _ = hang_never_run()
+    return facts, g, events
+
+
+def test_many_lost_passes_with_one_failure_per_window_and_fails_past_the_budget_or_within_the_old_one():
+    facts, g, events = many_lost_run()
+    v = S.verdict("many-lost", facts, g, events)
+    assert v.exercised == [] and "more hosts lost than the old budget, each window within its own" not in failed(v)
+    over = [dict(e, failures=4) if e["kind"] == "failure_counted" else e for e in events]
+    assert "more hosts lost than the old budget, each window within its own" in failed(
+        S.verdict("many-lost", facts, g, over))
+    three = [e for e in events if not (e["kind"] == "worker_lost" and e["t"] > T0 + 200)]
+    assert any("3 host(s) killed by chaos, 4 planned" in x for x in S.verdict("many-lost", facts, g, three).exercised)
+    uncounted = [e for e in events if e["kind"] != "failure_counted"]
+    assert "more hosts lost than the old budget, each window within its own" in failed(
+        S.verdict("many-lost", facts, g, uncounted))

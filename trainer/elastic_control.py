@@ -1,6 +1,7 @@
 """What the elastic trainer adds to Ray Train's controller, so that a run
-survives a lost host, a host that comes back, and a worker that cannot
-start: three callbacks for the controller of the pinned Ray 2.60.0, given
+survives a lost host, a host that comes back, a worker that cannot start,
+and many losses over days: four callbacks for the controller of the pinned
+Ray 2.60.0, given
 to it through ``RunConfig(callbacks=...)`` (Ray Train appends callbacks that
 are not ``UserCallback``s to its own: ray/train/v2/api/data_parallel_trainer.py,
 ``_create_default_callbacks``). Each answers one cause, read in Ray's code:
@@ -32,6 +33,10 @@ are not ``UserCallback``s to its own: ray/train/v2/api/data_parallel_trainer.py,
   cannot fails the start as a ``WorkerGroupStartupFailedError``, retried,
   at most ``TRAINER_START_RETRIES`` times in a row (a start that works
   gives the next ones the whole budget again).
+
+- ``FailureBudget``: Ray Train counts ``max_failures`` over the job's whole
+  life; with a ``failure_window`` (the inventory's, 3600 s by default) this
+  counts them within the window instead, Ray's own count unlimited.
 
 Each prints what it did as a timeline event (``trainer event: {...}``).
 """
@@ -296,5 +301,44 @@ class RetryStartFailures(WorkerGroupCallback):
         return {}
 
 
+class FailureBudgetSpent(RuntimeError):
+    """More failures within the window than the budget: the job ends."""
+
+
+class FailureBudget(ControllerCallback):
+    """``max_failures`` within any ``failure_window`` seconds, not over the
+    job's whole life: Ray Train counts worker-group failures from the job's
+    start and never forgets one, so a days-long elastic run ended on its
+    fourth lost host however far apart they came. With a window, Ray's own
+    count is unlimited (maxtext_ray.ray_max_failures) and this callback
+    counts each failure Ray Train decides to retry; past the budget it
+    raises, which Ray Train's controller takes as a controller error it does
+    not retry (controller.py, ``_run_controller_hook``): the job fails with
+    this line. First among the callbacks, so a spent budget ends the job
+    before the others prepare a retry."""
+
+    def __init__(self, budget: int, window: float, clock: Any = time.monotonic) -> None:
+        self.budget, self.window, self.clock = budget, window, clock
+        self.times: list[float] = []
+
+    def before_controller_execute_failure_decision(self, failure_decision: Any) -> None:
+        if failure_decision != FailureDecision.RETRY:
+            return
+        now = self.clock()
+        self.times = [t for t in self.times if t > now - self.window] + [now]
+        maxtext_ray.event("failure_counted", t=time.time(), failures=len(self.times), budget=self.budget,
+                          window_s=self.window)
+        if len(self.times) > self.budget:
+            raise FailureBudgetSpent(f"failure budget spent: {len(self.times)} worker-group failures within "
+                                     f"{self.window:g} s (max_failures {self.budget} per failure_window "
+                                     f"{self.window:g} s)")
+
+
+def budget() -> list:
+    """The failure budget's callback, when the job counts in a window."""
+    window, most = maxtext_ray.failure_window(), maxtext_ray.max_failures()
+    return [FailureBudget(most, window)] if window > 0 and most >= 0 else []
+
+
 def callbacks() -> list:
-    return [FreshClusterView(), SaveBeforeResize(), RetryStartFailures()]
+    return [*budget(), FreshClusterView(), SaveBeforeResize(), RetryStartFailures()]

@@ -40,6 +40,9 @@ ENV_RESIZE_INTERVAL = "TRAINER_RESIZE_INTERVAL_S"
 # recognizes count apart (max_preemption_failures, Ray's -1: no limit).
 ENV_MAX_FAILURES = "TRAINER_MAX_FAILURES"
 MAX_FAILURES = 3
+# Elastic: the seconds over which those failures count (0: the job's whole
+# life, Ray Train's own count); elastic_control.FailureBudget keeps it.
+ENV_FAILURE_WINDOW = "TRAINER_FAILURE_WINDOW_S"
 
 MODEL_KEYS = ("base_emb_dim", "base_num_query_heads", "base_num_kv_heads", "base_num_decoder_layers",
               "base_mlp_dim", "head_dim", "vocab_size")
@@ -557,6 +560,18 @@ def max_failures(environ=os.environ) -> int:
     return int(raw) if raw else MAX_FAILURES
 
 
+def failure_window(environ=os.environ) -> float:
+    """The job's ``failure_window`` in seconds (0: the job's whole life)."""
+    raw = environ.get(ENV_FAILURE_WINDOW, "")
+    return float(raw) if raw else 0.0
+
+
+def ray_max_failures(environ=os.environ) -> int:
+    """What Ray Train's own count allows: the budget over the job's whole
+    life, or no limit when a window counts them (FailureBudget ends the job)."""
+    return -1 if failure_window(environ) > 0 and max_failures(environ) >= 0 else max_failures(environ)
+
+
 def fit(argv: list[str], elastic: bool, callbacks: tuple = ()) -> None:
     """The trainers' main: a JaxTrainer over TPU slices running MaxText.
     Elastic: between one slice and all of them, ``max_failures`` recoveries
@@ -578,7 +593,7 @@ def fit(argv: list[str], elastic: bool, callbacks: tuple = ()) -> None:
         name="maxtext_jaxtrainer",
         storage_path=os.environ.get(ENV_STORAGE_PATH),
         worker_runtime_env=worker_runtime_env(),
-        **({"failure_config": FailureConfig(max_failures=max_failures()), "callbacks": list(callbacks)}
+        **({"failure_config": FailureConfig(max_failures=ray_max_failures()), "callbacks": list(callbacks)}
            if elastic else {}),
     )
     trainer = JaxTrainer(

@@ -609,6 +609,14 @@ def resize_interval(v: int | None, env: Mapping) -> str | None:
 
 
 START_RETRIES_MAX = 100
+FAILURE_WINDOW_MIN, FAILURE_WINDOW_MAX = 60, 7 * 24 * 3600
+
+
+def failure_window(v: int, env: Mapping) -> str | None:
+    if v == 0 or FAILURE_WINDOW_MIN <= v <= FAILURE_WINDOW_MAX:
+        return None
+    return (f"must be 0 (the job's whole life) or between {FAILURE_WINDOW_MIN} and {FAILURE_WINDOW_MAX} seconds "
+            f"(a minute to 7 days: a restart itself takes about a minute)")
 RESIZE_SAVE_TIMEOUT_MAX = 6 * 3600
 MAX_FAILURES_MAX = 1000
 
@@ -626,9 +634,14 @@ ELASTIC = (
             "step); past it the resize goes on from the last checkpoint"),
     Key("max_failures", int, default=3,
         rules=(between(-1, MAX_FAILURES_MAX, "-1 is no limit: say that instead"),),
-        doc="how many worker-group failures (a lost host, a crashed worker) an elastic job recovers from over its "
-            "whole life before it fails (Ray Train's FailureConfig.max_failures; -1: no limit, 0: none); node "
+        doc="how many worker-group failures (a lost host, a crashed worker, a failed health gate) an elastic job "
+            "recovers from within any failure_window seconds before it fails (-1: no limit, 0: none); node "
             "preemptions Ray recognizes are counted apart, without a limit"),
+    Key("failure_window", int, default=3600, rules=(failure_window,),
+        doc="seconds over which max_failures counts an elastic job's failures: more than max_failures within "
+            "any failure_window seconds ends the job, older ones no longer count (3600: at most max_failures an "
+            "hour, so a days-long run is not ended by losses spread over days); 0: over the job's whole life "
+            "(Ray Train's FailureConfig.max_failures)"),
 )
 
 # -- the health gate: every host checks itself before MaxText starts ------------
@@ -841,6 +854,7 @@ class Environment(Env):
     start_retries: int
     resize_save_timeout: int
     max_failures: int
+    failure_window: int
     health_check: bool
     health_check_timeout: int
     health_check_hbm_fraction: float

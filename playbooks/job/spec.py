@@ -226,11 +226,12 @@ def trainer_env(env: Environment, elastic: bool) -> dict[str, str]:
         out["TRAINER_HEARTBEAT_S"] = str(max(1, min(30, env.stall_after // 4)))
     if elastic:
         # trainer/elastic_control.py: the starts it retries, how long a
-        # resize waits for its save; trainer/maxtext_ray.py: the failures
-        # Ray Train recovers from (FailureConfig.max_failures).
+        # resize waits for its save, and the failures it recovers from
+        # within each failure_window (elastic_control.FailureBudget).
         out["TRAINER_START_RETRIES"] = str(env.start_retries)
         out["TRAINER_RESIZE_SAVE_TIMEOUT_S"] = str(env.resize_save_timeout)
         out["TRAINER_MAX_FAILURES"] = str(env.max_failures)
+        out["TRAINER_FAILURE_WINDOW_S"] = str(env.failure_window)
     return out
 
 
