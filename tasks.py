@@ -251,27 +251,27 @@ def hang_worker(c, restore_after="60", env=""):
                       "host's name", **ENV})
 def sicken_worker(c, target="first", env=""):
     """Local only: start one simulated TPU host again with fewer JAX devices than its chips (a host back broken)."""
-    from playbooks.core.errors import InputError
-    from playbooks.plays import chaos as ch
-
-    with clean_errors():
-        s = _session(c, "chaos", env)
-        if problem := ch.sicken_problem(s.env) or ch.target_problem(s.env, target):
-            raise InputError(f"chaos.sicken-worker: {problem}")
-        s.run("chaos", ch.sicken_steps(s.env, target), parallel=False)
+    _host_health(c, env, "chaos.sicken-worker", target, sick=True)
 
 
 @task(help={"target": "the sick host to heal, by name (default: every sick host)", **ENV})
 def heal_worker(c, target="", env=""):
     """Local only: start every sick simulated TPU host (chaos.sicken-worker) again whole."""
+    _host_health(c, env, "chaos.heal-worker", target, sick=False)
+
+
+def _host_health(c, env: str, task: str, target: str, sick: bool) -> None:
+    """chaos.sicken-worker and chaos.heal-worker: the target checked, then
+    the chaos play's steps that start a host again sick or whole."""
     from playbooks.core.errors import InputError
     from playbooks.plays import chaos as ch
 
     with clean_errors():
         s = _session(c, "chaos", env)
-        if problem := ch.sicken_problem(s.env) or ch.heal_target_problem(s.env, target):
-            raise InputError(f"chaos.heal-worker: {problem}")
-        s.run("chaos", ch.heal_steps(s.env, target), parallel=False)
+        aimed = ch.target_problem(s.env, target) if sick else ch.heal_target_problem(s.env, target)
+        if problem := ch.sicken_problem(s.env) or aimed:
+            raise InputError(f"{task}: {problem}")
+        s.run("chaos", ch.sicken_steps(s.env, target) if sick else ch.heal_steps(s.env, target), parallel=False)
 
 
 def _report(c, task: str, env: str, make_step, step_id: str, as_json: bool, lines_of) -> None:

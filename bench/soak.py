@@ -588,6 +588,7 @@ def sick_back(soak: Soak, r: Result) -> Detached:
     finally:
         soak.configure()
         r.notes += [f"released {h}" for h in release_all(soak)]
+        soak.invoke("chaos.heal-worker", timeout=300)  # a sick host not set aside is not the next run's
     return job
 
 

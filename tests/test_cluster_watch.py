@@ -130,3 +130,49 @@ def test_a_failed_health_gate_wakes_the_watch_at_once_not_at_its_next_beat(tmp_p
         assert not ticked.wait(1.0)  # a gate that passed wakes nothing
         f.line(f"(RayTrainWorker pid=1) trainer event: {json.dumps(gate)}")
         assert ticked.wait(5.0)
+
+
+def checked(t: float, slice_: str, rank: int, devices_ok: bool) -> dict:
+    """A host's own health_checked event: its devices, and a collective that
+    failed (the hosts' device counts differ: the all-gather cannot reshape)."""
+    return ev(t, "health_checked", job="run-1", source="trainer", rank=rank, hostname="vm", slice=slice_, host="0",
+              ok=False, checks={"devices": {"ok": devices_ok, "detail": f"devices {4 if devices_ok else 3} of 4"},
+                                "collective": {"ok": False, "detail": "ValueError: cannot reshape array"}})
+
+
+def test_a_host_that_names_itself_sick_is_set_aside_when_the_verdicts_could_not_be_gathered(tmp_path, monkeypatch):
+    """The soak of 2026-12-04: a sick host (3 devices of 4) in a group with
+    a whole one; the all-gather of the verdicts failed, rank 0 (whole)
+    named nobody; only the sick host's own event names it."""
+    from playbooks.config import paths
+    from playbooks.runs import follow
+    monkeypatch.setattr(paths, "here", lambda rel: tmp_path / rel)
+    fake = FakeQuarantine()
+    ctx, env = StepsContext(True), Env(30, "restart")
+    f = follow.Follower(ctx, env, "run", "run-1", quarantine=restart.Quarantine(True, TWIN, fake))
+    w = follow.Watch(f, "http://127.0.0.1:8265", None, 1.0)
+    gate = ev(5.1, "health_gate", job="run-1", source="trainer", ok=False, unhealthy=[])
+    for e in (checked(5, "tpu-group-0", 0, True), checked(5.2, "tpu-group-1", 1, False), gate):
+        f.line(f"(RayTrainWorker pid=1) trainer event: {json.dumps(e)}")
+    assert f.wake.is_set()
+    w.gate()
+    assert [c[0] for c in fake.calls] == ["tpu-group-1-0"] and fake.calls[0][2] == restart.BY_GATE
+    assert "devices: devices 3 of 4" in fake.calls[0][1]
+    # The next group's gate names it again (a gate before the set aside took hold): not set aside twice.
+    again = ev(9, "health_gate", job="run-1", source="trainer", ok=False,
+               unhealthy=[{"slice": "tpu-group-1", "host": "0", "rank": 1, "failed": ["devices"]}])
+    f.line(f"(RayTrainWorker pid=1) trainer event: {json.dumps(again)}")
+    w.gate()
+    assert len(fake.calls) == 1
+    assert [e["host"] for e in timeline.read(env, "run") if e["kind"] == "quarantined"] == ["tpu-group-1-0"]
+
+
+def test_only_a_hosts_own_failed_check_names_it_never_a_failed_collective_alone():
+    assert restart.failed_hosts(checked(1, "tpu-group-0", 0, True)) == []
+    [sick] = restart.failed_hosts(checked(1, "tpu-group-1", 1, False))
+    assert (sick["slice"], sick["rank"], sick["failed"]) == ("tpu-group-1", 1, ["devices: devices 3 of 4"])
+    assert restart.failed_hosts({"kind": "health_gate", "unhealthy": [sick, "x"]}) == [sick]
+    assert restart.failed_hosts({"kind": "step"}) == [] and restart.failed_hosts(None) == []
+    line = restart.gate_refusal([checked(1, "tpu-group-0", 0, True), checked(1, "tpu-group-1", 1, False)],
+                                simulated=True, elastic=False)
+    assert line is not None and "host tpu-group-1-0 (devices: devices 3 of 4)" in line and "tpu-group-0-0" not in line

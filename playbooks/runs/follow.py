@@ -256,7 +256,7 @@ class Follower:
             new = self.timeline.add(events)
             for e in new:
                 self.stall.progress(e)
-                if e.get("kind") == E.HEALTH_GATE and e.get("unhealthy"):
+                if restart.failed_hosts(e):
                     self.wake.set()
             return new
 
@@ -383,7 +383,7 @@ class Watch:
         self._pods: dict[str, dict] | None = None
         self._pools = pod_watch.NodePools(lambda node: kube_objects.node(self.env, node),
                                           lambda why: self.f.ctx.note(f"watch: {why}"))
-        self._gates: set[float] = set()  # the health gates' failures acted on (their times)
+        self._gates: set[tuple] = set()  # the health gates' failures acted on (their times and ranks)
         self.thread = threading.Thread(target=self._run, daemon=True, name="job-watch")
 
     def __enter__(self) -> Watch:
@@ -506,13 +506,17 @@ class Watch:
         if not f.ctx.acting:
             return
         for e in f.job_events():
-            if e.get("kind") != E.HEALTH_GATE or not e.get("unhealthy") or e["t"] in self._gates:
+            bad = restart.failed_hosts(e)
+            if not bad or (e["t"], e.get("rank")) in self._gates:
                 continue
-            self._gates.add(e["t"])
-            bad = [u for u in e["unhealthy"] if isinstance(u, dict)]
+            self._gates.add((e["t"], e.get("rank")))
+            # A host set aside already (named again by another host's event, or a later gate) is not again.
+            names = [n for n in restart.gate_names(bad, self.env.platform.simulated)
+                     if self.host_of(n) is None or self.host_of(n) not in f.quarantined]
+            if not names:
+                continue
             q = f.quarantine if f.env.stall_action == "restart" else None
-            plan = restart.for_gate(q, restart.gate_names(bad, self.env.platform.simulated), self.host_of, f.sid,
-                                    gone=f.quarantined)
+            plan = restart.for_gate(q, names, self.host_of, f.sid, gone=f.quarantined)
             if plan is None:
                 continue
             failed = sorted({str(c) for u in bad for c in (u.get("failed") or [])})

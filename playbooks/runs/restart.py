@@ -148,11 +148,33 @@ def for_gate(q: Quarantine | None, names: Sequence[str], host_of: Callable[[str]
                                      f"job's next worker group goes on without it; {_release(hosts)}")
 
 
+# The gate's one check across hosts: its failure names no host by itself.
+COLLECTIVE = "collective"
+
+
+def failed_hosts(e: Any) -> list[dict]:
+    """The hosts an event of the health gate says failed: a ``health_gate``'s
+    ``unhealthy`` (rank 0's word over every host, or only its own when the
+    verdicts could not be gathered), and a ``health_checked`` whose own
+    checks failed (each host's word on itself: when the hosts' device
+    counts differ, the all-gather of the verdicts fails, and only the sick
+    host's own event names it). A failed collective alone names nobody."""
+    if not isinstance(e, dict):
+        return []
+    if e.get("kind") == "health_gate":
+        return [u for u in (e.get("unhealthy") or []) if isinstance(u, dict)]
+    if e.get("kind") == "health_checked" and isinstance(e.get("checks"), dict):
+        failed = [f"{name}: {c.get('detail')}" for name, c in e["checks"].items()
+                  if name != COLLECTIVE and isinstance(c, dict) and c.get("ok") is False]
+        if failed:
+            return [{**{k: e.get(k) for k in ("hostname", "slice", "host", "rank")}, "failed": failed}]
+    return []
+
+
 def gate_refusal(events: Sequence[Any], simulated: bool, elastic: bool) -> str | None:
     """A failed job's one line when a health gate of it failed hosts: which,
     on what checks, and what to do (None: no gate failed one)."""
-    bad = [u for e in events if isinstance(e, dict) and e.get("kind") == "health_gate"
-           for u in (e.get("unhealthy") or []) if isinstance(u, dict)]
+    bad = [u for e in events for u in failed_hosts(e)]
     names = gate_names(bad, simulated)
     if not names:
         return None
