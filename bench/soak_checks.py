@@ -213,15 +213,21 @@ def _quarantines(events: list[dict], by: str) -> list[dict]:
 
 
 def gate_failed_on(events: list[dict], host: str | None) -> list[dict]:
-    """The health gates that failed ``host`` (its "<slice>-<host id>")."""
+    """The health gates that failed ``host`` (its "<slice>-<host id>"): rank
+    0's verdict naming it, or the host's own checks failing (when the
+    hosts' verdicts could not be gathered, only its own event names it)."""
     out = []
     for e in events:
-        if e.get("kind") != "health_gate":
+        if e.get("kind") == "health_gate":
+            named = [u for u in e.get("unhealthy") or [] if isinstance(u, dict)]
+        elif e.get("kind") == "health_checked" and isinstance(e.get("checks"), dict):
+            own = [c for n, c in e["checks"].items() if n != "collective" and isinstance(c, dict)
+                   and c.get("ok") is False]
+            named = [e] if own else []
+        else:
             continue
-        for u in e.get("unhealthy") or []:
-            if isinstance(u, dict) and f"{u.get('slice')}-{u.get('host')}" == host:
-                out.append(e)
-                break
+        if any(f"{u.get('slice')}-{u.get('host')}" == host for u in named):
+            out.append(e)
     return sorted(out, key=_t)
 
 

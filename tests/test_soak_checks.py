@@ -322,6 +322,17 @@ def many_lost_run() -> tuple[dict, dict, list[dict]]:
     return facts, g, events
 
 
+def test_a_sick_host_found_by_its_own_checks_is_exercised_its_failed_collective_alone_is_not():
+    facts, g, events = sick_run("back")
+    gate = next(x for x in events if x["kind"] == "health_gate")
+    events.remove(gate)
+    own = ev(30, "health_checked", job="j-1", slice="tpu-group-1", host="0", ok=False,
+             checks={"devices": {"ok": False, "detail": "devices 3 of 4"}, "collective": {"ok": False}})
+    assert S.verdict("sick-back", facts, g, events + [own]).exercised == []
+    only_collective = dict(own, checks={"devices": {"ok": True}, "collective": {"ok": False}})
+    assert any("no health gate found" in x for x in S.verdict("sick-back", facts, g, events + [only_collective]).exercised)
+
+
 def test_many_lost_passes_with_one_failure_per_window_and_fails_past_the_budget_or_within_the_old_one():
     facts, g, events = many_lost_run()
     v = S.verdict("many-lost", facts, g, events)
