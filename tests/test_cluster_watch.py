@@ -176,3 +176,25 @@ def test_only_a_hosts_own_failed_check_names_it_never_a_failed_collective_alone(
     line = restart.gate_refusal([checked(1, "tpu-group-0", 0, True), checked(1, "tpu-group-1", 1, False)],
                                 simulated=True, elastic=False)
     assert line is not None and "host tpu-group-1-0 (devices: devices 3 of 4)" in line and "tpu-group-0-0" not in line
+
+
+def test_a_sick_host_named_only_in_the_failed_jobs_message_is_the_one_line_too():
+    """The soak of 2026-12-04: the sick rank 0 ended before its own events
+    reached the driver's log; Ray's final message keeps its HostUnhealthy."""
+    message = ("Job entrypoint command failed with exit code 1, last available logs (truncated to 20,000 chars):\n"
+               "  raise HostUnhealthy(message(sick, coll))\n"
+               "health_check.HostUnhealthy: health check failed, the worker group stops before MaxText: vm (slice "
+               "tpu-group-0, worker 0, rank 0): devices: devices 3 of 4 (cpu) | the hosts' verdicts could not be "
+               "gathered: ValueError: cannot reshape\n"
+               "health_check.HostUnhealthy: health check failed, the worker group stops before MaxText: vm (slice "
+               "tpu-group-1, worker 0, rank 1): \n")
+    healthy = checked(1, "tpu-group-1", 1, True)
+    line = restart.gate_refusal([healthy], simulated=True, elastic=False, message=message)
+    assert line is not None and line.startswith("the health gate failed on host tpu-group-0-0 (devices: devices 3 of 4 "
+                                                "(cpu)); a job that is not elastic")
+    assert "tpu-group-1-0" not in line
+    assert restart.gate_refusal([healthy], simulated=True, elastic=False, message="exit code 1: OOM") is None
+    # On GKE a host is its pod's hostname.
+    gke = message.replace("vm (slice tpu-group-0", "ray-worker-abc (slice v6e-16-0")
+    assert "host ray-worker-abc (devices" in (restart.gate_refusal([], simulated=False, elastic=False, message=gke)
+                                             or "")

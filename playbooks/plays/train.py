@@ -478,7 +478,8 @@ class JobRun:
             ctx.echo(f"  {line}")
         _keep_metrics(ctx, job, f.summary, sid)
         if isinstance(final, dict) and final.get("status") == "FAILED" and \
-                (gate := restart.gate_refusal(f.job_events(), job.env.platform.simulated, job.elastic)):
+                (gate := restart.gate_refusal(f.job_events(), job.env.platform.simulated, job.elastic,
+                                              str(final.get("message") or ""))):
             return Outcome(FAILED, f"job {sid} FAILED: {gate}" + (f" (log: {self.log_file})" if self.log_file else ""))
         if f.stopped and isinstance(final, dict) and final.get("status") == "STOPPED":
             return Outcome(FAILED, f"job {sid} STOPPED after a stall (stall_action: {job.env.stall_action}): `invoke "

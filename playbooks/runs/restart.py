@@ -22,6 +22,7 @@ failed hosts are set aside so that the next group does not take them; for
 one that is not elastic, a line naming them (the job fails by itself)."""
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -171,10 +172,33 @@ def failed_hosts(e: Any) -> list[dict]:
     return []
 
 
-def gate_refusal(events: Sequence[Any], simulated: bool, elastic: bool) -> str | None:
+# A host's part of the gate's HostUnhealthy line (trainer/health_check.py,
+# ``message``): "<hostname> (slice <s>, worker <w>, rank <r>): <checks>".
+UNHEALTHY_PART = re.compile(r"(?:^|: | \| )(\S+) \(slice (\S+), worker (\S+), rank (\S+)\): ([^|]+?)(?= \||$)")
+UNHEALTHY = "health check failed, the worker group stops before MaxText: "
+
+
+def failed_in_message(message: str) -> list[dict]:
+    """The hosts a job's final message names as failing their own checks
+    (Ray keeps a failed job's last logs in it): a worker that failed the gate
+    may end before its own events reach the driver's log."""
+    out: list[dict] = []
+    for line in (message or "").splitlines():
+        if UNHEALTHY not in line:
+            continue
+        for m in UNHEALTHY_PART.finditer(line.split(UNHEALTHY, 1)[1]):
+            host = {"hostname": m.group(1), "slice": m.group(2), "host": m.group(3), "rank": m.group(4),
+                    "failed": [c.strip() for c in m.group(5).split("; ") if c.strip()]}
+            if host["failed"] and host not in out:
+                out.append(host)
+    return out
+
+
+def gate_refusal(events: Sequence[Any], simulated: bool, elastic: bool, message: str = "") -> str | None:
     """A failed job's one line when a health gate of it failed hosts: which,
-    on what checks, and what to do (None: no gate failed one)."""
-    bad = [u for e in events for u in failed_hosts(e)]
+    on what checks, and what to do (None: no gate failed one). ``message``:
+    the job's final message, read when no event names one."""
+    bad = [u for e in events for u in failed_hosts(e)] or failed_in_message(message)
     names = gate_names(bad, simulated)
     if not names:
         return None
