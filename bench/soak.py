@@ -134,6 +134,13 @@ class Soak:
                            timeout=timeout)
         return r.returncode, r.stdout + r.stderr
 
+    def must(self, *args: str, timeout: float = 300, what: str = "") -> str:
+        """A task that must work: its output, else Failed naming it and its last line."""
+        rc, out = self.invoke(*args, timeout=timeout)
+        if rc != 0:
+            raise Failed(f"{what or args[0]} failed: {out.strip().splitlines()[-1:]}")
+        return out
+
     def background(self, *args: str) -> subprocess.Popen:
         return subprocess.Popen([INVOKE, *args], cwd=ROOT, env=self.env, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True)
@@ -387,9 +394,7 @@ def lost_and_back(restore_after: float, steps: int) -> Callable[[Soak, Result], 
             chaos_done(kill, "chaos.delete-worker")
             shrunk = job.wait_for(one_host_group, after=at)
             job.wait_for(STEP.search, after=shrunk)
-            rc, out = soak.invoke("up", timeout=600)
-            if rc != 0:
-                raise Failed(f"`invoke up` failed: {out.strip().splitlines()[-1:]}")
+            soak.must("up", timeout=600, what="`invoke up`")
         job.end()
         if restore_after:
             chaos_done(kill, "chaos.delete-worker")
@@ -491,9 +496,7 @@ def hung_resumed(soak: Soak, r: Result) -> Train:
         r.facts["target_steps"] = 60
         job = r.trains(Train(soak, "--fresh", "--steps=60"))
         job.step_at_least(12)
-        rc, out = soak.invoke("chaos.hang-worker", "--restore-after=10", timeout=300)
-        if rc != 0:
-            raise Failed(f"chaos.hang-worker failed: {out.strip().splitlines()[-1:]}")
+        soak.must("chaos.hang-worker", "--restore-after=10")
         job.end()
     finally:
         soak.configure()
@@ -506,9 +509,7 @@ def hang_stop(soak: Soak, r: Result) -> Train:
     try:
         job = r.trains(Train(soak, "--fresh", "--steps=60"))
         job.step_at_least(12)
-        rc, out = soak.invoke("chaos.hang-worker", "--restore-after=0", timeout=300)
-        if rc != 0:
-            raise Failed(f"chaos.hang-worker failed: {out.strip().splitlines()[-1:]}")
+        soak.must("chaos.hang-worker", "--restore-after=0")
         if job.end() == 0 or "STOPPED after a stall" not in job.outcome():
             raise Failed(f"the stalled job was not stopped: {job.outcome()}")
         r.notes.append(f"first job: {job.outcome()[:120]}")
@@ -536,9 +537,7 @@ def release_all(soak: Soak) -> list[str]:
     """Every host set aside given back (`invoke hosts.release`), for the next run."""
     hosts = quarantined(soak)
     for h in hosts:
-        rc, out = soak.invoke("hosts.release", h, timeout=300)
-        if rc != 0:
-            raise Failed(f"`invoke hosts.release {h}` failed: {out.strip().splitlines()[-1:]}")
+        soak.must("hosts.release", h, what=f"`invoke hosts.release {h}`")
     return hosts
 
 
@@ -551,9 +550,7 @@ def hang_never(soak: Soak, r: Result) -> Detached:
         r.facts["target_steps"] = 100
         job = r.trains(Detached(soak, "--elastic", "--fresh", "--steps=100"))
         job.step_at_least(12)
-        rc, out = soak.invoke("chaos.hang-worker", "--restore-after=0", timeout=300)
-        if rc != 0:
-            raise Failed(f"chaos.hang-worker failed: {out.strip().splitlines()[-1:]}")
+        soak.must("chaos.hang-worker", "--restore-after=0")
         job.end()
         r.facts["followers"] = job.seen
     finally:
@@ -572,9 +569,7 @@ def sick_back(soak: Soak, r: Result) -> Detached:
         r.facts["target_steps"] = 400
         job = r.trains(Detached(soak, "--elastic", "--fresh", "--steps=400"))
         job.step_at_least(12)
-        rc, out = soak.invoke("chaos.sicken-worker", "--target=peer", timeout=300)
-        if rc != 0:
-            raise Failed(f"chaos.sicken-worker failed: {out.strip().splitlines()[-1:]}")
+        soak.must("chaos.sicken-worker", "--target=peer")
         sick = job.wait_event(lambda e: e.get("kind") == "host_sickened", "the host made sick", 2)
         host = r.facts["sick_host"] = sick.get("host")
         set_aside = job.wait_event(lambda e: e.get("kind") == "quarantined" and e.get("host") == host,
@@ -599,9 +594,7 @@ def sick_start(soak: Soak, r: Result) -> Detached:
     its gate sets the host aside, and it finishes on the healthy slice."""
     soak.configure(stall_action="restart")
     try:
-        rc, out = soak.invoke("chaos.sicken-worker", "--target=first", timeout=300)
-        if rc != 0:
-            raise Failed(f"chaos.sicken-worker failed: {out.strip().splitlines()[-1:]}")
+        out = soak.must("chaos.sicken-worker", "--target=first")
         m = re.search(r"TPU host (\S+) started again with", out)
         r.facts["sick_host"] = m.group(1) if m else None
         r.facts["sick_before_job"] = bool(m)

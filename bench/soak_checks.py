@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from playbooks.runs.restart import failed_hosts
+
 LOSS_KINDS = ("worker_lost", "failure")
 # A lost host's incident and the kinds of event that start one.
 INCIDENT_LOSSES = ("worker_lost", "failure", "resize")
@@ -213,22 +215,12 @@ def _quarantines(events: list[dict], by: str) -> list[dict]:
 
 
 def gate_failed_on(events: list[dict], host: str | None) -> list[dict]:
-    """The health gates that failed ``host`` (its "<slice>-<host id>"): rank
-    0's verdict naming it, or the host's own checks failing (when the
-    hosts' verdicts could not be gathered, only its own event names it)."""
-    out = []
-    for e in events:
-        if e.get("kind") == "health_gate":
-            named = [u for u in e.get("unhealthy") or [] if isinstance(u, dict)]
-        elif e.get("kind") == "health_checked" and isinstance(e.get("checks"), dict):
-            own = [c for n, c in e["checks"].items() if n != "collective" and isinstance(c, dict)
-                   and c.get("ok") is False]
-            named = [e] if own else []
-        else:
-            continue
-        if any(f"{u.get('slice')}-{u.get('host')}" == host for u in named):
-            out.append(e)
-    return sorted(out, key=_t)
+    """The health gates that failed ``host`` (its "<slice>-<host id>"), as
+    the watch reads them (``restart.failed_hosts``): rank 0's verdict naming
+    it, or the host's own checks failing (when the hosts' verdicts could not
+    be gathered, only its own event names it)."""
+    return sorted((e for e in events if any(f"{u.get('slice')}-{u.get('host')}" == host
+                                            for u in failed_hosts(e))), key=_t)
 
 
 def _sick(spec: Spec, facts: dict, events: list[dict]) -> list[str]:

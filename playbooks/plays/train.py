@@ -316,6 +316,11 @@ def _submit(ctx: StepContext, command: Command, on_line: Callable[[str], None] |
     return done
 
 
+def _last_line(done: Completed) -> str:
+    """A failed command's last line of output, as the console shows it."""
+    return clean(([line for line in done.stdout.splitlines() if line.strip()][-1:] or ["no output"])[0])
+
+
 def _keep_metrics(ctx: StepContext, job: Job, summary: Summary, sid: str) -> None:
     if not summary.records and job.local_data is None:
         return
@@ -415,9 +420,8 @@ class JobRun:
             return None
         done = _submit(ctx, cluster_watch.submit_command(job.env, job.address, job.run_name, sid, job.elastic))
         if done is not None and not done.ok:
-            last = [line for line in done.stdout.splitlines() if line.strip()][-1:] or ["no output"]
             return Outcome(FAILED, f"the watch of job {sid} could not be submitted (exit code {done.rc}): "
-                                   f"{clean(last[0])}; no job was submitted")
+                                   f"{_last_line(done)}; no job was submitted")
         return None
 
     def submitted(self, ctx: StepContext, sid: str, active: dict | None) -> Outcome:
@@ -432,8 +436,7 @@ class JobRun:
         if done is None:
             return Outcome(CHANGED, f"would submit job {sid}, not followed")
         if not done.ok:
-            last = [line for line in done.stdout.splitlines() if line.strip()][-1:] or ["no output"]
-            return Outcome(FAILED, f"`ray job submit` failed (exit code {done.rc}): {clean(last[0])}")
+            return Outcome(FAILED, f"`ray job submit` failed (exit code {done.rc}): {_last_line(done)}")
         return Outcome(CHANGED, f"job {sid} submitted, not followed (--detach); {watch}; {view}")
 
     def which(self, ctx: StepContext, listed: Any) -> tuple[str, dict | None]:
@@ -471,9 +474,8 @@ class JobRun:
         if ended and (line := maintenance.release(ctx, job.env, job.run_name)):
             ctx.echo(f"  {line}")
         if not done.ok and not isinstance(final, dict):
-            last = [line for line in done.stdout.splitlines() if line.strip()][-1:] or ["no output"]
             return Outcome(FAILED, f"`ray job submit` failed (exit code {done.rc}) and no job {sid} exists: "
-                                   f"{clean(last[0])}")
+                                   f"{_last_line(done)}")
         for line in f.summary.lines():
             ctx.echo(f"  {line}")
         _keep_metrics(ctx, job, f.summary, sid)

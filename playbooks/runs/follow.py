@@ -426,7 +426,7 @@ class Watch:
         with f.lock:
             others = f.timeline.others()
         if f.viewer:
-            self.show(others)
+            Watch.show_to(f, others)
             return
         f.held(self.clock())
         if self.env.platform.cloud:
@@ -439,9 +439,6 @@ class Watch:
 
     def stop(self) -> None:
         self.f.ctx.act(stop_command(self.address, self.f.sid))
-
-    def show(self, events: list[dict]) -> None:
-        Watch.show_to(self.f, events)
 
     @staticmethod
     def show_to(f: Follower, events: list[dict]) -> None:
@@ -512,7 +509,7 @@ class Watch:
             self._gates.add((e["t"], e.get("rank")))
             # A host set aside already (named again by another host's event, or a later gate) is not again.
             names = [n for n in restart.gate_names(bad, self.env.platform.simulated)
-                     if self.host_of(n) is None or self.host_of(n) not in f.quarantined]
+                     if (h := self.host_of(n)) is None or h not in f.quarantined]
             if not names:
                 continue
             q = f.quarantine if f.env.stall_action == "restart" else None
