@@ -198,3 +198,99 @@ def test_a_sick_host_named_only_in_the_failed_jobs_message_is_the_one_line_too()
     gke = message.replace("vm (slice tpu-group-0", "ray-worker-abc (slice v6e-16-0")
     assert "host ray-worker-abc (devices" in (restart.gate_refusal([], simulated=False, elastic=False, message=gke)
                                              or "")
+
+
+# -- on GKE: the watch in the head pod -------------------------------------------------
+class GkeEnv(Env):
+    name, kind = "g", "gke"
+    from playbooks.config.choices import PLATFORMS
+    platform = PLATFORMS["gke"]
+
+
+def test_on_gke_the_watch_ships_the_project_its_packages_at_the_locks_pins_and_says_it_is_in_the_head(monkeypatch):
+    from playbooks.access.kube_api import IN_CLUSTER_ENV
+    from playbooks.config import paths
+    from playbooks.config.versions import pinned
+    monkeypatch.setenv("INVOKE_PLAYBOOK_INVENTORY", str(paths.ROOT / "inv dir" / "my 'inv'.yaml"))
+    argv = list(cluster_watch.submit_command(GkeEnv(30, "restart"), "http://localhost:8265", "run", "run-3",
+                                             elastic=True).argv)
+    assert argv[argv.index("--working-dir") + 1] == "."
+    entry = argv[argv.index("--") + 1:]
+    assert entry == ["python", "-m", "invoke", "watch", "--env=g", "--run=run", "--job=run-3", "--elastic"]
+    assert shlex.split(shlex.join(entry)) == entry
+    renv = json.loads(argv[argv.index("--runtime-env-json") + 1])
+    assert renv["pip"]["packages"] == [f"invoke=={pinned('invoke')}", f"PyYAML=={pinned('PyYAML')}",
+                                       f"kubernetes=={pinned('kubernetes')}"]
+    assert all(pinned(p) for p in cluster_watch.PACKAGES)
+    assert {".git", "tests", "docs", "bench"} <= set(renv["excludes"])
+    ev_ = renv["env_vars"]
+    assert ev_[IN_CLUSTER_ENV] == "1" and ev_[cluster_watch.DASHBOARD_ENV] == "http://127.0.0.1:8265"
+    # The inventory as a path inside the folder shipped (the head's cwd).
+    assert ev_["INVOKE_PLAYBOOK_INVENTORY"] == "inv dir/my 'inv'.yaml"
+    monkeypatch.delenv("INVOKE_PLAYBOOK_INVENTORY")
+    argv = cluster_watch.submit_command(GkeEnv(30, "restart"), "http://x", "run", "run-3", elastic=False).argv
+    assert "INVOKE_PLAYBOOK_INVENTORY" not in " ".join(argv) and "--elastic" not in argv
+
+
+def test_on_gke_an_inventory_outside_the_project_is_refused_in_one_line(monkeypatch, tmp_path):
+    import pytest
+
+    from playbooks.core.errors import InputError
+    monkeypatch.setenv("INVOKE_PLAYBOOK_INVENTORY", str(tmp_path / "inv.yaml"))
+    with pytest.raises(InputError) as e:
+        cluster_watch.submit_command(GkeEnv(30, "restart"), "http://x", "run", "run-3", elastic=False)
+    said = str(e.value)
+    assert "\n" not in said and str(tmp_path / "inv.yaml") in said and "stall_watch: follow" in said
+    # The twin's watch runs on this machine: any inventory path goes as it is.
+    argv = cluster_watch.submit_command(Env(30, "restart"), "http://x", "run", "run-3", elastic=False).argv
+    assert str(tmp_path / "inv.yaml") in " ".join(argv)
+
+
+def quarantined_event(t: float = T0 + 50) -> dict:
+    return ev(t - T0, "quarantined", source="watch", job="run-1", host="v6e-16-1", slice="v6e-16-1",
+              why="failed its health checks: devices", by="health gate", nodes=["n-1-0", "n-1-1"])
+
+
+def test_the_head_writes_each_event_into_its_log_and_this_machine_takes_each_back_once(tmp_path, monkeypatch,
+                                                                                       capsys):
+    from playbooks.access.kube_api import IN_CLUSTER_ENV
+    from playbooks.config import paths
+    from playbooks.runs import quarantine_record as R
+    from playbooks.runs import watch_records
+    env = GkeEnv(30, "restart")
+    head, here = tmp_path / "head", tmp_path / "here"
+    monkeypatch.setattr(paths, "here", lambda rel: head / rel)
+    monkeypatch.setenv(IN_CLUSTER_ENV, "1")
+    written = [ev(1, "step", 1, job="run-1", source="trainer"), quarantined_event()]
+    timeline.append(env, "run", written)
+    log = "some line of the watch's own\n" + capsys.readouterr().out + "\x1b[0m(noise) not an event\n"
+    assert len(timeline.read(env, "run")) == 2  # the head's own copy too
+    monkeypatch.delenv(IN_CLUSTER_ENV)
+    monkeypatch.setattr(paths, "here", lambda rel: here / rel)
+    assert watch_records.import_text(env, log, ("run",)) == 2
+    assert capsys.readouterr().out == ""  # this machine does not write them into any log
+    assert timeline.read(env, "run") == written
+    rec = R.read(env)["v6e-16-1"]
+    assert rec["nodes"] == ["n-1-0", "n-1-1"] and rec["since"] == written[1]["t"] and "health gate" in rec["by"]
+    # Read again: nothing comes in twice; a host released here is not set aside again by the same log.
+    R.write(env, {})
+    assert watch_records.import_text(env, log, ("run",)) == 0
+    assert timeline.read(env, "run") == written and R.read(env) == {}
+    # Another run's events are not this run's.
+    assert watch_records.import_text(env, log, ("other",)) == 0
+
+
+def test_a_line_that_is_not_a_well_formed_event_of_a_valid_run_is_skipped(tmp_path, monkeypatch):
+    from playbooks.config import paths
+    from playbooks.runs import watch_records
+    from playbooks.runs.timeline import MARK
+    env = GkeEnv(30, "restart")
+    monkeypatch.setattr(paths, "here", lambda rel: tmp_path / rel)
+    bad = [MARK + "{not json", MARK + json.dumps({"run": "../../etc", "event": ev(1, "step", 1)}),
+           MARK + json.dumps({"run": "run", "event": {"kind": "step"}}),  # no time
+           MARK + json.dumps({"run": "run", "event": "x"}), MARK + json.dumps(["run"]),
+           MARK + json.dumps({"run": "run", "event": dict(ev(1, "step", 1), t="soon")})]
+    assert watch_records.import_text(env, "\n".join(bad)) == 0
+    assert not (tmp_path / paths.training(env.name)).exists()
+    good = MARK + json.dumps({"run": "run", "event": ev(1, "step", 1, job="run-1")})
+    assert watch_records.import_text(env, "(prefix) " + good) == 1

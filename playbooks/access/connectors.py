@@ -59,7 +59,16 @@ def this_machine() -> LocalConnector:
     return _local
 
 
+def in_a_head_pod(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether this process is the watch in a GKE Ray head pod (its job sets
+    IN_CLUSTER_ENV): its effects happen there, never on a controller."""
+    from playbooks.access.kube_api import IN_CLUSTER_ENV
+    return (os.environ if environ is None else environ).get(IN_CLUSTER_ENV) == "1"
+
+
 def controller(env: Any) -> str | None:
+    if in_a_head_pod():
+        return None
     return env.get("controller") if platform(env).cloud else None
 
 

@@ -25,6 +25,10 @@ from typing import Any
 
 from playbooks.core.connector import Ran
 
+# Set by the watch's job in a GKE head pod: the client takes the pod's
+# service account (no kubeconfig, no kubectl there).
+IN_CLUSTER_ENV = "TPU_PLAYBOOKS_IN_CLUSTER"
+
 # kubectl's names for the kinds the plays read -> (API prefix, resource, namespaced, Kind)
 KINDS: dict[str, tuple[str, str, bool, str]] = {}
 for names, spec in (

@@ -91,6 +91,18 @@ def run_of(submission_id: str) -> str:
     return submission_id.rpartition("-")[0]
 
 
+def job_log_fact(address: str, submission_id: str, via: Connector) -> Fact:
+    """A job's whole driver log, as the Jobs API gives it (its text)."""
+    url = f"{address}/api/jobs/{submission_id}/logs"
+
+    def read() -> Any:
+        d = _get(via, url, 60)
+        return d if d is ABSENT else str((d or {}).get("logs") or "") if isinstance(d, dict) else ""
+
+    return Fact(name=f"ray job {submission_id}'s log", python=read, display=f"curl -fsS {url}", assumed="",
+                describe=lambda t: f"{len(t.splitlines())} line(s)" if isinstance(t, str) else "none")
+
+
 def job_logs_command(address: str, submission_id: str, follow: bool) -> Command:
     """A job's driver log, whole or followed to the job's end."""
     return Command(("ray", "job", "logs", *(("--follow",) if follow else ()), "--address", address, submission_id))

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from playbooks.access import connectors
 from playbooks.cloud.gke import nodepool_name
 from playbooks.config.schema import Environment, capacities
 from playbooks.core.command import Command
@@ -161,8 +162,11 @@ def train_steps(env: Environment, job: Job, log_file: Path | None = None, prefli
 
 
 def watch_steps(env: Environment, run: str, sid: str, elastic: bool, log_file: Path | None = None) -> list[Step]:
-    """`invoke watch`: the job followed by the watch that acts."""
-    return [watch.watch_step(env, run, sid, follow_quarantine(env, elastic), log_file)]
+    """`invoke watch`: the job followed by the watch that acts. From this
+    machine on GKE, the dashboard reached first (the port-forward); in the
+    head pod, the head's own dashboard answers."""
+    first = [] if env.platform.simulated or connectors.in_a_head_pod() else cluster_ready_steps(env)
+    return _then(first, [watch.watch_step(env, run, sid, follow_quarantine(env, elastic), log_file)])
 
 
 def follow_quarantine(env: Environment, elastic: bool) -> restart.Quarantine:

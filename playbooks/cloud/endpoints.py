@@ -3,6 +3,8 @@ local twin's head listens on ``ray_ip``; a GKE cluster's head is reached
 through ``kubectl port-forward`` on localhost (its command and pid file)."""
 from __future__ import annotations
 
+import os
+
 from playbooks.access import connectors
 from playbooks.cloud.gke import kube
 from playbooks.config import paths
@@ -10,6 +12,7 @@ from playbooks.config import tutorial as T
 from playbooks.config.schema import Environment
 from playbooks.core.command import Command
 from playbooks.core.pidfile import PidFile
+from playbooks.runs import cluster_watch
 
 
 def dashboard(env: Environment) -> str:
@@ -17,6 +20,9 @@ def dashboard(env: Environment) -> str:
     environment's commands run."""
     if env.platform.simulated:
         return f"http://{env.ray_ip}:{env.dashboard_port}"
+    if connectors.in_a_head_pod():
+        # The watch in the head pod: the head's own dashboard (runs/cluster_watch.py).
+        return os.environ.get(cluster_watch.DASHBOARD_ENV) or cluster_watch.HEAD_DASHBOARD
     return f"http://localhost:{env.dashboard_port}"
 
 

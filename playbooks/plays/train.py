@@ -428,7 +428,9 @@ class JobRun:
         """``--detach``: the job submitted (``--no-wait``), not followed."""
         job = self.job
         view = f"`invoke logs --run {job.run_name} --follow` views it"
-        watch = (f"its watch {cluster_watch.watch_id(sid)} acts on the Ray head" if self.in_cluster else
+        back = (f" (`invoke watch --run {job.run_name} --job {sid}` brings its records here)"
+                if self.in_cluster and job.env.platform.cloud else "")
+        watch = (f"its watch {cluster_watch.watch_id(sid)} acts on the Ray head{back}" if self.in_cluster else
                  f"nothing watches it (stall_watch: follow): {view.split('` ')[0]}` watches it")
         if active is not None:
             return Outcome(OK, f"job {sid} of run {job.run_name} is already {active.get('status')}; {watch}; {view}")

@@ -9,14 +9,14 @@ from pathlib import Path
 from typing import Any
 
 from playbooks.access import connectors
-from playbooks.access.ray_api import ACTIVE, job_fact, job_logs_command
+from playbooks.access.ray_api import ACTIVE, job_fact, job_log_fact, job_logs_command, jobs_fact
 from playbooks.cloud.endpoints import dashboard
 from playbooks.config.schema import Environment
 from playbooks.core.facts import ABSENT
 from playbooks.core.play import Outcome, StepContext
 from playbooks.core.recap import FAILED, OK
 from playbooks.core.step import Step
-from playbooks.runs import restart
+from playbooks.runs import cluster_watch, restart, watch_records
 from playbooks.runs.follow import WATCH_SOURCE, follow
 
 PLAY = "watch"
@@ -42,11 +42,28 @@ def listed(ctx: StepContext, address: str, sid: str, via: Any) -> dict | None:
         waited += LOOK_EVERY
 
 
+def brought_back(ctx: StepContext, env: Environment, run: str, sid: str, address: str, via: Any) -> str:
+    """The records of job ``sid``'s watch in a GKE head pod, read from its
+    whole log into this machine's timeline and record (``runs/
+    watch_records.py``): said in a few words."""
+    text = ctx.look(job_log_fact(address, cluster_watch.watch_id(sid), via), fresh=True)
+    if not isinstance(text, str) or not text:
+        return f"no log of its watch {cluster_watch.watch_id(sid)} to bring back"
+    if not ctx.acting:
+        return f"would bring back what its watch {cluster_watch.watch_id(sid)} recorded"
+    n = watch_records.import_text(env, text, (run,))
+    return f"{n} new event(s) brought back from its watch {cluster_watch.watch_id(sid)}"
+
+
 def watch_step(env: Environment, run: str, sid: str, quarantine: restart.Quarantine,
                log_file: Path | None = None) -> Step:
-    """The job ``sid`` of run ``run`` followed to its end, the watch acting."""
+    """The job ``sid`` of run ``run`` followed to its end, the watch acting.
+    On GKE with ``stall_watch: cluster``, from this machine: what the
+    watch in the head pod recorded brought back, and a job it still
+    watches followed as its viewer (two watches never act on one job)."""
     address = dashboard(env)
     via = connectors.connector(env)
+    remote = env.platform.cloud and cluster_watch.in_cluster(env) and not connectors.in_a_head_pod()
 
     def run_step(ctx: StepContext) -> Outcome:
         job = listed(ctx, address, sid, via) if ctx.probing else None
@@ -54,9 +71,12 @@ def watch_step(env: Environment, run: str, sid: str, quarantine: restart.Quarant
             return Outcome(FAILED, f"job {sid} was not listed by the Ray head at {address} within "
                                    f"{LISTED_WITHIN:.0f} s: nothing to watch")
         if job is not None and job.get("status") not in ACTIVE:
-            return Outcome(OK, f"job {sid} is already {job.get('status')}: nothing to watch")
+            back = f" ({brought_back(ctx, env, run, sid, address, via)})" if remote else ""
+            return Outcome(OK, f"job {sid} is already {job.get('status')}: nothing to watch{back}")
+        viewer = remote and ctx.probing and cluster_watch.watching(ctx.peek(jobs_fact(address, via)), sid) is not None
         got = follow(ctx, env, sid, address, via, lambda f: ctx.stream(job_logs_command(address, sid, True), f.line),
                      run=run, job=job, source=WATCH_SOURCE, log_file=log_file, quarantine=quarantine,
+                     viewer=viewer,
                      interrupted=f"interrupted: job {sid} goes on unwatched; `invoke watch --run {run} --job {sid}` "
                                  f"watches it again")
         if got.done is None:

@@ -7,12 +7,20 @@ It writes the run's timeline; `invoke train` and `logs --follow` only view
 what it records, so a laptop that sleeps or a follow interrupted loses
 nothing (`invoke train --detach` follows nothing at all).
 
-Its entrypoint is `invoke watch` run by this project's own Python in the
-project's folder on the head (``env -C ROOT PYTHON -m invoke watch ...``):
-the local twin's head is this machine. On GKE the head is a pod without
-this project, kubectl or the rights to cordon a node; the watch there is
-not built (``stall_watch: cluster`` is refused on GKE, schema.py), and
-`invoke train`'s follow watches, as before.
+Its entrypoint is `invoke watch`:
+
+- on the local twin, run by this project's own Python in the project's
+  folder (``env -C ROOT PYTHON -m invoke watch ...``): the twin's head is
+  this machine, and the watch writes the same files a follow would;
+- on GKE, in the head pod (`runs/watch_records.py` says how its records
+  come back). The head has neither this project nor its packages nor
+  kubectl: the project's folder goes as the job's working_dir (Ray's
+  upload, .gitignore'd files and EXCLUDES left out), the three packages the
+  watch imports as its pip runtime env at the lock's pins, and every
+  kubectl command is answered by the `kubernetes` client with the pod's
+  own service account (``access/kube_api.py``, in-cluster mode), whose
+  rights the ``raycluster`` play grants (``manifests/ray-watch-rbac.yaml``).
+  No gcloud runs there: the watch never makes a node pool again.
 
 Ray 2.60 joins an entrypoint's words with ``shlex.join`` and runs it
 through a shell on the head: each word arrives as it was (tests prove it
@@ -22,11 +30,16 @@ from __future__ import annotations
 import json
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
+from playbooks.access.kube_api import IN_CLUSTER_ENV
 from playbooks.access.ray_api import ACTIVE
 from playbooks.config import paths
+from playbooks.config import tutorial as T
+from playbooks.config.versions import pinned
 from playbooks.core.command import Command
+from playbooks.core.errors import InputError
 
 SUFFIX = "-watch"
 # The watch's process takes no CPU of the head's from the job's workers.
@@ -34,11 +47,23 @@ ENTRYPOINT_CPUS = "0"
 # What the watch needs from this machine's environment to find the same
 # inventory and state: passed to its job, each only when set here.
 PASSED = ("INVOKE_PLAYBOOK_INVENTORY",)
+# In the head pod: where the watch's commands reach the Ray dashboard (the
+# head's own; `kubectl port-forward` is this machine's way in).
+DASHBOARD_ENV = "TPU_PLAYBOOKS_DASHBOARD"
+HEAD_DASHBOARD = f"http://127.0.0.1:{T.DASHBOARD_PORT}"
+# What the watch imports beyond the standard library and Ray (which the
+# image has): installed in the head by Ray's pip runtime env, at the lock's
+# pins (tests/test_cluster_watch.py runs the watch with nothing else).
+PACKAGES = ("invoke", "PyYAML", "kubernetes")
+# Not shipped to the head: what the watch never reads (Ray also leaves out
+# what .gitignore names: .venv, .state).
+EXCLUDES = (".git", "tests", "docs", "bench", ".ci", "**/__pycache__")
+WORKING_DIR = "."
 
 
 def in_cluster(env: Any) -> bool:
     """Whether this environment's jobs are watched in the cluster."""
-    return getattr(env, "stall_watch", "follow") == "cluster"
+    return env.stall_watch == "cluster"
 
 
 def watch_id(sid: str) -> str:
@@ -53,20 +78,50 @@ def is_watch(sid: str) -> bool:
 
 def argv(env: Any, run: str, sid: str, elastic: bool) -> tuple[str, ...]:
     """The watch's entrypoint: `invoke watch` in the project's folder, by
-    the Python that runs this (the twin's head runs the project's own)."""
-    return ("env", "-C", str(paths.ROOT), sys.executable, "-m", "invoke", "watch", f"--env={env.name}",
-            f"--run={run}", f"--job={sid}", *(("--elastic",) if elastic else ()))
+    the Python that runs this (the twin's head runs the project's own), or
+    on GKE by the head's Python in the folder shipped (its working_dir)."""
+    words = ("-m", "invoke", "watch", f"--env={env.name}", f"--run={run}", f"--job={sid}",
+             *(("--elastic",) if elastic else ()))
+    if env.platform.cloud:
+        return ("python", *words)
+    return ("env", "-C", str(paths.ROOT), sys.executable, *words)
 
 
-def runtime_env(environ: Any = os.environ) -> str:
+def shipped_inventory(environ: Any = os.environ) -> str | None:
+    """The inventory the watch in a head pod reads: the one this run reads,
+    as a path inside the folder shipped (None: the project's own
+    inventory.yaml). One outside the project cannot go with it: refused."""
+    value = environ.get("INVOKE_PLAYBOOK_INVENTORY")
+    if not value:
+        return None
+    p = Path(os.path.expanduser(value))
+    p = (p if p.is_absolute() else Path(os.getcwd()) / p).resolve()
+    try:
+        return str(p.relative_to(paths.ROOT.resolve()))
+    except ValueError:
+        raise InputError(f"INVOKE_PLAYBOOK_INVENTORY {value!r} is outside this project ({paths.ROOT}): the watch in "
+                         f"the cluster (stall_watch: cluster) ships the project's folder to the Ray head and reads "
+                         f"the inventory there; move the file into the project, or set stall_watch: follow") from None
+
+
+def runtime_env(env: Any = None, environ: Any = os.environ) -> str:
+    if env is not None and env.platform.cloud:
+        shipped = shipped_inventory(environ)
+        return json.dumps({
+            "excludes": list(EXCLUDES),
+            "pip": {"packages": [f"{p}=={pinned(p)}" if pinned(p) else p for p in PACKAGES]},
+            "env_vars": {IN_CLUSTER_ENV: "1", DASHBOARD_ENV: HEAD_DASHBOARD, "PYTHONUNBUFFERED": "1",
+                         **({"INVOKE_PLAYBOOK_INVENTORY": shipped} if shipped else {})}})
     passed = {k: environ[k] for k in PASSED if environ.get(k)}
     return json.dumps({"env_vars": {**passed, "PYTHONUNBUFFERED": "1"}})
 
 
 def submit_command(env: Any, address: str, run: str, sid: str, elastic: bool) -> Command:
-    """`ray job submit --no-wait` of the watch of job ``sid``."""
+    """`ray job submit --no-wait` of the watch of job ``sid`` (on GKE with
+    the project as its working_dir)."""
+    shipped = ("--working-dir", WORKING_DIR) if env.platform.cloud else ()
     return Command(("ray", "job", "submit", "--address", address, "--no-wait", f"--submission-id={watch_id(sid)}",
-                    "--entrypoint-num-cpus", ENTRYPOINT_CPUS, "--runtime-env-json", runtime_env(), "--",
+                    "--entrypoint-num-cpus", ENTRYPOINT_CPUS, *shipped, "--runtime-env-json", runtime_env(env), "--",
                     *argv(env, run, sid, elastic)))
 
 

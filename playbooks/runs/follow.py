@@ -28,7 +28,8 @@ from playbooks.core.errors import PlaybookError
 from playbooks.core.facts import Completed
 from playbooks.core.play import StepContext, run_within
 from playbooks.core.recap import FAILING
-from playbooks.runs import cluster_watch, hang_evidence, pod_watch, restart, stall, timeline
+from playbooks.runs import cluster_watch, hang_evidence, pod_watch, quarantine_record, restart, stall, timeline
+from playbooks.runs.watch_records import Importer
 from playbooks.runs import events as E
 from playbooks.runs.cli_traceback import TracebackHold
 from playbooks.runs.hang_diagnosis import Diagnosis
@@ -115,8 +116,11 @@ def follow(ctx: StepContext, env: Environment, sid: str, address: str, via: Any,
     lost: str | None = None
     if job is not None:
         f.started(job)
+    records = None
     if viewer and ctx.acting:
         unwatched(ctx, address, sid, run, via)
+        if env.platform.cloud:  # the watch runs in the head pod: its records come back through its log
+            records = WatchLog(ctx, env, run, sid, address, via).start()
     try:
         if ctx.acting:
             beating = ctx.beating(f"job {sid}", lambda: heartbeat(f)) if heartbeat else contextlib.nullcontext()
@@ -141,7 +145,7 @@ def follow(ctx: StepContext, env: Environment, sid: str, address: str, via: Any,
         return Followed(done, None, f, lost)
     final = ctx.look(job_fact(address, sid, via), fresh=True)
     if viewer and ctx.acting:
-        last_of_watch(ctx, f, address, via)
+        last_of_watch(ctx, f, address, via, records)
     f.ended(final)
     return Followed(done, final, f)
 
@@ -161,7 +165,42 @@ def unwatched(ctx: StepContext, address: str, sid: str, run: str, via: Any) -> N
                  f"`invoke watch --run {run} --job {sid}` watches it")
 
 
-def last_of_watch(ctx: StepContext, f: Follower, address: str, via: Any) -> None:
+class WatchLog:
+    """A viewer's copy of what the watch in a GKE head pod records: its Ray
+    job's log followed in a thread, each event taken back into this
+    machine's timeline (``runs/watch_records.py``), where the viewer's look
+    finds it as it finds the twin's watch's. A stream that ends while the
+    watch runs (a port-forward that dropped) is followed again: an event
+    read twice comes in once."""
+
+    AGAIN_AFTER = 2.0
+
+    def __init__(self, ctx: StepContext, env: Environment, run: str, sid: str, address: str, via: Any):
+        self.ctx, self.address, self.via = ctx, address, via
+        self.watch = cluster_watch.watch_id(sid)
+        self.importer = Importer(env, (run,))
+        self.thread = threading.Thread(target=self._run, daemon=True, name="watch-log")
+
+    def start(self) -> WatchLog:
+        self.thread.start()
+        return self
+
+    def _run(self) -> None:
+        while True:
+            try:
+                self.ctx.stream(job_logs_command(self.address, self.watch, True), self.importer.line)
+            except Exception as e:  # never in the way of the follow
+                self.ctx.note(f"watch's log: {type(e).__name__}: {str(e)[:200]}")
+            w = self.ctx.peek(job_fact(self.address, self.watch, self.via))
+            if not (isinstance(w, dict) and w.get("status") in ACTIVE):
+                return
+            time.sleep(self.AGAIN_AFTER)
+
+    def join(self, timeout: float) -> None:
+        self.thread.join(timeout=max(0.0, timeout))
+
+
+def last_of_watch(ctx: StepContext, f: Follower, address: str, via: Any, records: WatchLog | None = None) -> None:
     """The job ended: the watch's last records shown (it ends soon after
     its job, at most WATCH_END_WAIT seconds waited for)."""
     waited = 0.0
@@ -171,6 +210,8 @@ def last_of_watch(ctx: StepContext, f: Follower, address: str, via: Any) -> None
             break
         ctx.sleep(1.0)
         waited += 1.0
+    if records is not None:  # its log's last lines read
+        records.join(WATCH_END_WAIT - waited + 5.0)
     if f.timeline is not None:
         with f.lock:
             others = f.timeline.others()
@@ -538,8 +579,11 @@ class Watch:
                 f.ctx.echo(f"{by}: host {h} could not be set aside: {failed[0].reason.splitlines()[0][:300]}")
                 return False
             f.quarantined.append(h)
+            # On GKE, the slice's nodes as recorded: the watch in a head pod's
+            # record comes back to this machine through this event (runs/watch_records.py).
+            nodes = (quarantine_record.read(self.env).get(h) or {}).get("nodes") if self.env.platform.cloud else None
             f.add([timeline.event(E.QUARANTINED, f.source, f.summary.last_step, t=began, job=f.sid, host=h,
-                                  slice=q.hosts.get(h), why=why, by=by)])
+                                  slice=q.hosts.get(h), why=why, by=by, **({"nodes": nodes} if nodes else {}))])
         return True
 
     def diagnose(self) -> Diagnosis | None:

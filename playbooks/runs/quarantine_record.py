@@ -53,7 +53,7 @@ def read(env: Any) -> dict[str, dict]:
     return hosts
 
 
-def _write(env: Any, hosts: dict[str, dict]) -> None:
+def write(env: Any, hosts: dict[str, dict]) -> None:
     connectors.this_machine().write(_file(env), (json.dumps({"hosts": hosts}, indent=1) + "\n").encode())
 
 
@@ -69,7 +69,7 @@ def add(env: Any, name: str, record: dict) -> Action:
     def go() -> None:
         hosts = read(env)
         hosts[name] = record
-        _write(env, hosts)
+        write(env, hosts)
     return Action(f"# record {name} as quarantined in {_file(env)}: {record['why']}", go)
 
 
@@ -77,7 +77,7 @@ def remove(env: Any, name: str) -> Action:
     def go() -> None:
         hosts = read(env)
         hosts.pop(name, None)
-        _write(env, hosts)
+        write(env, hosts)
     return Action(f"# remove {name} from {_file(env)}", go)
 
 

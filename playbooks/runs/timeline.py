@@ -179,10 +179,19 @@ def ordered(events: Iterable[dict]) -> list[dict]:
     return sorted(events, key=lambda e: float(e["t"]))
 
 
+# The mark of an event the watch in a GKE head pod also writes into its Ray
+# job's log, for this machine to take back (runs/watch_records.py).
+MARK = "@tpu-playbooks event "
+
+
 def append(env: Any, run: str, events: Iterable[dict]) -> None:
+    events = list(events)
     data = "".join(json.dumps(e, default=str) + "\n" for e in events)
     if data:
         connectors.this_machine().append(str(path(env, run)), data.encode())
+    if events and connectors.in_a_head_pod():
+        print("".join(f"{MARK}{json.dumps({'run': run, 'event': e}, default=str)}\n" for e in events), end="",
+              flush=True)
 
 
 def who(e: dict) -> str:
