@@ -1,16 +1,59 @@
-"""The `kubernetes` Python client as a speed-up of kubectl on this machine.
+"""The `kubernetes` Python client as a speed-up of kubectl on this machine,
+and as kubectl itself where there is none (a pod of the cluster).
 
-Every Kubernetes read of the plays is a kubectl command line (``kubectl get
-... --output=json``, ``kubectl logs ...``), the same on this machine and on a
-controller host. Here, the local connector answers the ones it recognises
-through the client instead (``core.connector.base.Shortcut``): no process,
-no auth-plugin start per call (the client runs GKE's exec credential plugin
-once and refreshes its token when it expires), and the same output kubectl
-prints: the API server's JSON (a list as kubectl's ``List``), or kubectl's
-``Error from server (Reason): message`` with exit code 1. A command line it
-does not recognise runs as a process. ``tests`` compare both answers against
-the fake API server. (The client runs GKE's exec credential plugin with this
-process's environment, of which the connector's is the stated part.)
+Every Kubernetes read and the few node and pod writes of the plays are
+kubectl command lines, the same on this machine and on a controller host.
+Here, the local connector answers the ones it recognises through the client
+instead (``core.connector.base.Shortcut``): no process, no auth-plugin start
+per call (the client runs GKE's exec credential plugin once and refreshes
+its token when it expires), and what kubectl prints, with its exit code.
+``tests`` compare both answers against the fake API server. (The client
+runs GKE's exec credential plugin with this process's environment, of which
+the connector's is the stated part.) What it answers:
+
+- ``kubectl get ... --output=json`` (the plays' flags only): the API
+  server's JSON, a list as kubectl's ``List``.
+- ``kubectl logs POD [--namespace NS] [-c C] [--tail=N] [--previous]``.
+- ``kubectl cordon NODE`` / ``uncordon NODE``: a strategic-merge PATCH of
+  ``spec.unschedulable`` (``node/NODE cordoned``, or ``node/NODE already
+  cordoned`` with no PATCH). As kubectl does, a PATCH the server refuses is
+  ``error: unable to cordon node "NODE": MESSAGE`` with exit code 0 (the
+  plays verify the node afterwards).
+- ``kubectl taint nodes NODE KEY=VALUE:EFFECT|KEY:EFFECT|KEY-|KEY:EFFECT-
+  ... [--overwrite]``: the node read, its new taints computed as kubectl's
+  ``reorganizeTaints`` does (an added taint replaces one of the same key and
+  effect, first in the list; a removal of a taint the node lacks is
+  ``error: taint "KEY" not found``, exit 1, nothing sent; an existing key
+  and effect without ``--overwrite`` is kubectl's "already has ... taint(s)"
+  error), then one strategic-merge PATCH of ``spec.taints`` (a list the API
+  server replaces whole). It prints ``node/NODE tainted``, ``untainted`` or
+  ``modified`` (always ``modified`` with ``--overwrite``, as kubectl). A
+  spec kubectl would refuse on its own (a bad key, value or effect, a taint
+  added twice, added and removed at once) is not answered: kubectl says it.
+- ``kubectl delete pod NAME [--namespace NS]``: a DELETE (background
+  propagation), ``pod "NAME" deleted``, then, as kubectl's default
+  ``--wait``, until the pod of that uid is gone (within the command's
+  timeout).
+
+A server's refusal is kubectl's ``Error from server (Reason): message``,
+exit code 1; an unreachable server (or credentials that could not be had)
+``Unable to connect to the server: ...``, exit code 1. A command line with a
+flag it does not know returns None: it runs as a process.
+
+In the cluster: a process in a pod (the watch on the Ray head) has no
+kubectl and no kubeconfig, only the pod's service account. With
+``TPU_PLAYBOOKS_IN_CLUSTER=1`` in the connector's environment
+(``IN_CLUSTER_ENV``, set by the watch's job), the client is made from the
+service account as ``kubernetes.config.load_incluster_config`` makes it (its
+``InClusterConfigLoader``, here with ``SERVICE_ACCOUNT_DIR``'s token and
+ca.crt: it reads the projected token again a minute after each read, so a
+rotated token is used), the API server at ``KUBERNETES_SERVICE_HOST`` /
+``KUBERNETES_SERVICE_PORT``; ``--context=`` and KUBECONFIG are ignored. A
+kubectl command it does not answer is not run (there is no kubectl): exit
+code 127, and one line on stderr naming the command and saying it is not
+answered in the cluster. (The connector offers a command given stdin or a
+working folder to no shortcut: such a kubectl fails there as a command not
+found, 127 too.)
 
 The client is imported only when a command comes (it is a heavy import).
 """
@@ -18,12 +61,22 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
-from playbooks.core.connector import Ran
+from playbooks.core.connector import NOT_FOUND, TIMED_OUT, Ran
+
+# The connector's environment variable that says: this process runs in a pod
+# of the cluster, with its service account and no kubectl ("1").
+IN_CLUSTER_ENV = "TPU_PLAYBOOKS_IN_CLUSTER"
+# Where Kubernetes mounts a pod's service account: its token, ca.crt.
+SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+ANSWERED = "get --output=json, logs, cordon, uncordon, taint nodes, delete pod"
 
 # Set by the watch's job in a GKE head pod: the client takes the pod's
 # service account (no kubeconfig, no kubectl there).
@@ -108,19 +161,166 @@ def _path(kind: str, namespace: str, name: str | None) -> str:
 
 
 class ServerError(Exception):
-    def __init__(self, status: int, text: str):
+    """A status that is not 2xx: ``text`` as kubectl prints it ("Error from
+    server (Reason): message"), ``message`` the server's own words."""
+
+    def __init__(self, status: int, text: str, message: str = ""):
         super().__init__(text)
-        self.status, self.text = status, text
+        self.status, self.text, self.message = status, text, message or text
+
+
+class KubectlError(Exception):
+    """An error kubectl finds itself (after reading the object): its lines,
+    printed as kubectl prints them, exit code 1."""
+
+    def __init__(self, *lines: str):
+        super().__init__(*lines)
+        self.lines = lines
+
+    def stderr(self) -> str:
+        if len(self.lines) == 1:
+            return f"error: {self.lines[0]}\n"
+        return "".join(f"{line}\n" for line in self.lines)
+
+
+def in_cluster(env: dict[str, str]) -> bool:
+    """Whether the connector's environment says this runs in a pod of the cluster."""
+    return env.get(IN_CLUSTER_ENV) == "1"
+
+
+# -- the writes: cordon, uncordon, taint nodes, delete pod ---------------------------
+EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+_NAME = r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]"
+_PREFIX = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+def _qualified(key: str) -> bool:
+    """A valid taint key (a label key: an optional DNS subdomain prefix and a name)."""
+    prefix, slash, name = key.rpartition("/")
+    if slash and not (prefix and "/" not in prefix and len(prefix) <= 253 and _PREFIX.fullmatch(prefix)):
+        return False
+    return len(name) <= 63 and re.fullmatch(_NAME, name) is not None
+
+
+def _label_value(value: str) -> bool:
+    return value == "" or (len(value) <= 63 and re.fullmatch(_NAME, value) is not None)
+
+
+@dataclass
+class Write:
+    """A parsed `kubectl cordon|uncordon|taint|delete`: its words, its flags."""
+
+    verb: str
+    words: list[str] = field(default_factory=list)
+    namespace: str = "default"
+    context: str | None = None
+    overwrite: bool = False
+    add: list[dict[str, str]] = field(default_factory=list)      # taints to add, as the API has them
+    remove: list[dict[str, str]] = field(default_factory=list)   # taints to remove: key, maybe effect
+
+    @property
+    def name(self) -> str:
+        return self.words[-1] if self.verb in ("cordon", "uncordon", "delete") else self.words[1]
+
+
+def parse_write(argv: list[str]) -> Write | None:
+    """``kubectl cordon NODE``, ``uncordon NODE``, ``taint nodes NODE
+    SPEC... [--overwrite]``, ``delete pod NAME [--namespace NS]`` (each with
+    ``--context=``); None for anything else (another flag, several objects,
+    a taint spec kubectl itself refuses)."""
+    if len(argv) < 2 or argv[0] != "kubectl" or argv[1] not in ("cordon", "uncordon", "taint", "delete"):
+        return None
+    w = Write(argv[1])
+    it = iter(argv[2:])
+    for a in it:
+        if a.startswith("--context="):
+            w.context = a.split("=", 1)[1]
+        elif w.verb == "delete" and a in ("--namespace", "-n"):
+            w.namespace = next(it, "")
+        elif w.verb == "delete" and a.startswith("--namespace="):
+            w.namespace = a.split("=", 1)[1]
+        elif w.verb == "taint" and a == "--overwrite":
+            w.overwrite = True
+        elif a.startswith("-"):
+            return None
+        else:
+            w.words.append(a)
+    if not w.namespace or any(not x or "/" in x for x in w.words[:2]):
+        return None
+    if w.verb in ("cordon", "uncordon"):
+        return w if len(w.words) == 1 else None
+    if w.verb == "delete":
+        return w if len(w.words) == 2 and w.words[0] in ("pod", "pods", "po") else None
+    if len(w.words) < 3 or w.words[0] not in ("node", "nodes", "no"):
+        return None
+    return w if _taint_specs(w, w.words[2:]) else None
+
+
+def _taint_specs(w: Write, specs: list[str]) -> bool:
+    """The taint specs into ``w.add`` and ``w.remove``, as kubectl's
+    ParseTaints reads them; False where kubectl would refuse them."""
+    for spec in specs:
+        if spec.endswith("-"):
+            key, _, effect = spec[:-1].partition(":")
+            if not key or ":" in effect or (effect and effect not in EFFECTS):
+                return False
+            w.remove.append({"key": key, **({"effect": effect} if effect else {})})
+            continue
+        parts = spec.split(":")
+        kv = parts[0].split("=")
+        if len(parts) != 2 or parts[1] not in EFFECTS or len(kv) > 2 or not _qualified(kv[0]) \
+                or not _label_value(kv[-1] if len(kv) == 2 else ""):
+            return False
+        w.add.append({"effect": parts[1], "key": kv[0], **({"value": kv[1]} if len(kv) == 2 and kv[1] else {})})
+    pairs = [(t["key"], t["effect"]) for t in w.add]
+    conflict = any(a["key"] == r["key"] and r.get("effect", a["effect"]) == a["effect"]
+                   for a in w.add for r in w.remove)
+    return len(set(pairs)) == len(pairs) and not conflict
+
+
+def _matches(taint: dict, key: str, effect: str | None) -> bool:
+    return taint.get("key") == key and (effect is None or taint.get("effect") == effect)
+
+
+def new_taints(node: str, old: list[dict], w: Write) -> tuple[str, list[dict]]:
+    """The node's taints after ``w``, and kubectl's word for it (tainted,
+    untainted, modified), as kubectl's updateTaints and reorganizeTaints
+    compute them; KubectlError where kubectl refuses."""
+    if not w.overwrite:
+        exists = [t["key"] for t in w.add for o in old if _matches(o, t["key"], t["effect"])]
+        if exists:
+            raise KubectlError(f"node {node} already has {','.join(exists)} taint(s) with same effect(s) "
+                               "and --overwrite is false")
+    taints = list(w.add) + [o for o in old if not any(_matches(o, t["key"], t["effect"]) for t in w.add)]
+    added = len(old) != len(taints)
+    errors, removed = [], False
+    for r in w.remove:
+        kept = [t for t in taints if not _matches(t, r["key"], r.get("effect"))]
+        removed = len(kept) != len(taints)
+        taints = kept
+        if not removed:
+            errors.append(f'taint "{r["key"]}{":" + r["effect"] if r.get("effect") else ""}" not found')
+    if errors:
+        raise KubectlError(*errors)
+    if (added and removed) or w.overwrite:
+        return "modified", taints
+    return ("tainted" if added else "untainted"), taints
+
+
+STRATEGIC = "application/strategic-merge-patch+json"
 
 
 class KubectlShortcut:
-    """``base.Shortcut`` for `kubectl get -o json` and `kubectl logs`."""
+    """``base.Shortcut`` for `kubectl get -o json`, `kubectl logs` and the
+    plays' node and pod writes (and, in the cluster, kubectl itself)."""
 
     def __init__(self) -> None:
-        self._clients: dict[tuple[str, str], Any] = {}
+        self._clients: dict[tuple[str, ...], Any] = {}
         self._lock = threading.Lock()
 
     def _client(self, env: dict[str, str], context: str | None) -> Any:
+        if in_cluster(env):
+            return self._in_cluster_client(env)
         from kubernetes import config
         files = env.get("KUBECONFIG") or os.path.join(env.get("HOME") or os.path.expanduser("~"), ".kube", "config")
         key = (files, context or "")
@@ -129,11 +329,32 @@ class KubectlShortcut:
                 self._clients[key] = config.new_client_from_config(config_file=files, context=context)
             return self._clients[key]
 
-    def _get(self, api: Any, path: str, query: list[tuple[str, str]], timeout: float | None) -> str:
-        """A GET with the client's credentials (kubernetes 37: param_serialize
-        puts the token in, call_api sends it); a status that is not 2xx is
-        kubectl's "Error from server (Reason): message"."""
-        method, url, headers, body, post = api.param_serialize("GET", path, query_params=query,
+    def _in_cluster_client(self, env: dict[str, str]) -> Any:
+        """The pod's service account, as ``load_incluster_config`` loads it
+        (its loader, with this module's folder): the token read again a
+        minute after each read, so a rotated one is used."""
+        from kubernetes import client
+        from kubernetes.config.incluster_config import InClusterConfigLoader
+        where = (SERVICE_ACCOUNT_DIR, env.get("KUBERNETES_SERVICE_HOST", ""), env.get("KUBERNETES_SERVICE_PORT", ""))
+        key = ("in-cluster", *where)
+        with self._lock:
+            if key not in self._clients:
+                configuration = type.__call__(client.Configuration)
+                InClusterConfigLoader(token_filename=os.path.join(SERVICE_ACCOUNT_DIR, "token"),
+                                      cert_filename=os.path.join(SERVICE_ACCOUNT_DIR, "ca.crt"),
+                                      try_refresh_token=True, environ=env).load_and_set(configuration)
+                self._clients[key] = client.ApiClient(configuration)
+            return self._clients[key]
+
+    def _call(self, api: Any, method: str, path: str, query: list[tuple[str, str]] | None = None,
+              body: Any = None, content_type: str | None = None, timeout: float | None = None) -> str:
+        """One request with the client's credentials (kubernetes 37:
+        param_serialize puts the token in, call_api sends it, a dict body as
+        JSON of ``content_type``); a status that is not 2xx is kubectl's
+        "Error from server (Reason): message"."""
+        headers = {"Content-Type": content_type or "application/json"} if body is not None else None
+        method, url, headers, body, post = api.param_serialize(method, path, query_params=query or [],
+                                                               header_params=headers, body=body,
                                                                auth_settings=["BearerToken"])
         r = api.call_api(method, url, header_params=headers, body=body, post_params=post, _request_timeout=timeout)
         data = r.read()
@@ -142,15 +363,29 @@ class KubectlShortcut:
             return text
         try:
             doc = json.loads(text)
-            said = f"Error from server ({doc.get('reason') or r.reason}): {doc.get('message') or text}"
+            message = doc.get("message") or text
+            said = f"Error from server ({doc.get('reason') or r.reason}): {message}"
         except (ValueError, AttributeError):
-            said = f"Error from server ({r.reason}): {text or r.reason}"
-        raise ServerError(int(r.status), said)
+            message = text or r.reason
+            said = f"Error from server ({r.reason}): {message}"
+        raise ServerError(int(r.status), said, message)
+
+    def _get(self, api: Any, path: str, query: list[tuple[str, str]], timeout: float | None) -> str:
+        return self._call(api, "GET", path, query, timeout=timeout)
 
     def run(self, argv: list[str], env: dict[str, str], timeout: float | None) -> Ran | None:
         start = time.monotonic()
+        answer = self._run(argv, env, timeout, start)
+        if answer is None and in_cluster(env) and argv[:1] == ["kubectl"]:
+            return _not_answered(argv, start)
+        return answer
+
+    def _run(self, argv: list[str], env: dict[str, str], timeout: float | None, start: float) -> Ran | None:
         if argv[:2] == ["kubectl", "logs"]:
             return self._logs(argv, env, timeout, start)
+        w = parse_write(argv)
+        if w is not None:
+            return self._write(w, env, timeout, start)
         g = parse_get(argv)
         if g is None:
             return None
@@ -184,6 +419,61 @@ class KubectlShortcut:
             return _dump(found[0])
         return _dump({"apiVersion": "v1", "items": found, "kind": "List", "metadata": {"resourceVersion": ""}})
 
+    # -- writes -------------------------------------------------------------------
+    def _write(self, w: Write, env: dict[str, str], timeout: float | None, start: float) -> Ran:
+        try:
+            api = self._client(env, w.context)
+            if w.verb == "delete":
+                return self._delete(api, w, timeout, start)
+            node = json.loads(self._get(api, _path("node", "", w.name), [], timeout))
+            if w.verb == "taint":
+                word, taints = new_taints(w.name, (node.get("spec") or {}).get("taints") or [], w)
+                self._call(api, "PATCH", _path("node", "", w.name),
+                           [("fieldManager", "kubectl-taint"), ("fieldValidation", "Strict")],
+                           {"spec": {"taints": taints or None}}, STRATEGIC, timeout)
+                return Ran(0, f"node/{w.name} {word}\n", "", time.monotonic() - start)
+            return self._cordon(api, w, bool((node.get("spec") or {}).get("unschedulable")), timeout, start)
+        except KubectlError as e:
+            return Ran(1, "", e.stderr(), time.monotonic() - start)
+        except ServerError as e:
+            return Ran(1, "", e.text + "\n", time.monotonic() - start)
+        except _connection_errors() as e:
+            return self._unreachable(e, start)
+
+    def _cordon(self, api: Any, w: Write, cordoned: bool, timeout: float | None, start: float) -> Ran:
+        """kubectl's RunCordonOrUncordon: nothing sent when the node is as
+        asked; a refused PATCH is an error line and exit code 0, as kubectl's."""
+        desired = w.verb == "cordon"
+        if cordoned == desired:
+            return Ran(0, f"node/{w.name} already {w.verb}ed\n", "", time.monotonic() - start)
+        try:
+            self._call(api, "PATCH", _path("node", "", w.name), [],
+                       {"spec": {"unschedulable": True if desired else None}}, STRATEGIC, timeout)
+        except ServerError as e:
+            return Ran(0, "", f'error: unable to {w.verb} node "{w.name}": {e.message}\n', time.monotonic() - start)
+        return Ran(0, f"node/{w.name} {w.verb}ed\n", "", time.monotonic() - start)
+
+    def _delete(self, api: Any, w: Write, timeout: float | None, start: float) -> Ran:
+        """The DELETE, then kubectl's default --wait: until no pod of that
+        uid is left (a graceful deletion takes the pod's grace period)."""
+        path = _path("pod", w.namespace, w.name)
+        gone = json.loads(self._call(api, "DELETE", path, [], {"propagationPolicy": "Background"},
+                                     "application/json", timeout) or "{}")
+        said = f'pod "{w.name}" deleted\n'
+        uid = (gone.get("metadata") or {}).get("uid")
+        while True:
+            try:
+                now = json.loads(self._get(api, path, [], timeout))
+            except ServerError as e:
+                if e.status == 404:
+                    return Ran(0, said, "", time.monotonic() - start)
+                return Ran(1, said, e.text + "\n", time.monotonic() - start)
+            if (now.get("metadata") or {}).get("uid") != uid:
+                return Ran(0, said, "", time.monotonic() - start)
+            if timeout is not None and time.monotonic() - start > timeout:
+                return Ran(TIMED_OUT, said, f"timed out after {timeout:.0f}s", time.monotonic() - start)
+            time.sleep(0.5)
+
     def _logs(self, argv: list[str], env: dict[str, str], timeout: float | None, start: float) -> Ran | None:
         pod, namespace, container, tail, previous, context = None, "default", None, None, False, None
         it = iter(argv[2:])
@@ -215,6 +505,8 @@ class KubectlShortcut:
             return self._unreachable(e, start)
 
     def stream(self, argv: list[str], env: dict[str, str], on_line: Callable[[str], None]) -> Ran | None:
+        if in_cluster(env) and argv[:1] == ["kubectl"]:
+            return _not_answered(argv, time.monotonic())
         return None
 
     @staticmethod
@@ -225,15 +517,23 @@ class KubectlShortcut:
         return Ran(1, "", f"Unable to connect to the server: {type(e).__name__}: {why}\n", time.monotonic() - start)
 
 
+def _not_answered(argv: list[str], start: float) -> Ran:
+    """In the cluster, a kubectl command the client does not answer: there
+    is no kubectl to run it. One line, exit code 127 (not found)."""
+    return Ran(NOT_FOUND, "", f"{shlex.join(argv)}: not answered in the cluster ({IN_CLUSTER_ENV}=1: no kubectl "
+                              f"here; the kubernetes client answers kubectl {ANSWERED} only)\n",
+               time.monotonic() - start)
+
+
 def _connection_errors() -> tuple[type[Exception], ...]:
     """What the client raises when it cannot reach the API server or get its
     credentials: urllib3's errors (refused, TLS, timeouts), an OSError, the
     kubeconfig loader's ConfigException (a missing context, an exec plugin
-    that failed). Anything else is a bug, and fails the step as one."""
+    that failed; in the cluster, a missing token, CA or service address).
+    Anything else is a bug, and fails the step as one."""
     import urllib3.exceptions
     from kubernetes.config.config_exception import ConfigException
     return (urllib3.exceptions.HTTPError, OSError, ConfigException)
-
 
 
 def _dump(doc: Any) -> str:

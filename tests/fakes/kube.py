@@ -5,7 +5,9 @@ PATCH), and a stand-in for KubeRay that makes a RayCluster ready and gives it
 pods (one head, ``replicas x numOfHosts`` workers labelled
 ``ray.io/node-type=worker``, each multi-host replica's pods labelled
 ``replicaIndex: <group>-<replica>`` as GKE's TPU webhook labels them),
-recreating a worker pod that is deleted.
+recreating a worker pod that is deleted. A bearer token's scheme is taken in
+any case, as the real API server takes it (the kubernetes client's
+in-cluster loader sends "bearer").
 
 It also decides which worker pods run, as the scheduler would: once the
 cluster has TPU node pools (``set_pool_nodes``, called by the GCP fake), a
@@ -315,7 +317,10 @@ class FakeKube(Fake):
 
     # -- HTTP -------------------------------------------------------------------
     def check_auth(self, req: Request) -> None:
-        if req.headers.get("authorization") != f"Bearer {self.token}":
+        """A bearer token, the scheme's name in any case as the API server
+        takes it (the kubernetes client's in-cluster loader sends "bearer")."""
+        scheme, _, token = (req.headers.get("authorization") or "").partition(" ")
+        if scheme.lower() != "bearer" or token != self.token:
             raise HttpError(401, status(401, "Unauthorized", "Unauthorized"))
 
     def handle(self, req: Request) -> Response:
