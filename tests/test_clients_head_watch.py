@@ -103,3 +103,85 @@ def test_watch_brings_back_the_records_of_a_detached_job_nobody_viewed(gke):
     assert f"(2 new event(s) brought back from its watch {WATCH})" in run.out, run.out[-3000:]
     assert HOST in record()
     assert [e["kind"] for e in timeline_events() if e.get("job") == SID] == [E.QUARANTINED, E.STEP]
+
+
+# -- the watch in the head pod itself ---------------------------------------------------
+# What the Ray image lacks: the watch must never import them (it gets Ray,
+# the standard library and cluster_watch.PACKAGES, with their own needs).
+NOT_IN_THE_HEAD = ("fabric", "paramiko", "jax", "jaxlib", "maxtext", "matplotlib", "orbax", "pytest", "google.cloud")
+HEAD = """
+import importlib.abc, runpy, sys
+BLOCKED = {blocked!r}
+class NotInTheHead(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if any(name == b or name.startswith(b + ".") for b in BLOCKED):
+            raise ImportError(f"{{name}} is not in the Ray head's image")
+        return None
+sys.meta_path.insert(0, NotInTheHead())
+import playbooks.access.kube_api as k
+k.SERVICE_ACCOUNT_DIR = {sa!r}
+sys.argv = ["invoke", *{args!r}]
+runpy.run_module("invoke", run_name="__main__", alter_sys=True)
+"""
+
+
+def gate_line(hostname: str) -> str:
+    e = {"t": round(time.time(), 3), "kind": E.HEALTH_GATE, "ok": False, "source": "trainer",
+         "unhealthy": [{"slice": HOST, "host": 0, "rank": 4, "hostname": hostname, "failed": ["devices"]}]}
+    return f"(RayTrainWorker pid=42, ip=10.0.0.3) trainer event: {json.dumps(e)}"
+
+
+def test_the_watch_in_the_head_sets_a_sick_slice_aside_with_its_service_account_alone(cloud: Cloud, tmp_path):
+    """`invoke watch` as the head pod runs it: no kubectl, gcloud or
+    kubeconfig, none of what the Ray image lacks; the pod's service
+    account; the head's dashboard. A failed health gate on a host of slice
+    v6e-16-1: its nodes cordoned and tainted, its worker pods moved off,
+    every event also a line of its log for this machine to take back."""
+    from playbooks.plays.quarantine import TAINT_KEY
+    from playbooks.runs import watch_records
+    cloud.seed_full()
+    cloud.change_inventory(stall_watch="cluster", stall_action="restart")
+    pods = [p for p in cloud.kube.list("pods", "default", "ray.io/node-type=worker")]
+    nodes = {n["metadata"]["name"] for n in cloud.kube.list("nodes")
+             if n["metadata"]["labels"].get("cloud.google.com/gke-nodepool") == HOST}
+    sick = [p for p in pods if (p.get("spec") or {}).get("nodeName") in nodes]
+    assert nodes and sick, "the fake cluster has no worker pod on the slice"
+    cloud.dashboard.add_job(SID, "python maxtext_elastic_trainer.py base.yml")
+    cloud.dashboard.log(SID, "(TrainController pid=7) Started training worker group of size 8.",
+                        gate_line(sick[0]["spec"].get("hostname") or sick[0]["metadata"]["name"]))
+    sa = tmp_path / "serviceaccount"
+    sa.mkdir()
+    (sa / "token").write_text(cloud.kube.token)
+    (sa / "ca.crt").write_text(cloud.kube.pki.ca_file.read_text())
+    env = cloud.env()
+    for gone in ("KUBECONFIG", "CLOUDSDK_CONFIG", "CLOUDSDK_AUTH_ACCESS_TOKEN_FILE", "BOTO_CONFIG"):
+        env.pop(gone)
+    bare = tmp_path / "bin"  # the head's PATH: its Python, nothing of Google's
+    bare.mkdir()
+    env.update({"PATH": f"{ROOT / '.venv' / 'bin'}:{bare}", "TPU_PLAYBOOKS_IN_CLUSTER": "1",
+                "TPU_PLAYBOOKS_DASHBOARD": f"http://127.0.0.1:{cloud.dashboard.server.port}",
+                "KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": str(cloud.kube.server.port)})
+    code = HEAD.format(blocked=NOT_IN_THE_HEAD, sa=str(sa),
+                       args=["watch", f"--run={RUN}", f"--job={SID}", "--elastic"])
+    mark = cloud.kube.server.mark()
+    p = subprocess.Popen([str(ROOT / ".venv" / "bin" / "python"), "-c", code], env=env, cwd=ROOT,
+                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    import threading
+    threading.Thread(target=lambda: lines.extend(x.rstrip("\n") for x in p.stdout), daemon=True).start()
+    wait_for(lines, f"host {HOST} quarantined", p, 120)
+    cloud.dashboard.end(SID)
+    assert p.wait(timeout=120) == 0, "\n".join(lines[-80:])
+    out = "\n".join(lines)
+    assert "not answered in the cluster" not in out and "is not in the Ray head's image" not in out, out[-4000:]
+    for n in nodes:
+        spec = cloud.kube.get("nodes", n)["spec"]
+        assert spec.get("unschedulable") and any(t["key"] == TAINT_KEY for t in spec.get("taints") or []), n
+    left = {p["metadata"]["name"] for p in cloud.kube.list("pods", "default", "ray.io/node-type=worker")}
+    assert not left & {p["metadata"]["name"] for p in sick}
+    seen = cloud.kube.server.since(mark)
+    assert {r.headers.get("authorization", "").lower() for r in seen} == {f"bearer {cloud.kube.token}".lower()}
+    # What this machine takes back from the watch's log: the quarantine, with the slice's nodes.
+    back = [watch_records.parse(x) for x in lines]
+    quarantined = [e for _, e in filter(None, back) if e["kind"] == E.QUARANTINED]
+    assert [(e["host"], sorted(e["nodes"])) for e in quarantined] == [(HOST, sorted(nodes))], out[-3000:]

@@ -78,10 +78,6 @@ IN_CLUSTER_ENV = "TPU_PLAYBOOKS_IN_CLUSTER"
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 ANSWERED = "get --output=json, logs, cordon, uncordon, taint nodes, delete pod"
 
-# Set by the watch's job in a GKE head pod: the client takes the pod's
-# service account (no kubeconfig, no kubectl there).
-IN_CLUSTER_ENV = "TPU_PLAYBOOKS_IN_CLUSTER"
-
 # kubectl's names for the kinds the plays read -> (API prefix, resource, namespaced, Kind)
 KINDS: dict[str, tuple[str, str, bool, str]] = {}
 for names, spec in (

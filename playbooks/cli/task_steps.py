@@ -239,7 +239,9 @@ def quarantine_steps(env: Environment, name: str, why: str, by: str, replace: bo
         return [skipped(quarantine.PLAY, f"quarantine {name}", AUTOPILOT_QUARANTINE, id="quarantine:autopilot")]
     i = host_names(env).index(name)
     delete = nodepools.delete_command(env, name) if env.quarantine_replace_pool and replace else None
-    out = [cluster.credentials_step(env, quarantine.PLAY)] + quarantine.gke_steps(env, name, why, by, delete)
+    # In the head pod (the watch in the cluster) the pod's service account is the credential: no gcloud there.
+    creds = [] if connectors.in_a_head_pod() else [cluster.credentials_step(env, quarantine.PLAY)]
+    out = creds + quarantine.gke_steps(env, name, why, by, delete)
     if delete is not None:
         out = _then(out, [nodepools.pool_step(env, i)])
     return out
