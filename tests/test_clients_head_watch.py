@@ -52,7 +52,7 @@ def timeline_events() -> list[dict]:
     return [json.loads(x) for x in p.read_text().splitlines()] if p.exists() else []
 
 
-def test_a_follow_on_gke_views_what_the_watch_in_the_head_records_and_takes_it_back_once(gke):
+def test_a_follow_on_gke_views_what_the_watch_in_the_head_records_and_takes_it_back_once(gke):  # noqa: F811
     cloud, env, _ = gke
     cloud.change_inventory(stall_watch="cluster", stall_action="restart", dashboard_port=cloud.envdata().dashboard_port,
                            reconnect_timeout=10)
@@ -90,7 +90,7 @@ def test_a_follow_on_gke_views_what_the_watch_in_the_head_records_and_takes_it_b
     assert record() == {} and len([e for e in timeline_events() if e.get("source") == "watch"]) == 1
 
 
-def test_watch_brings_back_the_records_of_a_detached_job_nobody_viewed(gke):
+def test_watch_brings_back_the_records_of_a_detached_job_nobody_viewed(gke):  # noqa: F811
     cloud, env, _ = gke
     cloud.change_inventory(stall_watch="cluster", dashboard_port=cloud.envdata().dashboard_port)
     cloud.dashboard.add_job(SID, "python maxtext_multi_slice_trainer.py base.yml")
@@ -141,7 +141,7 @@ def test_the_watch_in_the_head_sets_a_sick_slice_aside_with_its_service_account_
     from playbooks.runs import watch_records
     cloud.seed_full()
     cloud.change_inventory(stall_watch="cluster", stall_action="restart")
-    pods = [p for p in cloud.kube.list("pods", "default", "ray.io/node-type=worker")]
+    pods = list(cloud.kube.list("pods", "default", "ray.io/node-type=worker"))
     nodes = {n["metadata"]["name"] for n in cloud.kube.list("nodes")
              if n["metadata"]["labels"].get("cloud.google.com/gke-nodepool") == HOST}
     sick = [p for p in pods if (p.get("spec") or {}).get("nodeName") in nodes]

@@ -29,12 +29,12 @@ from playbooks.core.facts import Completed
 from playbooks.core.play import StepContext, run_within
 from playbooks.core.recap import FAILING
 from playbooks.runs import cluster_watch, hang_evidence, pod_watch, quarantine_record, restart, stall, timeline
-from playbooks.runs.watch_records import Importer
 from playbooks.runs import events as E
 from playbooks.runs.cli_traceback import TracebackHold
 from playbooks.runs.hang_diagnosis import Diagnosis
 from playbooks.runs.job_log import clean, shown
 from playbooks.runs.train_summary import Summary
+from playbooks.runs.watch_records import Importer
 
 
 def stop_command(address: str, sid: str) -> Command:
