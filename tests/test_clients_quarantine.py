@@ -1,7 +1,10 @@
 """A slice set aside on GKE and given back: `invoke hosts.quarantine` cordons
 and taints its nodes and moves its worker pods off (KubeRay's new pods do
 not land there), the optional pool replaced whole; a second run changes
-nothing; check mode changes nothing; `invoke hosts.release` undoes it.
+nothing; check mode changes nothing; `invoke hosts.release` undoes it. The
+rights the watch will do it with from the Ray head (stall_watch: cluster):
+applied by `invoke raycluster` before the RayCluster, unchanged by a second
+run, deleted by `invoke teardown`, shown by the dry run.
 
 The real gcloud and kubectl against the loopback fakes (tests/fakes/; what
 every such test shares: tests/clients.py)."""
@@ -12,6 +15,8 @@ import re
 
 import pytest
 
+from playbooks.cloud import manifests
+from playbooks.core.facts import ABSENT
 from playbooks.plays.quarantine import TAINT_KEY
 from tests.clients import ROOT, Cloud, failed_run, ok_run, recap
 
@@ -128,3 +133,78 @@ def test_a_bad_host_name_is_one_line_naming_the_known_hosts(cloud: Cloud):
     assert run.out.strip() == ("error: host 'v6e-16-7': not a TPU slice's node pool of "
                                f"{cloud.envdata().name} (its hosts: v6e-16-0, v6e-16-1)"), run.out
     assert run.requests == []
+
+
+# -- the watch's rights on the Ray head (manifests/ray-watch-rbac.yaml) ---------------------------
+RBAC = "/apis/rbac.authorization.k8s.io/v1"
+RBAC_PATHS = [f"{RBAC}/clusterroles/maxtext-watch-default", f"{RBAC}/clusterrolebindings/maxtext-watch-default",
+              f"{RBAC}/namespaces/default/roles/maxtext-watch-default",
+              f"{RBAC}/namespaces/default/rolebindings/maxtext-watch-default"]
+PLURALS = {"ClusterRole": "clusterroles", "ClusterRoleBinding": "clusterrolebindings", "Role": "roles",
+           "RoleBinding": "rolebindings"}
+
+
+@pytest.fixture
+def watched(cloud: Cloud):
+    """The Standard environment with stall_watch: cluster."""
+    cloud.change_inventory(stall_watch="cluster")
+    yield cloud
+
+
+def test_the_watchs_rights_applied_before_the_raycluster_unchanged_again_deleted_by_teardown(watched: Cloud,
+                                                                                             monkeypatch):
+    cloud = watched
+    cloud.seed_full()
+    cloud.get_credentials()
+    e = cloud.envdata()
+    rendered = {d["kind"]: d for d in manifests.watch_rbac_docs(e)}
+    assert _kubectl_and_the_client_read_them_alike(cloud, e, monkeypatch) is ABSENT
+
+    dry = ok_run(cloud.invoke("--dry", "raycluster"))
+    assert dry.requests == [], dry
+    assert f"  apply  {manifests.watch_rbac_apply(e).line()}\n" in dry.out, dry.out
+
+    run = ok_run(cloud.invoke("raycluster"))
+    assert sorted(r.path for r in run.kube if r.method == "POST") == sorted(p.rsplit("/", 1)[0] for p in RBAC_PATHS)
+    assert [r for r in run.changes if "/rbac." not in r.path] == []     # the RayCluster was there already
+    for kind, doc in rendered.items():
+        have = cloud.kube.get(PLURALS[kind], doc["metadata"]["name"], doc["metadata"].get("namespace", ""))
+        assert have is not None, kind
+        assert {f: have.get(f) for f in manifests.RBAC_FIELDS if f in doc} == \
+            {f: doc[f] for f in manifests.RBAC_FIELDS if f in doc}, kind
+    assert recap(run, "raycluster")["changed"] == 1
+    assert "changed: [raycluster : RBAC of the watch maxtext-watch-default] applied (ClusterRole, " \
+           "ClusterRoleBinding, Role, RoleBinding maxtext-watch-default, for service account default/maxtext-ksa)" \
+           in run.out, run.out
+
+    again = ok_run(cloud.invoke("raycluster"))
+    assert again.changes == [], again.changes
+    assert "ok: [raycluster : RBAC of the watch maxtext-watch-default] ClusterRole, Role and their bindings " \
+           "maxtext-watch-default are the ones rendered" in again.out, again.out
+    got = _kubectl_and_the_client_read_them_alike(cloud, e, monkeypatch)
+    assert list(got) == ["ClusterRoleBinding", "ClusterRole", "RoleBinding", "Role"]
+    # A binding's role never changes (the API server refuses it; so does the fake).
+    p = cloud.client("kubectl", "patch", "rolebinding", "maxtext-watch-default", "--namespace", "default",
+                     "--type=merge", "-p", '{"roleRef": {"name": "other"}}')
+    assert p.returncode == 1 and "cannot change roleRef" in p.stderr, p.stderr
+
+    down = ok_run(cloud.invoke("teardown", "--yes"))
+    deleted = [r for r in down.kube if r.method == "DELETE" and "/rbac." in r.path]
+    assert sorted(r.path for r in deleted) == sorted(RBAC_PATHS)
+    cluster_delete = next(r for r in down.gcp if r.method == "DELETE" and "/clusters/" in r.path)
+    assert max(r.at for r in deleted) < cluster_delete.at
+
+
+def _kubectl_and_the_client_read_them_alike(cloud: Cloud, e, monkeypatch):
+    """The step's probe through kubectl and through the local connector's
+    shortcut (the kubernetes client): the same objects, as the play parses them."""
+    from playbooks.access.kube_api import KubectlShortcut
+    from playbooks.core.facts import Completed
+    fact, env = manifests.watch_rbac_fact(e), cloud.env()
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    cli, fast = cloud.client(*fact.command.argv), KubectlShortcut().run(list(fact.command.argv), env, 30)
+    assert fast is not None and (fast.rc, cli.returncode) == (0, 0), (cli.stderr, fast and fast.stderr)
+    got = fact.parse(Completed("", 0, fast.stdout, ""))
+    assert got == fact.parse(Completed("", 0, cli.stdout, ""))
+    return got

@@ -90,6 +90,15 @@ for names, spec in (
      ("/apis/resource.k8s.io/v1", "resourceclaimtemplates", True, "ResourceClaimTemplate")),
     (("raycluster", "rayclusters", "rayclusters.ray.io"), ("/apis/ray.io/v1", "rayclusters", True, "RayCluster")),
     (("computeclass", "computeclasses"), ("/apis/cloud.google.com/v1", "computeclasses", False, "ComputeClass")),
+    # The watch's rights (manifests/ray-watch-rbac.yaml).
+    (("clusterrole", "clusterroles", "clusterroles.rbac.authorization.k8s.io"),
+     ("/apis/rbac.authorization.k8s.io/v1", "clusterroles", False, "ClusterRole")),
+    (("clusterrolebinding", "clusterrolebindings", "clusterrolebindings.rbac.authorization.k8s.io"),
+     ("/apis/rbac.authorization.k8s.io/v1", "clusterrolebindings", False, "ClusterRoleBinding")),
+    (("role", "roles", "roles.rbac.authorization.k8s.io"),
+     ("/apis/rbac.authorization.k8s.io/v1", "roles", True, "Role")),
+    (("rolebinding", "rolebindings", "rolebindings.rbac.authorization.k8s.io"),
+     ("/apis/rbac.authorization.k8s.io/v1", "rolebindings", True, "RoleBinding")),
 ):
     for n in names:
         KINDS[n] = spec

@@ -11,6 +11,10 @@ a rendered document must keep (Autopilot's; the worker group's slices).
   tutorial's two DCN NICs (TPU v5e, v5p, TPU7x: ``config/tpu.py``).
 - ``manifests/compute-class.tpu-dranet.yaml`` (Autopilot): the ComputeClass
   that opts the TPU nodes into managed DRANET.
+- ``manifests/ray-watch-rbac.yaml`` (``stall_watch: cluster``): the rights
+  of the head's service account that the watch in the cluster acts with
+  (nodes cordoned and tainted, pods deleted): a ClusterRole for the nodes,
+  a Role in the namespace for the rest, and their bindings.
 
 On Autopilot the tutorial's RayCluster would be refused: its TPU workers are
 privileged, and Autopilot's policy denies that ("GKE Warden rejected the
@@ -32,6 +36,7 @@ from typing import Any
 
 import yaml
 
+from playbooks.access.cli_clients import fact, kube_list
 from playbooks.cloud import capacity_options
 from playbooks.cloud.gke import kube, netdev_claim
 from playbooks.config import tutorial as T
@@ -39,6 +44,7 @@ from playbooks.config.project import ROOT
 from playbooks.config.schema import Environment, reservation_parts
 from playbooks.config.tpu import generation
 from playbooks.core.command import Command
+from playbooks.core.facts import ABSENT, Fact
 from playbooks.core.render import envsubst, leftover, render
 
 
@@ -185,6 +191,85 @@ def compute_class_apply(env: Environment) -> Command:
 def all_docs(env: Environment) -> list[dict]:
     """Every document this environment applies."""
     return raycluster_docs(env) + ([compute_class_doc(env)] if env.cluster_mode.compute_class else [])
+
+
+# -- the rights of the watch in the cluster (stall_watch: cluster) ----------------------
+WATCH_RBAC_MANIFEST = "manifests/ray-watch-rbac.yaml"
+WATCH_RBAC_PREFIX = "maxtext-watch"
+# kubectl's name of each kind of the manifest, in the order they are deleted
+# (the bindings first: no moment where a binding names a role that is gone).
+RBAC_KINDS = {"ClusterRoleBinding": "clusterrolebinding", "ClusterRole": "clusterrole",
+              "RoleBinding": "rolebinding", "Role": "role"}
+# What of each object is ours to compare: a role's rules, a binding's role and subjects.
+RBAC_FIELDS = ("rules", "roleRef", "subjects")
+
+
+def watch_rbac_wanted(env: Environment) -> bool:
+    """Whether the head's service account needs the watch's rights: on GKE
+    with ``stall_watch: cluster`` (the watch then runs on the Ray head and
+    acts as that account). The local twin's watch runs as this machine's
+    user; with ``follow`` the watch runs here, with the user's rights."""
+    return env.platform.cloud and env.stall_watch == "cluster"
+
+
+def watch_rbac_name(env: Environment) -> str:
+    """The name of all four objects: the namespace tells two environments of
+    one cluster apart (the manifest says why)."""
+    return f"{WATCH_RBAC_PREFIX}-{env.namespace}"
+
+
+def watch_rbac_values(env: Environment) -> dict[str, str]:
+    return {"NAMESPACE": env.namespace, "KSA_NAME": env.ksa_name}
+
+
+def watch_rbac_docs(env: Environment) -> list[dict]:
+    """The rendered ClusterRole, ClusterRoleBinding, Role and RoleBinding."""
+    text = render((ROOT / WATCH_RBAC_MANIFEST).read_text(), watch_rbac_values(env))
+    return [d for d in yaml.safe_load_all(text) if d]
+
+
+def watch_rbac_apply(env: Environment) -> Command:
+    return _apply(WATCH_RBAC_MANIFEST, watch_rbac_values(env), env)
+
+
+def _rbac_refs(env: Environment) -> list[str]:
+    return [f"{kind}/{watch_rbac_name(env)}" for kind in RBAC_KINDS.values()]
+
+
+def watch_rbac_delete(env: Environment) -> Command:
+    return kube(env, "delete", *_rbac_refs(env), "--namespace", env.namespace, "--ignore-not-found")
+
+
+def watch_rbac_fact(env: Environment) -> Fact:
+    """The four objects as they are, in one `kubectl get`: Kind -> object,
+    those found (ABSENT: none)."""
+    name = watch_rbac_name(env)
+
+    def select(items: Any) -> Any:
+        found = {it.get("kind"): it for it in (items or {}).get("items") or []
+                 if it.get("kind") in RBAC_KINDS and (it.get("metadata") or {}).get("name") == name}
+        return {k: found[k] for k in RBAC_KINDS if k in found} or ABSENT
+
+    c = kube(env, "get", *_rbac_refs(env), "--namespace", env.namespace, "--ignore-not-found", "--output=json")
+    return fact(f"RBAC {name}", c, kube_list(select),
+                describe=lambda found: f"{len(found)} of {len(RBAC_KINDS)} present ({', '.join(found)})")
+
+
+def watch_rbac_diffs(env: Environment, found: Any) -> tuple[list[str], list[str]]:
+    """(the kinds missing, one line per object found that is not the one
+    rendered) against what ``watch_rbac_fact`` read."""
+    have = {} if found is ABSENT else found
+    missing, differ = [], []
+    for doc in watch_rbac_docs(env):
+        kind, cur = doc["kind"], have.get(doc["kind"])
+        if cur is None:
+            missing.append(kind)
+            continue
+        for field in RBAC_FIELDS:
+            if field in doc and cur.get(field) != doc[field]:
+                differ.append(f"{kind} {watch_rbac_name(env)} {field}: {json.dumps(cur.get(field), sort_keys=True)}, "
+                              f"want {json.dumps(doc[field], sort_keys=True)}")
+    return missing, differ
 
 
 # -- Autopilot's rules, checked on the rendered manifests before any apply ------------

@@ -2,7 +2,9 @@
 ``slices`` replicas x ``hosts_per_slice`` hosts; applied, then waited for.
 On Autopilot, first the rendered manifests are checked against Autopilot's
 rules and the ComputeClass that opts the TPU nodes into managed DRANET is
-applied (``playbooks/cloud/manifests.py`` renders both)."""
+applied (``playbooks/cloud/manifests.py`` renders both). With ``stall_watch:
+cluster`` the rights the watch acts with on the Ray head (its service
+account's ClusterRole and Role) are applied before the RayCluster."""
 from __future__ import annotations
 
 import json
@@ -88,6 +90,8 @@ def apply_step(env: Environment) -> Step:
                   f"workers)")
 
     after: tuple[str, ...] = ("kube:credentials", "storage:ksa", "storage:binding", "storage:bucket")
+    if manifests.watch_rbac_wanted(env):
+        after += ("raycluster:watch-rbac",)
     if env.cluster_mode.restricted_pods:
         after += ("raycluster:autopilot-rules",)
     if env.cluster_mode.compute_class:
@@ -141,6 +145,36 @@ def image_step(env: Environment) -> Step:
     return Step(PLAY, "Ray version skew", decide, id="raycluster:skew")
 
 
+# -- the watch in the cluster ------------------------------------------------------------
+def watch_rbac_step(env: Environment) -> Step:
+    """The rights of the watch on the Ray head (``stall_watch: cluster``),
+    before the head starts: its service account may read, cordon and taint
+    nodes (a ClusterRole) and read and delete the pods of the namespace, read
+    their logs, the events and the RayCluster (a Role);
+    ``manifests/ray-watch-rbac.yaml`` says why each. Objects of that name
+    with other rules are drift, never overwritten."""
+    probe = manifests.watch_rbac_fact(env)
+    name = manifests.watch_rbac_name(env)
+    who = f"service account {env.namespace}/{env.ksa_name}"
+
+    def decide(look):
+        missing, differ = manifests.watch_rbac_diffs(env, look(probe))
+        if differ:
+            return drift("; ".join(differ))
+        if missing:
+            return change(manifests.watch_rbac_apply(env),
+                          reason=f"applied ({', '.join(missing)} {name}, for {who})")
+        return ok(f"ClusterRole, Role and their bindings {name} are the ones rendered (for {who})")
+
+    def check(found) -> str | None:
+        missing, differ = manifests.watch_rbac_diffs(env, found)
+        return "; ".join([f"{k} {name} not found" for k in missing] + differ) or None
+
+    return Step(PLAY, f"RBAC of the watch {name}", decide, id="raycluster:watch-rbac",
+                after=("kube:credentials", "storage:namespace", "storage:ksa"),
+                verify=Verify(probe, check, timeout=60, interval=5))
+
+
 # -- Autopilot ---------------------------------------------------------------------------
 def rules_step(env: Environment) -> Step:
     def decide(look):
@@ -178,8 +212,11 @@ def compute_class_step(env: Environment) -> Step:
 
 def steps(env: Environment) -> list[Step]:
     """On Autopilot the RayCluster's TPU requests are what makes the chips:
-    its rules are checked and its ComputeClass applied first."""
+    its rules are checked and its ComputeClass applied first. The watch's
+    rights only where it runs in the cluster (not a step at all otherwise,
+    as the Autopilot steps on Standard)."""
     mode = env.cluster_mode
     first = [rules_step(env)] if mode.restricted_pods else []
     first += [compute_class_step(env)] if mode.compute_class else []
-    return [*first, image_step(env), apply_step(env), slices_step(env)]
+    rbac = [watch_rbac_step(env)] if manifests.watch_rbac_wanted(env) else []
+    return [*first, image_step(env), *rbac, apply_step(env), slices_step(env)]

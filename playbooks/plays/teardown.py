@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from playbooks.access.cli_clients import gcloud
-from playbooks.cloud import maintenance
+from playbooks.cloud import maintenance, manifests
 from playbooks.cloud.endpoints import forward_pidfile
 from playbooks.cloud.gke import (
     bucket_fact,
@@ -69,6 +69,33 @@ def raycluster_step(env: Environment) -> Step:
                 verify=Verify(probe, gone("RayCluster"), timeout=300, interval=5))
 
 
+def watch_rbac_step(env: Environment) -> Step:
+    """The watch's rights (``stall_watch: cluster``), once the RayCluster
+    (its head, the watch) is gone: the ClusterRole and ClusterRoleBinding
+    (the cluster's, in no namespace) and the Role and RoleBinding. The
+    cluster's delete that follows would remove them too; deleting them first
+    leaves no rights behind if that delete fails. With ``stall_watch:
+    follow`` none were made: no step (any an earlier ``cluster`` made go
+    with the cluster)."""
+    clusters = _cluster(env)
+    kubeconfig = assume(kubeconfig_fact(env), {"contexts": [{"name": kube_context(env)}]})
+    probe = assume(manifests.watch_rbac_fact(env), {d["kind"]: d for d in manifests.watch_rbac_docs(env)})
+    name = manifests.watch_rbac_name(env)
+
+    def decide(look):
+        if look(clusters) is ABSENT:
+            return ok(f"cluster {env.cluster_name} is gone, and the watch's RBAC {name} with it")
+        if not has_context(look(kubeconfig), kube_context(env)):
+            return ok(f"no kubeconfig context {kube_context(env)}: the cluster delete removes the watch's RBAC {name}")
+        found = look(probe)
+        if found is ABSENT:
+            return ok(f"no ClusterRole, Role or binding {name}")
+        return change(manifests.watch_rbac_delete(env), reason="deleted", found=", ".join(found))
+
+    return Step(PLAY, f"RBAC of the watch {name}", decide, id="teardown:watch-rbac", after=("teardown:raycluster",),
+                verify=Verify(probe, gone(f"RBAC {name}"), timeout=120, interval=5))
+
+
 def forward_step(env: Environment) -> Step:
     pf = forward_pidfile(env)
     running = assume(running_fact(pf, str(pf.path)), True)
@@ -122,7 +149,7 @@ def cluster_step(env: Environment) -> Step:
                       reason="deleted", found="present")
 
     return Step(PLAY, f"GKE cluster {env.cluster_name}", decide, id="teardown:cluster",
-                after=("teardown:raycluster", "teardown:maintenance"),
+                after=("teardown:raycluster", "teardown:maintenance", "teardown:watch-rbac"),
                 verify=Verify(probe, gone("cluster"), timeout=DELETE_TIMEOUT, interval=15))
 
 
@@ -192,7 +219,10 @@ def policy_step(env: Environment) -> Step:
 
 def steps(env: Environment) -> list[Step]:
     """(The local twin's teardown is ``plays/twin.py``'s stop steps.)"""
-    out = [raycluster_step(env), forward_step(env), maintenance_step(env), cluster_step(env), bucket_step(env)]
+    out = [raycluster_step(env)]
+    if manifests.watch_rbac_wanted(env):
+        out.append(watch_rbac_step(env))
+    out += [forward_step(env), maintenance_step(env), cluster_step(env), bucket_step(env)]
     if needs_workload_policy(env):
         out.append(policy_step(env))
     if not dcn_networks(env):
@@ -206,7 +236,9 @@ def summary(env: Environment) -> str:
     """What teardown deletes, for the confirmation prompt."""
     if env.platform.simulated:
         return f"the local Ray cluster of environment {env.name!r} (only the processes this project started)"
-    what = (f"in project {env.project_id}: RayCluster {T.RAYCLUSTER_NAME}, GKE cluster {env.cluster_name} "
+    rbac = (f", the watch's ClusterRole, Role and bindings {manifests.watch_rbac_name(env)}"
+            if manifests.watch_rbac_wanted(env) else "")
+    what = (f"in project {env.project_id}: RayCluster {T.RAYCLUSTER_NAME}{rbac}, GKE cluster {env.cluster_name} "
             f"({location(env)}), bucket gs://{env.gs_bucket} and everything in it")
     if needs_workload_policy(env):
         what += f", workload policy {workload_policy_name(env)}"

@@ -7,7 +7,9 @@ pods (one head, ``replicas x numOfHosts`` workers labelled
 ``replicaIndex: <group>-<replica>`` as GKE's TPU webhook labels them),
 recreating a worker pod that is deleted. A bearer token's scheme is taken in
 any case, as the real API server takes it (the kubernetes client's
-in-cluster loader sends "bearer").
+in-cluster loader sends "bearer"). RBAC's four kinds are stored as given (no
+authorization is enforced: the client's token is the cluster admin's), a
+binding's ``roleRef`` refused when changed, as the API server refuses it.
 
 It also decides which worker pods run, as the scheduler would: once the
 cluster has TPU node pools (``set_pool_nodes``, called by the GCP fake), a
@@ -79,7 +81,12 @@ KINDS = (
     Kind("cloud.google.com", "v1", "computeclasses", "ComputeClass", namespaced=False, short=("cc",)),
     Kind("", "v1", "events", "Event", short=("ev",)),
     Kind("", "v1", "nodes", "Node", namespaced=False, short=("no",)),
+    Kind("rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole", namespaced=False),
+    Kind("rbac.authorization.k8s.io", "v1", "clusterrolebindings", "ClusterRoleBinding", namespaced=False),
+    Kind("rbac.authorization.k8s.io", "v1", "roles", "Role"),
+    Kind("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding"),
 )
+BINDINGS = ("clusterrolebindings", "rolebindings")
 
 # GKE Autopilot's admission webhook, as it refuses a privileged container.
 WARDEN = ('admission webhook "warden-validating.common-webhooks.networking.gke.io" denied the request: GKE Warden '
@@ -450,6 +457,12 @@ class FakeKube(Fake):
             raise HttpError(415, status(415, "UnsupportedMediaType", "json-patch is not supported by the fake"))
         else:
             new = merge_patch(cur, body)
+        if kind.plural in BINDINGS and new.get("roleRef") != cur.get("roleRef"):
+            # The API server's validation: a binding's roleRef never changes (delete and create it again).
+            said = f'Invalid value: {json.dumps(new.get("roleRef"))}: cannot change roleRef'
+            raise HttpError(422, status(422, "Invalid", f'{kind.kind}.{kind.group} "{name}" is invalid: roleRef: {said}',
+                                        name=name, kind=kind.kind, group=kind.group,
+                                        causes=[{"reason": "FieldValueInvalid", "message": said, "field": "roleRef"}]))
         new = copy.deepcopy(new)
         new["metadata"] = dict(new.get("metadata") or {}, name=name)
         if kind.namespaced:
