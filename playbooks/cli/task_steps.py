@@ -31,7 +31,7 @@ from playbooks.plays import (
     train,
     watch,
 )
-from playbooks.runs import placement, restart
+from playbooks.runs import cluster_watch, placement, restart
 from playbooks.twin.nodes import hosts_of
 
 GKE_ONLY = ("capacity", "prereqs", "network", "cluster", "nodepools", "storage")
@@ -158,7 +158,8 @@ def train_steps(env: Environment, job: Job, log_file: Path | None = None, prefli
     hold = [train.hold_step(job)] if env.platform.cloud else []
     return _then(checks + train.preemption_note(env, job) + cluster_ready_steps(env)
                  + [train.slices_step(env, job), train.checkpoint_step(job)] + hold + [train.estimate_step(job)],
-                 [train.job_step(job, log_file, follow_quarantine(env, job.elastic), detach)])
+                 [train.job_step(job, log_file, follow_quarantine(env, job.elastic, cluster_watch.in_cluster(env)),
+                                 detach)])
 
 
 def watch_steps(env: Environment, run: str, sid: str, elastic: bool, log_file: Path | None = None) -> list[Step]:
@@ -169,15 +170,18 @@ def watch_steps(env: Environment, run: str, sid: str, elastic: bool, log_file: P
     return _then(first, [watch.watch_step(env, run, sid, follow_quarantine(env, elastic), log_file)])
 
 
-def follow_quarantine(env: Environment, elastic: bool) -> restart.Quarantine:
+def follow_quarantine(env: Environment, elastic: bool, in_head: bool = False) -> restart.Quarantine:
     """How a followed job's watch sets a host aside (stall_action: restart):
     ``hosts.quarantine``'s steps, its pool never made again from the watch
-    (that takes many minutes: `invoke hosts.quarantine NAME` does it)."""
+    (that takes many minutes: `invoke hosts.quarantine NAME` does it).
+    ``in_head``: as the watch in a GKE head pod runs them (what `train`
+    shows of its watch's steps; the head pod itself knows it is one)."""
     hosts = {h.name: h.tpu_name for h in hosts_of(env)} if env.platform.simulated else \
         {n: n for n in quarantine.known_hosts(env)}
     refused = None if env.platform.simulated or env.cluster_mode.our_node_pools else AUTOPILOT_QUARANTINE
     return restart.Quarantine(elastic, hosts, lambda name, why, by: quarantine_steps(env, name, why, by,
-                                                                                     replace=False), refused)
+                                                                                     replace=False, in_head=in_head),
+                              refused)
 
 
 def preflight_steps(env: Environment, job: Job) -> list[Step]:
@@ -225,7 +229,8 @@ AUTOPILOT_QUARANTINE = ("Autopilot makes and replaces its own nodes: this projec
                         "nodes of its own node pools (Standard)")
 
 
-def quarantine_steps(env: Environment, name: str, why: str, by: str, replace: bool = True) -> list[Step]:
+def quarantine_steps(env: Environment, name: str, why: str, by: str, replace: bool = True,
+                     in_head: bool = False) -> list[Step]:
     """A host set aside (``host_problem`` checked first): recorded, then on
     the twin its Ray node stopped; on GKE its slice's nodes cordoned and
     tainted, its worker pods moved off, and, with quarantine_replace_pool,
@@ -240,7 +245,7 @@ def quarantine_steps(env: Environment, name: str, why: str, by: str, replace: bo
     i = host_names(env).index(name)
     delete = nodepools.delete_command(env, name) if env.quarantine_replace_pool and replace else None
     # In the head pod (the watch in the cluster) the pod's service account is the credential: no gcloud there.
-    creds = [] if connectors.in_a_head_pod() else [cluster.credentials_step(env, quarantine.PLAY)]
+    creds = [] if in_head or connectors.in_a_head_pod() else [cluster.credentials_step(env, quarantine.PLAY)]
     out = creds + quarantine.gke_steps(env, name, why, by, delete)
     if delete is not None:
         out = _then(out, [nodepools.pool_step(env, i)])

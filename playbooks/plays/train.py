@@ -382,6 +382,8 @@ class JobRun:
                  detach: bool = False):
         self.job, self.log_file, self.quarantine, self.detach = job, log_file, quarantine, detach
         self.in_cluster = cluster_watch.in_cluster(job.env)
+        if self.in_cluster and job.env.platform.cloud:
+            cluster_watch.shipped_inventory()  # up front: an inventory the head cannot read, refused in one line
         self.via = connectors.connector(job.env)
         self.listing, self.checkpoints = jobs_fact(job.address, self.via), checkpoints_fact(job)
 

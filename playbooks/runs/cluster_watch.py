@@ -104,11 +104,18 @@ def shipped_inventory(environ: Any = os.environ) -> str | None:
                          f"the inventory there; move the file into the project, or set stall_watch: follow") from None
 
 
+def excludes(shipped: str | None) -> list[str]:
+    """EXCLUDES, less the folder that holds the inventory shipped (Ray
+    leaves out what .gitignore names too: an inventory there does not go)."""
+    top = shipped.split("/", 1)[0] if shipped and "/" in shipped else None
+    return [x for x in EXCLUDES if x != top]
+
+
 def runtime_env(env: Any = None, environ: Any = os.environ) -> str:
     if env is not None and env.platform.cloud:
         shipped = shipped_inventory(environ)
         return json.dumps({
-            "excludes": list(EXCLUDES),
+            "excludes": excludes(shipped),
             "pip": {"packages": [f"{p}=={pinned(p)}" if pinned(p) else p for p in PACKAGES]},
             "env_vars": {IN_CLUSTER_ENV: "1", DASHBOARD_ENV: HEAD_DASHBOARD, "PYTHONUNBUFFERED": "1",
                          **({"INVOKE_PLAYBOOK_INVENTORY": shipped} if shipped else {})}})
