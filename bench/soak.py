@@ -825,7 +825,8 @@ def table(results: list[Result]) -> list[str]:
             f"{g['goodput_pct']:.1f}% / n/a" if g else "n/a")
         incidents = "; ".join(incident_text(i) for i in g.get("incidents", [])) if g else ""
         again = [f"run again ({a})" for a in r.attempts]
-        notes = ("; " + "; ".join(again + r.notes)) if again or r.notes else ""
+        said = list(dict.fromkeys(again + r.notes))  # a run judged again keeps its notes: each said once
+        notes = ("; " + "; ".join(said)) if said else ""
         verdict = ("passed" if r.ok else f"NOT EXERCISED in {len(r.attempts) + 1} attempts: " + "; ".join(
             r.not_exercised) if r.not_exercised else "FAILED: " + "; ".join(r.why))
         out.append(f"| {r.rep} | {r.scenario} | {verdict} | {gp} | {incidents}{notes} |")
@@ -943,21 +944,24 @@ def judged_again(write: bool) -> None:
     minutes = meta["minutes"] + sum(m["minutes"] for m in later)
     head = f"{passed} of {len(results)} runs passed in {minutes} min (judged again by this tree)."
     m = re.search(r"--repeat (\d+)", meta["command"])
-    planned = (int(m.group(1)) if m else 1) * len(meta.get("scenarios") or SCENARIOS)
+    names = list(meta.get("scenarios") or SCENARIOS)
+    reps = int(m.group(1)) if m else 1
+    planned = reps * len(names)
     if len(results) < planned:
         done = {(r.rep, r.scenario) for r in results}
-        missing = [f"{rep}-{name}" for rep in range(1, planned // len(SCENARIOS) + 1) for name in SCENARIOS
-                   if (rep, name) not in done]
+        missing = [f"{rep}-{name}" for rep in range(1, reps + 1) for name in names if (rep, name) not in done]
         head += f" Not run: {len(missing)} of the {planned} planned ({', '.join(missing)})."
     lines = [head, "", *table(results), "", recovery(results)]
     print("\n".join(lines))
     also = "".join(f"; with the runs of `{m['command']}` (on {m['date']} at commit `{m['commit']}`, {m['minutes']} "
                    f"min)" for m in later)
-    if write:
-        doc_table.write("elastic.md", "soak", "bench/soak.py --rescore", lines,
-                        stamp=f"Written by `{meta['command']}` (run on {meta['date']} at commit `{meta['commit']}`, "
-                              f"{meta['machine']}, {meta['minutes']} min){also}, judged again by "
-                              f"`bench/soak.py --rescore`")
+    stamp = (f"Written by `{meta['command']}` (run on {meta['date']} at commit `{meta['commit']}`, {meta['machine']}, "
+             f"{meta['minutes']} min){also}, judged again by `bench/soak.py --rescore`")
+    if write and set(names) <= set(WATCHED):
+        # The watch in the cluster's scenarios alone: their own table (issue 36).
+        doc_table.write("quarantine.md", "watch-soak", "bench/soak.py --rescore", lines, stamp=stamp)
+    elif write:
+        doc_table.write("elastic.md", "soak", "bench/soak.py --rescore", lines, stamp=stamp)
         doc_table.write("elastic.md", "restart-parts", f"{meta['command']} (its kept timelines)",
                         restart_parts(STATE / "kept"))
         write_summary()
