@@ -1029,6 +1029,9 @@ def main() -> None:
     ap.add_argument("--load", action="store_true", help="a CPU hog on one core meanwhile")
     ap.add_argument("--only", default="", help=f"some scenarios, comma-separated (of {', '.join(SCENARIOS)})")
     ap.add_argument("--write", action="store_true", help="write the table, dated, into docs/elastic.md")
+    ap.add_argument("--table", default="",
+                    help="with --write: write the table between these markers instead, PAGE:NAME (docs/PAGE, "
+                         "<!-- bench:NAME -->), e.g. a matrix run again beside the one elastic.md keeps")
     ap.add_argument("--parts", action="store_true",
                     help="only the parts of a restart, from the timelines the last soak kept (with --write: its table)")
     ap.add_argument("--summary", action="store_true",
@@ -1037,6 +1040,8 @@ def main() -> None:
                     help="no soak: the last soak's kept runs judged again with this tree's goodput and checks "
                          "(with --write: its table)")
     a = ap.parse_args()
+    if a.table and (":" not in a.table or not a.write):
+        sys.exit("--table takes PAGE:NAME (a page of docs/ and its bench:NAME markers), with --write")
     if a.summary or a.parts:
         rewrite(a.parts, a.write)
         return
@@ -1066,7 +1071,10 @@ def main() -> None:
     (STATE / "kept" / "soak.json").write_text(json.dumps(
         {"command": command, "scenarios": names, "date": started.date().isoformat(), "commit": doc_table.commit(),
          "machine": doc_table.machine(), "minutes": round(took), "head": head}))
-    if a.write and set(names) <= set(WATCHED):
+    if a.write and a.table:
+        page, _, marker = a.table.partition(":")
+        doc_table.write(page, marker, command, lines)
+    elif a.write and set(names) <= set(WATCHED):
         # The watch in the cluster's scenarios alone: their own table (issue 36).
         doc_table.write("quarantine.md", "watch-soak", command, lines)
     elif a.write:
