@@ -447,3 +447,41 @@ def test_a_spent_budget_is_a_controller_error_ray_train_does_not_retry():
         manager.invoke("before_controller_execute_failure_decision", FailureDecision.RETRY)
     policy = DefaultFailurePolicy(FailureConfig(max_failures=-1))
     assert policy.make_decision(err.value) == FailureDecision.RAISE
+
+
+def poll(*errors):
+    """Ray Train 2.60's poll of a worker group, one worker per error."""
+    from ray.train.v2._internal.execution.worker_group.poll import WorkerGroupPollStatus, WorkerStatus
+    return WorkerGroupPollStatus({i: WorkerStatus(running=False, error=e) for i, e in enumerate(errors)})
+
+
+def test_a_failure_of_the_health_gate_alone_leaves_the_jobs_budget_for_its_losses(capsys):
+    """A sick host found by the gate (every worker's error its
+    HostUnhealthy, as Ray Train hands it over) counts in the gate's own
+    budget: a loss, the gate's failure and a retry before Ray saw the node
+    gone leave one failure of the job's three."""
+    import health_check
+    from ray.train.v2._internal.exceptions import UserExceptionWithTraceback
+    sick = UserExceptionWithTraceback(health_check.HostUnhealthy("vm: devices 3 of 4"), "Traceback ...")
+    now = [0.0]
+    b = ec.FailureBudget(3, 3600.0, clock=lambda: now[0])
+    b.after_worker_group_poll_status(poll(RuntimeError("node died")))          # the loss
+    b.before_controller_execute_failure_decision(FailureDecision.RETRY)
+    for _ in range(3):                                                         # the gate, three times
+        b.after_worker_group_poll_status(poll(sick, health_check.HostUnhealthy("all gathered")))
+        b.before_controller_execute_failure_decision(FailureDecision.RETRY)
+    b.after_worker_group_poll_status(poll(RuntimeError("actor died")))          # a retry on the node set aside
+    b.before_controller_execute_failure_decision(FailureDecision.RETRY)
+    assert (len(b.times), len(b.gate_times)) == (2, 3)
+    events = [json.loads(line.split("trainer event: ", 1)[1]) for line in capsys.readouterr().out.splitlines()
+              if "trainer event: " in line]
+    assert [e.get("gate_failures") for e in events] == [None, 1, 2, 3, None]
+    # A gate that keeps failing (the host never set aside) still ends the job, in one line.
+    b.after_worker_group_poll_status(poll(sick))
+    with pytest.raises(ec.FailureBudgetSpent, match=r"the health gate failed 4 worker groups within 3600 s"):
+        b.before_controller_execute_failure_decision(FailureDecision.RETRY)
+    # A failure with one error that is not the gate's is the job's.
+    b.after_worker_group_poll_status(poll(sick, RuntimeError("oom")))
+    b.before_controller_execute_failure_decision(FailureDecision.RETRY)
+    assert len(b.times) == 3
+    assert ec.gate_failure(sick) and not ec.gate_failure(RuntimeError("HostUnhealthy")) and not ec.gate_failure(None)

@@ -305,7 +305,15 @@ class FailureBudgetSpent(RuntimeError):
     """More failures within the window than the budget: the job ends."""
 
 
-class FailureBudget(ControllerCallback):
+def gate_failure(error: Any) -> bool:
+    """A worker's error that is its health gate's (HostUnhealthy: the group
+    stopped before MaxText because a host failed its checks), as Ray Train
+    2.60 hands it over (UserExceptionWithTraceback around it, or itself)."""
+    base = getattr(error, "_base_exc", error)
+    return type(base).__name__ == "HostUnhealthy"
+
+
+class FailureBudget(ControllerCallback, WorkerGroupCallback):
     """``max_failures`` within any ``failure_window`` seconds, not over the
     job's whole life: Ray Train counts worker-group failures from the job's
     start and never forgets one, so a days-long elastic run ended on its
@@ -315,16 +323,40 @@ class FailureBudget(ControllerCallback):
     raises, which Ray Train's controller takes as a controller error it does
     not retry (controller.py, ``_run_controller_hook``): the job fails with
     this line. First among the callbacks, so a spent budget ends the job
-    before the others prepare a retry."""
+    before the others prepare a retry.
+
+    A failure whose every worker error is the health gate's (a sick host
+    found, set aside by the watch) is the gate working, not the job failing:
+    it counts in a budget of its own, as many gate failures in the same
+    window (a host the watch never sets aside, with stall_action report,
+    still ends the job), and leaves the job's budget for its losses."""
 
     def __init__(self, budget: int, window: float, clock: Any = time.monotonic) -> None:
         self.budget, self.window, self.clock = budget, window, clock
         self.times: list[float] = []
+        self.gate_times: list[float] = []
+        self.gated = False  # the last poll's errors were all the health gate's
+
+    def after_worker_group_poll_status(self, worker_group_status: Any) -> None:
+        errors = worker_group_status.errors
+        if errors:
+            self.gated = all(gate_failure(e) for e in errors.values())
 
     def before_controller_execute_failure_decision(self, failure_decision: Any) -> None:
+        gated, self.gated = self.gated, False
         if failure_decision != FailureDecision.RETRY:
             return
         now = self.clock()
+        if gated:
+            self.gate_times = [t for t in self.gate_times if t > now - self.window] + [now]
+            maxtext_ray.event("failure_counted", t=time.time(), failures=len(self.times), budget=self.budget,
+                              window_s=self.window, gate_failures=len(self.gate_times))
+            if len(self.gate_times) > self.budget:
+                raise FailureBudgetSpent(f"failure budget spent: the health gate failed {len(self.gate_times)} "
+                                         f"worker groups within {self.window:g} s (max_failures {self.budget} per "
+                                         f"failure_window {self.window:g} s): a sick host is not being set aside "
+                                         f"(stall_action: restart sets it aside)")
+            return
         self.times = [t for t in self.times if t > now - self.window] + [now]
         maxtext_ray.event("failure_counted", t=time.time(), failures=len(self.times), budget=self.budget,
                           window_s=self.window)
