@@ -309,3 +309,18 @@ def test_no_function_is_longer_than_a_screen(tmp_path):
         if not (tmp_path / top).exists():
             (tmp_path / top).mkdir() if not top.endswith(".py") else (tmp_path / top).write_text("")
     assert long_functions(tmp_path) == [f"tests/long.py:1 f ({LONGEST + 1} lines)"]
+
+
+def test_every_trainer_variable_the_job_sets_is_one_the_trainer_reads():
+    """The trainer is shipped alone to the Ray cluster and cannot import
+    the plays: each TRAINER_* name lives in both (spec.py sets it, a
+    trainer module reads it). A name set and never read, or misspelt on one
+    side, fails here. Read only by the trainer: its own knobs, unset by the
+    job (a default of the trainer's)."""
+    import re
+    names = re.compile(r'"(TRAINER_[A-Z0-9_]+)"')
+    trainer = {n for f in (ROOT / "trainer").glob("*.py") for n in names.findall(f.read_text())}
+    job = set(names.findall((ROOT / "playbooks" / "job" / "spec.py").read_text()))
+    assert job and job <= trainer, f"set by the job, read by no trainer module: {sorted(job - trainer)}"
+    assert trainer - job == {"TRAINER_EXPECTED_MODEL", "TRAINER_LOSS_SETTLE_S", "TRAINER_PREIMPORT"}, \
+        sorted(trainer - job)
