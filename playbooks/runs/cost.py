@@ -501,18 +501,9 @@ def tally(segments: list[tuple[float, float, str]], periods: list[Period]) -> tu
 
 
 def windows(uncertain: dict | None) -> list[tuple[float, float]]:
-    """The time windows of the goodput report's events timed within bounds
-    (``uncertain``: each ``at`` +/- ``within_s``), merged."""
-    spans = sorted((float(e["at"]) - float(e["within_s"]), float(e["at"]) + float(e["within_s"]))
-                   for e in (uncertain or {}).get("events") or []
-                   if E.number(e.get("at")) is not None and E.number(e.get("within_s")))
-    out: list[tuple[float, float]] = []
-    for a, b in spans:
-        if out and a <= out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][1], b))
-        else:
-            out.append((a, b))
-    return out
+    """The time windows of the goodput report's events timed within bounds,
+    merged (``goodput.uncertain`` merges them, within the run)."""
+    return [(float(a), float(b)) for a, b in (uncertain or {}).get("windows") or []]
 
 
 def within(segments: list[tuple[float, float, str]], spans: list[tuple[float, float]]

@@ -154,12 +154,17 @@ def uncertain(evs: list[dict], start: float, end: float) -> dict:
         out.append({"kind": e.get("kind"), "at": round(t, 3), "within_s": u})
         if u:
             windows.append((max(start, t - u), min(end, t + u)))
-    covered, reach = 0.0, float("-inf")
+    merged: list[list[float]] = []
     for a, b in sorted(windows):
-        a = max(a, reach)
-        if b > a:
-            covered, reach = covered + b - a, b
-    return {"events": out, "seconds": round(covered, 3)}
+        if b <= a:
+            continue
+        if merged and a <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    # The windows, merged, are the cost report's too (cost.windows).
+    return {"events": out, "seconds": round(sum(b - a for a, b in merged), 3),
+            "windows": [[round(a, 3), round(b, 3)] for a, b in merged]}
 
 
 @dataclass
