@@ -294,3 +294,41 @@ def test_a_line_that_is_not_a_well_formed_event_of_a_valid_run_is_skipped(tmp_pa
     assert not (tmp_path / paths.training(env.name)).exists()
     good = MARK + json.dumps({"run": "run", "event": ev(1, "step", 1, job="run-1")})
     assert watch_records.import_text(env, "(prefix) " + good) == 1
+
+
+class Looks:
+    """A step context whose looks at the watch's job answer in turn."""
+
+    def __init__(self, *answers):
+        self.answers, self.looked, self.slept = list(answers), [], 0.0
+
+    def look(self, fact, fresh=False):
+        self.looked.append(fact.display)
+        return self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
+
+    def sleep(self, s):
+        self.slept += s
+
+
+def starting(env, *answers):
+    from types import SimpleNamespace
+
+    from playbooks.plays import train
+    run = SimpleNamespace(job=SimpleNamespace(address="http://localhost:8265", env=env), via=None)
+    ctx = Looks(*answers)
+    return train.JobRun.watch_started(run, ctx, "run-3"), ctx
+
+
+def test_the_job_is_submitted_only_once_its_watch_runs_and_never_after_a_watch_that_failed():
+    got, ctx = starting(GkeEnv(30, "restart"), {"status": "PENDING"}, {"status": "PENDING"}, {"status": "RUNNING"})
+    assert got is None and len(ctx.looked) == 3 and ctx.looked[0].endswith("/api/jobs/run-3-watch")
+    failed = {"status": "FAILED", "message": "Failed to set up runtime environment.\npip install invoke==2.2.1: "
+                                             "Could not find a version that satisfies the requirement"}
+    got, _ = starting(GkeEnv(30, "restart"), {"status": "PENDING"}, failed)
+    assert got is not None and got.outcome == "failed" and "\n" not in got.reason
+    assert got.reason.startswith("the watch of job run-3 (run-3-watch) is FAILED before its job was submitted: "
+                                 "Failed to set up runtime environment. pip install invoke==2.2.1")
+    assert "no job was submitted" in got.reason and "must reach it" in got.reason and "stall_watch: follow" in got.reason
+    got, ctx = starting(Env(30, "restart"), None)  # never listed: bounded
+    assert got is not None and f"not RUNNING within {cluster_watch.START_WITHIN:.0f} s (it is not listed)" in got.reason
+    assert ctx.slept >= cluster_watch.START_WITHIN and "PyPI" not in got.reason

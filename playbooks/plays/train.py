@@ -424,7 +424,30 @@ class JobRun:
         if done is not None and not done.ok:
             return Outcome(FAILED, f"the watch of job {sid} could not be submitted (exit code {done.rc}): "
                                    f"{_last_line(done)}; no job was submitted")
-        return None
+        return None if done is None else self.watch_started(ctx, sid)
+
+    def watch_started(self, ctx: StepContext, sid: str) -> Outcome | None:
+        """The watch submitted runs before its job is submitted: one whose
+        runtime env cannot be made (on GKE a head that cannot reach PyPI for
+        its packages) fails the step, with Ray's reason, and no job runs
+        unwatched. None: it runs."""
+        job, watch = self.job, cluster_watch.watch_id(sid)
+        waited = 0.0
+        while True:
+            w = ctx.look(job_fact(job.address, watch, self.via), fresh=True)
+            status = w.get("status") if isinstance(w, dict) else None
+            if status == "RUNNING":
+                return None
+            if status is not None and status not in ACTIVE:
+                why = " ".join(str(w.get("message") or "").split())[-300:] or "no message"
+                return Outcome(FAILED, f"the watch of job {sid} ({watch}) is {status} before its job was submitted: "
+                                       f"{why}; no job was submitted" + cluster_watch.unstarted_hint(job.env))
+            if waited >= cluster_watch.START_WITHIN:
+                return Outcome(FAILED, f"the watch of job {sid} ({watch}) was not RUNNING within "
+                                       f"{cluster_watch.START_WITHIN:.0f} s (it is {status or 'not listed'}); no job "
+                                       f"was submitted" + cluster_watch.unstarted_hint(job.env))
+            ctx.sleep(cluster_watch.LOOK_EVERY)
+            waited += cluster_watch.LOOK_EVERY
 
     def submitted(self, ctx: StepContext, sid: str, active: dict | None) -> Outcome:
         """``--detach``: the job submitted (``--no-wait``), not followed."""

@@ -59,6 +59,19 @@ PACKAGES = ("invoke", "PyYAML", "kubernetes")
 # what .gitignore names: .venv, .state).
 EXCLUDES = (".git", "tests", "docs", "bench", ".ci", "**/__pycache__")
 WORKING_DIR = "."
+# How long `invoke train` waits for the watch it submitted to run before it
+# submits the job: on GKE Ray first installs PACKAGES in the head (a minute
+# or two; pip's own retries when PyPI is slow).
+START_WITHIN = 600.0
+LOOK_EVERY = 2.0
+
+
+def unstarted_hint(env: Any) -> str:
+    """What to do about a watch that did not start, where it runs."""
+    if env.platform.cloud:
+        return (" (the head pod installs the watch's packages from PyPI: it must reach it; `ray job logs "
+                "--address ... <job>-watch` says why; or set stall_watch: follow)")
+    return ""
 
 
 def in_cluster(env: Any) -> bool:
