@@ -60,7 +60,8 @@ def up(cloud: Cloud) -> Cloud:
            "status : maintenance exclusions"],
      ["network : VPC maxtext-multislice-net-1", "storage : bucket gs://fake-tpu-project-ckpt",
       "raycluster : RayCluster maxtext-tpu-cluster", "status : RayCluster workers", "status : jobs"]),
-    (KUBE, ["raycluster : RayCluster maxtext-tpu-cluster", "status : RayCluster workers", "status : TPU nodes ready"],
+    (KUBE, ["raycluster : RayCluster maxtext-tpu-cluster", "status : RayCluster workers", "status : TPU nodes ready",
+            "status : TPU host maintenance, flex-start ends"],
      ["cluster : GKE cluster maxtext-multislice", "nodepools : TPU node pool v6e-16-0", "status : jobs",
       "storage : bucket gs://fake-tpu-project-ckpt"]),
     (COMPUTE, ["network : VPC maxtext-multislice-net-1"],
@@ -108,3 +109,63 @@ def test_every_api_at_once_still_lists_every_row_in_bounded_time(up: Cloud):
     assert all(i["verdict"] in ("unknown", "as asked", "not used", "missing", "not ready") for i in got.values()), got
     looked = [w for w, i in got.items() if i["verdict"] == "unknown"]
     assert len(looked) >= 8, looked
+
+
+# -- what is coming for each slice (playbooks/cloud/slice_ends.py) -------------------------
+SLICE_ENDS = "status : TPU host maintenance, flex-start ends"
+MAINTENANCE_LABEL = "cloud.google.com/scheduled-maintenance-time"
+
+
+def pool_nodes(cloud: Cloud, pool: str) -> list[dict]:
+    return [n for n in cloud.kube.list("nodes") if n["metadata"]["labels"].get("cloud.google.com/gke-nodepool") == pool]
+
+
+def test_a_nodes_scheduled_maintenance_is_said_for_its_whole_slice(up: Cloud):
+    """GKE's label on one node of one pool, read by the real kubectl: that
+    slice's earliest maintenance in UTC and how far; the other slice none;
+    the note that one node stops the whole slice. A malformed value is said."""
+    at = int(time.time()) + 2 * 86400 + 3 * 3600 + 1800
+    first, second = pool_nodes(up, "v6e-16-1")[:2]
+    with up.kube.lock:
+        first["metadata"]["labels"][MAINTENANCE_LABEL] = str(at)
+        second["metadata"]["labels"][MAINTENANCE_LABEL] = "next tuesday"
+    got, _ = items(ok_run(up.invoke("status", "--json")))
+    row = got[SLICE_ENDS]
+    when = time.strftime("%Y-%m-%d %H:%MZ", time.gmtime(at))
+    assert row["verdict"] == "as asked", row
+    assert row["reason"] == (f"v6e-16-0: no maintenance scheduled; v6e-16-1: maintenance {when}, in 2 d 3 h "
+                             f"(node {first['metadata']['name']}); maintenance label of node "
+                             f"{second['metadata']['name']} unreadable: 'next tuesday'"), row
+    assert row["notes"] == ["a slice runs only whole: one node's maintenance interrupts all of v6e-16-1 (GKE "
+                            "terminates a TPU node for it: TPUs do not live-migrate)"], row
+    table = ok_run(up.invoke("status")).out
+    assert "Traceback" not in table and f"v6e-16-1: maintenance {when}, in 2 d 3 h" in table, table[-3000:]
+    assert "one node's maintenance interrupts all of v6e-16-1" in table
+
+
+def test_a_flex_start_slice_says_when_it_ends(cloud: Cloud):
+    """Flex-start pools (GKE's pool config, no max run duration: GKE's
+    default 7 days): each ends 7 days after its first node came."""
+    cloud.change_inventory(capacity="flex-start", capacity_wait=600)
+    cloud.seed_to_cluster()
+    e = cloud.envdata()
+    for i in range(e.slices):
+        spec = cloud.pool_spec(f"v6e-16-{i}", capacity="flex-start")
+        spec["initialNodeCount"] = 0
+        spec["config"]["flexStart"] = True
+        spec["autoscaling"] = {"enabled": True, "minNodeCount": 0, "maxNodeCount": 4, "locationPolicy": "ANY"}
+        cloud.gcp.add_pool(e.zone, e.cluster_name, spec)
+    cloud.get_credentials()
+    came = time.time() - 2 * 86400 + 1800  # 5 d 0 h 30 min left
+    nodes = pool_nodes(cloud, "v6e-16-0")
+    assert len(nodes) == 4 and pool_nodes(cloud, "v6e-16-1")
+    with cloud.kube.lock:
+        nodes[2]["metadata"]["creationTimestamp"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(came))
+    run = cloud.invoke("status", "--json")
+    assert "Traceback" not in run.out
+    row = items(run)[0][SLICE_ENDS]
+    end = time.strftime("%Y-%m-%d %H:%MZ", time.gmtime(int(came) + 7 * 86400))
+    assert row["reason"].startswith(f"v6e-16-0: no maintenance scheduled; flex-start ends {end}, in 5 d 0 h "
+                                    "(7 d 0 h from its first node, GKE's default); v6e-16-1: no maintenance "
+                                    "scheduled; flex-start ends "), row
+    assert "in 6 d 23 h (7 d 0 h from its first node, GKE's default)" in row["reason"], row

@@ -3,7 +3,8 @@ and one diagnosis line: the first thing that is not as the inventory asks,
 and why (when that is something not ready yet, the first failure after
 it: it often says why). Read-only: the plays of `up` run in check mode
 (every probe at once, before the steps), plus what only status shows: the
-TPU nodes of each pool, the RayCluster's workers (why they are not
+TPU nodes of each pool (and what is coming for each slice: its nodes'
+scheduled host maintenance, a flex-start pool's end), the RayCluster's workers (why they are not
 running), the jobs of this environment's runs. A report says what is (as asked, missing, not running,
 not ready, unknown because ...), never what a change would do.
 
@@ -22,6 +23,7 @@ from playbooks.access.ray_api import job_logs_command, jobs_fact, ours, run_of
 from playbooks.cli import doctor, task_steps
 from playbooks.cloud import capacity_options, env_cost, kube_objects, maintenance
 from playbooks.cloud import pods as P
+from playbooks.cloud import slice_ends as S
 from playbooks.cloud.endpoints import dashboard
 from playbooks.cloud.gke import clusters_fact, kube, nodepool_name, nodepools_list_fact, raycluster_fact
 from playbooks.cloud.slices import pods_fact
@@ -63,8 +65,13 @@ def fact_json(c: Completed) -> Any:
     return json_object("TPU nodes")(c)
 
 
+def nodes_command(env: Environment):
+    """The one node list status reads (the ready counts, the slices' ends)."""
+    return kube(env, "get", "nodes", "-l", POOL_LABEL, "--output=json")
+
+
 def tpu_nodes_step(env: Environment) -> Step:
-    probe = fact("TPU nodes", kube(env, "get", "nodes", "-l", POOL_LABEL, "--output=json"), pool_nodes,
+    probe = fact("TPU nodes", nodes_command(env), pool_nodes,
                  assumed={nodepool_name(env, i): (env.hosts_per_slice, env.hosts_per_slice) for i in range(env.slices)},
                  describe=lambda d: ", ".join(f"{p} {a}/{b}" for p, (a, b) in sorted(d.items())) or "none")
 
@@ -102,6 +109,48 @@ def tpu_nodes_step(env: Environment) -> Step:
 
     return Step(PLAY, "TPU nodes ready", decide, id="status:nodes", probes=(probe, pools_probe),
                 after=("kube:credentials", *[f"nodepools:{nodepool_name(env, i)}" for i in range(env.slices)]))
+
+
+def slice_ends_step(env: Environment) -> Step:
+    """What is coming for each slice, per node pool: its nodes' earliest
+    scheduled host maintenance (GKE's node label), and a flex-start pool's
+    end (its run duration from its first node): ``cloud/slice_ends.py``.
+    Information, never a finding; read from the node list the nodes row
+    reads (one kubectl call)."""
+    pools = [nodepool_name(env, i) for i in range(env.slices)]
+    probe = fact("TPU nodes' maintenance", nodes_command(env),
+                 lambda c: S.nodes_by_pool(fact_json(c), POOL_LABEL),
+                 assumed={p: [S.Node(f"{p}-node-{h}") for h in range(env.hosts_per_slice)] for p in pools},
+                 describe=lambda d: ", ".join(f"{p} {len(n)} node(s)" for p, n in sorted(d.items())) or "none")
+    pools_probe = nodepools_list_fact(env)
+
+    def decide(look):
+        have = look(probe)
+        try:  # each pool's config: flex-start, its max run duration
+            listed = {p.get("name"): p for p in look(pools_probe)}
+            known = True
+        except ProbeFailed:
+            listed, known = {}, False
+        now = time.time()
+        each, due = [], []
+        for name in pools:
+            nodes = have.get(name, [])
+            pool = listed.get(name) if known else None
+            if known and pool is None and not nodes:
+                each.append(f"{name}: no node pool")
+                continue
+            flex = S.is_flex_start(pool, nodes, capacity_options.LABEL)
+            words, scheduled = S.slice_words(name, nodes, pool, flex, now)
+            each.append(words)
+            if scheduled:
+                due.append(name)
+        notes = [f"a slice runs only whole: one node's maintenance interrupts all of {', '.join(due)} "
+                 "(GKE terminates a TPU node for it: TPUs do not live-migrate)"] if due else []
+        return ok("; ".join(each), notes=notes)
+
+    return Step(PLAY, "TPU host maintenance, flex-start ends", decide, id="status:slice-ends",
+                probes=(probe, pools_probe),
+                after=("kube:credentials", *[f"nodepools:{p}" for p in pools]))
 
 
 def maintenance_step(env: Environment) -> Step:
@@ -260,8 +309,8 @@ def steps(env: Environment) -> list[Step]:
     out = task_steps.up_steps(env)
     if env.platform.cloud:
         out = [account_step()] + out
-        mine = [maintenance_step(env)] + ([tpu_nodes_step(env)] if env.cluster_mode.our_node_pools else []) \
-            + [workers_step(env)]
+        ours = [tpu_nodes_step(env), slice_ends_step(env)] if env.cluster_mode.our_node_pools else []
+        mine = [maintenance_step(env)] + ours + [workers_step(env)]
         at = next((i for i, s in enumerate(out) if s.play == "dashboard"), len(out))
         out = out[:at] + mine + out[at:]
     out.append(jobs_step(env))
