@@ -223,8 +223,11 @@ class Train:
 
     def sid(self) -> str:
         """The submission id of the job this train submitted (or follows)."""
-        i = self.wait_for(lambda ln: "--submission-id=" in ln or "is already RUNNING: following it" in ln)
-        m = re.search(r"--submission-id=(\S+)|job (\S+) of run", self.lines[i])
+        # Not its watch's submission (`<job>-watch`, submitted first by the watch in the cluster).
+        job = re.compile(r"--submission-id=(\S+?)(?<!-watch)(?:\s|$)|job (\S+) of run .* is already RUNNING: "
+                         r"following it")
+        i = self.wait_for(lambda ln: bool(job.search(ln)))
+        m = job.search(self.lines[i])
         assert m
         return m.group(1) or m.group(2)
 
