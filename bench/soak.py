@@ -1020,6 +1020,22 @@ def matrix(names: list[str], repeat: int, load: bool, first: int = 1) -> tuple[l
     return results, stopped
 
 
+def write_tables(table: str, names: list[str], command: str, lines: list[str]) -> None:
+    """The soak's table where it belongs: between ``table``'s markers
+    (PAGE:NAME) when given; the watch in the cluster's scenarios alone in
+    docs/quarantine.md (issue 36); else elastic.md's soak, its restart
+    parts and the README's summary."""
+    if table:
+        page, _, marker = table.partition(":")
+        doc_table.write(page, marker, command, lines)
+    elif set(names) <= set(WATCHED):
+        doc_table.write("quarantine.md", "watch-soak", command, lines)
+    else:
+        doc_table.write("elastic.md", "soak", command, lines)
+        doc_table.write("elastic.md", "restart-parts", f"{command} (its kept timelines)", restart_parts(STATE / "kept"))
+        write_summary()
+
+
 def main() -> None:
     # A SIGTERM (a CI timeout, `kill`) ends the soak as Ctrl-C does: its
     # cluster torn down, the hog stopped.
@@ -1074,16 +1090,8 @@ def main() -> None:
     (STATE / "kept" / "soak.json").write_text(json.dumps(
         {"command": command, "scenarios": names, "date": started.date().isoformat(), "commit": doc_table.commit(),
          "machine": doc_table.machine(), "minutes": round(took), "head": head}))
-    if a.write and a.table:
-        page, _, marker = a.table.partition(":")
-        doc_table.write(page, marker, command, lines)
-    elif a.write and set(names) <= set(WATCHED):
-        # The watch in the cluster's scenarios alone: their own table (issue 36).
-        doc_table.write("quarantine.md", "watch-soak", command, lines)
-    elif a.write:
-        doc_table.write("elastic.md", "soak", command, lines)
-        doc_table.write("elastic.md", "restart-parts", f"{command} (its kept timelines)", restart_parts(STATE / "kept"))
-        write_summary()
+    if a.write:
+        write_tables(a.table, names, command, lines)
     sys.exit(130 if stopped else 0 if passed == len(results) else 1)
 
 

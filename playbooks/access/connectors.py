@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from playbooks.config import tutorial as T
 from playbooks.config.choices import platform
 from playbooks.config.project import ROOT
 from playbooks.core.connector import Connector, LocalConnector, SshConnector
@@ -64,6 +65,16 @@ def in_a_head_pod(environ: Mapping[str, str] | None = None) -> bool:
     IN_CLUSTER_ENV): its effects happen there, never on a controller."""
     from playbooks.access.kube_api import IN_CLUSTER_ENV
     return (os.environ if environ is None else environ).get(IN_CLUSTER_ENV) == "1"
+
+
+# In the head pod: where the watch's commands reach the Ray dashboard (the
+# head's own; `kubectl port-forward` is this machine's way in), as its job
+# says (runs/cluster_watch.py).
+DASHBOARD_ENV = "TPU_PLAYBOOKS_DASHBOARD"
+
+
+def head_dashboard(environ: Mapping[str, str] | None = None) -> str:
+    return (os.environ if environ is None else environ).get(DASHBOARD_ENV) or f"http://127.0.0.1:{T.DASHBOARD_PORT}"
 
 
 def controller(env: Any) -> str | None:

@@ -10,7 +10,9 @@ option (``prices``: the inventory's, else the Cloud Billing Catalog's),
 what the environment costs while it stands, its node pools and cluster fee
 (``env_cost``), where a Ray dashboard answers (``endpoints``), GKE's way to
 act on a TPU host for the chaos play: a worker pod deleted, its trainer
-stopped and resumed (``chaos_gke``).
+stopped and resumed (``chaos_gke``), what is coming for each slice: its
+nodes' scheduled host maintenance, a flex-start pool's end
+(``slice_ends``).
 
 Facts and commands, no steps. May import ``playbooks.core``,
 ``playbooks.config`` and ``playbooks.access``.

@@ -3,8 +3,6 @@ local twin's head listens on ``ray_ip``; a GKE cluster's head is reached
 through ``kubectl port-forward`` on localhost (its command and pid file)."""
 from __future__ import annotations
 
-import os
-
 from playbooks.access import connectors
 from playbooks.cloud.gke import kube
 from playbooks.config import paths
@@ -12,7 +10,6 @@ from playbooks.config import tutorial as T
 from playbooks.config.schema import Environment
 from playbooks.core.command import Command
 from playbooks.core.pidfile import PidFile
-from playbooks.runs import cluster_watch
 
 
 def dashboard(env: Environment) -> str:
@@ -22,7 +19,7 @@ def dashboard(env: Environment) -> str:
         return f"http://{env.ray_ip}:{env.dashboard_port}"
     if connectors.in_a_head_pod():
         # The watch in the head pod: the head's own dashboard (runs/cluster_watch.py).
-        return os.environ.get(cluster_watch.DASHBOARD_ENV) or cluster_watch.HEAD_DASHBOARD
+        return connectors.head_dashboard()
     return f"http://localhost:{env.dashboard_port}"
 
 

@@ -34,6 +34,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from playbooks.config.choices import FLEX_START
+
 MAINTENANCE_LABEL = "cloud.google.com/scheduled-maintenance-time"
 FLEX_START_NODE_LABEL = "cloud.google.com/gke-flex-start"
 FLEX_START_DEFAULT_S = 7 * 24 * 3600
@@ -149,7 +151,7 @@ def is_flex_start(pool: Any, nodes: list[Node], capacity_label: str) -> bool:
     read (``pool``), else its nodes' labels (ours, or GKE's)."""
     if pool is not None:
         return bool(((pool or {}).get("config") or {}).get("flexStart"))
-    return any(n.labels.get(capacity_label) == "flex-start" or n.labels.get(FLEX_START_NODE_LABEL) == "true"
+    return any(n.labels.get(capacity_label) == FLEX_START.name or n.labels.get(FLEX_START_NODE_LABEL) == "true"
                for n in nodes)
 
 

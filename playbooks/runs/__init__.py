@@ -17,7 +17,9 @@ rank of a running job sits (``placement``), what a chaos task's
 aside (``quarantine_record``) and which host the follow sets aside by
 itself, or whether it stops the job instead (``restart``: stall_action:
 restart, a failed health gate), and the watch's own Ray job beside each
-job, that acts with nobody following (``cluster_watch``).
+job, that acts with nobody following (``cluster_watch``), and what that
+watch in a GKE head pod records, taken back from its log
+(``watch_records``).
 
 May import ``playbooks.core``, ``playbooks.config``, ``playbooks.access``,
 ``playbooks.cloud`` and ``playbooks.job``.

@@ -33,6 +33,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from playbooks.access import connectors
 from playbooks.access.kube_api import IN_CLUSTER_ENV
 from playbooks.access.ray_api import ACTIVE
 from playbooks.config import paths
@@ -47,9 +48,8 @@ ENTRYPOINT_CPUS = "0"
 # What the watch needs from this machine's environment to find the same
 # inventory and state: passed to its job, each only when set here.
 PASSED = ("INVOKE_PLAYBOOK_INVENTORY",)
-# In the head pod: where the watch's commands reach the Ray dashboard (the
-# head's own; `kubectl port-forward` is this machine's way in).
-DASHBOARD_ENV = "TPU_PLAYBOOKS_DASHBOARD"
+# In the head pod: where the watch's commands reach the Ray dashboard.
+DASHBOARD_ENV = connectors.DASHBOARD_ENV
 HEAD_DASHBOARD = f"http://127.0.0.1:{T.DASHBOARD_PORT}"
 # What the watch imports beyond the standard library and Ray (which the
 # image has): installed in the head by Ray's pip runtime env, at the lock's
