@@ -181,6 +181,16 @@ class Soak:
         return active
 
 
+# A train's job id in its output: its submit's, never its watch's (`<job>-watch`,
+# submitted first by the watch in the cluster), or the job it follows.
+JOB_ID = re.compile(r"--submission-id=(\S+?)(?<!-watch)(?:\s|$)|job (\S+) of run .* is already RUNNING: following it")
+
+
+def job_id(line: str) -> str | None:
+    m = JOB_ID.search(line)
+    return (m.group(1) or m.group(2)) if m else None
+
+
 class Train:
     """`invoke train` in the background, its output kept line by line."""
 
@@ -223,13 +233,10 @@ class Train:
 
     def sid(self) -> str:
         """The submission id of the job this train submitted (or follows)."""
-        # Not its watch's submission (`<job>-watch`, submitted first by the watch in the cluster).
-        job = re.compile(r"--submission-id=(\S+?)(?<!-watch)(?:\s|$)|job (\S+) of run .* is already RUNNING: "
-                         r"following it")
-        i = self.wait_for(lambda ln: bool(job.search(ln)))
-        m = job.search(self.lines[i])
-        assert m
-        return m.group(1) or m.group(2)
+        i = self.wait_for(lambda ln: job_id(ln) is not None)
+        found = job_id(self.lines[i])
+        assert found
+        return found
 
     def step_at_least(self, n: int, after: int = 0) -> int:
         return self.wait_for(lambda ln: bool((m := STEP.search(ln)) and int(m.group(1)) >= n), after=after)

@@ -345,3 +345,18 @@ def test_many_lost_passes_with_one_failure_per_window_and_fails_past_the_budget_
     uncounted = [e for e in events if e["kind"] != "failure_counted"]
     assert "more hosts lost than the old budget, each window within its own" in failed(
         S.verdict("many-lost", facts, g, uncounted))
+
+
+def test_a_trains_job_id_is_its_jobs_never_its_watchs():
+    """The soak of 2026-12-04: with the watch in the cluster submitted
+    first, the first `--submission-id=` a train prints is its watch's; the
+    in-compile scenario looked for the compile in the watch's events."""
+    from bench.soak import job_id
+    watch = ("  apply  ray job submit --address http://127.0.0.12:8305 --no-wait --submission-id=rayjob-elastic-8b-1-watch "
+             "--entrypoint-num-cpus 0 -- env -C /x python -m invoke watch --job=rayjob-elastic-8b-1")
+    assert job_id(watch) is None
+    assert job_id("  apply  ray job submit --address a --submission-id=rayjob-elastic-8b-1 -- python x.py") == \
+        "rayjob-elastic-8b-1"
+    assert job_id("  note   job rayjob-elastic-8b-3 of run rayjob-elastic-8b is already RUNNING: following it, not "
+                  "submitting another") == "rayjob-elastic-8b-3"
+    assert job_id("apply ray job submit --submission-id=run-watchful-2") == "run-watchful-2"
