@@ -967,14 +967,8 @@ def judged_again(write: bool) -> None:
                    f"min)" for m in later)
     stamp = (f"Written by `{meta['command']}` (run on {meta['date']} at commit `{meta['commit']}`, {meta['machine']}, "
              f"{meta['minutes']} min){also}, judged again by `bench/soak.py --rescore`")
-    if write and set(names) <= set(WATCHED):
-        # The watch in the cluster's scenarios alone: their own table (issue 36).
-        doc_table.write("quarantine.md", "watch-soak", "bench/soak.py --rescore", lines, stamp=stamp)
-    elif write:
-        doc_table.write("elastic.md", "soak", "bench/soak.py --rescore", lines, stamp=stamp)
-        doc_table.write("elastic.md", "restart-parts", f"{meta['command']} (its kept timelines)",
-                        restart_parts(STATE / "kept"))
-        write_summary()
+    if write:
+        write_tables("", names, "bench/soak.py --rescore", lines, stamp=stamp, kept_by=meta["command"])
 
 
 def hog() -> subprocess.Popen:
@@ -1027,19 +1021,22 @@ def matrix(names: list[str], repeat: int, load: bool, first: int = 1) -> tuple[l
     return results, stopped
 
 
-def write_tables(table: str, names: list[str], command: str, lines: list[str]) -> None:
+def write_tables(table: str, names: list[str], command: str, lines: list[str], stamp: str | None = None,
+                 kept_by: str | None = None) -> None:
     """The soak's table where it belongs: between ``table``'s markers
     (PAGE:NAME) when given; the watch in the cluster's scenarios alone in
     docs/quarantine.md (issue 36); else elastic.md's soak, its restart
-    parts and the README's summary."""
+    parts (of the timelines ``kept_by`` that command, by default this one)
+    and the README's summary."""
     if table:
         page, _, marker = table.partition(":")
-        doc_table.write(page, marker, command, lines)
+        doc_table.write(page, marker, command, lines, stamp=stamp)
     elif set(names) <= set(WATCHED):
-        doc_table.write("quarantine.md", "watch-soak", command, lines)
+        doc_table.write("quarantine.md", "watch-soak", command, lines, stamp=stamp)
     else:
-        doc_table.write("elastic.md", "soak", command, lines)
-        doc_table.write("elastic.md", "restart-parts", f"{command} (its kept timelines)", restart_parts(STATE / "kept"))
+        doc_table.write("elastic.md", "soak", command, lines, stamp=stamp)
+        doc_table.write("elastic.md", "restart-parts", f"{kept_by or command} (its kept timelines)",
+                        restart_parts(STATE / "kept"))
         write_summary()
 
 

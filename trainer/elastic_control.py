@@ -349,21 +349,17 @@ class FailureBudget(ControllerCallback, WorkerGroupCallback):
         now = self.clock()
         if gated:
             self.gate_times = [t for t in self.gate_times if t > now - self.window] + [now]
-            maxtext_ray.event("failure_counted", t=time.time(), failures=len(self.times), budget=self.budget,
-                              window_s=self.window, gate_failures=len(self.gate_times))
-            if len(self.gate_times) > self.budget:
-                raise FailureBudgetSpent(f"failure budget spent: the health gate failed {len(self.gate_times)} "
-                                         f"worker groups within {self.window:g} s (max_failures {self.budget} per "
-                                         f"failure_window {self.window:g} s): a sick host is not being set aside "
-                                         f"(stall_action: restart sets it aside)")
-            return
-        self.times = [t for t in self.times if t > now - self.window] + [now]
+        else:
+            self.times = [t for t in self.times if t > now - self.window] + [now]
         maxtext_ray.event("failure_counted", t=time.time(), failures=len(self.times), budget=self.budget,
-                          window_s=self.window)
-        if len(self.times) > self.budget:
-            raise FailureBudgetSpent(f"failure budget spent: {len(self.times)} worker-group failures within "
-                                     f"{self.window:g} s (max_failures {self.budget} per failure_window "
-                                     f"{self.window:g} s)")
+                          window_s=self.window, **({"gate_failures": len(self.gate_times)} if gated else {}))
+        counted = len(self.gate_times if gated else self.times)
+        if counted <= self.budget:
+            return
+        within = f"within {self.window:g} s (max_failures {self.budget} per failure_window {self.window:g} s)"
+        raise FailureBudgetSpent(f"failure budget spent: the health gate failed {counted} worker groups {within}: a "
+                                 f"sick host is not being set aside (stall_action: restart sets it aside)" if gated
+                                 else f"failure budget spent: {counted} worker-group failures {within}")
 
 
 def budget() -> list:

@@ -63,18 +63,19 @@ def this_machine() -> LocalConnector:
 def in_a_head_pod(environ: Mapping[str, str] | None = None) -> bool:
     """Whether this process is the watch in a GKE Ray head pod (its job sets
     IN_CLUSTER_ENV): its effects happen there, never on a controller."""
-    from playbooks.access.kube_api import IN_CLUSTER_ENV
-    return (os.environ if environ is None else environ).get(IN_CLUSTER_ENV) == "1"
+    from playbooks.access.kube_api import in_cluster
+    return in_cluster(os.environ if environ is None else environ)
 
 
 # In the head pod: where the watch's commands reach the Ray dashboard (the
 # head's own; `kubectl port-forward` is this machine's way in), as its job
 # says (runs/cluster_watch.py).
 DASHBOARD_ENV = "TPU_PLAYBOOKS_DASHBOARD"
+HEAD_DASHBOARD = f"http://127.0.0.1:{T.DASHBOARD_PORT}"
 
 
 def head_dashboard(environ: Mapping[str, str] | None = None) -> str:
-    return (os.environ if environ is None else environ).get(DASHBOARD_ENV) or f"http://127.0.0.1:{T.DASHBOARD_PORT}"
+    return (os.environ if environ is None else environ).get(DASHBOARD_ENV) or HEAD_DASHBOARD
 
 
 def controller(env: Any) -> str | None:

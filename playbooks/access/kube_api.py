@@ -65,7 +65,7 @@ import re
 import shlex
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -188,7 +188,7 @@ class KubectlError(Exception):
         return "".join(f"{line}\n" for line in self.lines)
 
 
-def in_cluster(env: dict[str, str]) -> bool:
+def in_cluster(env: Mapping[str, str]) -> bool:
     """Whether the connector's environment says this runs in a pod of the cluster."""
     return env.get(IN_CLUSTER_ENV) == "1"
 

@@ -158,7 +158,7 @@ def train_steps(env: Environment, job: Job, log_file: Path | None = None, prefli
     hold = [train.hold_step(job)] if env.platform.cloud else []
     return _then(checks + train.preemption_note(env, job) + cluster_ready_steps(env)
                  + [train.slices_step(env, job), train.checkpoint_step(job)] + hold + [train.estimate_step(job)],
-                 [train.job_step(job, log_file, follow_quarantine(env, job.elastic, cluster_watch.in_cluster(env)),
+                 [train.job_step(job, log_file, follow_quarantine(env, job.elastic, cluster_watch.in_head_pod(env)),
                                  detach)])
 
 

@@ -382,7 +382,7 @@ class JobRun:
                  detach: bool = False):
         self.job, self.log_file, self.quarantine, self.detach = job, log_file, quarantine, detach
         self.in_cluster = cluster_watch.in_cluster(job.env)
-        if self.in_cluster and job.env.platform.cloud:
+        if cluster_watch.in_head_pod(job.env):
             cluster_watch.shipped_inventory()  # up front: an inventory the head cannot read, refused in one line
         self.via = connectors.connector(job.env)
         self.listing, self.checkpoints = jobs_fact(job.address, self.via), checkpoints_fact(job)
@@ -454,7 +454,7 @@ class JobRun:
         job = self.job
         view = f"`invoke logs --run {job.run_name} --follow` views it"
         back = (f" (`invoke watch --run {job.run_name} --job {sid}` brings its records here)"
-                if self.in_cluster and job.env.platform.cloud else "")
+                if cluster_watch.in_head_pod(job.env) else "")
         watch = (f"its watch {cluster_watch.watch_id(sid)} acts on the Ray head{back}" if self.in_cluster else
                  f"nothing watches it (stall_watch: follow): {view.split('` ')[0]}` watches it")
         if active is not None:

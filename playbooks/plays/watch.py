@@ -63,7 +63,7 @@ def watch_step(env: Environment, run: str, sid: str, quarantine: restart.Quarant
     watches followed as its viewer (two watches never act on one job)."""
     address = dashboard(env)
     via = connectors.connector(env)
-    remote = env.platform.cloud and cluster_watch.in_cluster(env) and not connectors.in_a_head_pod()
+    remote = cluster_watch.in_head_pod(env) and not connectors.in_a_head_pod()
 
     def run_step(ctx: StepContext) -> Outcome:
         job = listed(ctx, address, sid, via) if ctx.probing else None

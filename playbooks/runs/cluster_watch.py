@@ -37,7 +37,6 @@ from playbooks.access import connectors
 from playbooks.access.kube_api import IN_CLUSTER_ENV
 from playbooks.access.ray_api import ACTIVE
 from playbooks.config import paths
-from playbooks.config import tutorial as T
 from playbooks.config.versions import pinned
 from playbooks.core.command import Command
 from playbooks.core.errors import InputError
@@ -49,8 +48,7 @@ ENTRYPOINT_CPUS = "0"
 # inventory and state: passed to its job, each only when set here.
 PASSED = ("INVOKE_PLAYBOOK_INVENTORY",)
 # In the head pod: where the watch's commands reach the Ray dashboard.
-DASHBOARD_ENV = connectors.DASHBOARD_ENV
-HEAD_DASHBOARD = f"http://127.0.0.1:{T.DASHBOARD_PORT}"
+DASHBOARD_ENV, HEAD_DASHBOARD = connectors.DASHBOARD_ENV, connectors.HEAD_DASHBOARD
 # What the watch imports beyond the standard library and Ray (which the
 # image has): installed in the head by Ray's pip runtime env, at the lock's
 # pins (tests/test_cluster_watch.py runs the watch with nothing else).
@@ -77,6 +75,12 @@ def unstarted_hint(env: Any) -> str:
 def in_cluster(env: Any) -> bool:
     """Whether this environment's jobs are watched in the cluster."""
     return env.stall_watch == "cluster"
+
+
+def in_head_pod(env: Any) -> bool:
+    """Whether this environment's watch runs in a GKE head pod (its project
+    shipped, its records taken back from its log)."""
+    return in_cluster(env) and env.platform.cloud
 
 
 def watch_id(sid: str) -> str:

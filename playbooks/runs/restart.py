@@ -27,6 +27,8 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from playbooks.runs import events as E
+
 BY_STALL = "stall_action: restart"
 BY_GATE = "health gate"
 
@@ -162,9 +164,9 @@ def failed_hosts(e: Any) -> list[dict]:
     host's own event names it). A failed collective alone names nobody."""
     if not isinstance(e, dict):
         return []
-    if e.get("kind") == "health_gate":
+    if e.get("kind") == E.HEALTH_GATE:
         return [u for u in (e.get("unhealthy") or []) if isinstance(u, dict)]
-    if e.get("kind") == "health_checked" and isinstance(e.get("checks"), dict):
+    if e.get("kind") == E.HEALTH_CHECKED and isinstance(e.get("checks"), dict):
         failed = [f"{name}: {c.get('detail')}" for name, c in e["checks"].items()
                   if name != COLLECTIVE and isinstance(c, dict) and c.get("ok") is False]
         if failed:

@@ -8,8 +8,9 @@ back from that log:
 
 - while `invoke train` or `logs --follow` views the job: the watch's log
   followed beside the job's (``follow``);
-- after, for a run followed by nobody (`train --detach`): `invoke goodput`
-  reads each watch's whole log first (``import_run``).
+- after, for a job nobody viewed (`train --detach`): `invoke watch --run R
+  --job J` on the ended job reads its watch's whole log (``import_text``,
+  plays/watch.py).
 
 An event comes in once (the timeline's own key: a log read again adds
 nothing). A host the watch set aside comes into this machine's record
