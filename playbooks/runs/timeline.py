@@ -12,7 +12,11 @@ Where they come from:
   ``health_checked`` (each host's health gate, trainer/health_check.py) and
   ``health_gate`` (rank 0: its verdict over every host), ``compile_started``/``compile_ended``
   (jax.monitoring's spans), ``step``, ``first_step``, ``checkpoint_saved``
-  (step, seconds), ``restore_started``, ``restored`` (step, seconds),
+  (step, seconds), ``checkpoint_finalized`` (step, seconds since the save
+  began, finalized true or false and why), ``save_schedule`` (rank 0, per
+  group: checkpoint_period, enabled, steps), ``notice_received`` (a
+  worker whose node Ray drains: node, deadline, the save asked),
+  ``restore_started``, ``restored`` (step, seconds),
   ``first_step_after_restore`` (restored_from); from the first host of each
   other slice, ``peer_step`` (its rank: the steps it finishes).
 - ``ray_train``/``ray``: Ray Train's and Ray's lines in the followed log
@@ -31,7 +35,8 @@ Where they come from:
   slice), ``worker_hung``, ``worker_resumed``, ``host_back`` (a twin's
   killed host started again, with its slice: billed again, ``cost.py``),
   ``host_sickened`` (a twin's host started again with fewer JAX devices:
-  ``devices`` of ``of``; billed again) and ``host_healed`` (whole again).
+  ``devices`` of ``of``; billed again), ``host_healed`` (whole again) and
+  ``notice_given`` (chaos.preempt-worker: a host told to go in grace_s).
 - ``pods``: on GKE, the pod watch while a job is followed: ``scheduled``
   (a worker pod on a node, its slice) and ``worker_lost`` (by a preemption,
   maintenance, a node gone, a failed pod; with its Kubernetes cause).
