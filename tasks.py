@@ -237,6 +237,27 @@ def delete_worker(c, restore_after="60", target="first", env=""):
               parallel=False)
 
 
+@task(help={"grace": "seconds from the notice to the host's end (default 30: a Spot VM's notice; 1-3600)",
+            "restore_after": "seconds before the killed host is started again (default 60; 0: never; local only: "
+                             "KubeRay recreates a deleted pod)",
+            "target": "which worker: first (default), rank0 or peer (of the running job), or a host's or pod's name",
+            **ENV})
+def preempt_worker(c, grace="30", restore_after="60", target="first", env=""):
+    """A notice, then the loss: one TPU host told it goes in --grace seconds (GKE: its pod deleted with that grace
+    period; local: its Ray node drained as the pod's preStop hook does, then killed)."""
+    from playbooks.cli import task_steps
+    from playbooks.config import host_notice
+    from playbooks.core.errors import InputError
+
+    with clean_errors():
+        s = _session(c, "chaos", env)
+        notice_s = seconds("--grace", grace)
+        if problem := host_notice.grace_problem(notice_s) or task_steps.chaos_target_problem(s.env, target):
+            raise InputError(problem)
+        s.run("chaos", task_steps.preempt_steps(s.env, int(notice_s), seconds("--restore-after", restore_after),
+                                                target), parallel=False)
+
+
 @task(help={"restore_after": "seconds before the frozen worker is resumed (default 60; 0: never)", **ENV})
 def hang_worker(c, restore_after="60", env=""):
     """Freeze one worker's trainer (SIGSTOP; local: one simulated host's), resume it after --restore-after: a stall."""
@@ -428,6 +449,7 @@ hosts.add_task(release)
 
 chaos = Collection("chaos")
 chaos.add_task(delete_worker)
+chaos.add_task(preempt_worker)
 chaos.add_task(hang_worker)
 chaos.add_task(sicken_worker)
 chaos.add_task(heal_worker)

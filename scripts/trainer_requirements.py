@@ -4,7 +4,6 @@ requirements.lock. Run with the project's venv (it reads installed metadata
 to walk the dependency graph)."""
 from __future__ import annotations
 
-import re
 import sys
 from importlib import metadata
 from pathlib import Path

@@ -34,6 +34,7 @@ TASKS = {
     "preflight-llama3-70b": ["preflight", "--model=llama3-70b"],
     "train-llama3-70b-fits": ["train", "--model=llama3-70b", "--preset=fits"],
     "chaos": ["chaos.delete-worker"],
+    "chaos-preempt": ["chaos.preempt-worker", "--grace=15"],
     "chaos-hang": ["chaos.hang-worker"],
     "chaos-sicken": ["chaos.sicken-worker"],
     "chaos-heal": ["chaos.heal-worker"],

@@ -155,7 +155,7 @@ def test_the_wait_for_a_host_ray_never_marks_dead_is_bounded(monkeypatch, clock)
     view.nodes = {"a"}
     monkeypatch.setattr(ec, "answers", lambda addr, port: False)
     monkeypatch.setattr(ec, "gcs_nodes", lambda: {"a": node(True, 1)})
-    assert view.settle() == ["a"] and 4.0 <= clock.t <= 4.5
+    assert view.settle() == (["a"], []) and 4.0 <= clock.t <= 4.5
 
 
 def test_a_host_that_answers_or_that_ray_has_marked_dead_is_not_waited_for(monkeypatch, clock):
@@ -163,7 +163,50 @@ def test_a_host_that_answers_or_that_ray_has_marked_dead_is_not_waited_for(monke
     view.nodes = {"a", "b", "c"}
     monkeypatch.setattr(ec, "answers", lambda addr, port: port == 1)
     monkeypatch.setattr(ec, "gcs_nodes", lambda: {"a": node(True, 1), "b": node(False, 2)})  # c: not listed
-    assert view.settle() == [] and clock.t == 0
+    assert view.settle() == ([], []) and clock.t == 0
+
+
+def test_a_retry_after_a_notice_waits_for_the_drained_host_to_go_until_its_deadline(monkeypatch, clock, capsys):
+    """Host a was given a notice (Ray drains it; it still answers and lives
+    until its deadline, 15 s on): a retry placed now would land on it and
+    be lost with it. The retry waits until Ray marks it dead (at 12 s),
+    bounded by the deadline plus the settle time; host b is not waited for."""
+    view = ec.FreshClusterView()
+    view.nodes = {"a", "b"}
+    monkeypatch.setattr(ec, "answers", lambda addr, port: True)
+    monkeypatch.setattr(ec, "gcs_nodes", lambda: {"a": node(clock.t < 12, 1), "b": node(True, 2)})
+    deadline_ms = (1_000_000.0 + 15) * 1000
+    monkeypatch.setattr(ec, "draining", lambda: {"a": deadline_ms, "z": 0})  # z: not this group's
+    monkeypatch.setattr(view, "look_again", lambda: True)
+    view.before_controller_execute_failure_decision(FailureDecision.RETRY)
+    e = json.loads(capsys.readouterr().out.splitlines()[-1][len(mr.EVENT):])
+    assert (e["nodes_gone"], e["nodes_drained"], e["seconds"]) == (0, 1, 12.0)
+    # A drained host that never goes: the wait ends at its deadline plus the settle time.
+    monkeypatch.setenv(ec.ENV_LOSS_SETTLE, "4")
+    monkeypatch.setattr(ec, "gcs_nodes", lambda: {"a": node(True, 1), "b": node(True, 2)})
+    clock.t = 0.0
+    assert view.settle() == ([], ["a"]) and 19.0 <= clock.t <= 19.5
+
+
+def test_a_group_ended_by_a_notice_is_a_preemption_not_a_failure_of_the_budget(capsys):
+    """Ray Train's controller waits out a notice in its PreemptingState and
+    counts the restart as a preemption; so does the budget: ten notices in
+    an hour leave the job's three failures whole."""
+    from ray.train.v2._internal.execution.controller.state import PreemptingState
+    from ray.train.v2.api.preemption import PreemptionInfo
+    b = ec.FailureBudget(3, 3600.0, clock=lambda: 0.0)
+    preempting = PreemptingState(preemption_info=PreemptionInfo(deadline_ms=None, preempted_node_to_ranks={}),
+                                 detected_at_s=0.0)
+    for _ in range(10):
+        b.after_controller_state_update(RunningState(), preempting)
+        b.before_controller_execute_failure_decision(FailureDecision.RETRY)
+    assert (len(b.times), b.preemptions) == (0, 10)
+    b.after_controller_state_update(preempting, RunningState())
+    b.before_controller_execute_failure_decision(FailureDecision.RETRY)  # a loss with no notice: the job's
+    assert (len(b.times), b.preemptions) == (1, 10)
+    events = [json.loads(line.split("trainer event: ", 1)[1]) for line in capsys.readouterr().out.splitlines()
+              if "trainer event: " in line]
+    assert [e.get("preemptions") for e in events] == list(range(1, 11)) + [None]
 
 
 def test_a_real_raylet_port_answers_and_a_closed_one_does_not():

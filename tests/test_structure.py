@@ -322,5 +322,6 @@ def test_every_trainer_variable_the_job_sets_is_one_the_trainer_reads():
     trainer = {n for f in (ROOT / "trainer").glob("*.py") for n in names.findall(f.read_text())}
     job = set(names.findall((ROOT / "playbooks" / "job" / "spec.py").read_text()))
     assert job and job <= trainer, f"set by the job, read by no trainer module: {sorted(job - trainer)}"
-    assert trainer - job == {"TRAINER_EXPECTED_MODEL", "TRAINER_LOSS_SETTLE_S", "TRAINER_PREIMPORT"}, \
+    assert trainer - job == {"TRAINER_EXPECTED_MODEL", "TRAINER_LOSS_SETTLE_S", "TRAINER_PREIMPORT",
+                             "TRAINER_NOTICE_POLL_S"}, \
         sorted(trainer - job)

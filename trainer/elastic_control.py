@@ -47,10 +47,11 @@ import socket
 import time
 from typing import Any
 
+import notice
 import ray
 from ray.train.v2._internal.exceptions import WorkerGroupStartupFailedError
 from ray.train.v2._internal.execution.callback import ControllerCallback, WorkerGroupCallback
-from ray.train.v2._internal.execution.controller.state import ResizingState, RunningState
+from ray.train.v2._internal.execution.controller.state import PreemptingState, ResizingState, RunningState
 from ray.train.v2._internal.execution.failure_handling import FailureDecision
 
 import maxtext_ray
@@ -60,6 +61,8 @@ import maxtext_ray
 # the check's timeout (RAY_health_check_*).
 ENV_LOSS_SETTLE = "TRAINER_LOSS_SETTLE_S"
 LOSS_SETTLE_S = 30.0
+# How long a retry waits for a drained node with no deadline to go.
+NOTICE_WAIT_S = 120.0
 # How long a resize waits for the save before it.
 ENV_SAVE_TIMEOUT = "TRAINER_RESIZE_SAVE_TIMEOUT_S"
 SAVE_TIMEOUT_S = 600.0
@@ -92,6 +95,14 @@ def answers(address: str, port: int, timeout: float = CONNECT_TIMEOUT_S) -> bool
             return True
     except OSError:
         return False
+
+
+def draining() -> dict[str, int]:
+    """Ray's draining nodes (a notice), ``{node id: deadline, epoch ms; 0: none}``; none when Ray cannot say."""
+    try:
+        return notice.draining_nodes()
+    except Exception:
+        return {}
 
 
 def gcs_nodes() -> dict[str, dict]:
@@ -152,30 +163,36 @@ class FreshClusterView(ControllerCallback, _Group):
             print(f"trainer: could not refresh the cluster view: {e}", flush=True)
             return False
 
-    def settle(self) -> list[str]:
+    def settle(self) -> tuple[list[str], list[str]]:
         """Wait (bounded) until Ray has marked dead each node of the last
-        group that no longer answers; the nodes found gone."""
+        group that no longer answers, and each that Ray drains (a notice:
+        it goes at its deadline; a retry placed there would be lost with
+        it); the nodes found gone, and those drained."""
         table = gcs_nodes()
         gone = [n for n in self.nodes if (table.get(n) or {}).get("Alive")
                 and not answers(table[n]["NodeManagerAddress"], int(table[n]["NodeManagerPort"]))]
-        deadline = time.monotonic() + _seconds(ENV_LOSS_SETTLE, LOSS_SETTLE_S)
-        waiting = list(gone)
+        drains = {n: d for n, d in draining().items() if n in self.nodes and (table.get(n) or {}).get("Alive")}
+        settle_s = _seconds(ENV_LOSS_SETTLE, LOSS_SETTLE_S)
+        deadline = time.monotonic() + settle_s + max(
+            [max(0.0, d / 1000 - time.time()) if d else NOTICE_WAIT_S for d in drains.values()], default=0.0)
+        waiting = list({*gone, *drains})
         while waiting and time.monotonic() < deadline:
             time.sleep(POLL_S)
             table = gcs_nodes()
             waiting = [n for n in waiting if (table.get(n) or {}).get("Alive")]
-        return gone
+        return gone, sorted(drains)
 
     def before_controller_execute_failure_decision(self, failure_decision: Any) -> None:
         if failure_decision != FailureDecision.RETRY:
             return
         start = time.time()
-        gone = self.settle()
+        gone, drained = self.settle()
         self.look_again()
         # The policy's last look (at the last healthy poll) must be older
         # than its cache, or the retry is sized from that look.
         time.sleep(max(0.0, POLICY_CACHE_S - (time.monotonic() - self.last_running)))
         maxtext_ray.event("cluster_view", t=time.time(), nodes_gone=len(gone),
+                          **({"nodes_drained": len(drained)} if drained else {}),
                           seconds=round(time.time() - start, 3))
 
     def after_controller_state_update(self, previous_state: Any, current_state: Any) -> None:
@@ -325,6 +342,9 @@ class FailureBudget(ControllerCallback, WorkerGroupCallback):
     this line. First among the callbacks, so a spent budget ends the job
     before the others prepare a retry.
 
+    A group that ended on a notice (Ray's PreemptingState: a host drained)
+    is a preemption, as Ray Train counts it: not in the budget.
+
     A failure whose every worker error is the health gate's (a sick host
     found, set aside by the watch) is the gate working, not the job failing:
     it counts in a budget of its own, as many gate failures in the same
@@ -336,6 +356,11 @@ class FailureBudget(ControllerCallback, WorkerGroupCallback):
         self.times: list[float] = []
         self.gate_times: list[float] = []
         self.gated = False  # the last poll's errors were all the health gate's
+        self.preempting = False  # the controller waits out a notice (Ray's PreemptingState)
+        self.preemptions = 0
+
+    def after_controller_state_update(self, previous_state: Any, current_state: Any) -> None:
+        self.preempting = isinstance(current_state, PreemptingState)
 
     def after_worker_group_poll_status(self, worker_group_status: Any) -> None:
         errors = worker_group_status.errors
@@ -345,6 +370,14 @@ class FailureBudget(ControllerCallback, WorkerGroupCallback):
     def before_controller_execute_failure_decision(self, failure_decision: Any) -> None:
         gated, self.gated = self.gated, False
         if failure_decision != FailureDecision.RETRY:
+            return
+        if self.preempting:
+            # A group that ended on a notice (a host Ray drains): Ray Train
+            # counts it as a preemption (max_preemption_failures), not a
+            # failure; so does this budget.
+            self.preemptions += 1
+            maxtext_ray.event("failure_counted", t=time.time(), failures=len(self.times), budget=self.budget,
+                              window_s=self.window, preemptions=self.preemptions)
             return
         now = self.clock()
         if gated:

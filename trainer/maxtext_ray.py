@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import health_check  # beside this module, in the job's working directory
 import heartbeat  # beside this module, in the job's working directory
+import notice
 import preemption_sync
 import yaml
 
@@ -294,6 +295,12 @@ class MaxTextEvents(logging.Handler):
     SAVE_START = re.compile(r"^(?:Waiting for step (\d+) to finish before checkpoint|Waited [\d.e-]+ seconds for step "
                             r"(\d+) to finish before starting checkpointing)")
     SAVED = re.compile(r"^(?:Started an asynchronous checkpoint save for step|Saved a checkpoint at step) (\d+)")
+    # Orbax's CheckpointManager (0.12.8, checkpoint_manager.py ``_finalize``):
+    # "done on all hosts" ends every finalize, also one it skipped after a
+    # save error ("Checkpointer failed ... Skipping finalization", primary
+    # host only); the step's directory is then checked as Orbax checks it.
+    FINALIZE_DONE = re.compile(r"\[step=(\d+)\] CheckpointManager Save Finalize is done on all hosts")
+    FINALIZE_FAILED = re.compile(r"\[step=(\d+)\] Checkpointer failed: one or more items may not be finalized")
     RESTORE = re.compile(r"^restoring from this run's directory step (\d+)")
     RESTORED = re.compile(r"Finished load in ([\d.]+) seconds @ .*?(\d+)/?$")
     STOPPED = re.compile(r"^Training stopped: .*termination signal")
@@ -309,6 +316,21 @@ class MaxTextEvents(logging.Handler):
         self.last_step: int | None = None
         self.last_step_t = 0.0
         self.stopped_on_notice = False
+        self.failed: set[int] = set()  # steps whose finalization Orbax skipped
+        self.checkpoint_dir: str | None = None  # MaxText's, once its config is read
+
+    def finalized(self, step: int, t: float) -> dict:
+        """The ``checkpoint_finalized`` event of step N's save: finalized
+        when Orbax finished it and its directory is a finalized checkpoint."""
+        start = self.saved.get(step)
+        seconds = round(t - start, 3) if start is not None else None
+        why = None
+        if step in self.failed:
+            why = "Orbax skipped its finalization after a save error (the worker's log has it)"
+        elif self.checkpoint_dir and not step_finalized(self.checkpoint_dir, step):
+            why = f"Orbax ended the save, but {self.checkpoint_dir.rstrip('/')}/{step} is not a finalized checkpoint"
+        return event("checkpoint_finalized", t, step, seconds=seconds, finalized=why is None,
+                     **({"why": why} if why else {}))
 
     def finish(self) -> dict | None:
         """After MaxText returned: on a preemption notice it saves step N and
@@ -352,6 +374,10 @@ class MaxTextEvents(logging.Handler):
             start = self.saving.pop(step, t)
             self.saved[step] = start
             return event("checkpoint_saved", t, step, seconds=round(t - start, 3))
+        elif (m := self.FINALIZE_FAILED.search(msg)):
+            self.failed.add(int(m.group(1)))
+        elif (m := self.FINALIZE_DONE.search(msg)):
+            return self.finalized(int(m.group(1)), t)
         elif self.STOPPED.match(msg):
             self.stopped_on_notice = True
         elif (m := self.RESTORE.match(msg)):
@@ -362,6 +388,20 @@ class MaxTextEvents(logging.Handler):
             self.restoring, self.restored = None, step
             return event("restored", t, step, seconds=round(t - start, 3))
         return None
+
+
+def step_finalized(checkpoint_dir: str, step: int) -> bool:
+    """Whether ``<checkpoint_dir>/<step>`` is a finalized checkpoint, by
+    Orbax's own rule (a renamed directory, or a commit file on GCS); a look
+    that fails counts as not finalized."""
+    import asyncio
+
+    from orbax.checkpoint._src.path import temporary_paths
+
+    try:
+        return bool(asyncio.run(temporary_paths.is_path_finalized(os.path.join(checkpoint_dir, str(step)))))
+    except Exception:
+        return False
 
 
 def step_metrics(msg: str) -> dict:
@@ -545,9 +585,14 @@ def train_loop_per_worker(config: dict) -> None:
                                        "host": os.environ.get("TPU_WORKER_ID"), "hostname": socket.gethostname(),
                                        "pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id()},
                                lambda: PROGRESS.last_step, heartbeat.interval()).start()
+    # Rank 0 turns a notice (Ray draining a node of the group) into a save.
+    told = notice.NoticeWatch(event, lambda: PROGRESS.last_step, preemption_notice,
+                              notice.poll_interval()).start() if rank == 0 else None
     try:
         run_maxtext(config["argv"], config["layout"], world, rank)
     finally:
+        if told is not None:
+            told.stop()
         beat.stop()
         if rank == 0 and _events is not None:
             _events.finish()
@@ -639,6 +684,8 @@ def run_maxtext(argv: list[str], layout: Layout, world_size: int, rank: int = 0)
         print(f"model check: {model} applied, {billion:.3f} billion parameters expected", flush=True)
         if rank == 0:
             event("model_check", model=model, expected_billion=billion)
+    if rank == 0:
+        save_schedule(config)
     preemption_sync.guard()  # MaxText's loop runs on this thread
     try:
         maxtext_main(argv)
@@ -647,6 +694,19 @@ def run_maxtext(argv: list[str], layout: Layout, world_size: int, rank: int = 0)
             raise
         return
     stopped_early(int(config.steps))
+
+
+def save_schedule(config) -> dict:
+    """Rank 0, once per worker group: the saves MaxText will make (its
+    checkpoint_period, on or off, the first and the last step's), for the
+    run's accounting of saves due (playbooks/runs/saves.py)."""
+    if _events is not None:
+        _events.checkpoint_dir = str(getattr(config, "checkpoint_dir", "") or "") or None
+    return event("save_schedule", checkpoint_period=int(config.checkpoint_period),
+                 enabled=bool(config.enable_checkpointing), steps=int(config.steps),
+                 async_checkpointing=bool(getattr(config, "async_checkpointing", False)),
+                 save_checkpoint_on_start=bool(getattr(config, "save_checkpoint_on_start", False)),
+                 save_checkpoint_on_completion=bool(getattr(config, "save_checkpoint_on_completion", False)))
 
 
 # MaxText's refusal to start a run whose checkpoint already holds its last step.

@@ -194,6 +194,12 @@ def chaos_steps(env: Environment, restore_after: float, target: str = placement.
     return _kubectl_first(env, chaos.delete_steps(env, restore_after, target))
 
 
+def preempt_steps(env: Environment, grace: int, restore_after: float, target: str = placement.FIRST) -> list[Step]:
+    """chaos.preempt-worker: one worker given a notice of ``grace`` seconds,
+    then lost (``target``: checked by ``chaos_target_problem`` first)."""
+    return _kubectl_first(env, chaos.delete_steps(env, restore_after, target, grace=grace))
+
+
 def chaos_target_problem(env: Environment, target: str) -> str | None:
     """What is wrong with a ``--target``, in one line (None: nothing)."""
     return chaos.target_problem(env, target)

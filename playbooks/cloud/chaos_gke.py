@@ -103,6 +103,30 @@ class GkeWorkers:
         """(reason, would) of the kill."""
         return f"deleted pod {pod}{why}", ""
 
+    # -- a notice, then the end (chaos.preempt-worker)
+    def ray_nodes(self) -> None:
+        """The pod's own preStop hook names its node: nothing to look up."""
+        return None
+
+    def preempt_title(self, grace: int) -> str:
+        return f"delete one Ray TPU worker pod with a grace period of {grace} s"
+
+    def preempt_cause(self, grace: int) -> str:
+        return f"the pod deleted with a grace period of {grace} s (chaos.preempt-worker)"
+
+    def preempt_words(self, pod: str, grace: int, why: str) -> tuple[str, str]:
+        return f"deleted pod {pod}{why} with a grace period of {grace} s (its preStop hook gave the notice)", ""
+
+    def preempt_problem(self, pod: str, nodes: Any) -> str | None:
+        return None
+
+    def preempt(self, pod: str, grace: int, nodes: Any, given: Any, lost: Any) -> tuple[Any, ...]:
+        """The pod deleted with a grace period, as GKE ends a Spot VM's pods:
+        its preStop hook drains its Ray node (config/host_notice.py), the kubelet
+        ends it when the grace is over; `kubectl delete` waits for that."""
+        return (given, kube(self.env, "delete", "pod", pod, "--namespace", self.env.namespace,
+                            f"--grace-period={grace}"), lost)
+
     def restorer(self) -> None:
         """KubeRay recreates a deleted pod itself: nothing to bring back."""
         return None

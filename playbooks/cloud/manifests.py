@@ -39,6 +39,7 @@ import yaml
 from playbooks.access.cli_clients import fact, kube_list
 from playbooks.cloud import capacity_options
 from playbooks.cloud.gke import kube, netdev_claim
+from playbooks.config import host_notice
 from playbooks.config import tutorial as T
 from playbooks.config.project import ROOT
 from playbooks.config.schema import Environment, reservation_parts
@@ -110,6 +111,10 @@ def _common_values(env: Environment) -> dict[str, str]:
         "WORKER_AFFINITY": json.dumps(worker_affinity(env)),
         # The tutorial's workers are privileged; Autopilot denies that.
         "WORKER_SECURITY_CONTEXT": json.dumps({} if env.cluster_mode.restricted_pods else {"privileged": True}),
+        # Not the tutorial's: a notice to go (a Spot preemption, a pod
+        # deleted with a grace) reaches the trainer as a drain of the pod's
+        # Ray node, so it saves before the node goes (config/host_notice.py).
+        "WORKER_LIFECYCLE": json.dumps(host_notice.prestop_hook()),
     }
 
 

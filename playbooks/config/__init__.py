@@ -5,7 +5,8 @@ inventory's keys and rules (``schema``), every path the project keeps
 one record each, and their topology arithmetic (``tpu``), the inventory's
 other choices as records (the environment's kind, a cluster's mode, a
 capacity option: ``choices``), a local cluster's port layout
-(``local_ports``), and the settings MaxText accepts (``maxtext_settings``).
+(``local_ports``), the settings MaxText accepts (``maxtext_settings``), and
+the command that gives a TPU host's Ray node its notice to go (``host_notice``).
 
 Pure knowledge: no process, no file of a run, no network. May import
 ``playbooks.core`` only.

@@ -219,6 +219,10 @@ def trainer_env(env: Environment, elastic: bool) -> dict[str, str]:
         # workers within 5 s, become one "[repeated Nx]"): every worker's
         # heartbeat reaches the follower.
         "RAY_DEDUP_LOGS_ALLOW_REGEX": "trainer event: ",
+        # trainer/notice.py: Ray Train's watch of draining nodes (a notice
+        # to go) every second, not Ray's 5 s: a Spot pod's grace is 15 s,
+        # and the save must begin and finish within it.
+        "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "1",
     }
     if env.stall_after:
         # trainer/heartbeat.py: each worker's beat, a few within stall_after

@@ -6,7 +6,11 @@ machine (``twin/chaos_twin.py``). Each task's steps are written here once:
 - ``delete_steps`` (chaos.delete-worker): choose a host (the first, as the
   tutorial finds it; the running job's rank 0 or a peer; or one by name),
   kill it, and bring it back after --restore-after where the target does
-  not itself (the twin; KubeRay recreates a deleted pod).
+  not itself (the twin; KubeRay recreates a deleted pod). With a grace
+  (chaos.preempt-worker): the host is given its notice first, and goes
+  when the grace ends (on GKE the pod deleted with that grace period: its
+  preStop hook gives the notice; on the twin the same drain of its Ray node
+  the hook runs, then the kill).
 - ``hang_steps`` (chaos.hang-worker): freeze one host's training worker
   (SIGSTOP: its Ray node stays up, the job hangs), resume it after
   --restore-after (0: never).
@@ -85,25 +89,41 @@ def _decided(verdict: str, why: str):
     return ok(why) if verdict == "ok" else fail(why)
 
 
-def delete_steps(env: Environment, restore_after: float, target: str = placement.FIRST) -> list[Step]:
+def delete_steps(env: Environment, restore_after: float, target: str = placement.FIRST,
+                 grace: int | None = None) -> list[Step]:
     """Kill one host (``target``: checked by ``target_problem`` first), as
-    a preempted VM dies; bring it back after ``restore_after`` seconds (0:
-    leave it down) where the target does not itself."""
+    a preempted VM dies; with a ``grace``, give it its notice first and
+    kill it when the grace ends (chaos.preempt-worker); bring it back after
+    ``restore_after`` seconds (0: leave it down) where the target does not
+    itself."""
     w = way(env)
     killed: dict[str, Any] = {}  # the host this run kills: the one it brings back
     choose = _chooser(env, w, target, w.picker())
+    nodes = w.ray_nodes() if grace is not None else None
+    task = "chaos.delete-worker" if grace is None else "chaos.preempt-worker"
 
     def decide_kill(look):
         verdict, h, why = choose(look)
         if h is None:
             return _decided(verdict, why)
         killed["victim"] = h
-        reason, would = w.kill_words(h, why)
-        return change(*w.kill(h), record(env, E.WORKER_LOST, **w.fields(h), by="chaos", target=target,
-                                         cause=w.kill_cause),
+        if grace is None:
+            reason, would = w.kill_words(h, why)
+            return change(*w.kill(h), record(env, E.WORKER_LOST, **w.fields(h), by="chaos", target=target,
+                                             cause=w.kill_cause),
+                          reason=reason, would=would, found=f"{w.label(h)} running")
+        listed = look(nodes) if nodes is not None else None
+        if problem := w.preempt_problem(h, listed):
+            return fail(problem)
+        reason, would = w.preempt_words(h, grace, why)
+        given = record(env, E.NOTICE_GIVEN, **w.fields(h), grace_s=grace, by="chaos", target=target,
+                       cause=f"a notice of {grace} s (chaos.preempt-worker)")
+        lost = record(env, E.WORKER_LOST, **w.fields(h), by="chaos", target=target, cause=w.preempt_cause(grace))
+        return change(*w.preempt(h, grace, listed, given, lost),
                       reason=reason, would=would, found=f"{w.label(h)} running")
 
-    out = [Step("chaos", w.kill_title, decide_kill, id=w.kill_id, after=w.after)]
+    title, sid = (w.kill_title, w.kill_id) if grace is None else (w.preempt_title(grace), "chaos:preempt")
+    out = [Step("chaos", title, decide_kill, id=sid, after=w.after)]
     back = w.restorer() if restore_after > 0 else None
     if back is not None:
         held = quarantined.fact(env)  # a host set aside is not brought back
@@ -116,11 +136,11 @@ def delete_steps(env: Environment, restore_after: float, target: str = placement
                 return ok(f"every {w.noun} runs: nothing to bring back")
             return back.decide(look, h, restore_after,
                                record(env, E.HOST_BACK, **w.fields(h), by="chaos",
-                                      cause=f"started again after {restore_after:g}s (chaos.delete-worker)"),
+                                      cause=f"started again after {restore_after:g}s ({task})"),
                                held_out=lambda: quarantined.held_out(h.name, look(held)))
 
         out.append(Step("chaos", f"bring the {w.noun} back", decide_restore, id="chaos:restore",
-                        after=(w.kill_id,), verify=back.verify(killed)))
+                        after=(sid,), verify=back.verify(killed)))
     return out
 
 

@@ -14,9 +14,9 @@ from collections.abc import Callable
 from typing import Any
 
 from playbooks.access import connectors
-from playbooks.access.ray_api import list_nodes, nodes_fact
+from playbooks.access.ray_api import alive, labels, list_nodes, nodes_fact
 from playbooks.cloud.endpoints import dashboard
-from playbooks.config import paths
+from playbooks.config import host_notice, paths
 from playbooks.config.schema import Environment
 from playbooks.core.command import Command, placeholder, quote, shown
 from playbooks.core.errors import ProbeFailed
@@ -97,6 +97,39 @@ class TwinHosts:
     def kill_words(self, h: Host, why: str) -> tuple[str, str]:
         return f"killed TPU host {h.name}{why}", shown(f"kill TPU host {h.name}{why}")
 
+    # -- a notice, then the kill (chaos.preempt-worker)
+    def ray_nodes(self) -> Fact:
+        """Ray's nodes: the host's node id, which its notice names (a dry
+        run assumes every host a node: ${NODE_ID})."""
+        return assume(self.nodes(), [{"state": "ALIVE", "node_id": placeholder("NODE_ID"),
+                                      "labels": {"ray.io/tpu-slice-name": h.tpu_name,
+                                                 "ray.io/tpu-worker-id": str(h.worker)}} for h in self.hosts])
+
+    def preempt_title(self, grace: int) -> str:
+        return f"give one TPU host a notice of {grace} s, then kill it"
+
+    def preempt_cause(self, grace: int) -> str:
+        return f"its notice's {grace} s ended: SIGKILL of its Ray node (chaos.preempt-worker)"
+
+    def preempt_words(self, h: Host, grace: int, why: str) -> tuple[str, str]:
+        return (f"gave TPU host {h.name} a notice of {grace} s{why}, then killed it",
+                shown(f"give TPU host {h.name} a notice of {grace} s{why}, then kill it"))
+
+    def preempt_problem(self, h: Host, nodes: Any) -> str | None:
+        """A running host that Ray does not list cannot be given a notice."""
+        if self.known(h) and node_id(nodes, h) is None:
+            return f"TPU host {h.name} is not an alive node of the Ray cluster: its notice would reach no one"
+        return None
+
+    def preempt(self, h: Host, grace: int, nodes: Any, given: Action, lost: Action) -> tuple[Any, ...]:
+        """The notice as a worker pod's preStop hook gives it on GKE (a
+        drain of the host's Ray node, config/host_notice.py), the grace, the
+        kill."""
+        node = node_id(nodes, h) or placeholder("NODE_ID")
+        drain = Command(host_notice.drain_argv(grace, f"chaos.preempt-worker: TPU host {h.name} goes in {grace} s",
+                                          node, f"{self.env.ray_ip}:{self.env.gcs_port}"))
+        return (given, drain, Action(f"sleep {grace}", lambda: time.sleep(grace)), *self.kill(h), lost)
+
     def restorer(self) -> _Restorer:
         """What brings a killed host back after --restore-after."""
         return _Restorer(self)
@@ -171,6 +204,15 @@ class TwinHosts:
                             f"{dashboard(env)}/api/v0/nodes  # the hosts started ALIVE, {devices} JAX devices each "
                             f"(XLA_FLAGS in /proc/<pid>/environ)")
         return Verify(fact, check, timeout=START_TIMEOUT, interval=2)
+
+
+def node_id(nodes: Any, h: Host) -> str | None:
+    """The Ray node id of host ``h`` (alive), from Ray's nodes list."""
+    for n in alive(nodes if isinstance(nodes, list) else []):
+        lb = labels(n)
+        if lb.get("ray.io/tpu-slice-name") == h.tpu_name and lb.get("ray.io/tpu-worker-id") == str(h.worker):
+            return n.get("node_id")
+    return None
 
 
 def _frozen(s: Any) -> list[tuple[str, list[dict]]]:
