@@ -224,3 +224,16 @@ def test_status_says_the_saves_in_the_runs_job_row(tmp_path, monkeypatch):
     table = status.table(doc)
     assert table[table.index(next(t for t in table if t.startswith("    run-1  RUNNING"))) + 1] == (
         "      saves: 1 of 2 finalized; missing: step 10 (skipped: step 10 trained, no save begun)")
+
+
+def test_a_periodic_step_a_survivor_finished_after_the_loss_went_with_its_worker():
+    """Rank 0's host lost during step 20: another slice's host still says it (``peer_step``); no save began."""
+    events = start() + train(0, 19, 20, saved=(0, 10), finalized=(0, 10)) + [
+        ev(39.5, E.WORKER_LOST, by="chaos", host="tpu-group-0-0"), ev(40.2, E.PEER_STEP, 20, rank=1),
+        ev(42, E.FAILURE, decision="RAISE"), ev(43, E.JOB_END, status="FAILED")]
+    assert line(events) == ("saves: 2 of 3 finalized; missing: step 20 (the worker went before it: step 20 trained "
+                            "as its group went)")
+    # A notice's save asked, not begun yet, while its group still runs: in progress, not missing.
+    asked = start() + train(0, 12, 20, saved=(0, 10), finalized=(0, 10)) + [
+        ev(32.2, E.NOTICE_RECEIVED, 12, host="tpu-group-1-0")]
+    assert line(asked) == "saves: 2 of 3 finalized (1 in progress: after step 12 asked)"
