@@ -596,7 +596,7 @@ def test_goodput_shows_the_runs_cost_and_each_causes_and_runs_lists_every_run(gk
     assert (rows[0]["model"], rows[0]["final_loss"], rows[0]["mfu"]) == (None, None, None)
     table = gke_cli("runs").stdout.splitlines()
     assert table[0].split() == ["run", "model", "state", "jobs", "steps", "of", "wall", "goodput", "loss", "MFU",
-                                "chip-hours", "cost", "last", "event"]
+                                "saves", "chip-hours", "cost", "last", "event"]
     cells = table[1].split()
     assert cells[:6] == ["priced", "-", "SUCCEEDED", "1", "60", "60"] and f"${c['cost']:,.2f}" in table[1]
     # The last event with its date and zone (the test's TZ: UTC).

@@ -61,6 +61,20 @@ def test_ours_and_the_librarys_on_a_recorded_run_that_recovers_from_a_loss(cli):
     assert "ml-goodput-measurement 0.2.3 on the same steps: 31.8%" in text.stdout
 
 
+def test_goodput_says_the_runs_saves_and_its_json_carries_them(cli):
+    """A run whose save of step 20 its loss cut (``tests/test_saves.py``)."""
+    from tests.test_saves import CUT, cut
+    data = "".join(json.dumps(e) + "\n" for e in cut()).encode()
+    text = cli("saves", data)
+    assert text.returncode == 0, text.stderr
+    assert ("  saves: 2 of 3 finalized\n    step 20: cut: the worker group went 3.5 s after the save began\n"
+            in text.stdout), text.stdout
+    doc = json.loads(cli("saves", data, "--json").stdout)
+    assert doc["saves"]["line"] == CUT and [s["step"] for s in doc["saves"]["missing"]] == [20]
+    old = json.loads(cli("recorded", RECORDED.read_bytes(), "--json").stdout)["saves"]
+    assert (old["known"], old["begun"]) == (False, 7)
+
+
 def test_the_librarys_records_are_maxtexts_a_start_per_worker_group_each_step_each_time_it_runs():
     events = timeline.parse(RECORDED.read_text())
     recs = goodput_reference.records(events)

@@ -36,7 +36,7 @@ from playbooks.core.step import Step, fail, ok, unchecked
 from playbooks.job.spec import Checkpoints, run_checkpoints
 from playbooks.plays import quarantine
 from playbooks.runs import events as E
-from playbooks.runs import metrics, stall, timeline
+from playbooks.runs import metrics, saves, stall, timeline
 
 PLAY = "status"
 ACCOUNT = "status:account"
@@ -218,6 +218,7 @@ def job_rows(env: Environment, listed: Any, look: Any = None) -> list[dict]:
                 row.update(last_step=last["step"], loss=last.get("loss"),
                            tokens_per_s_per_device=last.get("tokens_per_s_per_device"))
         rows.append(row)
+    said_saves(env, rows[-SHOWN:])
     if look is not None:
         checked: dict[str, Any] = {}
         for row, j in list(zip(rows, jobs))[-SHOWN:]:
@@ -230,6 +231,17 @@ def job_rows(env: Environment, listed: Any, look: Any = None) -> list[dict]:
             elif have is ABSENT:
                 row.update(checkpoint=None, not_finalized=[])
     return rows
+
+
+def said_saves(env: Environment, rows: list[dict]) -> None:
+    """The newest row of each run: its saves, finalized of those due, the
+    missing named (``runs/saves.py``), from its timeline on this machine."""
+    for row in reversed(rows):
+        if any("saves" in r for r in rows if r["run"] == row["run"]):
+            continue
+        events = timeline.read(env, str(row["run"]))
+        if events:
+            row["saves"] = saves.account(events)["line"]
 
 
 def stall_fact(env: Environment, sid: str) -> Fact:
@@ -435,6 +447,8 @@ def table(doc: dict) -> list[str]:
                 if j["not_finalized"]:
                     extra += f" (not finalized, ignored: {', '.join(j['not_finalized'])})"
             out.append(f"    {j['job']}  {j['status']}  {j['age']} ago{extra}")
+            if j.get("saves"):
+                out.append(f"      {j['saves']}")
     if doc.get("cost"):
         out += [f"  {line}" for line in doc["cost"]["lines"]]
     out.append(f"diagnosis: {doc['diagnosis']}" if doc["diagnosis"] else

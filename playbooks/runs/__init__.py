@@ -9,7 +9,8 @@ stalled (``stall``), a stalled job's hang named by its evidence (``hang_diagnosi
 culprit host and cause from the workers' stacks and heartbeats; ``hang_evidence``: gathering and
 keeping them), the summary of its steps (``train_summary``), where each
 second went (``goodput``, and the field's library on the same run,
-``goodput_reference``), what it cost in chip-hours and dollars, and the
+``goodput_reference``), every save due and whether it was finalized
+(``saves``), what it cost in chip-hours and dollars, and the
 estimate before a submit (``cost``), the list of an environment's runs
 (``run_list``), its kept step metrics and their plot (``metrics``), where each
 rank of a running job sits (``placement``), what a chaos task's

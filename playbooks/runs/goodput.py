@@ -51,6 +51,9 @@ slice says them too (``peer_step``), so that a step is known when rank 0's
 host is lost before logging it. A step counts once per worker group, when
 the first host says it; a host saying a step again is a new group running
 it again.
+
+The report also carries the run's saves (``saves.py``): each save due, and
+whether it was finalized ("saves: N of M finalized", the missing named).
 """
 from __future__ import annotations
 
@@ -59,7 +62,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from playbooks.runs import cost
+from playbooks.runs import cost, saves
 from playbooks.runs import events as E
 from playbooks.runs.timeline import who
 
@@ -119,7 +122,7 @@ def _account(events: Iterable[dict], run: str | None, now: float | None) -> tupl
     sweep = Sweep([e for e in evs if start <= float(e["t"]) <= end], start, end)
     sweep.run()
     segs = _sweep(sweep.base, sweep.intervals, start, end)
-    return _report(run, jobs, start, end, ended, segs, sweep), segs
+    return _report(run, jobs, start, end, ended, segs, sweep) | {"saves": saves.account(evs)}, segs
 
 
 def _report(run: str | None, jobs: list[str], start: float, end: float, ended: bool,
@@ -465,7 +468,7 @@ HANDLERS: dict[str, Callable[[Sweep, dict, float, int], None]] = {
 def empty(run: str | None) -> dict:
     return {"run": run, "jobs": [], "start": None, "end": None, "running": False, "wall_s": 0.0, "productive_s": 0.0,
             "goodput_pct": 0.0, "badput_s": dict.fromkeys(CAUSES, 0.0), "steps": {"counted": 0, "replayed": 0},
-            "incidents": []}
+            "incidents": [], "saves": saves.account([])}
 
 
 def _sweep(base: list[tuple[float, float, str]], intervals: list[tuple[float, float, str]], start: float,
@@ -550,6 +553,7 @@ def lines(r: dict) -> list[str]:
     if c and (c.get("badput_chip_hours") or {}).get(cost.QUARANTINED):
         out.append(f"  {cost.QUARANTINED_WHAT:<54}"
                    + _spent(c, ("badput_chip_hours", cost.QUARANTINED), ("badput_cost", cost.QUARANTINED)))
+    out += [f"  {line}" for line in saves.lines(r["saves"])] if r.get("saves") else []
     if r["incidents"]:
         out.append("  incidents")
     for i in r["incidents"]:

@@ -1,7 +1,8 @@
 """`invoke runs`: every run an environment knows (one timeline each),
 newest first: its model, state (with the stops and failures it was
 resumed after), jobs, steps (of the steps asked), wall time, goodput,
-final loss, MFU, chip-hours and cost. Pure: the rows are made from
+final loss, MFU, saves (finalized of those due: ``saves.py``), chip-hours
+and cost. Pure: the rows are made from
 each run's events, goodput report and cost part (``goodput.py``,
 ``cost.py``, the summary of ``train_summary.py``)."""
 from __future__ import annotations
@@ -13,8 +14,8 @@ from playbooks.runs import events as E
 from playbooks.runs.cost import money_text
 from playbooks.runs.train_summary import Summary, percent
 
-COLUMNS = ("run", "model", "state", "jobs", "steps", "of", "wall", "goodput", "loss", "MFU", "chip-hours", "cost",
-           "last event")
+COLUMNS = ("run", "model", "state", "jobs", "steps", "of", "wall", "goodput", "loss", "MFU", "saves", "chip-hours",
+           "cost", "last event")
 UNKNOWN = "-"
 
 
@@ -70,11 +71,24 @@ def row(name: str, events: list[dict], report: dict[str, Any], s: Summary) -> di
     return {"run": name, "model": s.model, "state": state(events), "jobs": jobs(events),
             "steps": report["steps"]["counted"], "target_steps": target_steps(events),
             "final_loss": _known(s.final_loss), "mfu": _known(s.mfu()),
-            "wall_s": report["wall_s"], "goodput_pct": report["goodput_pct"],
+            "wall_s": report["wall_s"], "goodput_pct": report["goodput_pct"], "saves": _saves(report.get("saves")),
             "chip_hours": c.get("chip_hours"), "chips_simulated": c.get("chips_simulated", False),
             "cost": c.get("cost"), "per_chip_hour": c.get("per_chip_hour"), "price": c.get("price"),
             "last_event": float(events[-1]["t"]) if events else None,
             **({"skipped_lines": report["skipped_lines"]} if report.get("skipped_lines") else {})}
+
+
+def _saves(s: dict | None) -> dict | None:
+    """Of the goodput report's saves: how many due, finalized, and its line."""
+    return {k: s.get(k) for k in ("known", "due", "finalized", "off", "line")} if s else None
+
+
+def saves_cell(s: dict | None) -> str:
+    """A run's saves in its row: finalized/due ("-": its schedule unknown;
+    "off": checkpointing off); `invoke goodput` names the missing ones."""
+    if not s or not s.get("known"):
+        return UNKNOWN
+    return "off" if s.get("off") and not s["due"] else f"{s['finalized']}/{s['due']}"
 
 
 def newest_first(rows: list[dict]) -> list[dict]:
@@ -97,7 +111,8 @@ def cells(r: dict) -> list[str]:
     return [r["run"], known(r.get("model")), r["state"], str(len(r["jobs"])), str(r["steps"]),
             known(r.get("target_steps")),
             _wall(r["wall_s"]), f"{r['goodput_pct']:.1f}%", known(r.get("final_loss"), ".3f"),
-            f"{percent(r['mfu'])}%" if r.get("mfu") is not None else UNKNOWN, ch, cost, when]
+            f"{percent(r['mfu'])}%" if r.get("mfu") is not None else UNKNOWN, saves_cell(r.get("saves")), ch, cost,
+            when]
 
 
 def table(rows: list[dict], env: str) -> list[str]:
