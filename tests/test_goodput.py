@@ -587,3 +587,23 @@ def test_a_short_stall_after_is_looked_for_often_enough_to_see_a_10s_hang(tmp_pa
         f2.line(f"(RayTrainWorker pid=1) trainer event: {json.dumps(ev(t, 'step', n, seconds=1.0))}")
     w2.tick()
     assert not [s for s in ctx2.said if s.startswith("stalled")]
+
+
+def test_a_loss_after_a_notice_says_the_notice_and_its_save():
+    """A host given a notice (trainer/notice.py's notice_received): the
+    incident of the loss it announced says so, the save at step 16 is where
+    the next group resumes: no step replayed."""
+    events = start() + steps(1, 15, 27) + [
+        ev(42.2, "notice_received", 15, ranks=[1], grace_s=14.1, save_asked=True),
+        ev(43.0, "step", 16, seconds=1.0), ev(43.5, "checkpoint_saved", 16, seconds=0.3),
+        ev(45, "failure", 16, decision="RETRY"), ev(60, "workers_restarted", workers=1),
+        ev(62, "restore_started", 16), ev(63, "restored", 16, seconds=1.0), *steps(17, 20, 70),
+        ev(75, "job_end", status="SUCCEEDED")]
+    r = goodput.account(events, "run")
+    [i] = r["incidents"]
+    assert (i["lost_at_step"], i["restored_from_step"], i["replayed_steps"]) == (16, 16, 0)
+    assert i["notice"] == "a notice to go, 14 s ahead (ranks 1); its save asked at step 15"
+    assert "      after a notice to go, 14 s ahead (ranks 1); its save asked at step 15" in goodput.lines(r)
+    # A loss with no notice before it says none.
+    plain = goodput.account(start() + steps(1, 15, 27) + incident(42.5) + [ev(100, "job_end")], "run")
+    assert "notice" not in plain["incidents"][0]

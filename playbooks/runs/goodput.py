@@ -190,6 +190,7 @@ class Incident:
     resumed_s: float | None = None  # the incident to the first step of the job that resumed the run
     hang: str | None = None  # a stall's hang as the follower named it (hang_diagnosis.py)
     quarantined: list[str] | None = None  # the hosts the follower set aside for it (runs/restart.py)
+    notice: str | None = None  # the notice it came with (a preemption's grace; trainer/notice.py)
 
     def report(self) -> dict:
         out: dict[str, Any] = {"kind": self.kind, "at": round(self.t, 3), "by": self.by,
@@ -209,6 +210,8 @@ class Incident:
             out["hang"] = self.hang
         if self.quarantined:
             out["quarantined"] = self.quarantined
+        if self.notice is not None:
+            out["notice"] = self.notice
         return out
 
 
@@ -230,6 +233,7 @@ class Sweep:
         self.base: list[tuple[float, float, str]] = []  # the phases: they tile [start, end]
         self.incidents: list[Incident] = []
         self.open: Incident | None = None  # the incident not recovered from yet
+        self.noticed: str | None = None  # a notice taken, until the loss it announces
         self.phase, self.prev = "other", start
         self.max_done: int | None = None
         self.last_step: int | None = None
@@ -314,7 +318,8 @@ class Sweep:
         if self.stall is not None and kind != E.RESIZE:
             self.close_stall(t)
         if self.open is None:
-            self.open = Incident(kind, t, who(e), self.last_step)
+            self.open = Incident(kind, t, who(e), self.last_step, notice=self.noticed)
+            self.noticed = None
             self.regrouped = False
             self.phase = "detection" if kind == E.WORKER_LOST else "restart"
         elif kind != E.WORKER_LOST:
@@ -352,6 +357,15 @@ class Sweep:
             inc.by = who(hung[-1])
         self.incidents.append(inc)
         self.stall = OpenStall(since, inc)
+
+    def notice_received(self, e: dict, t: float, i: int) -> None:
+        """The trainer took a notice (a host Ray drains): the loss it
+        announces opens the next incident, which says so."""
+        grace = E.number(e.get("grace_s"))
+        asked = f"its save asked at step {_step(e)}" if e.get("save_asked") else \
+            f"no save asked: {e.get('why') or '?'}"
+        self.noticed = (f"a notice to go" + (f", {grace:.0f} s ahead" if grace is not None else "")
+                        + f" (ranks {', '.join(str(r) for r in e.get('ranks') or []) or '?'}); {asked}")
 
     def hang_diagnosed(self, e: dict, t: float, i: int) -> None:
         """The follower's naming of the open stall's hang: its line, kept on the stall."""
@@ -460,7 +474,7 @@ HANDLERS: dict[str, Callable[[Sweep, dict, float, int], None]] = {
     E.CHECKPOINT_SAVED: lambda s, e, t, i: s.overlay(e, t, "checkpoint"),
     E.STALL_STARTED: Sweep.stall_started, E.STALL_ENDED: lambda s, e, t, i: s.close_stall(t),
     E.STOPPED: Sweep.stopped, E.JOB_END: Sweep.job_end, E.HANG_DIAGNOSED: Sweep.hang_diagnosed,
-    E.QUARANTINED: Sweep.quarantined,
+    E.QUARANTINED: Sweep.quarantined, E.NOTICE_RECEIVED: Sweep.notice_received,
     **dict.fromkeys(E.STEPS, Sweep.step),
 }
 
@@ -567,6 +581,8 @@ def lines(r: dict) -> list[str]:
         out.append(f"    {when} {i['kind']} ({i['by']}): {lost}, "
                    + (f"restored from step {k}, " if k is not None else "no restore, ")
                    + f"{i['replayed_steps'] if i['replayed_steps'] is not None else '?'} steps replayed, {rec}")
+        if i.get("notice"):
+            out.append(f"      after {i['notice']}")
         if i.get("hang"):
             out.append(f"      {i['hang']}")
         if i.get("quarantined"):
