@@ -364,7 +364,7 @@ class Sweep:
         grace = E.number(e.get("grace_s"))
         asked = f"its save asked at step {_step(e)}" if e.get("save_asked") else \
             f"no save asked: {e.get('why') or '?'}"
-        self.noticed = (f"a notice to go" + (f", {grace:.0f} s ahead" if grace is not None else "")
+        self.noticed = ("a notice to go" + (f", {grace:.0f} s ahead" if grace is not None else "")
                         + f" (ranks {', '.join(str(r) for r in e.get('ranks') or []) or '?'}); {asked}")
 
     def hang_diagnosed(self, e: dict, t: float, i: int) -> None:
