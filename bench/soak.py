@@ -625,6 +625,44 @@ def sick_start(soak: Soak, r: Result) -> Detached:
     return job
 
 
+def chaos_preempt(soak: Soak, grace: int, restore_after: float, target: str) -> subprocess.Popen:
+    """`invoke chaos.preempt-worker --grace G --restore-after S --target T`
+    in the background: a notice of G s, then the host killed; back after S s."""
+    return soak.background("chaos.preempt-worker", f"--grace={grace}", f"--restore-after={restore_after:g}",
+                           f"--target={target}")
+
+
+def noticed(soak: Soak, r: Result) -> Train:
+    """A peer's host given a Spot-like notice of 30 s after step 12, then
+    killed, back after 40 s: the job saves at its next step, goes on with
+    one slice from that save (no step replayed), and grows back."""
+    spec = SPECS[r.scenario]
+    r.facts["target_steps"] = 240
+    job = r.trains(Train(soak, "--elastic", "--fresh", "--steps=240"))
+    job.step_at_least(12)
+    chaos = chaos_preempt(soak, int(spec.notice or 0), 40, target(r.scenario))
+    job.end()
+    chaos_done(chaos, "chaos.preempt-worker")
+    return job
+
+
+def notice_short(soak: Soak, r: Result) -> Train:
+    """A notice of 1 s, shorter than a save of the in-save model (~2 s), to
+    a peer's host after step 12: the save it asks cannot finish; the run
+    goes back at most one checkpoint period, and the save is reported not
+    finalized, never restored."""
+    spec = SPECS[r.scenario]
+    r.facts["target_steps"] = 40
+    job = r.trains(Train(soak, "--elastic", "--fresh", "--steps=40",
+                         *(a for kv in SAVE_MODEL for a in ("--set", kv))))
+    job.step_at_least(12)
+    chaos = chaos_preempt(soak, int(spec.notice or 0), 20, target(r.scenario))
+    job.end()
+    chaos_done(chaos, "chaos.preempt-worker")
+    r.facts["checkpoint_period"] = 5  # SAVE_MODEL's
+    return job
+
+
 def many_lost(soak: Soak, r: Result) -> Detached:
     """A peer's host lost four times in one job (back after 5 s), each loss
     a failure window after the last (`failure_window: 60`, max_failures
@@ -667,6 +705,8 @@ SCENARIOS: dict[str, Callable[[Soak, Result], Train | Detached]] = {
     "sick-back": sick_back,
     "sick-start": sick_start,
     "many-lost": many_lost,
+    "notice": noticed,
+    "notice-short": notice_short,
 }
 
 

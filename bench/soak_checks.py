@@ -50,6 +50,8 @@ class Spec:
     sick: str | None = None           # "back": a host back sick after step 12; "start": sick before the job
     detached: bool = False            # no `invoke` process follows the job: the watch in the cluster acts
     budget: bool = False              # more hosts lost in one job than the old lifetime budget (max_failures)
+    notice: int | None = None         # chaos.preempt-worker's grace: a notice, then the kill
+    notice_holds: bool = True         # the grace holds a save (else: shorter than one)
 
 
 SPECS: dict[str, Spec] = {
@@ -66,6 +68,8 @@ SPECS: dict[str, Spec] = {
     "sick-back": Spec(after_step=12, sick="back", detached=True),
     "sick-start": Spec(sick="start", detached=True),
     "many-lost": Spec(("peer",) * 4, after_step=12, detached=True, budget=True),
+    "notice": Spec(("peer",), after_step=12, grow=True, notice=30),
+    "notice-short": Spec(("peer",), after_step=12, notice=1, notice_holds=False),
 }
 # Ray Train's max_failures, which it counted over a job's whole life (and
 # the inventory's default): many-lost loses one host more than this in one job.
@@ -207,7 +211,42 @@ def _when(spec: Spec, facts: dict, kills: list[dict], events: list[dict]) -> lis
             out.append(f"both kills hit {a.get('host')}")
         elif _t(b) - _t(a) >= spec.second_while_first_down:
             out.append(f"the second kill came {_t(b) - _t(a):.0f} s after the first: the first host was back")
-    return out + _hangs(spec, facts, events) + _sick(spec, facts, events)
+    return out + _hangs(spec, facts, events) + _sick(spec, facts, events) + _notice(spec, kills, events)
+
+
+def _notice_taken(events: list[dict], kill: dict) -> tuple[dict | None, dict | None]:
+    """The chaos notice before ``kill`` on its host, and the trainer's
+    taking of a notice between the two (None where there is none)."""
+    given = [e for e in _chaos(events, "notice_given") if e.get("host") == kill.get("host") and _t(e) <= _t(kill)]
+    if not given:
+        return None, None
+    taken = [e for e in events if e.get("kind") == "notice_received" and _t(given[-1]) <= _t(e) <= _t(kill)]
+    return given[-1], (taken[0] if taken else None)
+
+
+def _notice_save(events: list[dict], taken: dict, kill: dict) -> dict | None:
+    """The save the notice asked, finalized before the kill (None: none)."""
+    at = taken.get("step") if isinstance(taken.get("step"), int) else -1
+    done = [e for e in events if e.get("kind") == "checkpoint_finalized" and e.get("finalized") is True
+            and isinstance(e.get("step"), int) and e["step"] > at and _t(taken) <= _t(e) <= _t(kill)]
+    return done[0] if done else None
+
+
+def _notice(spec: Spec, kills: list[dict], events: list[dict]) -> list[str]:
+    """The notice given to the host killed, taken by the trainer before the
+    kill; a notice shorter than a save: its save not finished by the kill."""
+    if spec.notice is None or not kills:
+        return []
+    given, taken = _notice_taken(events, kills[0])
+    if given is None:
+        return [f"no notice given to {kills[0].get('host')} before its kill"]
+    if abs(float(given.get("grace_s") or 0) - spec.notice) > 0.5:
+        return [f"the notice gave {given.get('grace_s')} s, not {spec.notice}"]
+    if taken is None:
+        return ["the trainer took no notice before the kill"]
+    if not spec.notice_holds and _notice_save(events, taken, kills[0]) is not None:
+        return ["the notice's save finished before the kill: the notice was not shorter than a save"]
+    return []
 
 
 def _quarantines(events: list[dict], by: str) -> list[dict]:
@@ -326,7 +365,50 @@ def criteria(scenario: str, facts: dict, g: dict, events: list[dict]) -> list[Ch
     ran = (g.get("steps") or {}).get("replayed")
     out.append(Check("the incidents' replayed steps were run again", told == ran,
                      f"incidents say {told}, steps run again {ran}"))
-    return out + _acted(spec, facts, g, events) + [_wall(facts, g)]
+    return out + _acted(spec, facts, g, events) + _saves(spec, facts, g, events) + [_wall(facts, g)]
+
+
+def _saves(spec: Spec, facts: dict, g: dict, events: list[dict]) -> list[Check]:
+    """Every run: its saves accounted, made against due (goodput's
+    ``saves``). A notice: its save finalized and nothing replayed, or, too
+    short, at most one checkpoint period replayed and its save reported
+    missing, never restored. A save cut by a kill: reported missing."""
+    s = g.get("saves") or {}
+    missing = {m.get("step"): m for m in s.get("missing") or [] if isinstance(m, dict)}
+    out = [Check("saves accounted", bool(s.get("known")) and int(s.get("due") or 0) > 0,
+                 str(s.get("line") or "no saves in the report"))]
+    kills = _chaos(events, "worker_lost")
+    if spec.notice is not None and kills:
+        given, taken = _notice_taken(events, kills[0])
+        noticed = [i for i in _incidents(g) if i.get("notice")]
+        replayed = [i.get("replayed_steps") for i in noticed]
+        if spec.notice_holds:
+            saved = _notice_save(events, taken, kills[0]) if taken else None
+            out.append(Check("the notice's save finalized before the host went", saved is not None,
+                             f"step {saved.get('step')} in {saved.get('seconds')} s" if saved else "no save finalized"))
+            out.append(Check("no step replayed after the notice", bool(noticed) and replayed == [0],
+                             f"replayed {replayed}" if noticed else "no incident says its notice"))
+        else:
+            period = int(facts.get("checkpoint_period") or 0)
+            out.append(Check("at most one checkpoint period replayed", bool(noticed) and all(
+                r is not None and r <= period for r in replayed),
+                f"replayed {replayed} (period {period})" if noticed else "no incident says its notice"))
+            restored = [e.get("step") for e in events if e.get("kind") == "restore_started"]
+            finalized = {e.get("step") for e in events if e.get("kind") == "checkpoint_finalized"
+                         and e.get("finalized") is True}
+            asked = [m for m in missing.values() if any("notice" in str(b) for b in m.get("due_by") or [])]
+            out.append(Check("the notice's save reported not finalized", bool(asked),
+                             "; ".join(f"{m.get('name')}: {m.get('why')}" for m in asked) or
+                             f"no save asked by the notice among the missing: {s.get('line')}"))
+            out.append(Check("restored only from a finalized save", bool(restored) and all(
+                r in finalized for r in restored), f"restored from {restored}, finalized {sorted(finalized)[-3:]}"))
+    if spec.cut_save:
+        cut = facts.get("saving_step")
+        m = missing.get(cut)
+        out.append(Check("the cut save reported not finalized", m is not None,
+                         f"step {cut}: {m.get('why')}" if m else f"step {cut} not among the missing "
+                                                                 f"({sorted(k for k in missing if k is not None)})"))
+    return out
 
 
 def _acted(spec: Spec, facts: dict, g: dict, events: list[dict]) -> list[Check]:

@@ -20,6 +20,9 @@ def started(t: float, rank: int, slice_: int, workers: int = 2) -> dict:
     return ev(t, "worker_started", rank=rank, workers=workers, slice=f"tpu-group-{slice_}", host="0", job="j-1")
 
 
+SAVED = {"known": True, "due": 5, "finalized": 5, "missing": [], "line": "saves: 5 of 5 finalized"}
+
+
 def back_20s_run() -> tuple[dict, dict, list[dict]]:
     """A host (rank 0's) lost after step 14, the job on one slice, then
     grown back: the facts, the goodput report and the events."""
@@ -38,7 +41,7 @@ def back_20s_run() -> tuple[dict, dict, list[dict]]:
               started(81, 0, 0), started(81.1, 1, 1),
               *[ev(90 + s, "step", step=s, seconds=1.0) for s in range(31, 41)],
               ev(131, "job_end", source="train", job="j-1", status="SUCCEEDED")]
-    g = {"start": T0, "end": T0 + 131, "wall_s": 131.0, "steps": {"counted": 40, "replayed": 4},
+    g = {"start": T0, "end": T0 + 131, "wall_s": 131.0, "steps": {"counted": 40, "replayed": 4}, "saves": SAVED,
          "incidents": [{"kind": "worker_lost", "at": T0 + 25, "lost_at_step": 14, "restored_from_step": 10,
                         "replayed_steps": 4, "recover_s": 26.0},
                        {"kind": "resize", "at": T0 + 71, "lost_at_step": 30, "restored_from_step": 30,
@@ -74,6 +77,8 @@ def failed(v: S.Verdict) -> list[str]:
     ("every incident recovered", lambda f, g, e: g.update(incidents=[])),
     ("no step replayed at a grow", lambda f, g, e: g["incidents"][1].update(replayed_steps=3)),
     ("the incidents' replayed steps were run again", lambda f, g, e: g["steps"].update(replayed=2)),
+    ("saves accounted", lambda f, g, e: g.update(saves={"known": False, "line": "saves: schedule unknown"})),
+    ("saves accounted", lambda f, g, e: g.pop("saves")),
     ("wall within the soak's stopwatch", lambda f, g, e: g.update(end=T0 + 200)),      # an end after the train ended
     ("wall within the soak's stopwatch", lambda f, g, e: g.update(wall_s=20.0)),       # most of the run uncounted
     ("wall within the soak's stopwatch", lambda f, g, e: f.pop("t_after")),
@@ -194,7 +199,7 @@ def hang_never_run() -> tuple[dict, dict, list[dict]]:
               ev(50, "restore_started", step=10), ev(51, "restored", step=10, seconds=1.0),
               *[ev(55 + s, "step", step=s, seconds=1.0) for s in range(11, 41)],
               ev(96, "job_end", source="watch", job="j-1", status="SUCCEEDED")]
-    g = {"start": T0, "end": T0 + 96, "wall_s": 96.0, "steps": {"counted": 40, "replayed": 4},
+    g = {"start": T0, "end": T0 + 96, "wall_s": 96.0, "steps": {"counted": 40, "replayed": 4}, "saves": SAVED,
          "incidents": [{"kind": "stall", "at": T0 + 25, "lost_at_step": 14, "restored_from_step": 10,
                         "replayed_steps": 4, "recover_s": 41.0}]}
     facts = {"rc": 0, "outcome": "job j-1 SUCCEEDED (detached)", "target_steps": 40, "t_before": T0 - 5,
@@ -360,3 +365,94 @@ def test_a_trains_job_id_is_its_jobs_never_its_watchs():
     assert job_id("  note   job rayjob-elastic-8b-3 of run rayjob-elastic-8b is already RUNNING: following it, not "
                   "submitting another") == "rayjob-elastic-8b-3"
     assert job_id("apply ray job submit --submission-id=run-watchful-2") == "run-watchful-2"
+
+
+# -- a notice, then the loss (issue 37) ---------------------------------------------------
+def notice_run(grace: int = 30, saved: bool = True) -> tuple[dict, dict, list[dict]]:
+    """A peer's host given a notice after step 14: the trainer takes it,
+    the save of step 15 is finalized (or, too short a notice, cut), the
+    host killed at the grace's end, the job on one slice, then two again."""
+    facts, g, events = back_20s_run()
+    kill = next(e for e in events if e["kind"] == "worker_lost")
+    kill.update(host="tpu-group-1-0", target="peer", t=T0 + (26.5 if saved else 24.8))
+    events += [ev(24, "notice_given", by="chaos", host="tpu-group-1-0", grace_s=grace, source="chaos"),
+               ev(24.5, "notice_received", step=14, ranks=[1], grace_s=grace - 0.5, save_asked=True)]
+    if saved:
+        events.append(ev(25.5, "checkpoint_finalized", step=15, seconds=0.4, finalized=True))
+    events.sort(key=lambda e: e["t"])
+    g["incidents"][0].update(notice="a notice to go, 30 s ahead (ranks 1); its save asked at step 14",
+                             lost_at_step=15 if saved else 14, restored_from_step=15 if saved else 10,
+                             replayed_steps=0 if saved else 4)
+    g["steps"]["replayed"] = 0 if saved else 4
+    if not saved:
+        events += [ev(36, "checkpoint_finalized", step=10, seconds=0.4, finalized=True)]
+        g["saves"] = {"known": True, "due": 4, "finalized": 3, "line": "saves: 3 of 4 finalized",
+                      "missing": [{"step": None, "after_step": 14, "name": "a save asked after step 14",
+                                   "due_by": ["asked by a notice to a host"], "why": "the worker went before it"}]}
+        facts["checkpoint_period"] = 5
+    return facts, g, events
+
+
+def test_a_good_notice_run_passes_every_criterion_and_was_exercised():
+    facts, g, events = notice_run()
+    v = S.verdict("notice", facts, g, events)
+    assert v.exercised == [] and [c.name for c in v.checks if c.ok is not True] == [] and v.ok
+    names = {c.name for c in v.checks}
+    assert {"the notice's save finalized before the host went", "no step replayed after the notice"} <= names
+    facts, g, events = notice_run(grace=1, saved=False)
+    v = S.verdict("notice-short", facts, g, events)
+    assert v.exercised == [] and [c.name for c in v.checks if c.ok is not True] == [] and v.ok
+    assert {"at most one checkpoint period replayed", "the notice's save reported not finalized",
+            "restored only from a finalized save"} <= {c.name for c in v.checks}
+
+
+@pytest.mark.parametrize("scenario,criterion,change", [
+    ("notice", "the notice's save finalized before the host went",
+     lambda f, g, e: e.remove(next(x for x in e if x["kind"] == "checkpoint_finalized"))),
+    ("notice", "no step replayed after the notice", lambda f, g, e: g["incidents"][0].update(replayed_steps=2)),
+    ("notice", "no step replayed after the notice", lambda f, g, e: g["incidents"][0].pop("notice")),
+    ("notice-short", "at most one checkpoint period replayed",
+     lambda f, g, e: g["incidents"][0].update(replayed_steps=7)),
+    ("notice-short", "the notice's save reported not finalized", lambda f, g, e: g["saves"].update(missing=[])),
+    ("notice-short", "restored only from a finalized save",
+     lambda f, g, e: next(x for x in e if x["kind"] == "restore_started").update(step=12)),
+])
+def test_each_notice_criterion_fails_on_the_run_it_is_there_to_catch(scenario, criterion, change):
+    facts, g, events = copy.deepcopy(notice_run() if scenario == "notice" else notice_run(1, saved=False))
+    change(facts, g, events)
+    v = S.verdict(scenario, facts, g, events)
+    assert criterion in failed(v) and not v.ok
+
+
+@pytest.mark.parametrize("scenario,change,why", [
+    ("notice", lambda f, g, e: e.remove(next(x for x in e if x["kind"] == "notice_given")), "no notice given"),
+    ("notice", lambda f, g, e: next(x for x in e if x["kind"] == "notice_given").update(grace_s=5),
+     "the notice gave 5 s, not 30"),
+    ("notice", lambda f, g, e: e.remove(next(x for x in e if x["kind"] == "notice_received")),
+     "the trainer took no notice"),
+    ("notice-short", lambda f, g, e: e.append(ev(24.7, "checkpoint_finalized", step=15, seconds=0.2,
+                                                 finalized=True)), "the notice's save finished before the kill"),
+])
+def test_a_notice_that_did_not_happen_as_described_is_not_exercised(scenario, change, why):
+    facts, g, events = copy.deepcopy(notice_run() if scenario == "notice" else notice_run(1, saved=False))
+    change(facts, g, events)
+    events.sort(key=lambda e: e["t"])
+    v = S.verdict(scenario, facts, g, events)
+    assert any(why in x for x in v.exercised), v.exercised
+
+
+def test_a_save_cut_by_a_kill_must_be_reported_missing():
+    facts, g, events = back_20s_run()
+    for e in events:
+        if e["kind"] == "worker_lost":
+            e["host"] = "tpu-group-1-0"
+    facts.update(saving_step=15, restored_from=10)
+    g["saves"] = {"known": True, "due": 4, "finalized": 3, "line": "saves: 3 of 4 finalized", "missing": [
+        {"step": 15, "name": "step 15", "due_by": ["its schedule"], "why": "cut: the worker group went 1.0 s after"}]}
+    check = next(c for c in S.verdict("in-save", facts, g, events).checks
+                 if c.name == "the cut save reported not finalized")
+    assert check.ok
+    g["saves"]["missing"] = []
+    check = next(c for c in S.verdict("in-save", facts, g, events).checks
+                 if c.name == "the cut save reported not finalized")
+    assert check.ok is False and "not among the missing" in check.detail
