@@ -59,7 +59,7 @@ def times(whole: float, measured: bool = True, save: float | None = None) -> Tim
 
 def test_a_spot_notice_holds_a_save_within_its_15_s_else_names_multi_tier_checkpointing():
     fits = notice_text(SPOT, times(14.0), "LOSS")
-    assert "ends within its 15 s: a preemption replays no step" in fits
+    assert "does end within its 15 s: a preemption replays no step" in fits
     short = notice_text(SPOT, times(24.1, measured=False), "at most 100 steps")
     assert "a save of ~24.1 s (estimate) does not end within its 15 s" in short
     assert "replays at most 100 steps" in short
@@ -83,7 +83,7 @@ def test_the_line_says_the_period_why_the_loss_and_each_notice():
     assert said.startswith("checkpoint period: 588 steps (auto: sqrt(2 x 8 s a save x 24 h between interruptions) "
                            "= 1176 s / 2 s a step = 588 steps; measured: run r's; MTBI 24 h: spot's)")
     assert "a loss replays at most 588 steps (~1.18e+03 s, 10.5 chip-hours, $28.22)" in said
-    assert "ends within its 15 s" in said
+    assert "does end within its 15 s" in said
 
 
 def test_a_run_measures_its_median_save_its_finalization_and_its_steps():

@@ -12,7 +12,9 @@ from playbooks.access import connectors
 from playbooks.cloud.gke import nodepool_name
 from playbooks.config.schema import Environment, capacities
 from playbooks.core.command import Command
+from playbooks.core.runner import Mode
 from playbooks.core.step import Step, skipped
+from playbooks.job import save_plan
 from playbooks.job.spec import MODELS, Job, remove_checkpoints
 from playbooks.plays import (
     capacity,
@@ -31,8 +33,6 @@ from playbooks.plays import (
     train,
     watch,
 )
-from playbooks.core.runner import Mode
-from playbooks.job import save_plan
 from playbooks.runs import cluster_watch, placement, restart, save_times
 from playbooks.twin.nodes import hosts_of
 

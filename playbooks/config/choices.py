@@ -144,8 +144,8 @@ class CapacityOption:
 # ``job/save_period.py`` quotes the sources.
 MAINTENANCE_NOTICE = ("no notice but host maintenance, announced days ahead by a node label (`invoke status` says "
                       "when)")
-ASSUMED_MTBI = ("an assumption (30 days): Google publishes no rate of TPU host failures; host maintenance is announced days "
-                "ahead; set interruption_mtbi_hours from what your runs see")
+ASSUMED_MTBI = ("an assumption (30 days): Google publishes no rate of TPU host failures; host maintenance is "
+                "announced days ahead; set interruption_mtbi_hours from what your runs see")
 ON_DEMAND = CapacityOption("on-demand", (), starts_empty=False, waits_for_capacity=False, preemptible=False,
                            reserved=False, quotas=("on_demand_quota",), notice=MAINTENANCE_NOTICE,
                            mtbi_hours=720.0, mtbi_basis=ASSUMED_MTBI)

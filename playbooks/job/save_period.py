@@ -152,10 +152,11 @@ def notice_text(option: CapacityOption | None, t: Times | None, loss: str) -> st
         return f"{option.name}: {option.notice}; no save measured or estimated to hold in it"
     lower = t.measured and t.whole_s <= t.save_s  # no finalization recorded: the blocking part, at least
     what = f"a save of ~{t.whole_s:.3g} s ({t.kind}{', its blocking part: at least' if lower else ''})"
+    within = f"end within its {option.notice_s} s"
     if t.whole_s <= option.notice_s:
-        return f"{option.name}: {option.notice}: {what} ends within its {option.notice_s} s: a preemption replays no step"
-    return (f"{option.name}: {option.notice}: {what} does not end within its {option.notice_s} s: a preemption "
-            f"replays {loss}; what would: {MULTI_TIER}")
+        return f"{option.name}: {option.notice}: {what} does {within}: a preemption replays no step"
+    return (f"{option.name}: {option.notice}: {what} does not {within}: a preemption replays {loss}; what would: "
+            f"{MULTI_TIER}")
 
 
 def line(p: Plan, options: tuple[CapacityOption | None, ...], chips: int,
