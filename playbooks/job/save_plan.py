@@ -40,8 +40,8 @@ def mtbi(env: Environment) -> Mtbi:
         return Mtbi(float(env.interruption_mtbi_hours), "interruption_mtbi_hours")
     opts = env.options or (ON_DEMAND,)
     o = min(opts, key=lambda x: x.mtbi_hours)
-    whose = "the local twin's, as on-demand" if not env.options else o.name
-    return Mtbi(o.mtbi_hours, f"{whose}'s, {o.mtbi_basis}")
+    twin = "" if env.options else " (the local twin's hosts stand for on-demand ones)"
+    return Mtbi(o.mtbi_hours, f"{o.name}'s{twin}, {o.mtbi_basis}")
 
 
 def writing_hosts(env: Environment, s: dict) -> int:
