@@ -121,8 +121,12 @@ def _job(s, model, elastic, steps, sets, fresh, preset):
 
     # Invoke passes a bare `--set` (no key=value after it) as no --set at all.
     bare_flag("--set", "-t")
+    from playbooks.cli import task_steps
+
     n = whole_number("--steps", steps, 1, spec.MAX_STEPS, "the tutorial's jobs run 100") if steps != "" else None
-    return spec.build_job(s.env, model, elastic, n, sets or [], fresh, preset)
+    job = spec.build_job(s.env, model, elastic, n, sets or [], fresh, preset)
+    task_steps.choose_period(s.env, job, s.mode)
+    return job
 
 
 @task(

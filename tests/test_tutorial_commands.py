@@ -128,20 +128,25 @@ def _submit(text):
 CACHE = f" enable_autocheckpoint=true jax_cache_dir=gs://{B}/jax_cache"
 
 
+# The checkpoint period chosen (job/save_plan.py), not MaxText's 10,000:
+# the estimated optimum, held at the job's steps.
+PERIOD = " checkpoint_period={}"
+
+
 def test_training_jobs_are_the_tutorials(transcripts):
     assert _submit(transcripts["train"]) == (
         "python maxtext_multi_slice_trainer.py base.yml base_output_directory=/data/ dataset_type=synthetic "
         "per_device_batch_size=4 max_target_length=4096 model_name=llama3-8b steps=100 ici_fsdp_parallelism=4 "
-        "ici_tensor_parallelism=4 run_name=rayjob-multi-slice" + CACHE)
+        "ici_tensor_parallelism=4 run_name=rayjob-multi-slice" + CACHE + PERIOD.format(100))
     assert _submit(transcripts["train70"]) == (
         "python maxtext_multi_slice_trainer.py base.yml base_output_directory=/data/ dataset_type=synthetic "
         "per_device_batch_size=2 max_target_length=4096 model_name=llama3-70b steps=100 ici_tensor_parallelism=4 "
         "ici_fsdp_parallelism=4 dcn_fsdp_parallelism=2 dcn_data_parallelism=1 remat_policy=full "
-        "run_name=rayjob-multi-slice-70b-fsdp" + CACHE)
+        "run_name=rayjob-multi-slice-70b-fsdp" + CACHE + PERIOD.format(100))
     assert _submit(transcripts["elastic"]) == (
         "python maxtext_elastic_trainer.py base.yml base_output_directory=/data/ dataset_type=synthetic "
         "per_device_batch_size=4 max_target_length=4096 model_name=llama3-8b steps=50 ici_fsdp_parallelism=4 "
-        "ici_tensor_parallelism=4 run_name=rayjob-elastic-8b" + CACHE)
+        "ici_tensor_parallelism=4 run_name=rayjob-elastic-8b" + CACHE + PERIOD.format(50))
     assert '"TRAINER_SLICES": "3"' in transcripts["train"]
     assert "compile_topology=v6e-16 compile_topology_num_slices=3" in transcripts["train"]
     assert "skipped: [preflight : preflight] --skip-preflight: no static checks" in transcripts["train70"]

@@ -12,7 +12,9 @@ from playbooks.access import connectors
 from playbooks.cloud.gke import nodepool_name
 from playbooks.config.schema import Environment, capacities
 from playbooks.core.command import Command
+from playbooks.core.runner import Mode
 from playbooks.core.step import Step, skipped
+from playbooks.job import save_plan
 from playbooks.job.spec import MODELS, Job, remove_checkpoints
 from playbooks.plays import (
     capacity,
@@ -31,7 +33,7 @@ from playbooks.plays import (
     train,
     watch,
 )
-from playbooks.runs import cluster_watch, placement, restart
+from playbooks.runs import cluster_watch, placement, restart, save_times
 from playbooks.twin.nodes import hosts_of
 
 GKE_ONLY = ("capacity", "prereqs", "network", "cluster", "nodepools", "storage")
@@ -149,7 +151,10 @@ def train_steps(env: Environment, job: Job, log_file: Path | None = None, prefli
                 detach: bool = False) -> list[Step]:
     """Preflight first (nothing is started for a job that cannot fit), then
     the cluster, the run's checkpoints, GKE maintenance held off (GKE), the
-    job (which releases the hold when it ends)."""
+    job (which releases the hold when it ends). A job whose period was not
+    chosen yet (``choose_period``) gets the estimated one."""
+    if job.save_plan is None:
+        save_plan.apply(env, job, None)
     if preflight_first:
         checks = preflight.steps(env, job, search=False)
     else:
@@ -157,7 +162,8 @@ def train_steps(env: Environment, job: Job, log_file: Path | None = None, prefli
                                                    "AOT fit check against the TPU HBM", id="preflight:skipped")]
     hold = [train.hold_step(job)] if env.platform.cloud else []
     return _then(checks + train.preemption_note(env, job) + cluster_ready_steps(env)
-                 + [train.slices_step(env, job), train.checkpoint_step(job)] + hold + [train.estimate_step(job)],
+                 + [train.slices_step(env, job), train.checkpoint_step(job)] + hold
+                 + [train.estimate_step(job), train.save_step(job)],
                  [train.job_step(job, log_file, follow_quarantine(env, job.elastic, cluster_watch.in_head_pod(env)),
                                  detach)])
 
@@ -185,7 +191,18 @@ def follow_quarantine(env: Environment, elastic: bool, in_head: bool = False) ->
 
 
 def preflight_steps(env: Environment, job: Job) -> list[Step]:
-    return preflight.steps(env, job, search=True)
+    """The fit, and what a notice gives a save of this job."""
+    if job.save_plan is None:
+        save_plan.apply(env, job, None)
+    return preflight.steps(env, job, search=True) + [preflight.save_step(env, job)]
+
+
+def choose_period(env: Environment, job: Job, mode: Mode) -> None:
+    """The job's checkpoint period (``job/save_plan.py``), from the times
+    this environment's runs of its model measured: not read in a dry run
+    (its transcript stays the same on any machine), which estimates them."""
+    measured = None if mode == Mode.DRY else save_times.read(env, job.model)
+    save_plan.apply(env, job, measured)
 
 
 def chaos_steps(env: Environment, restore_after: float, target: str = placement.FIRST) -> list[Step]:

@@ -124,23 +124,51 @@ class CapacityOption:
     # Its price can come from the Cloud Billing Catalog (the generation's
     # SKU); else only from the inventory's prices:.
     catalog_priced: bool = True
+    # The notice a slice of it gets before it goes, in words, and the
+    # seconds the job's pods have after it to save (None: no notice of
+    # that kind). Sources: ``job/save_period.py``.
+    notice: str = ""
+    notice_s: int | None = None
+    # The mean time between interruptions a run on it expects, by default
+    # (the inventory's interruption_mtbi_hours wins), and its basis in
+    # words: the checkpoint period is chosen from it (``job/save_period.py``).
+    mtbi_hours: float = 168.0
+    mtbi_basis: str = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "compute_class", MappingProxyType(dict(self.compute_class)))
 
 
+# What a slice of each option is told before it goes, and how often a run
+# on it is interrupted (an assumption where Google publishes no rate):
+# ``job/save_period.py`` quotes the sources.
+MAINTENANCE_NOTICE = ("no notice but host maintenance, announced days ahead by a node label (`invoke status` says "
+                      "when)")
+ASSUMED_MTBI = ("an assumption (30 days): Google publishes no rate of TPU host failures; host maintenance is "
+                "announced days ahead; set interruption_mtbi_hours from what your runs see")
 ON_DEMAND = CapacityOption("on-demand", (), starts_empty=False, waits_for_capacity=False, preemptible=False,
-                           reserved=False, quotas=("on_demand_quota",))
+                           reserved=False, quotas=("on_demand_quota",), notice=MAINTENANCE_NOTICE,
+                           mtbi_hours=720.0, mtbi_basis=ASSUMED_MTBI)
 SPOT = CapacityOption("spot", ("--spot",), starts_empty=False, waits_for_capacity=False, preemptible=True,
-                      reserved=False, quotas=("preemptible_quota",), compute_class={"spot": True})
+                      reserved=False, quotas=("preemptible_quota",), compute_class={"spot": True},
+                      notice=("a Spot preemption notice: GKE gives pods 30 s of graceful termination, the first 15 s "
+                              "to the job's pods (up to 120 s on Standard node pools from GKE 1.35.0-gke.1171000, "
+                              "in the node system configuration)"),
+                      notice_s=15, mtbi_hours=24.0,
+                      mtbi_basis=("an assumption (a day): Google publishes no Spot preemption rate; set "
+                                  "interruption_mtbi_hours from what your runs see"))
 RESERVATION = CapacityOption("reservation", ("--reservation-affinity=specific", "--reservation={reservation}"),
                              starts_empty=False, waits_for_capacity=False, preemptible=False, reserved=True,
-                             quotas=(), catalog_priced=False)
+                             quotas=(), catalog_priced=False, notice=MAINTENANCE_NOTICE, mtbi_hours=720.0,
+                             mtbi_basis=ASSUMED_MTBI)
 FLEX_START = CapacityOption(
     "flex-start", ("--flex-start", "--enable-autoscaling", "--min-nodes=0", "--max-nodes={hosts}",
                    "--location-policy=ANY", "--reservation-affinity=none", "--no-enable-autorepair"),
     starts_empty=True, waits_for_capacity=True, preemptible=True, reserved=False,
-    quotas=("preemptible_quota", "on_demand_quota"), compute_class={"flexStart": {"enabled": True}})
+    quotas=("preemptible_quota", "on_demand_quota"), compute_class={"flexStart": {"enabled": True}},
+    notice=("no notice before its end: a flex-start slice ends at its max run duration, 7 days by default "
+            "(`invoke status` says when)"),
+    mtbi_hours=168.0, mtbi_basis="its max run duration, 7 days by default: the one end it is sure to have")
 OPTIONS: Mapping[str, CapacityOption] = MappingProxyType(
     {o.name: o for o in (ON_DEMAND, SPOT, RESERVATION, FLEX_START)})
 

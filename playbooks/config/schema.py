@@ -671,6 +671,42 @@ HEALTH = (
         doc="the share of each TPU device's memory (bytes_limit) the health gate writes and reads back"),
 )
 
+# -- the checkpoint period: chosen, not inherited (job/save_period.py) ----------------
+AUTO = "auto"
+MTBI_MAX_HOURS = 10 * 8760
+
+
+def checkpoint_period(v: str | int, env: Mapping) -> str | None:
+    """auto (chosen from the save and step times and the interruptions
+    expected) or a whole number of steps; never beside train_overrides'."""
+    if isinstance(v, bool) or (isinstance(v, int) and v < 1) or (isinstance(v, str) and v != AUTO):
+        return (f"must be {AUTO} (chosen from the measured save and step times and the interruptions expected) or "
+                f"a whole number of steps >= 1 (MaxText saves when step % checkpoint_period == 0)")
+    if isinstance(v, int) and "checkpoint_period" in (env.get("train_overrides") or {}):
+        return (f"and train_overrides.checkpoint_period = {env['train_overrides']['checkpoint_period']} say two "
+                f"things: give one (train_overrides' wins over {AUTO})")
+    return None
+
+
+def mtbi_hours(v: float | None, env: Mapping) -> str | None:
+    if v is None:
+        return None
+    if isinstance(v, bool) or not 0 < v <= MTBI_MAX_HOURS:  # NaN fails too
+        return (f"must be a number of hours above 0 and at most {MTBI_MAX_HOURS} (ten years): the mean time "
+                f"between interruptions a run expects")
+    return None
+
+
+SAVES = (
+    Key("checkpoint_period", (str, int), default=AUTO, rules=(checkpoint_period,),
+        doc="auto (the default: sqrt(2 x save time x mean time between interruptions) / step time, in steps; "
+            "Young 1974, Daly 2006) or a whole number of steps; train_overrides' checkpoint_period wins over auto, "
+            "--set over both"),
+    Key("interruption_mtbi_hours", (int, float), rules=(mtbi_hours,),
+        doc="the mean time between interruptions a run expects, in hours (default: the capacity option's, an "
+            "assumption where Google publishes no rate: spot 24, on-demand and reservation 720, flex-start 168)"),
+)
+
 # -- schema -----------------------------------------------------------------
 KIND = Key("kind", str, rules=(lambda v, e: one_of(v, tuple(PLATFORMS)),),
            doc="gke (default) or local")
@@ -758,6 +794,7 @@ GKE = (
     *STALL,
     *ELASTIC,
     *HEALTH,
+    *SAVES,
 )
 
 LOCAL = (
@@ -790,6 +827,7 @@ LOCAL = (
     *STALL,
     *ELASTIC,
     *HEALTH,
+    *SAVES,
 )
 
 def owned(env: Mapping) -> list[tuple[str, str, str]]:
@@ -857,6 +895,8 @@ class Environment(Env):
     health_check: bool
     health_check_timeout: int
     health_check_hbm_fraction: float
+    checkpoint_period: str | int
+    interruption_mtbi_hours: float | None
     # gke
     project_id: str
     region: str

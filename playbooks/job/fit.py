@@ -262,10 +262,15 @@ def parse_compile(text: str, tpu_log: str = "", seconds: float = 0.0, hbm: float
     return fit
 
 
+# When the job saves: not part of what it compiles to (and chosen from the
+# run's measurements, so a compile cached for one period serves any).
+RUNTIME_KEYS = ("checkpoint_period",)
+
+
 def compile_args(env: Environment, job: Job, extra: Extra = (), slices: int | None = None) -> list[str]:
     """The job's own arguments, for the TPU topology it would run on (every
     slice, for an elastic job)."""
-    args = dict(job.args)
+    args = {k: v for k, v in job.args if k not in RUNTIME_KEYS}
     for k, v in extra:
         args[k] = v
     args.update({"compile_topology": generation(env).compile_topology(env.topology),

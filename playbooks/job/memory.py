@@ -214,3 +214,19 @@ def estimate(s: Mapping[str, Any], devices: int, slices: int, capacity: float) -
         host=((params if param_host else 0) + (optimizer if opt_host else 0)
               + (layers * tokens * ab * size["E"] if inputs_on_host else 0)) / GIB,
         capacity=capacity)
+
+
+def parameters(s: Mapping[str, Any]) -> int:
+    """The model's weights, counted as ``estimate`` counts them."""
+    return int(_shape(s)["total"])
+
+
+def checkpoint_bytes(s: Mapping[str, Any]) -> float:
+    """What a checkpoint of the training state holds: every weight in
+    ``weight_dtype`` and AdamW's two moments (as ``estimate`` counts the
+    optimizer state), once, whatever the mesh (the data-parallel replicas
+    save one copy)."""
+    wb = DTYPE_BYTES[str(s.get("weight_dtype", "float32"))]
+    mu = DTYPE_BYTES.get(str(s.get("mu_dtype") or s.get("weight_dtype", "float32")), wb)
+    moments = 0 if str(s.get("opt_type", "adamw")) == "sgd" else mu + wb
+    return float(parameters(s) * (wb + moments))

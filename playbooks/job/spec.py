@@ -56,6 +56,7 @@ class Job:
     bucket: str | None = None
     preset: str = ""
     sets: tuple[tuple[str, str], ...] = ()  # the user's --set pairs, as given
+    save_plan: Any = None  # its checkpoint period and why (save_plan.py: save_period.Plan)
 
     def arg(self, key: str) -> str | None:
         for k, v in self.args:
@@ -111,7 +112,7 @@ def compile_cache(env: Environment) -> str:
     return f"gs://{env.gs_bucket}/{COMPILE_CACHE}"
 
 
-def _set(args: list[tuple[str, str]], key: str, value: str) -> None:
+def set_arg(args: list[tuple[str, str]], key: str, value: str) -> None:
     for i, (k, _) in enumerate(args):
         if k == key:
             args[i] = (k, value)
@@ -155,7 +156,7 @@ def build_job(env: Environment, model: str, elastic: bool = False, steps: int | 
     extra = checked_request(model, steps, sets, preset)
     args = [*T.TRAIN_ARGS[model], AUTOCHECKPOINT]
     if elastic:
-        _set(args, "run_name", T.ELASTIC_RUN_NAME[model])
+        set_arg(args, "run_name", T.ELASTIC_RUN_NAME[model])
     job = Job(model, elastic, T.ELASTIC_TRAINER if elastic else T.TRAINER, args, trainer_env(env, elastic),
               dashboard(env), env, fresh, preset=preset, sets=tuple(extra))
     if env.platform.simulated:
@@ -163,17 +164,17 @@ def build_job(env: Environment, model: str, elastic: bool = False, steps: int | 
     else:
         place_on_gke(job)
     for k, v in (env.train_overrides or {}).items():
-        _set(args, k, maxtext_settings.as_text(v))
+        set_arg(args, k, maxtext_settings.as_text(v))
     for k, v in (PRESETS[model][preset] if preset else ()):
-        _set(args, k, v)
+        set_arg(args, k, v)
     if steps is not None:
-        _set(args, "steps", str(steps))
+        set_arg(args, "steps", str(steps))
     for k, v in extra:
-        _set(args, k, v)
+        set_arg(args, k, v)
     if env.platform.simulated and job.arg("metrics_file") is None:
         # MaxText's own per-step metrics (each rank its own file; kept as the
         # run's metrics.jsonl after the job).
-        _set(args, "metrics_file", str(paths.here(paths.maxtext_metrics(env.name, job.run_name))))
+        set_arg(args, "metrics_file", str(paths.here(paths.maxtext_metrics(env.name, job.run_name))))
     check_whole(job)
     return job
 
@@ -243,9 +244,9 @@ def place_locally(job: Job) -> None:
     """A local job: everything it writes under .state/<env>/, JAX on CPU."""
     env = job.env
     p = paths.local_job(env.name)
-    _set(job.args, "base_output_directory", p["data"])
-    _set(job.args, "jax_cache_dir", p["jax_cache"])
-    _set(job.args, "dump_hlo_local_dir", p["xla_dump"])
+    set_arg(job.args, "base_output_directory", p["data"])
+    set_arg(job.args, "jax_cache_dir", p["jax_cache"])
+    set_arg(job.args, "dump_hlo_local_dir", p["xla_dump"])
     job.env_vars.update({
         # No XLA_FLAGS here: each simulated TPU host's Ray node gives its
         # own (its devices, twin/nodes.py), as a TPU VM has its own chips; a
@@ -287,7 +288,7 @@ def place_on_gke(job: Job) -> None:
     if env.worker_packages == "requirements":
         job.env_vars["TRAINER_WORKER_REQUIREMENTS"] = "requirements.txt"
     job.bucket = env.gs_bucket
-    _set(job.args, "jax_cache_dir", compile_cache(env))
+    set_arg(job.args, "jax_cache_dir", compile_cache(env))
 
 
 def check_whole(job: Job) -> None:

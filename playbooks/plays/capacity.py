@@ -3,7 +3,9 @@ that the zone offers the machine type, that the GKE version is offered, what
 the TPU quotas permit and the reservation holds, and the plan per slice
 made from them (``playbooks/cloud/capacity_plan.py``): a shortfall stops the run
 before any create. A check that cannot look is "not checked", never a
-shortage. What the options are is ``playbooks/cloud/capacity_options.py``."""
+shortage. What the options are is ``playbooks/cloud/capacity_options.py``.
+The `capacity` task also prices the plan and says what each option's
+notice gives a save (``job/save_period.py``)."""
 from __future__ import annotations
 
 from typing import Any
@@ -12,11 +14,15 @@ from playbooks.access.cli_clients import fact, gcloud, json_object
 from playbooks.cloud import capacity_options as cap
 from playbooks.cloud import capacity_plan, prices
 from playbooks.cloud.gke import clusters_fact, location, machine_types_fact
+from playbooks.config import paths
 from playbooks.config.schema import Environment, capacities, reservation_parts
 from playbooks.config.tpu import chips
 from playbooks.core.errors import ProbeFailed
 from playbooks.core.facts import ABSENT, Fact
 from playbooks.core.step import Step, fail, ok, skipped, unchecked
+from playbooks.job import save_period
+from playbooks.job.save_period import Times
+from playbooks.runs import save_times
 
 PLAY = "capacity"
 
@@ -193,6 +199,27 @@ def prices_step(env: Environment) -> Step:
                 probes=(plan, *([catalog] if catalog else [])), after=("capacity:plan",))
 
 
+NOT_READ = "the timelines are not read in a dry run (`invoke capacity` with playbook.mode=check reads them)"
+
+
+def notice_step(env: Environment) -> Step:
+    """What each option's notice gives a save: the save the environment's
+    newest run measured (``runs/save_times.py``); none measured, the
+    notice alone (`invoke preflight --model=M` estimates a model's save)."""
+    probe = Fact(name="save time", python=lambda: save_times.read(env) or "none measured here yet",
+                 display=f"# the save times of {paths.training(env.name)}/*/events.jsonl", assumed=NOT_READ,
+                 describe=lambda t: t.basis if isinstance(t, Times) else str(t))
+
+    def decide(look):
+        t = look(probe)
+        times = t if isinstance(t, Times) else None
+        why = "" if times else f" (no save to hold: {t}; `invoke preflight --model=M` estimates a model's)"
+        loss = "the steps since its last checkpoint (up to the checkpoint period: `invoke train` says it)"
+        return ok("notice: " + "; ".join(save_period.notice_text(o, times, loss) for o in env.options) + why)
+
+    return Step(PLAY, "notice before a slice goes", decide, id="capacity:notice", probes=(probe,))
+
+
 def steps(env: Environment, priced: bool = False) -> list[Step]:
     """The capacity preflight: read-only, so it runs first, before any
     create. Autopilot has no node pools of ours, but the same chips.
@@ -202,4 +229,4 @@ def steps(env: Environment, priced: bool = False) -> list[Step]:
     out = [machine_type_step(env), version_step(env), quota_step(env)]
     if any(o.reserved for o in env.options):
         out.append(reservation_step(env))
-    return out + [plan_step(env)] + ([prices_step(env)] if priced else [])
+    return out + [plan_step(env)] + ([prices_step(env), notice_step(env)] if priced else [])

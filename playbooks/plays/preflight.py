@@ -14,6 +14,7 @@ from playbooks.core.play import Outcome, StepContext
 from playbooks.core.recap import FAILED, OK, SKIPPED
 from playbooks.core.step import Step, fail, ok, skipped
 from playbooks.job import fit as F
+from playbooks.job import save_period
 from playbooks.job.spec import PRESETS, Job
 
 PLAY = "preflight"
@@ -148,6 +149,16 @@ def _search(ctx: StepContext, env: Environment, job: Job, short: str) -> Outcome
         if r is not None and r.fits:
             return Outcome(FAILED, F.found(env, job, short, a, r))
     return Outcome(FAILED, F.none_found(env, short, plan))
+
+
+def save_step(env: Environment, job: Job) -> Step:
+    """What each capacity option's notice gives a save of this job, and what
+    a loss replays at its checkpoint period (``job/save_period.py``; the
+    dollars are `train`'s, which reads the prices)."""
+    plan = job.save_plan
+    line = save_period.line(plan, env.options or (None,), env.slices * env.hosts_per_slice * env.chips_per_host,
+                            None)
+    return Step(PLAY, "checkpoint period and notices", lambda look: ok(line), id="preflight:save-period")
 
 
 def steps(env: Environment, job: Job, search: bool = True) -> list[Step]:

@@ -31,6 +31,7 @@ from playbooks.core.facts import ABSENT, Action, Completed, Fact, assume
 from playbooks.core.play import Outcome, StepContext
 from playbooks.core.recap import CHANGED, FAILED, OK, SKIPPED
 from playbooks.core.step import Step, Verify, change, fail, ok, skipped
+from playbooks.job import save_period
 from playbooks.job.spec import (
     Checkpoints,
     Job,
@@ -281,6 +282,22 @@ def estimate_step(job: Job) -> Step:
         return ok(cost.estimate(left, step, look(basis), why=None if step else str(got), overhead=overhead))
 
     return Step(PLAY, "cost estimate", decide, id="train:estimate", probes=(basis, when),
+                after=("train:checkpoints",))
+
+
+def save_step(job: Job) -> Step:
+    """One line before the submit: the checkpoint period and why, what a
+    loss replays at it (steps, seconds, chip-hours, dollars), and what each
+    capacity option's notice gives a save (``job/save_period.py``)."""
+    basis = basis_fact(job)
+    plan = job.save_plan
+
+    def decide(look):
+        b = look(basis)
+        hourly = None if b.simulated else b.hourly()
+        return ok(save_period.line(plan, job.env.options or (None,), b.chips, hourly))
+
+    return Step(PLAY, "checkpoint period", decide, id="train:save-period", probes=(basis,),
                 after=("train:checkpoints",))
 
 

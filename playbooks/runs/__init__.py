@@ -11,7 +11,8 @@ keeping them), the summary of its steps (``train_summary``), where each
 second went (``goodput``, and the field's library on the same run,
 ``goodput_reference``), every save due and whether it was finalized
 (``saves``), what it cost in chip-hours and dollars, and the
-estimate before a submit (``cost``), the list of an environment's runs
+estimate before a submit (``cost``), a save's and a step's seconds as the
+environment's runs measured them (``save_times``), the list of an environment's runs
 (``run_list``), its kept step metrics and their plot (``metrics``), where each
 rank of a running job sits (``placement``), what a chaos task's
 ``--target`` aims at (``chaos_target``), the hosts an environment has set
