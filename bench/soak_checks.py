@@ -379,7 +379,7 @@ def _saves(spec: Spec, facts: dict, g: dict, events: list[dict]) -> list[Check]:
                  str(s.get("line") or "no saves in the report"))]
     kills = _chaos(events, "worker_lost")
     if spec.notice is not None and kills:
-        given, taken = _notice_taken(events, kills[0])
+        _given, taken = _notice_taken(events, kills[0])
         noticed = [i for i in _incidents(g) if i.get("notice")]
         replayed = [i.get("replayed_steps") for i in noticed]
         if spec.notice_holds:
