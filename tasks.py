@@ -262,6 +262,29 @@ def preempt_worker(c, grace="30", restore_after="60", target="first", env=""):
                                                 target), parallel=False)
 
 
+@task(help={"in": "seconds from now to the slice's host maintenance (default 120; 1-86400)",
+            "restore_after": "local: seconds before the slice's hosts are started again after it (default 60; 0: "
+                             "never)",
+            "target": "which worker's slice: first (default), rank0 or peer (of the running job), or a host's or "
+                      "pod's name", **ENV},
+      name="maintenance")
+def maintenance_notice(c, in_="120", restore_after="60", target="first", env=""):
+    """A host maintenance scheduled for one slice in --in seconds, as GKE announces one (a node label; local: the
+    twin's record, then the slice's hosts killed at that time): the watch gives the slice its notice before it."""
+    from playbooks.cli import task_steps
+    from playbooks.core.errors import InputError
+
+    with clean_errors():
+        s = _session(c, "chaos", env)
+        when = seconds("--in", in_, maximum=86400)
+        if when < 1:
+            raise InputError(f"--in {in_}: must be at least 1 second")
+        if problem := task_steps.chaos_target_problem(s.env, target):
+            raise InputError(problem)
+        s.run("chaos", task_steps.maintenance_steps(s.env, when, seconds("--restore-after", restore_after), target),
+              parallel=False)
+
+
 @task(help={"restore_after": "seconds before the frozen worker is resumed (default 60; 0: never)", **ENV})
 def hang_worker(c, restore_after="60", env=""):
     """Freeze one worker's trainer (SIGSTOP; local: one simulated host's), resume it after --restore-after: a stall."""
@@ -454,6 +477,7 @@ hosts.add_task(release)
 chaos = Collection("chaos")
 chaos.add_task(delete_worker)
 chaos.add_task(preempt_worker)
+chaos.add_task(maintenance_notice)
 chaos.add_task(hang_worker)
 chaos.add_task(sicken_worker)
 chaos.add_task(heal_worker)

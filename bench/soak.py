@@ -663,6 +663,26 @@ def notice_short(soak: Soak, r: Result) -> Train:
     return job
 
 
+def maintenance(soak: Soak, r: Result) -> Detached:
+    """A host maintenance scheduled for a peer's slice in 45 s
+    (chaos.maintenance), nobody following (`maintenance_lead: 20`): the
+    watch in the cluster gives the slice its notice 20 s before, the job
+    saves and goes on with one slice from that save; the slice's host is
+    killed at the maintenance's time and back 30 s later, taken in again."""
+    soak.configure(maintenance_lead=20, stall_after=60)
+    try:
+        r.facts["target_steps"] = 240
+        job = r.trains(Detached(soak, "--elastic", "--fresh", "--steps=240"))
+        job.step_at_least(12)
+        chaos = soak.background("chaos.maintenance", "--in=45", "--restore-after=30", f"--target={target(r.scenario)}")
+        job.end()
+        chaos_done(chaos, "chaos.maintenance")
+        r.facts["followers"] = job.seen
+    finally:
+        soak.configure()
+    return job
+
+
 def many_lost(soak: Soak, r: Result) -> Detached:
     """A peer's host lost four times in one job (back after 5 s), each loss
     a failure window after the last (`failure_window: 60`, max_failures
@@ -707,6 +727,7 @@ SCENARIOS: dict[str, Callable[[Soak, Result], Train | Detached]] = {
     "many-lost": many_lost,
     "notice": noticed,
     "notice-short": notice_short,
+    "maintenance": maintenance,
 }
 
 

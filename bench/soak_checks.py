@@ -52,6 +52,7 @@ class Spec:
     budget: bool = False              # more hosts lost in one job than the old lifetime budget (max_failures)
     notice: int | None = None         # chaos.preempt-worker's grace: a notice, then the kill
     notice_holds: bool = True         # the grace holds a save (else: shorter than one)
+    maintenance: bool = False         # chaos.maintenance: the watch gives the notice before the window
 
 
 SPECS: dict[str, Spec] = {
@@ -70,6 +71,7 @@ SPECS: dict[str, Spec] = {
     "many-lost": Spec(("peer",) * 4, after_step=12, detached=True, budget=True),
     "notice": Spec(("peer",), after_step=12, grow=True, notice=30),
     "notice-short": Spec(("peer",), after_step=12, notice=1, notice_holds=False),
+    "maintenance": Spec(("peer",), after_step=12, grow=True, detached=True, maintenance=True),
 }
 # Ray Train's max_failures, which it counted over a job's whole life (and
 # the inventory's default): many-lost loses one host more than this in one job.
@@ -214,10 +216,17 @@ def _when(spec: Spec, facts: dict, kills: list[dict], events: list[dict]) -> lis
     return out + _hangs(spec, facts, events) + _sick(spec, facts, events) + _notice(spec, kills, events)
 
 
-def _notice_taken(events: list[dict], kill: dict) -> tuple[dict | None, dict | None]:
-    """The chaos notice before ``kill`` on its host, and the trainer's
-    taking of a notice between the two (None where there is none)."""
-    given = [e for e in _chaos(events, "notice_given") if e.get("host") == kill.get("host") and _t(e) <= _t(kill)]
+def _notice_by(spec: Spec) -> str | None:
+    """Who gives the scenario's notice: chaos.preempt-worker, or the watch
+    before a maintenance chaos.maintenance scheduled (None: no notice)."""
+    return "chaos" if spec.notice is not None else "maintenance" if spec.maintenance else None
+
+
+def _notice_taken(events: list[dict], kill: dict, by: str = "chaos") -> tuple[dict | None, dict | None]:
+    """The notice (given by ``by``) before ``kill`` on its host, and the
+    trainer's taking of a notice between the two (None where there is none)."""
+    given = sorted((e for e in events if e.get("kind") == "notice_given" and e.get("by") == by
+                    and e.get("host") == kill.get("host") and _t(e) <= _t(kill)), key=_t)
     if not given:
         return None, None
     taken = [e for e in events if e.get("kind") == "notice_received" and _t(given[-1]) <= _t(e) <= _t(kill)]
@@ -235,18 +244,22 @@ def _notice_save(events: list[dict], taken: dict, kill: dict) -> dict | None:
 def _notice(spec: Spec, kills: list[dict], events: list[dict]) -> list[str]:
     """The notice given to the host killed, taken by the trainer before the
     kill; a notice shorter than a save: its save not finished by the kill."""
-    if spec.notice is None or not kills:
+    by = _notice_by(spec)
+    if by is None or not kills:
         return []
-    given, taken = _notice_taken(events, kills[0])
+    out = []
+    if spec.maintenance and not [e for e in _chaos(events, "maintenance_scheduled") if _t(e) <= _t(kills[0])]:
+        out.append("no maintenance scheduled by chaos before the kill")
+    given, taken = _notice_taken(events, kills[0], by)
     if given is None:
-        return [f"no notice given to {kills[0].get('host')} before its kill"]
-    if abs(float(given.get("grace_s") or 0) - spec.notice) > 0.5:
-        return [f"the notice gave {given.get('grace_s')} s, not {spec.notice}"]
+        return out + [f"no notice given to {kills[0].get('host')} before its kill (by {by})"]
+    if spec.notice is not None and abs(float(given.get("grace_s") or 0) - spec.notice) > 0.5:
+        return out + [f"the notice gave {given.get('grace_s')} s, not {spec.notice}"]
     if taken is None:
-        return ["the trainer took no notice before the kill"]
+        return out + ["the trainer took no notice before the kill"]
     if not spec.notice_holds and _notice_save(events, taken, kills[0]) is not None:
-        return ["the notice's save finished before the kill: the notice was not shorter than a save"]
-    return []
+        return out + ["the notice's save finished before the kill: the notice was not shorter than a save"]
+    return out
 
 
 def _quarantines(events: list[dict], by: str) -> list[dict]:
@@ -374,12 +387,14 @@ def _saves(spec: Spec, facts: dict, g: dict, events: list[dict]) -> list[Check]:
     short, at most one checkpoint period replayed and its save reported
     missing, never restored. A save cut by a kill: reported missing."""
     s = g.get("saves") or {}
-    missing = {m.get("step"): m for m in s.get("missing") or [] if isinstance(m, dict)}
+    # A save lost: missing, or cut and made again by a later group (its step replayed).
+    lost = [m for m in [*(s.get("missing") or []), *(s.get("cut") or [])] if isinstance(m, dict)]
+    missing = {m.get("step"): m for m in lost}
     out = [Check("saves accounted", bool(s.get("known")) and int(s.get("due") or 0) > 0,
                  str(s.get("line") or "no saves in the report"))]
     kills = _chaos(events, "worker_lost")
-    if spec.notice is not None and kills:
-        _given, taken = _notice_taken(events, kills[0])
+    if _notice_by(spec) is not None and kills:
+        _given, taken = _notice_taken(events, kills[0], str(_notice_by(spec)))
         noticed = [i for i in _incidents(g) if i.get("notice")]
         replayed = [i.get("replayed_steps") for i in noticed]
         if spec.notice_holds:
@@ -396,17 +411,17 @@ def _saves(spec: Spec, facts: dict, g: dict, events: list[dict]) -> list[Check]:
             restored = [e.get("step") for e in events if e.get("kind") == "restore_started"]
             finalized = {e.get("step") for e in events if e.get("kind") == "checkpoint_finalized"
                          and e.get("finalized") is True}
-            asked = [m for m in missing.values() if any("notice" in str(b) for b in m.get("due_by") or [])]
+            asked = [m for m in lost if any("notice" in str(b) for b in m.get("due_by") or [])]
             out.append(Check("the notice's save reported not finalized", bool(asked),
                              "; ".join(f"{m.get('name')}: {m.get('why')}" for m in asked) or
-                             f"no save asked by the notice among the missing: {s.get('line')}"))
+                             f"no save asked by the notice among those lost: {s.get('line')}"))
             out.append(Check("restored only from a finalized save", bool(restored) and all(
                 r in finalized for r in restored), f"restored from {restored}, finalized {sorted(finalized)[-3:]}"))
     if spec.cut_save:
         cut = facts.get("saving_step")
         m = missing.get(cut)
         out.append(Check("the cut save reported not finalized", m is not None,
-                         f"step {cut}: {m.get('why')}" if m else f"step {cut} not among the missing "
+                         f"step {cut}: {m.get('why')}" if m else f"step {cut} not among the saves lost "
                                                                  f"({sorted(k for k in missing if k is not None)})"))
     return out
 

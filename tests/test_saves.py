@@ -119,7 +119,13 @@ def test_a_replayed_steps_save_by_a_later_group_finalizes_it():
         *group(50, restarted=True), ev(52, E.RESTORE_STARTED, 10), ev(53, E.RESTORED, 10, seconds=1.0),
         *train(11, 29, 60, saved=(20, 29), finalized=(20, 29)), ev(90, E.JOB_END, status="SUCCEEDED")]
     r = saves.account(events)
-    assert r["line"] == "saves: 4 of 4 finalized"
+    assert r["headline"] == "saves: 4 of 4 finalized"
+    # The cut save is still said: a restore never took it, the next group saved its step again.
+    assert r["line"] == ("saves: 4 of 4 finalized; cut, then saved again by a later group: step 20 (cut: the worker "
+                         "group went 3.5 s after the save began)")
+    assert [(c["step"], c["saved_again"]) for c in r["cut"]] == [(20, True)]
+    assert saves.lines(r)[-1] == "  step 20: cut: the worker group went 3.5 s after the save began; saved again by " \
+                                 "a later group"
     assert {s["step"]: s["attempts"] for s in r["saves"]} == {0: 1, 10: 1, 20: 2, 29: 1}
 
 

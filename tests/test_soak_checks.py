@@ -455,4 +455,35 @@ def test_a_save_cut_by_a_kill_must_be_reported_missing():
     g["saves"]["missing"] = []
     check = next(c for c in S.verdict("in-save", facts, g, events).checks
                  if c.name == "the cut save reported not finalized")
-    assert check.ok is False and "not among the missing" in check.detail
+    assert check.ok is False and "not among the saves lost" in check.detail
+    # Cut, then saved again by the next group (its step replayed): still reported.
+    g["saves"]["cut"] = [{"step": 15, "name": "step 15", "due_by": ["its schedule"], "why": "cut: ...",
+                          "saved_again": True}]
+    assert next(c for c in S.verdict("in-save", facts, g, events).checks
+                if c.name == "the cut save reported not finalized").ok
+
+
+def maintenance_run() -> tuple[dict, dict, list[dict]]:
+    """notice_run, the notice the watch's before a maintenance chaos scheduled, nobody following."""
+    facts, g, events = notice_run()
+    for e in events:
+        if e["kind"] == "notice_given":
+            e.update(by="maintenance", source="watch", grace_s=20.0)
+    events.append(ev(2, "maintenance_scheduled", by="chaos", host="tpu-group-1-0", source="chaos", at=T0 + 26.5))
+    events.sort(key=lambda e: e["t"])
+    facts["followers"] = 0
+    return facts, g, events
+
+
+def test_a_maintenance_noticed_by_the_watch_passes_and_one_it_did_not_notice_is_not_exercised():
+    facts, g, events = maintenance_run()
+    v = S.verdict("maintenance", facts, g, events)
+    assert v.exercised == [] and [c.name for c in v.checks if c.ok is not True] == [] and v.ok
+    assert "no step replayed after the notice" in {c.name for c in v.checks}
+    # The chaos notice alone is not the watch's.
+    facts, g, events = maintenance_run()
+    next(e for e in events if e["kind"] == "notice_given").update(by="chaos")
+    assert any("no notice given" in x for x in S.verdict("maintenance", facts, g, events).exercised)
+    facts, g, events = maintenance_run()
+    events.remove(next(e for e in events if e["kind"] == "maintenance_scheduled"))
+    assert any("no maintenance scheduled" in x for x in S.verdict("maintenance", facts, g, events).exercised)

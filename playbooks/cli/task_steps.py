@@ -28,12 +28,13 @@ from playbooks.plays import (
     prereqs,
     quarantine,
     raycluster,
+    slice_notice,
     storage,
     teardown,
     train,
     watch,
 )
-from playbooks.runs import cluster_watch, placement, restart, save_times
+from playbooks.runs import cluster_watch, maintenance_watch, placement, restart, save_times
 from playbooks.twin.nodes import hosts_of
 
 GKE_ONLY = ("capacity", "prereqs", "network", "cluster", "nodepools", "storage")
@@ -185,9 +186,24 @@ def follow_quarantine(env: Environment, elastic: bool, in_head: bool = False) ->
     hosts = {h.name: h.tpu_name for h in hosts_of(env)} if env.platform.simulated else \
         {n: n for n in quarantine.known_hosts(env)}
     refused = None if env.platform.simulated or env.cluster_mode.our_node_pools else AUTOPILOT_QUARANTINE
-    return restart.Quarantine(elastic, hosts, lambda name, why, by: quarantine_steps(env, name, why, by,
-                                                                                     replace=False, in_head=in_head),
-                              refused)
+
+    def steps(name: str, why: str, by: str) -> list[Step]:
+        return quarantine_steps(env, name, why, by, replace=False, in_head=in_head)
+
+    # A slice's announced end (plays/slice_notice.py): on the twin, its
+    # host's Ray node drained; on GKE, the slice set aside (its pods'
+    # preStop hook gives the notice); its maintenance started after the save.
+    def notice(name: str, at: float, why: str) -> list[Step]:
+        if env.platform.simulated:
+            return slice_notice.notice_steps(env, name, at, why)
+        return steps(name, why, maintenance_watch.BY)
+
+    can = elastic and refused is None
+    return restart.Quarantine(elastic, hosts, steps, refused,
+                              coming=(lambda: slice_notice.coming(env)) if can else None,
+                              notice=notice if can else None,
+                              start=None if env.platform.simulated else (lambda pool: slice_notice.start_steps(env,
+                                                                                                               pool)))
 
 
 def preflight_steps(env: Environment, job: Job) -> list[Step]:
@@ -215,6 +231,12 @@ def preempt_steps(env: Environment, grace: int, restore_after: float, target: st
     """chaos.preempt-worker: one worker given a notice of ``grace`` seconds,
     then lost (``target``: checked by ``chaos_target_problem`` first)."""
     return _kubectl_first(env, chaos.delete_steps(env, restore_after, target, grace=grace))
+
+
+def maintenance_steps(env: Environment, in_s: float, restore_after: float, target: str = placement.FIRST
+                      ) -> list[Step]:
+    """chaos.maintenance: one slice's host maintenance scheduled in ``in_s`` seconds."""
+    return _kubectl_first(env, chaos.maintenance_steps(env, in_s, restore_after, target))
 
 
 def chaos_target_problem(env: Environment, target: str) -> str | None:

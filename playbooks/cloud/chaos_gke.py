@@ -11,13 +11,17 @@ import dataclasses
 import re
 from typing import Any
 
+from playbooks.access import connectors
 from playbooks.access.cli_clients import fact
+from playbooks.cloud import kube_objects
+from playbooks.cloud import pods as P
 from playbooks.cloud.gke import kube
+from playbooks.cloud.slice_ends import MAINTENANCE_LABEL
 from playbooks.config import tutorial as T
 from playbooks.config.schema import Environment
 from playbooks.core.command import Command, placeholder
 from playbooks.core.errors import ProbeFailed
-from playbooks.core.facts import ABSENT, Completed, Fact
+from playbooks.core.facts import ABSENT, Action, Completed, Fact
 
 # A pod's name: a DNS-1123 subdomain (what `kubectl delete pod` takes).
 POD_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
@@ -126,6 +130,32 @@ class GkeWorkers:
         ends it when the grace is over; `kubectl delete` waits for that."""
         return (given, kube(self.env, "delete", "pod", pod, "--namespace", self.env.namespace,
                             f"--grace-period={grace}"), lost)
+
+    # -- a host maintenance for a slice (chaos.maintenance)
+    def slice_of(self, pod: str) -> list[str]:
+        return [pod]
+
+    def maintenance(self, pod: str, hosts: list[str], in_s: float, at: float, scheduled: Any,
+                    lost: list[Any]) -> tuple[Any, ...]:
+        """The pod's slice's nodes labelled as GKE labels a scheduled host
+        maintenance (``${AT}``: now + in_s, epoch seconds). GKE's own
+        maintenance is not simulated: the slice is not ended at that time."""
+        command = kube(self.env, "label", "nodes", "-l", f"{P.NODEPOOL_LABEL}=${{POOL}}",
+                       f"{MAINTENANCE_LABEL}={placeholder('AT')}", "--overwrite")
+
+        def go() -> None:
+            node = kube_objects.kubectl_json(self.env, "pod", pod, "--namespace", self.env.namespace)
+            pool = kube_objects.node(self.env, (node.get("spec") or {}).get("nodeName") or "")
+            name = (((pool or {}).get("metadata") or {}).get("labels") or {}).get(P.NODEPOOL_LABEL)
+            if not name:
+                raise RuntimeError(f"pod {pod}: its node's pool is not known")
+            argv = kube(self.env, "label", "nodes", "-l", f"{P.NODEPOOL_LABEL}={name}",
+                        f"{MAINTENANCE_LABEL}={int(at)}", "--overwrite").argv
+            r = connectors.connector(self.env).run(argv, timeout=60)
+            if r.rc != 0:
+                raise RuntimeError(f"{' '.join(argv)}: exit {r.rc}: {r.stderr.strip()[-200:]}")
+
+        return (Action(command.line() + f"  # POOL: pod {pod}'s node pool; AT: now + {in_s:g} s", go), scheduled)
 
     def restorer(self) -> None:
         """KubeRay recreates a deleted pod itself: nothing to bring back."""

@@ -165,6 +165,33 @@ def run_duration(pool: Any) -> tuple[float | None, str]:
     return (s, "the pool's max run duration") if s is not None else (None, str(raw))
 
 
+def flex_end(pool: Any, nodes: list[Node]) -> float | None:
+    """A flex-start slice's end: its first node's creation plus its run
+    duration (None: no nodes, or a time unreadable)."""
+    duration, _ = run_duration(pool)
+    created = [rfc3339(n.created) for n in nodes]
+    if duration is None or not created or any(t is None for t in created):
+        return None
+    return min(t for t in created if t is not None) + duration
+
+
+def coming(doc: Any, pool_label: str, capacity_label: str, pools: list[str]) -> dict[str, tuple[float, str]]:
+    """Each of ``pools``' nearest end, from `kubectl get nodes -o json`: its
+    earliest scheduled maintenance, or its flex-start end (its run duration
+    GKE's default: the watch reads no pool config), with it in words."""
+    out: dict[str, tuple[float, str]] = {}
+    for name, nodes in nodes_by_pool(doc, pool_label).items():
+        if name not in pools:
+            continue
+        m = maintenance(nodes)
+        if m.earliest is not None:
+            out[name] = (m.earliest, f"host maintenance at {utc(m.earliest)} (node {m.node})")
+        end = flex_end(None, nodes) if is_flex_start(None, nodes, capacity_label) else None
+        if end is not None and (name not in out or end < out[name][0]):
+            out[name] = (end, f"flex-start end at {utc(end)} ({span(FLEX_START_DEFAULT_S)} from its first node)")
+    return out
+
+
 def flex_end_words(pool: Any, nodes: list[Node], now: float) -> str:
     """"flex-start ends 2026-12-10 14:00Z, in 5 d 2 h (7 d from its first
     node, GKE's default)", or why it cannot say."""

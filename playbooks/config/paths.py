@@ -83,6 +83,12 @@ def quarantine(env: str) -> str:
 
 
 # -- the local twin -------------------------------------------------------------
+def maintenance(env: str) -> str:
+    """The twin's simulated host maintenance: each host's scheduled time
+    (chaos.maintenance writes it as GKE labels a TPU node)."""
+    return f"{STATE}/{env}/maintenance.json"
+
+
 def nodes(env: str) -> str:
     """Pid files of the local Ray nodes this project started."""
     return f"{STATE}/{env}/nodes"

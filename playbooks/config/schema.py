@@ -643,6 +643,33 @@ ELASTIC = (
             "(Ray Train's FailureConfig.max_failures)"),
 )
 
+# -- a slice's announced end: host maintenance, a flex-start end ------------------
+# The watch gives a slice its notice maintenance_lead seconds before its
+# scheduled host maintenance or flex-start end (runs/maintenance_watch.py):
+# the job saves and shrinks at that save. At least 10 s (a save and the
+# watch's look); at most a day (GKE labels a maintenance days ahead: a
+# slice given up a day early is a day of chips unused).
+MAINTENANCE_LEAD_MIN, MAINTENANCE_LEAD_MAX = 10, 24 * 3600
+MAINTENANCE_STARTS = ("window", "after_save")
+
+
+def maintenance_start(v: str, env: Mapping) -> str | None:
+    return one_of(v, MAINTENANCE_STARTS)
+
+
+MAINTENANCE = (
+    Key("maintenance_lead", int, default=900,
+        rules=(between(MAINTENANCE_LEAD_MIN, MAINTENANCE_LEAD_MAX, "a day: the slice would sit idle that long"),),
+        doc="seconds before a slice's scheduled host maintenance (GKE's cloud.google.com/scheduled-maintenance-time "
+            "node label; the twin's chaos.maintenance) or its flex-start end that the watch gives the slice its "
+            "notice: the job saves at its next step and goes on without the slice from that save (default 900)"),
+    Key("maintenance_start", default="window", rules=(maintenance_start,),
+        doc="window (GKE starts the maintenance at its scheduled time) or after_save (the watch starts the slice's "
+            "maintenance as soon as the notice's save is finalized: `kubectl label nodes -l "
+            "cloud.google.com/gke-nodepool=POOL cloud.google.com/perform-maintenance=true --overwrite`, GKE's "
+            "documented way; GKE only)"),
+)
+
 # -- the health gate: every host checks itself before MaxText starts ------------
 # trainer/health_check.py: each check's own limit (opening a TPU chip alone
 # takes 7-9 s, measured on a v5e), and the share of each device's HBM the
@@ -793,6 +820,7 @@ GKE = (
             "to its Ray dashboard dropped (started again, the log followed on from where it was)"),
     *STALL,
     *ELASTIC,
+    *MAINTENANCE,
     *HEALTH,
     *SAVES,
 )
@@ -826,6 +854,7 @@ LOCAL = (
     Key("train_overrides", dict, default={}, rules=(overrides,)),
     *STALL,
     *ELASTIC,
+    *MAINTENANCE,
     *HEALTH,
     *SAVES,
 )
@@ -892,6 +921,8 @@ class Environment(Env):
     resize_save_timeout: int
     max_failures: int
     failure_window: int
+    maintenance_lead: int
+    maintenance_start: str
     health_check: bool
     health_check_timeout: int
     health_check_hbm_fraction: float

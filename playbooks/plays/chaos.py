@@ -28,7 +28,7 @@ from playbooks.cloud.chaos_gke import GkeWorkers
 from playbooks.config.schema import Environment
 from playbooks.core.command import placeholder, shown
 from playbooks.core.facts import Action
-from playbooks.core.step import Step, change, fail, ok
+from playbooks.core.step import CHANGE, Step, change, fail, ok
 from playbooks.runs import chaos_target, placement, timeline
 from playbooks.runs import events as E
 from playbooks.runs import quarantine_record as quarantined
@@ -141,6 +141,65 @@ def delete_steps(env: Environment, restore_after: float, target: str = placement
 
         out.append(Step("chaos", f"bring the {w.noun} back", decide_restore, id="chaos:restore",
                         after=(sid,), verify=back.verify(killed)))
+    return out
+
+
+def maintenance_steps(env: Environment, in_s: float, restore_after: float,
+                      target: str = placement.FIRST) -> list[Step]:
+    """A host maintenance scheduled for one slice (``target``'s) in
+    ``in_s`` seconds, as GKE announces one: on GKE its nodes labelled
+    ``cloud.google.com/scheduled-maintenance-time`` (GKE's own maintenance
+    is not simulated: the label is what the watch reads); on the twin the
+    record the watch reads (twin/maintenance_sim.py), then at that time the
+    slice's hosts killed, their maintenance over, and each brought back after
+    ``restore_after`` seconds (0: left down)."""
+    w = way(env)
+    choose = _chooser(env, w, target, w.picker())
+    hit: list[Any] = []
+    first: dict[str, Any] = {}  # the slice's first host: the one the restore's verify waits for
+
+    def decide(look):
+        verdict, h, why = choose(look)
+        if h is None:
+            return _decided(verdict, why)
+        at = time.time() + in_s
+        hosts = w.slice_of(h)
+        hit[:] = hosts
+        first["victim"] = hosts[0]
+        scheduled = record(env, E.MAINTENANCE_SCHEDULED, **w.fields(h), hosts=[w.label(x) for x in hosts], at=at,
+                           in_s=in_s, by="chaos", target=target, cause=f"a host maintenance in {in_s:g} s "
+                                                                       "(chaos.maintenance)")
+        lost = [record(env, E.WORKER_LOST, **w.fields(x), by="chaos", target=target,
+                       cause="its host maintenance (chaos.maintenance)") for x in hosts]
+        return change(*w.maintenance(h, hosts, in_s, at, scheduled, lost),
+                      reason=f"scheduled the host maintenance of {w.label(h)}'s slice in {in_s:g} s{why}",
+                      would=shown(f"schedule the host maintenance of {w.label(h)}'s slice in {in_s:g} s{why}"),
+                      found=f"{w.label(h)} running")
+
+    out = [Step("chaos", f"a host maintenance in {in_s:g} s for one slice", decide, id="chaos:maintenance",
+                after=w.after)]
+    back = w.restorer() if restore_after > 0 else None
+    if back is None:
+        return out
+    held = quarantined.fact(env)
+
+    def decide_restore(look):
+        acts: list[Any] = []
+        for h in hit:
+            d = back.decide(look, h, restore_after,
+                            record(env, E.HOST_BACK, **w.fields(h), by="chaos",
+                                   cause=f"its maintenance over, started again after {restore_after:g}s "
+                                         "(chaos.maintenance)"),
+                            held_out=lambda h=h: quarantined.held_out(h.name, look(held)))
+            if d.kind != CHANGE:
+                return d
+            acts.extend(d.commands)
+        return change(*acts, reason=f"{', '.join(w.label(h) for h in hit)} back after {restore_after:g}s",
+                      would=shown(f"bring the slice's hosts back after {restore_after:g}s")) if acts else \
+            ok("nothing to bring back")
+
+    out.append(Step("chaos", "bring the slice's hosts back", decide_restore, id="chaos:restore",
+                    after=("chaos:maintenance",), verify=back.verify(first)))
     return out
 
 

@@ -28,7 +28,16 @@ from playbooks.core.errors import PlaybookError
 from playbooks.core.facts import Completed
 from playbooks.core.play import StepContext, run_within
 from playbooks.core.recap import FAILING
-from playbooks.runs import cluster_watch, hang_evidence, pod_watch, quarantine_record, restart, stall, timeline
+from playbooks.runs import (
+    cluster_watch,
+    hang_evidence,
+    maintenance_watch,
+    pod_watch,
+    quarantine_record,
+    restart,
+    stall,
+    timeline,
+)
 from playbooks.runs import events as E
 from playbooks.runs.cli_traceback import TracebackHold
 from playbooks.runs.hang_diagnosis import Diagnosis
@@ -425,6 +434,9 @@ class Watch:
         self._pools = pod_watch.NodePools(lambda node: kube_objects.node(self.env, node),
                                           lambda why: self.f.ctx.note(f"watch: {why}"))
         self._gates: set[tuple] = set()  # the health gates' failures acted on (their times and ranks)
+        self._noticed: set[tuple[str, float]] | None = None  # the maintenance notices given (host, time)
+        self._to_start: dict[str, float] = {}  # host -> when its notice was given: its maintenance to start
+        self._coming_t = 0.0
         self.thread = threading.Thread(target=self._run, daemon=True, name="job-watch")
 
     def __enter__(self) -> Watch:
@@ -475,6 +487,7 @@ class Watch:
         if not any(e.get("kind") == E.SUBMITTED for e in f.job_events()):
             self.status()  # its start time, once the job is listed
         self.gate()
+        self.maintenance()
         f.stall.look(self.clock(), lambda: self.status() == "RUNNING", self.cause, self.stop, self.diagnose,
                      self.restart)
 
@@ -586,6 +599,59 @@ class Watch:
                                   slice=q.hosts.get(h), why=why, by=by, **({"nodes": nodes} if nodes else {}))])
         return True
 
+    # -- a slice's announced end: notice, save, and (after_save) its maintenance started --
+    def maintenance(self) -> None:
+        """Every ``MAINTENANCE_LOOK_S`` (a quarter of the lead when that is
+        sooner), at the watch's looks: each host whose maintenance (or
+        flex-start end) comes within ``maintenance_lead`` given its notice
+        once (runs/maintenance_watch.py); with ``maintenance_start:
+        after_save``, its maintenance started once the notice's save is
+        finalized."""
+        f, q = self.f, self.f.quarantine
+        if not f.ctx.acting or q is None or q.coming is None or q.notice is None:
+            return
+        now = self.clock()
+        if self._noticed is None:
+            self._noticed = maintenance_watch.noticed_in(f.job_events())
+        self.start_maintenance(q)
+        if now - self._coming_t < min(MAINTENANCE_LOOK_S, self.env.maintenance_lead / 4):
+            return
+        self._coming_t = now
+        for c in maintenance_watch.due(q.coming(), now, self.env.maintenance_lead, self._noticed):
+            self._noticed.add((c.host, c.at))
+            grace = max(1.0, c.at - now)
+            done = run_within(f.ctx, q.notice(c.host, c.at, c.why))
+            failed = [o for _, o in done if o.outcome in FAILING]
+            if failed:
+                f.ctx.echo(f"maintenance: host {c.host} could not be given its notice: "
+                           f"{failed[0].reason.splitlines()[0][:300]}")
+                continue
+            f.add([timeline.event(E.NOTICE_GIVEN, f.source, f.summary.last_step, t=now, job=f.sid, host=c.host,
+                                  slice=q.hosts.get(c.host), grace_s=round(grace, 1), at=c.at, why=c.why,
+                                  by=maintenance_watch.BY)])
+            f.ctx.echo(f"maintenance: host {c.host} given its notice {grace:.0f} s before its {c.why}: the job saves "
+                       f"and goes on without it")
+            if self.env.maintenance_start == "after_save" and q.start is not None:
+                self._to_start[c.host] = now
+
+    def start_maintenance(self, q: restart.Quarantine) -> None:
+        """Each host noticed with ``maintenance_start: after_save``: once a
+        save is finalized after its notice, its maintenance started."""
+        f = self.f
+        for host, given in list(self._to_start.items()):
+            step = maintenance_watch.saved_after(f.job_events(), given)
+            if step is None or q.start is None:
+                continue
+            del self._to_start[host]
+            done = run_within(f.ctx, q.start(host))
+            if [o for _, o in done if o.outcome in FAILING]:
+                f.ctx.echo(f"maintenance: the maintenance of host {host} could not be started: it starts at its "
+                           "scheduled time")
+                continue
+            f.add([timeline.event(E.MAINTENANCE_STARTED, f.source, step, job=f.sid, host=host,
+                                  by=maintenance_watch.BY)])
+            f.ctx.echo(f"maintenance: host {host}'s maintenance started after the save of step {step}")
+
     def diagnose(self) -> Diagnosis | None:
         """The stall's hang named (once per stall): the workers' stacks and
         heartbeats, kept under the run's folder; said and in the timeline."""
@@ -634,6 +700,11 @@ class Watch:
                         if not (e["kind"] == E.WORKER_LOST and e.get("pod") in chaos)])
         self._pods = now
 
+
+# How often the watch reads the slices' announced ends (a node list on GKE;
+# the watch looks every heartbeat, or a fifth of stall_after: a notice may
+# come that much late, so the lead must be larger).
+MAINTENANCE_LOOK_S = 30.0
 
 # The source of the events the watch in the cluster (`invoke watch`) writes.
 WATCH_SOURCE = "watch"

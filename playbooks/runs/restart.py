@@ -38,12 +38,20 @@ class Quarantine:
     """How the follower sets hosts aside, composed by the task (the follow
     never imports a play): ``hosts``: each host's name -> its slice;
     ``steps(name, why, by)``: the quarantine's steps for a host;
-    ``refused``: why no host can be set aside here (Autopilot), or None."""
+    ``refused``: why no host can be set aside here (Autopilot), or None;
+    ``coming``, ``notice``, ``start``: a slice's announced end."""
 
     elastic: bool
     hosts: Mapping[str, str]
     steps: Callable[[str, str, str], list[Any]]
     refused: str | None = None
+    # A slice's announced end (runs/maintenance_watch.py): each host's end
+    # to come, read afresh (host -> (time, in words)); the steps that give a
+    # host its notice before it (host, time, why); those that start its
+    # maintenance at once after the notice's save (None: not here).
+    coming: Callable[[], Mapping[str, tuple[float, str]]] | None = None
+    notice: Callable[[str, float, str], list[Any]] | None = None
+    start: Callable[[str], list[Any]] | None = None
 
 
 @dataclass(frozen=True)

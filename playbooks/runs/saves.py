@@ -322,6 +322,23 @@ class Ledger:
             return MISSING, f"skipped: step {d.step} trained, no save begun"
         return PENDING, "not begun yet"
 
+    def cut_attempts(self) -> list[dict]:
+        """Each save begun and never finalized by its own group, also one a
+        later group made again after a restore (the due save may then be
+        finalized: this one was still lost, and a restore never took it)."""
+        out = []
+        for d in sorted((d for d in self.dues.values() if d.step is not None), key=lambda d: d.step or 0):
+            done = [a for a in d.attempts if a.finalized is not None and a.finalized.get("finalized") is True]
+            for a in d.attempts:
+                if a.began is None or a in done:
+                    continue
+                state, why = (MISSING, f"not finalized: {a.finalized.get('why') or 'no cause said'}") \
+                    if a.finalized is not None else self.judge_begun(a)
+                if state == MISSING:
+                    out.append({"step": d.step, "name": d.name(), "why": why, "due_by": list(d.by),
+                                "saved_again": bool(done)})
+        return out
+
     def judge_begun(self, a: Attempt) -> tuple[str, str | None]:
         """A save begun, with no finalization said: the next save began
         (Orbax finishes one before it begins the next), its group went, or
@@ -365,16 +382,19 @@ def account(events: Iterable[dict]) -> dict:
         state, why = led.judge(d)
         saves.append({"step": d.step, "after_step": d.after, "name": d.name(), "due_by": d.by, "state": state,
                       "why": why, "attempts": len(d.attempts)})
+    cut = led.cut_attempts()
     done = sum(1 for s in saves if s["state"] == FINALIZED)
     r: dict[str, Any] = {"known": True, "due": len(saves), "finalized": done, "saves": saves,
                          "missing": [s for s in saves if s["state"] == MISSING],
                          "in_progress": [s for s in saves if s["state"] == PENDING],
                          "schedule": led.schedules[-1].doc() if led.schedules else None,
-                         "not_counted": led.not_counted}
+                         "not_counted": led.not_counted, "cut": cut}
     r["off"] = bool(led.schedules) and not any(s.enabled for s in led.schedules)
     r["headline"] = headline(r)
     missing = "; ".join(f"{s['name']} ({s['why']})" for s in r["missing"])
-    return r | {"line": r["headline"] + (f"; missing: {missing}" if missing else "")}
+    again = "; ".join(f"{c['name']} ({c['why']})" for c in cut if c["saved_again"])
+    return r | {"line": r["headline"] + (f"; missing: {missing}" if missing else "")
+                + (f"; cut, then saved again by a later group: {again}" if again else "")}
 
 
 def headline(r: dict) -> str:
@@ -394,4 +414,5 @@ def headline(r: dict) -> str:
 def lines(r: dict) -> list[str]:
     """`invoke goodput`'s: the headline, then each missing save and why
     (`invoke status` says ``line``: the same, on one line)."""
-    return [str(r.get("headline") or UNKNOWN_LINE)] + [f"  {s['name']}: {s['why']}" for s in r.get("missing") or []]
+    return [str(r.get("headline") or UNKNOWN_LINE)] + [f"  {s['name']}: {s['why']}" for s in r.get("missing") or []] \
+        + [f"  {c['name']}: {c['why']}; saved again by a later group" for c in r.get("cut") or [] if c["saved_again"]]

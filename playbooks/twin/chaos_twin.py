@@ -22,6 +22,7 @@ from playbooks.core.command import Command, placeholder, quote, shown
 from playbooks.core.errors import ProbeFailed
 from playbooks.core.facts import ABSENT, Action, Fact, assume
 from playbooks.core.step import Broken, Decision, Verify, change, ok
+from playbooks.twin import maintenance_sim
 from playbooks.twin.node_start import START_TIMEOUT, ghost_gone, start_host
 from playbooks.twin.nodes import (
     DEVICE_COUNT,
@@ -129,6 +130,21 @@ class TwinHosts:
         drain = Command(host_notice.drain_argv(grace, f"chaos.preempt-worker: TPU host {h.name} goes in {grace} s",
                                           node, f"{self.env.ray_ip}:{self.env.gcs_port}"))
         return (given, drain, Action(f"sleep {grace}", lambda: time.sleep(grace)), *self.kill(h), lost)
+
+    # -- a host maintenance for a slice (chaos.maintenance)
+    def slice_of(self, h: Host) -> list[Host]:
+        """The hosts of ``h``'s slice (a dry run's stand-in: itself)."""
+        return [x for x in self.hosts if x.tpu_name == h.tpu_name] or [h]
+
+    def maintenance(self, h: Host, hosts: list[Host], in_s: float, at: float, scheduled: Action,
+                    lost: list[Action]) -> tuple[Any, ...]:
+        """The schedule the watch reads, the wait, the slice's hosts killed
+        at its time (their maintenance), the schedule over."""
+        names = [x.name for x in hosts]
+        return (maintenance_sim.schedule(self.env, names, at), scheduled,
+                Action(f"sleep {in_s:g}", lambda: time.sleep(max(0.0, at - time.time()))),
+                *[a for x, gone in zip(hosts, lost) for a in (*self.kill(x), gone)],
+                maintenance_sim.done(self.env, names))
 
     def restorer(self) -> _Restorer:
         """What brings a killed host back after --restore-after."""
