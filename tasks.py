@@ -461,6 +461,22 @@ def release(c, host, env=""):
         s.run("release", task_steps.release_steps(s.env, host), parallel=False)
 
 
+@task(name="maintenance", help={"host": "the TPU slice's node pool (GKE)", **ENV})
+def start_maintenance(c, host, env=""):
+    """GKE: start a slice's scheduled host maintenance now (its nodes labelled cloud.google.com/perform-maintenance,
+    GKE's documented way); after a save. The watch does it itself with maintenance_start: after_save."""
+    from playbooks.cli import task_steps
+    from playbooks.core.errors import InputError
+
+    with clean_errors():
+        s = _session(c, "maintenance", env)
+        if s.env.platform.simulated:
+            raise InputError(f"hosts.maintenance: {s.env.name} is local: its simulated maintenance starts at its time "
+                             "(chaos.maintenance); GKE only")
+        _host(s.env, host)
+        s.run("maintenance", task_steps.start_maintenance_steps(s.env, host), parallel=False)
+
+
 def _host(env, host: str) -> None:
     from playbooks.cli import task_steps
     from playbooks.core.errors import InputError
@@ -473,6 +489,7 @@ hosts = Collection("hosts")
 hosts.add_task(hosts_list)
 hosts.add_task(quarantine)
 hosts.add_task(release)
+hosts.add_task(start_maintenance)
 
 chaos = Collection("chaos")
 chaos.add_task(delete_worker)

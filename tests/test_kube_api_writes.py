@@ -69,6 +69,7 @@ class Kube:
     def state(self) -> dict:
         """What a write may change: each node's spec, the pods there are."""
         return {"nodes": {n["metadata"]["name"]: n.get("spec") for n in self.fake.list("nodes")},
+                "labels": {n["metadata"]["name"]: n["metadata"].get("labels") for n in self.fake.list("nodes")},
                 "pods": sorted((p["metadata"]["namespace"], p["metadata"]["name"]) for p in self.fake.list("pods"))}
 
 
@@ -107,6 +108,13 @@ def refuse(method: str, reason: str, code: int) -> Callable[[FakeKube], None]:
     return prepare
 
 
+PERFORM = "cloud.google.com/perform-maintenance"
+
+
+def performing(k: FakeKube) -> None:
+    k.get("nodes", NODE)["metadata"]["labels"][PERFORM] = "true"
+
+
 def cmd(*args: str) -> list[str]:
     """A kubectl command line as the plays build it (``gke.kube``)."""
     return list(kubectl(*args, context=CONTEXT).argv)
@@ -138,6 +146,15 @@ CASES = [
     ("untaint-two-absent", cmd("taint", "nodes", NODE, "x-", "y:NoSchedule-"), None),
     ("untaint-overwrite", cmd("taint", "nodes", NODE, f"{TAINT_KEY}-", "--overwrite"), tainted),
     ("taint-and-untaint", cmd("taint", "nodes", NODE, "google.com/tpu-", "d=1:NoSchedule"), tainted),
+    # A slice's maintenance started (plays/slice_notice.py): its pool's nodes labelled.
+    ("label-pool", cmd("label", "nodes", "-l", "cloud.google.com/gke-nodepool=v6e-16-0", f"{PERFORM}=true",
+                       "--overwrite"), None),
+    ("label-pool-already", cmd("label", "nodes", "-l", "cloud.google.com/gke-nodepool=v6e-16-0", f"{PERFORM}=true",
+                               "--overwrite"), performing),
+    ("label-pool-none", cmd("label", "nodes", "-l", "cloud.google.com/gke-nodepool=v6e-16-9", f"{PERFORM}=true",
+                            "--overwrite"), None),
+    ("label-patch-refused", cmd("label", "nodes", "-l", "cloud.google.com/gke-nodepool=v6e-16-0", f"{PERFORM}=true",
+                                "--overwrite"), refuse("PATCH", "Forbidden", 403)),
     ("delete-pod", cmd("delete", "pod", POD, "--namespace", "default"), None),
     ("delete-pod-missing", cmd("delete", "pod", "gone", "--namespace", "default"), None),
     ("delete-pod-no-namespace", cmd("delete", "pod", POD, "--namespace", "nowhere"), None),

@@ -213,7 +213,7 @@ def _label_value(value: str) -> bool:
 
 @dataclass
 class Write:
-    """A parsed `kubectl cordon|uncordon|taint|delete`: its words, its flags."""
+    """A parsed `kubectl cordon|uncordon|taint|delete|label`: its words, its flags."""
 
     verb: str
     words: list[str] = field(default_factory=list)
@@ -222,6 +222,7 @@ class Write:
     overwrite: bool = False
     add: list[dict[str, str]] = field(default_factory=list)      # taints to add, as the API has them
     remove: list[dict[str, str]] = field(default_factory=list)   # taints to remove: key, maybe effect
+    selector: str = ""                                            # label: the nodes' label selector (-l)
 
     @property
     def name(self) -> str:
@@ -233,13 +234,17 @@ def parse_write(argv: list[str]) -> Write | None:
     SPEC... [--overwrite]``, ``delete pod NAME [--namespace NS]`` (each with
     ``--context=``); None for anything else (another flag, several objects,
     a taint spec kubectl itself refuses)."""
-    if len(argv) < 2 or argv[0] != "kubectl" or argv[1] not in ("cordon", "uncordon", "taint", "delete"):
+    if len(argv) < 2 or argv[0] != "kubectl" or argv[1] not in ("cordon", "uncordon", "taint", "delete", "label"):
         return None
     w = Write(argv[1])
     it = iter(argv[2:])
     for a in it:
         if a.startswith("--context="):
             w.context = a.split("=", 1)[1]
+        elif w.verb == "label" and a in ("-l", "--selector"):
+            w.selector = next(it, "")
+        elif w.verb == "label" and a == "--overwrite":
+            w.overwrite = True
         elif w.verb == "delete" and a in ("--namespace", "-n"):
             w.namespace = next(it, "")
         elif w.verb == "delete" and a.startswith("--namespace="):
@@ -250,15 +255,27 @@ def parse_write(argv: list[str]) -> Write | None:
             return None
         else:
             w.words.append(a)
-    if not w.namespace or any(not x or "/" in x for x in w.words[:2]):
+    if not w.namespace or any(not x or "/" in x for x in w.words[:1 if w.verb == "label" else 2]):
         return None
     if w.verb in ("cordon", "uncordon"):
         return w if len(w.words) == 1 else None
     if w.verb == "delete":
         return w if len(w.words) == 2 and w.words[0] in ("pod", "pods", "po") else None
+    if w.verb == "label":
+        return w if _label_write(w) else None
     if len(w.words) < 3 or w.words[0] not in ("node", "nodes", "no"):
         return None
     return w if _taint_specs(w, w.words[2:]) else None
+
+
+def _label_write(w: Write) -> bool:
+    """``label nodes -l SELECTOR KEY=VALUE --overwrite``: the one form the
+    plays write (a slice's maintenance started: plays/slice_notice.py)."""
+    if not w.selector or not w.overwrite or len(w.words) != 2 or w.words[0] not in ("node", "nodes", "no"):
+        return False
+    key, eq, value = w.words[1].partition("=")
+    return bool(eq) and _qualified(key) and _label_value(value) and re.fullmatch(r"[A-Za-z0-9./_-]+=[A-Za-z0-9._-]*",
+                                                                                  w.selector) is not None
 
 
 def _taint_specs(w: Write, specs: list[str]) -> bool:
@@ -430,6 +447,8 @@ class KubectlShortcut:
             api = self._client(env, w.context)
             if w.verb == "delete":
                 return self._delete(api, w, timeout, start)
+            if w.verb == "label":
+                return self._label(api, w, timeout, start)
             node = json.loads(self._get(api, _path("node", "", w.name), [], timeout))
             if w.verb == "taint":
                 word, taints = new_taints(w.name, (node.get("spec") or {}).get("taints") or [], w)
@@ -457,6 +476,25 @@ class KubectlShortcut:
         except ServerError as e:
             return Ran(0, "", f'error: unable to {w.verb} node "{w.name}": {e.message}\n', time.monotonic() - start)
         return Ran(0, f"node/{w.name} {w.verb}ed\n", "", time.monotonic() - start)
+
+    def _label(self, api: Any, w: Write, timeout: float | None, start: float) -> Ran:
+        """kubectl label's: the nodes the selector lists, each patched
+        unless it has the label already ("not labeled")."""
+        key, _, value = w.words[1].partition("=")
+        nodes = json.loads(self._get(api, _path("node", "", None), [("labelSelector", w.selector)], timeout))
+        out, errors = [], []
+        for n in nodes.get("items") or []:
+            name = (n.get("metadata") or {}).get("name")
+            had = ((n.get("metadata") or {}).get("labels") or {}).get(key) == value
+            try:  # kubectl patches each node, also one that has the label (then "not labeled")
+                self._call(api, "PATCH", _path("node", "", name), [("fieldManager", "kubectl-label")],
+                           {"metadata": {"labels": {key: value}}}, "application/merge-patch+json", timeout)
+            except ServerError as e:  # kubectl goes on with the next, and says each error after
+                errors.append(e.text)
+                continue
+            out.append(f"node/{name} {'not labeled' if had else 'labeled'}")
+        return Ran(1 if errors else 0, "".join(line + "\n" for line in out), "".join(e + "\n" for e in errors),
+                   time.monotonic() - start)
 
     def _delete(self, api: Any, w: Write, timeout: float | None, start: float) -> Ran:
         """The DELETE, then kubectl's default --wait: until no pod of that

@@ -233,6 +233,11 @@ def preempt_steps(env: Environment, grace: int, restore_after: float, target: st
     return _kubectl_first(env, chaos.delete_steps(env, restore_after, target, grace=grace))
 
 
+def start_maintenance_steps(env: Environment, pool: str) -> list[Step]:
+    """hosts.maintenance: a GKE slice's maintenance started now."""
+    return _kubectl_first(env, slice_notice.start_steps(env, pool), "maintenance")
+
+
 def maintenance_steps(env: Environment, in_s: float, restore_after: float, target: str = placement.FIRST
                       ) -> list[Step]:
     """chaos.maintenance: one slice's host maintenance scheduled in ``in_s`` seconds."""
@@ -250,9 +255,9 @@ def hang_steps(env: Environment, restore_after: float) -> list[Step]:
     return _kubectl_first(env, chaos.hang_steps(env, restore_after))
 
 
-def _kubectl_first(env: Environment, steps: list[Step]) -> list[Step]:
-    """The chaos play's steps, after the cluster's kubectl credentials on GKE."""
-    return steps if env.platform.simulated else [cluster.credentials_step(env, "chaos")] + steps
+def _kubectl_first(env: Environment, steps: list[Step], play: str = "chaos") -> list[Step]:
+    """A play's steps (the chaos play's), after the cluster's kubectl credentials on GKE."""
+    return steps if env.platform.simulated else [cluster.credentials_step(env, play)] + steps
 
 
 # -- hosts set aside (`invoke hosts`, hosts.quarantine, hosts.release) ------------------
