@@ -35,6 +35,7 @@ TASKS = {
     "train-llama3-70b-fits": ["train", "--model=llama3-70b", "--preset=fits"],
     "chaos": ["chaos.delete-worker"],
     "chaos-preempt": ["chaos.preempt-worker", "--grace=15"],
+    "chaos-maintenance": ["chaos.maintenance", "--in=120"],
     "chaos-hang": ["chaos.hang-worker"],
     "chaos-sicken": ["chaos.sicken-worker"],
     "chaos-heal": ["chaos.heal-worker"],

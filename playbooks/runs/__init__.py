@@ -21,7 +21,8 @@ itself, or whether it stops the job instead (``restart``: stall_action:
 restart, a failed health gate), and the watch's own Ray job beside each
 job, that acts with nobody following (``cluster_watch``), and what that
 watch in a GKE head pod records, taken back from its log
-(``watch_records``).
+(``watch_records``), and which slices that watch gives notice of before
+their maintenance or flex-start end (``maintenance_watch``).
 
 May import ``playbooks.core``, ``playbooks.config``, ``playbooks.access``,
 ``playbooks.cloud`` and ``playbooks.job``.
