@@ -23,7 +23,6 @@ from playbooks.access.ray_api import job_logs_command, jobs_fact, ours, run_of
 from playbooks.cli import doctor, task_steps
 from playbooks.cloud import capacity_options, env_cost, kube_objects, maintenance
 from playbooks.cloud import pods as P
-from playbooks.cloud import slice_ends as S
 from playbooks.cloud.endpoints import dashboard
 from playbooks.cloud.gke import clusters_fact, kube, nodepool_name, nodepools_list_fact, raycluster_fact
 from playbooks.cloud.slices import pods_fact
@@ -34,7 +33,7 @@ from playbooks.core.facts import ABSENT, Completed, Fact
 from playbooks.core.recap import CHANGED, FAILED, NOT_READY, OK, SKIPPED, UNKNOWN, UNREACHABLE, Recap, StepResult
 from playbooks.core.step import Step, fail, ok, unchecked
 from playbooks.job.spec import Checkpoints, run_checkpoints
-from playbooks.plays import quarantine
+from playbooks.plays import quarantine, slice_notice
 from playbooks.runs import events as E
 from playbooks.runs import metrics, saves, stall, timeline
 
@@ -109,48 +108,6 @@ def tpu_nodes_step(env: Environment) -> Step:
 
     return Step(PLAY, "TPU nodes ready", decide, id="status:nodes", probes=(probe, pools_probe),
                 after=("kube:credentials", *[f"nodepools:{nodepool_name(env, i)}" for i in range(env.slices)]))
-
-
-def slice_ends_step(env: Environment) -> Step:
-    """What is coming for each slice, per node pool: its nodes' earliest
-    scheduled host maintenance (GKE's node label), and a flex-start pool's
-    end (its run duration from its first node): ``cloud/slice_ends.py``.
-    Information, never a finding; read from the node list the nodes row
-    reads (one kubectl call)."""
-    pools = [nodepool_name(env, i) for i in range(env.slices)]
-    probe = fact("TPU nodes' maintenance", nodes_command(env),
-                 lambda c: S.nodes_by_pool(fact_json(c), POOL_LABEL),
-                 assumed={p: [S.Node(f"{p}-node-{h}") for h in range(env.hosts_per_slice)] for p in pools},
-                 describe=lambda d: ", ".join(f"{p} {len(n)} node(s)" for p, n in sorted(d.items())) or "none")
-    pools_probe = nodepools_list_fact(env)
-
-    def decide(look):
-        have = look(probe)
-        try:  # each pool's config: flex-start, its max run duration
-            listed = {p.get("name"): p for p in look(pools_probe)}
-            known = True
-        except ProbeFailed:
-            listed, known = {}, False
-        now = time.time()
-        each, due = [], []
-        for name in pools:
-            nodes = have.get(name, [])
-            pool = listed.get(name) if known else None
-            if known and pool is None and not nodes:
-                each.append(f"{name}: no node pool")
-                continue
-            flex = S.is_flex_start(pool, nodes, capacity_options.LABEL)
-            words, scheduled = S.slice_words(name, nodes, pool, flex, now)
-            each.append(words)
-            if scheduled:
-                due.append(name)
-        notes = [f"a slice runs only whole: one node's maintenance interrupts all of {', '.join(due)} "
-                 "(GKE terminates a TPU node for it: TPUs do not live-migrate)"] if due else []
-        return ok("; ".join(each), notes=notes)
-
-    return Step(PLAY, "TPU host maintenance, flex-start ends", decide, id="status:slice-ends",
-                probes=(probe, pools_probe),
-                after=("kube:credentials", *[f"nodepools:{p}" for p in pools]))
 
 
 def maintenance_step(env: Environment) -> Step:
@@ -321,7 +278,8 @@ def steps(env: Environment) -> list[Step]:
     out = task_steps.up_steps(env)
     if env.platform.cloud:
         out = [account_step()] + out
-        ours = [tpu_nodes_step(env), slice_ends_step(env)] if env.cluster_mode.our_node_pools else []
+        ours = [tpu_nodes_step(env), slice_notice.ends_step(env, PLAY, "status:slice-ends")] \
+            if env.cluster_mode.our_node_pools else []
         mine = [maintenance_step(env)] + ours + [workers_step(env)]
         at = next((i for i, s in enumerate(out) if s.play == "dashboard"), len(out))
         out = out[:at] + mine + out[at:]

@@ -162,8 +162,11 @@ def train_steps(env: Environment, job: Job, log_file: Path | None = None, prefli
         checks = [skipped("preflight", "preflight", "--skip-preflight: no static checks (mesh, hosts, manifest) and no "
                                                    "AOT fit check against the TPU HBM", id="preflight:skipped")]
     hold = [train.hold_step(job)] if env.platform.cloud else []
+    # How long each slice has left (its maintenance, a flex-start end), said before the submit.
+    ends = [slice_notice.ends_step(env, "train", "train:slice-ends")] \
+        if env.platform.cloud and env.cluster_mode.our_node_pools else []
     return _then(checks + train.preemption_note(env, job) + cluster_ready_steps(env)
-                 + [train.slices_step(env, job), train.checkpoint_step(job)] + hold
+                 + [train.slices_step(env, job)] + ends + [train.checkpoint_step(job)] + hold
                  + [train.estimate_step(job), train.save_step(job)],
                  [train.job_step(job, log_file, follow_quarantine(env, job.elastic, cluster_watch.in_head_pod(env)),
                                  detach)])

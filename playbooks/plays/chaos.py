@@ -163,7 +163,7 @@ def maintenance_steps(env: Environment, in_s: float, restore_after: float,
         if h is None:
             return _decided(verdict, why)
         at = time.time() + in_s
-        hosts = w.slice_of(h)
+        hosts: list[Any] = w.slice_of(h)
         hit[:] = hosts
         first["victim"] = hosts[0]
         scheduled = record(env, E.MAINTENANCE_SCHEDULED, **w.fields(h), hosts=[w.label(x) for x in hosts], at=at,
@@ -190,7 +190,7 @@ def maintenance_steps(env: Environment, in_s: float, restore_after: float,
                             record(env, E.HOST_BACK, **w.fields(h), by="chaos",
                                    cause=f"its maintenance over, started again after {restore_after:g}s "
                                          "(chaos.maintenance)"),
-                            held_out=lambda h=h: quarantined.held_out(h.name, look(held)))
+                            held_out=_held(h, look, held))
             if d.kind != CHANGE:
                 return d
             acts.extend(d.commands)
@@ -201,6 +201,11 @@ def maintenance_steps(env: Environment, in_s: float, restore_after: float,
     out.append(Step("chaos", "bring the slice's hosts back", decide_restore, id="chaos:restore",
                     after=("chaos:maintenance",), verify=back.verify(first)))
     return out
+
+
+def _held(h: Any, look: Any, held: Any):
+    """Why host ``h`` is held out (the quarantine's), asked when needed."""
+    return lambda: quarantined.held_out(h.name, look(held))
 
 
 def hang_steps(env: Environment, restore_after: float) -> list[Step]:

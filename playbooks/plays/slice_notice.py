@@ -29,11 +29,12 @@ from playbooks.access.cli_clients import fact, json_object
 from playbooks.cloud import pods as P
 from playbooks.cloud import slice_ends
 from playbooks.cloud.capacity_options import LABEL as CAPACITY_LABEL
-from playbooks.cloud.gke import kube, nodepool_name
+from playbooks.cloud.gke import kube, nodepool_name, nodepools_list_fact
 from playbooks.cloud.kube_objects import kubectl_json
 from playbooks.config import host_notice
 from playbooks.config.schema import Environment
 from playbooks.core.command import Command, placeholder
+from playbooks.core.errors import ProbeFailed
 from playbooks.core.step import Step, change, fail, ok
 from playbooks.twin import maintenance_sim
 from playbooks.twin.chaos_twin import TwinHosts, node_id
@@ -98,3 +99,45 @@ def start_steps(env: Environment, pool: str) -> list[Step]:
 
     return [Step("maintenance", f"start the host maintenance of slice {pool}", decide,
                  id=f"maintenance:start:{pool}", probes=(probe,))]
+
+
+def ends_step(env: Environment, play: str, sid: str) -> Step:
+    """What is coming for each slice, per node pool: its nodes' earliest
+    scheduled host maintenance (GKE's node label), and a flex-start pool's
+    end (its run duration from its first node): ``cloud/slice_ends.py``.
+    Information, never a finding (`invoke status`'s row, and `train`'s
+    before it submits: how long each slice has left); read from the node
+    list status's nodes row reads (one kubectl call)."""
+    pools = [nodepool_name(env, i) for i in range(env.slices)]
+    probe = fact("TPU nodes' maintenance", kube(env, "get", "nodes", "-l", P.NODEPOOL_LABEL, "--output=json"),
+                 lambda c: slice_ends.nodes_by_pool(json_object("TPU nodes")(c), P.NODEPOOL_LABEL),
+                 assumed={p: [slice_ends.Node(f"{p}-node-{h}") for h in range(env.hosts_per_slice)] for p in pools},
+                 describe=lambda d: ", ".join(f"{p} {len(n)} node(s)" for p, n in sorted(d.items())) or "none")
+    pools_probe = nodepools_list_fact(env)
+
+    def decide(look: Any):
+        have = look(probe)
+        try:  # each pool's config: flex-start, its max run duration
+            listed, known = {p.get("name"): p for p in look(pools_probe)}, True
+        except ProbeFailed:
+            listed, known = {}, False
+        each, due = [], []
+        for name in pools:
+            nodes = have.get(name, [])
+            pool = listed.get(name) if known else None
+            if known and pool is None and not nodes:
+                each.append(f"{name}: no node pool")
+                continue
+            words, scheduled = slice_ends.slice_words(name, nodes, pool,
+                                                      slice_ends.is_flex_start(pool, nodes, CAPACITY_LABEL),
+                                                      time.time())
+            each.append(words)
+            if scheduled:
+                due.append(name)
+        notes = [f"a slice runs only whole: one node's maintenance interrupts all of {', '.join(due)} "
+                 "(GKE terminates a TPU node for it: TPUs do not live-migrate)"] if due else []
+        return ok("; ".join(each), notes=notes)
+
+    return Step(play, "TPU host maintenance, flex-start ends", decide, id=sid, probes=(probe, pools_probe),
+                after=("kube:credentials", *[f"nodepools:{p}" for p in pools]))
+

@@ -634,7 +634,7 @@ class Watch:
             if self.env.maintenance_start == "after_save" and q.start is not None:
                 self._to_start[c.host] = now
 
-    def start_maintenance(self, q: restart.Quarantine) -> None:
+    def start_maintenance(self, q: Any) -> None:
         """Each host noticed with ``maintenance_start: after_save``: once a
         save is finalized after its notice, its maintenance started."""
         f = self.f
