@@ -658,8 +658,10 @@ def notice_short(soak: Soak, r: Result) -> Train:
     job.step_at_least(12)
     chaos = chaos_preempt(soak, int(spec.notice or 0), 20, target(r.scenario))
     job.end()
-    chaos_done(chaos, "chaos.preempt-worker")
+    said = chaos_done(chaos, "chaos.preempt-worker")
     r.facts["checkpoint_period"] = 5  # SAVE_MODEL's
+    # What chaos.preempt-worker said before it gave the notice (plays/chaos.py grace_words).
+    r.facts["said_before"] = next((ln.strip() for ln in said.splitlines() if "a notice of" in ln and "save" in ln), "")
     return job
 
 

@@ -405,6 +405,9 @@ def _saves(spec: Spec, facts: dict, g: dict, events: list[dict]) -> list[Check]:
                              f"replayed {replayed}" if noticed else "no incident says its notice"))
         else:
             period = int(facts.get("checkpoint_period") or 0)
+            said = str(facts.get("said_before") or "")
+            out.append(Check("said before the notice that it cannot hold a save", "shorter than a save" in said,
+                             said[:200] or "nothing said"))
             out.append(Check("at most one checkpoint period replayed", bool(noticed) and all(
                 r is not None and r <= period for r in replayed),
                 f"replayed {replayed} (period {period})" if noticed else "no incident says its notice"))

@@ -167,3 +167,14 @@ def test_the_save_schedule_is_maxtexts_config(capsys):
                               "save_checkpoint_on_completion")} == {
         "kind": "save_schedule", "checkpoint_period": 10, "enabled": True, "steps": 600,
         "save_checkpoint_on_start": True, "save_checkpoint_on_completion": True}
+
+
+def test_the_chaos_notice_says_before_it_is_given_whether_it_holds_a_save():
+    from playbooks.job.save_period import Times
+    from playbooks.plays.chaos import grace_words
+    t = Times(0.2, 1.9, 2.5, "run r's median save", measured=True)
+    assert grace_words(1, t) == ("a notice of 1 s is shorter than a save (1.9 s to finalized, measured): the save it "
+                                 "asks for will be cut; the run goes back to its last finalized checkpoint (at most "
+                                 "one checkpoint period replayed)")
+    assert grace_words(30, t).startswith("a notice of 30 s holds a save (1.9 s to finalized")
+    assert "not known" in grace_words(30, None)

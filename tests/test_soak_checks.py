@@ -390,6 +390,8 @@ def notice_run(grace: int = 30, saved: bool = True) -> tuple[dict, dict, list[di
                       "missing": [{"step": None, "after_step": 14, "name": "a save asked after step 14",
                                    "due_by": ["asked by a notice to a host"], "why": "the worker went before it"}]}
         facts["checkpoint_period"] = 5
+        facts["said_before"] = ("note   a notice of 1 s is shorter than a save (1.9 s to finalized, measured): the "
+                                "save it asks for will be cut")
     return facts, g, events
 
 
@@ -403,7 +405,8 @@ def test_a_good_notice_run_passes_every_criterion_and_was_exercised():
     v = S.verdict("notice-short", facts, g, events)
     assert v.exercised == [] and [c.name for c in v.checks if c.ok is not True] == [] and v.ok
     assert {"at most one checkpoint period replayed", "the notice's save reported not finalized",
-            "restored only from a finalized save"} <= {c.name for c in v.checks}
+            "restored only from a finalized save", "said before the notice that it cannot hold a save"} <= {
+        c.name for c in v.checks}
 
 
 @pytest.mark.parametrize("scenario,criterion,change", [
@@ -414,6 +417,8 @@ def test_a_good_notice_run_passes_every_criterion_and_was_exercised():
     ("notice-short", "at most one checkpoint period replayed",
      lambda f, g, e: g["incidents"][0].update(replayed_steps=7)),
     ("notice-short", "the notice's save reported not finalized", lambda f, g, e: g["saves"].update(missing=[])),
+    ("notice-short", "said before the notice that it cannot hold a save",
+     lambda f, g, e: f.update(said_before="note   a notice of 1 s holds a save")),
     ("notice-short", "restored only from a finalized save",
      lambda f, g, e: next(x for x in e if x["kind"] == "restore_started").update(step=12)),
 ])

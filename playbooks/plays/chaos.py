@@ -25,11 +25,12 @@ import time
 from typing import Any
 
 from playbooks.cloud.chaos_gke import GkeWorkers
+from playbooks.config import paths
 from playbooks.config.schema import Environment
 from playbooks.core.command import placeholder, shown
-from playbooks.core.facts import Action
+from playbooks.core.facts import Action, Fact
 from playbooks.core.step import CHANGE, Step, change, fail, ok
-from playbooks.runs import chaos_target, placement, timeline
+from playbooks.runs import chaos_target, placement, save_times, timeline
 from playbooks.runs import events as E
 from playbooks.runs import quarantine_record as quarantined
 from playbooks.twin.chaos_twin import TwinHosts
@@ -100,6 +101,7 @@ def delete_steps(env: Environment, restore_after: float, target: str = placement
     killed: dict[str, Any] = {}  # the host this run kills: the one it brings back
     choose = _chooser(env, w, target, w.picker())
     nodes = w.ray_nodes() if grace is not None else None
+    measured = saves_measured(env) if grace is not None else None
     task = "chaos.delete-worker" if grace is None else "chaos.preempt-worker"
 
     def decide_kill(look):
@@ -120,7 +122,8 @@ def delete_steps(env: Environment, restore_after: float, target: str = placement
                        cause=f"a notice of {grace} s (chaos.preempt-worker)")
         lost = record(env, E.WORKER_LOST, **w.fields(h), by="chaos", target=target, cause=w.preempt_cause(grace))
         return change(*w.preempt(h, grace, listed, given, lost),
-                      reason=reason, would=would, found=f"{w.label(h)} running")
+                      reason=reason, would=would, found=f"{w.label(h)} running",
+                      notes=[grace_words(grace, look(measured))] if measured is not None else [])
 
     title, sid = (w.kill_title, w.kill_id) if grace is None else (w.preempt_title(grace), "chaos:preempt")
     out = [Step("chaos", title, decide_kill, id=sid, after=w.after)]
@@ -206,6 +209,26 @@ def maintenance_steps(env: Environment, in_s: float, restore_after: float,
 def _held(h: Any, look: Any, held: Any):
     """Why host ``h`` is held out (the quarantine's), asked when needed."""
     return lambda: quarantined.held_out(h.name, look(held))
+
+
+def saves_measured(env: Environment) -> Fact:
+    """A save's seconds as the environment's newest run measured them
+    (runs/save_times.py; a dry run assumes none)."""
+    return Fact(name="a save's measured seconds", python=lambda: save_times.read(env), assumed=None,
+                display=f"# a save's seconds, the newest run's ({paths.training(env.name)}/*/events.jsonl)",
+                describe=lambda t: t.basis if t is not None else "none measured")
+
+
+def grace_words(grace: int, t: Any) -> str:
+    """Whether a notice of ``grace`` s holds a save, said before it is given."""
+    if t is None:
+        return f"a notice of {grace} s: no save measured here yet, whether it holds one is not known"
+    if grace >= t.whole_s:
+        return f"a notice of {grace} s holds a save ({t.whole_s:.3g} s to finalized, measured): no step should be " \
+               "replayed"
+    return (f"a notice of {grace} s is shorter than a save ({t.whole_s:.3g} s to finalized, measured): the save it "
+            f"asks for will be cut; the run goes back to its last finalized checkpoint (at most one checkpoint "
+            f"period replayed)")
 
 
 def hang_steps(env: Environment, restore_after: float) -> list[Step]:
