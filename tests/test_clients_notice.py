@@ -90,3 +90,43 @@ def test_a_maintenance_scheduled_by_chaos_is_read_by_status_and_the_watch_then_s
     again = ok_run(up.invoke("hosts.maintenance", pool))
     assert [r for r in again.requests if r.method == "PATCH"] == []
     assert recap(again, "maintenance")["changed"] == 0
+
+
+RENEW = """
+import os, sys
+from invoke import Config
+from playbooks.cli import task_steps
+from playbooks.cli.session import open_session
+c = Config(overrides={"playbook": {"inventory": os.environ["INVOKE_PLAYBOOK_INVENTORY"],
+                                   "env": os.environ["INVOKE_PLAYBOOK_ENV"]}})
+s = open_session(c, "train")
+q = task_steps.follow_quarantine(s.env, True)
+r = s.run("train", q.renew(sys.argv[1]), parallel=False)
+"""
+
+
+def test_the_follows_watch_renews_the_maintenance_hold_that_ends_within_a_day(up: Cloud):
+    """The watch's renewal (follow.Watch.renew_hold runs these steps every
+    6 hours), through the engine and the real gcloud: an exclusion of the
+    run ending within a day is removed and added for 7 more days; one in
+    force is left; none (released) stays none."""
+    from tests.fakes import gcp as G
+    hold = "playbooks-train-rayjob-elastic-8b"
+
+    def renew() -> str:
+        p = subprocess.run([sys.executable, "-c", RENEW, "rayjob-elastic-8b"], env=up.env(), cwd=ROOT,
+                           capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
+        return p.stdout
+
+    def exclusions() -> dict:
+        c = up.gcp.st.clusters[("us-east5-b", "maxtext-multislice")]
+        return ((c.get("maintenancePolicy") or {}).get("window") or {}).get("maintenanceExclusions") or {}
+
+    assert "nothing to renew" in renew() and hold not in exclusions()
+    up.gcp.add_exclusion("us-east5-b", "maxtext-multislice", hold, days=0.5)
+    out = renew()
+    assert f"renewed maintenance exclusion {hold}" in out, out[-2000:]
+    end = G._rfc3339(exclusions()[hold]["endTime"])
+    assert end is not None and (end - G._rfc3339(exclusions()[hold]["startTime"])).total_seconds() > 6.9 * 86400
+    assert "holds" in renew()

@@ -206,7 +206,9 @@ def follow_quarantine(env: Environment, elastic: bool, in_head: bool = False) ->
                               coming=(lambda: slice_notice.coming(env)) if can else None,
                               notice=notice if can else None,
                               start=None if env.platform.simulated else (lambda pool: slice_notice.start_steps(env,
-                                                                                                               pool)))
+                                                                                                               pool)),
+                              renew=(lambda run: [train.renew_hold_step(env, run)])
+                              if env.platform.cloud and env.hold_maintenance and not in_head else None)
 
 
 def preflight_steps(env: Environment, job: Job) -> list[Step]:

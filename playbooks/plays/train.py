@@ -179,6 +179,31 @@ def hold_step(job: Job) -> Step:
                 verify=Verify(probe, check, timeout=300, interval=5))
 
 
+def renew_hold_step(env: Environment, run: str) -> Step:
+    """While the job runs (its follow's watch, every few hours): the run's
+    maintenance exclusion renewed when it ends within a day; one absent
+    (released, or never set) is left so. The watch in a head pod has no
+    gcloud: it renews nothing."""
+    exclusion = maintenance.name(run)
+    probe = assume(clusters_fact(env), maintenance.held(env, run))
+
+    def decide(look):
+        cluster = look(probe)
+        if cluster is ABSENT:
+            return fail(f"cluster {env.cluster_name} does not exist")
+        window = maintenance.exclusions(cluster).get(exclusion)
+        if window is None:
+            return ok(f"no maintenance exclusion {exclusion}: nothing to renew")
+        why = maintenance.short_of(window)
+        if why is None:
+            return ok(f"maintenance exclusion {maintenance.describe(exclusion, window)} holds")
+        return change(maintenance.remove_command(env, exclusion), maintenance.add_command(env, run), found=why,
+                      reason=f"renewed maintenance exclusion {exclusion} ({why}) while the job runs: no node or "
+                             f"minor upgrades for {maintenance.HOLD.days} more days")
+
+    return Step(PLAY, "renew the hold off GKE maintenance", decide, id="train:renew-hold")
+
+
 def ray_nodes(job: Job) -> Fact:
     """Ray's nodes, where the job is submitted (a dry run assumes every slice)."""
     return assume(nodes_fact(job.address, connectors.connector(job.env)), ray_nodes_as_asked(job.env))

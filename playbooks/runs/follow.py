@@ -437,6 +437,7 @@ class Watch:
         self._noticed: set[tuple[str, float]] | None = None  # the maintenance notices given (host, time)
         self._to_start: dict[str, float] = {}  # host -> when its notice was given: its maintenance to start
         self._coming_t = 0.0
+        self._renewed: float | None = None  # when the maintenance hold was last looked at
         self.thread = threading.Thread(target=self._run, daemon=True, name="job-watch")
 
     def __enter__(self) -> Watch:
@@ -488,6 +489,7 @@ class Watch:
             self.status()  # its start time, once the job is listed
         self.gate()
         self.maintenance()
+        self.renew_hold()
         f.stall.look(self.clock(), lambda: self.status() == "RUNNING", self.cause, self.stop, self.diagnose,
                      self.restart)
 
@@ -634,6 +636,23 @@ class Watch:
             if self.env.maintenance_start == "after_save" and q.start is not None:
                 self._to_start[c.host] = now
 
+    def renew_hold(self) -> None:
+        """Every ``RENEW_EVERY_S`` while the job runs: the run's hold off
+        GKE maintenance renewed when it ends within a day (a run longer
+        than the hold's 7 days stays held)."""
+        f, q = self.f, self.f.quarantine
+        if not f.ctx.acting or q is None or q.renew is None:
+            return
+        now = self.clock()
+        if self._renewed is None:
+            self._renewed = now  # `train` has just set it
+        if now - self._renewed < RENEW_EVERY_S:
+            return
+        self._renewed = now
+        done = run_within(f.ctx, q.renew(f.run))
+        if [o for _, o in done if o.outcome in FAILING]:
+            f.ctx.echo("maintenance hold: could not be renewed; `invoke train` renews it (it follows the running job)")
+
     def start_maintenance(self, q: Any) -> None:
         """Each host noticed with ``maintenance_start: after_save``: once a
         save is finalized after its notice, its maintenance started."""
@@ -700,6 +719,10 @@ class Watch:
                         if not (e["kind"] == E.WORKER_LOST and e.get("pod") in chaos)])
         self._pods = now
 
+
+# How often the follow's watch looks at the run's hold off GKE maintenance
+# (renewed when it ends within a day: cloud/maintenance.py).
+RENEW_EVERY_S = 6 * 3600.0
 
 # How often the watch reads the slices' announced ends (a node list on GKE;
 # the watch looks every heartbeat, or a fifth of stall_after: a notice may

@@ -52,6 +52,9 @@ class Quarantine:
     coming: Callable[[], Mapping[str, tuple[float, str]]] | None = None
     notice: Callable[[str, float, str], list[Any]] | None = None
     start: Callable[[str], list[Any]] | None = None
+    # The run's hold off GKE maintenance renewed while the job runs (the
+    # steps, for a run's name; None: no hold here).
+    renew: Callable[[str], list[Any]] | None = None
 
 
 @dataclass(frozen=True)
