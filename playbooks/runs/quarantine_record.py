@@ -9,11 +9,10 @@ A file that cannot be read, or is not this record, is "could not look"
 (ProbeFailed): never taken for "none set aside"."""
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
-from playbooks.access import connectors
+from playbooks.access import host_records
 from playbooks.config import paths
 from playbooks.core.errors import ProbeFailed
 from playbooks.core.facts import Action, Fact
@@ -38,23 +37,13 @@ def _bad(env: Any, what: str) -> ProbeFailed:
 def read(env: Any) -> dict[str, dict]:
     """host -> its record; {} when the file does not exist."""
     try:
-        data = connectors.this_machine().read(_file(env))
-    except OSError as e:
-        raise _bad(env, f"cannot be read ({e.strerror or e})") from None
-    if not data:
-        return {}
-    try:
-        doc = json.loads(data)
-    except ValueError:
-        raise _bad(env, "is not JSON") from None
-    hosts = doc.get("hosts") if isinstance(doc, dict) else None
-    if not isinstance(hosts, dict) or not all(isinstance(v, dict) for v in hosts.values()):
-        raise _bad(env, "is not a record of hosts ({\"hosts\": {NAME: {...}}})")
-    return hosts
+        return host_records.read(_file(env), lambda v: isinstance(v, dict), 'hosts ({"hosts": {NAME: {...}}})')
+    except host_records.Unreadable as e:
+        raise _bad(env, str(e)) from None
 
 
 def write(env: Any, hosts: dict[str, dict]) -> None:
-    connectors.this_machine().write(_file(env), (json.dumps({"hosts": hosts}, indent=1) + "\n").encode())
+    host_records.write(_file(env), hosts)
 
 
 def fact(env: Any, assumed: dict[str, dict] | None = None) -> Fact:

@@ -9,10 +9,9 @@ A file that cannot be read, or is not this record, is "could not look"
 (ProbeFailed): never taken for "nothing scheduled"."""
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from playbooks.access import connectors
+from playbooks.access import host_records
 from playbooks.config import paths
 from playbooks.core.errors import ProbeFailed
 from playbooks.core.facts import Action, Fact
@@ -25,19 +24,10 @@ def _file(env: Any) -> str:
 def read(env: Any) -> dict[str, float]:
     """host -> its maintenance's time; {} when nothing is scheduled."""
     try:
-        data = connectors.this_machine().read(_file(env))
-    except OSError as e:
-        raise _bad(env, f"cannot be read ({e.strerror or e})") from None
-    if not data:
-        return {}
-    try:
-        doc = json.loads(data)
-    except ValueError:
-        raise _bad(env, "is not JSON") from None
-    hosts = doc.get("hosts") if isinstance(doc, dict) else None
-    if not isinstance(hosts, dict) or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
-                                              for v in hosts.values()):
-        raise _bad(env, "is not a record of times ({\"hosts\": {NAME: EPOCH}})")
+        hosts = host_records.read(_file(env), lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+                                  'times ({"hosts": {NAME: EPOCH}})')
+    except host_records.Unreadable as e:
+        raise _bad(env, str(e)) from None
     return {str(k): float(v) for k, v in hosts.items()}
 
 
@@ -56,7 +46,7 @@ def schedule(env: Any, hosts: list[str], at: float) -> Action:
     def go() -> None:
         now = read(env)
         now.update(dict.fromkeys(hosts, at))
-        connectors.this_machine().write(_file(env), (json.dumps({"hosts": now}, indent=1) + "\n").encode())
+        host_records.write(_file(env), now)
     return Action(f"# schedule the maintenance of {', '.join(hosts)} in {_file(env)} (as GKE's "
                   f"cloud.google.com/scheduled-maintenance-time label)", go)
 
@@ -64,6 +54,5 @@ def schedule(env: Any, hosts: list[str], at: float) -> Action:
 def done(env: Any, hosts: list[str]) -> Action:
     """The action that ends ``hosts``' maintenance (GKE removes its label)."""
     def go() -> None:
-        now = {h: t for h, t in read(env).items() if h not in hosts}
-        connectors.this_machine().write(_file(env), (json.dumps({"hosts": now}, indent=1) + "\n").encode())
+        host_records.write(_file(env), {h: t for h, t in read(env).items() if h not in hosts})
     return Action(f"# end the maintenance of {', '.join(hosts)} in {_file(env)}", go)
