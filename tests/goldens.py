@@ -81,6 +81,8 @@ HOST_TASKS = {
     "hosts-quarantine": ["hosts.quarantine", "{host}", "--why=chips failed the matmul check"],
     "hosts-release": ["hosts.release", "{host}"],
 }
+# GKE only (cases() lists it for dev alone).
+HOST_TASKS_GKE = {"hosts-maintenance": ["hosts.maintenance", "{host}"]}
 FIRST_HOST = {"dev": "v6e-16-0", "dev-autopilot": "v6e-16-0", "local": "tpu-group-0-0",
               "std-replace-pool": "v6e-16-0"}
 # A slice's pool made again (quarantine_replace_pool), from an inventory of its own.
@@ -89,8 +91,8 @@ QUARANTINE_INVENTORY = GOLDENS / "quarantine-inventory.yaml"
 
 def args_of(env: str, task: str) -> list[str]:
     """The command line of a golden case."""
-    if task in HOST_TASKS:
-        return [a.format(host=FIRST_HOST[env]) for a in HOST_TASKS[task]]
+    if task in HOST_TASKS or task in HOST_TASKS_GKE:
+        return [a.format(host=FIRST_HOST[env]) for a in {**HOST_TASKS, **HOST_TASKS_GKE}[task]]
     return TASKS[task]
 
 
@@ -109,6 +111,8 @@ def cases() -> list[tuple[str, str, Path | None]]:
     for e in yaml.safe_load(GENERATIONS_INVENTORY.read_text())["environments"]:
         out += [(e, t, GENERATIONS_INVENTORY) for t in GENERATION_TASKS]
     out += [(e, t, None) for e in ("dev", "dev-autopilot", "local") for t in HOST_TASKS]
+    # A slice's maintenance started now (GKE only: a local environment refuses it in one line).
+    out += [("dev", "hosts-maintenance", None)]
     out += [("std-replace-pool", t, QUARANTINE_INVENTORY) for t in ("hosts-quarantine", "hosts-release")]
     # stall_action: restart: the watch's quarantine, its steps in the dry run (an elastic job), or the stop.
     out += [("std-replace-pool", "train-elastic", QUARANTINE_INVENTORY)]
