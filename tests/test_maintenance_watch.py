@@ -64,3 +64,10 @@ def test_the_twins_record_is_read_and_a_broken_one_is_could_not_look(tmp_path, m
     (tmp_path / "m.json").write_text('{"hosts": {"h0": "soon"}}')
     with pytest.raises(ProbeFailed, match="is not a record of times"):
         maintenance_sim.read(Env())
+
+
+def test_a_slice_set_aside_for_its_maintenance_is_given_back_once_it_is_no_longer_announced():
+    coming = {"p0": (1000.0, "host maintenance at ...")}
+    assert M.over({"p0"}, coming) == []           # still announced: its maintenance is not done
+    assert M.over({"p0", "p1"}, coming) == ["p1"]  # its label gone: GKE removes it when done
+    assert M.over(set(), {}) == []

@@ -208,7 +208,9 @@ def follow_quarantine(env: Environment, elastic: bool, in_head: bool = False) ->
                               start=None if env.platform.simulated else (lambda pool: slice_notice.start_steps(env,
                                                                                                                pool)),
                               renew=(lambda run: [train.renew_hold_step(env, run)])
-                              if env.platform.cloud and env.hold_maintenance and not in_head else None)
+                              if env.platform.cloud and env.hold_maintenance and not in_head else None,
+                              release=None if env.platform.simulated else
+                              (lambda pool: quarantine.release_gke_steps(env, pool)))
 
 
 def preflight_steps(env: Environment, job: Job) -> list[Step]:

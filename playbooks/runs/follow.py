@@ -438,6 +438,7 @@ class Watch:
         self._to_start: dict[str, float] = {}  # host -> when its notice was given: its maintenance to start
         self._coming_t = 0.0
         self._renewed: float | None = None  # when the maintenance hold was last looked at
+        self._aside: set[str] = set()  # the hosts this watch set aside for their maintenance (GKE)
         self.thread = threading.Thread(target=self._run, daemon=True, name="job-watch")
 
     def __enter__(self) -> Watch:
@@ -619,7 +620,9 @@ class Watch:
         if now - self._coming_t < min(MAINTENANCE_LOOK_S, self.env.maintenance_lead / 4):
             return
         self._coming_t = now
-        for c in maintenance_watch.due(q.coming(), now, self.env.maintenance_lead, self._noticed):
+        coming = q.coming()
+        self.give_back(q, coming)
+        for c in maintenance_watch.due(coming, now, self.env.maintenance_lead, self._noticed):
             self._noticed.add((c.host, c.at))
             grace = max(1.0, c.at - now)
             done = run_within(f.ctx, q.notice(c.host, c.at, c.why))
@@ -635,6 +638,21 @@ class Watch:
                        f"and goes on without it")
             if self.env.maintenance_start == "after_save" and q.start is not None:
                 self._to_start[c.host] = now
+            if q.release is not None:
+                self._aside.add(c.host)
+
+    def give_back(self, q: Any, coming: Any) -> None:
+        """Each slice this watch set aside for its maintenance, given back
+        once its maintenance is no longer announced (done): its nodes
+        uncordoned and untainted, KubeRay's pods land there again, the
+        elastic job grows back."""
+        for host in maintenance_watch.over(self._aside, coming):
+            self._aside.discard(host)
+            done = run_within(self.f.ctx, q.release(host))
+            if [o for _, o in done if o.outcome in FAILING]:
+                self.f.ctx.echo(f"maintenance: host {host} could not be given back: `invoke hosts.release {host}`")
+                continue
+            self.f.ctx.echo(f"maintenance: host {host} given back: its maintenance is over")
 
     def renew_hold(self) -> None:
         """Every ``RENEW_EVERY_S`` while the job runs: the run's hold off

@@ -51,5 +51,12 @@ def saved_after(events: Iterable[Any], t: float) -> int | None:
     return None
 
 
+def over(aside: Collection[str], coming: Mapping[str, tuple[float, str]]) -> list[str]:
+    """The hosts set aside for their maintenance whose end is no longer
+    announced (GKE removes the label when the maintenance is done): to be
+    given back."""
+    return sorted(h for h in aside if h not in coming)
+
+
 # The watch's events and lines name it so.
 BY = "maintenance"

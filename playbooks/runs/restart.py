@@ -55,6 +55,9 @@ class Quarantine:
     # The run's hold off GKE maintenance renewed while the job runs (the
     # steps, for a run's name; None: no hold here).
     renew: Callable[[str], list[Any]] | None = None
+    # A host set aside for its maintenance given back once it is over (the
+    # release's steps; None: nothing is set aside for it here, the twin).
+    release: Callable[[str], list[Any]] | None = None
 
 
 @dataclass(frozen=True)
