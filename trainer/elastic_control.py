@@ -47,7 +47,6 @@ import socket
 import time
 from typing import Any
 
-import notice
 import ray
 from ray.train.v2._internal.exceptions import WorkerGroupStartupFailedError
 from ray.train.v2._internal.execution.callback import ControllerCallback, WorkerGroupCallback
@@ -98,9 +97,10 @@ def answers(address: str, port: int, timeout: float = CONNECT_TIMEOUT_S) -> bool
 
 
 def draining() -> dict[str, int]:
-    """Ray's draining nodes (a notice), ``{node id: deadline, epoch ms; 0: none}``; none when Ray cannot say."""
+    """Ray's draining nodes (a notice), ``{node id: deadline, epoch ms; 0: none}``, as Ray Train's own
+    PreemptionWatcher reads them; none when Ray cannot say."""
     try:
-        return notice.draining_nodes()
+        return dict(ray._private.state.state.get_draining_nodes())
     except Exception:
         return {}
 
@@ -362,6 +362,11 @@ class FailureBudget(ControllerCallback, WorkerGroupCallback):
     def after_controller_state_update(self, previous_state: Any, current_state: Any) -> None:
         self.preempting = isinstance(current_state, PreemptingState)
 
+    def counted(self, **extra: Any) -> None:
+        """The ``failure_counted`` event: the job's failures in the window, and ``extra``."""
+        maxtext_ray.event("failure_counted", t=time.time(), failures=len(self.times), budget=self.budget,
+                          window_s=self.window, **extra)
+
     def after_worker_group_poll_status(self, worker_group_status: Any) -> None:
         errors = worker_group_status.errors
         if errors:
@@ -376,16 +381,14 @@ class FailureBudget(ControllerCallback, WorkerGroupCallback):
             # counts it as a preemption (max_preemption_failures), not a
             # failure; so does this budget.
             self.preemptions += 1
-            maxtext_ray.event("failure_counted", t=time.time(), failures=len(self.times), budget=self.budget,
-                              window_s=self.window, preemptions=self.preemptions)
+            self.counted(preemptions=self.preemptions)
             return
         now = self.clock()
         if gated:
             self.gate_times = [t for t in self.gate_times if t > now - self.window] + [now]
         else:
             self.times = [t for t in self.times if t > now - self.window] + [now]
-        maxtext_ray.event("failure_counted", t=time.time(), failures=len(self.times), budget=self.budget,
-                          window_s=self.window, **({"gate_failures": len(self.gate_times)} if gated else {}))
+        self.counted(**({"gate_failures": len(self.gate_times)} if gated else {}))
         counted = len(self.gate_times if gated else self.times)
         if counted <= self.budget:
             return

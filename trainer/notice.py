@@ -47,13 +47,6 @@ ENV_POLL_S = "TRAINER_NOTICE_POLL_S"
 POLL_S = 0.5
 
 
-def draining_nodes() -> dict[str, int]:
-    """Ray's draining nodes, ``{node id (hex): deadline in epoch ms (0: none)}``."""
-    import ray
-
-    return dict(ray._private.state.state.get_draining_nodes())
-
-
 def poll_interval(environ=os.environ) -> float:
     try:
         return max(0.2, float(environ.get(ENV_POLL_S, POLL_S)))

@@ -589,10 +589,9 @@ class Watch:
             # The event at the quarantine's start: its node's end (the twin)
             # fails the worker group before the steps' verify has seen it.
             began = self.clock()
-            done = run_within(f.ctx, q.steps(h, why, by))
-            failed = [o for _, o in done if o.outcome in FAILING]
-            if failed:
-                f.ctx.echo(f"{by}: host {h} could not be set aside: {failed[0].reason.splitlines()[0][:300]}")
+            failed = first_failure(run_within(f.ctx, q.steps(h, why, by)))
+            if failed is not None:
+                f.ctx.echo(f"{by}: host {h} could not be set aside: {failed}")
                 return False
             f.quarantined.append(h)
             # On GKE, the slice's nodes as recorded: the watch in a head pod's
@@ -625,11 +624,9 @@ class Watch:
         for c in maintenance_watch.due(coming, now, self.env.maintenance_lead, self._noticed):
             self._noticed.add((c.host, c.at))
             grace = max(1.0, c.at - now)
-            done = run_within(f.ctx, q.notice(c.host, c.at, c.why))
-            failed = [o for _, o in done if o.outcome in FAILING]
-            if failed:
-                f.ctx.echo(f"maintenance: host {c.host} could not be given its notice: "
-                           f"{failed[0].reason.splitlines()[0][:300]}")
+            failed = first_failure(run_within(f.ctx, q.notice(c.host, c.at, c.why)))
+            if failed is not None:
+                f.ctx.echo(f"maintenance: host {c.host} could not be given its notice: {failed}")
                 continue
             f.add([timeline.event(E.NOTICE_GIVEN, f.source, f.summary.last_step, t=now, job=f.sid, host=c.host,
                                   slice=q.hosts.get(c.host), grace_s=round(grace, 1), at=c.at, why=c.why,
@@ -648,8 +645,7 @@ class Watch:
         elastic job grows back."""
         for host in maintenance_watch.over(self._aside, coming):
             self._aside.discard(host)
-            done = run_within(self.f.ctx, q.release(host))
-            if [o for _, o in done if o.outcome in FAILING]:
+            if first_failure(run_within(self.f.ctx, q.release(host))) is not None:
                 self.f.ctx.echo(f"maintenance: host {host} could not be given back: `invoke hosts.release {host}`")
                 continue
             self.f.ctx.echo(f"maintenance: host {host} given back: its maintenance is over")
@@ -667,8 +663,7 @@ class Watch:
         if now - self._renewed < RENEW_EVERY_S:
             return
         self._renewed = now
-        done = run_within(f.ctx, q.renew(f.run))
-        if [o for _, o in done if o.outcome in FAILING]:
+        if first_failure(run_within(f.ctx, q.renew(f.run))) is not None:
             f.ctx.echo("maintenance hold: could not be renewed; `invoke train` renews it (it follows the running job)")
 
     def start_maintenance(self, q: Any) -> None:
@@ -677,11 +672,10 @@ class Watch:
         f = self.f
         for host, given in list(self._to_start.items()):
             step = maintenance_watch.saved_after(f.job_events(), given)
-            if step is None or q.start is None:
+            if step is None:
                 continue
             del self._to_start[host]
-            done = run_within(f.ctx, q.start(host))
-            if [o for _, o in done if o.outcome in FAILING]:
+            if first_failure(run_within(f.ctx, q.start(host))) is not None:
                 f.ctx.echo(f"maintenance: the maintenance of host {host} could not be started: it starts at its "
                            "scheduled time")
                 continue
@@ -736,6 +730,13 @@ class Watch:
             self.f.add([dict(e, job=self.f.sid) for e in found
                         if not (e["kind"] == E.WORKER_LOST and e.get("pod") in chaos)])
         self._pods = now
+
+
+def first_failure(done: list[tuple[Any, Any]]) -> str | None:
+    """The first line of the first failed step's reason among ``run_within``'s
+    results (None: none failed)."""
+    failed = [o for _, o in done if o.outcome in FAILING]
+    return failed[0].reason.splitlines()[0][:300] if failed else None
 
 
 # How often the follow's watch looks at the run's hold off GKE maintenance

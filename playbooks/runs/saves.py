@@ -308,10 +308,8 @@ class Ledger:
         if any(a.finalized is not None and a.finalized.get("finalized") is True for a in d.attempts):
             return FINALIZED, None
         a = d.attempts[-1]
-        if a.finalized is not None:
-            return MISSING, f"not finalized: {a.finalized.get('why') or 'no cause said'}"
-        if a.began is not None:
-            return self.judge_begun(a)
+        if a.finalized is not None or a.began is not None:
+            return self.judge_attempt(a)
         ended = self.ends.get(a.era)
         if d.step is None:
             return (MISSING, f"the worker went before it: {'; '.join(d.by)}") if ended else (PENDING, "asked")
@@ -332,12 +330,17 @@ class Ledger:
             for a in d.attempts:
                 if a.began is None or a in done:
                     continue
-                state, why = (MISSING, f"not finalized: {a.finalized.get('why') or 'no cause said'}") \
-                    if a.finalized is not None else self.judge_begun(a)
+                state, why = self.judge_attempt(a)
                 if state == MISSING:
                     out.append({"step": d.step, "name": d.name(), "why": why, "due_by": list(d.by),
                                 "saved_again": bool(done)})
         return out
+
+    def judge_attempt(self, a: Attempt) -> tuple[str, str | None]:
+        """One attempt that was begun or said finalized, not finalized: why (or still being written)."""
+        if a.finalized is not None:
+            return MISSING, f"not finalized: {a.finalized.get('why') or 'no cause said'}"
+        return self.judge_begun(a)
 
     def judge_begun(self, a: Attempt) -> tuple[str, str | None]:
         """A save begun, with no finalization said: the next save began

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from playbooks.access import connectors
-from playbooks.access.ray_api import alive, labels, list_nodes, nodes_fact
+from playbooks.access.ray_api import list_nodes, nodes_fact
 from playbooks.cloud.endpoints import dashboard
 from playbooks.config import host_notice, paths
 from playbooks.config.schema import Environment
@@ -31,6 +31,7 @@ from playbooks.twin.nodes import (
     hosts_of,
     hosts_state_fact,
     log,
+    node_of,
     pid_fact,
     pidfile,
     registered,
@@ -224,11 +225,8 @@ class TwinHosts:
 
 def node_id(nodes: Any, h: Host) -> str | None:
     """The Ray node id of host ``h`` (alive), from Ray's nodes list."""
-    for n in alive(nodes if isinstance(nodes, list) else []):
-        lb = labels(n)
-        if lb.get("ray.io/tpu-slice-name") == h.tpu_name and lb.get("ray.io/tpu-worker-id") == str(h.worker):
-            return n.get("node_id")
-    return None
+    n = node_of(nodes, h)
+    return n.get("node_id") if n is not None else None
 
 
 def _frozen(s: Any) -> list[tuple[str, list[dict]]]:

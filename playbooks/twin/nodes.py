@@ -178,13 +178,18 @@ def pid_fact(env: Environment, name: str) -> Fact:
     return running_fact(pf, str(pf.path))
 
 
-def registered(nodes: Any, host: Host) -> bool:
-    for n in alive(nodes):
+def node_of(nodes: Any, host: Host) -> dict | None:
+    """The alive Ray node of a simulated host in Ray's nodes list (its TPU
+    labels: its slice's name and its worker id), or None."""
+    for n in alive(nodes if isinstance(nodes, list) else []):
         lb = labels(n)
-        if lb.get("ray.io/tpu-slice-name") == f"{T.TPU_WORKER_GROUP}-{host.slice}" and \
-                lb.get("ray.io/tpu-worker-id") == str(host.worker):
-            return True
-    return False
+        if lb.get("ray.io/tpu-slice-name") == host.tpu_name and lb.get("ray.io/tpu-worker-id") == str(host.worker):
+            return n
+    return None
+
+
+def registered(nodes: Any, host: Host) -> bool:
+    return node_of(nodes, host) is not None
 
 
 NOT_STARTED = "not started (no pid file)"
