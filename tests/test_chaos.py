@@ -139,6 +139,8 @@ def test_a_hosts_devices_are_read_from_its_running_process_and_an_unsaid_count_i
     that could not tell, never a healthy or a sick host."""
     import os
     import subprocess
+    import time
+    from pathlib import Path
 
     import pytest
 
@@ -156,6 +158,11 @@ def test_a_hosts_devices_are_read_from_its_running_process_and_an_unsaid_count_i
     for flags, want in (("--xla_force_host_platform_device_count=3", 3), (None, ProbeFailed)):
         p = subprocess.Popen(["sleep", "60"], env={**base, **({"XLA_FLAGS": flags} if flags else {})})
         try:
+            # Until its exec, a child's /proc/<pid>/environ is still this
+            # process's (read that early once in `make test`, under load).
+            deadline = time.monotonic() + 10
+            while not Path(f"/proc/{p.pid}/cmdline").read_bytes().startswith(b"sleep") and time.monotonic() < deadline:
+                time.sleep(0.01)
             PidFile(tmp_path, host.name, "", via=here).write(p.pid)
             if want is ProbeFailed:
                 with pytest.raises(ProbeFailed, match="could not tell TPU host tpu-group-0-0's devices"):
