@@ -54,9 +54,15 @@ def this_machine() -> LocalConnector:
     kubectl and `ray job logs` (the same answers, no process)."""
     global _local
     if _local is None:
+        from playbooks.access.gcloud_credentials import GcloudCredentials
+        from playbooks.access.gcp_api import GcloudShortcut, processes_only
         from playbooks.access.kube_api import KubectlShortcut
         from playbooks.access.ray_api import RayJobLogs
-        _local = LocalConnector(ROOT, tool_env(), shortcuts=(KubectlShortcut(), RayJobLogs()))
+        gcloud = GcloudCredentials()  # one config-helper for the run's Google reads and its kubernetes client
+        shortcuts: tuple = (GcloudShortcut(gcloud), KubectlShortcut(gcloud), RayJobLogs())
+        if processes_only():  # every command its process (a pod has no kubectl: the client stays there)
+            shortcuts = (KubectlShortcut(),) if in_a_head_pod() else ()
+        _local = LocalConnector(ROOT, tool_env(), shortcuts=shortcuts)
     return _local
 
 

@@ -69,6 +69,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from playbooks.access.gcloud_credentials import GcloudCredentials
 from playbooks.core.connector import NOT_FOUND, TIMED_OUT, Ran
 
 # The connector's environment variable that says: this process runs in a pod
@@ -76,6 +77,8 @@ from playbooks.core.connector import NOT_FOUND, TIMED_OUT, Ran
 IN_CLUSTER_ENV = "TPU_PLAYBOOKS_IN_CLUSTER"
 # Where Kubernetes mounts a pod's service account: its token, ca.crt.
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+# GKE's exec credential plugin (`gcloud container clusters get-credentials`).
+PLUGIN = "gke-gcloud-auth-plugin"
 ANSWERED = "get --output=json, logs, cordon, uncordon, taint nodes, delete pod"
 
 # kubectl's names for the kinds the plays read -> (API prefix, resource, namespaced, Kind)
@@ -336,9 +339,10 @@ class KubectlShortcut:
     """``base.Shortcut`` for `kubectl get -o json`, `kubectl logs` and the
     plays' node and pod writes (and, in the cluster, kubectl itself)."""
 
-    def __init__(self) -> None:
+    def __init__(self, credentials: GcloudCredentials | None = None) -> None:
         self._clients: dict[tuple[str, ...], Any] = {}
         self._lock = threading.Lock()
+        self.credentials = credentials
 
     def _client(self, env: dict[str, str], context: str | None) -> Any:
         if in_cluster(env):
@@ -348,8 +352,49 @@ class KubectlShortcut:
         key = (files, context or "")
         with self._lock:
             if key not in self._clients:
-                self._clients[key] = config.new_client_from_config(config_file=files, context=context)
+                self._clients[key] = self._gcloud_token_client(env, files, context) or \
+                    config.new_client_from_config(config_file=files, context=context)
             return self._clients[key]
+
+    def _gcloud_token_client(self, env: dict[str, str], files: str, context: str | None) -> Any:
+        """A client whose user is GKE's exec credential plugin as `gcloud
+        container clusters get-credentials` writes it (no arguments, no
+        environment of its own), given the token that plugin would get: it
+        runs `gcloud config config-helper` and hands on its access token,
+        which the run already holds (``gcloud_credentials``), renewed as
+        gcloud's expiry says. None otherwise (another kind of user, several
+        kubeconfig files, no gcloud token): the kubeconfig is used as it is."""
+        if self.credentials is None or os.pathsep in files:
+            return None
+        import yaml
+        from kubernetes import config
+        try:
+            with open(files) as f:
+                doc = yaml.safe_load(f)
+        except (OSError, yaml.YAMLError):
+            return None
+        if not isinstance(doc, dict):
+            return None
+        name = context or doc.get("current-context")
+        ctx = next((c.get("context") or {} for c in doc.get("contexts") or [] if c.get("name") == name), None)
+        users = [u for u in doc.get("users") or [] if isinstance(u, dict) and u.get("name") == (ctx or {}).get("user")]
+        run = ((users[0].get("user") or {}).get("exec") or {}) if len(users) == 1 else {}
+        if os.path.basename(str(run.get("command") or "")) != PLUGIN or run.get("args") or run.get("env"):
+            return None
+        credentials = self.credentials
+        held = credentials.get(env)
+        if held is None:
+            return None
+        users[0]["user"] = {"token": held.token}
+        client = config.new_client_from_config_dict(doc, context=name, persist_config=False)
+
+        def renew(configuration: Any) -> None:
+            again = credentials.get(env)
+            if again is not None:
+                configuration.api_key["authorization"] = f"Bearer {again.token}"
+
+        client.configuration.refresh_api_key_hook = renew
+        return client
 
     def _in_cluster_client(self, env: dict[str, str]) -> Any:
         """The pod's service account, as ``load_incluster_config`` loads it

@@ -53,6 +53,13 @@ _WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
 STANDARD = "clients-test-standard" + (f"-{_WORKER}" if _WORKER else "")
 AUTOPILOT = "clients-test-autopilot" + (f"-{_WORKER}" if _WORKER else "")
 
+# Each client process is started through a wrapper that writes its command
+# line to the file named by this variable (when set), then execs the real
+# client: how the tests and bench/provision.py count the processes a run
+# starts, kubectl's auth plugin and the gcloud it starts included.
+COUNTED = ("gcloud", "gsutil", "kubectl", "gke-gcloud-auth-plugin")
+COUNT_LOG = "TPU_PLAYBOOKS_TEST_STARTED"
+
 RECAP = re.compile(r"^(?P<play>\S+) (?P<env>\S+): ok=(?P<ok>\d+) changed=(?P<changed>\d+) "
                    r"(?:unreachable=(?P<unreachable>\d+) )?failed=(?P<failed>\d+) skipped=(?P<skipped>\d+)", re.M)
 
@@ -118,6 +125,13 @@ class Run:
     gcp: list[Request]
     kube: list[Request]
     seconds: float
+    processes: list[str] = field(default_factory=list)
+
+    def started(self, *programs: str) -> list[str]:
+        """The client processes this run started (every one, the auth
+        plugin's and the ones the auth plugin started too), as
+        ``PROGRAM ARGS``; only those of ``programs`` when given."""
+        return [p for p in self.processes if not programs or p.split(" ", 1)[0] in programs]
 
     @property
     def requests(self) -> list[Request]:
@@ -183,7 +197,7 @@ class Cloud:
         the system PATH's tools and a locale."""
         c = self.clients
         env = {
-            "PATH": f"{VENV_BIN}:/usr/local/bin:/usr/bin:/bin",
+            "PATH": f"{self.base / 'counted'}:{VENV_BIN}:/usr/local/bin:/usr/bin:/bin",
             "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "TMPDIR": str(self.base / "tmp"),
             "HOME": str(c / "home"),
             "CLOUDSDK_CONFIG": str(c / "gcloud"),
@@ -219,12 +233,16 @@ class Cloud:
     # -- running -------------------------------------------------------------------
     def invoke(self, *args: str, env_name: str = STANDARD, timeout: float = 600, **extra: str) -> Run:
         g, k = self.gcp.server.mark(), self.kube.server.mark()
+        self._n_runs = getattr(self, "_n_runs", 0) + 1
+        started = self.base / "started" / f"{self._n_runs}.txt"
+        started.parent.mkdir(exist_ok=True)
         start = time.monotonic()
-        p = subprocess.run([str(INVOKE), *args], env=self.env(env_name, **extra), cwd=ROOT,
-                           stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        p = subprocess.run([str(INVOKE), *args], env=self.env(env_name, **{COUNT_LOG: str(started), **extra}),
+                           cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                            text=True, timeout=timeout)
         run = Run(tuple(args), p.returncode, p.stdout, self.gcp.server.since(g), self.kube.server.since(k),
-                  time.monotonic() - start)
+                  time.monotonic() - start,
+                  started.read_text().splitlines() if started.is_file() else [])
         self.runs.append(run)
         return run
 
@@ -358,10 +376,26 @@ class Cloud:
         assert p.returncode == 0, p.stderr
 
 
+def counting_wrappers(folder: Path) -> None:
+    """One wrapper per client in ``folder``: it appends its name and
+    arguments to ``$TPU_PLAYBOOKS_TEST_STARTED`` (one line) and execs the
+    client found on the system PATH."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in COUNTED:
+        real = shutil.which(name, path="/usr/local/bin:/usr/bin:/bin")
+        if real is None:
+            continue
+        w = folder / name
+        w.write_text(f'#!/bin/sh\nif [ -n "${COUNT_LOG}" ]; then echo "{name} $*" >> "${COUNT_LOG}"; fi\n'
+                     f'exec {real} "$@"\n')
+        w.chmod(0o755)
+
+
 @contextmanager
 def fake_cloud(base: Path) -> Iterator[Cloud]:
     """The fakes started on 127.0.0.1, an inventory pointing at them, and a
     client environment; everything stopped at the end (tests and benchmarks)."""
+    counting_wrappers(base / "counted")
     kube_pki = make_pki(base / "pki", "kube")
     gcp_pki = make_pki(base / "pki", "gcp")
     kube = FakeKube(kube_pki, TOKEN).start()

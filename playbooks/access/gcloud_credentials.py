@@ -1,0 +1,133 @@
+"""gcloud's credentials and configuration, read once per run: one
+`gcloud config config-helper --format=json` process gives the access token
+gcloud would send, its expiry, and every property gcloud resolved (its
+configuration files and its CLOUDSDK_* variables: the account, the API
+endpoint overrides, the CA file, a proxy). The in-process Google reads
+(``gcp_api``) and the kubernetes client (``kube_api``, in place of
+GKE's exec credential plugin, which runs that same command and hands its
+token on) share it.
+
+The answer is asked again when the token is within five minutes of its
+expiry, after ten minutes when gcloud gives no expiry (a token file, which
+may be replaced), and when gcloud's configuration sentinel file changed (a
+`gcloud config set` or `gcloud auth login` touches it: that is how the auth
+plugin's own cache knows). A helper that fails (no account, no gcloud) is
+``None``: every command then runs as the process it is, and says why
+itself.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import shutil
+import subprocess
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+HELPER = ("config", "config-helper", "--format=json")
+EXPIRY_MARGIN = 300.0   # ask again this many seconds before the token expires
+NO_EXPIRY_TTL = 600.0   # how long a token without an expiry is used
+HELPER_TIMEOUT = 60.0
+# Variables a command sets for how gcloud reports (its log's verbosity, a
+# strict compute list): not the credentials or the endpoints. The helper
+# runs without them, so one answer serves every command of the run, and its
+# properties are those a plain `gcloud config list` shows.
+NOT_CREDENTIALS = ("CLOUDSDK_CORE_VERBOSITY", "CLOUDSDK_COMPUTE_ALLOW_PARTIAL_ERROR")
+
+
+@dataclass
+class Credentials:
+    """One config-helper answer: the token, when to ask again, gcloud's
+    resolved properties ({section: {name: value}}), the sentinel file."""
+
+    token: str
+    renew_at: float
+    properties: dict[str, dict[str, Any]]
+    sentinel: str = ""
+    sentinel_mtime: float | None = None
+    expiry: str | None = None
+
+    def prop(self, section: str, name: str) -> Any:
+        return (self.properties.get(section) or {}).get(name)
+
+    def fresh(self) -> bool:
+        return time.monotonic() < self.renew_at and _mtime(self.sentinel) == self.sentinel_mtime
+
+
+def _mtime(path: str) -> float | None:
+    try:
+        return os.stat(path).st_mtime if path else None
+    except OSError:
+        return None
+
+
+def _renew_at(expiry: str | None, now: float) -> float:
+    """When to ask again: five minutes before ``expiry`` (gcloud's ISO-8601
+    time), or ten minutes from now when there is none."""
+    if not expiry:
+        return now + NO_EXPIRY_TTL
+    try:
+        at = datetime.datetime.fromisoformat(expiry.replace("Z", "+00:00"))
+    except ValueError:
+        return now  # a time we cannot read: ask each time
+    if at.tzinfo is None:
+        at = at.replace(tzinfo=datetime.UTC)
+    left = (at - datetime.datetime.now(datetime.UTC)).total_seconds()
+    return now + max(0.0, min(left - EXPIRY_MARGIN, NO_EXPIRY_TTL * 6))
+
+
+def parse_helper(stdout: str, now: float) -> Credentials | None:
+    """config-helper's JSON as ``Credentials``; None when it has no token."""
+    try:
+        doc = json.loads(stdout)
+    except ValueError:
+        return None
+    if not isinstance(doc, dict):
+        return None
+    cred = doc.get("credential") or {}
+    token = cred.get("access_token") if isinstance(cred, dict) else None
+    if not isinstance(token, str) or not token:
+        return None
+    props = ((doc.get("configuration") or {}).get("properties")) or {}
+    sentinel = str(((doc.get("sentinels") or {}).get("config_sentinel")) or "")
+    expiry = cred.get("token_expiry")
+    return Credentials(token, _renew_at(expiry if isinstance(expiry, str) else None, now),
+                       props if isinstance(props, dict) else {}, sentinel, _mtime(sentinel),
+                       expiry if isinstance(expiry, str) else None)
+
+
+@dataclass
+class GcloudCredentials:
+    """The run's gcloud credentials, one per child environment."""
+
+    _held: dict[tuple, Credentials | None] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    helper_runs: int = 0  # how many config-helper processes this run started
+
+    def get(self, env: Mapping[str, str]) -> Credentials | None:
+        env = {k: v for k, v in env.items() if k not in NOT_CREDENTIALS}
+        key = tuple(sorted(env.items()))
+        with self._lock:
+            held = self._held.get(key)
+            if held is not None and held.fresh():
+                return held
+            if key in self._held and held is None:
+                return None  # the helper failed once this run: processes from now on
+            self._held[key] = got = self._ask(env)
+            return got
+
+    def _ask(self, env: Mapping[str, str]) -> Credentials | None:
+        gcloud = shutil.which("gcloud", path=env.get("PATH", ""))
+        if gcloud is None:
+            return None
+        self.helper_runs += 1
+        try:
+            p = subprocess.run([gcloud, *HELPER], env=dict(env), stdin=subprocess.DEVNULL, capture_output=True,
+                               text=True, timeout=HELPER_TIMEOUT)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return parse_helper(p.stdout, time.monotonic()) if p.returncode == 0 else None

@@ -1,0 +1,291 @@
+"""Google Cloud's REST APIs as a speed-up of the gcloud reads the probes
+start most, on this machine (``core.connector.base.Shortcut``).
+
+Each gcloud process spends about a second of CPU before it asks anything.
+The local connector answers the read-only commands below through the same
+REST call gcloud makes, with the token and the properties gcloud resolved
+(``gcloud_credentials``: one `gcloud config config-helper` per run): the
+same endpoint (an ``api_endpoint_overrides`` property, set in gcloud's
+configuration or as ``CLOUDSDK_API_ENDPOINT_OVERRIDES_<API>``, or Google's),
+the same CA file (``core/custom_ca_certs_file``), the same proxy variables,
+the same project. It prints what gcloud prints for that command: the
+resource or the list as JSON (keys sorted, two spaces, as gcloud's
+``--format=json``), or ``value(projectNumber)``'s one line.
+
+Only a success is answered here. Anything else (and, for the rest of the
+run, that command line: a failing API is asked once per attempt, not
+twice), an error status, a connection that fails, a token that could not be had, a property this
+module does not follow (a proxy set in gcloud's configuration, an
+impersonated service account, another universe, a quota project), or a
+flag the command line adds, returns None: the command runs as the gcloud
+process it is, and gcloud says in its own words what went wrong (the plays'
+parses and the retry policy read gcloud's words, and only those). The
+project's tests compare both answers against the fakes, command by command.
+
+The commands answered, with exactly these flags:
+
+- ``gcloud container clusters list --format=json --project=P``
+- ``gcloud container node-pools list --cluster=C --location=L --format=json --project=P``
+- ``gcloud compute networks list --format=json --project=P``
+- ``gcloud compute networks subnets list --regions=R --format=json --project=P``
+- ``gcloud services list --enabled --format=json --project=P``
+- ``gcloud projects get-iam-policy P --format=json``
+- ``gcloud projects describe P --format=value(projectNumber)``
+- ``gcloud storage buckets get-iam-policy gs://B --format=json``
+- ``gcloud beta quotas info describe Q --service=S --project=P --format=json``
+- ``gcloud config list --format=json`` (from the helper's properties: no API)
+
+Set ``TPU_PLAYBOOKS_PROCESSES_ONLY=1`` to start every command as its
+process (``connectors.this_machine``).
+"""
+from __future__ import annotations
+
+import json
+import os
+import ssl
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from playbooks.access.gcloud_credentials import Credentials, GcloudCredentials
+from playbooks.core.connector import Ran
+
+# gcloud's base URL of each API (its default when no override is set).
+DEFAULT_BASE = {
+    "compute": "https://compute.googleapis.com/compute/v1/",
+    "container": "https://container.googleapis.com/",
+    "serviceusage": "https://serviceusage.googleapis.com/",
+    "cloudresourcemanager": "https://cloudresourcemanager.googleapis.com/",
+    "storage": "https://storage.googleapis.com/storage/v1/",
+    "cloudquotas": "https://cloudquotas.googleapis.com/",
+}
+READ_TIMEOUT = 30.0     # a read that takes longer runs again as its process
+MAX_PAGES = 50          # a list longer than this many pages runs as its process
+# Properties that change how gcloud makes a request in ways this module does
+# not follow: with any of them set, every command runs as its process.
+NOT_FOLLOWED = (("proxy", None), ("auth", "impersonate_service_account"), ("core", "universe_domain"),
+                ("billing", "quota_project"), ("context_aware", None), ("auth", "authority_selector"))
+
+
+# Fields of a list's answer that say it is partial (a zone or a region that
+# did not answer): gcloud warns and exits 0, or exits 1 with a strict compute
+# list; the plays must not read what is missing as absent. Such an answer
+# runs again as its process, which says it as gcloud does.
+PARTIAL = ("missingZones", "unreachable", "unreachables", "warning")
+
+
+class Fallback(Exception):
+    """Not answered here: the command runs as its process."""
+
+
+def json_text(value: Any) -> str:
+    """gcloud's ``--format=json``: two-space indent, keys sorted."""
+    return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+def _flags(argv: list[str], n_words: int) -> tuple[list[str], dict[str, str]] | None:
+    """The positional words after the command's own ``n_words`` and its
+    ``--k=v`` / ``--flag`` flags; None for a flag given twice."""
+    words, flags = [], {}
+    for a in argv[n_words:]:
+        if a.startswith("--"):
+            k, _, v = a[2:].partition("=")
+            if k in flags:
+                return None
+            flags[k] = v if "=" in a else "\0"
+        else:
+            words.append(a)
+    return words, flags
+
+
+class Call:
+    """One REST read: method, API, path under its base, query, body, and
+    how its answer becomes gcloud's output."""
+
+    def __init__(self, api: str, path: str, shape: Callable[[Any], str], query: dict[str, str] | None = None,
+                 method: str = "GET", body: Any = None, items: str | None = None):
+        self.api, self.path, self.shape, self.query = api, path, shape, dict(query or {})
+        self.method, self.body, self.items = method, body, items
+
+
+def parse(argv: list[str]) -> Call | None:
+    """The REST read a command line asks for; None when it is not one of
+    those answered here (with exactly its flags)."""
+    if argv[:1] != ["gcloud"]:
+        return None
+    a = argv[1:]
+    q = urllib.parse.quote
+
+    def take(n: int, want: set[str], words: int = 0) -> tuple[list[str], dict[str, str]] | None:
+        got = _flags(a, n)
+        if got is None or set(got[1]) != want or len(got[0]) != words or got[1].get("format") not in (None, "json"):
+            return None
+        return got
+
+    if a[:3] == ["container", "clusters", "list"] and (g := take(3, {"format", "project"})):
+        return Call("container", f"v1/projects/{q(g[1]['project'])}/locations/-/clusters", json_text,
+                    items="clusters")
+    if a[:3] == ["container", "node-pools", "list"] and (g := take(3, {"cluster", "location", "format", "project"})):
+        f = g[1]
+        return Call("container", f"v1/projects/{q(f['project'])}/locations/{q(f['location'])}/clusters/"
+                                 f"{q(f['cluster'])}/nodePools", json_text, items="nodePools")
+    if a[:3] == ["compute", "networks", "list"] and (g := take(3, {"format", "project"})):
+        return Call("compute", f"projects/{q(g[1]['project'])}/global/networks", _networks, items="items")
+    if a[:4] == ["compute", "networks", "subnets", "list"] and (g := take(4, {"regions", "format", "project"})):
+        f = g[1]
+        if "," in f["regions"] or not f["regions"]:
+            return None
+        return Call("compute", f"projects/{q(f['project'])}/regions/{q(f['regions'])}/subnetworks", json_text,
+                    items="items")
+    if a[:2] == ["services", "list"] and (g := take(2, {"enabled", "format", "project"})) and \
+            g[1]["enabled"] == "\0":
+        return Call("serviceusage", f"v1/projects/{q(g[1]['project'])}/services", json_text,
+                    query={"filter": "state:ENABLED"}, items="services")
+    if a[:2] == ["projects", "get-iam-policy"] and (g := take(2, {"format"}, words=1)):
+        return Call("cloudresourcemanager", f"v1/projects/{q(g[0][0])}:getIamPolicy", json_text, method="POST",
+                    body={"options": {"requestedPolicyVersion": 3}})
+    if a[:2] == ["projects", "describe"] and a[2:3] and a[3:] == ["--format=value(projectNumber)"] and \
+            not a[2].startswith("-"):
+        return Call("cloudresourcemanager", f"v1/projects/{q(a[2])}", _project_number)
+    if a[:3] == ["storage", "buckets", "get-iam-policy"] and (g := take(3, {"format"}, words=1)) and \
+            g[0][0].startswith("gs://") and "/" not in g[0][0][5:].rstrip("/"):
+        return Call("storage", f"b/{q(g[0][0][5:].rstrip('/'))}/iam", json_text,
+                    query={"optionsRequestedPolicyVersion": "3"})
+    if a[:4] == ["beta", "quotas", "info", "describe"] and (g := take(4, {"service", "project", "format"}, words=1)):
+        f = g[1]
+        return Call("cloudquotas", f"v1beta/projects/{q(f['project'])}/locations/global/services/"
+                                   f"{q(f['service'])}/quotaInfos/{q(g[0][0])}", json_text)
+    return None
+
+
+def _networks(items: Any) -> str:
+    """`gcloud compute networks list` adds two columns of its own to each
+    network (its networks_utils.AddModesForListFormat): the subnet mode
+    (LEGACY with an IPv4Range, AUTO, CUSTOM) and the BGP routing mode."""
+    out = []
+    for n in items:
+        mode = "LEGACY" if n.get("IPv4Range") is not None else "AUTO" if n.get("autoCreateSubnetworks") else "CUSTOM"
+        extra = {"x_gcloud_subnet_mode": mode}
+        routing = (n.get("routingConfig") or {}).get("routingMode")
+        if routing is not None:
+            extra["x_gcloud_bgp_routing_mode"] = routing
+        out.append({**n, **extra})
+    return json_text(out)
+
+
+def _project_number(doc: Any) -> str:
+    number = doc.get("projectNumber") if isinstance(doc, dict) else None
+    if not number:
+        raise Fallback("no projectNumber")
+    return f"{number}\n"
+
+
+def _no_proxy(host: str, env: Mapping[str, str]) -> bool:
+    """``no_proxy``'s rule as curl and gcloud read it: a host, a domain
+    suffix, or ``*``."""
+    for entry in (env.get("no_proxy") or env.get("NO_PROXY") or "").split(","):
+        entry = entry.strip().lstrip(".")
+        if entry == "*" or (entry and (host == entry or host.endswith("." + entry))):
+            return True
+    return False
+
+
+class GcloudShortcut:
+    """``base.Shortcut`` for the gcloud reads above."""
+
+    def __init__(self, credentials: GcloudCredentials):
+        self.credentials = credentials
+        # Command lines whose read was not a success once: from then on, in
+        # this run, their gcloud process answers (a failing API is asked
+        # once per attempt, not twice; its retries are gcloud's words).
+        self.left_to_gcloud: set[tuple[str, ...]] = set()
+
+    def run(self, argv: list[str], env: dict[str, str], timeout: float | None) -> Ran | None:
+        if argv[:1] != ["gcloud"]:
+            return None
+        start = time.monotonic()
+        config_list = argv[1:] == ["config", "list", "--format=json"]
+        call = None if config_list else parse(argv)
+        if (call is None and not config_list) or tuple(argv) in self.left_to_gcloud:
+            return None
+        cred = self.credentials.get(env)
+        if cred is None or any(cred.prop(s, n) if n else cred.properties.get(s) for s, n in NOT_FOLLOWED):
+            return None
+        if config_list:
+            return Ran(0, json_text(cred.properties), "", time.monotonic() - start)
+        assert call is not None
+        try:
+            out = call.shape(self._read(call, cred, env, min(timeout or READ_TIMEOUT, READ_TIMEOUT)))
+        except Fallback:
+            self.left_to_gcloud.add(tuple(argv))
+            return None
+        return Ran(0, out, "", time.monotonic() - start)
+
+    def stream(self, argv: list[str], env: dict[str, str], on_line: Callable[[str], None]) -> Ran | None:
+        return None
+
+    def _read(self, call: Call, cred: Credentials, env: Mapping[str, str], timeout: float) -> Any:
+        """The call's answer; a list's pages joined under ``call.items``."""
+        base = str(cred.prop("api_endpoint_overrides", call.api) or DEFAULT_BASE[call.api])
+        url = base.rstrip("/") + "/" + call.path
+        if call.items is None:
+            return self._request(call, url, call.query, cred, env, timeout)
+        items: list[Any] = []
+        query = dict(call.query)
+        for _ in range(MAX_PAGES):
+            doc = self._request(call, url, query, cred, env, timeout)
+            if not isinstance(doc, dict):
+                raise Fallback("not an object")
+            if any(doc.get(k) for k in PARTIAL):
+                raise Fallback("a partial answer")
+            items.extend(doc.get(call.items) or [])
+            token = doc.get("nextPageToken")
+            if not token:
+                return items
+            query["pageToken"] = str(token)
+        raise Fallback("too many pages")
+
+    @staticmethod
+    def _request(call: Call, url: str, query: dict[str, str], cred: Credentials, env: Mapping[str, str],
+                 timeout: float) -> Any:
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme != "https":
+            raise Fallback("credentials go only over https")
+        if query:
+            url += "?" + urllib.parse.urlencode(query)
+        data = json.dumps(call.body).encode() if call.body is not None else None
+        req = urllib.request.Request(url, data=data, method=call.method)
+        req.add_unredirected_header("Authorization", f"Bearer {cred.token}")
+        if data is not None:
+            req.add_header("Content-Type", "application/json")
+        ca = cred.prop("core", "custom_ca_certs_file")
+        context = ssl.create_default_context(cafile=str(ca)) if ca else ssl.create_default_context()
+        proxy = env.get("https_proxy") or env.get("HTTPS_PROXY")
+        proxies = {} if not proxy or _no_proxy(parts.hostname or "", env) else {"https": proxy}
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler(proxies),
+                                             urllib.request.HTTPSHandler(context=context), _NoRedirect())
+        try:
+            with opener.open(req, timeout=timeout) as r:
+                body = r.read()
+        except (urllib.error.URLError, OSError, ValueError) as e:  # HTTPError too: any status not 2xx
+            raise Fallback(str(e)) from e
+        try:
+            return json.loads(body)
+        except ValueError as e:
+            raise Fallback("not JSON") from e
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """A redirect is not followed with the token: the command runs as its
+    process instead."""
+
+    def redirect_request(self, req: Any, fp: Any, code: int, msg: str, headers: Any, newurl: str) -> None:
+        return None
+
+
+def processes_only(environ: Mapping[str, str] | None = None) -> bool:
+    """``TPU_PLAYBOOKS_PROCESSES_ONLY=1``: no in-process answers at all."""
+    return (os.environ if environ is None else environ).get("TPU_PLAYBOOKS_PROCESSES_ONLY") == "1"

@@ -1,0 +1,212 @@
+"""Google's REST APIs answering the gcloud reads the probes start most
+(``playbooks/access/gcp_api.py``), and the one gcloud credential a run
+shares (``gcloud_credentials.py``).
+
+Each command answered, once through the real gcloud and once through the
+shortcut, on the same state of the fakes (tests/fakes/gcp.py): the same
+output. An answer that is not a success (an error status, a partial list,
+a server that does not answer) is not answered: the command runs as its
+process and gcloud says it. Then whole runs: a converged `up` and a
+`status` start at most two thirds of the client processes they started
+before (18 and 13), with the same rows as a run that starts every command as
+its process."""
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from playbooks.access.gcloud_credentials import GcloudCredentials, parse_helper
+from playbooks.access.gcp_api import GcloudShortcut, parse
+from tests.fakes.cloud import PROJECT, Cloud
+
+P = f"--project={PROJECT}"
+BUCKET = f"gs://{PROJECT}-ckpt"
+ANSWERED = [
+    ["gcloud", "container", "clusters", "list", "--format=json", P],
+    ["gcloud", "container", "node-pools", "list", "--cluster=maxtext-multislice", "--location=us-east5-b",
+     "--format=json", P],
+    ["gcloud", "compute", "networks", "list", "--format=json", P],
+    ["gcloud", "compute", "networks", "subnets", "list", "--regions=us-east5", "--format=json", P],
+    ["gcloud", "services", "list", "--enabled", "--format=json", P],
+    ["gcloud", "projects", "get-iam-policy", PROJECT, "--format=json"],
+    ["gcloud", "projects", "describe", PROJECT, "--format=value(projectNumber)"],
+    ["gcloud", "storage", "buckets", "get-iam-policy", BUCKET, "--format=json"],
+    ["gcloud", "beta", "quotas", "info", "describe", "TPUS-PER-TPU-FAMILY-per-project-region",
+     "--service=compute.googleapis.com", P, "--format=json"],
+    ["gcloud", "config", "list", "--format=json"],
+]
+
+
+def same(cloud: Cloud, argv: list[str], env: dict[str, str] | None = None) -> tuple[str, str]:
+    """The real gcloud's stdout and the shortcut's, for one command."""
+    env = env or cloud.env()
+    real = cloud.client(*argv)
+    assert real.returncode == 0, (argv, real.stderr)
+    got = GcloudShortcut(GcloudCredentials()).run(argv, env, 60)
+    assert got is not None, f"not answered in-process: {argv}"
+    assert got.rc == 0 and got.stderr == "", got.stderr
+    return real.stdout, got.stdout
+
+
+def loaded(text: str):
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+@pytest.mark.clients
+def test_each_read_is_answered_as_gcloud_prints_it(cloud: Cloud):
+    """On a whole environment (every list holds something), then on a bare
+    project (the empty lists)."""
+    cloud.seed_full()
+    cloud.gcp.add_network("other-net", mtu=1460)
+    for argv in ANSWERED:
+        real, got = same(cloud, argv)
+        assert loaded(got) == loaded(real), argv
+        assert got == real or argv[-1] != "--format=json" or argv[1] == "config", (argv, got, real)
+    cloud.reset()
+    for argv in ANSWERED[:1] + ANSWERED[2:4]:
+        real, got = same(cloud, argv)
+        assert loaded(got) == loaded(real) == [], argv
+
+
+@pytest.mark.clients
+def test_a_long_list_is_read_to_its_last_page(cloud: Cloud):
+    for i in range(7):
+        cloud.gcp.add_network(f"net-{i}")
+    cloud.gcp.server.fail("GET", r"/global/networks$", 200, {
+        "kind": "compute#networkList", "items": [{"name": "net-0"}], "nextPageToken": "p2"}, times=1)
+    got = GcloudShortcut(GcloudCredentials()).run(ANSWERED[2], cloud.env(), 60)
+    assert got is not None
+    names = [n["name"] for n in json.loads(got.stdout)]
+    assert names[0] == "net-0" and len(names) == 8, names
+    pages = [r for r in cloud.gcp.server.since(0) if r.method == "GET" and r.path.endswith("/global/networks")]
+    assert [r.query.get("pageToken") for r in pages][-2:] == [None, "p2"], [r.query for r in pages]
+
+
+@pytest.mark.clients
+@pytest.mark.parametrize("fault", [
+    ("GET", r"/global/networks$", 503, {"error": {"code": 503, "message": "unavailable", "status": "UNAVAILABLE"}}),
+    ("GET", r"/global/networks$", 403, {"error": {"code": 403, "message": "denied", "status": "PERMISSION_DENIED"}}),
+    ("GET", r"/global/networks$", 200, {"items": [], "warning": {"code": "UNREACHABLE", "message": "a region"}}),
+    ("GET", r"/locations/-/clusters$", 200, {"clusters": [], "missingZones": ["us-east5-b"]}),
+])
+def test_an_answer_that_is_not_a_success_runs_as_its_process(cloud: Cloud, fault):
+    """An error status or a partial list is never printed here (an empty
+    partial list would read as "absent"): None, so gcloud runs and says it."""
+    method, path, status, body = fault
+    cloud.gcp.server.fail(method, path, status, body, times=1)
+    argv = ANSWERED[0] if "clusters" in path else ANSWERED[2]
+    shortcut = GcloudShortcut(GcloudCredentials())
+    assert shortcut.run(argv, cloud.env(), 60) is None
+    asked = len(cloud.gcp.server.since(0))
+    # the fault is spent, but that command line is gcloud's for the rest of the run: asked once per attempt
+    assert shortcut.run(argv, cloud.env(), 60) is None and len(cloud.gcp.server.since(0)) == asked
+    assert shortcut.run(ANSWERED[4], cloud.env(), 60) is not None, "another command is still answered"
+
+
+@pytest.mark.clients
+def test_a_missing_thing_runs_as_its_process(cloud: Cloud):
+    """The node pools of a cluster that is not there: gcloud's own NotFound
+    (the plays' parse reads its words), not an answer of ours."""
+    assert GcloudShortcut(GcloudCredentials()).run(ANSWERED[1], cloud.env(), 60) is None
+
+
+@pytest.mark.clients
+def test_properties_it_does_not_follow_leave_every_command_to_gcloud(cloud: Cloud):
+    env = cloud.env(CLOUDSDK_AUTH_IMPERSONATE_SERVICE_ACCOUNT="sa@fake-tpu-project.iam.gserviceaccount.com")
+    assert GcloudShortcut(GcloudCredentials()).run(ANSWERED[2], env, 60) is None
+    # the helper itself asked IAM for the impersonated token (refused by the sink): gcloud's way, not ours
+    assert cloud.sink.lines == ["CONNECT iamcredentials.googleapis.com:443 HTTP/1.1"], cloud.sink.lines
+    cloud.sink.lines.clear()
+    env = cloud.env(CLOUDSDK_PROXY_TYPE="http", CLOUDSDK_PROXY_ADDRESS="127.0.0.1", CLOUDSDK_PROXY_PORT="9")
+    assert GcloudShortcut(GcloudCredentials()).run(ANSWERED[2], env, 60) is None
+
+
+@pytest.mark.clients
+def test_no_account_leaves_every_command_to_gcloud(cloud: Cloud):
+    env = cloud.env()
+    del env["CLOUDSDK_AUTH_ACCESS_TOKEN_FILE"]
+    creds = GcloudCredentials()
+    assert GcloudShortcut(creds).run(ANSWERED[2], env, 60) is None
+    assert GcloudShortcut(creds).run(ANSWERED[4], env, 60) is None
+    assert creds.helper_runs == 1, "a helper that failed is not asked again in the run"
+
+
+@pytest.mark.clients
+def test_one_helper_serves_the_run_and_a_config_change_asks_again(cloud: Cloud):
+    cloud.seed_full()
+    creds = GcloudCredentials()
+    sc = GcloudShortcut(creds)
+    for argv in ANSWERED[:4]:
+        assert sc.run(argv, cloud.env(), 60) is not None
+    # a compute command's own reporting variables do not ask again
+    assert sc.run(ANSWERED[2], cloud.env(CLOUDSDK_CORE_VERBOSITY="debug"), 60) is not None
+    assert creds.helper_runs == 1
+    assert cloud.client("gcloud", "config", "set", "core/project", PROJECT).returncode == 0
+    assert sc.run(ANSWERED[2], cloud.env(), 60) is not None
+    assert creds.helper_runs == 2, "gcloud's configuration sentinel changed: the helper is asked again"
+    assert json.loads(sc.run(ANSWERED[-1], cloud.env(), 60).stdout)["core"]["project"] == PROJECT
+
+
+@pytest.mark.parametrize("argv", [
+    ["gcloud", "compute", "networks", "list", "--format=yaml", P],
+    ["gcloud", "compute", "networks", "list", "--format=json", P, "--filter=name=x"],
+    ["gcloud", "compute", "networks", "list", "--format=json"],
+    ["gcloud", "compute", "networks", "subnets", "list", "--regions=us-east5,us-east1", "--format=json", P],
+    ["gcloud", "compute", "networks", "list", "--format=json", P, P],
+    ["gcloud", "services", "list", "--format=json", P],
+    ["gcloud", "projects", "describe", PROJECT, "--format=json"],
+    ["gcloud", "storage", "buckets", "describe", BUCKET, "--format=json"],
+    ["gcloud", "container", "clusters", "create", "x", "--format=json", P],
+    ["kubectl", "get", "pods"],
+])
+def test_a_command_line_not_answered_here_is_left_to_its_process(argv):
+    """Any other flag, format or verb: not parsed (no credentials asked)."""
+    assert parse(argv) is None
+    creds = GcloudCredentials()
+    assert GcloudShortcut(creds).run(argv, {"PATH": "/nonexistent"}, 10) is None or argv[1:3] == ["config", "list"]
+    assert creds.helper_runs == 0
+
+
+def test_the_helpers_token_is_renewed_before_it_expires():
+    soon = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 120))
+    later = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 3600))
+    doc = {"credential": {"access_token": "t", "token_expiry": soon}, "configuration": {"properties": {}}}
+    assert not parse_helper(json.dumps(doc), time.monotonic()).fresh()  # within the five minutes' margin
+    doc["credential"]["token_expiry"] = later
+    assert parse_helper(json.dumps(doc), time.monotonic()).fresh()
+    doc["credential"]["access_token"] = None
+    assert parse_helper(json.dumps(doc), time.monotonic()) is None
+
+
+def rows(run) -> list[tuple[str, str]]:
+    doc = json.loads(run.out[run.out.index("{"):])
+    return [(i["what"], i["verdict"], i["state"], i["reason"]) for i in doc["items"]]
+
+
+@pytest.mark.clients
+def test_a_converged_up_and_a_status_start_two_thirds_of_the_processes_with_the_same_verdicts(cloud: Cloud):
+    """Before this module: 18 client processes for a converged `up` and 13
+    for `status` (gcloud, gsutil, kubectl, the auth plugin and the gcloud it
+    starts). Now at most two thirds, and every row as a run that starts
+    each command as its process finds it; no auth plugin at all (the
+    kubernetes client is given gcloud's token)."""
+    cloud.seed_full()
+    cloud.get_credentials()
+    up = cloud.invoke("up")
+    assert up.rc == 0, up
+    assert up.recaps()[-1]["changed"] == 0, up
+    status = cloud.invoke("status", "--json")
+    assert status.rc == 0, status
+    assert len(up.processes) <= 12 and len(status.processes) <= 8, (up.processes, status.processes)
+    assert not up.started("gke-gcloud-auth-plugin", "kubectl") and not status.started("gke-gcloud-auth-plugin")
+    slow_up = cloud.invoke("up", TPU_PLAYBOOKS_PROCESSES_ONLY="1")
+    slow = cloud.invoke("status", "--json", TPU_PLAYBOOKS_PROCESSES_ONLY="1")
+    assert slow.rc == 0 and slow_up.rc == 0, slow
+    assert len(slow.processes) > len(status.processes) + 6, slow.processes  # the switch does start them all
+    assert rows(slow) == rows(status)
+    assert [(r["ok"], r["changed"]) for r in slow_up.recaps()] == [(r["ok"], r["changed"]) for r in up.recaps()]
