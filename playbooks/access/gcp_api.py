@@ -52,6 +52,7 @@ from typing import Any
 
 from playbooks.access.gcloud_credentials import Credentials, GcloudCredentials
 from playbooks.core.connector import Ran
+from playbooks.core.http import NoRedirect, plain_http_refused
 
 # gcloud's base URL of each API (its default when no override is set).
 DEFAULT_BASE = {
@@ -252,8 +253,8 @@ class GcloudShortcut:
     def _request(call: Call, url: str, query: dict[str, str], cred: Credentials, env: Mapping[str, str],
                  timeout: float) -> Any:
         parts = urllib.parse.urlsplit(url)
-        if parts.scheme != "https":
-            raise Fallback("credentials go only over https")
+        if (why := plain_http_refused(url)) is not None:
+            raise Fallback(why)
         if query:
             url += "?" + urllib.parse.urlencode(query)
         data = json.dumps(call.body).encode() if call.body is not None else None
@@ -266,7 +267,7 @@ class GcloudShortcut:
         proxy = env.get("https_proxy") or env.get("HTTPS_PROXY")
         proxies = {} if not proxy or _no_proxy(parts.hostname or "", env) else {"https": proxy}
         opener = urllib.request.build_opener(urllib.request.ProxyHandler(proxies),
-                                             urllib.request.HTTPSHandler(context=context), _NoRedirect())
+                                             urllib.request.HTTPSHandler(context=context), NoRedirect())
         try:
             with opener.open(req, timeout=timeout) as r:
                 body = r.read()
@@ -276,14 +277,6 @@ class GcloudShortcut:
             return json.loads(body)
         except ValueError as e:
             raise Fallback("not JSON") from e
-
-
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    """A redirect is not followed with the token: the command runs as its
-    process instead."""
-
-    def redirect_request(self, req: Any, fp: Any, code: int, msg: str, headers: Any, newurl: str) -> None:
-        return None
 
 
 def processes_only(environ: Mapping[str, str] | None = None) -> bool:

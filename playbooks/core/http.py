@@ -59,7 +59,7 @@ def redirect_refused(status: int, location: str | None) -> str:
             f"(point the endpoint at where it redirects)")
 
 
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
+class NoRedirect(urllib.request.HTTPRedirectHandler):
     """A request with credentials: a redirect is answered as the error it
     is (an HTTPError with its 3xx status), not followed."""
 
@@ -74,7 +74,7 @@ def _open(url: str, headers: Mapping[str, str], timeout: float, ca_file: str | N
     req = urllib.request.Request(url)
     for k, v in headers.items():
         req.add_unredirected_header(k, v)  # and, were a redirect followed, left off it
-    opener = urllib.request.build_opener(urllib.request.HTTPSHandler(context=context), _NoRedirect())
+    opener = urllib.request.build_opener(urllib.request.HTTPSHandler(context=context), NoRedirect())
     return opener.open(req, timeout=timeout)
 
 
