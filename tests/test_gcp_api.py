@@ -35,6 +35,9 @@ ANSWERED = [
     ["gcloud", "storage", "buckets", "get-iam-policy", BUCKET, "--format=json"],
     ["gcloud", "beta", "quotas", "info", "describe", "TPUS-PER-TPU-FAMILY-per-project-region",
      "--service=compute.googleapis.com", P, "--format=json"],
+    ["gcloud", "container", "get-server-config", "--location=us-east5-b", "--format=json", P],
+    ["gcloud", "compute", "machine-types", "list", "--filter=name=ct6e-standard-4t", "--format=json", P],
+    ["gcloud", "auth", "print-access-token"],
     ["gcloud", "config", "list", "--format=json"],
 ]
 
@@ -46,7 +49,7 @@ def same(cloud: Cloud, argv: list[str], env: dict[str, str] | None = None) -> tu
     assert real.returncode == 0, (argv, real.stderr)
     got = GcloudShortcut(GcloudCredentials()).run(argv, env, 60)
     assert got is not None, f"not answered in-process: {argv}"
-    assert got.rc == 0 and got.stderr == "", got.stderr
+    assert got.rc == 0 and got.stderr == real.stderr, (got.stderr, real.stderr)
     return real.stdout, got.stdout
 
 
@@ -111,8 +114,30 @@ def test_an_answer_that_is_not_a_success_runs_as_its_process(cloud: Cloud, fault
 @pytest.mark.clients
 def test_a_missing_thing_runs_as_its_process(cloud: Cloud):
     """The node pools of a cluster that is not there: gcloud's own NotFound
-    (the plays' parse reads its words), not an answer of ours."""
-    assert GcloudShortcut(GcloudCredentials()).run(ANSWERED[1], cloud.env(), 60) is None
+    (the plays' parse reads its words), not an answer of ours. A NotFound is
+    not a failing API: the next look is in-process again (the next step may
+    have made the cluster), and answered once it is there."""
+    shortcut = GcloudShortcut(GcloudCredentials())
+    assert shortcut.run(ANSWERED[1], cloud.env(), 60) is None
+    asked = len(cloud.gcp.server.since(0))
+    assert shortcut.run(ANSWERED[1], cloud.env(), 60) is None
+    assert len(cloud.gcp.server.since(0)) == asked + 1, "asked again after a NotFound"
+    cloud.seed_cluster()
+    assert shortcut.run(ANSWERED[1], cloud.env(), 60) is not None
+
+
+@pytest.mark.clients
+def test_only_the_machine_type_named_and_only_a_whole_aggregated_list_is_answered(cloud: Cloud):
+    """gcloud's ``name=M`` on the aggregated list: M in every zone that has
+    it, nothing else; a zone that did not answer leaves it to gcloud."""
+    argv = ANSWERED[-3]
+    real, got = same(cloud, argv)
+    assert got == real and {m["name"] for m in json.loads(got)} == {"ct6e-standard-4t"}, got
+    assert len(json.loads(got)) >= 2, "one entry per zone that has it"
+    cloud.gcp.server.fail("GET", r"/aggregated/machineTypes$", 200, {"items": {
+        "zones/us-east5-b": {"machineTypes": [{"name": "ct6e-standard-4t", "zone": "us-east5-b"}]},
+        "zones/us-east5-c": {"warning": {"code": "UNREACHABLE", "message": "zone down"}}}}, times=1)
+    assert GcloudShortcut(GcloudCredentials()).run(argv, cloud.env(), 60) is None
 
 
 @pytest.mark.clients
@@ -160,6 +185,9 @@ def test_one_helper_serves_the_run_and_a_config_change_asks_again(cloud: Cloud):
     ["gcloud", "compute", "networks", "list", "--format=json", P, P],
     ["gcloud", "services", "list", "--format=json", P],
     ["gcloud", "projects", "describe", PROJECT, "--format=json"],
+    ["gcloud", "compute", "machine-types", "list", "--filter=name~ct6e", "--format=json", P],
+    ["gcloud", "compute", "machine-types", "list", "--filter=name=ct6e*", "--format=json", P],
+    ["gcloud", "auth", "print-access-token", "--lifetime=60"],
     ["gcloud", "storage", "buckets", "describe", BUCKET, "--format=json"],
     ["gcloud", "container", "clusters", "create", "x", "--format=json", P],
     ["kubectl", "get", "pods"],

@@ -14,7 +14,8 @@ resource or the list as JSON (keys sorted, two spaces, as gcloud's
 
 Only a success is answered here. Anything else (and, for the rest of the
 run, that command line: a failing API is asked once per attempt, not
-twice), an error status, a connection that fails, a token that could not be had, a property this
+twice; a NotFound only that once: what was missing may be made by the next
+step), an error status, a connection that fails, a token that could not be had, a property this
 module does not follow (a proxy set in gcloud's configuration, an
 impersonated service account, another universe, a quota project), or a
 flag the command line adds, returns None: the command runs as the gcloud
@@ -33,6 +34,11 @@ The commands answered, with exactly these flags:
 - ``gcloud projects describe P --format=value(projectNumber)``
 - ``gcloud storage buckets get-iam-policy gs://B --format=json``
 - ``gcloud beta quotas info describe Q --service=S --project=P --format=json``
+- ``gcloud container get-server-config --location=L --format=json --project=P``
+- ``gcloud compute machine-types list --filter=name=M --format=json --project=P``
+  (M a plain machine type name: gcloud's ``=`` is then a case-insensitive
+  whole-value match, applied by gcloud to the aggregated list it reads)
+- ``gcloud auth print-access-token`` (the helper's token: no API)
 - ``gcloud config list --format=json`` (from the helper's properties: no API)
 
 Set ``TPU_PLAYBOOKS_PROCESSES_ONLY=1`` to start every command as its
@@ -42,6 +48,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import ssl
 import time
 import urllib.error
@@ -79,7 +86,12 @@ PARTIAL = ("missingZones", "unreachable", "unreachables", "warning")
 
 
 class Fallback(Exception):
-    """Not answered here: the command runs as its process."""
+    """Not answered here: the command runs as its process. ``lasting``: that
+    command line is gcloud's for the rest of the run (not after a NotFound)."""
+
+    def __init__(self, why: str, lasting: bool = True):
+        super().__init__(why)
+        self.lasting = lasting
 
 
 def json_text(value: Any) -> str:
@@ -107,9 +119,11 @@ class Call:
     how its answer becomes gcloud's output."""
 
     def __init__(self, api: str, path: str, shape: Callable[[Any], str], query: dict[str, str] | None = None,
-                 method: str = "GET", body: Any = None, items: str | None = None):
+                 method: str = "GET", body: Any = None, items: str | None = None, aggregated: bool = False,
+                 stderr: str = ""):
         self.api, self.path, self.shape, self.query = api, path, shape, dict(query or {})
-        self.method, self.body, self.items = method, body, items
+        self.method, self.body, self.items, self.aggregated = method, body, items, aggregated
+        self.stderr = stderr  # what gcloud says on stderr when it succeeds
 
 
 def parse(argv: list[str]) -> Call | None:
@@ -159,6 +173,17 @@ def parse(argv: list[str]) -> Call | None:
         f = g[1]
         return Call("cloudquotas", f"v1beta/projects/{q(f['project'])}/locations/global/services/"
                                    f"{q(f['service'])}/quotaInfos/{q(g[0][0])}", json_text)
+    if a[:2] == ["container", "get-server-config"] and (g := take(2, {"location", "format", "project"})):
+        f = g[1]
+        return Call("container", f"v1/projects/{q(f['project'])}/locations/{q(f['location'])}/serverConfig",
+                    json_text, stderr=f"Fetching server config for {f['location']}\n")
+    if a[:3] == ["compute", "machine-types", "list"] and (g := take(3, {"filter", "format", "project"})) and \
+            re.fullmatch(r"name=[a-z0-9][a-z0-9-]*", g[1]["filter"]):
+        name = g[1]["filter"][len("name="):]
+        return Call("compute", f"projects/{q(g[1]['project'])}/aggregated/machineTypes",
+                    lambda items: json_text([m for m in items if str(m.get("name", "")).lower() == name]),
+                    query={"includeAllScopes": "True", "maxResults": "500", "returnPartialSuccess": "True"},
+                    items="machineTypes", aggregated=True)
     return None
 
 
@@ -209,21 +234,25 @@ class GcloudShortcut:
             return None
         start = time.monotonic()
         config_list = argv[1:] == ["config", "list", "--format=json"]
-        call = None if config_list else parse(argv)
-        if (call is None and not config_list) or tuple(argv) in self.left_to_gcloud:
+        token = argv[1:] == ["auth", "print-access-token"]
+        call = None if config_list or token else parse(argv)
+        if (call is None and not (config_list or token)) or tuple(argv) in self.left_to_gcloud:
             return None
         cred = self.credentials.get(env)
         if cred is None or any(cred.prop(s, n) if n else cred.properties.get(s) for s, n in NOT_FOLLOWED):
             return None
         if config_list:
             return Ran(0, json_text(cred.properties), "", time.monotonic() - start)
+        if token:
+            return Ran(0, cred.token + "\n", "", time.monotonic() - start)
         assert call is not None
         try:
             out = call.shape(self._read(call, cred, env, min(timeout or READ_TIMEOUT, READ_TIMEOUT)))
-        except Fallback:
-            self.left_to_gcloud.add(tuple(argv))
+        except Fallback as e:
+            if e.lasting:
+                self.left_to_gcloud.add(tuple(argv))
             return None
-        return Ran(0, out, "", time.monotonic() - start)
+        return Ran(0, out, call.stderr, time.monotonic() - start)
 
     def stream(self, argv: list[str], env: dict[str, str], on_line: Callable[[str], None]) -> Ran | None:
         return None
@@ -242,7 +271,7 @@ class GcloudShortcut:
                 raise Fallback("not an object")
             if any(doc.get(k) for k in PARTIAL):
                 raise Fallback("a partial answer")
-            items.extend(doc.get(call.items) or [])
+            items.extend(_scoped(doc, call.items) if call.aggregated else doc.get(call.items) or [])
             token = doc.get("nextPageToken")
             if not token:
                 return items
@@ -271,12 +300,30 @@ class GcloudShortcut:
         try:
             with opener.open(req, timeout=timeout) as r:
                 body = r.read()
-        except (urllib.error.URLError, OSError, ValueError) as e:  # HTTPError too: any status not 2xx
+        except urllib.error.HTTPError as e:  # any status not 2xx
+            raise Fallback(str(e), lasting=e.code != 404) from e
+        except (urllib.error.URLError, OSError, ValueError) as e:
             raise Fallback(str(e)) from e
         try:
             return json.loads(body)
         except ValueError as e:
             raise Fallback("not JSON") from e
+
+
+def _scoped(doc: dict, key: str) -> list[Any]:
+    """An aggregated list's items, scope by scope in the order given; a
+    scope's warning other than "nothing here" makes the answer partial."""
+    scopes = doc.get("items") or {}
+    if not isinstance(scopes, dict):
+        raise Fallback("not an aggregated list")
+    out: list[Any] = []
+    for scope in scopes.values():
+        if not isinstance(scope, dict):
+            raise Fallback("not an aggregated list")
+        if (scope.get("warning") or {}).get("code") not in (None, "NO_RESULTS_ON_PAGE"):
+            raise Fallback("a partial answer")
+        out.extend(scope.get(key) or [])
+    return out
 
 
 def processes_only(environ: Mapping[str, str] | None = None) -> bool:

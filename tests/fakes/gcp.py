@@ -486,10 +486,12 @@ class FakeGcp(Fake):
         """Every zone's machine types (gcloud filters them itself)."""
         self._project(p)
         items = {}
-        for zone, names in self.st.machine_types.items():
+        for z, (zone, names) in enumerate(self.st.machine_types.items()):
+            # ids stable from one list to the next, as Compute Engine's are
             items[f"zones/{zone}"] = {"machineTypes": [
-                {"kind": "compute#machineType", "id": _id(), "name": n, "zone": zone, "guestCpus": 180,
-                 "memoryMb": 737280, "selfLink": self._c(p, "zones", zone, "machineTypes", n)} for n in names]}
+                {"kind": "compute#machineType", "id": str(5_000_000_000_000_000 + 1000 * z + i), "name": n, "zone": zone, "guestCpus": 180,
+                 "memoryMb": 737280, "selfLink": self._c(p, "zones", zone, "machineTypes", n)}
+                for i, n in enumerate(names)]}
         return {"kind": "compute#machineTypeAggregatedList", "items": items,
                 "selfLink": self._c(p, "aggregated/machineTypes")}
 
