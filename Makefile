@@ -30,13 +30,15 @@ test: venv
 	.venv/bin/python -m pytest
 
 ## What a contributor runs before each commit (under 2 minutes): lint, types, unit tests, golden dry runs
-## (not the real clients against the fakes, the AOT compiles or the local Ray runs: `make test` runs those too).
+## (not the real clients against the fakes, the AOT compiles, the local Ray runs or the health gate across JAX
+## processes: `make test` runs those too). Three workers on two cores: a third of this selection's time is
+## waits (sshd, timeouts), which a third worker fills (measured: 104 s against 125 s with two).
 check: venv
 	@scripts/test-deps
 	.venv/bin/ruff check playbooks trainer tasks.py tests bench
 	.venv/bin/mypy
 	@$(BYTECODE)
-	.venv/bin/python -m pytest -m "not e2e and not clients and not compile"
+	.venv/bin/python -m pytest -n 3 -m "not e2e and not clients and not compile and not multiprocess"
 
 ## Regenerate the golden dry-run transcripts after an intended change of commands.
 goldens: venv

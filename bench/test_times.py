@@ -23,7 +23,7 @@ from bench import doc_table  # noqa: E402
 
 PY = str(Path(sys.executable))
 VENV = Path(sys.executable).parent
-CHECK = ["-m", "not e2e and not clients and not compile"]
+CHECK = ["-n", "3", "-m", "not e2e and not clients and not compile and not multiprocess"]  # the Makefile's check
 FIRST = {"ruff": [str(VENV / "ruff"), "check", "playbooks", "trainer", "tasks.py", "tests", "bench"],
          "mypy": [str(VENV / "mypy")],
          "compileall": [PY, "-m", "compileall", "-q", "playbooks", "tasks.py"]}

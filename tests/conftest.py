@@ -27,8 +27,11 @@ INVOKE = str(Path(sys.executable).parent / "invoke")
 
 # The longest files first (pytest-xdist hands out whole files in collection
 # order, with --no-loadscope-reorder): two workers then end near together.
+# The second line is `make check`'s longest files (its selection runs them first).
 FIRST = ("test_local_e2e.py", "test_controller_train.py", "test_local_e2e_generations.py", "test_preflight.py", "test_clients_faults.py",
-         "test_clients_journeys.py", "test_clients_capacity.py", "test_clients_slices.py", "test_clients_controller.py")
+         "test_clients_journeys.py", "test_clients_capacity.py", "test_clients_slices.py", "test_clients_controller.py",
+         "test_goodput_report.py", "test_connectors.py", "test_bad_inputs.py", "test_goldens.py", "test_health_check.py",
+         "test_cost.py")
 
 
 def pytest_collection_modifyitems(items):

@@ -230,6 +230,7 @@ def group_of_two(second: str, devices_expected: tuple[str, str], timeout: str,
     return out
 
 
+@pytest.mark.multiprocess
 def test_across_processes_every_host_names_the_sick_one():
     """A real all-gather between two processes: the healthy host fails
     too, naming the other's slice and check; rank 0 says the group's."""
@@ -244,6 +245,7 @@ def test_across_processes_every_host_names_the_sick_one():
     assert (gate["ok"], gate["hosts"], [h["slice"] for h in gate["unhealthy"]]) == (False, 2, ["slice-1"])
 
 
+@pytest.mark.multiprocess
 def test_across_processes_a_host_that_never_joins_the_all_gather_fails_the_other_in_time():
     start = time.monotonic()
     well, _ = group_of_two("no-gather", ("2", "2"), timeout="8")  # at most 4 x 8 s in the gate
@@ -254,6 +256,7 @@ def test_across_processes_a_host_that_never_joins_the_all_gather_fails_the_other
     assert "the hosts' verdicts could not be gathered" in well["raised"]
 
 
+@pytest.mark.multiprocess
 def test_across_processes_a_host_hung_before_its_gate_stops_the_other_at_its_devices():
     """JAX's devices start only with every process's: the waiting host says
     so (it cannot tell a peer hung from its own chips), runs nothing else

@@ -27,23 +27,22 @@ def module_name(path: Path) -> str:
 MODULES = {module_name(p): p for p in PACKAGE.rglob("*.py") if "data" not in p.parts}
 
 
-def _type_checking_only(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> bool:
-    while node in parents:
-        node = parents[node]
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            return True
-    return False
+def _type_checking_only(tree: ast.AST) -> set[ast.AST]:
+    """Every node under an ``if TYPE_CHECKING:`` (its test, body and else)."""
+    return {inner for node in ast.walk(tree)
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+            for inner in ast.walk(node) if inner is not node}
 
 
 def imports(name: str) -> set[str]:
     """The project modules ``name`` imports (resolved, package-relative)."""
     path = MODULES[name]
     tree = ast.parse(path.read_text())
-    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+    guarded = _type_checking_only(tree)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     out: set[str] = set()
     for node in ast.walk(tree):
-        if _type_checking_only(node, parents):
+        if node in guarded:
             continue
         if isinstance(node, ast.Import):
             targets = [a.name for a in node.names]
