@@ -233,18 +233,15 @@ class GcloudShortcut:
         if argv[:1] != ["gcloud"]:
             return None
         start = time.monotonic()
-        config_list = argv[1:] == ["config", "list", "--format=json"]
-        token = argv[1:] == ["auth", "print-access-token"]
-        call = None if config_list or token else parse(argv)
-        if (call is None and not (config_list or token)) or tuple(argv) in self.left_to_gcloud:
+        local = FROM_HELPER.get(tuple(argv[1:]))
+        call = None if local else parse(argv)
+        if (call is None and not local) or tuple(argv) in self.left_to_gcloud:
             return None
         cred = self.credentials.get(env)
         if cred is None or any(cred.prop(s, n) if n else cred.properties.get(s) for s, n in NOT_FOLLOWED):
             return None
-        if config_list:
-            return Ran(0, json_text(cred.properties), "", time.monotonic() - start)
-        if token:
-            return Ran(0, cred.token + "\n", "", time.monotonic() - start)
+        if local:
+            return Ran(0, local(cred), "", time.monotonic() - start)
         assert call is not None
         try:
             out = call.shape(self._read(call, cred, env, min(timeout or READ_TIMEOUT, READ_TIMEOUT)))
@@ -324,6 +321,13 @@ def _scoped(doc: dict, key: str) -> list[Any]:
             raise Fallback("a partial answer")
         out.extend(scope.get(key) or [])
     return out
+
+
+# The commands answered from the config-helper's answer alone (no API).
+FROM_HELPER: dict[tuple[str, ...], Callable[[Any], str]] = {
+    ("config", "list", "--format=json"): lambda cred: json_text(cred.properties),
+    ("auth", "print-access-token"): lambda cred: cred.token + "\n",
+}
 
 
 def processes_only(environ: Mapping[str, str] | None = None) -> bool:
