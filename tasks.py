@@ -8,16 +8,11 @@ Inventory: playbook.inventory (INVOKE_PLAYBOOK_INVENTORY). Every inventory key
 and its rule: docs/inventory.md; the path to GKE, step by step: docs/gke.md.
 Modes: apply (default), check (playbook.mode=check), dry run (invoke --dry).
 """
-import signal
-
 from invoke import Collection, task
 
-# Output piped into `head` ends quietly, like any command-line tool.
-signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-
 # Only light modules here: `invoke --list` must stay instant.
-from playbooks.cli.chain import chosen_env  # noqa: E402 - after SIGPIPE
-from playbooks.cli.session import (  # noqa: E402 - after SIGPIPE
+from playbooks.cli.chain import chosen_env
+from playbooks.cli.session import (
     bare_flag,
     clean_errors,
     install_last_resort,
@@ -28,7 +23,8 @@ from playbooks.cli.session import (  # noqa: E402 - after SIGPIPE
 
 # An error Invoke raises reading its config files after this import (a
 # `playbook:` that is not a mapping, a project invoke.yaml that is not YAML)
-# is one line too, not a traceback.
+# is one line too, not a traceback; output piped into `head` ends quietly
+# (session.stdout_gone: SIGPIPE stays ignored).
 install_last_resort()
 
 

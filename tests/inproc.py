@@ -72,11 +72,11 @@ def _timed_out(signum, frame):
 def as_the_cli_runs(argv: list[str], env: dict[str, str], cwd: Path, tmp: Path, limit: float = 5.0):
     """This process as `invoke` would start: its argv, environment, working
     directory, temporary folder (``tmp``/t, made here) and stdin; what
-    tasks.py sets at import (the SIGPIPE handler, sys.excepthook) put back
+    tasks.py sets at import (sys.excepthook) put back
     afterwards."""
     (tmp / "t").mkdir(exist_ok=True)
     saved_env, saved_cwd, saved_argv, saved_stdin = dict(os.environ), os.getcwd(), sys.argv, sys.stdin
-    saved_hook, saved_pipe, saved_tmp = sys.excepthook, signal.getsignal(signal.SIGPIPE), tempfile.tempdir
+    saved_hook, saved_tmp = sys.excepthook, tempfile.tempdir
     saved_alarm = signal.signal(signal.SIGALRM, _timed_out)
     devnull = open(os.devnull)  # noqa: SIM115 - closed in finally
     try:
@@ -93,7 +93,6 @@ def as_the_cli_runs(argv: list[str], env: dict[str, str], cwd: Path, tmp: Path, 
         os.environ.update(saved_env)
         os.chdir(saved_cwd)
         sys.argv, sys.stdin, tempfile.tempdir, sys.excepthook = saved_argv, saved_stdin, saved_tmp, saved_hook
-        signal.signal(signal.SIGPIPE, saved_pipe)
         devnull.close()
 
 

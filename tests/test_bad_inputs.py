@@ -17,14 +17,16 @@ Invoke's own argv parsing) run again through the real `invoke` executable,
 with process creation disabled in the child (tests/noproc), in parallel with
 the rest.
 
-Then the worst inputs in-process, each refused in under a second, and the
-teardown prompt on a real terminal."""
+Then the worst inputs in-process, each refused in under a second, the
+teardown prompt on a real terminal, and output into a pipe whose reader went
+away (141, quiet) while a closed socket stays an error, not a signal."""
 from __future__ import annotations
 
 import os
 import pty
 import select
 import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -392,3 +394,36 @@ def test_train_fresh_on_gke_says_what_it_deletes_and_asks_first(tmp_path):
             "checkpoints/) and its timeline") in out, out
     assert "Type the environment name (dev) to confirm:" in out, out
     assert "PLAY [" not in out  # nothing ran
+
+
+def test_output_into_a_pipe_whose_reader_went_away_ends_quietly(tmp_path):
+    """`invoke --dry up | head -1` with head already gone: the run ends as
+    a shell says SIGPIPE ended it (141), with nothing on stderr and no
+    internal error kept."""
+    argv, env, cwd = prepare({"local": {}}, tmp_path)
+    last_error = ROOT / ".state" / "last-error.txt"
+    before = last_error.stat().st_mtime_ns if last_error.exists() else None
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the first write
+    try:
+        r = subprocess.run(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=write, stderr=subprocess.PIPE,
+                           text=True, timeout=60)
+    finally:
+        os.close(write)
+    assert (r.returncode, r.stderr) == (141, ""), r
+    assert (last_error.stat().st_mtime_ns if last_error.exists() else None) == before
+
+
+def test_a_write_to_a_closed_socket_is_an_error_not_the_end_of_the_process():
+    """SIGPIPE stays ignored once tasks.py is imported: a peer that closed
+    its end (an SSH controller's sshd, a client) gives the writer a
+    BrokenPipeError to handle, never a silent death by signal."""
+    code = ("import socket, tasks\n"
+            "a, b = socket.socketpair()\n"
+            "b.close()\n"
+            "try:\n"
+            "    a.sendall(b'x' * 1_000_000)\n"
+            "except BrokenPipeError:\n"
+            "    print('BrokenPipeError')\n")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert (r.returncode, r.stdout) == (0, "BrokenPipeError\n"), r

@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 import os
 import re
+import select
 import sys
 import time
 import traceback
@@ -430,6 +431,8 @@ def _last_resort(kind, value, tb) -> None:
     if issubclass(kind, KeyboardInterrupt):
         sys.stderr.write("interrupted\n")
         os._exit(130)
+    if issubclass(kind, BrokenPipeError) and stdout_gone():
+        os._exit(STDOUT_GONE)
     line, code = last_resort_line(kind, value, tb)
     sys.stderr.write(line + "\n")
     sys.stderr.flush()
@@ -446,6 +449,33 @@ def config_files() -> list[str]:
     if runtime:
         out.append(runtime)
     return out
+
+
+# The exit status of a command whose output's reader went away, as a shell
+# reports one that SIGPIPE ended (128 + 13).
+STDOUT_GONE = 141
+
+
+def stdout_gone() -> bool:
+    """Whether this process's stdout is a pipe whose reader went away
+    (`invoke status | head`); then stdout is pointed at /dev/null, so that
+    what is still buffered, and Python's flush at exit, end quietly.
+
+    SIGPIPE stays ignored (Python's default) rather than set back to the
+    default action: that action would also end the run, silently and with
+    no record, on a write to any socket or pipe whose other end closed
+    (an SSH controller that drops the connection, a client that exits)."""
+    try:
+        poll = select.poll()
+        poll.register(1, 0)
+        gone = any(events & (select.POLLERR | select.POLLHUP) for _, events in poll.poll(0))
+        if gone:
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, 1)
+            os.close(null)
+        return gone
+    except (OSError, ValueError):
+        return False
 
 
 def install_last_resort() -> None:
@@ -472,6 +502,8 @@ def clean_errors() -> Iterator[None]:
     except KeyboardInterrupt:
         raise Exit("interrupted", code=130) from None
     except Exception as e:  # pragma: no cover - the unexpected
+        if isinstance(e, BrokenPipeError) and stdout_gone():  # `invoke status | head`: not an error
+            raise Exit(code=STDOUT_GONE) from None
         path = paths.last_error()
         keep_traceback(path, traceback.format_exc())
         raise Exit(f"internal error: {type(e).__name__}: {e} (traceback in {path.relative_to(ROOT)})", code=3) from None
