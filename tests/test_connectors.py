@@ -130,6 +130,58 @@ def test_background_spawn_can_be_found_and_stopped(conn):
     assert conn.read("logs/sleep.log") == b""
 
 
+# A tree shaped as `ray start --block`'s: its "raylet" ends on SIGTERM only
+# while its "gcs" still runs (else it waits, as a raylet does on a GCS that is
+# going), and the root, told to go, stops the raylet first, then the gcs.
+RAY_LIKE = """
+import os, signal, subprocess, sys, time
+if sys.argv[1:] == ["gcs"]:
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    time.sleep(300)
+elif sys.argv[1:2] == ["raylet"]:
+    gcs = int(sys.argv[2])
+    def term(*_):
+        time.sleep(0.5)  # a shutdown's own work, with its GCS
+        try:
+            state = open(f"/proc/{gcs}/stat").read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            state = "X"
+        if state in ("Z", "X"):
+            time.sleep(60)
+        sys.exit(0)
+    signal.signal(signal.SIGTERM, term)
+    time.sleep(300)
+else:
+    gcs = subprocess.Popen([sys.executable, __file__, "gcs"])
+    raylet = subprocess.Popen([sys.executable, __file__, "raylet", str(gcs.pid)])
+    def term(*_):
+        for p in (raylet, gcs):
+            p.terminate()
+            p.wait()
+        sys.exit(0)
+    signal.signal(signal.SIGTERM, term)
+    print("up", flush=True)
+    time.sleep(300)
+"""
+
+
+def test_a_tree_whose_root_stops_its_children_in_order_stops_at_once(conn, tmp_path):
+    """The root is told first and stops its children in its own order; a
+    SIGTERM to every process at once would leave the "raylet" waiting on a
+    "gcs" already gone, and the stop would wait out its grace."""
+    script = tmp_path / "root" / "ray_like.py"
+    script.write_text(RAY_LIKE)
+    pid = conn.spawn(["python3", str(script)], log="logs/ray_like.log")
+    deadline = time.monotonic() + 20
+    while conn.read("logs/ray_like.log") != b"up\n" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert conn.read("logs/ray_like.log") == b"up\n"
+    start = time.monotonic()
+    conn.terminate(pid, grace=20)
+    assert time.monotonic() - start < 8, time.monotonic() - start
+    assert not conn.alive(pid, "ray_like.py")
+
+
 def test_put_and_read_files_relative_to_the_root(conn, tmp_path):
     data = bytes(range(256)) * 10
     conn.write("a/b/c.bin", data)

@@ -75,19 +75,40 @@ def tree(pid: int) -> list[int]:
     return out
 
 
+def _live(pid: int) -> bool:
+    return _state(pid) not in ("", "Z", "X")
+
+
 def terminate(pids: Iterable[int], grace: float = 10.0, poll: float = 0.2) -> list[int]:
-    """SIGTERM these processes, SIGKILL what is left after ``grace`` seconds.
-    Returns the pids that had to be killed."""
-    pids = [p for p in pids if _state(p) not in ("", "Z", "X")]
-    for p in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(p, signal.SIGTERM)
+    """SIGTERM a process tree, as tree() lists it (its root first), and
+    SIGKILL what is left of it after ``grace`` seconds. Returns the pids
+    that had to be killed.
+
+    The root is told first, and the rest once it has gone (or after half
+    the grace): a process that manages its children stops them in its own
+    order. `ray start --block` stops its raylet before its GCS in about 2 s
+    (measured here, a twin's head); a SIGTERM to every process at once
+    leaves the raylet waiting on a GCS that is going, and the whole tree
+    then waits out the grace."""
+    pids = [p for p in pids if _live(p)]
+    if not pids:
+        return []
     deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and any(_state(p) not in ("", "Z", "X") for p in pids):
+    root, rest = pids[0], pids[1:]
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(root, signal.SIGTERM)
+    first = time.monotonic() + grace / 2
+    while time.monotonic() < first and _live(root):
+        time.sleep(poll)
+    for p in rest:
+        if _live(p):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, signal.SIGTERM)
+    while time.monotonic() < deadline and any(_live(p) for p in pids):
         time.sleep(poll)
     killed = []
     for p in pids:
-        if _state(p) not in ("", "Z", "X"):
+        if _live(p):
             try:
                 os.kill(p, signal.SIGKILL)
                 killed.append(p)

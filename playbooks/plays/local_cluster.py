@@ -14,7 +14,7 @@ from playbooks.core.command import quote
 from playbooks.core.facts import ABSENT, Action, Fact, assume
 from playbooks.core.step import Broken, Step, Verify, change, fail, ok, skip, wait
 from playbooks.runs import quarantine_record as quarantined
-from playbooks.twin.node_start import START_TIMEOUT, host_verify, start_host, started
+from playbooks.twin.node_start import NODE_POLL, START_TIMEOUT, host_verify, start_host, started
 from playbooks.twin.nodes import (
     HEAD,
     Host,
@@ -69,7 +69,7 @@ def head_step(env: Environment) -> Step:
     head_up = node_state_fact(env, HEAD, lambda nodes: any(n.get("is_head_node") for n in alive(nodes)),
                               "the head node ALIVE")
     return Step(PLAY, f"Ray head {dashboard(env)}", decide, id="twin:head", probes=(pidf, version),
-                verify=Verify(head_up, started(env, HEAD, "the Ray head"), timeout=START_TIMEOUT, interval=2))
+                verify=Verify(head_up, started(env, HEAD, "the Ray head"), timeout=START_TIMEOUT, interval=NODE_POLL))
 
 
 REHEARSAL = "rehearse_late_slice: a slice that comes late, as a flex-start pool's nodes do"
@@ -132,7 +132,7 @@ def slices_step(env: Environment, after: str) -> Step:
         return s.why(need)
 
     return Step(PLAY, "TPU slices", decide, id="twin:slices", after=(after,), probes=(probe,),
-                verify=Verify(probe, check, timeout=START_TIMEOUT + longest, interval=2))
+                verify=Verify(probe, check, timeout=START_TIMEOUT + longest, interval=NODE_POLL))
 
 
 def steps(env: Environment) -> list[Step]:
@@ -159,7 +159,7 @@ def stop_step(env: Environment, name: str, play: str) -> Step:
                       reason=f"stopped {name}", would=f"stop {name}", found="running")
 
     return Step(play, f"stop {name}", decide, id=f"{play}:stop-{name}",
-                verify=Verify(pidf, lambda a: "still running" if a else None, timeout=30, interval=1))
+                verify=Verify(pidf, lambda a: "still running" if a else None, timeout=30, interval=NODE_POLL))
 
 
 def stop_steps(env: Environment, play: str = "teardown") -> list[Step]:

@@ -474,7 +474,7 @@ class JobRun:
         its packages) fails the step, with Ray's reason, and no job runs
         unwatched. None: it runs."""
         job, watch = self.job, cluster_watch.watch_id(sid)
-        waited = 0.0
+        waited, looks = 0.0, 0
         while True:
             w = ctx.look(job_fact(job.address, watch, self.via), fresh=True)
             status = w.get("status") if isinstance(w, dict) else None
@@ -488,8 +488,9 @@ class JobRun:
                 return Outcome(FAILED, f"the watch of job {sid} ({watch}) was not RUNNING within "
                                        f"{cluster_watch.START_WITHIN:.0f} s (it is {status or 'not listed'}); no job "
                                        f"was submitted" + cluster_watch.unstarted_hint(job.env))
-            ctx.sleep(cluster_watch.LOOK_EVERY)
-            waited += cluster_watch.LOOK_EVERY
+            pause = cluster_watch.look_after(looks)
+            ctx.sleep(pause)
+            waited, looks = waited + pause, looks + 1
 
     def submitted(self, ctx: StepContext, sid: str, active: dict | None) -> Outcome:
         """``--detach``: the job submitted (``--no-wait``), not followed."""

@@ -61,7 +61,16 @@ WORKING_DIR = "."
 # submits the job: on GKE Ray first installs PACKAGES in the head (a minute
 # or two; pip's own retries when PyPI is slow).
 START_WITHIN = 600.0
+# Looked at after 0.25 s, then twice as long each time, up to every 2 s: on
+# the twin the watch runs within a second of its submit (a first look at
+# 2 s lost 1-2 s of every `invoke train`), on GKE after minutes.
 LOOK_EVERY = 2.0
+FIRST_LOOK = 0.25
+
+
+def look_after(looks: int) -> float:
+    """The wait before the next look at a watch starting, after ``looks`` looks."""
+    return min(LOOK_EVERY, FIRST_LOOK * 2 ** min(looks, 8))
 
 
 def unstarted_hint(env: Any) -> str:

@@ -15,6 +15,11 @@ from playbooks.core.step import Await, Broken, Decision, Verify, change
 from playbooks.twin.nodes import Host, host_command, late_seconds, log, node_state_fact, registered
 
 START_TIMEOUT = 90.0
+# How often a node's start (or stop) is looked at: a Ray node joins in 1-6 s
+# here and stops in 1-3 s; each look is one read of the head's node list
+# (in-process) or of its pid. Every 2 s, `up` took 14 s for a head and two
+# hosts; every 0.5 s, 10 s.
+NODE_POLL = 0.5
 # A killed host's node stays ALIVE in Ray's list until Ray notices: a new
 # node started before that would stand beside a ghost of itself.
 GHOST_TIMEOUT = 90.0
@@ -56,4 +61,4 @@ def host_verify(env: Environment, host: Host) -> Verify:
     what = f"{host.name}'s process (it joins {late:g}s after its start)" if late else f"{host.name} ALIVE"
     joined = node_state_fact(env, host.name, lambda nodes: registered(nodes, host), what)
     return Verify(joined, started(env, host.name, f"TPU host {host.name}", join=not late), timeout=START_TIMEOUT,
-                  interval=2)
+                  interval=NODE_POLL)

@@ -100,6 +100,17 @@ def pod_type(env: Environment) -> str:
 HEALTH_CHECKS = (("RAY_health_check_period_ms", "1000"), ("RAY_health_check_failure_threshold", "3"))
 
 
+# Ray 2.60 drains a node told SIGTERM (`ray start --block`'s handler) for up
+# to 30 s before it stops its processes, for Ray Serve's proxies
+# (ray/_private/node.py _drain_node_before_shutdown): a head that ran a job
+# keeps its autoscaling coordinator actor and never finishes that drain. The
+# twin's nodes are told SIGTERM only to stop (teardown, a host set aside or
+# restarted by chaos); a notice drains its node itself first
+# (config/host_notice.py). Off: a teardown after a job took 10 s (the
+# grace), now 2-3 s.
+NO_DRAIN_ON_SIGTERM = ("RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S", "0")
+
+
 # The dashboard's /worker/traceback (a worker's Python stack, by py-spy: the
 # hang diagnosis reads it) answers 403 unless the head has this (Ray 2.60's
 # default: off). The twin's dashboard listens on its ray_ip only.
@@ -116,7 +127,8 @@ def head_command(env: Environment) -> Command:
                     # test's, another environment's twin), and the job's driver then
                     # waits on that cluster's GCS, not its own.
                     f"--temp-dir={paths.node_temp(env.name, HEAD)}", "--disable-usage-stats"),
-                   env=(("JAX_PLATFORMS", "cpu"), *HEALTH_CHECKS, PROFILING), background=True, log=log(env, HEAD),
+                   env=(("JAX_PLATFORMS", "cpu"), *HEALTH_CHECKS, PROFILING, NO_DRAIN_ON_SIGTERM), background=True,
+                   log=log(env, HEAD),
                    pid_file=pidfile(env, HEAD))
 
 
@@ -168,7 +180,7 @@ def host_command(env: Environment, host: Host, late: float = 0.0, devices: int |
                    # chips as devices_per_host CPU devices.
                    env=(("TPU_NAME", host.tpu_name), ("TPU_WORKER_ID", str(host.worker)),
                         ("TPU_ACCELERATOR_TYPE", pod_type(env)), ("TPU_TOPOLOGY", env.topology),
-                        ("JAX_PLATFORMS", "cpu"),
+                        ("JAX_PLATFORMS", "cpu"), NO_DRAIN_ON_SIGTERM,
                         ("XLA_FLAGS", f"{DEVICE_COUNT}{env.devices_per_host if devices is None else devices}")),
                    background=True, log=log(env, host.name), pid_file=pidfile(env, host.name))
 

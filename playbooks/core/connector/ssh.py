@@ -486,11 +486,16 @@ class SshConnector(Connector):
         pid = int(pid)
         if pid <= 0:
             return
-        # The tree (children first listed by ps), TERM, wait, KILL.
+        # The tree (children listed by ps), as procs.terminate does here: TERM
+        # to the root, the rest once it has gone (or after half the grace),
+        # KILL to what is left after the grace.
         script = (self._tree(pid) +
-                  f"kill -TERM $pids 2>/dev/null; i=0; "
-                  f"while [ $i -lt {int(grace * 5)} ] && kill -0 $pids 2>/dev/null; do sleep 0.2; i=$((i+1)); done; "
-                  f"kill -KILL $pids 2>/dev/null; true")
+                  "live() { for p in \"$@\"; do kill -0 $p 2>/dev/null && return 0; done; return 1; }; "
+                  f"kill -TERM {pid} 2>/dev/null; i=0; "
+                  f"while [ $i -lt {int(grace * 5 / 2)} ] && live {pid}; do sleep 0.2; i=$((i+1)); done; "
+                  "kill -TERM $pids 2>/dev/null; "
+                  f"while [ $i -lt {int(grace * 5)} ] && live $pids; do sleep 0.2; i=$((i+1)); done; "
+                  "kill -KILL $pids 2>/dev/null; true")
         self._shell(script)
 
     def get_json(self, url: str, timeout: float = 10.0, headers: Mapping[str, str] | None = None,
