@@ -11,6 +11,7 @@ run first are timed too.
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 import tempfile
 import time
@@ -22,11 +23,28 @@ sys.path.insert(0, str(ROOT))
 from bench import doc_table  # noqa: E402
 
 PY = str(Path(sys.executable))
-VENV = Path(sys.executable).parent
-CHECK = ["-n", "3", "-m", "not e2e and not clients and not compile and not multiprocess"]  # the Makefile's check
-FIRST = {"ruff": [str(VENV / "ruff"), "check", "playbooks", "trainer", "tasks.py", "tests", "bench"],
-         "mypy": [str(VENV / "mypy")],
-         "compileall": [PY, "-m", "compileall", "-q", "playbooks", "tasks.py"]}
+
+
+def make_commands(target: str) -> tuple[dict[str, list[str]], list[str]]:
+    """What `make <target>` runs, read from `make -n` (the Makefile is the
+    one home of each command and of the test selection): the commands
+    before pytest, by name (ruff, mypy, compileall), and pytest's arguments.
+    The setup scripts (bootstrap, test-deps) are left out."""
+    import subprocess
+    out = subprocess.run(["make", "-n", target], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    first: dict[str, list[str]] = {}
+    pytest: list[str] | None = None
+    for line in out.splitlines():
+        argv = shlex.split(line.split(">", 1)[0])
+        if not argv or argv[0].startswith("scripts/"):
+            continue
+        if argv[1:3] == ["-m", "pytest"]:
+            pytest = argv[3:]
+        else:
+            first[argv[2] if argv[1:2] == ["-m"] else Path(argv[0]).name] = argv
+    if pytest is None:
+        raise SystemExit(f"`make -n {target}` runs no pytest: {out!r}")
+    return first, pytest
 
 
 def timed(argv: list[str]) -> tuple[float, int]:
@@ -79,10 +97,12 @@ def main() -> None:
     ap.add_argument("--only", choices=("check", "test"))
     ap.add_argument("--write", action="store_true", help="write the table, dated, into docs/tests.md")
     a = ap.parse_args()
-    first = {k: timed(v)[0] for k, v in FIRST.items()}
+    commands, check_args = make_commands("check")
+    _, test_args = make_commands("test")
+    first = {k: timed(v)[0] for k, v in commands.items()}
     with tempfile.TemporaryDirectory() as t:
-        check = run(CHECK, Path(t), "check") if a.only in (None, "check") else None
-        full = run([], Path(t), "test") if a.only in (None, "test") else None
+        check = run(check_args, Path(t), "check") if a.only in (None, "check") else None
+        full = run(test_args, Path(t), "test") if a.only in (None, "test") else None
     lines = table(check, full, first)
     print("\n".join(lines))
     if a.write:
