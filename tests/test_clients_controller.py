@@ -16,7 +16,7 @@ import subprocess
 import pytest
 
 from tests import sshd
-from tests.fakes.cloud import INVOKE, ROOT, STANDARD, VENV_BIN, Cloud
+from tests.fakes.cloud import COUNT_LOG, INVOKE, ROOT, STANDARD, VENV_BIN, Cloud
 
 pytestmark = pytest.mark.clients
 
@@ -30,6 +30,8 @@ def controller(cloud: Cloud, tmp_path):
     """An sshd whose sessions have the fakes' client environment (the
     controller's own gcloud and kubectl configuration)."""
     login = {k: v for k, v in cloud.env().items() if not k.startswith("INVOKE_")}
+    # The client processes its sessions start, counted by the fakes' wrappers on its PATH.
+    login[COUNT_LOG] = str(tmp_path / "controller-started.log")
     server = sshd.start(tmp_path / "sshd", login)
     cloud.change_inventory(STANDARD, **server.inventory_keys(str(tmp_path / "remote")))
     try:
@@ -62,8 +64,19 @@ def test_up_through_the_controller_converges_and_a_second_run_sends_no_change(cl
     assert ("us-east5-b", "maxtext-multislice") in st.clusters
     assert cloud.kube.list("rayclusters")
 
+    log = tmp_path / "controller-started.log"
+    before = log.read_text().splitlines()
     second = cloud.invoke("up", **NOWHERE)
     assert second.rc == 0, second.out
+    # On the controller every command is its own process (the in-process
+    # reads are this machine's): 17 for a converged up (measured 2026-12-05),
+    # at most the 18 a local one started before them; each kubectl starts
+    # the auth plugin, which caches no token without an expiry (gcloud's
+    # access-token file, the fakes' credentials, has none), so each plugin
+    # starts a gcloud.
+    there = [line.split(" ", 1)[0] for line in log.read_text().splitlines()[len(before):]]
+    assert second.started() == [] and 0 < len(there) <= 18, there
+    assert there.count("kubectl") == there.count("gke-gcloud-auth-plugin"), there
     assert second.changes == [], [r.path for r in second.changes]
     recap = [r for r in second.recaps() if r["play"] == "up"][-1]
     assert recap["changed"] == 0 and recap["failed"] == 0, second.out
