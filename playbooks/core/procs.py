@@ -75,10 +75,6 @@ def tree(pid: int) -> list[int]:
     return out
 
 
-def _live(pid: int) -> bool:
-    return _state(pid) not in ("", "Z", "X")
-
-
 def terminate(pids: Iterable[int], grace: float = 10.0, poll: float = 0.2) -> list[int]:
     """SIGTERM a process tree, as tree() lists it (its root first), and
     SIGKILL what is left of it after ``grace`` seconds. Returns the pids
@@ -90,7 +86,7 @@ def terminate(pids: Iterable[int], grace: float = 10.0, poll: float = 0.2) -> li
     (measured here, a twin's head); a SIGTERM to every process at once
     leaves the raylet waiting on a GCS that is going, and the whole tree
     then waits out the grace."""
-    pids = [p for p in pids if _live(p)]
+    pids = [p for p in pids if alive(p)]
     if not pids:
         return []
     deadline = time.monotonic() + grace
@@ -98,17 +94,17 @@ def terminate(pids: Iterable[int], grace: float = 10.0, poll: float = 0.2) -> li
     with contextlib.suppress(ProcessLookupError):
         os.kill(root, signal.SIGTERM)
     first = time.monotonic() + grace / 2
-    while time.monotonic() < first and _live(root):
+    while time.monotonic() < first and alive(root):
         time.sleep(poll)
     for p in rest:
-        if _live(p):
+        if alive(p):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(p, signal.SIGTERM)
-    while time.monotonic() < deadline and any(_live(p) for p in pids):
+    while time.monotonic() < deadline and any(alive(p) for p in pids):
         time.sleep(poll)
     killed = []
     for p in pids:
-        if _live(p):
+        if alive(p):
             try:
                 os.kill(p, signal.SIGKILL)
                 killed.append(p)
