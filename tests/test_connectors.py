@@ -130,6 +130,49 @@ def test_background_spawn_can_be_found_and_stopped(conn):
     assert conn.read("logs/sleep.log") == b""
 
 
+def test_a_process_that_ends_between_two_reads_of_its_proc_files_is_gone_not_an_error(conn, monkeypatch):
+    """/proc/<pid>/cmdline opened while the process runs and read after it
+    has gone fails (ESRCH; over SFTP a bare "Failure", as in a CI run):
+    alive() looks at the process again and answers that it is gone. A read
+    that fails while the process still runs is still an error."""
+    pid = conn.spawn(["sleep", "302"], log="logs/sleep.log")
+    deadline = time.monotonic() + 5
+    while not conn.alive(pid, "sleep 302") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    real_read = conn.read
+
+    def read_as_it_ends(path: str):
+        if not path.endswith("/cmdline"):
+            return real_read(path)
+        if isinstance(conn, SshConnector) and conn._sftp() is not None:
+            with conn._sftp().open(path, "rb") as f:         # opened while it runs ...
+                conn.terminate(pid, grace=2)                   # ... read once it has gone
+                return bytes(f.read())
+        conn.terminate(pid, grace=2)
+        raise OSError(f"cannot read {path}: No such process")  # as cat says it
+
+    monkeypatch.setattr(conn, "read", read_as_it_ends)
+    assert not conn.alive(pid, "sleep 302")
+    monkeypatch.undo()
+
+    pid = conn.spawn(["sleep", "303"], log="logs/sleep.log")
+    deadline = time.monotonic() + 5
+    while not conn.alive(pid, "sleep 303") and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+    def cmdline_unreadable(path: str):
+        if path.endswith("/cmdline"):
+            raise OSError(f"cannot read {path}: Permission denied")
+        return real_read(path)
+
+    monkeypatch.setattr(conn, "read", cmdline_unreadable)
+    try:
+        with pytest.raises(OSError, match="Permission denied"):
+            conn.alive(pid, "sleep 303")
+    finally:
+        conn.terminate(pid, grace=2)
+
+
 # A tree shaped as `ray start --block`'s: its "raylet" ends on SIGTERM only
 # while its "gcs" still runs (else it waits, as a raylet does on a GCS that is
 # going), and the root, told to go, stops the raylet first, then the gcs.

@@ -34,15 +34,28 @@ def _state(pid: int) -> str:
     return stat_state(_read(f"/proc/{pid}/stat"))
 
 
+_GONE = ("", "Z", "X")
+
+
 def alive_from(read: Callable[[str], bytes | None], pid: int, marker: str = "") -> bool:
     """The process exists, is not a zombie, and its command line holds
     ``marker`` (so a recycled pid is not mistaken for ours); /proc read with
     ``read`` (this machine's files, or a connector's)."""
-    if pid <= 0 or stat_state(read(f"/proc/{pid}/stat")) in ("", "Z", "X"):
+    if pid <= 0:
         return False
-    if not marker:
-        return True
-    cmdline = read(f"/proc/{pid}/cmdline") or b""
+    try:
+        if stat_state(read(f"/proc/{pid}/stat")) in _GONE:
+            return False
+        if not marker:
+            return True
+        cmdline = read(f"/proc/{pid}/cmdline") or b""
+    except OSError:
+        # A /proc file opened while the process ran and read once it had
+        # ended fails (ESRCH; over SFTP a bare "Failure"). Gone now is an
+        # answer; a process still there whose files cannot be read is not.
+        if stat_state(read(f"/proc/{pid}/stat")) in _GONE:
+            return False
+        raise
     return marker in cmdline.replace(b"\0", b" ").decode(errors="replace")
 
 
