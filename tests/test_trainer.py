@@ -135,6 +135,69 @@ def test_the_setup_hook_imports_maxtext_in_the_background_only_on_a_training_wor
     monkeypatch.delitem(sys.modules, "preimport_probe")
 
 
+def test_a_deferred_module_runs_nothing_until_its_first_use(tmp_path, monkeypatch):
+    """An import, a from-import (as MaxText's chain does: `from google.cloud
+    import aiplatform`) and find_spec of a deferred module run none of it;
+    its first attribute read runs it once and answers from it; a submodule's
+    import runs its package first; an imported or missing module is not
+    deferred."""
+    import importlib.util
+
+    import deferred_import
+
+    (tmp_path / "defer_probe").mkdir()
+    (tmp_path / "defer_probe" / "__init__.py").write_text("")
+    for pkg in ("a", "b"):
+        d = tmp_path / "defer_probe" / pkg
+        d.mkdir()
+        (d / "__init__.py").write_text(f"import pathlib\npathlib.Path({str(d)!r}, 'ran').open('a').write('x')\n"
+                                       "VALUE = 42\n")
+        (d / "sub.py").write_text("from . import VALUE\nTWICE = 2 * VALUE\n")
+    for name in ("defer_probe", "defer_probe.a", "defer_probe.b", "defer_probe.b.sub"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    def ran(pkg: str) -> str:
+        f = tmp_path / "defer_probe" / pkg / "ran"
+        return f.read_text() if f.exists() else ""
+
+    assert deferred_import.defer("defer_probe.a") and deferred_import.defer("defer_probe.b")
+    import defer_probe.a
+    from defer_probe import a
+    assert importlib.util.find_spec("defer_probe.a").name == "defer_probe.a"
+    assert a is defer_probe.a and ran("a") == "" and not deferred_import.loaded("defer_probe.a")
+    assert a.VALUE == 42 and ran("a") == "x" and deferred_import.loaded("defer_probe.a")
+    assert a.VALUE == 42 and ran("a") == "x"                                  # once
+    assert sys.modules["defer_probe.a"] is not a                                # the real one from now on
+
+    import defer_probe.b.sub
+    assert ran("b") == "x" and defer_probe.b.sub.TWICE == 84
+
+    assert not deferred_import.defer("defer_probe.a")                           # imported already
+    assert not deferred_import.defer("no_such_module_to_defer")
+    assert "no_such_module_to_defer" not in sys.modules
+
+
+@pytest.mark.compile
+def test_maxtexts_import_leaves_vertex_ai_for_its_first_use():
+    """The trainer's worker imports MaxText without google.cloud.aiplatform
+    (its Vertex AI TensorBoard uploader's), and a job that uses it gets the
+    real module: a process importing MaxText as a worker does."""
+    code = ("import sys, maxtext_ray, deferred_import\n"
+            "assert maxtext_ray.defer_unused() == ['google.cloud.aiplatform']\n"
+            "import maxtext.configs.pyconfig, maxtext.trainers.pre_train.train\n"
+            "print('loaded at import:', deferred_import.loaded('google.cloud.aiplatform'))\n"
+            "from cloud_accelerator_diagnostics.src.tensorboard_uploader import tensorboard\n"
+            "print('init from:', tensorboard.aiplatform.init.__module__)\n"
+            "print('loaded at use:', deferred_import.loaded('google.cloud.aiplatform'))\n")
+    r = subprocess.run([sys.executable, "-c", code], cwd=TRAINER, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "loaded at import: False" in r.stdout, r.stdout
+    assert "init from: google.cloud.aiplatform.initializer" in r.stdout, r.stdout
+    assert "loaded at use: True" in r.stdout, r.stdout
+
+
 LOG = """\
 (TrainController pid=9) Started training worker group of size 4:
 (RayTrainWorker pid=1, ip=10.0.0.1) completed step: 0, seconds: 9.0, TFLOP/s/device: 1.0, Tokens/s/device: 10.0, total_weights: 8, loss: 7.5

@@ -18,6 +18,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+import deferred_import  # beside this module, in the job's working directory
 import health_check  # beside this module, in the job's working directory
 import heartbeat  # beside this module, in the job's working directory
 import notice
@@ -93,6 +94,10 @@ def scaling_config(layout: Layout, elastic: bool):
     )
 
 
+# Imported by MaxText, used only by a job that asks for it: imported at its
+# first use instead (deferred_import.py says why and what it saves).
+DEFERRED = ("google.cloud.aiplatform",)
+
 # Set on the training workers only (worker_runtime_env): preimport() acts there.
 ENV_PREIMPORT = "TRAINER_PREIMPORT"
 PREIMPORT = ("maxtext.configs.pyconfig", "maxtext.trainers.pre_train.train")
@@ -124,10 +129,17 @@ def preimport() -> None:
         import importlib
 
         with contextlib.suppress(Exception):
+            defer_unused()
             for name in PREIMPORT:
                 importlib.import_module(name)
 
     threading.Thread(target=load, name="preimport-maxtext", daemon=True).start()
+
+
+def defer_unused() -> list[str]:
+    """Before MaxText's import: what it imports but the job may never use
+    waits for its first use (``DEFERRED``); the names now waiting."""
+    return [name for name in DEFERRED if deferred_import.defer(name)]
 
 
 def _requirements(path: str) -> list[str]:
@@ -674,6 +686,7 @@ def run_maxtext(argv: list[str], layout: Layout, world_size: int, rank: int = 0)
         patch_hybrid_mesh(layout.hosts_per_slice)
         print(f"simulated TPU: {world_size} host(s) = {slices} slice(s) of {layout.hosts_per_slice}", flush=True)
     expected = expected_model(argv)
+    defer_unused()
     from maxtext.configs import pyconfig
     from maxtext.trainers.pre_train.train import main as maxtext_main
 
