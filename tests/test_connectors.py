@@ -107,6 +107,37 @@ def test_exit_codes_failure_missing_program_timeout(conn):
     assert r.rc == 124 and time.monotonic() - start < 10
 
 
+def test_many_short_commands_at_once_keep_the_connection(conn, request):
+    """Commands with no stdin that end at once, from threads in parallel (a
+    play's parallel probes): none of them sends an EOF that could cross the
+    server's CLOSE (Paramiko sends it after its lock, OpenSSH then drops the
+    whole connection: "ieof packet referred to nonexistent channel"); every
+    command answers and the connection stays up. The old code's EOF broke
+    the connection in each of five runs of this test here."""
+    failures: list[str] = []
+
+    def work() -> None:
+        for _ in range(100):
+            try:
+                r = conn.run(["true"])
+                if r.rc != 0:
+                    failures.append(f"rc {r.rc}: {r.stderr}")
+            except Exception as e:  # Unreachable when the connection drops
+                failures.append(repr(e))
+                return
+
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert failures == []
+    assert conn.run(["echo", "still here"]).stdout == "still here\n"
+    if request.node.callspec.params["conn"] != "local":
+        server = request.getfixturevalue("server" if request.node.callspec.params["conn"] == "ssh" else "bastion")
+        assert "nonexistent channel" not in (server.base / "sshd.log").read_text()
+
+
 def test_stream_hands_over_lines_as_they_come(conn):
     lines: list[str] = []
     r = conn.stream(["sh", "-c", "echo one; echo two >&2; echo three; exit 2"], lines.append)

@@ -1,6 +1,6 @@
 """One shell line over one SSH channel (Paramiko), with nothing of Invoke in
 between: its stdin fed from bytes (``sendall``, then EOF with
-``shutdown_write``), its stdout and stderr handed over as bytes as they
+``shutdown_write``; none for a line that reads no stdin), its stdout and stderr handed over as bytes as they
 come, its exit status. No pty and no decoding, so it is binary safe (a file
 read with ``cat``, a file written through ``cat >``), and fast (Invoke
 copies an ``in_stream`` one byte per 10 ms).
@@ -45,10 +45,14 @@ def call(transport: Any, line: str, stdin: bytes | None, on_out: Callable[[bytes
             raise ChannelFailed(f"{type(e).__name__}: {e}") from None
         failed: list[BaseException] = []
         readers = [_thread(_pump, chan.recv, on_out, failed), _thread(_pump, chan.recv_stderr, on_err, failed)]
-        if stdin:
+        if stdin is not None:
             _thread(_feed, chan, stdin)   # beside the readers: a full window must not stop them
-        else:
-            chan.shutdown_write()
+        # No stdin: no EOF either. The line reads none (the connector gives
+        # it /dev/null), and an EOF can cross the server's CLOSE of a command
+        # that already ended: Paramiko makes it under the channel's lock but
+        # sends it after, so the transport thread's reply to that CLOSE may
+        # go first, and OpenSSH then drops the whole connection ("ieof packet
+        # referred to nonexistent channel"), every other channel with it.
 
         def waited() -> bool:
             if failed:
