@@ -29,6 +29,18 @@ NOWHERE = {"PATH": str(VENV_BIN), "KUBECONFIG": "/nonexistent/kubeconfig", "CLOU
 def controller(cloud: Cloud, tmp_path):
     """An sshd whose sessions have the fakes' client environment (the
     controller's own gcloud and kubectl configuration)."""
+    yield from _controller(cloud, tmp_path)
+
+
+@pytest.fixture
+def controller_with_expiring_credentials(cloud: Cloud, tmp_path):
+    """The same, its gcloud signed in with a service account key: its
+    tokens expire, as a real account's do."""
+    cloud.use_service_account()
+    yield from _controller(cloud, tmp_path)
+
+
+def _controller(cloud: Cloud, tmp_path):
     login = {k: v for k, v in cloud.env().items() if not k.startswith("INVOKE_")}
     # The client processes its sessions start, counted by the fakes' wrappers on its PATH.
     login[COUNT_LOG] = str(tmp_path / "controller-started.log")
@@ -81,6 +93,30 @@ def test_up_through_the_controller_converges_and_a_second_run_sends_no_change(cl
     recap = [r for r in second.recaps() if r["play"] == "up"][-1]
     assert recap["changed"] == 0 and recap["failed"] == 0, second.out
     assert re.search(r"controller : project files on \S+ +ok", second.out)
+
+
+def test_with_credentials_that_expire_the_auth_plugin_there_asks_gcloud_once(
+        cloud: Cloud, controller_with_expiring_credentials, tmp_path):
+    """A real account's token has an expiry, and gke-gcloud-auth-plugin keeps
+    it (in ~/.kube) until then: through a controller signed in with a
+    service account key, each kubectl there starts the plugin, but only the
+    first plugin starts a gcloud, in the first run; the converged run
+    starts none."""
+    log = tmp_path / "controller-started.log"
+    first = cloud.invoke("up", **NOWHERE)
+    assert first.rc == 0, first.out
+    started = log.read_text().splitlines()
+    helpers = [p for p in started if p.startswith("gcloud config config-helper")]
+    assert sum(p.startswith("kubectl ") for p in started) >= 2, started
+    assert len(helpers) == 1, started
+
+    second = cloud.invoke("up", **NOWHERE)
+    assert second.rc == 0 and second.changes == [], second.out
+    there = log.read_text().splitlines()[len(started):]
+    names = [p.split(" ", 1)[0] for p in there]
+    assert names.count("kubectl") >= 1 and names.count("kubectl") == names.count("gke-gcloud-auth-plugin"), there
+    assert not [p for p in there if p.startswith("gcloud config config-helper")], there
+    assert 0 < len(there) <= 18 - names.count("kubectl"), there
 
 
 def test_the_dry_run_through_a_controller_is_the_local_one_naming_the_controller(cloud: Cloud, controller):

@@ -16,6 +16,7 @@ test empty fakes and fresh client folders.
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -44,6 +45,7 @@ INVOKE = VENV_BIN / "invoke"
 TOKEN = "ya29.fake-access-token-for-tests"
 PROJECT = "fake-tpu-project"
 PROJECT_NUMBER = "123456789012"
+SERVICE_ACCOUNT = f"playbooks@{PROJECT}.iam.gserviceaccount.com"  # Cloud.use_service_account's
 USER = "tester@example.com"
 
 # Environment names unique to these tests and to this pytest-xdist worker:
@@ -169,6 +171,7 @@ class Cloud:
 
     def __post_init__(self) -> None:
         self.clients = self.base / "clients-0"
+        self.service_account = False
         self._n = 0
         self._inventory_text = self.inventory_path.read_text()
 
@@ -177,6 +180,7 @@ class Cloud:
         """New, empty HOME / CLOUDSDK_CONFIG / KUBECONFIG for the next runs."""
         self._n += 1
         self.clients = self.base / f"clients-{self._n}"
+        self.service_account = False
         for d in ("home", "gcloud", "kube"):
             (self.clients / d).mkdir(parents=True, exist_ok=True)
         (self.clients / "token").write_text(TOKEN + "\n")
@@ -203,7 +207,8 @@ class Cloud:
             "CLOUDSDK_CONFIG": str(c / "gcloud"),
             "KUBECONFIG": str(c / "kube" / "config"),
             "BOTO_CONFIG": str(c / "boto.cfg"),
-            "CLOUDSDK_AUTH_ACCESS_TOKEN_FILE": str(c / "token"),
+            **({"CLOUDSDK_AUTH_TOKEN_HOST": f"{self.gcp.url}/oauth2/token"} if self.service_account else
+               {"CLOUDSDK_AUTH_ACCESS_TOKEN_FILE": str(c / "token")}),
             "CLOUDSDK_CORE_CUSTOM_CA_CERTS_FILE": str(self.gcp.server.pki.ca_file),
             "CLOUDSDK_METRICS_ENVIRONMENT": "playbook-client-tests",
             "CLOUDSDK_CORE_DISABLE_PROMPTS": "1",
@@ -245,6 +250,31 @@ class Cloud:
                   started.read_text().splitlines() if started.is_file() else [])
         self.runs.append(run)
         return run
+
+    def use_service_account(self) -> None:
+        """Credentials that expire, as a real account's do, for the clients
+        from now until the next test: a service account key (an RSA key made
+        here) activated in this client folder's gcloud; gcloud gets its token
+        from the fake's token endpoint (``auth/token_host``) with an expiry,
+        where the access-token file gives it none."""
+        from cryptography.hazmat.primitives import serialization
+        from cryptography.hazmat.primitives.asymmetric import rsa
+
+        key = rsa.generate_private_key(public_exponent=65537, key_size=2048).private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+        key_file = self.clients / "service-account.json"
+        key_file.write_text(json.dumps({
+            "type": "service_account", "project_id": PROJECT, "private_key_id": "fake-key-1",
+            "private_key": key.decode(), "client_email": SERVICE_ACCOUNT, "client_id": "1",
+            "token_uri": f"{self.gcp.url}/oauth2/token"}))
+        self.service_account = True
+        # gsutil takes the key from gcloud (its legacy credentials' .boto):
+        # a refresh token here too would be a second credential it refuses.
+        boto = self.clients / "boto.cfg"
+        boto.write_text("".join(line for line in boto.read_text().splitlines(keepends=True)
+                                if not line.startswith("gs_oauth2_refresh_token")))
+        r = self.client("gcloud", "auth", "activate-service-account", f"--key-file={key_file}")
+        assert r.returncode == 0, r.stderr
 
     def client(self, *argv: str, env_name: str = STANDARD) -> subprocess.CompletedProcess:
         """One client command (gcloud, kubectl) in the same environment."""
