@@ -145,12 +145,17 @@ def test_stream_hands_over_lines_as_they_come(conn):
     assert sorted(lines) == ["one", "three", "two"]
 
 
+def wait_alive(conn, pid: int, marker: str, within: float = 5) -> None:
+    """Until the spawned child has exec'd (under load, not at once), or ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while not conn.alive(pid, marker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def test_background_spawn_can_be_found_and_stopped(conn):
     pid = conn.spawn(["sleep", "300"], log="logs/sleep.log")
     assert pid > 0
-    deadline = time.monotonic() + 5          # until the child has exec'd (under load, not at once)
-    while not conn.alive(pid, "sleep 300") and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_alive(conn, pid, "sleep 300")
     assert conn.alive(pid, "sleep 300")
     assert not conn.alive(pid, "something else")       # a recycled pid is not ours
     conn.terminate(pid, grace=2)
@@ -167,9 +172,7 @@ def test_a_process_that_ends_between_two_reads_of_its_proc_files_is_gone_not_an_
     alive() looks at the process again and answers that it is gone. A read
     that fails while the process still runs is still an error."""
     pid = conn.spawn(["sleep", "302"], log="logs/sleep.log")
-    deadline = time.monotonic() + 5
-    while not conn.alive(pid, "sleep 302") and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_alive(conn, pid, "sleep 302")
     real_read = conn.read
 
     def read_as_it_ends(path: str):
@@ -187,9 +190,7 @@ def test_a_process_that_ends_between_two_reads_of_its_proc_files_is_gone_not_an_
     monkeypatch.undo()
 
     pid = conn.spawn(["sleep", "303"], log="logs/sleep.log")
-    deadline = time.monotonic() + 5
-    while not conn.alive(pid, "sleep 303") and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_alive(conn, pid, "sleep 303")
 
     def cmdline_unreadable(path: str):
         if path.endswith("/cmdline"):
@@ -313,9 +314,7 @@ def test_files_are_binary_safe_whole_and_replaced_at_once(conn, tmp_path):
 def test_a_killed_process_and_its_children_are_gone_at_once(conn):
     """SIGKILL without warning (a host lost): no TERM handler runs."""
     pid = conn.spawn(["sh", "-c", "trap '' TERM; sleep 301 & wait"], log="logs/kill.log")
-    deadline = time.monotonic() + 5
-    while not conn.alive(pid, "sleep 301") and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_alive(conn, pid, "sleep 301")
     assert conn.alive(pid, "trap")
     conn.kill(pid)
     deadline = time.monotonic() + 5

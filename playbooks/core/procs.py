@@ -30,10 +30,6 @@ def stat_state(stat: bytes | None) -> str:
     return parts[0] if parts else ""
 
 
-def _state(pid: int) -> str:
-    return stat_state(_read(f"/proc/{pid}/stat"))
-
-
 _GONE = ("", "Z", "X")
 
 
