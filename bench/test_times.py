@@ -47,11 +47,30 @@ def make_commands(target: str) -> tuple[dict[str, list[str]], list[str]]:
     return first, pytest
 
 
-def timed(argv: list[str]) -> tuple[float, int]:
+def timed(argv: list[str], env: dict[str, str] | None = None) -> tuple[float, int]:
     import subprocess
     start = time.monotonic()
-    done = subprocess.run(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    done = subprocess.run(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     return time.monotonic() - start, done.returncode
+
+
+def busy_seconds() -> tuple[float, int]:
+    """The machine's CPU seconds spent busy so far (every process, /proc/stat:
+    all but idle and iowait), and its cores."""
+    import os
+    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK"), os.cpu_count() or 1
+
+
+def cpu_per_file(log: Path) -> dict[str, float]:
+    """Each test file's CPU seconds: its pytest worker's and those of the
+    processes its tests started and waited for (tests/conftest.py's CPU_LOG)."""
+    import json
+    out: dict[str, float] = {}
+    for line in log.read_text().splitlines() if log.is_file() else []:
+        t = json.loads(line)
+        out[f"tests/{t['file']}"] = out.get(f"tests/{t['file']}", 0.0) + t["own"] + t["children"]
+    return out
 
 
 def per_file(junit: Path) -> tuple[dict[str, list[float]], int]:
@@ -66,10 +85,15 @@ def per_file(junit: Path) -> tuple[dict[str, list[float]], int]:
 
 
 def run(selection: list[str], tmp: Path, name: str) -> dict:
-    junit = tmp / f"{name}.xml"
-    wall, rc = timed([PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}", *selection])
+    import os
+    junit, log = tmp / f"{name}.xml", tmp / f"{name}-cpu.jsonl"
+    busy = busy_seconds()[0]
+    wall, rc = timed([PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}", *selection],
+                     env={**os.environ, "PLAYBOOK_TEST_CPU_LOG": str(log)})
+    busy, cores = busy_seconds()[0] - busy, busy_seconds()[1]
     files, failed = per_file(junit) if junit.is_file() else ({}, -1)
-    return {"wall": wall, "rc": rc, "files": files, "failed": failed}
+    return {"wall": wall, "rc": rc, "files": files, "failed": failed, "cpu": cpu_per_file(log), "busy": busy,
+            "cores": cores}
 
 
 def table(check: dict | None, full: dict | None, first: dict[str, float]) -> list[str]:
@@ -85,10 +109,17 @@ def table(check: dict | None, full: dict | None, first: dict[str, float]) -> lis
                      + f") {r['wall'] + pre:.0f} s.")
     shown = full or check
     assert shown is not None
-    lines += ["", f"Where the two workers' time goes ({'make test' if full else 'make check'}), by test file:", "",
-              "| test file | tests | test-seconds |", "| --- | --- | --- |"]
+    lines.append(f"- The machine's {shown['cores']} cores were busy {shown['busy']:.0f} CPU-seconds of the "
+                 f"{shown['wall'] * shown['cores']:.0f} the pytest run's wall time gave them "
+                 f"({shown['busy'] / (shown['wall'] * shown['cores']):.0%}); the rest is waiting (both workers, or "
+                 "one while the other runs a single process).")
+    lines += ["", f"Where the two workers' time goes ({'make test' if full else 'make check'}), by test file "
+              "(CPU-seconds: the test's pytest worker and the processes it started and waited for, such as "
+              "`invoke`, gcloud and kubectl; not the local Ray nodes, which outlive the command that starts "
+              "them):", "",
+              "| test file | tests | test-seconds | CPU-seconds |", "| --- | --- | --- | --- |"]
     for f, times in sorted(shown["files"].items(), key=lambda kv: -sum(kv[1])):
-        lines.append(f"| `{f}` | {len(times)} | {sum(times):.1f} |")
+        lines.append(f"| `{f}` | {len(times)} | {sum(times):.1f} | {shown['cpu'].get(f, 0.0):.1f} |")
     return lines
 
 

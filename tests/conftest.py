@@ -2,8 +2,11 @@
 process environment, and running plays against declared facts."""
 from __future__ import annotations
 
+import json
 import os
+import resource
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -37,6 +40,29 @@ FIRST = ("test_local_e2e.py", "test_controller_train.py", "test_local_e2e_genera
 def pytest_collection_modifyitems(items):
     rank = {name: i for i, name in enumerate(FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(FIRST)))
+
+
+# bench/test_times.py sets this: each test's wall seconds and the CPU
+# seconds of its pytest worker and of the processes it started and waited
+# for (invoke, gcloud, kubectl, ...; not daemons it left running: the local
+# Ray nodes), one JSON line per test, setup and teardown included.
+CPU_LOG = os.environ.get("PLAYBOOK_TEST_CPU_LOG")
+
+
+def _cpu() -> tuple[float, float]:
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime, kids.ru_utime + kids.ru_stime
+
+
+if CPU_LOG:
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(item, nextitem):
+        wall, (own, kids) = time.monotonic(), _cpu()
+        yield
+        own2, kids2 = _cpu()
+        with open(CPU_LOG, "a") as f:
+            f.write(json.dumps({"file": item.path.name, "wall": time.monotonic() - wall, "own": own2 - own,
+                                "children": kids2 - kids}) + "\n")
 
 
 def env(name: str = "dev", **changes):

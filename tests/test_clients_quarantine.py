@@ -101,15 +101,28 @@ def test_release_uncordons_untaints_and_forgets_but_leaves_a_node_someone_else_c
     other = sorted(pool_nodes(cloud, "v6e-16-1"))[0]
     p = cloud.client("kubectl", "cordon", other)                  # a person's, not ours
     assert p.returncode == 0, p.stderr
-    run = ok_run(cloud.invoke("hosts.release", POOL))
-    for name, spec in pool_nodes(cloud).items():
-        assert not spec.get("unschedulable") and not tainted(spec), (name, spec)
-    assert pool_nodes(cloud, "v6e-16-1")[other].get("unschedulable") is True
-    assert record(cloud) == {}
-    assert recap(run, "release")["changed"] == 3       # uncordon, untaint, forget
-    again = ok_run(cloud.invoke("hosts.release", POOL))
-    assert again.changes == []
-    assert sorted(nodes) == sorted(pool_nodes(cloud))
+    # A run whose watch set the slice aside: the release goes into its timeline (cost's end of quarantined).
+    timeline = ROOT / ".state" / cloud.envdata().name / "training" / "r-released" / "events.jsonl"
+    timeline.parent.mkdir(parents=True, exist_ok=True)
+    timeline.write_text(json.dumps({"t": 1.0, "kind": "quarantined", "step": 5, "source": "train", "host": POOL,
+                                    "slice": POOL, "why": "hung", "by": "stall_action: restart"}) + "\n")
+    try:
+        run = ok_run(cloud.invoke("hosts.release", POOL))
+        for name, spec in pool_nodes(cloud).items():
+            assert not spec.get("unschedulable") and not tainted(spec), (name, spec)
+        assert pool_nodes(cloud, "v6e-16-1")[other].get("unschedulable") is True
+        assert record(cloud) == {}
+        assert recap(run, "release")["changed"] == 3       # uncordon, untaint, forget (and the event)
+        released = [json.loads(line) for line in timeline.read_text().splitlines()][1:]
+        assert [(e["kind"], e["host"], e["slice"], e["by"]) for e in released] == [
+            ("released", POOL, POOL, "hosts.release")], released
+        again = ok_run(cloud.invoke("hosts.release", POOL))
+        assert again.changes == []
+        assert len(timeline.read_text().splitlines()) == 2
+        assert sorted(nodes) == sorted(pool_nodes(cloud))
+    finally:
+        timeline.unlink(missing_ok=True)
+        timeline.parent.rmdir()
 
 
 def test_a_pool_replaced_whole_when_the_inventory_says_so(cloud: Cloud):

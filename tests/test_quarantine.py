@@ -4,18 +4,23 @@ and its slices said at once, the steps' order, the taint no pod of ours
 tolerates. The GKE quarantine with the real kubectl: test_clients_quarantine.py."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from playbooks.access import connectors
 from playbooks.cli import task_steps
 from playbooks.cloud import manifests
+from playbooks.config import paths
 from playbooks.core.connector.local import LocalConnector
 from playbooks.core.errors import ProbeFailed
 from playbooks.core.facts import ABSENT
 from playbooks.core.fixtures import Answers
 from playbooks.core.runner import Mode
 from playbooks.plays import local_cluster, quarantine
+from playbooks.runs import events as E
 from playbooks.runs import quarantine_record as R
+from playbooks.runs import timeline
 from tests.conftest import env, run_with_facts
 
 RECORD = "cat .state/local/quarantine.json"
@@ -166,7 +171,7 @@ def test_no_pod_of_ours_tolerates_the_quarantine_taint(name):
     assert _tolerates({"key": quarantine.TAINT_KEY, "operator": "Equal", "value": "true"}, quarantine.TAINT_KEY)
 
 
-def test_the_twin_quarantine_really_stops_the_host_holds_it_out_and_release_forgets_it(here):
+def test_the_twin_quarantine_really_stops_the_host_holds_it_out_and_release_forgets_it(here, monkeypatch):
     """Apply mode with this machine's connector (rooted in a temporary
     folder): a stand-in process carrying a host's pid-file marker is the
     host's node; no Ray. Quarantined: recorded, the process stopped; a second
@@ -198,8 +203,51 @@ def test_the_twin_quarantine_really_stops_the_host_holds_it_out_and_release_forg
         assert R.read(local)["tpu-group-1-0"]["why"] == "chips failed"
         held = run([local_cluster.host_step(local, Host("tpu-group-1-0", 1, 0))], mode=Mode.CHECK)
         assert held.results[0].outcome == "skipped" and "quarantined" in held.results[0].reason
+        timelines = runs_that_set_it_aside(here, monkeypatch)
         gone = run([quarantine.forget_step(local, "tpu-group-1-0")])
         assert gone.results[0].outcome == "changed" and R.read(local) == {}
+        released_where_it_was_set_aside(timelines)
     finally:
         node.kill()
         node.wait()
+
+
+def runs_that_set_it_aside(here, monkeypatch) -> dict[str, list[dict]]:
+    """Three runs' timelines (the project's folder made the temporary one):
+    one has tpu-group-1-0 set aside; one set it aside, then its next job
+    was priced (its ledger starts afresh); one set aside another host."""
+    monkeypatch.setattr(paths, "ROOT", here)
+    def q(t, host):
+        return {"t": t, "kind": E.QUARANTINED, "step": 5, "source": "train", "host": host,
+                "slice": host.rsplit("-", 1)[0], "why": "hang", "by": "stall_action: restart"}
+    runs = {"held": [q(10.0, "tpu-group-1-0")],
+            "priced-since": [q(10.0, "tpu-group-1-0"), {"t": 20.0, "kind": E.PRICED, "step": None, "source": "train"}],
+            "other-host": [q(10.0, "tpu-group-0-0")]}
+    for run, evs in runs.items():
+        f = here / ".state" / "local" / "training" / run / "events.jsonl"
+        f.parent.mkdir(parents=True)
+        f.write_text("".join(json.dumps(e) + "\n" for e in evs))
+    return runs
+
+
+def released_where_it_was_set_aside(runs: dict[str, list[dict]]) -> None:
+    local = env("local")
+    for run, before in runs.items():
+        now = timeline.read(local, run)
+        if run == "held":
+            assert now[:-1] == before
+            assert {k: now[-1][k] for k in ("kind", "source", "host", "slice", "by")} == {
+                "kind": E.RELEASED, "source": "hosts", "host": "tpu-group-1-0", "slice": "tpu-group-1",
+                "by": "hosts.release"}
+            assert timeline.set_aside(now, "tpu-group-1-0") is None
+        else:
+            assert now == before, run
+
+
+def test_a_release_in_a_dry_run_says_the_event_and_writes_nothing(here, monkeypatch):
+    local = env("local")
+    runs = runs_that_set_it_aside(here, monkeypatch)
+    _, out = run_with_facts([quarantine.forget_step(local, "tpu-group-1-0")], {RECORD: HELD},
+                                mode=Mode.DRY)
+    assert "# released: an event in the timeline of each run that has tpu-group-1-0 set aside" in out.text()
+    assert all(timeline.read(local, run) == evs for run, evs in runs.items())

@@ -91,6 +91,42 @@ def test_on_gke_a_slice_set_aside_bills_as_quarantined_until_the_end():
     assert c2["badput_chip_hours"][cost.QUARANTINED] == pytest.approx(seconds(segs2, q, back) * 4 / 3600, abs=1e-4)
 
 
+def released(evs: list[dict], t: float, slice_: str) -> list[dict]:
+    """The run with `invoke hosts.release` of the host set aside at ``t``."""
+    host = next(e["host"] for e in evs if e["kind"] == E.QUARANTINED)
+    return sorted(evs + [{"t": t, "kind": E.RELEASED, "step": None, "source": "hosts", "host": host,
+                          "slice": slice_, "by": "hosts.release"}], key=lambda e: e["t"])
+
+
+def test_on_gke_a_released_slice_is_quarantined_until_its_release_then_held():
+    """Released, its nodes are no longer set aside: billed, held (in no
+    worker group) until a group takes the slice; the chips billed unchanged."""
+    evs = quarantined_instead_of_lost(on_gke(recorded(rates=(2.7, 2.7)), "v6e-16-0"), "v6e-16-0")
+    q = t_of(evs, E.QUARANTINED)
+    before, _ = report(evs)
+    after, segs = report(released(evs, q + 7, "v6e-16-0"))
+    assert after["badput_chip_hours"][cost.QUARANTINED] == pytest.approx(seconds(segs, q, q + 7) * 4 / 3600, abs=1e-4)
+    assert after["badput_chip_hours"][cost.QUARANTINED] < before["badput_chip_hours"][cost.QUARANTINED]
+    # Billed as before: what was quarantined after the release is held, or used where no group was set.
+    assert after["badput_chip_hours"][cost.HELD] > before["badput_chip_hours"].get(cost.HELD, 0)
+    assert after["chip_hours"] == pytest.approx(before["chip_hours"], abs=1e-6)
+    assert after["productive_chip_hours"] + sum(after["badput_chip_hours"].values()) == pytest.approx(
+        after["chip_hours"], abs=1e-3)
+
+
+def test_on_the_twin_a_released_host_is_billed_again_from_its_release():
+    evs = recorded(names=SLICES)
+    for e in evs:
+        if e["kind"] == E.PRICED:
+            e["simulated"] = True
+    evs = quarantined_instead_of_lost(evs, "tpu-group-0")
+    q = t_of(evs, E.QUARANTINED)
+    c, segs = report(released(evs, q + 7, "tpu-group-0"))
+    start_, end = segs[0][0], segs[-1][1]
+    assert c["chip_hours"] == pytest.approx(
+        (seconds(segs, start_, q) * 8 + seconds(segs, q, q + 7) * 4 + seconds(segs, q + 7, end) * 8) / 3600, abs=1e-4)
+
+
 def test_on_the_twin_a_host_set_aside_is_stopped_and_not_billed():
     evs = recorded(names=SLICES)
     for e in evs:

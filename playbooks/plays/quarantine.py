@@ -23,9 +23,10 @@ from playbooks.cloud.gke import kube, nodepool_name, nodepools_fact
 from playbooks.config import tutorial as T
 from playbooks.config.schema import Environment
 from playbooks.core.command import Command, placeholder, shown
-from playbooks.core.facts import ABSENT, Fact, assume
+from playbooks.core.facts import ABSENT, Action, Fact, assume
 from playbooks.core.step import Step, Verify, change, fail, ok
 from playbooks.runs import quarantine_record as R
+from playbooks.runs import timeline
 
 PLAY = "quarantine"
 RELEASE = "release"
@@ -203,7 +204,10 @@ def forget_step(env: Environment, name: str, play: str = RELEASE, after: tuple[s
     def decide(look):
         if name not in look(held):
             return ok(f"{name} is not in the record")
-        return change(R.remove(env, name), reason=f"{name} taken out of the record",
+        # The runs that set it aside count its slice as set aside (cost)
+        # until this event.
+        released = Action(timeline.release_line(env, name), lambda: timeline.record_release(env, name))
+        return change(R.remove(env, name), released, reason=f"{name} taken out of the record",
                       would=f"take {name} out of the record", found="quarantined")
 
     return Step(play, f"forget {name}", decide, id=f"{play}:record", after=after,

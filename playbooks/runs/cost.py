@@ -37,8 +37,9 @@ Pure functions of a run's events and its price basis: no I/O.
   failed health gate; ``runs/restart.py``): on the twin its host is
   stopped, not billed (as a lost host); on GKE its slice's nodes exist and
   bill, not in any worker group: their own cause, ``quarantined``, until a
-  pod is placed on its pool again (the pool made again) or the run's next
-  job is priced (a release is not in the run's timeline).
+  pod is placed on its pool again (the pool made again), the host is
+  released (``released``: ``invoke hosts.release``; then billed and held
+  until a worker group takes it) or the run's next job is priced.
 - Each second of the goodput report (``goodput.py``'s segments: productive
   or one cause of badput) costs the chips used then; the chips billed and
   not used then are ``held``.
@@ -385,7 +386,8 @@ class _Walk:
         p, out = self.period(t), self.out
         if out and out[-1].t == t:
             out[-1] = p
-        elif not out or (out[-1].basis, out[-1].billed, out[-1].used) != (p.basis, p.billed, p.used):
+        elif not out or (out[-1].basis, out[-1].billed, out[-1].used, out[-1].quarantined) != (
+                p.basis, p.billed, p.used, p.quarantined):
             out.append(p)
 
     def see(self, i: int, e: dict) -> bool:
@@ -412,6 +414,8 @@ class _Walk:
                 self.gone += 1
         elif kind == E.QUARANTINED:
             self.set_aside(str(e.get("slice") or ""))
+        elif kind == E.RELEASED:
+            self.release(str(e.get("slice") or ""))
         elif kind in (*E.BACK, E.SCHEDULED) and e.get("slice") and str(e["slice"]) in self.aside:
             self.aside.discard(str(e["slice"]))  # its pool made again: a pod placed on it
         elif kind in (*E.BACK, E.SCHEDULED) and e.get("slice"):
@@ -440,6 +444,25 @@ class _Walk:
             self.aside.add(name)
         else:
             self.aside_unnamed += 1
+
+
+    def release(self, slice_: str) -> None:
+        """A ``released`` slice (``invoke hosts.release``): the twin's host
+        started again, billed again; on GKE its nodes no longer set aside,
+        billed and held until a worker group takes the slice."""
+        if self.basis.simulated:
+            if slice_ in self.absent:
+                self.absent.discard(slice_)
+            elif not slice_ and self.gone:
+                self.gone -= 1
+            return
+        b = self.basis
+        i = b.pools.index(slice_) if slice_ in b.pools else None
+        name = b.names[i] if i is not None and i < len(b.names) and b.names[i] else None
+        if name is not None:
+            self.aside.discard(name)
+        elif self.aside_unnamed:
+            self.aside_unnamed -= 1
 
 
 def ledger(events: list[dict], fallback: Basis) -> list[Period]:

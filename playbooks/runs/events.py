@@ -50,6 +50,7 @@ STALL_STARTED = "stall_started"
 STALL_ENDED = "stall_ended"
 STOPPED = "stopped"                        # stall_action: stop (or restart, no host to set aside)
 QUARANTINED = "quarantined"                # the follower set a host aside: host, slice, why, by (runs/restart.py)
+RELEASED = "released"                      # `invoke hosts.release`: a host set aside given back: host, slice, by
 HANG_DIAGNOSED = "hang_diagnosed"          # the follower, once per stall: culprits, cause, evidence (hang_diagnosis.py)
 HEARTBEAT = "heartbeat"                    # the trainer: each worker's beat (the follower keeps it, not the timeline)
 JOB_END = "job_end"

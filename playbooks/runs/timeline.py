@@ -463,6 +463,39 @@ def record(env: Any, kind: str, source: str = "chaos", **fields: Any) -> list[st
     return out
 
 
+def set_aside(events: list[dict], host: str) -> dict | None:
+    """The ``quarantined`` event by which a run's ledger has ``host`` set
+    aside now: its last one of the host after the run's last ``priced`` (a
+    new job's chips start the ledger's slices afresh), with no ``released``
+    of it since; None when the run does not have it set aside."""
+    for e in reversed(events):
+        kind = e.get("kind")
+        if kind == E.PRICED:
+            return None
+        if kind in (E.QUARANTINED, E.RELEASED) and e.get("host") == host:
+            return e if kind == E.QUARANTINED else None
+    return None
+
+
+def record_release(env: Any, host: str, by: str = "hosts.release") -> list[str]:
+    """A ``released`` event of ``host`` (the slice its ``quarantined``
+    said) in the timeline of each run of this environment whose ledger has
+    it set aside (``set_aside``), on this machine, whether its job runs or
+    not: cost counts the slice as set aside until then. Returns those runs."""
+    entries = connectors.this_machine().list_dir(str(paths.here(paths.training(env.name))))
+    out = []
+    for run, is_dir in entries or []:
+        if is_dir and (q := set_aside(read(env, run), host)) is not None:
+            append(env, run, [event(E.RELEASED, "hosts", host=host, slice=q.get("slice"), by=by)])
+            out.append(run)
+    return out
+
+
+def release_line(env: Any, host: str) -> str:
+    return (f"# released: an event in the timeline of each run that has {host} set aside "
+            f"({events_shown(env)})")
+
+
 def events_shown(env: Any) -> str:
     """Where a run's timeline is, as shown (``<run>`` for the run)."""
     return paths.shown(paths.here(paths.events(env.name, "<run>")))
