@@ -73,14 +73,15 @@ def cpu_per_file(log: Path) -> dict[str, float]:
     return out
 
 
-def per_file(junit: Path) -> tuple[dict[str, list[float]], int]:
-    """Each test file's test times, and how many failed."""
+def per_file(junit: Path) -> tuple[dict[str, list[float]], list[str]]:
+    """Each test file's test times, and the tests that failed."""
     files: dict[str, list[float]] = {}
-    failed = 0
+    failed = []
     for case in ET.parse(junit).getroot().iter("testcase"):
         module = ".".join(case.get("classname", "?").split(".")[:2])
         files.setdefault(module.replace(".", "/") + ".py", []).append(float(case.get("time") or 0))
-        failed += any(c.tag in ("failure", "error") for c in case)
+        if any(c.tag in ("failure", "error") for c in case):
+            failed.append(f"{module.replace('.', '/')}.py::{case.get('name')}")
     return files, failed
 
 
@@ -91,7 +92,7 @@ def run(selection: list[str], tmp: Path, name: str) -> dict:
     wall, rc = timed([PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}", *selection],
                      env={**os.environ, "PLAYBOOK_TEST_CPU_LOG": str(log)})
     busy, cores = busy_seconds()[0] - busy, busy_seconds()[1]
-    files, failed = per_file(junit) if junit.is_file() else ({}, -1)
+    files, failed = per_file(junit) if junit.is_file() else ({}, ["(pytest wrote no report)"])
     return {"wall": wall, "rc": rc, "files": files, "failed": failed, "cpu": cpu_per_file(log), "busy": busy,
             "cores": cores}
 
@@ -103,7 +104,8 @@ def table(check: dict | None, full: dict | None, first: dict[str, float]) -> lis
         if r is None:
             continue
         n = sum(len(t) for t in r["files"].values())
-        outcome = "all passed" if r["rc"] == 0 else f"{r['failed']} failed (exit {r['rc']})"
+        outcome = "all passed" if r["rc"] == 0 else f"{len(r['failed'])} failed (exit {r['rc']}): " + ", ".join(
+            f"`{t}`" for t in r["failed"])
         lines.append(f"- `make {target}`: pytest {r['wall']:.0f} s for {n} tests ({outcome}); with the lint, the "
                      f"types and compileall ({pre:.0f} s: " + ", ".join(f"{k} {v:.0f} s" for k, v in first.items())
                      + f") {r['wall'] + pre:.0f} s.")
