@@ -213,15 +213,17 @@ def test_the_twin_quarantine_really_stops_the_host_holds_it_out_and_release_forg
 
 
 def runs_that_set_it_aside(here, monkeypatch) -> dict[str, list[dict]]:
-    """Three runs' timelines (the project's folder made the temporary one):
+    """Four runs' timelines (the project's folder made the temporary one):
     one has tpu-group-1-0 set aside; one set it aside, then its next job
-    was priced (its ledger starts afresh); one set aside another host."""
+    was priced (its ledger starts afresh); one set it aside, then its job
+    ended (nothing is billed between jobs); one set aside another host."""
     monkeypatch.setattr(paths, "ROOT", here)
     def q(t, host):
         return {"t": t, "kind": E.QUARANTINED, "step": 5, "source": "train", "host": host,
                 "slice": host.rsplit("-", 1)[0], "why": "hang", "by": "stall_action: restart"}
     runs = {"held": [q(10.0, "tpu-group-1-0")],
             "priced-since": [q(10.0, "tpu-group-1-0"), {"t": 20.0, "kind": E.PRICED, "step": None, "source": "train"}],
+            "job-ended": [q(10.0, "tpu-group-1-0"), {"t": 20.0, "kind": E.JOB_END, "step": None, "source": "train"}],
             "other-host": [q(10.0, "tpu-group-0-0")]}
     for run, evs in runs.items():
         f = here / ".state" / "local" / "training" / run / "events.jsonl"

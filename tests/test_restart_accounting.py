@@ -114,6 +114,15 @@ def test_on_gke_a_released_slice_is_quarantined_until_its_release_then_held():
         after["chip_hours"], abs=1e-3)
 
 
+def test_a_release_after_the_jobs_end_does_not_make_the_run_longer():
+    """Written before the job's end was read back (a detached job), it sorts after it."""
+    evs = quarantined_instead_of_lost(on_gke(recorded(rates=(2.7, 2.7)), "v6e-16-0"), "v6e-16-0")
+    late = released(evs, max(e["t"] for e in evs) + 30, "v6e-16-0")
+    assert late[-1]["kind"] == E.RELEASED
+    assert goodput.account(late, "r")["wall_s"] == goodput.account(evs, "r")["wall_s"]
+    assert report(late)[0] == report(evs)[0]
+
+
 def test_on_the_twin_a_released_host_is_billed_again_from_its_release():
     evs = recorded(names=SLICES)
     for e in evs:

@@ -115,8 +115,12 @@ def _account(events: Iterable[dict], run: str | None, now: float | None) -> tupl
         return empty(run), []
     jobs = list(dict.fromkeys(str(e["job"]) for e in evs if e.get("job")))
     start = next((float(e["t"]) for e in evs if e.get("kind") == E.SUBMITTED), float(evs[0]["t"]))
-    last = float(evs[-1]["t"])
-    ended = evs[-1].get("kind") == E.JOB_END or (
+    # A release (`invoke hosts.release`) is the ledger's, not the run's: one
+    # written after the job's end (its end not yet read back) does not make
+    # the run longer.
+    tail = next((e for e in reversed(evs) if e.get("kind") != E.RELEASED), evs[-1])
+    last = float(tail["t"])
+    ended = tail.get("kind") == E.JOB_END or (
         bool(jobs) and any(e.get("kind") == E.JOB_END and e.get("job") == jobs[-1] for e in evs))
     end = last if ended or now is None else max(last, now)
     sweep = Sweep([e for e in evs if start <= float(e["t"]) <= end], start, end)

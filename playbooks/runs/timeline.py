@@ -465,12 +465,13 @@ def record(env: Any, kind: str, source: str = "chaos", **fields: Any) -> list[st
 
 def set_aside(events: list[dict], host: str) -> dict | None:
     """The ``quarantined`` event by which a run's ledger has ``host`` set
-    aside now: its last one of the host after the run's last ``priced`` (a
-    new job's chips start the ledger's slices afresh), with no ``released``
+    aside now: its last one of the host while the run's job runs (after its
+    last ``priced``: a new job's chips start the ledger's slices afresh; no
+    ``job_end`` since: nothing is billed between jobs), with no ``released``
     of it since; None when the run does not have it set aside."""
     for e in reversed(events):
         kind = e.get("kind")
-        if kind == E.PRICED:
+        if kind in (E.PRICED, E.JOB_END):
             return None
         if kind in (E.QUARANTINED, E.RELEASED) and e.get("host") == host:
             return e if kind == E.QUARANTINED else None
@@ -479,9 +480,9 @@ def set_aside(events: list[dict], host: str) -> dict | None:
 
 def record_release(env: Any, host: str, by: str = "hosts.release") -> list[str]:
     """A ``released`` event of ``host`` (the slice its ``quarantined``
-    said) in the timeline of each run of this environment whose ledger has
-    it set aside (``set_aside``), on this machine, whether its job runs or
-    not: cost counts the slice as set aside until then. Returns those runs."""
+    said) in the timeline of each run of this environment whose running job
+    has it set aside (``set_aside``), on this machine: cost counts the slice
+    as set aside until then. Returns those runs."""
     entries = connectors.this_machine().list_dir(str(paths.here(paths.training(env.name))))
     out = []
     for run, is_dir in entries or []:
