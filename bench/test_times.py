@@ -91,7 +91,8 @@ def run(selection: list[str], tmp: Path, name: str) -> dict:
     busy = busy_seconds()[0]
     wall, rc = timed([PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}", *selection],
                      env={**os.environ, "PLAYBOOK_TEST_CPU_LOG": str(log)})
-    busy, cores = busy_seconds()[0] - busy, busy_seconds()[1]
+    now, cores = busy_seconds()
+    busy = now - busy
     files, failed = per_file(junit) if junit.is_file() else ({}, ["(pytest wrote no report)"])
     return {"wall": wall, "rc": rc, "files": files, "failed": failed, "cpu": cpu_per_file(log), "busy": busy,
             "cores": cores}

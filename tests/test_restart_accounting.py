@@ -123,12 +123,17 @@ def test_a_release_after_the_jobs_end_does_not_make_the_run_longer():
     assert report(late)[0] == report(evs)[0]
 
 
-def test_on_the_twin_a_released_host_is_billed_again_from_its_release():
+def twin_set_aside() -> list[dict]:
+    """The recorded run on the twin (simulated chips), tpu-group-0 set aside instead of lost."""
     evs = recorded(names=SLICES)
     for e in evs:
         if e["kind"] == E.PRICED:
             e["simulated"] = True
-    evs = quarantined_instead_of_lost(evs, "tpu-group-0")
+    return quarantined_instead_of_lost(evs, "tpu-group-0")
+
+
+def test_on_the_twin_a_released_host_is_billed_again_from_its_release():
+    evs = twin_set_aside()
     q = t_of(evs, E.QUARANTINED)
     c, segs = report(released(evs, q + 7, "tpu-group-0"))
     start_, end = segs[0][0], segs[-1][1]
@@ -137,11 +142,7 @@ def test_on_the_twin_a_released_host_is_billed_again_from_its_release():
 
 
 def test_on_the_twin_a_host_set_aside_is_stopped_and_not_billed():
-    evs = recorded(names=SLICES)
-    for e in evs:
-        if e["kind"] == E.PRICED:
-            e["simulated"] = True
-    evs = quarantined_instead_of_lost(evs, "tpu-group-0")
+    evs = twin_set_aside()
     c, segs = report(evs)
     start_, end = segs[0][0], segs[-1][1]
     q = t_of(evs, E.QUARANTINED)

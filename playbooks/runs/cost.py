@@ -431,20 +431,23 @@ class _Walk:
     def set_aside(self, slice_: str) -> None:
         """A ``quarantined`` slice: the twin's host stopped (not billed); on
         GKE its pool (slice i is pool i) billed and set aside."""
-        b = self.basis
-        if b.simulated:
+        if self.basis.simulated:
             if slice_:
                 self.absent.add(slice_)
             else:
                 self.gone += 1
             return
-        i = b.pools.index(slice_) if slice_ in b.pools else None
-        name = b.names[i] if i is not None and i < len(b.names) and b.names[i] else None
+        name = self.pool_slice(slice_)
         if name is not None:
             self.aside.add(name)
         else:
             self.aside_unnamed += 1
 
+    def pool_slice(self, pool: str) -> str | None:
+        """The slice name of a GKE node pool (slice i is pool i), where known."""
+        b = self.basis
+        i = b.pools.index(pool) if pool in b.pools else None
+        return b.names[i] if i is not None and i < len(b.names) and b.names[i] else None
 
     def release(self, slice_: str) -> None:
         """A ``released`` slice (``invoke hosts.release``): the twin's host
@@ -456,9 +459,7 @@ class _Walk:
             elif not slice_ and self.gone:
                 self.gone -= 1
             return
-        b = self.basis
-        i = b.pools.index(slice_) if slice_ in b.pools else None
-        name = b.names[i] if i is not None and i < len(b.names) and b.names[i] else None
+        name = self.pool_slice(slice_)
         if name is not None:
             self.aside.discard(name)
         elif self.aside_unnamed:
