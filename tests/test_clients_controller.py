@@ -28,15 +28,16 @@ NOWHERE = {"PATH": str(VENV_BIN), "KUBECONFIG": "/nonexistent/kubeconfig", "CLOU
 @pytest.fixture
 def controller(cloud: Cloud, tmp_path):
     """An sshd whose sessions have the fakes' client environment (the
-    controller's own gcloud and kubectl configuration)."""
+    controller's own gcloud and kubectl configuration), its gcloud given an
+    access-token file: a token with no expiry."""
+    cloud.use_access_token_file()
     yield from _controller(cloud, tmp_path)
 
 
 @pytest.fixture
 def controller_with_expiring_credentials(cloud: Cloud, tmp_path):
-    """The same, its gcloud signed in with a service account key: its
-    tokens expire, as a real account's do."""
-    cloud.use_service_account()
+    """The same, its gcloud signed in with a service account key (the
+    fakes' default): its tokens expire, as a real account's do."""
     yield from _controller(cloud, tmp_path)
 
 

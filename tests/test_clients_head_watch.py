@@ -154,8 +154,9 @@ def test_the_watch_in_the_head_sets_a_sick_slice_aside_with_its_service_account_
     (sa / "token").write_text(cloud.kube.token)
     (sa / "ca.crt").write_text(cloud.kube.pki.ca_file.read_text())
     env = cloud.env()
-    for gone in ("KUBECONFIG", "CLOUDSDK_CONFIG", "CLOUDSDK_AUTH_ACCESS_TOKEN_FILE", "BOTO_CONFIG"):
-        env.pop(gone)
+    for gone in ("KUBECONFIG", "CLOUDSDK_CONFIG", "CLOUDSDK_AUTH_ACCESS_TOKEN_FILE", "CLOUDSDK_AUTH_TOKEN_HOST",
+                 "BOTO_CONFIG"):
+        env.pop(gone, None)
     bare = tmp_path / "bin"  # the head's PATH: its Python, nothing of Google's
     bare.mkdir()
     env.update({"PATH": f"{ROOT / '.venv' / 'bin'}:{bare}", "TPU_PLAYBOOKS_IN_CLUSTER": "1",

@@ -17,9 +17,9 @@ import time
 
 import pytest
 
-from playbooks.access.gcloud_credentials import GcloudCredentials, parse_helper
+from playbooks.access.gcloud_credentials import GcloudCredentials, TokenCache, cache_key, parse_helper
 from playbooks.access.gcp_api import GcloudShortcut, parse
-from tests.fakes.cloud import PROJECT, Cloud
+from tests.fakes.cloud import PROJECT, TOKEN, Cloud
 
 P = f"--project={PROJECT}"
 BUCKET = f"gs://{PROJECT}-ckpt"
@@ -153,6 +153,7 @@ def test_properties_it_does_not_follow_leave_every_command_to_gcloud(cloud: Clou
 
 @pytest.mark.clients
 def test_no_account_leaves_every_command_to_gcloud(cloud: Cloud):
+    cloud.use_access_token_file()   # a gcloud configuration with no account, once the file is gone
     env = cloud.env()
     del env["CLOUDSDK_AUTH_ACCESS_TOKEN_FILE"]
     creds = GcloudCredentials()
@@ -175,6 +176,69 @@ def test_one_helper_serves_the_run_and_a_config_change_asks_again(cloud: Cloud):
     assert sc.run(ANSWERED[2], cloud.env(), 60) is not None
     assert creds.helper_runs == 2, "gcloud's configuration sentinel changed: the helper is asked again"
     assert json.loads(sc.run(ANSWERED[-1], cloud.env(), 60).stdout)["core"]["project"] == PROJECT
+
+
+@pytest.mark.clients
+def test_a_token_with_an_expiry_is_kept_for_the_next_run_until_gcloud_is_changed(cloud: Cloud, tmp_path):
+    """The fakes' gcloud is signed in with a service account: its token has
+    an expiry. A later run (a new GcloudCredentials on the same cache) uses
+    the kept answer and starts no config-helper, until `gcloud config set`
+    touches gcloud's sentinel; another gcloud configuration has its own
+    entry; the file is its owner's alone."""
+    cloud.seed_full()
+    cache = TokenCache(tmp_path / "tokens")
+    first = GcloudCredentials(cache)
+    assert GcloudShortcut(first).run(ANSWERED[0], cloud.env(), 60) is not None and first.helper_runs == 1
+    kept = list((tmp_path / "tokens").iterdir())
+    assert len(kept) == 1 and kept[0].stat().st_mode & 0o777 == 0o600
+    assert json.loads(kept[0].read_text())["token"] == TOKEN
+    later = GcloudCredentials(cache)
+    out = GcloudShortcut(later).run(ANSWERED[0], cloud.env(CLOUDSDK_CORE_VERBOSITY="debug"), 60)
+    assert out is not None and json.loads(out.stdout)[0]["name"] == "maxtext-multislice"
+    assert later.helper_runs == 0, "the kept token served the next run"
+    assert cloud.client("gcloud", "config", "set", "core/project", PROJECT).returncode == 0
+    again = GcloudCredentials(cache)
+    assert GcloudShortcut(again).run(ANSWERED[0], cloud.env(), 60) is not None
+    assert again.helper_runs == 1, "gcloud's configuration sentinel changed: the helper is asked again"
+    other = cloud.env()
+    cloud.fresh_clients()  # another gcloud configuration folder, signed in too
+    elsewhere = GcloudCredentials(cache)
+    assert GcloudShortcut(elsewhere).run(ANSWERED[0], cloud.env(), 60) is not None and elsewhere.helper_runs == 1
+    assert cache_key(other) != cache_key(cloud.env()) and len(list((tmp_path / "tokens").iterdir())) == 2
+
+
+@pytest.mark.clients
+def test_a_token_without_an_expiry_is_never_kept(cloud: Cloud, tmp_path):
+    cloud.use_access_token_file()
+    cloud.seed_full()
+    cache = TokenCache(tmp_path / "tokens")
+    for _ in range(2):
+        creds = GcloudCredentials(cache)
+        assert GcloudShortcut(creds).run(ANSWERED[0], cloud.env(), 60) is not None and creds.helper_runs == 1
+    assert not (tmp_path / "tokens").exists() or not list((tmp_path / "tokens").iterdir())
+
+
+def test_a_kept_token_near_its_expiry_or_unreadable_is_not_used(tmp_path):
+    env = {"CLOUDSDK_CONFIG": str(tmp_path / "gcloud"), "PATH": "/nonexistent"}
+    cache = TokenCache(tmp_path / "tokens")
+    later = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 3600))
+    soon = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 120))
+    got = parse_helper(json.dumps({"credential": {"access_token": "t", "token_expiry": later},
+                                   "configuration": {"properties": {"core": {"project": "p"}}}}), time.monotonic())
+    cache.store(env, got)
+    assert cache.load(env, time.monotonic()).prop("core", "project") == "p"
+    assert cache.load({**env, "CLOUDSDK_CORE_PROJECT": "q"}, time.monotonic()) is None   # another key
+    # what gcloud is told only for its reporting is not part of the key
+    assert cache.load({**env, "CLOUDSDK_CORE_VERBOSITY": "debug", "TERM": "x"}, time.monotonic()) is not None
+    got.expiry = soon
+    cache.store(env, got)
+    assert cache.load(env, time.monotonic()) is None, "within five minutes of its expiry"
+    for text in ("", "[]", '{"token": "t"}', '{"token": 1, "expiry": "x", "properties": {}, "sentinel": "", '
+                 '"sentinel_mtime": null}'):
+        (tmp_path / "tokens" / f"{cache_key(env)}.json").write_text(text)
+        assert cache.load(env, time.monotonic()) is None, text
+    # a token read back is renewed as the helper's own would be
+    assert GcloudCredentials(cache).get(env) is None  # no gcloud to ask: nothing, not the unreadable entry
 
 
 @pytest.mark.parametrize("argv", [

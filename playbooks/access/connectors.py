@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from playbooks.config import paths as P
 from playbooks.config import tutorial as T
 from playbooks.config.choices import platform
 from playbooks.config.project import ROOT
@@ -54,11 +55,13 @@ def this_machine() -> LocalConnector:
     kubectl and `ray job logs` (the same answers, no process)."""
     global _local
     if _local is None:
-        from playbooks.access.gcloud_credentials import GcloudCredentials
+        from playbooks.access.gcloud_credentials import GcloudCredentials, TokenCache
         from playbooks.access.gcp_api import GcloudShortcut, processes_only
         from playbooks.access.kube_api import KubectlShortcut
         from playbooks.access.ray_api import RayJobLogs
-        gcloud = GcloudCredentials()  # one config-helper for the run's Google reads and its kubernetes client
+        # one config-helper for the run's Google reads and its kubernetes client, none while a token kept
+        # by an earlier run is good
+        gcloud = GcloudCredentials(TokenCache(P.gcloud_tokens()))
         shortcuts: tuple = (GcloudShortcut(gcloud), KubectlShortcut(gcloud), RayJobLogs())
         if processes_only():  # every command its process (a pod has no kubectl: the client stays there)
             shortcuts = (KubectlShortcut(),) if in_a_head_pod() else ()

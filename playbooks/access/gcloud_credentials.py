@@ -14,10 +14,20 @@ may be replaced), and when gcloud's configuration sentinel file changed (a
 plugin's own cache knows). A helper that fails (no account, no gcloud) is
 ``None``: every command then runs as the process it is, and says why
 itself.
+
+Between runs, an answer whose token has an expiry is kept in a file of its
+own (``TokenCache``: mode 0600 under .state/gcloud-tokens/, named by a hash
+of gcloud's configuration folder and every variable gcloud reads), as
+gke-gcloud-auth-plugin keeps its token next to the kubeconfig: the next
+run uses it while it is more than five minutes from its expiry and the
+sentinel file is unchanged, and starts no config-helper. A token without an
+expiry (an access-token file) is never kept.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
+import hashlib
 import json
 import os
 import shutil
@@ -26,6 +36,7 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 HELPER = ("config", "config-helper", "--format=json")
@@ -100,10 +111,65 @@ def parse_helper(stdout: str, now: float) -> Credentials | None:
                        expiry if isinstance(expiry, str) else None)
 
 
+# What decides which credentials and properties gcloud resolves: its
+# configuration folder (CLOUDSDK_CONFIG, else under HOME), its CLOUDSDK_*
+# properties, Google's credential variables, a proxy and the gcloud found.
+KEY_PREFIXES = ("CLOUDSDK_", "GOOGLE_", "GCE_")
+KEY_NAMES = ("HOME", "HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "NO_PROXY", "no_proxy")
+
+
+def cache_key(env: Mapping[str, str]) -> str:
+    """The name of an environment's kept answer: a hash of what gcloud
+    reads (``KEY_PREFIXES``, ``KEY_NAMES``) and of the gcloud it runs."""
+    kept = sorted((k, v) for k, v in env.items()
+                  if (k.startswith(KEY_PREFIXES) or k in KEY_NAMES) and k not in NOT_CREDENTIALS)
+    gcloud = shutil.which("gcloud", path=env.get("PATH", "")) or ""
+    return hashlib.sha256(json.dumps([gcloud, kept]).encode()).hexdigest()[:32]
+
+
+@dataclass
+class TokenCache:
+    """config-helper answers with an expiry, kept between runs: one file
+    per ``cache_key``, readable by its owner only."""
+
+    folder: Path
+
+    def load(self, env: Mapping[str, str], now: float) -> Credentials | None:
+        try:
+            doc = json.loads((self.folder / f"{cache_key(env)}.json").read_text())
+            expiry, sentinel = doc["expiry"], doc["sentinel"]
+            got = Credentials(doc["token"], _renew_at(expiry, now), doc["properties"], sentinel,
+                              doc["sentinel_mtime"], expiry)
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        ok = (isinstance(got.token, str) and got.token and isinstance(expiry, str) and isinstance(sentinel, str)
+              and isinstance(got.properties, dict))
+        return got if ok and got.fresh() else None
+
+    def store(self, env: Mapping[str, str], got: Credentials) -> None:
+        if not got.expiry:
+            return
+        doc = {"token": got.token, "expiry": got.expiry, "properties": got.properties, "sentinel": got.sentinel,
+               "sentinel_mtime": got.sentinel_mtime}
+        path = self.folder / f"{cache_key(env)}.json"
+        part = path.with_name(f"{path.name}.{os.getpid()}.part")
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+            fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                json.dump(doc, f)
+            os.replace(part, path)
+        except OSError:
+            with contextlib.suppress(OSError):
+                part.unlink()
+
+
 @dataclass
 class GcloudCredentials:
-    """The run's gcloud credentials, one per child environment."""
+    """The run's gcloud credentials, one per child environment; with a
+    ``cache``, an answer kept by an earlier run is used first."""
 
+    cache: TokenCache | None = None
     _held: dict[tuple, Credentials | None] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     helper_runs: int = 0  # how many config-helper processes this run started
@@ -117,7 +183,12 @@ class GcloudCredentials:
                 return held
             if key in self._held and held is None:
                 return None  # the helper failed once this run: processes from now on
-            self._held[key] = got = self._ask(env)
+            got = self.cache.load(env, time.monotonic()) if self.cache is not None else None
+            if got is None:
+                got = self._ask(env)
+                if got is not None and self.cache is not None:
+                    self.cache.store(env, got)
+            self._held[key] = got
             return got
 
     def _ask(self, env: Mapping[str, str]) -> Credentials | None:

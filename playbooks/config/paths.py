@@ -8,6 +8,7 @@ or written here: a local job's folders, the kept metrics, the logs).
 
     .state/last-error.txt                     the traceback of an internal error
     .state/preflight/                         AOT compiles: their work folders and results cache
+    .state/gcloud-tokens/<hash>.json          gcloud tokens with an expiry, kept between runs (0600)
     .state/<env>/runs/<stamp>-<task>/         one task run: a log per command, job.log (a task that
                                               only looks: its newest 20 kept, cli/session.py's KEEP_LOGS)
     .state/<env>/lock                         one changing run at a time: who holds it, since when
@@ -67,6 +68,11 @@ def run_logs(env: str, stamp: str, task: str) -> str:
 
 # A followed job's driver log, in its task run's folder (`train`, `logs --follow`).
 JOB_LOG = "job.log"
+
+
+def gcloud_tokens() -> Path:
+    """gcloud's tokens with an expiry, kept between runs (gcloud_credentials)."""
+    return ROOT / STATE / "gcloud-tokens"
 
 
 def prices_cache(env: str) -> str:

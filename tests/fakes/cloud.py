@@ -3,11 +3,16 @@ dashboard) on 127.0.0.1, a hermetic environment for the real clients, and
 ``invoke`` run as a user would run it.
 
 Every client process gets a fresh HOME, CLOUDSDK_CONFIG and KUBECONFIG,
-endpoint overrides pointing at the fakes, the fakes' CA certificates, an
-access-token file for gcloud (and, through ``gcloud config config-helper``,
-for gke-gcloud-auth-plugin and so kubectl), and a boto config for gsutil
-(JSON API host/port and an OAuth refresh token the fake's token endpoint
-exchanges for the same access token). HTTP(S)_PROXY points at a sink on
+endpoint overrides pointing at the fakes, the fakes' CA certificates, and
+credentials that expire, as a real account's do: gcloud signed in with a
+service account key (made once per fake cloud, its gcloud configuration
+copied into each test's folder), whose token comes from the fake's token
+endpoint with an expiry, so gke-gcloud-auth-plugin keeps it next to the
+kubeconfig and starts a gcloud only when it has none; gsutil takes the key
+from gcloud. ``Cloud.use_access_token_file`` gives a test gcloud's
+access-token file instead (no expiry: the plugin asks gcloud on every
+kubectl call), with a boto config whose OAuth refresh token the fake's token
+endpoint exchanges for the same access token. HTTP(S)_PROXY points at a sink on
 127.0.0.1 that records any request meant for somewhere else, so a stray call
 to a real Google host fails fast and is seen (``Cloud.stray``).
 
@@ -45,7 +50,7 @@ INVOKE = VENV_BIN / "invoke"
 TOKEN = "ya29.fake-access-token-for-tests"
 PROJECT = "fake-tpu-project"
 PROJECT_NUMBER = "123456789012"
-SERVICE_ACCOUNT = f"playbooks@{PROJECT}.iam.gserviceaccount.com"  # Cloud.use_service_account's
+SERVICE_ACCOUNT = f"playbooks@{PROJECT}.iam.gserviceaccount.com"  # the clients' gcloud account (Cloud.fresh_clients)
 USER = "tester@example.com"
 
 # Environment names unique to these tests and to this pytest-xdist worker:
@@ -174,27 +179,74 @@ class Cloud:
         self.service_account = False
         self._n = 0
         self._inventory_text = self.inventory_path.read_text()
+        self._signed_in: Path | None = None
 
     # -- client environment ------------------------------------------------------
-    def fresh_clients(self) -> None:
-        """New, empty HOME / CLOUDSDK_CONFIG / KUBECONFIG for the next runs."""
+    def fresh_clients(self, token_file: bool = False) -> None:
+        """New HOME / CLOUDSDK_CONFIG / KUBECONFIG for the next runs: gcloud
+        signed in with the service account (credentials that expire), or,
+        with ``token_file``, given gcloud's access-token file."""
         self._n += 1
         self.clients = self.base / f"clients-{self._n}"
-        self.service_account = False
-        for d in ("home", "gcloud", "kube"):
+        for d in ("home", "kube"):
             (self.clients / d).mkdir(parents=True, exist_ok=True)
         (self.clients / "token").write_text(TOKEN + "\n")
+        self.service_account = not token_file
+        if token_file:
+            (self.clients / "gcloud").mkdir()
+        else:
+            shutil.copytree(self._service_account_config(), self.clients / "gcloud")
+        # gsutil takes a signed-in service account's key from gcloud (its
+        # legacy credentials' .boto): a refresh token here too would be a
+        # second credential it refuses.
+        refresh = "gs_oauth2_refresh_token = fake-refresh-token\n" if token_file else ""
         (self.clients / "boto.cfg").write_text(
             "[Credentials]\n"
             "gs_json_host = 127.0.0.1\n"
             f"gs_json_port = {self.gcp.server.port}\n"
-            "gs_oauth2_refresh_token = fake-refresh-token\n"
+            f"{refresh}"
             "[OAuth2]\n"
             f"provider_token_uri = {self.gcp.url}/oauth2/token\n"
             "client_id = fake-client-id\n"
             "client_secret = fake-client-secret\n"
             "[GSUtil]\n"
             "software_update_check_period = 0\n")
+
+    def use_access_token_file(self) -> None:
+        """Fresh client folders whose gcloud has the access-token file, from
+        now until the next test: a token without an expiry, so
+        gke-gcloud-auth-plugin keeps nothing and asks gcloud on every call."""
+        self.fresh_clients(token_file=True)
+
+    def _service_account_config(self) -> Path:
+        """A gcloud configuration signed in with a service account key (an
+        RSA key made here) and holding its first token, made once for this
+        fake cloud by the real `gcloud auth activate-service-account`;
+        gcloud renews the token at the fake's token endpoint
+        (``auth/token_host``), with an expiry."""
+        if self._signed_in is not None:
+            return self._signed_in
+        from cryptography.hazmat.primitives import serialization
+        from cryptography.hazmat.primitives.asymmetric import rsa
+
+        made = self.base / "signed-in"
+        (made / "gcloud").mkdir(parents=True)
+        key = rsa.generate_private_key(public_exponent=65537, key_size=2048).private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+        key_file = made / "service-account.json"
+        key_file.write_text(json.dumps({
+            "type": "service_account", "project_id": PROJECT, "private_key_id": "fake-key-1",
+            "private_key": key.decode(), "client_email": SERVICE_ACCOUNT, "client_id": "1",
+            "token_uri": f"{self.gcp.url}/oauth2/token"}))
+        env = {**self.env(), "CLOUDSDK_CONFIG": str(made / "gcloud"),
+               "CLOUDSDK_AUTH_TOKEN_HOST": f"{self.gcp.url}/oauth2/token"}
+        env.pop("CLOUDSDK_AUTH_ACCESS_TOKEN_FILE", None)
+        for argv in (["auth", "activate-service-account", f"--key-file={key_file}"], ["auth", "print-access-token"]):
+            r = subprocess.run(["gcloud", *argv], env=env, cwd=ROOT, stdin=subprocess.DEVNULL,
+                               capture_output=True, text=True, timeout=120)
+            assert r.returncode == 0, r.stderr
+        self._signed_in = made / "gcloud"
+        return self._signed_in
 
     def env(self, env_name: str = STANDARD, **extra: str) -> dict[str, str]:
         """The whole environment of a client process: nothing inherited but
@@ -250,31 +302,6 @@ class Cloud:
                   started.read_text().splitlines() if started.is_file() else [])
         self.runs.append(run)
         return run
-
-    def use_service_account(self) -> None:
-        """Credentials that expire, as a real account's do, for the clients
-        from now until the next test: a service account key (an RSA key made
-        here) activated in this client folder's gcloud; gcloud gets its token
-        from the fake's token endpoint (``auth/token_host``) with an expiry,
-        where the access-token file gives it none."""
-        from cryptography.hazmat.primitives import serialization
-        from cryptography.hazmat.primitives.asymmetric import rsa
-
-        key = rsa.generate_private_key(public_exponent=65537, key_size=2048).private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-        key_file = self.clients / "service-account.json"
-        key_file.write_text(json.dumps({
-            "type": "service_account", "project_id": PROJECT, "private_key_id": "fake-key-1",
-            "private_key": key.decode(), "client_email": SERVICE_ACCOUNT, "client_id": "1",
-            "token_uri": f"{self.gcp.url}/oauth2/token"}))
-        self.service_account = True
-        # gsutil takes the key from gcloud (its legacy credentials' .boto):
-        # a refresh token here too would be a second credential it refuses.
-        boto = self.clients / "boto.cfg"
-        boto.write_text("".join(line for line in boto.read_text().splitlines(keepends=True)
-                                if not line.startswith("gs_oauth2_refresh_token")))
-        r = self.client("gcloud", "auth", "activate-service-account", f"--key-file={key_file}")
-        assert r.returncode == 0, r.stderr
 
     def client(self, *argv: str, env_name: str = STANDARD) -> subprocess.CompletedProcess:
         """One client command (gcloud, kubectl) in the same environment."""
