@@ -133,15 +133,14 @@ def head_command(env: Environment) -> Command:
 
 
 # Rehearsal (rehearse_late_slice): a late host is started as any host is (its
-# pid file, its log), by a process that waits, then becomes `ray start` (exec
-# keeps the pid, so the pid file, a re-run, status and teardown see one
-# process throughout; its command line holds the pid file's marker). It
-# waits the seconds asked, or until it gets SIGUSR1 (`kill -USR1 <its pid>`:
-# the slice joins now, when a rehearsal, or a test, wants it at a moment of
-# the job rather than of the clock).
-LATER = ("import os, signal, sys; s = {signal.SIGUSR1}; signal.pthread_sigmask(signal.SIG_BLOCK, s); "
-         "signal.sigtimedwait(s, float(sys.argv[1])); signal.pthread_sigmask(signal.SIG_UNBLOCK, s); "
-         "os.execvp(sys.argv[2], sys.argv[2:])")
+# pid file, its log), by a process that waits, then runs `ray start` as its
+# child, started again if it fails to start under load (``late_host``); its
+# command line holds the pid file's marker, so a re-run, status and teardown
+# see one process tree throughout. It waits the seconds asked, or until it
+# gets SIGUSR1 (`kill -USR1 <its pid>`: the slice joins now, when a
+# rehearsal, or a test, wants it at a moment of the job rather than of the
+# clock).
+LATER = ("python", "-m", "playbooks.twin.late_host")
 # The late slice's hosts join one after another, as the others do.
 LATE_STAGGER = 5.0
 
@@ -173,7 +172,7 @@ def host_command(env: Environment, host: Host, late: float = 0.0, devices: int |
         "--num-cpus=1", "--resources=" + json.dumps({"TPU": env.chips_per_host}), *node_ports(env, k),
         f"--temp-dir={paths.node_temp(env.name, host.name)}", "--disable-usage-stats")
     if late:
-        argv = ("python", "-c", LATER, f"{late:g}", *argv)
+        argv = (*LATER, f"{late:g}", *argv)
     return Command(argv,
                    # A TPU host to Ray (TPU_*), CPU devices to JAX: every job on
                    # the twin, also one submitted as to GKE, sees this host's

@@ -1,0 +1,88 @@
+"""A late host of the twin's rehearsal (rehearse_late_slice): a process that
+waits, then runs the host's `ray start --block`, and starts it again when it
+fails to start (as a pod's container that exits is started again).
+
+    python -m playbooks.twin.late_host SECONDS ray start ... --block ...
+
+It waits SECONDS, or until it gets SIGUSR1 (`kill -USR1 <its pid>`: the slice
+joins now, when a rehearsal or a test wants it at a moment of the job rather
+than of the clock). Its pid is the host's (the pid file, a re-run, `status`,
+teardown and chaos see one process tree throughout: its command line holds
+the pid file's marker, `ray start` and Ray's node are its children).
+
+Ray gives a node 30 s to register with the GCS (``raylet_start_wait_time_s``
+in ray/_private/node.py, not configurable); on a machine loaded past its
+cores a `ray start` can run out of it ("The current node timed out during
+startup") and exit, and the slice would then never join. A `ray start` that
+exits non-zero before ``STARTED_AFTER`` seconds is started again, up to
+``ATTEMPTS`` times in all; one that ran longer had started, and its end is
+the host's (as a host killed by chaos ends). SIGTERM and SIGINT are passed
+on to `ray start`, which stops its node; this process then ends with it.
+"""
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+
+ATTEMPTS = 3
+# Ray's 30 s for the node to register, and the time `ray start` takes before
+# it starts waiting for that (its GCS connection, its processes) on a loaded
+# machine.
+STARTED_AFTER = 90.0
+AGAIN_AFTER = 2.0
+
+
+def wait_for_join(seconds: float) -> None:
+    """``seconds``, or until SIGUSR1; a later SIGUSR1 is ignored (the host
+    has joined)."""
+    s = {signal.SIGUSR1}
+    signal.pthread_sigmask(signal.SIG_BLOCK, s)
+    signal.sigtimedwait(s, seconds)
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, s)
+
+
+def run(command: Sequence[str], attempts: int = ATTEMPTS, started_after: float = STARTED_AFTER,
+        again_after: float = AGAIN_AFTER) -> int:
+    """``command`` to its end, started again (``attempts`` in all) while it
+    exits non-zero within ``started_after`` seconds; its exit status."""
+    child: subprocess.Popen | None = None
+    stopping = False
+
+    def pass_on(signum: int, _frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+        if child is not None and child.poll() is None:
+            child.send_signal(signum)
+
+    signal.signal(signal.SIGTERM, pass_on)
+    signal.signal(signal.SIGINT, pass_on)
+    rc = 1
+    for attempt in range(1, attempts + 1):
+        if stopping:
+            return rc
+        start = time.monotonic()
+        child = subprocess.Popen(list(command))
+        rc = child.wait()
+        ran = time.monotonic() - start
+        if stopping or rc == 0 or ran >= started_after or attempt == attempts:
+            return rc
+        print(f"late host: `{command[0]} {command[1] if len(command) > 1 else ''}` exited {rc} after {ran:.0f}s, "
+              f"before its node started: starting it again ({attempt + 1} of {attempts})", flush=True)
+        time.sleep(again_after)
+    return rc
+
+
+def main(argv: Sequence[str]) -> int:
+    if len(argv) < 2:
+        print("usage: python -m playbooks.twin.late_host SECONDS COMMAND...", file=sys.stderr)
+        return 2
+    wait_for_join(float(argv[0]))
+    return run(argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
