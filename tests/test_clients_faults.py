@@ -24,6 +24,7 @@ from tests.clients import (
     recap,
 )
 from tests.fakes import gcp as G
+from tests.fakes.cloud import SERVICE_ACCOUNT
 
 pytestmark = pytest.mark.clients
 
@@ -178,6 +179,9 @@ def test_a_probe_answered_429_or_503_with_an_unseen_text_is_retried(cloud: Cloud
 
 # -- 5c. doctor, against the fakes ------------------------------------------------------
 def test_doctor_checks_credentials_project_and_context(cloud: Cloud):
+    run = ok_run(cloud.invoke("doctor"))
+    assert f"gcloud account {SERVICE_ACCOUNT}" in run.out      # the fakes' signed-in service account
+    cloud.use_access_token_file()
     run = ok_run(cloud.invoke("doctor"))
     assert "gcloud authenticates with the access token in" in run.out
     assert f"project {PROJECT} is readable with these credentials" in run.out
