@@ -33,6 +33,11 @@ The commands answered, with exactly these flags:
 - ``gcloud projects get-iam-policy P --format=json``
 - ``gcloud projects describe P --format=value(projectNumber)``
 - ``gcloud storage buckets get-iam-policy gs://B --format=json``
+- ``gcloud storage buckets describe gs://B --raw --format=json(K,...)``, K
+  among the bucket's plain string fields (``RAW_BUCKET_KEYS``): the JSON API's
+  bucket (``--raw``: gcloud's own shape is not rebuilt here), only those keys
+  (gcloud's projection: a key the bucket lacks is left out; its times, which
+  gcloud prints its own way even with ``--raw``, never asked)
 - ``gcloud beta quotas info describe Q --service=S --project=P --format=json``
 - ``gcloud container get-server-config --location=L --format=json --project=P``
 - ``gcloud compute machine-types list --filter=name=M --format=json --project=P``
@@ -166,10 +171,8 @@ def parse(argv: list[str]) -> Call | None:
     if a[:2] == ["projects", "describe"] and a[2:3] and a[3:] == ["--format=value(projectNumber)"] and \
             not a[2].startswith("-"):
         return Call("cloudresourcemanager", f"v1/projects/{q(a[2])}", _project_number)
-    if a[:3] == ["storage", "buckets", "get-iam-policy"] and (g := take(3, {"format"}, words=1)) and \
-            g[0][0].startswith("gs://") and "/" not in g[0][0][5:].rstrip("/"):
-        return Call("storage", f"b/{q(g[0][0][5:].rstrip('/'))}/iam", json_text,
-                    query={"optionsRequestedPolicyVersion": "3"})
+    if a[:2] == ["storage", "buckets"]:
+        return _bucket_call(a)
     if a[:4] == ["beta", "quotas", "info", "describe"] and (g := take(4, {"service", "project", "format"}, words=1)):
         f = g[1]
         return Call("cloudquotas", f"v1beta/projects/{q(f['project'])}/locations/global/services/"
@@ -186,6 +189,35 @@ def parse(argv: list[str]) -> Call | None:
                     query={"includeAllScopes": "True", "maxResults": "500", "returnPartialSuccess": "True"},
                     items="machineTypes", aggregated=True)
     return None
+
+
+def _bucket_call(a: list[str]) -> Call | None:
+    """`gcloud storage buckets get-iam-policy gs://B --format=json` and
+    `gcloud storage buckets describe gs://B --raw --format=json(K,...)`."""
+    got = _flags(a, 3)
+    if got is None or len(got[0]) != 1 or not got[0][0].startswith("gs://") or "/" in got[0][0][5:].rstrip("/"):
+        return None
+    bucket, flags = urllib.parse.quote(got[0][0][5:].rstrip("/")), got[1]
+    if a[2] == "get-iam-policy" and flags == {"format": "json"}:
+        return Call("storage", f"b/{bucket}/iam", json_text, query={"optionsRequestedPolicyVersion": "3"})
+    if a[2] == "describe" and set(flags) == {"format", "raw"} and flags["raw"] == "\0" and \
+            (keys := _projection(flags["format"], RAW_BUCKET_KEYS)):
+        return Call("storage", f"b/{bucket}",
+                    lambda doc: json_text({k: doc[k] for k in keys if isinstance(doc, dict) and k in doc}),
+                    query={"projection": "full"})
+    return None
+
+
+# The bucket's fields a `--raw` describe may project here: plain strings,
+# printed by gcloud as the API gives them.
+RAW_BUCKET_KEYS = frozenset({"name", "location", "locationType", "storageClass"})
+
+
+def _projection(fmt: str, allowed: frozenset[str]) -> tuple[str, ...] | None:
+    """The keys of ``json(K1,K2,...)`` when every one is ``allowed``."""
+    m = re.fullmatch(r"json\(([A-Za-z]+(?:,[A-Za-z]+)*)\)", fmt)
+    keys = tuple(m.group(1).split(",")) if m else ()
+    return keys if keys and set(keys) <= allowed else None
 
 
 def _networks(items: Any) -> str:

@@ -170,11 +170,16 @@ def nodepools_fact(env: Environment, name: str) -> Fact:
 
 
 def bucket_fact(env: Environment):
+    """The bucket's name, location and storage class as the JSON API gives
+    them (``--raw``: `storageClass`, not gcloud's `default_storage_class`),
+    which the in-process read (``gcp_api``) answers as gcloud prints them,
+    without a gcloud process."""
     return fact(f"bucket {env.gs_bucket}",
-                gcloud("storage", "buckets", "describe", f"gs://{env.gs_bucket}", "--format=json"),
+                gcloud("storage", "buckets", "describe", f"gs://{env.gs_bucket}", "--raw",
+                       "--format=json(name,location,storageClass)"),
                 gcs_describe(),
                 describe=lambda b: "present" + (f" ({b.get('location')}, "
-                                                f"{b.get('default_storage_class') or b.get('storageClass')})"
+                                                f"{b.get('storageClass') or b.get('default_storage_class')})"
                                                 if b.get("location") else ""))
 
 

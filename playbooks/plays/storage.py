@@ -51,7 +51,7 @@ def bucket_step(env: Environment) -> Step:
         loc = str(b.get("location", "")).lower()
         if loc != env.region.lower():
             diffs.append(f"location is {b.get('location')}, want {env.region.upper()}")
-        cls = b.get("default_storage_class") or b.get("storageClass")
+        cls = b.get("storageClass") or b.get("default_storage_class")
         if cls and cls.upper() != T.BUCKET_STORAGE_CLASS:
             diffs.append(f"storage class is {cls}, want {T.BUCKET_STORAGE_CLASS}")
         if diffs:
