@@ -263,6 +263,8 @@ def test_a_kept_token_near_its_expiry_or_unreadable_is_not_used(tmp_path):
     ["gcloud", "storage", "buckets", "describe", BUCKET, "--raw", "--format=json"],
     ["gcloud", "storage", "buckets", "describe", BUCKET, "--raw", "--format=json(name,updated)"],
     ["gcloud", "storage", "buckets", "describe", BUCKET, "--format=json(name,location)"],
+    ["gcloud", "storage", "buckets", "describe", "gs://", "--raw", "--format=json(name)"],
+    ["gcloud", "storage", "buckets", "describe", f"{BUCKET}/o", "--raw", "--format=json(name)"],
     ["gcloud", "container", "clusters", "create", "x", "--format=json", P],
     ["kubectl", "get", "pods"],
 ])

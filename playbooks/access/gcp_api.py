@@ -195,9 +195,10 @@ def _bucket_call(a: list[str]) -> Call | None:
     """`gcloud storage buckets get-iam-policy gs://B --format=json` and
     `gcloud storage buckets describe gs://B --raw --format=json(K,...)`."""
     got = _flags(a, 3)
-    if got is None or len(got[0]) != 1 or not got[0][0].startswith("gs://") or "/" in got[0][0][5:].rstrip("/"):
+    name = got[0][0][5:].rstrip("/") if got is not None and len(got[0]) == 1 else ""
+    if got is None or not got[0][0].startswith("gs://") or not name or "/" in name:
         return None
-    bucket, flags = urllib.parse.quote(got[0][0][5:].rstrip("/")), got[1]
+    bucket, flags = urllib.parse.quote(name), got[1]
     if a[2] == "get-iam-policy" and flags == {"format": "json"}:
         return Call("storage", f"b/{bucket}/iam", json_text, query={"optionsRequestedPolicyVersion": "3"})
     if a[2] == "describe" and set(flags) == {"format", "raw"} and flags["raw"] == "\0" and \
