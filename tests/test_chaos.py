@@ -45,7 +45,8 @@ def test_the_dry_run_kills_the_first_host_and_starts_it_again_sick():
     assert lines[0].startswith(f"kill -KILL $(cat .state/local/nodes/{host.name}.pid)")
     assert lines[1].startswith("# worker_lost: ")
     assert lines[2] == host_command(LOCAL, host, devices=3).line()
-    assert "XLA_FLAGS=--xla_force_host_platform_device_count=3 nohup ray start --address=127.0.0.2:6390" in lines[2]
+    assert ("XLA_FLAGS=--xla_force_host_platform_device_count=3 nohup python -m playbooks.twin.host_process ray start "
+            "--address=127.0.0.2:6390") in lines[2]
     assert lines[3].startswith("# host_sickened: ")
     assert f"would start TPU host {host.name} again with 3 of its 4 JAX devices" in out
 

@@ -132,15 +132,14 @@ def head_command(env: Environment) -> Command:
                    pid_file=pidfile(env, HEAD))
 
 
-# Rehearsal (rehearse_late_slice): a late host is started as any host is (its
-# pid file, its log), by a process that waits, then runs `ray start` as its
-# child, started again if it fails to start under load (``late_host``); its
-# command line holds the pid file's marker, so a re-run, status and teardown
-# see one process tree throughout. It waits the seconds asked, or until it
-# gets SIGUSR1 (`kill -USR1 <its pid>`: the slice joins now, when a
-# rehearsal, or a test, wants it at a moment of the job rather than of the
-# clock).
-LATER = ("python", "-m", "playbooks.twin.late_host")
+# A host's process runs `ray start` as its child and starts it again if it
+# fails to start under load (``host_process``); its command line holds the
+# pid file's marker, so a re-run, status and teardown see one process tree
+# throughout. A late host (rehearse_late_slice) waits first: the seconds
+# asked, or until it gets SIGUSR1 (`kill -USR1 <its pid>`: the slice joins
+# now, when a rehearsal, or a test, wants it at a moment of the job rather
+# than of the clock).
+HOST_PROCESS = ("python", "-m", "playbooks.twin.host_process")
 # The late slice's hosts join one after another, as the others do.
 LATE_STAGGER = 5.0
 
@@ -171,8 +170,7 @@ def host_command(env: Environment, host: Host, late: float = 0.0, devices: int |
         "ray", "start", f"--address={env.ray_ip}:{env.gcs_port}", "--block", f"--node-ip-address={env.ray_ip}",
         "--num-cpus=1", "--resources=" + json.dumps({"TPU": env.chips_per_host}), *node_ports(env, k),
         f"--temp-dir={paths.node_temp(env.name, host.name)}", "--disable-usage-stats")
-    if late:
-        argv = (*LATER, f"{late:g}", *argv)
+    argv = (*HOST_PROCESS, *((f"--join-after={late:g}",) if late else ()), *argv)
     return Command(argv,
                    # A TPU host to Ray (TPU_*), CPU devices to JAX: every job on
                    # the twin, also one submitted as to GKE, sees this host's

@@ -1,23 +1,28 @@
-"""A late host of the twin's rehearsal (rehearse_late_slice): a process that
-waits, then runs the host's `ray start --block`, and starts it again when it
-fails to start (as a pod's container that exits is started again).
+"""A simulated TPU host's process: it runs the host's `ray start --block`
+as its child, and starts it again when it fails to start (as a pod's
+container that exits is started again); a late host of the rehearsal
+(rehearse_late_slice) first waits.
 
-    python -m playbooks.twin.late_host SECONDS ray start ... --block ...
+    python -m playbooks.twin.host_process [--join-after=SECONDS] ray start ... --block ...
 
-It waits SECONDS, or until it gets SIGUSR1 (`kill -USR1 <its pid>`: the slice
-joins now, when a rehearsal or a test wants it at a moment of the job rather
-than of the clock). Its pid is the host's (the pid file, a re-run, `status`,
-teardown and chaos see one process tree throughout: its command line holds
-the pid file's marker, `ray start` and Ray's node are its children).
+With ``--join-after`` it waits SECONDS, or until it gets SIGUSR1 (`kill -USR1
+<its pid>`: the slice joins now, when a rehearsal or a test wants it at a
+moment of the job rather than of the clock). Its pid is the host's (the pid
+file, a re-run, `status`, teardown and chaos see one process tree
+throughout: its command line holds the pid file's marker, `ray start` and
+Ray's node are its children; chaos's kill and teardown end the whole tree,
+so a host they end is not started again).
 
 Ray gives a node 30 s to register with the GCS (``raylet_start_wait_time_s``
 in ray/_private/node.py, not configurable); on a machine loaded past its
 cores a `ray start` can run out of it ("The current node timed out during
-startup") and exit, and the slice would then never join. A `ray start` that
-exits non-zero before ``STARTED_AFTER`` seconds is started again, up to
-``ATTEMPTS`` times in all; one that ran longer had started, and its end is
-the host's (as a host killed by chaos ends). SIGTERM and SIGINT are passed
-on to `ray start`, which stops its node; this process then ends with it.
+startup") and exit: a host brought back by chaos, or a late slice, would
+then never join (seen in the soak under load, and in the e2e with three
+pytest workers). A `ray start` that exits non-zero before ``STARTED_AFTER``
+seconds is started again, up to ``ATTEMPTS`` times in all; one that ran
+longer had started, and its end is the host's. SIGTERM and SIGINT are
+passed on to `ray start`, which stops its node; this process then ends
+with it.
 """
 from __future__ import annotations
 
@@ -70,18 +75,24 @@ def run(command: Sequence[str], attempts: int = ATTEMPTS, started_after: float =
         ran = time.monotonic() - start
         if stopping or rc == 0 or ran >= started_after or attempt == attempts:
             return rc
-        print(f"late host: `{command[0]} {command[1] if len(command) > 1 else ''}` exited {rc} after {ran:.0f}s, "
+        print(f"TPU host: `{command[0]} {command[1] if len(command) > 1 else ''}` exited {rc} after {ran:.0f}s, "
               f"before its node started: starting it again ({attempt + 1} of {attempts})", flush=True)
         time.sleep(again_after)
     return rc
 
 
+JOIN_AFTER = "--join-after="
+
+
 def main(argv: Sequence[str]) -> int:
-    if len(argv) < 2:
-        print("usage: python -m playbooks.twin.late_host SECONDS COMMAND...", file=sys.stderr)
+    late = argv[0][len(JOIN_AFTER):] if argv and argv[0].startswith(JOIN_AFTER) else None
+    command = argv[1:] if late is not None else argv
+    if not command:
+        print(f"usage: python -m playbooks.twin.host_process [{JOIN_AFTER}SECONDS] COMMAND...", file=sys.stderr)
         return 2
-    wait_for_join(float(argv[0]))
-    return run(argv[1:])
+    if late is not None:
+        wait_for_join(float(late))
+    return run(command)
 
 
 if __name__ == "__main__":

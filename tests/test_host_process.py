@@ -1,0 +1,112 @@
+"""A simulated TPU host's process (``playbooks/twin/host_process.py``): a
+`ray start` that exits non-zero before it could have started (Ray's 30 s
+for a node to register, run out on a loaded machine) is started again, up
+to three times in all; one that ran longer is not; SIGTERM reaches the
+command and ends both; a late host (rehearse_late_slice) waits, or joins at
+once on SIGUSR1. Commands here are small Python programs standing for `ray
+start`, counting their starts; the e2e (test_local_e2e.py) starts real
+hosts through it, a late one joined by SIGUSR1."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from playbooks.config.schema import load_inventory
+from playbooks.twin import host_process, nodes
+from tests.conftest import ROOT, env
+
+# Counts its starts in argv[1]; exits with argv[2]'s status while fewer
+# than argv[3] starts were made, 0 after; sleeps argv[4] seconds first.
+COUNTING = ("import pathlib, sys, time; p = pathlib.Path(sys.argv[1]); n = int(p.read_text()) + 1 if p.exists() "
+            "else 1; p.write_text(str(n)); time.sleep(float(sys.argv[4])); "
+            "sys.exit(int(sys.argv[2]) if n < int(sys.argv[3]) else 0)")
+
+
+def counting(tmp_path: Path, rc: int, ok_from: int, sleep: float = 0.0) -> list[str]:
+    return [sys.executable, "-c", COUNTING, str(tmp_path / "starts"), str(rc), str(ok_from), str(sleep)]
+
+
+def starts(tmp_path: Path) -> int:
+    return int((tmp_path / "starts").read_text())
+
+
+def test_a_start_that_fails_at_once_is_made_again_until_it_runs(tmp_path, capfd):
+    assert host_process.run(counting(tmp_path, 1, 3), again_after=0) == 0
+    assert starts(tmp_path) == 3
+    out = capfd.readouterr().out
+    assert out.count("before its node started: starting it again") == 2, out
+    assert "(3 of 3)" in out
+
+
+def test_three_starts_that_fail_end_with_the_last_status(tmp_path):
+    assert host_process.run(counting(tmp_path, 7, 99), again_after=0) == 7
+    assert starts(tmp_path) == host_process.ATTEMPTS == 3
+
+
+def test_a_host_that_ran_and_then_ended_is_not_started_again(tmp_path):
+    assert host_process.run(counting(tmp_path, 1, 99, sleep=0.6), started_after=0.5, again_after=0) == 1
+    assert starts(tmp_path) == 1
+
+
+def usr1_blocked(pid: int) -> bool:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigBlk:"):
+            return bool(int(line.split()[1], 16) & (1 << (signal.SIGUSR1 - 1)))
+    return False
+
+
+def test_as_a_process_it_joins_on_sigusr1_and_passes_sigterm_on(tmp_path):
+    marker = tmp_path / "term"
+    child = ("import pathlib, signal, sys, time; "
+             f"signal.signal(signal.SIGTERM, lambda *a: (pathlib.Path({str(marker)!r}).write_text('term'), "
+             "sys.exit(0))); "
+             f"pathlib.Path({str(tmp_path / 'started')!r}).write_text('x'); time.sleep(60)")
+    p = subprocess.Popen([sys.executable, "-m", "playbooks.twin.host_process", "--join-after=600", sys.executable, "-c",
+                          child],
+                         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        # SIGUSR1 only once it waits for it (blocked: /proc's SigBlk); before, it would end the process
+        deadline = time.monotonic() + 60
+        while not usr1_blocked(p.pid) and time.monotonic() < deadline and p.poll() is None:
+            time.sleep(0.1)
+        time.sleep(0.5)
+        assert not (tmp_path / "started").exists(), "it waits its seconds"
+        os.kill(p.pid, signal.SIGUSR1)
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "started").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert (tmp_path / "started").exists(), "SIGUSR1: it joins now"
+        os.kill(p.pid, signal.SIGUSR1)   # again, once joined: ignored
+        time.sleep(0.5)
+        assert p.poll() is None
+        os.kill(p.pid, signal.SIGTERM)
+        assert p.wait(timeout=30) == 0
+        assert marker.read_text() == "term", "the command was told, and stopped in its own way"
+    finally:
+        if p.poll() is None:
+            p.kill()
+
+
+def test_without_a_wait_it_starts_the_command_at_once(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "playbooks.twin.host_process", *counting(tmp_path, 0, 1)], cwd=ROOT,
+                       timeout=60)
+    assert p.returncode == 0 and starts(tmp_path) == 1
+    assert subprocess.run([sys.executable, "-m", "playbooks.twin.host_process"], cwd=ROOT,
+                          capture_output=True, timeout=60).returncode == 2
+
+
+def test_every_hosts_command_is_this_module_before_ray_start_a_late_one_with_its_wait():
+    e = env("local", min_slices=1, rehearse_late_slice=40)
+    late = next(h for h in nodes.hosts_of(e) if h.slice == e.slices - 1)
+    argv = nodes.host_command(e, late, nodes.late_seconds(e, late)).argv
+    assert argv[:6] == ("python", "-m", "playbooks.twin.host_process", "--join-after=40", "ray", "start")
+    assert nodes.pidfile(e, late.name).marker in " ".join(argv), "the pid file's marker is in its command line"
+    first = next(h for h in nodes.hosts_of(e) if h.slice == 0)
+    assert nodes.host_command(e, first).argv[:5] == ("python", "-m", "playbooks.twin.host_process", "ray", "start")
+    assert nodes.host_command(e, first, devices=3).argv[:5] == nodes.host_command(e, first).argv[:5], \
+        "a host started sick by chaos too"
+    assert load_inventory().env("local").rehearse_late_slice is None
