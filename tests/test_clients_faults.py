@@ -167,7 +167,7 @@ def test_a_probe_answered_429_or_503_with_an_unseen_text_is_retried(cloud: Cloud
     if task == "storage":
         cloud.seed_cluster()
         cloud.get_credentials()
-    first = 1 + (IN_PROCESS if task != "storage" else 0)  # a bucket's describe is always gcloud's process
+    first = 1 + IN_PROCESS  # the in-process read first (the bucket's too: its describe asks --raw)
     cloud.gcp.server.fail(method, path, code, unseen(code), times=first)
     run = ok_run(cloud.invoke(task))
     assert len(retries(run)) == 1 and "attempt 1 of 5 failed" in retries(run)[0], run.out
