@@ -494,3 +494,74 @@ def test_a_step_without_a_measure_is_no_part_of_the_medians():
             s.add({"t": 4.5, "kind": "step", "step": 40, "seconds": None, "unlogged": "saved on a notice"})
     assert s.median_tokens_per_device == 104.5 and abs(s.median_step_seconds - 1.45) < 1e-9  # steps 2-7
     assert s.median_tflops_per_device == 0.5 and s.step_seconds_quantile(0.9) == 1.7
+
+
+CACHE_PROBE = r"""
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import jax
+jax.config.update("jax_compilation_cache_dir", sys.argv[2])
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+jax.distributed.initialize(f"127.0.0.1:{sys.argv[3]}", num_processes=2, process_id=int(sys.argv[4]),
+                           initialization_timeout=120)
+import maxtext_ray
+patched = sys.argv[5] == "patched" and maxtext_ray.patch_compile_cache_key()
+import numpy as np
+from jax._src import compiler
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+reads = []
+read = compiler._cache_read
+def counted(module_name, key, *a, **kw):
+    got = read(module_name, key, *a, **kw)
+    reads.append({"module": module_name, "key": key, "hit": got[0] is not None})
+    return got
+compiler._cache_read = counted
+mesh = Mesh(jax.devices(), ("d",))
+x = jax.make_array_from_callback((8, 16), NamedSharding(mesh, P("d")), lambda i: np.full((1, 16), i[0].start + 1.0))
+total = float(jax.jit(lambda a: (a * a).sum())(x))
+print("RESULT " + json.dumps({"patched": patched, "total": total, "reads": reads}), flush=True)
+"""
+
+
+def two_processes(cache: Path, mode: str) -> list[dict]:
+    """Both processes of one JAX group (2 x 4 CPU devices, Gloo) run the
+    same jit over all 8 devices with the persistent cache in ``cache``."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith(("TRAINER_", "TPU_"))},
+           "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+    procs = [subprocess.Popen([sys.executable, "-c", CACHE_PROBE, str(TRAINER), str(cache),
+                               str(port), str(i), mode], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for i in (0, 1)]
+    out = []
+    for p in procs:
+        stdout, stderr = p.communicate(timeout=240)
+        line = [x for x in stdout.splitlines() if x.startswith("RESULT ")]
+        assert p.returncode == 0 and line, stderr[-3000:]
+        out.append(json.loads(line[-1][len("RESULT "):]))
+    return out
+
+
+@pytest.mark.multiprocess
+def test_on_cpu_every_simulated_host_reads_the_compilation_cache_that_process_0_wrote(tmp_path):
+    """The pinned jax keys a CPU process's cache entries by its own
+    topology: unpatched, process 1's key is not process 0's, and process 1
+    never finds an entry (only process 0 writes them). Patched (the twin's
+    workers), the keys agree: run again, both processes load the program
+    process 0 compiled, and it computes the same sum over all 8 devices."""
+    expected = 16 * sum(k * k for k in range(1, 9))
+    unpatched = two_processes(tmp_path / "unpatched", "plain")
+    assert not any(r["patched"] for r in unpatched)
+    main = [[x["key"] for x in r["reads"] if x["module"] == "jit__lambda"] for r in unpatched]
+    assert main[0] and main[1] and main[0] != main[1]
+    again = two_processes(tmp_path / "unpatched", "plain")
+    assert [any(x["hit"] for x in r["reads"] if x["module"] == "jit__lambda") for r in again] == [True, False]
+
+    first = two_processes(tmp_path / "patched", "patched")
+    assert all(r["patched"] for r in first) and first[0]["reads"] == [
+        {**x, "hit": False} for x in first[1]["reads"]]          # the same keys, nothing cached yet
+    second = two_processes(tmp_path / "patched", "patched")
+    assert all(x["hit"] for r in second for x in r["reads"] if x["module"] == "jit__lambda")
+    assert [r["total"] for r in first + second] == [expected] * 4

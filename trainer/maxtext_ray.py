@@ -265,6 +265,32 @@ def patch_hybrid_mesh(processes_per_slice: int) -> None:
     mesh_utils.create_hybrid_device_mesh = hybrid
 
 
+def patch_compile_cache_key() -> bool:
+    """On CPU, each process of a group keys the persistent compilation cache
+    apart from the others: the pinned jax 0.12.0.1 hashes the devices'
+    topology fingerprint into the key (jax/_src/cache_key.py
+    ``_hash_accelerator_config``), and the CPU client's fingerprint differs
+    from process to process (measured: the key's only differing entry).
+    Only process 0 writes entries (compiler.py ``_cache_write``), so the
+    simulated host of rank 1 never found one and compiled the whole step
+    again at every restart of a two-slice group. TPU hosts of one topology
+    share a fingerprint and read what process 0 wrote. Here the key hashes
+    each device's kind instead (that module's own fallback where a backend
+    gives no topology): the same on every process of this machine, the
+    device assignment and the XLA flags (each simulated host's device
+    count) still in the key. False, and nothing changed, where the pinned
+    jax's functions are not there."""
+    try:
+        from jax._src import cache_key
+    except ImportError:
+        return False
+    hash_devices = getattr(cache_key, "_hash_devices", None)
+    if hash_devices is None or not hasattr(cache_key, "_hash_accelerator_config"):
+        return False
+    cache_key._hash_accelerator_config = hash_devices
+    return True
+
+
 # -- the run's timeline: this job's events, one JSON line each -----------------
 # The playbook that follows the job reads them from its log (``trainer event:
 # {...}``), each with the time it happened here (not when the log reached the
@@ -684,7 +710,10 @@ def run_maxtext(argv: list[str], layout: Layout, world_size: int, rank: int = 0)
         slices = max(1, world_size // layout.hosts_per_slice)
         argv = [a for a in argv if not a.startswith("num_slices=")] + [f"num_slices={slices}"]
         patch_hybrid_mesh(layout.hosts_per_slice)
-        print(f"simulated TPU: {world_size} host(s) = {slices} slice(s) of {layout.hosts_per_slice}", flush=True)
+        shared = patch_compile_cache_key()
+        print(f"simulated TPU: {world_size} host(s) = {slices} slice(s) of {layout.hosts_per_slice}; compilation "
+              f"cache keys {'shared by every host, as on a TPU' if shared else 'per host (jax not patched)'}",
+              flush=True)
     expected = expected_model(argv)
     defer_unused()
     from maxtext.configs import pyconfig
