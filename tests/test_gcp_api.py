@@ -113,7 +113,7 @@ def test_an_answer_that_is_not_a_success_runs_as_its_process(cloud: Cloud, fault
 
 
 @pytest.mark.clients
-def test_a_missing_thing_runs_as_its_process(cloud: Cloud):
+def test_a_missing_thing_runs_as_its_process_but_a_missing_bucket_is_answered_in_gcloud_storages_words(cloud: Cloud):
     """The node pools of a cluster that is not there: gcloud's own NotFound
     (the plays' parse reads its words), not an answer of ours. A NotFound is
     not a failing API: the next look is in-process again (the next step may
@@ -125,12 +125,23 @@ def test_a_missing_thing_runs_as_its_process(cloud: Cloud):
     assert len(cloud.gcp.server.since(0)) == asked + 1, "asked again after a NotFound"
     cloud.seed_cluster()
     assert shortcut.run(ANSWERED[1], cloud.env(), 60) is not None
-    # a bucket not there yet: gcloud's own 404 (its parse reads "not found: 404"), asked again after it
-    bucket = next(a for a in ANSWERED if a[2:4] == ["buckets", "describe"])
+    # A bucket not there yet: gcloud storage says it in one line of its own
+    # (exit 1, "gs://B not found: 404.", its parse reads it), whatever the
+    # API's message: answered here as gcloud answers it, and asked again.
     cloud.gcp.st.buckets.clear()
-    assert shortcut.run(bucket, cloud.env(), 60) is None
+    for bucket in (a for a in ANSWERED if a[2:4] in (["buckets", "describe"], ["buckets", "get-iam-policy"])):
+        real = cloud.client(*bucket)
+        asked = len(cloud.gcp.server.since(0))
+        got = shortcut.run(bucket, cloud.env(), 60)
+        assert got is not None and (got.rc, got.stdout, got.stderr) == (real.returncode, real.stdout, real.stderr)
+        assert got.stderr == f"ERROR: (gcloud.storage.buckets.{bucket[3]}) {BUCKET} not found: 404.\n"
+        assert len(cloud.gcp.server.since(0)) == asked + 1
     cloud.seed_full()
+    bucket = next(a for a in ANSWERED if a[2:4] == ["buckets", "describe"])
     assert json.loads(shortcut.run(bucket, cloud.env(), 60).stdout)["storageClass"] == "STANDARD"
+    # Any other failure stays gcloud's to say.
+    cloud.gcp.server.fail("GET", r"/b/[^/]+$", 403, {"error": {"code": 403, "message": "denied"}}, times=1)
+    assert shortcut.run(bucket, cloud.env(), 60) is None
 
 
 @pytest.mark.clients

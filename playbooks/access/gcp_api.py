@@ -12,7 +12,11 @@ the same project. It prints what gcloud prints for that command: the
 resource or the list as JSON (keys sorted, two spaces, as gcloud's
 ``--format=json``), or ``value(projectNumber)``'s one line.
 
-Only a success is answered here. Anything else (and, for the rest of the
+Only a success is answered here, and one NotFound: a bucket that is not
+there, which gcloud storage says in a line of its own whatever the API's
+words (``ERROR: (gcloud.storage.buckets.describe) gs://B not found: 404.``,
+exit 1: ``BUCKET_NOT_FOUND``; the plays' parse reads "not found: 404").
+Anything else (and, for the rest of the
 run, that command line: a failing API is asked once per attempt, not
 twice; a NotFound only that once: what was missing may be made by the next
 step), an error status, a connection that fails, a token that could not be had, a property this
@@ -95,9 +99,9 @@ class Fallback(Exception):
     """Not answered here: the command runs as its process. ``lasting``: that
     command line is gcloud's for the rest of the run (not after a NotFound)."""
 
-    def __init__(self, why: str, lasting: bool = True):
+    def __init__(self, why: str, lasting: bool = True, status: int | None = None):
         super().__init__(why)
-        self.lasting = lasting
+        self.lasting, self.status = lasting, status
 
 
 def json_text(value: Any) -> str:
@@ -126,10 +130,11 @@ class Call:
 
     def __init__(self, api: str, path: str, shape: Callable[[Any], str], query: dict[str, str] | None = None,
                  method: str = "GET", body: Any = None, items: str | None = None, aggregated: bool = False,
-                 stderr: str = ""):
+                 stderr: str = "", not_found: str | None = None):
         self.api, self.path, self.shape, self.query = api, path, shape, dict(query or {})
         self.method, self.body, self.items, self.aggregated = method, body, items, aggregated
         self.stderr = stderr  # what gcloud says on stderr when it succeeds
+        self.not_found = not_found  # what it says, exiting 1, when the API answers 404 (None: its process says it)
 
 
 def parse(argv: list[str]) -> Call | None:
@@ -199,14 +204,22 @@ def _bucket_call(a: list[str]) -> Call | None:
     if got is None or not got[0][0].startswith("gs://") or not name or "/" in name:
         return None
     bucket, flags = urllib.parse.quote(name), got[1]
+    missing = BUCKET_NOT_FOUND.format(verb=a[2], url=f"gs://{name}")
     if a[2] == "get-iam-policy" and flags == {"format": "json"}:
-        return Call("storage", f"b/{bucket}/iam", json_text, query={"optionsRequestedPolicyVersion": "3"})
+        return Call("storage", f"b/{bucket}/iam", json_text, query={"optionsRequestedPolicyVersion": "3"},
+                    not_found=missing)
     if a[2] == "describe" and set(flags) == {"format", "raw"} and flags["raw"] == "\0" and \
             (keys := _projection(flags["format"], RAW_BUCKET_KEYS)):
         return Call("storage", f"b/{bucket}",
                     lambda doc: json_text({k: doc[k] for k in keys if isinstance(doc, dict) and k in doc}),
-                    query={"projection": "full"})
+                    query={"projection": "full"}, not_found=missing)
     return None
+
+
+# gcloud storage's words for a bucket the API answers 404 for (its
+# NotFoundError, whatever the API's message), on stderr, exit 1: measured
+# with gcloud 528 for both commands.
+BUCKET_NOT_FOUND = "ERROR: (gcloud.storage.buckets.{verb}) {url} not found: 404.\n"
 
 
 # The bucket's fields a `--raw` describe may project here: plain strings,
@@ -280,6 +293,8 @@ class GcloudShortcut:
         try:
             out = call.shape(self._read(call, cred, env, min(timeout or READ_TIMEOUT, READ_TIMEOUT)))
         except Fallback as e:
+            if e.status == 404 and call.not_found is not None:
+                return Ran(1, "", call.not_found, time.monotonic() - start)
             if e.lasting:
                 self.left_to_gcloud.add(tuple(argv))
             return None
@@ -332,7 +347,7 @@ class GcloudShortcut:
             with opener.open(req, timeout=timeout) as r:
                 body = r.read()
         except urllib.error.HTTPError as e:  # any status not 2xx
-            raise Fallback(str(e), lasting=e.code != 404) from e
+            raise Fallback(str(e), lasting=e.code != 404, status=e.code) from e
         except (urllib.error.URLError, OSError, ValueError) as e:
             raise Fallback(str(e)) from e
         try:
