@@ -96,12 +96,17 @@ PARTIAL = ("missingZones", "unreachable", "unreachables", "warning")
 
 
 class Fallback(Exception):
-    """Not answered here: the command runs as its process. ``lasting``: that
-    command line is gcloud's for the rest of the run (not after a NotFound)."""
+    """Not answered here: the command runs as its process. ``status``: the
+    API's HTTP status, if it answered one. ``lasting``: that command line is
+    gcloud's for the rest of the run (not after a NotFound)."""
 
-    def __init__(self, why: str, lasting: bool = True, status: int | None = None):
+    def __init__(self, why: str, status: int | None = None):
         super().__init__(why)
-        self.lasting, self.status = lasting, status
+        self.status = status
+
+    @property
+    def lasting(self) -> bool:
+        return self.status != 404
 
 
 def json_text(value: Any) -> str:
@@ -347,7 +352,7 @@ class GcloudShortcut:
             with opener.open(req, timeout=timeout) as r:
                 body = r.read()
         except urllib.error.HTTPError as e:  # any status not 2xx
-            raise Fallback(str(e), lasting=e.code != 404, status=e.code) from e
+            raise Fallback(str(e), status=e.code) from e
         except (urllib.error.URLError, OSError, ValueError) as e:
             raise Fallback(str(e)) from e
         try:

@@ -32,6 +32,7 @@ from playbooks.core.command import Command, placeholder, shown
 from playbooks.core.errors import ProbeFailed, error_line
 from playbooks.core.facts import ABSENT, Fact
 from playbooks.core.pidfile import PidFile, running_fact
+from playbooks.twin import host_process
 
 HEAD = "head"
 
@@ -170,7 +171,7 @@ def host_command(env: Environment, host: Host, late: float = 0.0, devices: int |
         "ray", "start", f"--address={env.ray_ip}:{env.gcs_port}", "--block", f"--node-ip-address={env.ray_ip}",
         "--num-cpus=1", "--resources=" + json.dumps({"TPU": env.chips_per_host}), *node_ports(env, k),
         f"--temp-dir={paths.node_temp(env.name, host.name)}", "--disable-usage-stats")
-    argv = (*HOST_PROCESS, *((f"--join-after={late:g}",) if late else ()), *argv)
+    argv = (*HOST_PROCESS, *((f"{host_process.JOIN_AFTER}{late:g}",) if late else ()), *argv)
     return Command(argv,
                    # A TPU host to Ray (TPU_*), CPU devices to JAX: every job on
                    # the twin, also one submitted as to GKE, sees this host's
