@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT
+from tests.sshd import free_port
+from tests.test_health_check import jax_env
 
 sys.path.insert(0, str(ROOT / "trainer"))
 import maxtext_ray as mr
@@ -469,10 +471,7 @@ def test_a_notice_after_an_orbax_finalize_still_reaches_its_sync_point(mode):
     JAX's sync point about its own (older) step; a notice just then sets a
     sync point the loop has passed, and the loop never saves (bare). With
     the guard the loop saves at the next step (52)."""
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(TRAINER)}
     p = subprocess.run([sys.executable, "-c", SYNC_PROBE, mode, str(port)], env=env, capture_output=True,
                        text=True, timeout=120)
@@ -526,12 +525,7 @@ print("RESULT " + json.dumps({"patched": patched, "total": total, "reads": reads
 def two_processes(cache: Path, mode: str) -> list[dict]:
     """Both processes of one JAX group (2 x 4 CPU devices, Gloo) run the
     same jit over all 8 devices with the persistent cache in ``cache``."""
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith(("TRAINER_", "TPU_"))},
-           "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+    port, env = free_port(), jax_env(4)
     procs = [subprocess.Popen([sys.executable, "-c", CACHE_PROBE, str(TRAINER), str(cache),
                                str(port), str(i), mode], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True) for i in (0, 1)]
