@@ -3,7 +3,7 @@ while it runs (Linux process accounting: exact CPU seconds of each, short
 ones included), named by its command line (sampled from /proc every 0.2 s;
 one that lived less than that is named by its executable's name only).
 
-    .venv/bin/python bench/process_cpu.py [--write] -- COMMAND ...   (as root)
+    .venv/bin/python bench/process_cpu.py [--write] [--top N] -- COMMAND ...   (as root)
 
 Needs root and the `acct` package (`accton`, `dump-acct`: `apt-get install
 acct`). Processes still running when the command ends (a daemon it left)
@@ -91,6 +91,7 @@ def records(pacct: Path) -> list[tuple[str, float, int]]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--write", action="store_true", help="write the table, dated, into docs/tests.md")
+    ap.add_argument("--top", type=int, default=0, metavar="N", help="also print the N processes that spent the most")
     ap.add_argument("command", nargs=argparse.REMAINDER)
     a = ap.parse_args()
     command = a.command[1:] if a.command[:1] == ["--"] else a.command
@@ -130,6 +131,8 @@ def main() -> None:
         if v >= 1.0:
             lines.append(f"| {k} | {n[k]} | {v:.0f} | {v / total:.0%} |")
     print("\n".join(lines))
+    for comm, seconds, pid in sorted(recs, key=lambda r: -r[1])[:a.top]:
+        print(f"{seconds:7.1f} s  pid {pid}  {names.get(pid, comm)[:160]}")
     if a.write:
         doc_table.write("tests.md", "process-cpu", "bench/process_cpu.py -- " + " ".join(command), lines)
     print(json.dumps({"rc": rc}))

@@ -2,7 +2,7 @@
 run, as those targets run pytest (two workers), each test file's
 test-seconds summed (what the two cores spend on it) and the wall time.
 
-    .venv/bin/python bench/test_times.py [--only check|test] [--write]
+    .venv/bin/python bench/test_times.py [--only check|test] [--write] [--timeline FILE]
 
 `--write` writes the table, dated, into docs/tests.md (between its
 markers). The lint, the type check and `compileall` that the make targets
@@ -85,17 +85,33 @@ def per_file(junit: Path) -> tuple[dict[str, list[float]], list[str]]:
     return files, failed
 
 
+def sample_busy(out: list[tuple[float, float]], stop) -> None:
+    """(time, the machine's busy CPU-seconds so far) every second, until ``stop``."""
+    while not stop.is_set():
+        out.append((time.time(), busy_seconds()[0]))
+        stop.wait(1.0)
+
+
 def run(selection: list[str], tmp: Path, name: str) -> dict:
+    import json
     import os
+    import threading
     junit, log = tmp / f"{name}.xml", tmp / f"{name}-cpu.jsonl"
     busy = busy_seconds()[0]
+    samples: list[tuple[float, float]] = []
+    stop = threading.Event()
+    sampler = threading.Thread(target=sample_busy, args=(samples, stop), daemon=True)
+    sampler.start()
     wall, rc = timed([PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}", *selection],
                      env={**os.environ, "PLAYBOOK_TEST_CPU_LOG": str(log)})
+    stop.set()
+    sampler.join()
     now, cores = busy_seconds()
     busy = now - busy
     files, failed = per_file(junit) if junit.is_file() else ({}, ["(pytest wrote no report)"])
+    tests = [json.loads(line) for line in log.read_text().splitlines()] if log.is_file() else []
     return {"wall": wall, "rc": rc, "files": files, "failed": failed, "cpu": cpu_per_file(log), "busy": busy,
-            "cores": cores}
+            "cores": cores, "tests": tests, "busy_samples": samples}
 
 
 def table(check: dict | None, full: dict | None, first: dict[str, float]) -> list[str]:
@@ -130,6 +146,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", choices=("check", "test"))
     ap.add_argument("--write", action="store_true", help="write the table, dated, into docs/tests.md")
+    ap.add_argument("--timeline", type=Path, metavar="FILE",
+                    help="write each test's start, worker, wall and CPU seconds and the machine's busy CPU-seconds "
+                         "each second (JSON), to see where the cores wait")
     a = ap.parse_args()
     commands, check_args = make_commands("check")
     _, test_args = make_commands("test")
@@ -139,6 +158,10 @@ def main() -> None:
         full = run(test_args, Path(t), "test") if a.only in (None, "test") else None
     lines = table(check, full, first)
     print("\n".join(lines))
+    if a.timeline:
+        import json
+        a.timeline.write_text(json.dumps({k: {"tests": r["tests"], "busy": r["busy_samples"], "cores": r["cores"]}
+                                          for k, r in (("check", check), ("test", full)) if r is not None}))
     if a.write:
         doc_table.write("tests.md", "test-times", "bench/test_times.py" + (f" --only {a.only}" if a.only else ""),
                         lines)

@@ -45,7 +45,8 @@ def pytest_collection_modifyitems(items):
 # bench/test_times.py sets this: each test's wall seconds and the CPU
 # seconds of its pytest worker and of the processes it started and waited
 # for (invoke, gcloud, kubectl, ...; not daemons it left running: the local
-# Ray nodes), one JSON line per test, setup and teardown included.
+# Ray nodes), one JSON line per test, setup and teardown included, with the
+# test's name, its pytest-xdist worker and when it started.
 CPU_LOG = os.environ.get("PLAYBOOK_TEST_CPU_LOG")
 
 
@@ -57,12 +58,13 @@ def _cpu() -> tuple[float, float]:
 if CPU_LOG:
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(item, nextitem):
-        wall, (own, kids) = time.monotonic(), _cpu()
+        start, wall, (own, kids) = time.time(), time.monotonic(), _cpu()
         yield
         own2, kids2 = _cpu()
         with open(CPU_LOG, "a") as f:
-            f.write(json.dumps({"file": item.path.name, "wall": time.monotonic() - wall, "own": own2 - own,
-                                "children": kids2 - kids}) + "\n")
+            f.write(json.dumps({"file": item.path.name, "test": item.name, "start": start,
+                                "worker": os.environ.get("PYTEST_XDIST_WORKER", ""), "wall": time.monotonic() - wall,
+                                "own": own2 - own, "children": kids2 - kids}) + "\n")
 
 
 def env(name: str = "dev", **changes):

@@ -2,14 +2,18 @@
 dashboard) on 127.0.0.1, a hermetic environment for the real clients, and
 ``invoke`` run as a user would run it.
 
-Every client process gets a fresh HOME, CLOUDSDK_CONFIG and KUBECONFIG,
-endpoint overrides pointing at the fakes, the fakes' CA certificates, and
-credentials that expire, as a real account's do: gcloud signed in with a
-service account key (made once per fake cloud, its gcloud configuration
-copied into each test's folder), whose token comes from the fake's token
-endpoint with an expiry, so gke-gcloud-auth-plugin keeps it next to the
-kubeconfig and starts a gcloud only when it has none; gsutil takes the key
-from gcloud. ``Cloud.use_access_token_file`` gives a test gcloud's
+Every client process gets a HOME, CLOUDSDK_CONFIG and KUBECONFIG of the
+test's fake cloud, endpoint overrides pointing at the fakes, the fakes' CA
+certificates, and credentials that expire, as a real account's do: gcloud
+signed in with a service account key (made once per fake cloud, its gcloud
+configuration copied into a folder of the tests'), whose token comes from
+the fake's token endpoint with an expiry, so gke-gcloud-auth-plugin keeps
+it in ~/.kube and starts a gcloud only when it has none; gsutil takes the
+key from gcloud. Each test gets a new kubeconfig; HOME and the gcloud
+configuration, with the tokens kept in them and in this tool's token cache,
+go on from test to test while gcloud's configuration is unchanged, as on a
+user's machine (``Cloud.next_test_clients``), and are made again after a
+test changed it. ``Cloud.use_access_token_file`` gives a test gcloud's
 access-token file instead (no expiry: the plugin asks gcloud on every
 kubectl call), with a boto config whose OAuth refresh token the fake's token
 endpoint exchanges for the same access token. HTTP(S)_PROXY points at a sink on
@@ -17,7 +21,7 @@ endpoint exchanges for the same access token. HTTP(S)_PROXY points at a sink on
 to a real Google host fails fast and is seen (``Cloud.stray``).
 
 ``cloud_session`` is a module-scoped pytest fixture; ``cloud`` gives each
-test empty fakes and fresh client folders.
+test empty fakes and a new kubeconfig.
 """
 from __future__ import annotations
 
@@ -176,8 +180,10 @@ class Cloud:
 
     def __post_init__(self) -> None:
         self.clients = self.base / "clients-0"
+        self.kube_dir = self.clients / "kube"
         self.service_account = False
         self._n = 0
+        self._kept: tuple | None = None
         self._inventory_text = self.inventory_path.read_text()
         self._signed_in: Path | None = None
 
@@ -188,6 +194,7 @@ class Cloud:
         with ``token_file``, given gcloud's access-token file."""
         self._n += 1
         self.clients = self.base / f"clients-{self._n}"
+        self.kube_dir = self.clients / "kube"
         for d in ("home", "kube"):
             (self.clients / d).mkdir(parents=True, exist_ok=True)
         (self.clients / "token").write_text(TOKEN + "\n")
@@ -211,6 +218,28 @@ class Cloud:
             "client_secret = fake-client-secret\n"
             "[GSUtil]\n"
             "software_update_check_period = 0\n")
+        self._kept = self._gcloud_stamp() if self.service_account else None
+
+    def _gcloud_stamp(self) -> tuple:
+        """What says gcloud's configuration changed (`gcloud config set`,
+        `gcloud auth ...`): its sentinel file, its configurations and its
+        credentials, as the auth plugin and this tool's token cache see it."""
+        g = self.clients / "gcloud"
+        files = [g / "config_sentinel", g / "active_config", g / "credentials.db", *sorted(g.glob("configurations/*"))]
+        return tuple((f.name, f.stat().st_mtime_ns if f.exists() else None) for f in files)
+
+    def next_test_clients(self) -> None:
+        """The client folders of the next test: a new kubeconfig (no context
+        but what the test makes), and the same HOME and gcloud configuration
+        while it is signed in and unchanged, so the tokens gcloud, the auth
+        plugin (~/.kube) and this tool (.state/gcloud-tokens) kept are still
+        used, as on a user's machine; new ones after a test changed them."""
+        if not (self.service_account and self._kept == self._gcloud_stamp()):
+            self.fresh_clients()
+            return
+        self._n += 1
+        self.kube_dir = self.clients / f"kube-{self._n}"
+        self.kube_dir.mkdir()
 
     def use_access_token_file(self) -> None:
         """Fresh client folders whose gcloud has the access-token file, from
@@ -257,7 +286,7 @@ class Cloud:
             "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "TMPDIR": str(self.base / "tmp"),
             "HOME": str(c / "home"),
             "CLOUDSDK_CONFIG": str(c / "gcloud"),
-            "KUBECONFIG": str(c / "kube" / "config"),
+            "KUBECONFIG": str(self.kube_dir / "config"),
             "BOTO_CONFIG": str(c / "boto.cfg"),
             **({"CLOUDSDK_AUTH_TOKEN_HOST": f"{self.gcp.url}/oauth2/token"} if self.service_account else
                {"CLOUDSDK_AUTH_ACCESS_TOKEN_FILE": str(c / "token")}),
@@ -317,7 +346,7 @@ class Cloud:
         self.kube.reset()
         self.dashboard.reset()
         self.sink.lines.clear()
-        self.fresh_clients()
+        self.next_test_clients()
         self.inventory_path.write_text(self._inventory_text)
 
     def change_inventory(self, env_name: str = STANDARD, **changes: Any) -> None:
@@ -496,7 +525,7 @@ def cloud_session(tmp_path_factory, request) -> Iterator[Cloud]:
 
 @pytest.fixture
 def cloud(cloud_session: Cloud) -> Iterator[Cloud]:
-    """Empty fakes and fresh client folders for each test; no stray traffic."""
+    """Empty fakes and a new kubeconfig for each test; no stray traffic."""
     cloud_session.reset()
     yield cloud_session
     assert not cloud_session.sink.lines, f"requests left 127.0.0.1: {cloud_session.sink.lines}"
