@@ -15,6 +15,7 @@ import argparse
 import collections
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -64,17 +65,25 @@ def kind(cmdline: str, comm: str) -> str:
     return f"other ({comm})" if not cmdline else f"other ({Path(cmdline.split()[0]).name})"
 
 
+RAY_WORKER = re.compile(r"setup_worker\.py|default_worker\.py|^ray::")
+
+
 def sample(out: dict[int, str], stop: threading.Event) -> None:
     """pid -> command line of every process seen, until ``stop``."""
     while not stop.is_set():
         for p in os.listdir("/proc"):
-            if p.isdigit() and int(p) not in out:
+            # A Ray worker names itself after it starts (ray::IDLE, then ray::Actor.method or a task's
+            # name): read it again, and keep each name it had.
+            if p.isdigit() and (int(p) not in out or RAY_WORKER.search(out[int(p)])):
                 try:
                     cmd = Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
                 except OSError:
                     continue
-                if cmd:
-                    out[int(p)] = cmd.strip()
+                cmd = cmd.strip()
+                if cmd and int(p) not in out:
+                    out[int(p)] = cmd
+                elif cmd.startswith("ray::") and cmd not in out[int(p)]:
+                    out[int(p)] = f"{cmd} < {out[int(p)]}"
         stop.wait(0.2)
 
 

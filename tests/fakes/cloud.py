@@ -184,6 +184,7 @@ class Cloud:
         self.service_account = False
         self._n = 0
         self._kept: tuple | None = None
+        self._kubeconfigs: dict[str, str] = {}  # what get-credentials wrote into a new kubeconfig, by cluster
         self._inventory_text = self.inventory_path.read_text()
         self._signed_in: Path | None = None
 
@@ -454,12 +455,24 @@ class Cloud:
 
     def get_credentials(self, env_name: str = STANDARD) -> None:
         """The real `gcloud container clusters get-credentials`, so kubectl can
-        reach the fake cluster (as after `invoke up`)."""
+        reach the fake cluster (as after `invoke up`). Into a test's new
+        kubeconfig, once it has run for the same cluster (its endpoint and
+        CA) in this fake cloud, what it wrote then is written again instead
+        of starting it each time, as the fakes are seeded."""
         e = self.envdata(env_name)
         loc = e.region if e.mode == "autopilot" else e.zone
+        cluster = self.gcp.st.clusters.get((loc, e.cluster_name)) or {}
+        key = json.dumps([env_name, cluster.get("endpoint"), cluster.get("masterAuth")], sort_keys=True)
+        kubeconfig = self.kube_dir / "config"
+        new = not kubeconfig.exists()
+        if new and key in self._kubeconfigs:
+            kubeconfig.write_text(self._kubeconfigs[key])
+            return
         p = self.client("gcloud", "container", "clusters", "get-credentials", e.cluster_name,
                         f"--location={loc}", f"--project={PROJECT}", env_name=env_name)
         assert p.returncode == 0, p.stderr
+        if new:
+            self._kubeconfigs[key] = kubeconfig.read_text()
 
 
 def counting_wrappers(folder: Path) -> None:
