@@ -28,20 +28,13 @@ __all__ = ["cloud", "cloud_session"]  # fixtures, used by name
 INVOKE = str(Path(sys.executable).parent / "invoke")
 
 
-# The order pytest-xdist hands out whole files (collection order, with
-# --no-loadscope-reorder). The run is CPU-bound on two cores: beside the
-# longest file (the elastic e2e run, whose Ray processes use both cores), the
-# files that mostly wait (APIs answering 503 until gcloud gives up, the health
-# gate's time limits, locks, follows), so its wait is the e2e's CPU; then the
-# other Ray runs, then the longest files first, so that the two workers end
-# near together. From the preflight on it is also `make check`'s order.
-FIRST = ("test_local_e2e.py",
-         "test_clients_status_faults.py", "test_health_check.py", "test_clients_race.py", "test_clients_head_watch.py",
-         "test_clients_follow.py",
-         "test_controller_train.py", "test_local_e2e_generations.py",
-         "test_preflight.py", "test_clients_faults.py", "test_clients_journeys.py", "test_clients_capacity.py",
-         "test_clients_slices.py", "test_clients_controller.py", "test_goodput_report.py", "test_connectors.py",
-         "test_bad_inputs.py", "test_goldens.py", "test_cost.py")
+# The longest files first (pytest-xdist hands out whole files in collection
+# order, with --no-loadscope-reorder): two workers then end near together.
+# The second line is `make check`'s longest files (its selection runs them first).
+FIRST = ("test_local_e2e.py", "test_controller_train.py", "test_local_e2e_generations.py", "test_preflight.py", "test_clients_faults.py",
+         "test_clients_journeys.py", "test_clients_capacity.py", "test_clients_slices.py", "test_clients_controller.py",
+         "test_goodput_report.py", "test_connectors.py", "test_bad_inputs.py", "test_goldens.py", "test_health_check.py",
+         "test_cost.py")
 
 
 def pytest_collection_modifyitems(items):
