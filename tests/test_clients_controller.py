@@ -37,7 +37,9 @@ def controller(cloud: Cloud, tmp_path):
 @pytest.fixture
 def controller_with_expiring_credentials(cloud: Cloud, tmp_path):
     """The same, its gcloud signed in with a service account key (the
-    fakes' default): its tokens expire, as a real account's do."""
+    fakes' default): its tokens expire, as a real account's do. New client
+    folders: no token kept by an earlier test of this file."""
+    cloud.fresh_clients()
     yield from _controller(cloud, tmp_path)
 
 
