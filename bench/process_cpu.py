@@ -104,6 +104,8 @@ def main() -> None:
     ap.add_argument("command", nargs=argparse.REMAINDER)
     a = ap.parse_args()
     command = a.command[1:] if a.command[:1] == ["--"] else a.command
+    if a.top < 0:
+        raise SystemExit(f"process_cpu.py: --top {a.top}: must be 0 or more (how many processes to name)")
     if not command:
         raise SystemExit("process_cpu.py: no command given (after --)")
     if os.geteuid() != 0 or not (shutil.which("accton") and shutil.which("dump-acct")):

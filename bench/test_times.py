@@ -62,13 +62,12 @@ def busy_seconds() -> tuple[float, int]:
     return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK"), os.cpu_count() or 1
 
 
-def cpu_per_file(log: Path) -> dict[str, float]:
+def cpu_per_file(tests: list[dict]) -> dict[str, float]:
     """Each test file's CPU seconds: its pytest worker's and those of the
-    processes its tests started and waited for (tests/conftest.py's CPU_LOG)."""
-    import json
+    processes its tests started and waited for (tests/conftest.py's CPU_LOG
+    lines, one per test)."""
     out: dict[str, float] = {}
-    for line in log.read_text().splitlines() if log.is_file() else []:
-        t = json.loads(line)
+    for t in tests:
         out[f"tests/{t['file']}"] = out.get(f"tests/{t['file']}", 0.0) + t["own"] + t["children"]
     return out
 
@@ -110,7 +109,7 @@ def run(selection: list[str], tmp: Path, name: str) -> dict:
     busy = now - busy
     files, failed = per_file(junit) if junit.is_file() else ({}, ["(pytest wrote no report)"])
     tests = [json.loads(line) for line in log.read_text().splitlines()] if log.is_file() else []
-    return {"wall": wall, "rc": rc, "files": files, "failed": failed, "cpu": cpu_per_file(log), "busy": busy,
+    return {"wall": wall, "rc": rc, "files": files, "failed": failed, "cpu": cpu_per_file(tests), "busy": busy,
             "cores": cores, "tests": tests, "busy_samples": samples}
 
 
