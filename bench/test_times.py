@@ -1,6 +1,6 @@
 """How long the tests take: `make check`'s selection and `make test`'s whole
-run, as those targets run pytest (two workers), each test file's
-test-seconds summed (what the two cores spend on it) and the wall time.
+run, as those targets run pytest (three workers), each test file's
+test-seconds summed (what the workers spend on it) and the wall time.
 
     .venv/bin/python bench/test_times.py [--only check|test] [--write] [--timeline FILE]
 
@@ -129,9 +129,9 @@ def table(check: dict | None, full: dict | None, first: dict[str, float]) -> lis
     assert shown is not None
     lines.append(f"- The machine's {shown['cores']} cores were busy {shown['busy']:.0f} CPU-seconds of the "
                  f"{shown['wall'] * shown['cores']:.0f} the pytest run's wall time gave them "
-                 f"({shown['busy'] / (shown['wall'] * shown['cores']):.0%}); the rest is waiting (both workers, or "
-                 "one while the other runs a single process).")
-    lines += ["", f"Where the two workers' time goes ({'make test' if full else 'make check'}), by test file "
+                 f"({shown['busy'] / (shown['wall'] * shown['cores']):.0%}); the rest is waiting (every worker, or "
+                 "the others while one runs a single process).")
+    lines += ["", f"Where the workers' time goes ({'make test' if full else 'make check'}), by test file "
               "(CPU-seconds: the test's pytest worker and the processes it started and waited for, such as "
               "`invoke`, gcloud and kubectl; not the local Ray nodes, which outlive the command that starts "
               "them):", "",

@@ -28,18 +28,83 @@ __all__ = ["cloud", "cloud_session"]  # fixtures, used by name
 INVOKE = str(Path(sys.executable).parent / "invoke")
 
 
-# The longest files first (pytest-xdist hands out whole files in collection
-# order, with --no-loadscope-reorder): two workers then end near together.
-# The second line is `make check`'s longest files (its selection runs them first).
-FIRST = ("test_local_e2e.py", "test_controller_train.py", "test_local_e2e_generations.py", "test_preflight.py", "test_clients_faults.py",
-         "test_clients_journeys.py", "test_clients_capacity.py", "test_clients_slices.py", "test_clients_controller.py",
-         "test_goodput_report.py", "test_connectors.py", "test_bad_inputs.py", "test_goldens.py", "test_health_check.py",
-         "test_cost.py")
+# The order pytest-xdist hands out whole files in (collection order, with
+# --no-loadscope-reorder): the line of files that train on a local Ray
+# cluster first (LINE), then the longest files, so that the workers end near
+# together. `make check`'s selection (no cluster, no clients) runs its
+# longest files first: goodput_report, bad_inputs, goldens, cost.
+FIRST = ("test_local_e2e.py", "test_controller_train.py", "test_local_e2e_generations.py", "test_health_check.py",
+         "test_clients_status_faults.py", "test_clients_race.py", "test_clients_head_watch.py",
+         "test_connectors.py", "test_clients_follow.py",
+         "test_clients_faults.py", "test_clients_controller.py", "test_preflight.py", "test_clients_slices.py",
+         "test_clients_journeys.py", "test_clients_capacity.py", "test_gcp_api.py", "test_goodput_report.py",
+         "test_trainer.py", "test_gcloud_parse.py", "test_bad_inputs.py", "test_clients_quarantine.py",
+         "test_goldens.py", "test_cost.py")
+
+# The files that start a local Ray cluster and train on it, and the health
+# gate's JAX processes (niced: they starve beside a training cluster), are
+# one line of work: one pytest worker runs them one after the other, so that
+# never two clusters train at once on this machine's two cores.
+LINE = ("test_local_e2e.py", "test_controller_train.py", "test_local_e2e_generations.py", "test_health_check.py")
+
+# The files that mostly wait (gcloud's own retries of a 503, locks, follows
+# and their reconnects, sshd on loopback), measured with
+# `bench/test_times.py --timeline` (wall seconds against CPU seconds). With
+# three workers (`make test`, `make check`: -n 3) the last one takes only
+# these, and the other two the rest: the suite is bound by its CPU on two
+# cores, so a third worker pays only where it fills a wait; three that
+# compute at once spend more CPU than two (measured on 2026-12-06: `-n 3`
+# with any file on any worker, 1,659 CPU-seconds against 1,502 for the same
+# tests; the third worker going on to the other files once its own were
+# done, 1,479 against 1,298).
+WAITING = ("test_clients_status_faults.py", "test_clients_race.py", "test_clients_head_watch.py",
+           "test_connectors.py", "test_clients_follow.py", "test_kube_api_writes.py", "test_lock.py",
+           "test_parallel.py", "test_hang_evidence.py", "test_notice.py", "test_host_process.py")
+
+
+@pytest.fixture(scope="session")
+def twin_compile_cache(tmp_path_factory) -> str:
+    """One JAX compilation cache for the twin's jobs of this pytest worker
+    (LINE's files run one after another on one worker). Their jobs train
+    the same tiny model on the same mesh, and JAX keys each entry by the
+    program, its devices and its flags: a later job reads what an earlier
+    one compiled only where it is the same program (the v5e and v5p twins',
+    measured: all 57 entries alike)."""
+    return str(tmp_path_factory.mktemp("twin-jax-cache"))
 
 
 def pytest_collection_modifyitems(items):
     rank = {name: i for i, name in enumerate(FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(FIRST)))
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadfile`, with LINE's files one unit of work (handed to one
+    worker, its files in collection order), and with three workers or more,
+    the last worker taking only the WAITING files (it ends when they are
+    done) and the others the rest first, then any WAITING file left. Every
+    other file is its own unit, as loadfile does."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class Lines(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            scope = super()._split_scope(nodeid)
+            return "ray-line" if Path(scope).name in LINE else scope
+
+        def _assign_work_unit(self, node) -> None:
+            last = max(self.nodes, key=lambda n: int(n.gateway.id.removeprefix("gw")))
+            waits = len(self.nodes) >= 3 and node is last
+            mine = [s for s in self.workqueue if (Path(s).name in WAITING) == waits]
+            if waits and not mine:  # no wait left to fill: two compute faster than three
+                node.shutdown()
+                return
+            if mine:  # the first unit of this worker's kind goes first in the queue
+                self.workqueue.move_to_end(mine[0], last=False)
+            super()._assign_work_unit(node)
+
+    return Lines(config, log)
 
 
 # bench/test_times.py sets this: each test's wall seconds and the CPU

@@ -78,15 +78,16 @@ class Relay:
         self.sock.close()
 
 
-def test_train_through_the_controller_reaches_succeeded_on_a_local_ray_cluster(tmp_path):
+def test_train_through_the_controller_reaches_succeeded_on_a_local_ray_cluster(tmp_path, twin_compile_cache):
     for name in (GKE_ENV, TWIN):
         shutil.rmtree(ROOT / ".state" / name, ignore_errors=True)
     shipped = yaml.safe_load((ROOT / "inventory.yaml").read_text())["environments"]["local"]
     # The job's outputs and its compilation cache on this machine, where the
     # twin's workers are (a GKE job's are in its bucket: gs:// is not here,
-    # and each cache read would wait for a DNS lookup that cannot answer).
+    # and each cache read would wait for a DNS lookup that cannot answer);
+    # the cache is the one the twin's other jobs of this worker use.
     overrides = dict(shipped["train_overrides"], base_output_directory=f"{tmp_path}/data/",
-                     jax_cache_dir=f"{tmp_path}/jax_cache")
+                     jax_cache_dir=twin_compile_cache)
     twin_inv = tmp_path / "twin.yaml"
     twin_inv.write_text(yaml.safe_dump({"default": TWIN, "environments": {TWIN: dict(
         shipped, slices=1, topology="2x2", ray_ip=TWIN_IP, gcs_port=TWIN_GCS, dashboard_port=TWIN_DASHBOARD)}}))

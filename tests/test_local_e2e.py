@@ -64,13 +64,14 @@ LATE_HOST = ROOT / ".state" / ENV / "nodes" / "tpu-group-1-0.pid"
 
 
 @pytest.fixture(scope="module")
-def local(tmp_path_factory):
+def local(tmp_path_factory, twin_compile_cache):
     """A local environment of its own (ports, state folder), torn down after."""
     d = tmp_path_factory.mktemp("e2e")
     base = yaml.safe_load((ROOT / "inventory.yaml").read_text())["environments"]["local"]
     env = {**base, "gcs_port": GCS_PORT, "dashboard_port": 8275 + OFFSET, "ray_ip": f"127.0.0.{3 + OFFSET}",
            "stall_after": STALL_AFTER, "stall_action": "restart", "min_slices": 1, "rehearse_late_slice": LATE,
-           "resize_interval": RESIZE_INTERVAL}
+           "resize_interval": RESIZE_INTERVAL,
+           "train_overrides": {**base["train_overrides"], "jax_cache_dir": twin_compile_cache}}
     inv = d / "inventory.yaml"
     inv.write_text(yaml.safe_dump({"default": ENV, "environments": {ENV: env}}))
     shutil.rmtree(ROOT / ".state" / ENV, ignore_errors=True)

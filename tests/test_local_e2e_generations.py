@@ -35,13 +35,14 @@ def shape(request):
 
 
 @pytest.fixture(scope="module")
-def invoke(tmp_path_factory, shape):
+def invoke(tmp_path_factory, shape, twin_compile_cache):
     name, _, _, _, k = SHAPES[shape]
     env_name = f"e2e-{name}"
     d = tmp_path_factory.mktemp(f"e2e-{shape}")
     base = yaml.safe_load((ROOT / "inventory.yaml").read_text())["environments"][name]
     env = {**base, "gcs_port": 6700 + 100 * OFFSET + 50 * k, "dashboard_port": 8295 + 2 * OFFSET + k,
-           "ray_ip": f"127.0.0.{20 + 2 * OFFSET + k}", "resize_interval": 3}
+           "ray_ip": f"127.0.0.{20 + 2 * OFFSET + k}", "resize_interval": 3,
+           "train_overrides": {**base["train_overrides"], "jax_cache_dir": twin_compile_cache}}
     inv = d / "inventory.yaml"
     inv.write_text(yaml.safe_dump({"default": env_name, "environments": {env_name: env}}))
     shutil.rmtree(ROOT / ".state" / env_name, ignore_errors=True)
