@@ -28,24 +28,23 @@ __all__ = ["cloud", "cloud_session"]  # fixtures, used by name
 INVOKE = str(Path(sys.executable).parent / "invoke")
 
 
-# The order pytest-xdist hands out whole files in (collection order, with
-# --no-loadscope-reorder): the line of files that train on a local Ray
-# cluster first (LINE), then the longest files, so that the workers end near
-# together. `make check`'s selection (no cluster, no clients) runs its
-# longest files first: goodput_report, bad_inputs, goldens, cost.
-FIRST = ("test_local_e2e.py", "test_controller_train.py", "test_local_e2e_generations.py", "test_health_check.py",
-         "test_clients_status_faults.py", "test_clients_race.py", "test_clients_head_watch.py",
-         "test_connectors.py", "test_clients_follow.py",
-         "test_clients_faults.py", "test_clients_controller.py", "test_preflight.py", "test_clients_slices.py",
-         "test_clients_journeys.py", "test_clients_capacity.py", "test_gcp_api.py", "test_goodput_report.py",
-         "test_trainer.py", "test_gcloud_parse.py", "test_bad_inputs.py", "test_clients_quarantine.py",
-         "test_goldens.py", "test_cost.py")
-
 # The files that start a local Ray cluster and train on it, and the health
 # gate's JAX processes (niced: they starve beside a training cluster), are
 # one line of work: one pytest worker runs them one after the other, so that
 # never two clusters train at once on this machine's two cores.
 LINE = ("test_local_e2e.py", "test_controller_train.py", "test_local_e2e_generations.py", "test_health_check.py")
+
+# The order pytest-xdist hands out whole files in (collection order, with
+# --no-loadscope-reorder): the line of files that train on a local Ray
+# cluster first (LINE), then the longest files, so that the workers end near
+# together. `make check`'s selection (no cluster, no clients) runs its
+# longest files first: goodput_report, bad_inputs, goldens, cost.
+FIRST = (*LINE, "test_clients_status_faults.py", "test_clients_race.py", "test_clients_head_watch.py",
+         "test_connectors.py", "test_clients_follow.py",
+         "test_clients_faults.py", "test_clients_controller.py", "test_preflight.py", "test_clients_slices.py",
+         "test_clients_journeys.py", "test_clients_capacity.py", "test_gcp_api.py", "test_goodput_report.py",
+         "test_trainer.py", "test_gcloud_parse.py", "test_bad_inputs.py", "test_clients_quarantine.py",
+         "test_goldens.py", "test_cost.py")
 
 # The files that mostly wait (gcloud's own retries of a 503, locks, follows
 # and their reconnects, sshd on loopback), measured with
