@@ -118,3 +118,31 @@ def test_every_hosts_command_is_this_module_before_ray_start_a_late_one_with_its
     assert nodes.host_command(e, first, devices=3).argv[:5] == nodes.host_command(e, first).argv[:5], \
         "a host started sick by chaos too"
     assert load_inventory().env("local").rehearse_late_slice is None
+
+
+def test_a_host_started_again_sets_aside_the_logs_of_its_dead_workers_not_a_live_ones(tmp_path):
+    """A host brought back rejoins its Ray session with the same temp
+    folder: its new log monitor would send the old workers' output to the
+    job again (the e2e saw a killed worker's steps twice). Those of workers
+    no longer alive go to logs/old/ before `ray start`; a live worker's
+    stay, and so does every other file."""
+    session = tmp_path / "session_2026-12-06_17-03-40_062981_25893"
+    (session / "logs").mkdir(parents=True)
+    (tmp_path / "session_latest").symlink_to(session)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True)
+    dead_pid, live_pid = int(dead.stdout), os.getpid()
+    names = {f"worker-4534df3cf07e-02000000-{dead_pid}.out": "dead", f"worker-4534df3cf07e-02000000-{dead_pid}.err": "dead",
+             f"worker-907a86c4a9fe-02000000-{live_pid}.out": "live", "raylet.err": "raylet",
+             f"python-core-worker-4534df3cf07e_{dead_pid}.log": "core"}
+    for name, text in names.items():
+        (session / "logs" / name).write_text(text)
+    command = [*counting(tmp_path, 0, 1), f"--temp-dir={tmp_path}"]
+    assert host_process.run(command, again_after=0) == 0 and starts(tmp_path) == 1
+    assert sorted(p.name for p in (session / "logs" / "old").iterdir()) == sorted(
+        n for n, t in names.items() if t == "dead")
+    assert sorted(p.name for p in (session / "logs").iterdir() if p.is_file()) == sorted(
+        n for n, t in names.items() if t != "dead")
+    # No session yet (a host's first start), or no --temp-dir: nothing to do.
+    assert host_process.set_aside_dead_workers_logs(["ray", "start", f"--temp-dir={tmp_path / 'new'}"]) == []
+    assert host_process.set_aside_dead_workers_logs(["ray", "start"]) == []

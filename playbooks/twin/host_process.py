@@ -23,14 +23,29 @@ seconds is started again, up to ``ATTEMPTS`` times in all; one that ran
 longer had started, and its end is the host's. SIGTERM and SIGINT are
 passed on to `ray start`, which stops its node; this process then ends
 with it.
+
+A host started again (chaos brought it back, a sick host healed) rejoins
+the same Ray session with the same ``--temp-dir``, and a new node's log
+monitor forwards every worker log it finds in the session's logs folder
+from its start: the output of the workers that died with the host before
+would reach the job's driver a second time, after the new worker group's
+(seen in the e2e: a killed worker's steps 10-16 again after the one-slice
+group started, taken for that group's). A pod that comes back on GKE has
+a fresh disk. So before each `ray start`, the logs of workers no longer
+alive are set aside into the folder's ``old/``, where Ray's own log
+monitor moves them (``_close_all_files`` in ray/_private/log_monitor.py),
+which it does not read.
 """
 from __future__ import annotations
 
+import os
+import re
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 ATTEMPTS = 3
 # Ray's 30 s for the node to register, and the time `ray start` takes before
@@ -48,6 +63,47 @@ def wait_for_join(seconds: float) -> None:
     signal.sigtimedwait(s, seconds)
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, s)
+
+
+# A worker's output, as Ray 2.60 names it: worker-<worker id>-<job id>-<pid>.out or .err.
+WORKER_LOG = re.compile(r"^worker-[0-9a-f]+-[0-9a-f]+-(\d+)\.(out|err)$")
+TEMP_DIR = "--temp-dir="
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def set_aside_dead_workers_logs(command: Sequence[str]) -> list[str]:
+    """The logs of workers no longer alive in the session this node last
+    joined (``--temp-dir``'s ``session_latest``), moved into its logs'
+    ``old/``; the names moved. A live worker's (another checkout's cluster
+    of the same names shares the folder) stays."""
+    temp = next((a[len(TEMP_DIR):] for a in command if a.startswith(TEMP_DIR)), None)
+    if temp is None:
+        return []
+    logs = Path(temp) / "session_latest" / "logs"
+    moved = []
+    try:
+        names = sorted(os.listdir(logs))
+    except OSError:
+        return []
+    for name in names:
+        m = WORKER_LOG.match(name)
+        if m and not alive(int(m.group(1))):
+            try:
+                (logs / "old").mkdir(exist_ok=True)
+                os.replace(logs / name, logs / "old" / name)
+                moved.append(name)
+            except OSError:
+                continue
+    return moved
 
 
 def run(command: Sequence[str], attempts: int = ATTEMPTS, started_after: float = STARTED_AFTER,
@@ -69,6 +125,11 @@ def run(command: Sequence[str], attempts: int = ATTEMPTS, started_after: float =
     for attempt in range(1, attempts + 1):
         if stopping:
             return rc
+        moved = set_aside_dead_workers_logs(command)
+        if moved:
+            print(f"TPU host: {len(moved)} log(s) of workers no longer alive set aside into logs/old/ of the Ray "
+                  f"session this host last joined (a new node of that session would send them to the job again)",
+                  flush=True)
         start = time.monotonic()
         child = subprocess.Popen(list(command))
         rc = child.wait()
