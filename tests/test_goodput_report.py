@@ -86,6 +86,32 @@ def test_the_librarys_records_are_maxtexts_a_start_per_worker_group_each_step_ea
     assert goodput_reference.compute([])["error"] == "no step recorded"
 
 
+def test_an_ended_runs_library_figure_is_kept_and_given_back_until_its_records_change(tmp_path):
+    """The library's import is most of `invoke goodput`'s time: an ended
+    run's figure is kept beside its timeline with a digest of the library's
+    records and version, and read back while both are the same."""
+    events = timeline.parse(RECORDED.read_text())
+    keep = tmp_path / "goodput-library.json"
+    first = goodput_reference.compute(events, keep=str(keep))
+    doc = json.loads(keep.read_text())
+    assert doc["result"] == first and first["goodput_pct"] == 31.78
+    assert doc["key"] == goodput_reference.digest("0.2.3", goodput_reference.records(events))
+    # Read back, not computed: a figure put in the file is the one given.
+    keep.write_text(json.dumps({**doc, "result": {**first, "goodput_pct": 12.5}}))
+    assert goodput_reference.compute(events, keep=str(keep))["goodput_pct"] == 12.5
+    # Other records (the last step gone): computed again, and kept instead.
+    last_step = max(i for i, e in enumerate(events) if e["kind"] == "step")
+    fewer = events[:last_step] + events[last_step + 1:]
+    again = goodput_reference.compute(fewer, keep=str(keep))
+    assert again["goodput_pct"] not in (12.5, None) and json.loads(keep.read_text())["result"] == again
+    # A file that is not ours is computed over; a running job (no end) is never kept.
+    keep.write_text("{not json")
+    assert goodput_reference.compute(events, keep=str(keep)) == first
+    running = [e for e in events if e["kind"] != "job_end"]
+    keep.unlink()
+    assert "goodput_pct" in goodput_reference.compute(running, keep=str(keep)) and not keep.exists()
+
+
 DAMAGE = {
     "not UTF-8": b'{"t": 1796299000.0, "kind": "step", "step": 3, "note": "\xff\xfe"}\n',
     "cut short": b'{"t": 1796299000.0, "kind": "st',

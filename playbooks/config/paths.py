@@ -21,6 +21,7 @@ or written here: a local job's folders, the kept metrics, the logs).
     .state/<env>/training/<run>/              a run's kept metrics and plot
     .state/<env>/training/<run>/events.jsonl  its timeline: one JSON line per event (goodput, stalls)
     .state/<env>/training/<run>/maxtext-metrics.rank<N>.jsonl  a local job's MaxText metrics, per rank
+    .state/<env>/training/<run>/goodput-library.json  ml-goodput-measurement's figure of an ended run, kept
     .state/<env>/data/, jax_cache/, ...       what a local job writes (MaxText, libtpu, Ray Train)
 """
 from __future__ import annotations
@@ -157,6 +158,12 @@ def events(env: str, run: str) -> str:
     """A run's timeline, the same locally and on GKE: one JSON line per event
     (the followed job log's, the chaos tasks', the pod watch's)."""
     return f"{run_dir(env, run)}/events.jsonl"
+
+
+def goodput_library(env: str, run: str) -> str:
+    """The second opinion on an ended run's goodput (goodput_reference.py),
+    kept with the records it was computed from."""
+    return f"{run_dir(env, run)}/goodput-library.json"
 
 
 def local_job(env: str) -> dict[str, str]:

@@ -215,7 +215,7 @@ def goodput_step(env: Environment, run: str | None) -> Step:
                         f"logs --follow`) writes them while it follows a job")
         report, segs = goodput.account_with_segments(s["events"], name, now=time.time())
         report["cost"] = run_cost(env, s["events"], segs, report.get("uncertain"))
-        report["library"] = goodput_reference.compute(s["events"])
+        report["library"] = goodput_reference.compute(s["events"], keep=paths.goodput_library(env.name, name))
         report["badput_library_type"] = dict(goodput_reference.LIBRARY_TYPE)
         if s.get("skipped"):
             report["skipped_lines"] = s["skipped"]
