@@ -46,9 +46,8 @@ FIRST = (*LINE, "test_clients_status_faults.py", "test_clients_race.py", "test_c
          "test_trainer.py", "test_gcloud_parse.py", "test_bad_inputs.py", "test_clients_quarantine.py",
          "test_goldens.py", "test_cost.py")
 
-# The files that mostly wait (gcloud's own retries of a 503, the retries
-# with backoff of test_clients_faults.py, locks, follows and their
-# reconnects, sshd on loopback), measured with
+# The files that mostly wait (gcloud's own retries of a 503, locks, follows
+# and their reconnects, sshd on loopback), measured with
 # `bench/test_times.py --timeline` (wall seconds against CPU seconds). With
 # three workers (`make test`, `make check`: -n 3) the last one takes only
 # these, and the other two the rest: the suite is bound by its CPU on two
@@ -58,7 +57,7 @@ FIRST = (*LINE, "test_clients_status_faults.py", "test_clients_race.py", "test_c
 # tests; the third worker going on to the other files once its own were
 # done, 1,479 against 1,298).
 WAITING = ("test_clients_status_faults.py", "test_clients_race.py", "test_clients_head_watch.py",
-           "test_connectors.py", "test_clients_follow.py", "test_clients_faults.py", "test_kube_api_writes.py", "test_lock.py",
+           "test_connectors.py", "test_clients_follow.py", "test_kube_api_writes.py", "test_lock.py",
            "test_parallel.py", "test_hang_evidence.py", "test_notice.py", "test_host_process.py")
 
 
