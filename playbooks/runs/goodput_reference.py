@@ -137,14 +137,14 @@ def compute(events: Iterable[dict], keep: str | None = None) -> dict:
         installed = version("ml-goodput-measurement")
     except PackageNotFoundError as e:
         return {"library": LIBRARY, "error": f"not installed: {e}"}
-    ended = any("job_end_time" in r for r in entries)
-    key = digest(installed, entries) if keep and ended else None
-    if key is not None and keep is not None:
-        kept = _kept(keep, key)
-        if kept is not None:
-            return kept
+    if not keep or not any("job_end_time" in r for r in entries):  # a running job's: until now
+        return _computed(entries, installed)
+    key = digest(installed, entries)
+    kept = _kept(keep, key)
+    if kept is not None:
+        return kept
     result = _computed(entries, installed)
-    if key is not None and keep is not None and "not installed" not in str(result.get("error", "")):
+    if "not installed" not in str(result.get("error", "")):
         connectors.this_machine().write(keep, json.dumps({"key": key, "result": result}).encode())
     return result
 

@@ -47,6 +47,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from playbooks.core import procs
+
 ATTEMPTS = 3
 # Ray's 30 s for the node to register, and the time `ray start` takes before
 # it starts waiting for that (its GCS connection, its processes) on a loaded
@@ -70,16 +72,6 @@ WORKER_LOG = re.compile(r"^worker-[0-9a-f]+-[0-9a-f]+-(\d+)\.(out|err)$")
 TEMP_DIR = "--temp-dir="
 
 
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def set_aside_dead_workers_logs(command: Sequence[str]) -> list[str]:
     """The logs of workers no longer alive in the session this node last
     joined (``--temp-dir``'s ``session_latest``), moved into its logs'
@@ -96,7 +88,7 @@ def set_aside_dead_workers_logs(command: Sequence[str]) -> list[str]:
         return []
     for name in names:
         m = WORKER_LOG.match(name)
-        if m and not alive(int(m.group(1))):
+        if m and not procs.alive(int(m.group(1))):
             try:
                 (logs / "old").mkdir(exist_ok=True)
                 os.replace(logs / name, logs / "old" / name)
