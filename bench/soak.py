@@ -689,19 +689,24 @@ def many_lost(soak: Soak, r: Result) -> Detached:
     """A peer's host lost four times in one job (back after 5 s), each loss
     a failure window after the last (`failure_window: 60`, max_failures
     3): one more than the old budget over a job's life, never more than one
-    in a window; the job must go on to its end."""
+    in a window; the job must go on to its end, and train on between
+    losses: each next loss comes after the restarted group finalized a
+    save past the checkpoint it restored, as in a days-long run."""
     soak.configure(failure_window=60)
     try:
-        r.facts["target_steps"] = 500
-        job = r.trains(Detached(soak, "--elastic", "--fresh", "--steps=500"))
+        r.facts["target_steps"] = 300
+        job = r.trains(Detached(soak, "--elastic", "--fresh", "--steps=300"))
         job.step_at_least(12)
         last = 0.0
         for _ in SPECS[r.scenario].targets:
             if last:
                 job.wait_event(lambda e, t=last: e.get("kind") in ("workers_started", "workers_restarted")
                                and e.get("workers") == 2 and float(e["t"]) > t, "two slices again", 10)
-                job.wait_event(lambda e, t=last: e.get("kind") == "step" and float(e["t"]) > t + 5, "a step again",
-                               10)
+                restore = job.wait_event(lambda e, t=last: e.get("kind") == "restore_started" and float(e["t"]) > t,
+                                         "a restore", 10)
+                job.wait_event(lambda e, t=last, s=int(restore.get("step") or 0):
+                               e.get("kind") == "checkpoint_finalized" and e.get("finalized") is True
+                               and float(e["t"]) > t and int(e.get("step") or 0) > s, "a save past the restore", 10)
                 time.sleep(max(0.0, last + 65 - time.time()))
             chaos_done(chaos_kill(soak, 5, "peer"), "chaos.delete-worker")
             lost = [e for e in job.events() if e.get("kind") == "worker_lost" and e.get("by") == "chaos"]

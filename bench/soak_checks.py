@@ -17,6 +17,7 @@ Two questions, asked in this order:
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 from playbooks.runs.restart import failed_hosts
@@ -318,6 +319,17 @@ def _hangs(spec: Spec, facts: dict, events: list[dict]) -> list[str]:
     return out
 
 
+def _restored_after(events: list[dict], kills: list[dict]) -> list[int | None]:
+    """The step each loss's job restored from: the first restore after it
+    and before the next loss (None: none)."""
+    ends = [_t(k) for k in kills[1:]] + [float("inf")]
+    out: list[int | None] = []
+    for kill, end in zip(kills, ends):
+        r = [e for e in events if e.get("kind") == "restore_started" and _t(kill) < _t(e) < end]
+        out.append(min(r, key=_t).get("step") if r else None)
+    return out
+
+
 def _incidents(g: dict) -> list[dict]:
     return list(g.get("incidents") or [])
 
@@ -454,6 +466,11 @@ def _acted(spec: Spec, facts: dict, g: dict, events: list[dict]) -> list[Check]:
                          f"{len(kills)} lost (old budget {OLD_BUDGET}); at most {most} failure(s) in a window of "
                          f"{counted[0].get('window_s') if counted else '-'} s (budget {budget})" if counted else
                          f"{len(kills)} lost; no failure counted in a window (no failure_window?)"))
+        restored = _restored_after(events, kills)
+        steps = [r for r in restored if r is not None]
+        out.append(Check("trained on between losses: each restored a later checkpoint",
+                         len(steps) == len(kills) > 1 and all(b > a for a, b in itertools.pairwise(steps)),
+                         f"restored from steps {restored}"))
     if spec.never_resumes:
         hung = _chaos(events, "worker_hung")
         host = hung[0].get("host") if hung else None

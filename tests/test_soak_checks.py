@@ -314,14 +314,17 @@ def test_the_soak_counts_a_follow_of_its_own_inventory_only(tmp_path):
 
 def many_lost_run() -> tuple[dict, dict, list[dict]]:
     """Four of a peer's hosts lost in one job, a window apart: one failure
-    counted in each window of 60 s (budget 3)."""
+    counted in each window of 60 s (budget 3), each restart restoring a
+    later checkpoint (10, 20, 30, 40)."""
     events = [ev(0, "submitted", source="watch", job="j-1"), started(5, 0, 0), started(5.1, 1, 1),
               *[ev(10 + s, "step", step=s, seconds=1.0) for s in range(1, 15)]]
     for k in range(4):
         t = 25 + 70 * k
         events += [ev(t, "worker_lost", by="chaos", host="tpu-group-1-0", target="peer", source="chaos"),
                    ev(t + 2, "failure_counted", failures=1, budget=3, window_s=60.0),
-                   started(t + 10, 0, 0), started(t + 10.1, 1, 1)]
+                   started(t + 10, 0, 0), started(t + 10.1, 1, 1),
+                   ev(t + 12, "restore_started", step=10 * (k + 1)),
+                   *[ev(t + 14 + s / 10, "step", step=s, seconds=1.0) for s in range(10 * (k + 1), 10 * (k + 2) + 4)]]
     events.sort(key=lambda e: e["t"])
     facts, g, _ = hang_never_run()
     return facts, g, events
@@ -350,6 +353,19 @@ def test_many_lost_passes_with_one_failure_per_window_and_fails_past_the_budget_
     uncounted = [e for e in events if e["kind"] != "failure_counted"]
     assert "more hosts lost than the old budget, each window within its own" in failed(
         S.verdict("many-lost", facts, g, uncounted))
+
+
+def test_many_lost_fails_when_no_loss_restores_a_later_checkpoint_than_the_one_before():
+    """The soak of 2026-12-06 killed the next host before the restarted
+    group's first save: every restart restored step 10, and the job never
+    trained on between losses (a days-long run must)."""
+    facts, g, events = many_lost_run()
+    what = "trained on between losses: each restored a later checkpoint"
+    assert what not in failed(S.verdict("many-lost", facts, g, events))
+    always_ten = [dict(e, step=10) if e["kind"] == "restore_started" else e for e in events]
+    assert what in failed(S.verdict("many-lost", facts, g, always_ten))
+    one_missing = [e for e in events if not (e["kind"] == "restore_started" and e["step"] == 30)]
+    assert what in failed(S.verdict("many-lost", facts, g, one_missing))
 
 
 def test_a_trains_job_id_is_its_jobs_never_its_watchs():
