@@ -136,8 +136,8 @@ def _job(s, model, elastic, steps, sets, fresh, preset):
         **ENV,
     },
 )
-def train(c, model="llama3-8b", elastic=False, steps="", set_=None, fresh=False, preset="", skip_preflight=False,
-          yes=False, detach=False, env=""):
+def train(c, model="llama3-8b", env="", elastic=False, steps="", set_=None, fresh=False, preset="",
+          skip_preflight=False, yes=False, detach=False):
     """§8-9 Submit the tutorial's training job with `ray job submit`, follow it, exit with its status."""
     from playbooks.cli import task_steps
     from playbooks.cli.confirm import confirm
@@ -154,7 +154,7 @@ def train(c, model="llama3-8b", elastic=False, steps="", set_=None, fresh=False,
 
 
 @task(iterable=["set_"], help={**JOB_HELP, **ENV})
-def preflight(c, model="llama3-8b", elastic=False, steps="", set_=None, preset="", env=""):
+def preflight(c, model="llama3-8b", env="", elastic=False, steps="", set_=None, preset=""):
     """Prove a job fits its TPUs: static checks, an AOT compile (if it does not fit, the smallest change that does)."""
     from playbooks.cli import task_steps
 
@@ -179,7 +179,7 @@ def _run_flag(run: str) -> str | None:
 
 @task(help={"run": "the run (its run_name) of the job", "job": "the job's submission id (<run>-<n>)",
             "elastic": "the job is elastic (a host can be set aside and the job go on)", **ENV})
-def watch(c, run="", job="", elastic=False, env=""):
+def watch(c, run="", job="", env="", elastic=False):
     """Watch one job to its end and act (stall_action, the health gate): what `train` runs on the Ray head."""
     from playbooks.cli import task_steps
     from playbooks.core.errors import InputError

@@ -427,3 +427,18 @@ def test_a_write_to_a_closed_socket_is_an_error_not_the_end_of_the_process():
             "    print('BrokenPipeError')\n")
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert (r.returncode, r.stdout) == (0, "BrokenPipeError\n"), r
+
+
+def test_every_task_takes_its_environment_as_dash_e():
+    """`invoke <task> -e NAME` on every task. Invoke gives short flags in
+    the order of a task's parameters: train, preflight and watch once gave
+    -e to --elastic, and `invoke train -e dev` answered "No idea what 'dev'
+    is!"."""
+    import tasks
+
+    short = {}
+    for name in tasks.ns.task_names:
+        args = {a.name: a for a in tasks.ns[name].get_arguments()}
+        short[name] = args["env"].names if "env" in args else None
+    assert {n: s for n, s in short.items() if s != ("env", "e")} == {}
+    assert {"train", "preflight", "watch", "hosts.release"} <= set(short)
