@@ -441,6 +441,27 @@ def _saves(spec: Spec, facts: dict, g: dict, events: list[dict]) -> list[Check]:
     return out
 
 
+def _budget(events: list[dict]) -> list[Check]:
+    """More hosts lost in one job than the old lifetime budget, each failure
+    window within its own; and the job trained on between the losses."""
+    out: list[Check] = []
+    kills = _chaos(events, "worker_lost")
+    counted = [e for e in events if e.get("kind") == "failure_counted"]
+    most = max((int(e.get("failures") or 0) for e in counted), default=None)
+    budget = counted[0].get("budget") if counted else None
+    out.append(Check("more hosts lost than the old budget, each window within its own",
+                     len(kills) > OLD_BUDGET and most is not None and budget is not None and most <= budget,
+                     f"{len(kills)} lost (old budget {OLD_BUDGET}); at most {most} failure(s) in a window of "
+                     f"{counted[0].get('window_s') if counted else '-'} s (budget {budget})" if counted else
+                     f"{len(kills)} lost; no failure counted in a window (no failure_window?)"))
+    restored = _restored_after(events, kills)
+    steps = [r for r in restored if r is not None]
+    out.append(Check("trained on between losses: each restored a later checkpoint",
+                     len(steps) == len(kills) > 1 and all(b > a for a, b in itertools.pairwise(steps)),
+                     f"restored from steps {restored}"))
+    return out
+
+
 def _acted(spec: Spec, facts: dict, g: dict, events: list[dict]) -> list[Check]:
     """What the watch in the cluster did, nobody following: the hang's
     culprit named and set aside; a sick host set aside by the gate, and
@@ -457,20 +478,7 @@ def _acted(spec: Spec, facts: dict, g: dict, events: list[dict]) -> list[Check]:
                          f"{followers} `invoke` follow(s) of the job seen" if followers != 0 else
                          "every action the watch's"))
     if spec.budget:
-        kills = _chaos(events, "worker_lost")
-        counted = [e for e in events if e.get("kind") == "failure_counted"]
-        most = max((int(e.get("failures") or 0) for e in counted), default=None)
-        budget = counted[0].get("budget") if counted else None
-        out.append(Check("more hosts lost than the old budget, each window within its own",
-                         len(kills) > OLD_BUDGET and most is not None and budget is not None and most <= budget,
-                         f"{len(kills)} lost (old budget {OLD_BUDGET}); at most {most} failure(s) in a window of "
-                         f"{counted[0].get('window_s') if counted else '-'} s (budget {budget})" if counted else
-                         f"{len(kills)} lost; no failure counted in a window (no failure_window?)"))
-        restored = _restored_after(events, kills)
-        steps = [r for r in restored if r is not None]
-        out.append(Check("trained on between losses: each restored a later checkpoint",
-                         len(steps) == len(kills) > 1 and all(b > a for a, b in itertools.pairwise(steps)),
-                         f"restored from steps {restored}"))
+        out += _budget(events)
     if spec.never_resumes:
         hung = _chaos(events, "worker_hung")
         host = hung[0].get("host") if hung else None
