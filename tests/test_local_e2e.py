@@ -50,10 +50,11 @@ EVENTS = ROOT / ".state" / ENV / "training" / RUN / "events.jsonl"
 # starts on one slice and grows to two however fast or loaded this machine
 # is. LATE only bounds the wait (it is never reached). The job looks for
 # hosts that came every RESIZE_INTERVAL seconds (resize_interval): the host
-# killed and brought back by `invoke up` is taken in ~20 s after the
-# one-slice group's first step: ~70 steps of this tiny model on an idle
-# machine (~35 in the loaded suite); with the ~16 steps before the kill and
-# the 11 before the hang, the run has STEPS to spare (~40 on an idle machine).
+# killed, and brought back by chaos RESTORE_AFTER seconds later, is taken in
+# at the next look. Measured on this 2-core machine idle (the e2e alone,
+# 2026-12-06): lost at step 14, the one-slice group trained steps 11-37 (26
+# steps in 14 s) and was grown at 37, the hang's host set aside at 48; the
+# run had ~85 steps to spare: a machine ~4x faster still grows back first.
 RESIZE_INTERVAL = 3
 LATE = 900
 # The killed host comes back by itself after this (chaos.delete-worker
