@@ -429,11 +429,12 @@ def test_a_write_to_a_closed_socket_is_an_error_not_the_end_of_the_process():
     assert (r.returncode, r.stdout) == (0, "BrokenPipeError\n"), r
 
 
-def test_every_task_takes_its_environment_as_dash_e():
+def test_every_task_takes_its_environment_as_dash_e(monkeypatch):
     """`invoke <task> -e NAME` on every task. Invoke gives short flags in
     the order of a task's parameters: train, preflight and watch once gave
     -e to --elastic, and `invoke train -e dev` answered "No idea what 'dev'
     is!"."""
+    monkeypatch.setattr(sys, "excepthook", sys.excepthook)  # tasks.py installs its own
     import tasks
 
     short = {}
