@@ -10,6 +10,8 @@ import subprocess
 import sys
 import time
 import types
+from collections.abc import Iterator
+from dataclasses import dataclass
 
 import pytest
 
@@ -205,29 +207,66 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def group_of_two(second: str, devices_expected: tuple[str, str], timeout: str,
-                 second_wait: float = 1.0) -> list[dict | None]:
-    """Both processes' results (None: it printed none, killed at the end:
-    ``second_wait`` seconds after the first's, when it is meant to hang)."""
-    port, procs = free_port(), []
+@dataclass
+class Group:
+    """Two processes of one group, started at ``started`` (time.monotonic)."""
+    procs: list[subprocess.Popen]
+    second_wait: float
+    started: float
+
+
+def start_group(second: str, devices_expected: tuple[str, str], timeout: str, second_wait: float = 1.0) -> Group:
+    """Two processes joined by jax.distributed: the first runs the gate, the
+    second ``second`` ("gate", "hang", "no-gather"). ``second_wait``: how
+    long the second is waited for after the first's result (then killed:
+    one meant to hang)."""
+    port, procs, started = free_port(), [], time.monotonic()
     for i in (0, 1):
         env = jax_env(2, TPU_NAME=f"slice-{i}", TPU_WORKER_ID="0", TRAINER_DEVICES_PER_HOST=devices_expected[i],
                       TRAINER_HEALTH_CHECK_TIMEOUT_S=timeout)
         procs.append(subprocess.Popen(["nice", "-n", "19", sys.executable, "-c", GROUP, str(ROOT / "trainer"),
                                        str(port), str(i), second if i else "gate"],
                                       env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    return Group(procs, second_wait, started)
+
+
+def results(group: Group) -> list[dict | None]:
+    """Both processes' results (None: it printed none, killed at the end)."""
     out = []
-    for p in procs:
+    for p in group.procs:
         try:
-            stdout, stderr = p.communicate(timeout=240 if p is procs[0] else second_wait)
+            stdout, stderr = p.communicate(timeout=240 if p is group.procs[0] else group.second_wait)
         except subprocess.TimeoutExpired:
             p.kill()
             stdout, stderr = p.communicate()
         line = [x for x in stdout.splitlines() if x.startswith("RESULT ")]
         out.append(json.loads(line[-1][len("RESULT "):]) if line else None)
-        if p is procs[0]:
+        if p is group.procs[0]:
             assert out[0] is not None, stderr[-3000:]
     return out
+
+
+# The two groups whose healthy host waits out the gate's limits on purpose
+# (~45 s of the line's time between them, the CPU idle) start with this
+# file, beside its other JAX processes, where their tests are selected; the
+# tests read them when their turn comes.
+WAITING_GROUPS = {
+    "test_across_processes_a_host_that_never_joins_the_all_gather_fails_the_other_in_time":
+        ("no-gather", ("2", "2"), "8"),  # at most 4 x 8 s in the gate
+    "test_across_processes_a_host_hung_before_its_gate_stops_the_other_at_its_devices": ("hang", ("2", "2"), "8"),
+}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def waiting_groups(request) -> Iterator[dict[str, Group]]:
+    selected = {item.name for item in request.session.items if item.path == request.path}
+    groups = {name: start_group(*args) for name, args in WAITING_GROUPS.items() if name in selected}
+    yield groups
+    for g in groups.values():
+        for p in g.procs:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
 
 
 @pytest.mark.multiprocess
@@ -235,7 +274,7 @@ def test_across_processes_every_host_names_the_sick_one():
     """A real all-gather between two processes: the healthy host fails
     too, naming the other's slice and check; rank 0 says the group's."""
     # The sick one ends too, later than the first under load: waited for.
-    well, sick = group_of_two("gate", ("2", "4"), timeout="60", second_wait=120)
+    well, sick = results(start_group("gate", ("2", "4"), timeout="60", second_wait=120))
     assert sick is not None
     for r in (well, sick):
         assert r["raised"].endswith("(slice slice-1, worker 0, rank 1): devices: devices 2 of 4 (cpu)"), r["raised"]
@@ -246,10 +285,10 @@ def test_across_processes_every_host_names_the_sick_one():
 
 
 @pytest.mark.multiprocess
-def test_across_processes_a_host_that_never_joins_the_all_gather_fails_the_other_in_time():
-    start = time.monotonic()
-    well, _ = group_of_two("no-gather", ("2", "2"), timeout="8")  # at most 4 x 8 s in the gate
-    assert time.monotonic() - start < 150
+def test_across_processes_a_host_that_never_joins_the_all_gather_fails_the_other_in_time(waiting_groups):
+    group = waiting_groups["test_across_processes_a_host_that_never_joins_the_all_gather_fails_the_other_in_time"]
+    well, _ = results(group)
+    assert time.monotonic() - group.started < 150
     # Our limit, or JAX's own deadline when it comes first (Gloo's 30 s on CPU, under load): both say who is missing.
     assert re.match(r"(did not answer in \d+(\.\d)? s|JAX's all-gather timed out \(DEADLINE_EXCEEDED\) within "
                     r"\d+(\.\d)? s): a host did not join", checks_of(well)["collective"]["detail"])
@@ -257,13 +296,13 @@ def test_across_processes_a_host_that_never_joins_the_all_gather_fails_the_other
 
 
 @pytest.mark.multiprocess
-def test_across_processes_a_host_hung_before_its_gate_stops_the_other_at_its_devices():
+def test_across_processes_a_host_hung_before_its_gate_stops_the_other_at_its_devices(waiting_groups):
     """JAX's devices start only with every process's: the waiting host says
     so (it cannot tell a peer hung from its own chips), runs nothing else
     that would wait on them, and fails in one check's time."""
-    start = time.monotonic()
-    well, _ = group_of_two("hang", ("2", "2"), timeout="8")
-    assert time.monotonic() - start < 100
+    group = waiting_groups["test_across_processes_a_host_hung_before_its_gate_stops_the_other_at_its_devices"]
+    well, _ = results(group)
+    assert time.monotonic() - group.started < 100
     checks = checks_of(well)
     assert checks["devices"]["detail"].startswith("did not answer in 8 s: JAX's devices start only when all 2 "
                                                   "processes of the group start theirs")
