@@ -130,12 +130,12 @@ class FakeQuarantine:
 
 
 def watched(tmp_path, monkeypatch, fake: FakeQuarantine, elastic: bool = True, acting: bool = True,
-            culprits: tuple[str, ...] = ("tpu-group-1-0",)):
+            culprits: tuple[str, ...] = ("tpu-group-1-0",), held=None):
     from playbooks.config import paths
     from playbooks.runs import follow
     monkeypatch.setattr(paths, "here", lambda rel: tmp_path / rel)
     ctx, env = StepsContext(acting), WatchedEnv(30, "restart")
-    qq = restart.Quarantine(elastic, TWIN, fake)
+    qq = restart.Quarantine(elastic, TWIN, fake, held=held)
     f = follow.Follower(ctx, env, "run", "run-1", quarantine=qq)
     if not acting:  # check mode keeps no timeline: one given, to show the watch still acts on nothing
         f.timeline = timeline.Writer(env, "run", "run-1", None)
@@ -169,6 +169,56 @@ def test_a_stall_sets_the_culprit_aside_once_through_the_engine_and_the_job_goes
     now[0] += 100
     w.tick()
     assert len(fake.calls) == 2
+
+
+def _stall_again(f, w, now, culprit: str) -> None:
+    """A step, then no step for long: a second stall, its hang naming ``culprit``."""
+    f.line(f"(RayTrainWorker pid=1) trainer event: {json.dumps(ev(now[0] - T0, 'step', 6, seconds=1.0))}")
+    now[0] += 100
+    w.diagnose = lambda: Diagnosis(MISSING, (culprit,), f"hang: host {culprit} missing from the collective", 2)
+    w.tick()
+
+
+def test_a_host_given_back_is_a_slice_again_for_the_next_stall(tmp_path, monkeypatch):
+    """The watch set tpu-group-1-0 aside; a person gave it back (out of the
+    record); a later hang on tpu-group-0-0 sets that one aside and the job
+    goes on, rather than stopping as if no slice were left."""
+    fake = FakeQuarantine()
+    ctx, _, f, w, now = watched(tmp_path, monkeypatch, fake, held=lambda: set(fake.set))
+    w.tick()
+    assert fake.set == ["tpu-group-1-0"] and not f.stopped
+    fake.set.remove("tpu-group-1-0")  # `invoke hosts.release tpu-group-1-0`
+    _stall_again(f, w, now, "tpu-group-0-0")
+    assert [c[0] for c in fake.calls] == ["tpu-group-1-0", "tpu-group-0-0"] and not f.stopped and ctx.ran == []
+    assert f.quarantined == ["tpu-group-0-0"]
+
+
+@pytest.mark.parametrize("record", ["kept", "unreadable"])
+def test_a_host_still_set_aside_or_a_record_that_cannot_be_read_leaves_no_slice_for_the_next_stall(
+        tmp_path, monkeypatch, record):
+    from playbooks.core.errors import ProbeFailed
+
+    def unreadable():
+        raise ProbeFailed("quarantined hosts", "cat x", 1, "", "not JSON", why="could not look: x not JSON")
+    fake = FakeQuarantine()
+    ctx, _, f, w, now = watched(tmp_path, monkeypatch, fake,
+                                held=(lambda: set(fake.set)) if record == "kept" else unreadable)
+    w.tick()
+    _stall_again(f, w, now, "tpu-group-0-0")
+    assert [c[0] for c in fake.calls] == ["tpu-group-1-0"] and f.stopped and len(ctx.ran) == 1
+    assert f.quarantined == ["tpu-group-1-0"]
+
+
+def test_a_host_given_back_that_fails_its_gate_again_is_set_aside_again(tmp_path, monkeypatch):
+    fake = FakeQuarantine()
+    ctx, _, f, w, now = watched(tmp_path, monkeypatch, fake, held=lambda: set(fake.set))
+    f.line(gate_line(58, ("tpu-group-1", 0)))
+    now[0] = T0 + 60
+    w.tick()
+    fake.set.remove("tpu-group-1-0")  # given back, and sick again at the next grow
+    f.line(gate_line(80, ("tpu-group-1", 0)))
+    w.tick()
+    assert [c[0] for c in fake.calls] == ["tpu-group-1-0", "tpu-group-1-0"] and not f.stopped and ctx.ran == []
 
 
 def test_a_stall_that_names_no_host_stops_the_job_and_sets_none_aside(tmp_path, monkeypatch):

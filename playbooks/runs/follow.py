@@ -24,7 +24,7 @@ from playbooks.cloud.endpoints import forward_command, forward_pidfile
 from playbooks.config import paths
 from playbooks.config.schema import Environment
 from playbooks.core.command import Command
-from playbooks.core.errors import PlaybookError
+from playbooks.core.errors import PlaybookError, ProbeFailed
 from playbooks.core.facts import Completed
 from playbooks.core.play import StepContext, run_within
 from playbooks.core.recap import FAILING
@@ -512,6 +512,21 @@ class Watch:
                 f.quarantined.append(str(e["host"]))
 
     # -- stall_action: restart, and the health gate's failures (runs/restart.py decides) --
+    def gone(self) -> list[str]:
+        """The hosts this follow set aside that are still set aside: one
+        given back since (out of the record: `invoke hosts.release`) is a
+        slice the job may take again, and set aside again if named again."""
+        f = self.f
+        held = f.quarantine.held if f.quarantine is not None else None
+        if held is None:
+            return list(f.quarantined)
+        try:
+            now = set(held())
+        except (ProbeFailed, OSError):  # could not look: as this follow left them
+            return list(f.quarantined)
+        f.quarantined[:] = [h for h in f.quarantined if h in now]
+        return list(f.quarantined)
+
     def host_of(self, name: str) -> str | None:
         """The host a worker's name maps to: on the twin the simulated host
         of that name; on GKE the node pool of the node its pod (by name or
@@ -541,7 +556,7 @@ class Watch:
                                           f"checkpoint")
         else:
             plan = restart.for_stall(f.quarantine, None if found is None else found.culprits, self.host_of, f.sid,
-                                     f.run, gone=f.quarantined)
+                                     f.run, gone=self.gone())
         if plan.hosts and self.set_aside(plan.hosts, found.line if found is not None else "a hang", restart.BY_STALL):
             f.ctx.echo(plan.line)
             return
@@ -565,12 +580,13 @@ class Watch:
                 continue
             self._gates.add((e["t"], e.get("rank")))
             # A host set aside already (named again by another host's event, or a later gate) is not again.
+            gone = self.gone()
             names = [n for n in restart.gate_names(bad, self.env.platform.simulated)
-                     if (h := self.host_of(n)) is None or h not in f.quarantined]
+                     if (h := self.host_of(n)) is None or h not in gone]
             if not names:
                 continue
             q = f.quarantine if f.env.stall_action == "restart" else None
-            plan = restart.for_gate(q, names, self.host_of, f.sid, gone=f.quarantined)
+            plan = restart.for_gate(q, names, self.host_of, f.sid, gone=gone)
             if plan is None:
                 continue
             failed = sorted({str(c) for u in bad for c in (u.get("failed") or [])})
