@@ -51,6 +51,38 @@ def test_the_record_is_written_read_and_cleared(here):
     assert (here / ".state" / "local" / "quarantine.json").exists()
 
 
+def test_what_a_watch_counts_as_set_aside_is_the_records_and_on_gke_only_while_a_node_keeps_the_taint(
+        here, monkeypatch):
+    """A watch in a GKE head pod keeps its own record, which no release from
+    this machine reaches: there a host counts as set aside while a node of
+    its record still carries the taint (a release untaints them first)."""
+    local, dev = env("local"), env("dev")
+    R.add(local, "tpu-group-1-0", HELD["tpu-group-1-0"]).fn()
+    assert quarantine.held_now(local) == {"tpu-group-1-0"}
+    for pool, nodes in (("v6e-16-0", ["n-a", "n-b"]), ("v6e-16-1", ["n-c"]), ("v6e-16-2", [])):
+        R.add(dev, pool, R.entry(pool, "hung", "stall_action: restart", nodes)).fn()
+    taints = {"n-a": [], "n-b": [{"key": quarantine.TAINT_KEY, "value": "true", "effect": "NoSchedule"}],
+              "n-c": [], "n-new": []}   # n-c released (untainted); v6e-16-2 recorded no node: kept
+    asked = []
+
+    def nodes(env, *args, timeout=60):
+        asked.append(args)
+        pool = args[-1].split("=", 1)[1]
+        mine = {"v6e-16-0": ["n-a", "n-b"], "v6e-16-1": ["n-c", "n-new"], "v6e-16-2": []}[pool]
+        return {"items": [{"metadata": {"name": n}, "spec": {"taints": taints[n]}} for n in mine]}
+    monkeypatch.setattr(quarantine.kube_objects, "kubectl_json", nodes)
+    assert quarantine.held_now(dev) == {"v6e-16-0", "v6e-16-2"}
+    assert asked[0] == ("nodes", "-l", "cloud.google.com/gke-nodepool=v6e-16-0")
+    taints["n-b"] = []                                            # released from this machine: untainted
+    assert quarantine.held_now(dev) == {"v6e-16-2"}
+
+    def refused(env, *args, timeout=60):
+        raise ProbeFailed("kubectl", "kubectl get nodes", 1, "", "Forbidden", why="could not look: Forbidden")
+    monkeypatch.setattr(quarantine.kube_objects, "kubectl_json", refused)
+    with pytest.raises(ProbeFailed):                              # could not look: never "none set aside"
+        quarantine.held_now(dev)
+
+
 @pytest.mark.parametrize("text,words", [("{not json", "is not JSON"), ('{"hosts": [1]}', "is not a record of hosts"),
                                         ('{"hosts": {"a": 1}}', "is not a record of hosts")])
 def test_a_record_that_is_not_one_is_could_not_look_never_none(here, text, words):

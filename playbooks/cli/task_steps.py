@@ -34,7 +34,7 @@ from playbooks.plays import (
     train,
     watch,
 )
-from playbooks.runs import cluster_watch, maintenance_watch, placement, quarantine_record, restart, save_times
+from playbooks.runs import cluster_watch, maintenance_watch, placement, restart, save_times
 from playbooks.twin.nodes import hosts_of
 
 GKE_ONLY = ("capacity", "prereqs", "network", "cluster", "nodepools", "storage")
@@ -211,10 +211,7 @@ def follow_quarantine(env: Environment, elastic: bool, in_head: bool = False) ->
                               if env.platform.cloud and env.hold_maintenance and not in_head else None,
                               release=None if env.platform.simulated else
                               (lambda pool: quarantine.release_gke_steps(env, pool)),
-                              # The record where the watch runs: on the twin and on this machine the one
-                              # `hosts.release` edits; in a GKE head pod the head's own copy, which no
-                              # release from this machine reaches (docs/quarantine.md, not done).
-                              held=lambda: set(quarantine_record.read(env)))
+                              held=lambda: quarantine.held_now(env))
 
 
 def preflight_steps(env: Environment, job: Job) -> list[Step]:

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from playbooks.access.cli_clients import fact, json_object
+from playbooks.cloud import kube_objects
 from playbooks.cloud import pods as P
 from playbooks.cloud.gke import kube, nodepool_name, nodepools_fact
 from playbooks.config import tutorial as T
@@ -48,8 +49,12 @@ def known_hosts(env: Environment) -> list[str]:
 
 # -- what is there: the slice's nodes, the worker pods ------------------------------
 def _nodes(c: Any) -> dict[str, dict]:
+    return _node_states(json_object("nodes")(c))
+
+
+def _node_states(listed: dict) -> dict[str, dict]:
     out = {}
-    for n in json_object("nodes")(c).get("items") or []:
+    for n in listed.get("items") or []:
         spec = n.get("spec") or {}
         out[(n.get("metadata") or {}).get("name", "?")] = {
             "cordoned": bool(spec.get("unschedulable")),
@@ -88,6 +93,26 @@ def _targets(env: Environment, name: str, look: Callable[[Fact], Any], nodes: Fa
     now = look(nodes)
     recorded = (look(held).get(name) or {}).get("nodes")
     return {n: v for n, v in now.items() if n in recorded} if recorded else now
+
+
+def held_now(env: Environment) -> set[str]:
+    """The hosts set aside now, as a watch deciding which slices are left
+    reads them (``ProbeFailed`` when it cannot look). The twin: the
+    record's. GKE: the record's hosts of which a recorded node still
+    carries the taint: `hosts.release` untaints them before it forgets the
+    host, and the record a watch in a head pod keeps (its own copy) never
+    hears of a release from this machine; a host whose recorded nodes are
+    all gone (its pool made again) is new hardware."""
+    record = R.read(env)
+    if not env.platform.cloud:
+        return set(record)
+    out = set()
+    for name, rec in record.items():
+        recorded = set(rec.get("nodes") or [])
+        now = _node_states(kube_objects.kubectl_json(env, "nodes", "-l", f"{P.NODEPOOL_LABEL}={name}"))
+        if not recorded or any(v["tainted"] for n, v in now.items() if n in recorded):
+            out.add(name)
+    return out
 
 
 # -- quarantine ---------------------------------------------------------------------

@@ -58,9 +58,10 @@ class Quarantine:
     # A host set aside for its maintenance given back once it is over (the
     # release's steps; None: nothing is set aside for it here, the twin).
     release: Callable[[str], list[Any]] | None = None
-    # The hosts set aside now, read afresh (the record): one a person gave
-    # back since (`invoke hosts.release`) counts as a slice again. None, or
-    # a record that cannot be read: every host set aside by this watch stays so.
+    # The hosts set aside now, read afresh (the record; on GKE those of it
+    # whose nodes keep the taint): one a person gave back since (`invoke
+    # hosts.release`) counts as a slice again. None, or a look that fails:
+    # every host this watch set aside stays so.
     held: Callable[[], Collection[str]] | None = None
 
 
