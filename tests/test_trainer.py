@@ -180,24 +180,71 @@ def test_a_deferred_module_runs_nothing_until_its_first_use(tmp_path, monkeypatc
     assert "no_such_module_to_defer" not in sys.modules
 
 
+def test_a_package_deferred_as_one_imports_its_submodules_without_its_init(tmp_path, monkeypatch):
+    """tokamax's case (MaxText's `from tokamax._src.ops.attention import
+    base`): the package's submodules import without its __init__, whose
+    first own name read runs it once; the real package then holds them."""
+    import deferred_import
+
+    c = tmp_path / "defer_pkg_probe"
+    (c / "sub").mkdir(parents=True)
+    (c / "__init__.py").write_text(f"import pathlib\npathlib.Path({str(c)!r}, 'ran').open('a').write('x')\n"
+                                   "from defer_pkg_probe.sub.leaf import X as X\n")
+    (c / "sub" / "__init__.py").write_text("")
+    (c / "sub" / "leaf.py").write_text("X = 7\n")
+    (c / "plain.py").write_text("")
+    for name in ("defer_pkg_probe", "defer_pkg_probe.sub", "defer_pkg_probe.sub.leaf", "defer_pkg_probe.plain"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    def ran() -> str:
+        return (c / "ran").read_text() if (c / "ran").exists() else ""
+
+    assert deferred_import.defer("defer_pkg_probe", package=True)
+    assert not deferred_import.defer("defer_pkg_probe.plain", package=True)   # a module, not a package
+    stand_in = sys.modules["defer_pkg_probe"]
+    from defer_pkg_probe.sub import leaf
+    assert leaf.X == 7 and ran() == "" and not deferred_import.loaded("defer_pkg_probe")
+    assert stand_in.X == 7 and ran() == "x" and deferred_import.loaded("defer_pkg_probe")
+    assert sys.modules["defer_pkg_probe"] is not stand_in and sys.modules["defer_pkg_probe"].sub.leaf is leaf
+
+
 @pytest.mark.compile
-def test_maxtexts_import_leaves_vertex_ai_for_its_first_use():
+def test_maxtexts_import_leaves_what_it_does_not_use_for_its_first_use():
     """The trainer's worker imports MaxText without google.cloud.aiplatform
-    (its Vertex AI TensorBoard uploader's), and a job that uses it gets the
-    real module: a process importing MaxText as a worker does."""
+    (its Vertex AI TensorBoard uploader's), sympy, scipy.stats, fastapi,
+    uvicorn and tokamax's own __init__ (one of its submodules is imported),
+    and a job that uses one gets the real module, through the names MaxText
+    and its libraries hold: a process importing MaxText as a worker does."""
+    names = [*mr.DEFERRED, *mr.DEFERRED_PACKAGES]
     code = ("import sys, maxtext_ray, deferred_import\n"
-            "assert maxtext_ray.defer_unused() == ['google.cloud.aiplatform']\n"
+            f"assert maxtext_ray.defer_unused() == {names!r}\n"
             "import maxtext.configs.pyconfig, maxtext.trainers.pre_train.train\n"
-            "print('loaded at import:', deferred_import.loaded('google.cloud.aiplatform'))\n"
+            "print('loaded at import:', [n for n in maxtext_ray.DEFERRED + maxtext_ray.DEFERRED_PACKAGES "
+            "if deferred_import.loaded(n)])\n"
+            "assert 'tokamax._src.ops.attention.base' in sys.modules\n"
             "from cloud_accelerator_diagnostics.src.tensorboard_uploader import tensorboard\n"
             "print('init from:', tensorboard.aiplatform.init.__module__)\n"
-            "print('loaded at use:', deferred_import.loaded('google.cloud.aiplatform'))\n")
+            "from maxtext.layers import engram, moe\n"
+            "print('prime:', engram.sympy.isprime(7919))\n"
+            "print('ragged_dot from:', moe.tokamax.ragged_dot.__module__)\n"
+            "import tokamax._src.ops.attention.base as base\n"
+            "print('same submodule:', sys.modules['tokamax']._src.ops.attention.base is base)\n"
+            "from ml_goodput_measurement.src import goodput_utils\n"
+            "print('mad:', goodput_utils.stats.median_abs_deviation([1.0, 2.0, 4.0]))\n"
+            "from pathwaysutils import profiling\n"
+            "print('server:', profiling.fastapi.FastAPI.__name__, profiling.uvicorn.run.__module__)\n"
+            "print('loaded at use:', [n for n in maxtext_ray.DEFERRED + maxtext_ray.DEFERRED_PACKAGES "
+            "if not deferred_import.loaded(n)])\n")
     r = subprocess.run([sys.executable, "-c", code], cwd=TRAINER, capture_output=True, text=True, timeout=300,
                        env={**os.environ, "JAX_PLATFORMS": "cpu"})
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "loaded at import: False" in r.stdout, r.stdout
+    assert "loaded at import: []" in r.stdout, r.stdout
     assert "init from: google.cloud.aiplatform.initializer" in r.stdout, r.stdout
-    assert "loaded at use: True" in r.stdout, r.stdout
+    assert "prime: True" in r.stdout and "mad: 1.0" in r.stdout, r.stdout
+    assert "ragged_dot from: tokamax._src.ops.ragged_dot.api" in r.stdout, r.stdout
+    assert "same submodule: True" in r.stdout and "server: FastAPI uvicorn.main" in r.stdout, r.stdout
+    assert "loaded at use: []" in r.stdout, r.stdout
 
 
 LOG = """\

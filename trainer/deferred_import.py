@@ -18,6 +18,16 @@ faked: the real module answers every use. (importlib's LazyLoader does not
 serve here: the import statement itself reads ``__spec__`` from the module
 it finds, and that read loads a LazyLoader module at once.)
 
+``defer(name, package=True)`` also gives the stand-in the package's own
+``__path__``: its submodules import without its ``__init__``, which waits
+for the first read of one of its own names (``from PACKAGE import NAME``
+reads one). Only for a package whose
+``__init__`` gathers its submodules' names and does nothing else: tokamax
+0.2's, whose ``__init__`` imports every kernel of the library (~1.2 of
+MaxText's ~6 CPU-seconds here) while MaxText's import needs one of its
+submodules (``maxtext/layers/attention_op.py``: ``from
+tokamax._src.ops.attention import base``).
+
 Beside the trainer in the job's working directory, shipped as it is."""
 from __future__ import annotations
 
@@ -34,13 +44,17 @@ class Deferred(types.ModuleType):
     """Stands in for a module not yet imported; its first attribute read
     imports the real one."""
 
-    def __init__(self, name: str, spec) -> None:
+    def __init__(self, name: str, spec, package: bool = False) -> None:
         super().__init__(name, f"stands in for {name} until its first use")
         # What `import` and importlib.util.find_spec read: the real module's
-        # spec (not initializing), so neither loads it. No __path__: a
-        # submodule's import reads it, and that loads the real package first.
+        # spec (not initializing), so neither loads it. No __path__ (unless
+        # ``package``): a submodule's import reads it, and that loads the
+        # real package first.
         self.__spec__, self.__loader__, self.__file__ = spec, spec.loader, spec.origin
         self.__package__ = spec.parent
+        if package:
+            self.__path__ = list(spec.submodule_search_locations)
+            self.__package__ = name
         self.__dict__["_deferred_real"] = None
 
     def _deferred_load(self) -> types.ModuleType:
@@ -54,6 +68,12 @@ class Deferred(types.ModuleType):
                 except BaseException:
                     sys.modules.setdefault(self.__name__, self)  # a later use tries again
                     raise
+                # A package's submodules imported through the stand-in are
+                # its attributes there: the real package's too.
+                for key, value in list(self.__dict__.items()):
+                    if isinstance(value, types.ModuleType) and value.__name__ == f"{self.__name__}.{key}" \
+                            and key not in real.__dict__:
+                        setattr(real, key, value)
                 self.__dict__["_deferred_real"] = real
             return real
 
@@ -63,9 +83,10 @@ class Deferred(types.ModuleType):
         return getattr(self._deferred_load(), attr)
 
 
-def defer(name: str) -> bool:
+def defer(name: str, package: bool = False) -> bool:
     """Stand in for ``name`` until its first use: True if it now does;
-    False where it is already imported or not installed (nothing to defer)."""
+    False where it is already imported or not installed (nothing to defer).
+    ``package``: its submodules import without it (above)."""
     with _LOCK:
         if name in sys.modules:
             return False
@@ -74,9 +95,9 @@ def defer(name: str) -> bool:
             spec = importlib.util.find_spec(name)
         except (ImportError, ValueError):
             return False
-        if spec is None or spec.loader is None:
+        if spec is None or spec.loader is None or (package and spec.submodule_search_locations is None):
             return False
-        stand_in = Deferred(name, spec)
+        stand_in = Deferred(name, spec, package)
         sys.modules[name] = stand_in
         if parent and parent in sys.modules and not hasattr(sys.modules[parent], child):
             setattr(sys.modules[parent], child, stand_in)
