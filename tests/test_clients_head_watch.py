@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import json
 import subprocess
+import threading
 import time
+from dataclasses import dataclass
 
 import pytest
 
@@ -125,30 +127,39 @@ runpy.run_module("invoke", run_name="__main__", alter_sys=True)
 """
 
 
-def gate_line(hostname: str) -> str:
+def gate_line(hostname: str, slice_: str = HOST) -> str:
     e = {"t": round(time.time(), 3), "kind": E.HEALTH_GATE, "ok": False, "source": "trainer",
-         "unhealthy": [{"slice": HOST, "host": 0, "rank": 4, "hostname": hostname, "failed": ["devices"]}]}
+         "unhealthy": [{"slice": slice_, "host": 0, "rank": 4, "hostname": hostname, "failed": ["devices"]}]}
     return f"(RayTrainWorker pid=42, ip=10.0.0.3) trainer event: {json.dumps(e)}"
 
 
-def test_the_watch_in_the_head_sets_a_sick_slice_aside_with_its_service_account_alone(cloud: Cloud, tmp_path):
-    """`invoke watch` as the head pod runs it: no kubectl, gcloud or
-    kubeconfig, none of what the Ray image lacks; the pod's service
-    account; the head's dashboard. A failed health gate on a host of slice
-    v6e-16-1: its nodes cordoned and tainted, its worker pods moved off,
-    every event also a line of its log for this machine to take back."""
-    from playbooks.plays.quarantine import TAINT_KEY
-    from playbooks.runs import watch_records
+@dataclass
+class HeadWatch:
+    """`invoke watch --elastic` run as the head pod runs it, its output
+    lines as they come; each slice's nodes and worker pods at its start."""
+    p: subprocess.Popen
+    lines: list[str]
+    nodes: dict[str, set[str]]
+    pods: dict[str, list[dict]]
+
+
+def head_watch(cloud: Cloud, tmp_path) -> HeadWatch:
+    """The full tutorial on the fakes, the job running, a failed health gate
+    in its log on a worker of slice HOST, and the watch started as the head
+    pod runs it: no kubectl, gcloud or kubeconfig, none of what the Ray
+    image lacks; the pod's service account; the head's dashboard."""
     cloud.seed_full()
     cloud.change_inventory(stall_watch="cluster", stall_action="restart")
-    pods = list(cloud.kube.list("pods", "default", "ray.io/node-type=worker"))
-    nodes = {n["metadata"]["name"] for n in cloud.kube.list("nodes")
-             if n["metadata"]["labels"].get("cloud.google.com/gke-nodepool") == HOST}
-    sick = [p for p in pods if (p.get("spec") or {}).get("nodeName") in nodes]
-    assert nodes and sick, "the fake cluster has no worker pod on the slice"
+    workers = list(cloud.kube.list("pods", "default", "ray.io/node-type=worker"))
+    nodes: dict[str, set[str]] = {}
+    for n in cloud.kube.list("nodes"):
+        nodes.setdefault(n["metadata"]["labels"].get("cloud.google.com/gke-nodepool"), set()).add(n["metadata"]["name"])
+    pods = {pool: [p for p in workers if (p.get("spec") or {}).get("nodeName") in names]
+            for pool, names in nodes.items()}
+    assert nodes.get(HOST) and pods[HOST], "the fake cluster has no worker pod on the slice"
     cloud.dashboard.add_job(SID, "python maxtext_elastic_trainer.py base.yml")
     cloud.dashboard.log(SID, "(TrainController pid=7) Started training worker group of size 8.",
-                        gate_line(sick[0]["spec"].get("hostname") or sick[0]["metadata"]["name"]))
+                        gate_line(pods[HOST][0]["spec"].get("hostname") or pods[HOST][0]["metadata"]["name"]))
     sa = tmp_path / "serviceaccount"
     sa.mkdir()
     (sa / "token").write_text(cloud.kube.token)
@@ -164,25 +175,64 @@ def test_the_watch_in_the_head_sets_a_sick_slice_aside_with_its_service_account_
                 "KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": str(cloud.kube.server.port)})
     code = HEAD.format(blocked=NOT_IN_THE_HEAD, sa=str(sa),
                        args=["watch", f"--run={RUN}", f"--job={SID}", "--elastic"])
-    mark = cloud.kube.server.mark()
     p = subprocess.Popen([str(ROOT / ".venv" / "bin" / "python"), "-c", code], env=env, cwd=ROOT,
                          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: list[str] = []
-    import threading
     threading.Thread(target=lambda: lines.extend(x.rstrip("\n") for x in p.stdout), daemon=True).start()
-    wait_for(lines, f"host {HOST} quarantined", p, 120)
+    return HeadWatch(p, lines, nodes, pods)
+
+
+def test_the_watch_in_the_head_sets_a_sick_slice_aside_with_its_service_account_alone(cloud: Cloud, tmp_path):
+    """A failed health gate on a host of slice v6e-16-1, the watch run as
+    the head pod runs it (``head_watch``): its nodes cordoned and tainted,
+    its worker pods moved off, every event also a line of its log for this
+    machine to take back."""
+    from playbooks.plays.quarantine import TAINT_KEY
+    from playbooks.runs import watch_records
+    mark = cloud.kube.server.mark()
+    w = head_watch(cloud, tmp_path)
+    wait_for(w.lines, f"host {HOST} quarantined", w.p, 120)
     cloud.dashboard.end(SID)
-    assert p.wait(timeout=120) == 0, "\n".join(lines[-80:])
-    out = "\n".join(lines)
+    assert w.p.wait(timeout=120) == 0, "\n".join(w.lines[-80:])
+    out = "\n".join(w.lines)
     assert "not answered in the cluster" not in out and "is not in the Ray head's image" not in out, out[-4000:]
-    for n in nodes:
+    for n in w.nodes[HOST]:
         spec = cloud.kube.get("nodes", n)["spec"]
         assert spec.get("unschedulable") and any(t["key"] == TAINT_KEY for t in spec.get("taints") or []), n
     left = {p["metadata"]["name"] for p in cloud.kube.list("pods", "default", "ray.io/node-type=worker")}
-    assert not left & {p["metadata"]["name"] for p in sick}
+    assert not left & {p["metadata"]["name"] for p in w.pods[HOST]}
     seen = cloud.kube.server.since(mark)
     assert {r.headers.get("authorization", "").lower() for r in seen} == {f"bearer {cloud.kube.token}".lower()}
     # What this machine takes back from the watch's log: the quarantine, with the slice's nodes.
-    back = [watch_records.parse(x) for x in lines]
+    back = [watch_records.parse(x) for x in w.lines]
     quarantined = [e for _, e in filter(None, back) if e["kind"] == E.QUARANTINED]
-    assert [(e["host"], sorted(e["nodes"])) for e in quarantined] == [(HOST, sorted(nodes))], out[-3000:]
+    assert [(e["host"], sorted(e["nodes"])) for e in quarantined] == [(HOST, sorted(w.nodes[HOST]))], out[-3000:]
+
+
+def test_in_the_head_a_slice_given_back_from_this_machine_is_a_slice_again(cloud: Cloud, tmp_path):
+    """The head keeps its own record, which a release from this machine
+    never reaches: its watch reads the nodes' taint. Slice v6e-16-1 set
+    aside by a failed gate, then given back here (`invoke hosts.release`:
+    uncordoned, untainted) while the head's record still lists it; a gate
+    failing on slice v6e-16-0 then sets that one aside, and the job goes
+    on: it is not stopped as if no slice were left."""
+    from playbooks.runs import quarantine_record as R
+    w = head_watch(cloud, tmp_path)
+    wait_for(w.lines, f"host {HOST} quarantined", w.p, 120)
+    env = cloud.envdata()
+    held = R.read(env)[HOST]
+    released = cloud.invoke("hosts.release", HOST)
+    assert released.rc == 0 and HOST not in R.read(env), released.out[-3000:]
+    # The head's copy (here the fakes' head shares this machine's folder): as it was.
+    R.add(env, HOST, held).fn()
+    other = "v6e-16-0"
+    cloud.dashboard.log(SID, gate_line(w.pods[other][0]["spec"].get("hostname") or w.pods[other][0]["metadata"]["name"],
+                                       other))
+    wait_for(w.lines, f"host {other} quarantined", w.p, 120)
+    cloud.dashboard.end(SID)
+    assert w.p.wait(timeout=120) == 0, "\n".join(w.lines[-80:])
+    out = "\n".join(w.lines)
+    assert f"health gate: host {other} quarantined (failed its checks); the elastic job's next worker group goes " \
+           "on without it" in out, out[-4000:]
+    assert not [x for x in w.lines if x.strip().startswith("apply  ray job stop")], out[-4000:]
+    assert sorted(R.read(env)) == [other, HOST]   # the head's copy: both (`invoke hosts` is this machine's)
