@@ -21,12 +21,12 @@ it finds, and that read loads a LazyLoader module at once.)
 ``defer(name, package=True)`` also gives the stand-in the package's own
 ``__path__``: its submodules import without its ``__init__``, which waits
 for the first read of one of its own names (``from PACKAGE import NAME``
-reads one). Only for a package whose
-``__init__`` gathers its submodules' names and does nothing else: tokamax
-0.2's, whose ``__init__`` imports every kernel of the library (~1.2 of
-MaxText's ~6 CPU-seconds here) while MaxText's import needs one of its
-submodules (``maxtext/layers/attention_op.py``: ``from
-tokamax._src.ops.attention import base``).
+reads one). Only for a package whose ``__init__`` gathers its submodules'
+names and does nothing else: tokamax 0.2's, whose ``__init__`` imports
+every kernel of the library (~1.2 of MaxText's ~6 CPU-seconds here) while
+MaxText's import needs one of its submodules
+(``maxtext/layers/attention_op.py``: ``from tokamax._src.ops.attention
+import base``).
 
 Beside the trainer in the job's working directory, shipped as it is."""
 from __future__ import annotations
