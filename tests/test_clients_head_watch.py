@@ -127,7 +127,10 @@ runpy.run_module("invoke", run_name="__main__", alter_sys=True)
 """
 
 
-def gate_line(hostname: str, slice_: str = HOST) -> str:
+def gate_line(pod: dict, slice_: str = HOST) -> str:
+    """A failed health gate naming the worker ``pod`` (by its hostname, as
+    the trainer reports it) of ``slice_``."""
+    hostname = pod["spec"].get("hostname") or pod["metadata"]["name"]
     e = {"t": round(time.time(), 3), "kind": E.HEALTH_GATE, "ok": False, "source": "trainer",
          "unhealthy": [{"slice": slice_, "host": 0, "rank": 4, "hostname": hostname, "failed": ["devices"]}]}
     return f"(RayTrainWorker pid=42, ip=10.0.0.3) trainer event: {json.dumps(e)}"
@@ -141,6 +144,7 @@ class HeadWatch:
     lines: list[str]
     nodes: dict[str, set[str]]
     pods: dict[str, list[dict]]
+    mark: int  # the fake API server's requests from the watch's start on
 
 
 def head_watch(cloud: Cloud, tmp_path) -> HeadWatch:
@@ -159,7 +163,7 @@ def head_watch(cloud: Cloud, tmp_path) -> HeadWatch:
     assert nodes.get(HOST) and pods[HOST], "the fake cluster has no worker pod on the slice"
     cloud.dashboard.add_job(SID, "python maxtext_elastic_trainer.py base.yml")
     cloud.dashboard.log(SID, "(TrainController pid=7) Started training worker group of size 8.",
-                        gate_line(pods[HOST][0]["spec"].get("hostname") or pods[HOST][0]["metadata"]["name"]))
+                        gate_line(pods[HOST][0]))
     sa = tmp_path / "serviceaccount"
     sa.mkdir()
     (sa / "token").write_text(cloud.kube.token)
@@ -175,11 +179,12 @@ def head_watch(cloud: Cloud, tmp_path) -> HeadWatch:
                 "KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": str(cloud.kube.server.port)})
     code = HEAD.format(blocked=NOT_IN_THE_HEAD, sa=str(sa),
                        args=["watch", f"--run={RUN}", f"--job={SID}", "--elastic"])
+    mark = cloud.kube.server.mark()
     p = subprocess.Popen([str(ROOT / ".venv" / "bin" / "python"), "-c", code], env=env, cwd=ROOT,
                          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: list[str] = []
     threading.Thread(target=lambda: lines.extend(x.rstrip("\n") for x in p.stdout), daemon=True).start()
-    return HeadWatch(p, lines, nodes, pods)
+    return HeadWatch(p, lines, nodes, pods, mark)
 
 
 def test_the_watch_in_the_head_sets_a_sick_slice_aside_with_its_service_account_alone(cloud: Cloud, tmp_path):
@@ -189,7 +194,6 @@ def test_the_watch_in_the_head_sets_a_sick_slice_aside_with_its_service_account_
     machine to take back."""
     from playbooks.plays.quarantine import TAINT_KEY
     from playbooks.runs import watch_records
-    mark = cloud.kube.server.mark()
     w = head_watch(cloud, tmp_path)
     wait_for(w.lines, f"host {HOST} quarantined", w.p, 120)
     cloud.dashboard.end(SID)
@@ -201,7 +205,7 @@ def test_the_watch_in_the_head_sets_a_sick_slice_aside_with_its_service_account_
         assert spec.get("unschedulable") and any(t["key"] == TAINT_KEY for t in spec.get("taints") or []), n
     left = {p["metadata"]["name"] for p in cloud.kube.list("pods", "default", "ray.io/node-type=worker")}
     assert not left & {p["metadata"]["name"] for p in w.pods[HOST]}
-    seen = cloud.kube.server.since(mark)
+    seen = cloud.kube.server.since(w.mark)
     assert {r.headers.get("authorization", "").lower() for r in seen} == {f"bearer {cloud.kube.token}".lower()}
     # What this machine takes back from the watch's log: the quarantine, with the slice's nodes.
     back = [watch_records.parse(x) for x in w.lines]
@@ -226,8 +230,7 @@ def test_in_the_head_a_slice_given_back_from_this_machine_is_a_slice_again(cloud
     # The head's copy (here the fakes' head shares this machine's folder): as it was.
     R.add(env, HOST, held).fn()
     other = "v6e-16-0"
-    cloud.dashboard.log(SID, gate_line(w.pods[other][0]["spec"].get("hostname") or w.pods[other][0]["metadata"]["name"],
-                                       other))
+    cloud.dashboard.log(SID, gate_line(w.pods[other][0], other))
     wait_for(w.lines, f"host {other} quarantined", w.p, 120)
     cloud.dashboard.end(SID)
     assert w.p.wait(timeout=120) == 0, "\n".join(w.lines[-80:])

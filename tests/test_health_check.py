@@ -250,17 +250,19 @@ def results(group: Group) -> list[dict | None]:
 # (~45 s of the line's time between them, the CPU idle) start with this
 # file, beside its other JAX processes, where their tests are selected; the
 # tests read them when their turn comes.
+# Each group by what its second process does, with the test that reads it.
 WAITING_GROUPS = {
-    "test_across_processes_a_host_that_never_joins_the_all_gather_fails_the_other_in_time":
-        ("no-gather", ("2", "2"), "8"),  # at most 4 x 8 s in the gate
-    "test_across_processes_a_host_hung_before_its_gate_stops_the_other_at_its_devices": ("hang", ("2", "2"), "8"),
+    "no-gather": "test_across_processes_a_host_that_never_joins_the_all_gather_fails_the_other_in_time",
+    "hang": "test_across_processes_a_host_hung_before_its_gate_stops_the_other_at_its_devices",
 }
 
 
 @pytest.fixture(scope="module", autouse=True)
 def waiting_groups(request) -> Iterator[dict[str, Group]]:
     selected = {item.name for item in request.session.items if item.path == request.path}
-    groups = {name: start_group(*args) for name, args in WAITING_GROUPS.items() if name in selected}
+    # at most 4 x 8 s in the gate each
+    groups = {second: start_group(second, ("2", "2"), timeout="8")
+              for second, test in WAITING_GROUPS.items() if test in selected}
     yield groups
     for g in groups.values():
         for p in g.procs:
@@ -286,7 +288,7 @@ def test_across_processes_every_host_names_the_sick_one():
 
 @pytest.mark.multiprocess
 def test_across_processes_a_host_that_never_joins_the_all_gather_fails_the_other_in_time(waiting_groups):
-    group = waiting_groups["test_across_processes_a_host_that_never_joins_the_all_gather_fails_the_other_in_time"]
+    group = waiting_groups["no-gather"]
     well, _ = results(group)
     assert time.monotonic() - group.started < 150
     # Our limit, or JAX's own deadline when it comes first (Gloo's 30 s on CPU, under load): both say who is missing.
@@ -300,7 +302,7 @@ def test_across_processes_a_host_hung_before_its_gate_stops_the_other_at_its_dev
     """JAX's devices start only with every process's: the waiting host says
     so (it cannot tell a peer hung from its own chips), runs nothing else
     that would wait on them, and fails in one check's time."""
-    group = waiting_groups["test_across_processes_a_host_hung_before_its_gate_stops_the_other_at_its_devices"]
+    group = waiting_groups["hang"]
     well, _ = results(group)
     assert time.monotonic() - group.started < 100
     checks = checks_of(well)

@@ -149,6 +149,16 @@ def watched(tmp_path, monkeypatch, fake: FakeQuarantine, elastic: bool = True, a
     return ctx, env, f, w, now
 
 
+def _stall_again(f, w, now, culprit: str | None = None) -> None:
+    """A step, then no step for long: a second stall, its hang naming
+    ``culprit`` (None: the host the first one named)."""
+    f.line(f"(RayTrainWorker pid=1) trainer event: {json.dumps(ev(now[0] - T0, 'step', 6, seconds=1.0))}")
+    now[0] += 100
+    if culprit is not None:
+        w.diagnose = lambda: Diagnosis(MISSING, (culprit,), f"hang: host {culprit} missing from the collective", 2)
+    w.tick()
+
+
 def test_a_stall_sets_the_culprit_aside_once_through_the_engine_and_the_job_goes_on(tmp_path, monkeypatch):
     fake = FakeQuarantine()
     ctx, env, f, w, now = watched(tmp_path, monkeypatch, fake)
@@ -165,18 +175,8 @@ def test_a_stall_sets_the_culprit_aside_once_through_the_engine_and_the_job_goes
     [e] = [e for e in timeline.read(env, "run") if e["kind"] == "quarantined"]
     assert (e["host"], e["slice"], e["by"]) == ("tpu-group-1-0", "tpu-group-1", "stall_action: restart")
     # A second stall (after a step): called again, for the host it names.
-    f.line(f"(RayTrainWorker pid=1) trainer event: {json.dumps(ev(now[0] - T0, 'step', 6, seconds=1.0))}")
-    now[0] += 100
-    w.tick()
+    _stall_again(f, w, now)
     assert len(fake.calls) == 2
-
-
-def _stall_again(f, w, now, culprit: str) -> None:
-    """A step, then no step for long: a second stall, its hang naming ``culprit``."""
-    f.line(f"(RayTrainWorker pid=1) trainer event: {json.dumps(ev(now[0] - T0, 'step', 6, seconds=1.0))}")
-    now[0] += 100
-    w.diagnose = lambda: Diagnosis(MISSING, (culprit,), f"hang: host {culprit} missing from the collective", 2)
-    w.tick()
 
 
 def test_a_host_given_back_is_a_slice_again_for_the_next_stall(tmp_path, monkeypatch):
