@@ -104,7 +104,12 @@ def test_with_credentials_that_expire_the_auth_plugin_there_asks_gcloud_once(
     it (in ~/.kube) until then: through a controller signed in with a
     service account key, each kubectl there starts the plugin, but only the
     first plugin starts a gcloud, in the first run; the converged run
-    starts none."""
+    starts none. The cloud's side is there already (the test above makes it
+    from nothing through the controller): the first run makes the cluster's
+    objects, with kubectl."""
+    cloud.seed_to_cluster()
+    cloud.seed_pools()
+    cloud.seed_bucket()
     log = tmp_path / "controller-started.log"
     first = cloud.invoke("up", **NOWHERE)
     assert first.rc == 0, first.out
@@ -112,6 +117,7 @@ def test_with_credentials_that_expire_the_auth_plugin_there_asks_gcloud_once(
     helpers = [p for p in started if p.startswith("gcloud config config-helper")]
     assert sum(p.startswith("kubectl ") for p in started) >= 2, started
     assert len(helpers) == 1, started
+    assert cloud.kube.list("rayclusters") and first.calls("POST", r"/rayclusters$"), first.out
 
     second = cloud.invoke("up", **NOWHERE)
     assert second.rc == 0 and second.changes == [], second.out

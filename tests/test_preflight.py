@@ -146,14 +146,15 @@ def preflight_env(tmp_path_factory):
     inv = d / "inventory.yaml"
     inv.write_text(yaml.safe_dump({"default": "pf-fits", "environments": {
         "pf-fits": {**GKE, "train_overrides": TINY},
-        # One v6e-4 slice and logits far over its HBM: 524288 vocabulary x 1024 tokens x 64 sequences
-        # (~66 GiB of temporaries per chip; one sequence needs ~3 GiB). Short sequences: each compile
-        # takes ~20 s here, where 8192 tokens took ~30 s.
+        # One v6e-4 slice and logits far over its HBM: 524288 vocabulary x 64 tokens x 1024 sequences
+        # (~65 GiB of temporaries per chip; one sequence needs ~1.4 GiB). Short sequences, many of
+        # them: the two compiles of `invoke preflight` took 33 CPU-seconds here (2026-12-07), where
+        # 1024 tokens x 64 took 46 and 8192 tokens more.
         # (its own cluster, bucket, subnets and port: no two environments own one thing)
         "pf-oom": {**GKE, "cluster_name": "pf-oom", "gs_bucket": "pf-oom-bucket", "subnet_1_name": "pf-oom-1",
                    "subnet_2_name": "pf-oom-2", "dashboard_port": 8266, "slices": 1, "topology": "2x2",
                    "train_overrides": {
-            **TINY, "vocab_size": 524288, "max_target_length": 1024, "per_device_batch_size": 64,
+            **TINY, "vocab_size": 524288, "max_target_length": 64, "per_device_batch_size": 1024,
             "ici_fsdp_parallelism": 4, "ici_tensor_parallelism": 1,
             # The search's first candidate, already set: it is skipped (one compile fewer).
             "remat_policy": "full"}},

@@ -5,9 +5,9 @@ dashboard) on 127.0.0.1, a hermetic environment for the real clients, and
 Every client process gets a HOME, CLOUDSDK_CONFIG and KUBECONFIG of the
 test's fake cloud, endpoint overrides pointing at the fakes, the fakes' CA
 certificates, and credentials that expire, as a real account's do: gcloud
-signed in with a service account key (made once per fake cloud, its gcloud
+signed in with a service account key (made once per process, its gcloud
 configuration copied into a folder of the tests'), whose token comes from
-the fake's token endpoint with an expiry, so gke-gcloud-auth-plugin keeps
+the current fake's token endpoint with an expiry, so gke-gcloud-auth-plugin keeps
 it in ~/.kube and starts a gcloud only when it has none; gsutil takes the
 key from gcloud. Each test gets a new kubeconfig; HOME and the gcloud
 configuration, with the tokens kept in them and in this tool's token cache,
@@ -68,6 +68,14 @@ AUTOPILOT = "clients-test-autopilot" + (f"-{_WORKER}" if _WORKER else "")
 # line to the file named by this variable (when set), then execs the real
 # client: how the tests and bench/provision.py count the processes a run
 # starts, kubectl's auth plugin and the gcloud it starts included.
+# The signed-in gcloud configuration (Cloud._service_account_config), made
+# once per process (each pytest worker) and copied for every fake cloud after
+# the first: its key's token URI names the first fake, but gcloud and gsutil
+# renew at the token host of the environment they run in (the current fake's
+# auth/token_host, BOTO's provider_token_uri; tried 2026-12-07 with the first
+# fake stopped), and every fake accepts the same token. Two gcloud processes
+# per test file fewer.
+SIGNED_IN: list[Path] = []
 COUNTED = ("gcloud", "gsutil", "kubectl", "gke-gcloud-auth-plugin")
 COUNT_LOG = "TPU_PLAYBOOKS_TEST_STARTED"
 
@@ -250,11 +258,14 @@ class Cloud:
 
     def _service_account_config(self) -> Path:
         """A gcloud configuration signed in with a service account key (an
-        RSA key made here) and holding its first token, made once for this
-        fake cloud by the real `gcloud auth activate-service-account`;
+        RSA key made here) and holding its first token, made once per
+        process (SIGNED_IN) by the real `gcloud auth activate-service-account`;
         gcloud renews the token at the fake's token endpoint
         (``auth/token_host``), with an expiry."""
         if self._signed_in is not None:
+            return self._signed_in
+        if SIGNED_IN and SIGNED_IN[0].is_dir():
+            self._signed_in = SIGNED_IN[0]
             return self._signed_in
         from cryptography.hazmat.primitives import serialization
         from cryptography.hazmat.primitives.asymmetric import rsa
@@ -276,6 +287,7 @@ class Cloud:
                                capture_output=True, text=True, timeout=120)
             assert r.returncode == 0, r.stderr
         self._signed_in = made / "gcloud"
+        SIGNED_IN[:] = [self._signed_in]
         return self._signed_in
 
     def env(self, env_name: str = STANDARD, **extra: str) -> dict[str, str]:
