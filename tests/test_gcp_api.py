@@ -6,17 +6,21 @@ Each command answered, once through the real gcloud and once through the
 shortcut, on the same state of the fakes (tests/fakes/gcp.py): the same
 output. An answer that is not a success (an error status, a partial list,
 a server that does not answer) is not answered: the command runs as its
-process and gcloud says it. Then whole runs: a converged `up` and a
+process and gcloud says it. With no account, each is refused in gcloud's
+own words, as its process refuses it. Then whole runs: a converged `up` and a
 `status` start at most two thirds of the client processes they started
 before (18 and 13), with the same rows as a run that starts every command as
 its process."""
 from __future__ import annotations
 
 import json
+import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from playbooks.access.cli_clients import NO_ACCOUNT_WORDS
 from playbooks.access.gcloud_credentials import GcloudCredentials, TokenCache, cache_key, parse_helper
 from playbooks.access.gcp_api import GcloudShortcut, parse
 from tests.fakes.cloud import PROJECT, TOKEN, Cloud
@@ -43,12 +47,12 @@ ANSWERED = [
 ]
 
 
-def same(cloud: Cloud, argv: list[str], env: dict[str, str] | None = None) -> tuple[str, str]:
-    """The real gcloud's stdout and the shortcut's, for one command."""
-    env = env or cloud.env()
+def same(cloud: Cloud, argv: list[str], creds: GcloudCredentials) -> tuple[str, str]:
+    """The real gcloud's stdout and the shortcut's, for one command (the
+    shortcut's credentials shared by a test's reads, as one run's are)."""
     real = cloud.client(*argv)
     assert real.returncode == 0, (argv, real.stderr)
-    got = GcloudShortcut(GcloudCredentials()).run(argv, env, 60)
+    got = GcloudShortcut(creds).run(argv, cloud.env(), 60)
     assert got is not None, f"not answered in-process: {argv}"
     assert got.rc == 0 and got.stderr == real.stderr, (got.stderr, real.stderr)
     return real.stdout, got.stdout
@@ -67,13 +71,14 @@ def test_each_read_is_answered_as_gcloud_prints_it(cloud: Cloud):
     project (the empty lists)."""
     cloud.seed_full()
     cloud.gcp.add_network("other-net", mtu=1460)
+    creds = GcloudCredentials()
     for argv in ANSWERED:
-        real, got = same(cloud, argv)
+        real, got = same(cloud, argv, creds)
         assert loaded(got) == loaded(real), argv
         assert got == real or not argv[-1].startswith("--format=json") or argv[1] == "config", (argv, got, real)
     cloud.reset()
     for argv in ANSWERED[:1] + ANSWERED[2:4]:
-        real, got = same(cloud, argv)
+        real, got = same(cloud, argv, creds)
         assert loaded(got) == loaded(real) == [], argv
 
 
@@ -149,13 +154,14 @@ def test_only_the_machine_type_named_and_only_a_whole_aggregated_list_is_answere
     """gcloud's ``name=M`` on the aggregated list: M in every zone that has
     it, nothing else; a zone that did not answer leaves it to gcloud."""
     argv = ANSWERED[-3]
-    real, got = same(cloud, argv)
+    creds = GcloudCredentials()
+    real, got = same(cloud, argv, creds)
     assert got == real and {m["name"] for m in json.loads(got)} == {"ct6e-standard-4t"}, got
     assert len(json.loads(got)) >= 2, "one entry per zone that has it"
     cloud.gcp.server.fail("GET", r"/aggregated/machineTypes$", 200, {"items": {
         "zones/us-east5-b": {"machineTypes": [{"name": "ct6e-standard-4t", "zone": "us-east5-b"}]},
         "zones/us-east5-c": {"warning": {"code": "UNREACHABLE", "message": "zone down"}}}}, times=1)
-    assert GcloudShortcut(GcloudCredentials()).run(argv, cloud.env(), 60) is None
+    assert GcloudShortcut(creds).run(argv, cloud.env(), 60) is None
 
 
 @pytest.mark.clients
@@ -170,14 +176,35 @@ def test_properties_it_does_not_follow_leave_every_command_to_gcloud(cloud: Clou
 
 
 @pytest.mark.clients
-def test_no_account_leaves_every_command_to_gcloud(cloud: Cloud):
+def test_without_an_account_each_read_is_refused_in_gclouds_own_words_after_one_helper(cloud: Cloud):
+    """gcloud with no account refuses every command with the same words, its
+    own name first, before any API call: each read is answered with the
+    helper's refusal under its name, as its process prints it (compared
+    command by command), after one helper and no request. The commands
+    answered from the helper's answer (its token, gcloud's properties) run
+    as their process, which says it."""
     cloud.use_access_token_file()   # a gcloud configuration with no account, once the file is gone
     env = cloud.env()
     del env["CLOUDSDK_AUTH_ACCESS_TOKEN_FILE"]
     creds = GcloudCredentials()
-    assert GcloudShortcut(creds).run(ANSWERED[2], env, 60) is None
-    assert GcloudShortcut(creds).run(ANSWERED[4], env, 60) is None
+    shortcut = GcloudShortcut(creds)
+    mark = cloud.gcp.server.mark()
+    asked = []
+    for argv in ANSWERED:
+        got = shortcut.run(argv, env, 60)
+        if parse(argv) is None:
+            assert got is None, argv
+            continue
+        assert got is not None, argv
+        asked.append((argv, got))
     assert creds.helper_runs == 1, "a helper that failed is not asked again in the run"
+    assert not cloud.gcp.server.since(mark)
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        real = list(pool.map(lambda a: subprocess.run(a[0], env=env, capture_output=True, text=True, timeout=120),
+                             asked))
+    for (argv, got), r in zip(asked, real, strict=True):
+        assert r.returncode == 1 and NO_ACCOUNT_WORDS in r.stderr, (argv, r.stderr)
+        assert (got.rc, got.stdout, got.stderr) == (r.returncode, r.stdout, r.stderr), argv
 
 
 @pytest.mark.clients

@@ -13,7 +13,8 @@ may be replaced), and when gcloud's configuration sentinel file changed (a
 `gcloud config set` or `gcloud auth login` touches it: that is how the auth
 plugin's own cache knows). A helper that fails (no account, no gcloud) is
 ``None``: every command then runs as the process it is, and says why
-itself.
+itself; where the helper said there is no account, ``refusal`` keeps its
+words (``gcp_api`` answers its reads with them).
 
 Between runs, an answer whose token has an expiry is kept in a file of its
 own (``TokenCache``: mode 0600 under .state/gcloud-tokens/, named by a hash
@@ -38,6 +39,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from playbooks.access.cli_clients import NO_ACCOUNT_WORDS
 
 HELPER = ("config", "config-helper", "--format=json")
 EXPIRY_MARGIN = 300.0   # ask again this many seconds before the token expires
@@ -173,6 +176,19 @@ class GcloudCredentials:
     _held: dict[tuple, Credentials | None] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     helper_runs: int = 0  # how many config-helper processes this run started
+    # Per child environment: the helper's own words when it found no account
+    # (``refusal``).
+    _refused: dict[tuple, str] = field(default_factory=dict)
+
+    def refusal(self, env: Mapping[str, str]) -> str | None:
+        """What the helper said, for this environment, when it failed for
+        want of an account (gcloud's NO_ACCOUNT_WORDS: a proven refusal, which
+        every gcloud command that needs credentials makes in the same words,
+        its own name first, before any API call); None otherwise, and before
+        the helper was asked."""
+        env = {k: v for k, v in env.items() if k not in NOT_CREDENTIALS}
+        with self._lock:
+            return self._refused.get(tuple(sorted(env.items())))
 
     def get(self, env: Mapping[str, str]) -> Credentials | None:
         env = {k: v for k, v in env.items() if k not in NOT_CREDENTIALS}
@@ -185,13 +201,13 @@ class GcloudCredentials:
                 return None  # the helper failed once this run: processes from now on
             got = self.cache.load(env, time.monotonic()) if self.cache is not None else None
             if got is None:
-                got = self._ask(env)
+                got = self._ask(env, key)
                 if got is not None and self.cache is not None:
                     self.cache.store(env, got)
             self._held[key] = got
             return got
 
-    def _ask(self, env: Mapping[str, str]) -> Credentials | None:
+    def _ask(self, env: Mapping[str, str], key: tuple) -> Credentials | None:
         gcloud = shutil.which("gcloud", path=env.get("PATH", ""))
         if gcloud is None:
             return None
@@ -201,4 +217,6 @@ class GcloudCredentials:
                                text=True, timeout=HELPER_TIMEOUT)
         except (OSError, subprocess.TimeoutExpired):
             return None
+        if p.returncode != 0 and NO_ACCOUNT_WORDS in p.stderr:
+            self._refused[key] = p.stderr
         return parse_helper(p.stdout, time.monotonic()) if p.returncode == 0 else None

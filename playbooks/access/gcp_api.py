@@ -27,6 +27,13 @@ process it is, and gcloud says in its own words what went wrong (the plays'
 parses and the retry policy read gcloud's words, and only those). The
 project's tests compare both answers against the fakes, command by command.
 
+Where gcloud has no account (its config-helper refused with gcloud's
+words, ``GcloudCredentials.refusal``), each command below is answered with
+that refusal under its own name, exit 1, as its process would say it
+before any API call (``no_account``; the subnets' list also prints
+``[]``): a status or an up on a machine not yet signed in starts one
+gcloud for them, not one per read.
+
 The commands answered, with exactly these flags:
 
 - ``gcloud container clusters list --format=json --project=P``
@@ -135,11 +142,12 @@ class Call:
 
     def __init__(self, api: str, path: str, shape: Callable[[Any], str], query: dict[str, str] | None = None,
                  method: str = "GET", body: Any = None, items: str | None = None, aggregated: bool = False,
-                 stderr: str = "", not_found: str | None = None):
+                 stderr: str = "", not_found: str | None = None, refused_stdout: str = ""):
         self.api, self.path, self.shape, self.query = api, path, shape, dict(query or {})
         self.method, self.body, self.items, self.aggregated = method, body, items, aggregated
         self.stderr = stderr  # what gcloud says on stderr when it succeeds
         self.not_found = not_found  # what it says, exiting 1, when the API answers 404 (None: its process says it)
+        self.refused_stdout = refused_stdout  # what it prints on stdout when it has no account (``no_account``)
 
 
 def parse(argv: list[str]) -> Call | None:
@@ -169,8 +177,9 @@ def parse(argv: list[str]) -> Call | None:
         f = g[1]
         if "," in f["regions"] or not f["regions"]:
             return None
+        # (its lister has printed the list's opening when the credentials fail: `[]`, measured with gcloud 528)
         return Call("compute", f"projects/{q(f['project'])}/regions/{q(f['regions'])}/subnetworks", json_text,
-                    items="items")
+                    items="items", refused_stdout="[]\n")
     if a[:2] == ["services", "list"] and (g := take(2, {"enabled", "format", "project"})) and \
             g[1]["enabled"] == "\0":
         return Call("serviceusage", f"v1/projects/{q(g[1]['project'])}/services", json_text,
@@ -239,6 +248,23 @@ def _projection(fmt: str, allowed: frozenset[str]) -> tuple[str, ...] | None:
     return keys if keys and set(keys) <= allowed else None
 
 
+# The last word of each command answered here (its name: gcloud.GROUP...VERB).
+VERBS = ("list", "describe", "get-iam-policy", "get-server-config")
+
+
+def no_account(argv: list[str], helper_said: str) -> str:
+    """What gcloud prints for ``argv`` when it has no account: the
+    helper's refusal (``GcloudCredentials.refusal``) under this command's
+    name, as every command says it (measured with gcloud 528 for each
+    command answered here)."""
+    words = []
+    for a in argv[1:]:
+        words.append(a)
+        if a in VERBS:
+            break
+    return helper_said.replace("(gcloud.config.config-helper)", f"(gcloud.{'.'.join(words)})", 1)
+
+
 def _networks(items: Any) -> str:
     """`gcloud compute networks list` adds two columns of its own to each
     network (its networks_utils.AddModesForListFormat): the subnet mode
@@ -290,7 +316,12 @@ class GcloudShortcut:
         if (call is None and not local) or tuple(argv) in self.left_to_gcloud:
             return None
         cred = self.credentials.get(env)
-        if cred is None or any(cred.prop(s, n) if n else cred.properties.get(s) for s, n in NOT_FOLLOWED):
+        if cred is None:
+            refused = self.credentials.refusal(env)
+            if refused is None or call is None:
+                return None
+            return Ran(1, call.refused_stdout, no_account(argv, refused), time.monotonic() - start)
+        if any(cred.prop(s, n) if n else cred.properties.get(s) for s, n in NOT_FOLLOWED):
             return None
         if local:
             return Ran(0, local(cred), "", time.monotonic() - start)
