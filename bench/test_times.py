@@ -72,15 +72,17 @@ def cpu_per_file(tests: list[dict]) -> dict[str, float]:
     return out
 
 
-def per_file(junit: Path) -> tuple[dict[str, list[float]], list[str]]:
-    """Each test file's test times, and the tests that failed."""
+def per_file(junit: Path) -> tuple[dict[str, list[float]], dict[str, str]]:
+    """Each test file's test times, and the tests that failed with what
+    pytest said (its report's failure text)."""
     files: dict[str, list[float]] = {}
-    failed = []
+    failed = {}
     for case in ET.parse(junit).getroot().iter("testcase"):
         module = ".".join(case.get("classname", "?").split(".")[:2])
         files.setdefault(module.replace(".", "/") + ".py", []).append(float(case.get("time") or 0))
-        if any(c.tag in ("failure", "error") for c in case):
-            failed.append(f"{module.replace('.', '/')}.py::{case.get('name')}")
+        for c in case:
+            if c.tag in ("failure", "error"):
+                failed[f"{module.replace('.', '/')}.py::{case.get('name')}"] = c.text or c.get("message") or ""
     return files, failed
 
 
@@ -107,7 +109,7 @@ def run(selection: list[str], tmp: Path, name: str) -> dict:
     sampler.join()
     now, cores = busy_seconds()
     busy = now - busy
-    files, failed = per_file(junit) if junit.is_file() else ({}, ["(pytest wrote no report)"])
+    files, failed = per_file(junit) if junit.is_file() else ({}, {"(pytest wrote no report)": ""})
     tests = [json.loads(line) for line in log.read_text().splitlines()] if log.is_file() else []
     return {"wall": wall, "rc": rc, "files": files, "failed": failed, "cpu": cpu_per_file(tests), "busy": busy,
             "cores": cores, "tests": tests, "busy_samples": samples}
@@ -157,6 +159,9 @@ def main() -> None:
         full = run(test_args, Path(t), "test") if a.only in (None, "test") else None
     lines = table(check, full, first)
     print("\n".join(lines))
+    for r in (check, full):
+        for test, why in (r or {}).get("failed", {}).items():   # why it failed, not in the table
+            print(f"\n{test} failed:\n{why[-6000:]}", file=sys.stderr)
     if a.timeline:
         import json
         a.timeline.write_text(json.dumps({k: {"tests": r["tests"], "busy": r["busy_samples"], "cores": r["cores"]}
