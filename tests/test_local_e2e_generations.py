@@ -18,12 +18,6 @@ from tests.test_local_e2e import STEPS as E2E_STEPS
 
 pytestmark = pytest.mark.e2e
 STEPS = 6
-# The learning-rate schedule of tests/test_local_e2e.py's job (its steps):
-# the step's program holds the schedule, so with it this job's is the e2e
-# run's two-slice program, and reads it from the line's compilation cache
-# (twin_compile_cache) instead of compiling it again. Its 6 steps are the
-# schedule's first 6.
-SCHEDULE_STEPS = E2E_STEPS
 # Another checkout may run the e2e tests on this machine at the same time
 # (tests/test_local_e2e.py's offset): ports and an address of its own.
 OFFSET = int(os.environ.get("PLAYBOOK_E2E_OFFSET", "0"))
@@ -49,8 +43,13 @@ def invoke(tmp_path_factory, shape, twin_compile_cache):
     base = yaml.safe_load((ROOT / "inventory.yaml").read_text())["environments"][name]
     env = {**base, "gcs_port": 6700 + 100 * OFFSET + 50 * k, "dashboard_port": 8295 + 2 * OFFSET + k,
            "ray_ip": f"127.0.0.{20 + 2 * OFFSET + k}", "resize_interval": 3,
+           # The learning-rate schedule of tests/test_local_e2e.py's job (its steps):
+           # the step's program holds the schedule, so with it this job's is the e2e
+           # run's two-slice program, read from the line's compilation cache
+           # (twin_compile_cache) instead of compiled again; its 6 steps are the
+           # schedule's first 6.
            "train_overrides": {**base["train_overrides"], "jax_cache_dir": twin_compile_cache,
-                               "learning_rate_schedule_steps": SCHEDULE_STEPS}}
+                               "learning_rate_schedule_steps": E2E_STEPS}}
     inv = d / "inventory.yaml"
     inv.write_text(yaml.safe_dump({"default": env_name, "environments": {env_name: env}}))
     shutil.rmtree(ROOT / ".state" / env_name, ignore_errors=True)

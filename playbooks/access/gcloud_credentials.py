@@ -167,6 +167,12 @@ class TokenCache:
                 part.unlink()
 
 
+def _key(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    """A child environment as the helper sees it (without NOT_CREDENTIALS):
+    one answer, or one refusal, per key."""
+    return tuple(sorted((k, v) for k, v in env.items() if k not in NOT_CREDENTIALS))
+
+
 @dataclass
 class GcloudCredentials:
     """The run's gcloud credentials, one per child environment; with a
@@ -186,13 +192,12 @@ class GcloudCredentials:
         every gcloud command that needs credentials makes in the same words,
         its own name first, before any API call); None otherwise, and before
         the helper was asked."""
-        env = {k: v for k, v in env.items() if k not in NOT_CREDENTIALS}
         with self._lock:
-            return self._refused.get(tuple(sorted(env.items())))
+            return self._refused.get(_key(env))
 
     def get(self, env: Mapping[str, str]) -> Credentials | None:
-        env = {k: v for k, v in env.items() if k not in NOT_CREDENTIALS}
-        key = tuple(sorted(env.items()))
+        key = _key(env)
+        env = dict(key)
         with self._lock:
             held = self._held.get(key)
             if held is not None and held.fresh():
