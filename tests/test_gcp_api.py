@@ -36,6 +36,7 @@ ANSWERED = [
     ["gcloud", "services", "list", "--enabled", "--format=json", P],
     ["gcloud", "projects", "get-iam-policy", PROJECT, "--format=json"],
     ["gcloud", "projects", "describe", PROJECT, "--format=value(projectNumber)"],
+    ["gcloud", "projects", "describe", PROJECT, "--format=value(projectId)"],
     ["gcloud", "storage", "buckets", "get-iam-policy", BUCKET, "--format=json"],
     ["gcloud", "storage", "buckets", "describe", BUCKET, "--raw", "--format=json(name,location,storageClass)"],
     ["gcloud", "beta", "quotas", "info", "describe", "TPUS-PER-TPU-FAMILY-per-project-region",

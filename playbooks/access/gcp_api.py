@@ -10,7 +10,8 @@ configuration or as ``CLOUDSDK_API_ENDPOINT_OVERRIDES_<API>``, or Google's),
 the same CA file (``core/custom_ca_certs_file``), the same proxy variables,
 the same project. It prints what gcloud prints for that command: the
 resource or the list as JSON (keys sorted, two spaces, as gcloud's
-``--format=json``), or ``value(projectNumber)``'s one line.
+``--format=json``), or ``value(projectNumber)``'s (``value(projectId)``'s)
+one line.
 
 Only a success is answered here, and one NotFound: a bucket that is not
 there, which gcloud storage says in a line of its own whatever the API's
@@ -42,7 +43,8 @@ The commands answered, with exactly these flags:
 - ``gcloud compute networks subnets list --regions=R --format=json --project=P``
 - ``gcloud services list --enabled --format=json --project=P``
 - ``gcloud projects get-iam-policy P --format=json``
-- ``gcloud projects describe P --format=value(projectNumber)``
+- ``gcloud projects describe P --format=value(projectNumber)`` (or
+  ``value(projectId)``)
 - ``gcloud storage buckets get-iam-policy gs://B --format=json``
 - ``gcloud storage buckets describe gs://B --raw --format=json(K,...)``, K
   among the bucket's plain string fields (``RAW_BUCKET_KEYS``): the JSON API's
@@ -187,9 +189,9 @@ def parse(argv: list[str]) -> Call | None:
     if a[:2] == ["projects", "get-iam-policy"] and (g := take(2, {"format"}, words=1)):
         return Call("cloudresourcemanager", f"v1/projects/{q(g[0][0])}:getIamPolicy", json_text, method="POST",
                     body={"options": {"requestedPolicyVersion": 3}})
-    if a[:2] == ["projects", "describe"] and a[2:3] and a[3:] == ["--format=value(projectNumber)"] and \
-            not a[2].startswith("-"):
-        return Call("cloudresourcemanager", f"v1/projects/{q(a[2])}", _project_number)
+    if a[:2] == ["projects", "describe"] and a[2:3] and len(a) == 4 and not a[2].startswith("-") and \
+            (field := PROJECT_VALUES.get(a[3])):
+        return Call("cloudresourcemanager", f"v1/projects/{q(a[2])}", functools.partial(_project_value, field))
     if a[:2] == ["storage", "buckets"]:
         return _bucket_call(a)
     if a[:4] == ["beta", "quotas", "info", "describe"] and (g := take(4, {"service", "project", "format"}, words=1)):
@@ -280,11 +282,17 @@ def _networks(items: Any) -> str:
     return json_text(out)
 
 
-def _project_number(doc: Any) -> str:
-    number = doc.get("projectNumber") if isinstance(doc, dict) else None
-    if not number:
-        raise Fallback("no projectNumber")
-    return f"{number}\n"
+# `gcloud projects describe P --format=value(K)`: the fields answered here
+# (the storage play's number, the doctor's id), printed as the one line
+# gcloud prints.
+PROJECT_VALUES = {"--format=value(projectNumber)": "projectNumber", "--format=value(projectId)": "projectId"}
+
+
+def _project_value(field: str, doc: Any) -> str:
+    value = doc.get(field) if isinstance(doc, dict) else None
+    if not value or not isinstance(value, str | int):
+        raise Fallback(f"no {field}")
+    return f"{value}\n"
 
 
 def _no_proxy(host: str, env: Mapping[str, str]) -> bool:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from typing import Any
 
 from playbooks.access.cli_clients import fact, gcloud, json_object, text_value
@@ -31,19 +32,40 @@ GOOD = ["compute", "networks", "list", "--format=json"]
 BAD = ["compute", "networks", "create", "doctor-canary", "--subnet-mode=nonsense"]
 
 
-def _version(pattern: str):
+def _version(pattern: str | Callable[[str], str | None]):
+    """A tool's version from its output: a pattern's first group, or what a
+    function reads from its stdout."""
     def parse(c: Completed) -> Any:
         if c.rc == 127:
             return ABSENT
-        m = re.search(pattern, c.stdout + c.stderr)
-        if not m:
+        if callable(pattern):
+            v = pattern(c.stdout) if c.ok else None
+        else:
+            m = re.search(pattern, c.stdout + c.stderr)
+            v = m.group(1) if m else None
+        if not v:
             raise ProbeFailed("version", c.line, c.rc, c.stdout, c.stderr, why="no version in its output")
-        return m.group(1)
+        return v
     return parse
 
 
-TOOLS = {  # name: (argv, version pattern, needed only where the cluster is in the cloud)
-    "gcloud": (("gcloud", "version", "--format=json"), r'"Google Cloud SDK":\s*"([\d.]+)"', True),
+def _info_version(stdout: str) -> str | None:
+    """`gcloud info --format=json`'s SDK version (its "basic" section's)."""
+    try:
+        v = (json.loads(stdout).get("basic") or {}).get("version")
+    except (ValueError, AttributeError):
+        return None
+    return v if isinstance(v, str) and re.fullmatch(r"[\d.]+", v) else None
+
+
+# gcloud's version and its SDK's folder (the parse check's) are one `gcloud
+# info` (its "basic" section's version is the SDK's, as `gcloud version`
+# says it): one process where there were two.
+GCLOUD_INFO = ("gcloud", "info", "--format=json")
+
+TOOLS: dict[str, tuple[tuple[str, ...], str | Callable[[str], str | None], bool]] = {
+    # name: (argv, version pattern or reader, needed only where the cluster is in the cloud)
+    "gcloud": (GCLOUD_INFO, _info_version, True),
     "gsutil": (("gsutil", "version"), r"gsutil version:?\s*([\d.]+)", True),
     "kubectl": (("kubectl", "version", "--client", "--output=json"), r'"gitVersion":\s*"v?([^"]+)"', True),
     "gke-gcloud-auth-plugin": (("gke-gcloud-auth-plugin", "--version"), r"([\d]+\.[\d.]+)", True),
@@ -86,8 +108,15 @@ def maxtext_step() -> Step:
 
 # The gcloud in use where the commands run: its SDK holds the Python and the
 # parser that gcloud_parse.py loads.
-SDK_ROOT = fact("gcloud's SDK", gcloud("info", "--format=value(installation.sdk_root)"), text_value("gcloud info"),
-                assumed="/usr/lib/google-cloud-sdk")
+def _sdk_root(c: Completed) -> str:
+    info = json_object("gcloud info")(c)
+    root = (info.get("installation") or {}).get("sdk_root") if isinstance(info, dict) else None
+    if not isinstance(root, str) or not root:
+        raise ProbeFailed("gcloud info", c.line, c.rc, c.stdout, c.stderr, why="no installation.sdk_root in it")
+    return root
+
+
+SDK_ROOT = fact("gcloud's SDK", Command(GCLOUD_INFO), _sdk_root, assumed="/usr/lib/google-cloud-sdk")
 PARSER = "playbooks/access/gcloud_parse.py"  # synced to a controller with manifests/ and trainer/
 
 
