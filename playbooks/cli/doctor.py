@@ -106,8 +106,6 @@ def maxtext_step() -> Step:
     return Step(PLAY, "maxtext", decide, id="doctor:maxtext")
 
 
-# The gcloud in use where the commands run: its SDK holds the Python and the
-# parser that gcloud_parse.py loads.
 def _sdk_root(c: Completed) -> str:
     info = json_object("gcloud info")(c)
     root = (info.get("installation") or {}).get("sdk_root") if isinstance(info, dict) else None
@@ -116,6 +114,8 @@ def _sdk_root(c: Completed) -> str:
     return root
 
 
+# The gcloud in use where the commands run: its SDK holds the Python and the
+# parser that gcloud_parse.py loads.
 SDK_ROOT = fact("gcloud's SDK", Command(GCLOUD_INFO), _sdk_root, assumed="/usr/lib/google-cloud-sdk")
 PARSER = "playbooks/access/gcloud_parse.py"  # synced to a controller with manifests/ and trainer/
 
