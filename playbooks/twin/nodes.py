@@ -124,6 +124,9 @@ NO_DRAIN_ON_SIGTERM = ("RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S", "0")
 # each node's log monitor over 60 s, `invoke up -e local` with and without).
 FEWER_LOG_SCANS = ("RAY_LOG_MONITOR_MANY_FILES_THRESHOLD", "0")
 
+# What every node of the twin, head and host, starts with (after its own).
+EVERY_NODE = (NO_DRAIN_ON_SIGTERM, FEWER_LOG_SCANS)
+
 
 # The dashboard's /worker/traceback (a worker's Python stack, by py-spy: the
 # hang diagnosis reads it) answers 403 unless the head has this (Ray 2.60's
@@ -141,8 +144,7 @@ def head_command(env: Environment) -> Command:
                     # test's, another environment's twin), and the job's driver then
                     # waits on that cluster's GCS, not its own.
                     f"--temp-dir={paths.node_temp(env.name, HEAD)}", "--disable-usage-stats"),
-                   env=(("JAX_PLATFORMS", "cpu"), *HEALTH_CHECKS, PROFILING, NO_DRAIN_ON_SIGTERM, FEWER_LOG_SCANS),
-                   background=True,
+                   env=(("JAX_PLATFORMS", "cpu"), *HEALTH_CHECKS, PROFILING, *EVERY_NODE), background=True,
                    log=log(env, HEAD),
                    pid_file=pidfile(env, HEAD))
 
@@ -192,7 +194,7 @@ def host_command(env: Environment, host: Host, late: float = 0.0, devices: int |
                    # chips as devices_per_host CPU devices.
                    env=(("TPU_NAME", host.tpu_name), ("TPU_WORKER_ID", str(host.worker)),
                         ("TPU_ACCELERATOR_TYPE", pod_type(env)), ("TPU_TOPOLOGY", env.topology),
-                        ("JAX_PLATFORMS", "cpu"), NO_DRAIN_ON_SIGTERM, FEWER_LOG_SCANS,
+                        ("JAX_PLATFORMS", "cpu"), *EVERY_NODE,
                         ("XLA_FLAGS", f"{DEVICE_COUNT}{env.devices_per_host if devices is None else devices}")),
                    background=True, log=log(env, host.name), pid_file=pidfile(env, host.name))
 
