@@ -1,6 +1,7 @@
 """How long the tests take: `make check`'s selection and `make test`'s whole
 run, as those targets run pytest (three workers), each test file's
-test-seconds summed (what the workers spend on it) and the wall time.
+test-seconds summed (what the workers spend on it) and the wall time, and
+the machine's speed before and after (a fixed loop's CPU-seconds).
 
     .venv/bin/python bench/test_times.py [--only check|test] [--write] [--timeline FILE]
 
@@ -45,6 +46,19 @@ def make_commands(target: str) -> tuple[dict[str, list[str]], list[str]]:
     if pytest is None:
         raise SystemExit(f"`make -n {target}` runs no pytest: {out!r}")
     return first, pytest
+
+
+# A fixed piece of work on one core (a loop of Python arithmetic), timed in
+# CPU-seconds before and after the run: this machine's speed moves a run's
+# CPU-seconds by a fifth from one session to the next, with no change of
+# code, and the gauge says how fast the machine was when it ran.
+GAUGE = "import time\nt = time.process_time()\nx = 0\nfor i in range(20_000_000):\n    x += i * i\n" \
+        "print(time.process_time() - t)"
+
+
+def gauge() -> float:
+    import subprocess
+    return float(subprocess.run([PY, "-c", GAUGE], capture_output=True, text=True, check=True).stdout)
 
 
 def timed(argv: list[str], env: dict[str, str] | None = None) -> tuple[float, int]:
@@ -98,6 +112,7 @@ def run(selection: list[str], tmp: Path, name: str) -> dict:
     import os
     import threading
     junit, log = tmp / f"{name}.xml", tmp / f"{name}-cpu.jsonl"
+    before = gauge()
     busy = busy_seconds()[0]
     samples: list[tuple[float, float]] = []
     stop = threading.Event()
@@ -109,10 +124,11 @@ def run(selection: list[str], tmp: Path, name: str) -> dict:
     sampler.join()
     now, cores = busy_seconds()
     busy = now - busy
+    speed = (before, gauge())
     files, failed = per_file(junit) if junit.is_file() else ({}, {"(pytest wrote no report)": ""})
     tests = [json.loads(line) for line in log.read_text().splitlines()] if log.is_file() else []
     return {"wall": wall, "rc": rc, "files": files, "failed": failed, "cpu": cpu_per_file(tests), "busy": busy,
-            "cores": cores, "tests": tests, "busy_samples": samples}
+            "cores": cores, "tests": tests, "busy_samples": samples, "gauge": speed}
 
 
 def table(check: dict | None, full: dict | None, first: dict[str, float]) -> list[str]:
@@ -133,6 +149,9 @@ def table(check: dict | None, full: dict | None, first: dict[str, float]) -> lis
                  f"{shown['wall'] * shown['cores']:.0f} the pytest run's wall time gave them "
                  f"({shown['busy'] / (shown['wall'] * shown['cores']):.0%}); the rest is waiting (every worker, or "
                  "the others while one runs a single process).")
+    lines.append(f"- The machine's speed (a fixed loop of Python arithmetic on one core, `GAUGE`): "
+                 f"{shown['gauge'][0]:.2f} CPU-seconds before the run, {shown['gauge'][1]:.2f} after (less is "
+                 "faster).")
     lines += ["", f"Where the workers' time goes ({'make test' if full else 'make check'}), by test file "
               "(CPU-seconds: the test's pytest worker and the processes it started and waited for, such as "
               "`invoke`, gcloud and kubectl; not the local Ray nodes, which outlive the command that starts "

@@ -166,6 +166,44 @@ def test_background_spawn_can_be_found_and_stopped(conn):
     assert conn.read("logs/sleep.log") == b""
 
 
+# A shell that execs itself EXECS times, its marker in every command line,
+# then sleeps a second and ends: in the middle of each exec its
+# /proc/<pid>/cmdline is empty (procs.EXEC_LOOKS).
+EXECS = 1500
+EXEC_CHAIN = 'n=$1; if [ "$n" -gt 0 ]; then exec sh -c "$0" "$0" $((n - 1)) execchain; fi; sleep 1'
+
+
+def looks_until_gone(conn, pid: int) -> list[bool]:
+    """alive() of the chain, look after look, until it has said "gone" 20
+    times (a minute at most)."""
+    answers: list[bool] = []
+    deadline = time.monotonic() + 60
+    while answers.count(False) < 20 and time.monotonic() < deadline:
+        answers.append(conn.alive(pid, "execchain"))
+    return answers
+
+
+def test_a_process_in_the_middle_of_an_exec_is_alive(conn, monkeypatch):
+    """A process is never "gone" and then there again: one in the middle
+    of an exec (its command line empty for a moment) is looked at again.
+    With one look only (the connectors before), the local connector calls
+    the chain gone while it still runs."""
+    from playbooks.core import procs
+
+    def chain() -> list[bool]:
+        pid = conn.spawn(["sh", "-c", EXEC_CHAIN, EXEC_CHAIN, str(EXECS), "execchain"], log="logs/chain.log")
+        wait_alive(conn, pid, "execchain")
+        return looks_until_gone(conn, pid)
+
+    answers = chain()
+    first_gone = answers.index(False)
+    assert first_gone > 10 and True not in answers[first_gone:], (first_gone, len(answers))
+    if isinstance(conn, LocalConnector):
+        monkeypatch.setattr(procs, "EXEC_LOOKS", 1)
+        answers = chain()
+        assert True in answers[answers.index(False):], "one look never caught the chain in an exec"
+
+
 def test_a_process_that_ends_between_two_reads_of_its_proc_files_is_gone_not_an_error(conn, monkeypatch):
     """/proc/<pid>/cmdline opened while the process runs and read after it
     has gone fails (ESRCH; over SFTP a bare "Failure", as in a CI run):
