@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
@@ -89,15 +90,26 @@ def test_the_preflight_compile_takes_the_lock(tmp_path, monkeypatch):
 
     monkeypatch.setattr(F, "COMPILE_LOCK", tmp_path / "compile.lock")
     monkeypatch.setenv("PLAYBOOK_PREFLIGHT_CACHE", str(tmp_path / "cache"))
-    first = hold(tmp_path / "compile.lock", 1.0)
-    lines = []
+    lines: list[str] = []
     ctx = StepContext(Runner(Mode.APPLY, Compiler(str(tmp_path))), Step("preflight", "fit", run=lambda ctx: None),
                       StepLog(lines.append, False))
     dev = env("dev")
-    fit = preflight.fit(ctx, dev, spec.build_job(dev, "llama3-8b", sets=["per_device_batch_size=3"]))
+    job = spec.build_job(dev, "llama3-8b", sets=["per_device_batch_size=3"])
+    # The holder keeps the lock until the compile has said it waits for it
+    # (then it dies, which frees the lock): no race with a loaded machine.
+    first = hold(tmp_path / "compile.lock", 60)
+    waiting = f"waiting for pid {first.pid} ({WHO}, `invoke up`, since "
+    done: list = []
+    compile_ = threading.Thread(target=lambda: done.append(preflight.fit(ctx, dev, job)), daemon=True)
+    compile_.start()
+    deadline = time.monotonic() + 60
+    while not any(waiting in line for line in lines) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    first.kill()
     first.wait(5)
-    assert fit is not None and not fit.fits and fit.needed == 40.0
-    assert any(f"waiting for pid {first.pid} ({WHO}, `invoke up`, since " in line for line in lines), lines
+    compile_.join(60)
+    assert any(waiting in line for line in lines), lines
+    assert done and done[0] is not None and not done[0].fits and done[0].needed == 40.0, done
 
 
 def test_a_waiter_is_refused_past_its_wait_limit_in_one_line_naming_the_holder(tmp_path):
