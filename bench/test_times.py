@@ -51,7 +51,8 @@ def make_commands(target: str) -> tuple[dict[str, list[str]], list[str]]:
 # A fixed piece of work on one core (a loop of Python arithmetic), timed in
 # CPU-seconds before and after the run: this machine's speed moves a run's
 # CPU-seconds by a fifth from one session to the next, with no change of
-# code, and the gauge says how fast the machine was when it ran.
+# code. Two readings, not the run's own speed: on 2026-12-07 it read
+# 2.12-2.41 in runs of 697-733 s alike (docs/tests.md).
 GAUGE = "import time\nt = time.process_time()\nx = 0\nfor i in range(20_000_000):\n    x += i * i\n" \
         "print(time.process_time() - t)"
 
