@@ -1,7 +1,9 @@
 """A slice set aside on GKE and given back: `invoke hosts.quarantine` cordons
 and taints its nodes and moves its worker pods off (KubeRay's new pods do
 not land there), the optional pool replaced whole; a second run changes
-nothing; check mode changes nothing; `invoke hosts.release` undoes it. The
+nothing; check mode changes nothing; `invoke hosts.release` undoes it; a
+watch sets aside again a slice whose record is no longer in force (its pool
+made again, or given back where that record never heard of it). The
 rights the watch will do it with from the Ray head (stall_watch: cluster):
 applied by `invoke raycluster` before the RayCluster, unchanged by a second
 run, deleted by `invoke teardown`, shown by the dry run.
@@ -12,6 +14,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -42,6 +46,30 @@ def tainted(spec: dict) -> bool:
 def record(cloud: Cloud) -> dict:
     path = ROOT / ".state" / cloud.envdata().name / "quarantine.json"
     return json.loads(path.read_text())["hosts"] if path.exists() else {}
+
+
+# A followed job's watch sets a host aside (stall_action: restart), as
+# runs/follow.py does: which hosts it holds before and after, then the steps.
+WATCH = """
+import os, sys
+from invoke import Config
+from playbooks.cli import task_steps
+from playbooks.cli.session import open_session
+c = Config(overrides={"playbook": {"inventory": os.environ["INVOKE_PLAYBOOK_INVENTORY"],
+                                   "env": os.environ["INVOKE_PLAYBOOK_ENV"]}})
+s = open_session(c, "train")
+q = task_steps.follow_quarantine(s.env, True)
+print("held before:", sorted(q.held()))
+s.run("train", q.steps(sys.argv[1], sys.argv[2], "stall_action: restart"), parallel=False)
+print("held after:", sorted(q.held()))
+"""
+
+
+def watch_sets_aside(cloud: Cloud, host: str, why: str) -> str:
+    p = subprocess.run([sys.executable, "-c", WATCH, host, why], env=cloud.env(), cwd=ROOT, capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
+    return p.stdout
 
 
 def up(cloud: Cloud) -> dict[str, dict]:
@@ -125,7 +153,7 @@ def test_release_uncordons_untaints_and_forgets_but_leaves_a_node_someone_else_c
         timeline.parent.rmdir()
 
 
-def test_a_pool_replaced_whole_when_the_inventory_says_so(cloud: Cloud):
+def test_a_pool_replaced_whole_when_the_inventory_says_so_and_its_new_nodes_set_aside_when_they_fail(cloud: Cloud):
     cloud.change_inventory(quarantine_replace_pool=True)
     nodes = up(cloud)
     run = ok_run(cloud.invoke("hosts.quarantine", POOL, "--why=vfio busy"))
@@ -139,6 +167,40 @@ def test_a_pool_replaced_whole_when_the_inventory_says_so(cloud: Cloud):
     again = ok_run(cloud.invoke("hosts.quarantine", POOL, "--why=vfio busy"))
     assert again.changes == [], again.changes
     assert "no quarantined node of v6e-16-0 is left in its pool: nothing to replace" in again.out
+
+
+    # The new slice fails again: the watch, which holds no host of the record
+    # whose nodes are all gone, sets aside the new nodes (the record written anew).
+    out = watch_sets_aside(cloud, POOL, "hung in a collective")
+    assert "held before: []" in out and f"held after: ['{POOL}']" in out, out[-3000:]
+    assert all(s.get("unschedulable") is True and tainted(s) for s in pool_nodes(cloud).values())
+    rec = record(cloud)[POOL]
+    assert (sorted(rec["nodes"]), rec["why"], rec["by"]) == (sorted(new), "hung in a collective",
+                                                              "stall_action: restart"), rec
+
+
+def test_a_record_given_back_where_it_never_heard_of_it_is_written_anew_by_the_watch(cloud: Cloud):
+    """A watch in a head pod keeps its own record, which no release from
+    this machine reaches: there the slice is given back (untainted), then
+    fails again. The watch sets it aside again with this failure's reason;
+    a person's second quarantine keeps the record as it is."""
+    nodes = up(cloud)
+    ok_run(cloud.invoke("hosts.quarantine", POOL, "--why=vfio busy"))
+    first = record(cloud)[POOL]
+    for n in nodes:                                               # the release, from another machine
+        for argv in (("uncordon", n), ("taint", "nodes", n, f"{TAINT_KEY}-")):
+            p = cloud.client("kubectl", *argv)
+            assert p.returncode == 0, p.stderr
+    out = watch_sets_aside(cloud, POOL, "hung in a collective")
+    assert "held before: []" in out and f"held after: ['{POOL}']" in out, out[-3000:]
+    assert "recorded v6e-16-0 anew: hung in a collective" in out, out[-3000:]
+    assert all(s.get("unschedulable") is True and tainted(s) for s in pool_nodes(cloud).values())
+    rec = record(cloud)[POOL]
+    assert (sorted(rec["nodes"]), rec["why"], rec["by"]) == (sorted(nodes), "hung in a collective",
+                                                              "stall_action: restart"), rec
+    assert rec["since"] > first["since"]
+    again = ok_run(cloud.invoke("hosts.quarantine", POOL, "--why=again"))
+    assert again.changes == [] and record(cloud)[POOL] == rec
 
 
 def test_a_bad_host_name_is_one_line_naming_the_known_hosts(cloud: Cloud):

@@ -280,6 +280,28 @@ def test_the_head_writes_each_event_into_its_log_and_this_machine_takes_each_bac
     assert watch_records.import_text(env, log, ("other",)) == 0
 
 
+def test_a_record_here_older_than_the_watchs_quarantine_is_replaced_a_newer_one_kept(tmp_path, monkeypatch):
+    """The watch sets aside only a host it does not hold (a record here of
+    it may be older: its pool made again since, new nodes)."""
+    from playbooks.config import paths
+    from playbooks.runs import quarantine_record as R
+    from playbooks.runs import watch_records
+    from playbooks.runs.timeline import MARK
+    env = GkeEnv(30, "restart")
+    monkeypatch.setattr(paths, "here", lambda rel: tmp_path / rel)
+    e = quarantined_event()
+    line = MARK + json.dumps({"run": "run", "event": e})
+    older = R.entry("v6e-16-1", "vfio busy", "invoke hosts.quarantine", ["n-old-0"], since=e["t"] - 600)
+    R.write(env, {"v6e-16-1": older})
+    assert watch_records.import_text(env, line) == 1
+    rec = R.read(env)["v6e-16-1"]
+    assert (rec["nodes"], rec["why"], rec["since"]) == (["n-1-0", "n-1-1"], e["why"], e["t"])
+    newer = dict(older, since=e["t"] + 1)
+    R.write(env, {"v6e-16-1": newer})
+    assert watch_records.import_text(env, MARK + json.dumps({"run": "run-b", "event": e})) == 1
+    assert R.read(env) == {"v6e-16-1": newer}
+
+
 def test_a_line_that_is_not_a_well_formed_event_of_a_valid_run_is_skipped(tmp_path, monkeypatch):
     from playbooks.config import paths
     from playbooks.runs import watch_records

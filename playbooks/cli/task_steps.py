@@ -183,7 +183,9 @@ def watch_steps(env: Environment, run: str, sid: str, elastic: bool, log_file: P
 def follow_quarantine(env: Environment, elastic: bool, in_head: bool = False) -> restart.Quarantine:
     """How a followed job's watch sets a host aside (stall_action: restart):
     ``hosts.quarantine``'s steps, its pool never made again from the watch
-    (that takes many minutes: `invoke hosts.quarantine NAME` does it).
+    (that takes many minutes: `invoke hosts.quarantine NAME` does it); a
+    record of the host no longer in force (given back where this record
+    never heard of it, or its pool made again) written anew.
     ``in_head``: as the watch in a GKE head pod runs them (what `train`
     shows of its watch's steps; the head pod itself knows it is one)."""
     hosts = {h.name: h.tpu_name for h in hosts_of(env)} if env.platform.simulated else \
@@ -191,7 +193,7 @@ def follow_quarantine(env: Environment, elastic: bool, in_head: bool = False) ->
     refused = None if env.platform.simulated or env.cluster_mode.our_node_pools else AUTOPILOT_QUARANTINE
 
     def steps(name: str, why: str, by: str) -> list[Step]:
-        return quarantine_steps(env, name, why, by, replace=False, in_head=in_head)
+        return quarantine_steps(env, name, why, by, replace=False, in_head=in_head, renew=True)
 
     # A slice's announced end (plays/slice_notice.py): on the twin, its
     # host's Ray node drained; on GKE, the slice set aside (its pods'
@@ -288,12 +290,13 @@ AUTOPILOT_QUARANTINE = ("Autopilot makes and replaces its own nodes: this projec
 
 
 def quarantine_steps(env: Environment, name: str, why: str, by: str, replace: bool = True,
-                     in_head: bool = False) -> list[Step]:
+                     in_head: bool = False, renew: bool = False) -> list[Step]:
     """A host set aside (``host_problem`` checked first): recorded, then on
     the twin its Ray node stopped; on GKE its slice's nodes cordoned and
     tainted, its worker pods moved off, and, with quarantine_replace_pool,
     its pool deleted and made again by the nodepools play's own step
-    (unless ``replace`` is false)."""
+    (unless ``replace`` is false). ``renew`` (a watch's): a GKE record no
+    longer in force is written anew (``quarantine.record_step``)."""
     if env.platform.simulated:
         host = next(h for h in hosts_of(env) if h.name == name)
         return _then([quarantine.record_step(env, name, host.tpu_name, why, by)],
@@ -304,7 +307,7 @@ def quarantine_steps(env: Environment, name: str, why: str, by: str, replace: bo
     delete = nodepools.delete_command(env, name) if env.quarantine_replace_pool and replace else None
     # In the head pod (the watch in the cluster) the pod's service account is the credential: no gcloud there.
     creds = [] if in_head or connectors.in_a_head_pod() else [cluster.credentials_step(env, quarantine.PLAY)]
-    out = creds + quarantine.gke_steps(env, name, why, by, delete)
+    out = creds + quarantine.gke_steps(env, name, why, by, delete, renew=renew)
     if delete is not None:
         out = _then(out, [nodepools.pool_step(env, i)])
     return out

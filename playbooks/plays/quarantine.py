@@ -106,26 +106,40 @@ def held_now(env: Environment) -> set[str]:
     record = R.read(env)
     if not env.platform.cloud:
         return set(record)
-    out = set()
-    for name, rec in record.items():
-        recorded = set(rec.get("nodes") or [])
-        now = _node_states(kube_objects.kubectl_json(env, "nodes", "-l", f"{P.NODEPOOL_LABEL}={name}"))
-        if not recorded or any(v["tainted"] for n, v in now.items() if n in recorded):
-            out.add(name)
-    return out
+    return {name for name, rec in record.items()
+            if in_force(rec, _node_states(kube_objects.kubectl_json(env, "nodes", "-l",
+                                                                    f"{P.NODEPOOL_LABEL}={name}")))}
+
+
+def in_force(rec: dict, now: dict[str, dict]) -> bool:
+    """A GKE host's record still sets its slice aside: a node of the record
+    (``now``: the slice's nodes as they are) carries the taint, or the
+    record names no node (the slice had none when it was set aside)."""
+    recorded = set(rec.get("nodes") or [])
+    return not recorded or any(v["tainted"] for n, v in now.items() if n in recorded)
 
 
 # -- quarantine ---------------------------------------------------------------------
 def record_step(env: Environment, name: str, slice_: str, why: str, by: str, nodes: Fact | None = None,
-                play: str = PLAY) -> Step:
-    """The host written into the record (with the slice's nodes, on GKE)."""
+                play: str = PLAY, renew: bool = False) -> Step:
+    """The host written into the record (with the slice's nodes, on GKE).
+    A host already in it keeps its first record; with ``renew`` (a watch,
+    which sets aside only a host not held now: ``held_now``) a GKE record no
+    longer in force is written anew: its nodes were given back by a release
+    the record never heard of (a watch in a head pod keeps its own copy), or
+    its pool was made again (new nodes, which are the ones to set aside)."""
     held = R.fact(env)
 
     def decide(look):
         had = look(held).get(name)
-        if had is not None:
+        stale = had is not None and renew and nodes is not None and not in_force(had, look(nodes))
+        if had is not None and not stale:
             return ok(f"{name} is quarantined since {R.since_text(had)}: {had.get('why')}")
         names = sorted(look(nodes)) if nodes is not None else []
+        if stale:
+            return change(R.add(env, name, R.entry(slice_, why, by, names)),
+                          reason=f"recorded {name} anew: {why}", would=f"record {name} anew as quarantined: {why}",
+                          found=f"in the record since {R.since_text(had)}, but no node of it carries the taint now")
         return change(R.add(env, name, R.entry(slice_, why, by, names)), reason=f"recorded {name}: {why}",
                       would=f"record {name} as quarantined: {why}", found="not quarantined")
 
@@ -200,16 +214,17 @@ def replace_step(env: Environment, name: str, held: Fact, nodes: Fact, delete: C
                               timeout=POOL_DELETE_TIMEOUT, interval=15))
 
 
-def gke_steps(env: Environment, name: str, why: str, by: str, delete_pool: Command | None = None) -> list[Step]:
+def gke_steps(env: Environment, name: str, why: str, by: str, delete_pool: Command | None = None,
+              renew: bool = False) -> list[Step]:
     """Quarantine a slice (``name``: its node pool): record, cordon, taint,
     the worker pods moved off; with ``delete_pool``, its pool deleted (the
-    caller adds the pool's create step after it)."""
+    caller adds the pool's create step after it); ``renew``: see record_step."""
     nodes, held = nodes_fact(env, name), R.fact(env)
 
     def select(look):
         return _targets(env, name, look, nodes, held)
 
-    out = [record_step(env, name, name, why, by, nodes),
+    out = [record_step(env, name, name, why, by, nodes, renew=renew),
            _node_step(env, name, "cordon", lambda v: not v["cordoned"], lambda n: kube(env, "cordon", n), select,
                       nodes, PLAY, (f"{PLAY}:record",)),
            _node_step(env, name, "taint", lambda v: not v["tainted"],

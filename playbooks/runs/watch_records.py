@@ -14,8 +14,10 @@ back from that log:
 
 An event comes in once (the timeline's own key: a log read again adds
 nothing). A host the watch set aside comes into this machine's record
-(`invoke hosts`) when its ``quarantined`` event first comes in: a host
-released here is not set aside again by a later read of the same log.
+(`invoke hosts`) when its ``quarantined`` event first comes in (replacing
+an older record of it here: the watch sets aside only a host it does not
+hold, such as one whose pool was made again): a host released here is not
+set aside again by a later read of the same log.
 A line that is not a well-formed event of a valid run is skipped."""
 from __future__ import annotations
 
@@ -57,15 +59,26 @@ class Importer:
             self.set_aside(e)
 
     def set_aside(self, e: dict) -> None:
-        """The host into this machine's record, as the watch recorded it."""
+        """The host into this machine's record, as the watch recorded it;
+        a record of it here older than the event is replaced (the watch set
+        aside only a host no longer held: its pool made again, new nodes)."""
         host = str(e["host"])
         hosts = R.read(self.env)
-        if host in hosts:
+        had = hosts.get(host)
+        if had is not None and _since(had) >= float(e["t"]):
             return
         hosts[host] = R.entry(str(e.get("slice") or host), str(e.get("why") or "?"),
                               f"{e.get('by') or '?'} (the watch in the cluster)",
                               [str(n) for n in e.get("nodes") or []], since=float(e["t"]))
         R.write(self.env, hosts)
+
+
+def _since(record: dict) -> float:
+    """When a record here was written (0: not a number, as if long ago)."""
+    try:
+        return float(record.get("since") or 0)
+    except (TypeError, ValueError, OverflowError):
+        return 0.0
 
 
 def parse(line: str) -> tuple[str, dict] | None:
