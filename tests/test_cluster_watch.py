@@ -246,6 +246,15 @@ def test_on_gke_an_inventory_outside_the_project_is_refused_in_one_line(monkeypa
     assert str(tmp_path / "inv.yaml") in " ".join(argv)
 
 
+def mine(monkeypatch, tmp_path) -> None:
+    """This machine's connector rooted in the test's folder: the record of
+    hosts set aside (written through it) is the test's own, never the
+    checkout's `.state/`, which another test or run would read."""
+    from playbooks.access import connectors
+    from playbooks.core.connector.local import LocalConnector
+    monkeypatch.setattr(connectors, "_local", LocalConnector(tmp_path, {}))
+
+
 def quarantined_event(t: float = T0 + 50) -> dict:
     return ev(t - T0, "quarantined", source="watch", job="run-1", host="v6e-16-1", slice="v6e-16-1",
               why="failed its health checks: devices", by="health gate", nodes=["n-1-0", "n-1-1"])
@@ -259,6 +268,7 @@ def test_the_head_writes_each_event_into_its_log_and_this_machine_takes_each_bac
     from playbooks.runs import watch_records
     env = GkeEnv(30, "restart")
     head, here = tmp_path / "head", tmp_path / "here"
+    mine(monkeypatch, tmp_path)
     monkeypatch.setattr(paths, "here", lambda rel: head / rel)
     monkeypatch.setenv(IN_CLUSTER_ENV, "1")
     written = [ev(1, "step", 1, job="run-1", source="trainer"), quarantined_event()]
@@ -288,6 +298,7 @@ def test_a_record_here_older_than_the_watchs_quarantine_is_replaced_a_newer_one_
     from playbooks.runs import watch_records
     from playbooks.runs.timeline import MARK
     env = GkeEnv(30, "restart")
+    mine(monkeypatch, tmp_path)
     monkeypatch.setattr(paths, "here", lambda rel: tmp_path / rel)
     e = quarantined_event()
     line = MARK + json.dumps({"run": "run", "event": e})
