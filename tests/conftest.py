@@ -192,3 +192,14 @@ def hermetic_environ(tmp_path: Path) -> dict[str, str]:
 def hermetic(tmp_path):
     """Environment for client processes that touches nothing of the user's."""
     return hermetic_environ(tmp_path)
+
+
+@pytest.fixture
+def here(tmp_path, monkeypatch):
+    """This machine's connector rooted in the test's folder: what goes through
+    it (the record of hosts set aside) is the test's own, never the
+    checkout's `.state/`, which another test or run would read."""
+    from playbooks.access import connectors
+    from playbooks.core.connector.local import LocalConnector
+    monkeypatch.setattr(connectors, "_local", LocalConnector(tmp_path, {}))
+    return tmp_path

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import shlex
 
+import pytest
+
 from playbooks.access.ray_api import ours
 from playbooks.runs import cluster_watch, restart, timeline
 from tests.test_goodput import T0, WatchedEnv, ev, start, steps
@@ -246,20 +248,12 @@ def test_on_gke_an_inventory_outside_the_project_is_refused_in_one_line(monkeypa
     assert str(tmp_path / "inv.yaml") in " ".join(argv)
 
 
-def mine(monkeypatch, tmp_path) -> None:
-    """This machine's connector rooted in the test's folder: the record of
-    hosts set aside (written through it) is the test's own, never the
-    checkout's `.state/`, which another test or run would read."""
-    from playbooks.access import connectors
-    from playbooks.core.connector.local import LocalConnector
-    monkeypatch.setattr(connectors, "_local", LocalConnector(tmp_path, {}))
-
-
 def quarantined_event(t: float = T0 + 50) -> dict:
     return ev(t - T0, "quarantined", source="watch", job="run-1", host="v6e-16-1", slice="v6e-16-1",
               why="failed its health checks: devices", by="health gate", nodes=["n-1-0", "n-1-1"])
 
 
+@pytest.mark.usefixtures("here")  # the record of hosts set aside: the test's own
 def test_the_head_writes_each_event_into_its_log_and_this_machine_takes_each_back_once(tmp_path, monkeypatch,
                                                                                        capsys):
     from playbooks.access.kube_api import IN_CLUSTER_ENV
@@ -268,7 +262,6 @@ def test_the_head_writes_each_event_into_its_log_and_this_machine_takes_each_bac
     from playbooks.runs import watch_records
     env = GkeEnv(30, "restart")
     head, here = tmp_path / "head", tmp_path / "here"
-    mine(monkeypatch, tmp_path)
     monkeypatch.setattr(paths, "here", lambda rel: head / rel)
     monkeypatch.setenv(IN_CLUSTER_ENV, "1")
     written = [ev(1, "step", 1, job="run-1", source="trainer"), quarantined_event()]
@@ -290,6 +283,7 @@ def test_the_head_writes_each_event_into_its_log_and_this_machine_takes_each_bac
     assert watch_records.import_text(env, log, ("other",)) == 0
 
 
+@pytest.mark.usefixtures("here")
 def test_a_record_here_older_than_the_watchs_quarantine_is_replaced_a_newer_one_kept(tmp_path, monkeypatch):
     """The watch sets aside only a host it does not hold (a record here of
     it may be older: its pool made again since, new nodes)."""
@@ -298,7 +292,6 @@ def test_a_record_here_older_than_the_watchs_quarantine_is_replaced_a_newer_one_
     from playbooks.runs import watch_records
     from playbooks.runs.timeline import MARK
     env = GkeEnv(30, "restart")
-    mine(monkeypatch, tmp_path)
     monkeypatch.setattr(paths, "here", lambda rel: tmp_path / rel)
     e = quarantined_event()
     line = MARK + json.dumps({"run": "run", "event": e})

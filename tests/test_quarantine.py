@@ -12,7 +12,6 @@ from playbooks.access import connectors
 from playbooks.cli import task_steps
 from playbooks.cloud import manifests
 from playbooks.config import paths
-from playbooks.core.connector.local import LocalConnector
 from playbooks.core.errors import ProbeFailed
 from playbooks.core.facts import ABSENT
 from playbooks.core.fixtures import Answers
@@ -28,13 +27,6 @@ NODES = ("curl -fsS 'http://127.0.0.2:8265/api/v0/nodes?limit=10000&detail=true'
          "--address http://127.0.0.2:8265` reads")
 HELD = {"tpu-group-1-0": R.entry("tpu-group-1", "chips failed the matmul check", "invoke hosts.quarantine",
                                  since=1764860000.0)}
-
-
-@pytest.fixture
-def here(tmp_path, monkeypatch):
-    """This machine's connector rooted in a temporary folder: the record goes there."""
-    monkeypatch.setattr(connectors, "_local", LocalConnector(tmp_path, {}))
-    return tmp_path
 
 
 def test_the_record_is_written_read_and_cleared(here):

@@ -136,12 +136,11 @@ def record_step(env: Environment, name: str, slice_: str, why: str, by: str, nod
         if had is not None and not stale:
             return ok(f"{name} is quarantined since {R.since_text(had)}: {had.get('why')}")
         names = sorted(look(nodes)) if nodes is not None else []
-        if stale:
-            return change(R.add(env, name, R.entry(slice_, why, by, names)),
-                          reason=f"recorded {name} anew: {why}", would=f"record {name} anew as quarantined: {why}",
-                          found=f"in the record since {R.since_text(had)}, but no node of it carries the taint now")
-        return change(R.add(env, name, R.entry(slice_, why, by, names)), reason=f"recorded {name}: {why}",
-                      would=f"record {name} as quarantined: {why}", found="not quarantined")
+        anew = " anew" if stale else ""
+        return change(R.add(env, name, R.entry(slice_, why, by, names)), reason=f"recorded {name}{anew}: {why}",
+                      would=f"record {name}{anew} as quarantined: {why}",
+                      found=f"in the record since {R.since_text(had)}, but no node of it carries the taint now"
+                      if stale else "not quarantined")
 
     return Step(play, f"record {name}", decide, id=f"{play}:record",
                 verify=Verify(held, lambda hs: None if name in hs else "not in the record"))

@@ -70,10 +70,19 @@ def remove(env: Any, name: str) -> Action:
     return Action(f"# remove {name} from {_file(env)}", go)
 
 
-def since_text(record: dict) -> str:
+def since(record: dict) -> float | None:
+    """When a host's record was written (None: its time is not a number)."""
     try:
-        return time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(float(record.get("since") or 0)))
+        return float(record.get("since") or 0)
     except (TypeError, ValueError, OverflowError):
+        return None
+
+
+def since_text(record: dict) -> str:
+    t = since(record)
+    try:
+        return "?" if t is None else time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(t))
+    except (ValueError, OverflowError, OSError):
         return "?"
 
 

@@ -65,20 +65,12 @@ class Importer:
         host = str(e["host"])
         hosts = R.read(self.env)
         had = hosts.get(host)
-        if had is not None and _since(had) >= float(e["t"]):
+        if had is not None and (R.since(had) or 0.0) >= float(e["t"]):
             return
         hosts[host] = R.entry(str(e.get("slice") or host), str(e.get("why") or "?"),
                               f"{e.get('by') or '?'} (the watch in the cluster)",
                               [str(n) for n in e.get("nodes") or []], since=float(e["t"]))
         R.write(self.env, hosts)
-
-
-def _since(record: dict) -> float:
-    """When a record here was written (0: not a number, as if long ago)."""
-    try:
-        return float(record.get("since") or 0)
-    except (TypeError, ValueError, OverflowError):
-        return 0.0
 
 
 def parse(line: str) -> tuple[str, dict] | None:
