@@ -143,7 +143,7 @@ def test_autopilot_up_admits_the_workers_through_its_compute_class_and_makes_no_
     assert cc.at < rc.at                                       # the ComputeClass before the RayCluster
     body = cloud.kube.body(rc)
     worker = body["spec"]["workerGroupSpecs"][0]["template"]["spec"]
-    assert worker["containers"][0]["securityContext"] == {}
+    assert worker["containers"][0]["securityContext"] == {"capabilities": {"add": ["SYS_PTRACE"]}}
     assert worker["nodeSelector"]["cloud.google.com/compute-class"] == "maxtext-tpu-dranet"
     assert cloud.kube.get("computeclasses", "maxtext-tpu-dranet")["spec"]["nodePoolConfig"] == {
         "dra": {"networking": {"enabled": True}}}
@@ -153,24 +153,39 @@ def test_autopilot_up_admits_the_workers_through_its_compute_class_and_makes_no_
     assert second.changes == [], second.changes
     assert recap(second, "up")["changed"] == 0
 
-    # The tutorial's own worker (privileged) on the same Autopilot cluster: refused.
+    # The tutorial's own worker (privileged) on the same Autopilot cluster:
+    # refused; so is one adding a capability off Warden's list (ours adds
+    # SYS_PTRACE, on it, and was admitted above).
+    refused = {"tutorial-as-written": ('{"privileged": true}', "[denied by autogke-disallow-privilege]",
+                                       "container ray-worker is privileged; not allowed in Autopilot"),
+               "net-admin": ('{"capabilities": {"add": ["SYS_PTRACE", "NET_ADMIN"]}}',
+                             "[denied by autogke-default-linux-capabilities]",
+                             "linux capability 'NET_ADMIN' on container 'ray-worker' not allowed")}
+    for name, (context, rule, why) in refused.items():
+        event = _workers_refused(cloud, name, context)
+        assert event and rule in event and why in event, (name, event)
+
+
+def _workers_refused(cloud: Cloud, name: str, security_context: str) -> str | None:
+    """Our RayCluster, named NAME, with this worker security context,
+    applied with kubectl on the Autopilot cluster: Warden's refusal of its
+    workers, as the event says it (None: they run)."""
     from playbooks.cloud import manifests
     from playbooks.config import tutorial
     from playbooks.core.render import render
     e = cloud.envdata(AUTOPILOT)
-    values = dict(manifests.raycluster_values(e), WORKER_SECURITY_CONTEXT='{"privileged": true}')
+    values = dict(manifests.raycluster_values(e), WORKER_SECURITY_CONTEXT=security_context)
     text = render((ROOT / tutorial.RAYCLUSTER_MANIFEST).read_text(), values).replace(
-        "name: maxtext-tpu-cluster", "name: tutorial-as-written")
-    path = cloud.base / "tutorial-rc.yaml"
+        "name: maxtext-tpu-cluster", f"name: {name}")
+    path = cloud.base / f"{name}-rc.yaml"
     path.write_text(text)
     ctx = f"--context=gke_{PROJECT}_us-east5_maxtext-autopilot"
     r = cloud.client("kubectl", "apply", "-f", str(path), ctx, env_name=AUTOPILOT)
     assert r.returncode == 0, r.stderr
-    assert cloud.kube.list("pods", "maxtext", "ray.io/cluster=tutorial-as-written,ray.io/node-type=worker") == []
-    events = [ev["message"] for ev in cloud.kube.list("events", "maxtext")
-              if ev["involvedObject"]["name"] == "tutorial-as-written"]
-    assert events and "[denied by autogke-disallow-privilege]" in events[0] and\
-        "container ray-worker is privileged; not allowed in Autopilot" in events[0]
+    if cloud.kube.list("pods", "maxtext", f"ray.io/cluster={name},ray.io/node-type=worker"):
+        return None
+    [event, *_] = [ev["message"] for ev in cloud.kube.list("events", "maxtext") if ev["involvedObject"]["name"] == name]
+    return event
 
 
 def test_autopilot_teardown_neither_deletes_nor_expects_vpcs(cloud: Cloud):

@@ -58,8 +58,13 @@ def test_raycluster_validates_against_kuberays_crd(name, changes):
     assert envs["MEGASCALE_NUM_SLICES"] == str(e.slices)
     claim = {"standard": "two-netdev", "autopilot": "all-netdev"}[e.mode]
     assert group["template"]["spec"]["resourceClaims"][0]["resourceClaimTemplateName"] == claim
-    # The tutorial's privileged worker on Standard; none on Autopilot, whose policy denies it.
-    assert worker["securityContext"] == ({"privileged": True} if e.mode == "standard" else {})
+    # The tutorial's privileged worker on Standard; on Autopilot, whose policy
+    # denies it, SYS_PTRACE alone (py-spy reads a worker's stack with it).
+    assert worker["securityContext"] == ({"privileged": True} if e.mode == "standard" else
+                                         {"capabilities": {"add": ["SYS_PTRACE"]}})
+    # The head serves the workers' stacks (the hang diagnosis reads them).
+    [head] = rc["spec"]["headGroupSpec"]["template"]["spec"]["containers"]
+    assert {"name": "RAY_DASHBOARD_ENABLE_PROFILING", "value": "1"} in head["env"]
     sel = group["template"]["spec"]["nodeSelector"]
     assert sel["cloud.google.com/gke-tpu-topology"] == e.topology
     assert ("cloud.google.com/compute-class" in sel) == (e.mode == "autopilot")
@@ -236,9 +241,13 @@ def test_autopilots_rules_refuse_the_tutorials_worker_and_pass_ours():
     spec = rc["spec"]["headGroupSpec"]["template"]["spec"]
     spec["hostNetwork"] = True
     spec["volumes"].append({"name": "host", "hostPath": {"path": "/"}})
+    worker = rc["spec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]
+    worker["securityContext"]["capabilities"]["add"] += ["NET_ADMIN"]   # SYS_PTRACE passes, this does not
     assert manifests.autopilot_violations([rc]) == [
         "RayCluster maxtext-tpu-cluster: headGroupSpec: spec.hostNetwork: true is a host namespace, denied on Autopilot",
-        "RayCluster maxtext-tpu-cluster: headGroupSpec: volumes[host].hostPath is denied on Autopilot"]
+        "RayCluster maxtext-tpu-cluster: headGroupSpec: volumes[host].hostPath is denied on Autopilot",
+        "RayCluster maxtext-tpu-cluster: workerGroupSpecs[0]: containers[ray-worker].securityContext.capabilities.add: "
+        "NET_ADMIN is denied on Autopilot (autogke-default-linux-capabilities)"]
 
 
 def test_the_autopilot_claim_template_validates_against_kubernetes_1_35():

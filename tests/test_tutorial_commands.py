@@ -107,7 +107,7 @@ def test_autopilot_cluster_command(transcripts):
     [j] = [n for n, ln in enumerate(up) if "< manifests/ray-cluster.tpu-multi-slice.yaml" in ln]
     assert i < j
     assert "PRIORITIES='[{\"machineType\": \"ct6e-standard-4t\", \"acceleratorNetworkProfile\": \"auto\"}]'" in up[i]
-    assert "WORKER_SECURITY_CONTEXT='{}'" in up[j] and "\"cloud.google.com/compute-class\": \"maxtext-tpu-dranet\"" in up[j]
+    assert "WORKER_SECURITY_CONTEXT='{\"capabilities\": {\"add\": [\"SYS_PTRACE\"]}}'" in up[j] and "\"cloud.google.com/compute-class\": \"maxtext-tpu-dranet\"" in up[j]
     assert "NETDEV_CLAIM=all-netdev" in up[j]
     assert "ok: [raycluster : Autopilot's rules]" in transcripts["auto"]
 

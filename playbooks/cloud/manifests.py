@@ -17,7 +17,7 @@ a rendered document must keep (Autopilot's; the worker group's slices).
   a Role in the namespace for the rest, and their bindings.
 
 On Autopilot the tutorial's RayCluster would be refused: its TPU workers are
-privileged, and Autopilot's policy denies that ("GKE Warden rejected the
+privileged (ours add SYS_PTRACE there instead), and Autopilot's policy denies that ("GKE Warden rejected the
 request ... [denied by autogke-disallow-privilege] container ... is
 privileged; not allowed in Autopilot";
 https://cloud.google.com/kubernetes-engine/docs/concepts/autopilot-security).
@@ -109,13 +109,20 @@ def _common_values(env: Environment) -> dict[str, str]:
         "CHIPS_PER_HOST": str(env.chips_per_host),
         "WORKER_NODE_SELECTOR": json.dumps(worker_node_selector(env)),
         "WORKER_AFFINITY": json.dumps(worker_affinity(env)),
-        # The tutorial's workers are privileged; Autopilot denies that.
-        "WORKER_SECURITY_CONTEXT": json.dumps({} if env.cluster_mode.restricted_pods else {"privileged": True}),
+        "WORKER_SECURITY_CONTEXT": json.dumps(worker_security_context(env)),
         # Not the tutorial's: a notice to go (a Spot preemption, a pod
         # deleted with a grace) reaches the trainer as a drain of the pod's
         # Ray node, so it saves before the node goes (config/host_notice.py).
         "WORKER_LIFECYCLE": json.dumps(host_notice.prestop_hook()),
     }
+
+
+def worker_security_context(env: Environment) -> dict:
+    """The tutorial's privileged worker; on Autopilot, which denies that,
+    SYS_PTRACE alone: py-spy (the worker stacks the hang diagnosis reads,
+    through the dashboard) needs it in a container (Ray's KubeRay py-spy
+    guide), and Autopilot allows it (AUTOPILOT_CAPABILITIES)."""
+    return {"capabilities": {"add": ["SYS_PTRACE"]}} if env.cluster_mode.restricted_pods else {"privileged": True}
 
 
 def _apply(template: str, values: dict[str, str], env: Environment) -> Command:
@@ -299,6 +306,17 @@ def pod_specs(docs: Iterable[dict]) -> list[tuple[str, dict]]:
     return out
 
 
+# The capabilities a container may add on Autopilot, as GKE Warden lists them
+# when it refuses another ("[denied by autogke-default-linux-capabilities]
+# ... Autopilot only allows the capabilities: ...", quoted in
+# CrowdStrike/falcon-helm issue #310, 2024). NET_RAW among them has needed
+# an allowlist on some versions (GKE's page on privileged open-source
+# workloads): this project adds SYS_PTRACE only.
+AUTOPILOT_CAPABILITIES = frozenset((
+    "AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD", "NET_BIND_SERVICE", "NET_RAW",
+    "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT", "SYS_PTRACE"))
+
+
 def autopilot_violations(docs: Iterable[dict]) -> list[str]:
     """Each field Autopilot would refuse, one line each."""
     out = []
@@ -318,4 +336,8 @@ def autopilot_violations(docs: Iterable[dict]) -> list[str]:
                 if sc.get("allowPrivilegeEscalation"):
                     out.append(f"{where}: {kind}[{c.get('name')}].securityContext.allowPrivilegeEscalation: true is "
                                f"denied on Autopilot")
+                for cap in ((sc.get("capabilities") or {}).get("add") or []):
+                    if cap not in AUTOPILOT_CAPABILITIES:
+                        out.append(f"{where}: {kind}[{c.get('name')}].securityContext.capabilities.add: {cap} is "
+                                   f"denied on Autopilot (autogke-default-linux-capabilities)")
     return out

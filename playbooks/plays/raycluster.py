@@ -181,8 +181,8 @@ def rules_step(env: Environment) -> Step:
         found = manifests.autopilot_violations(manifests.all_docs(env))
         if found:
             return fail(f"{len(found)} field(s) Autopilot would refuse: " + "; ".join(found))
-        return ok("the rendered manifests keep Autopilot's rules (no privileged container, no host namespace, no "
-                  "hostPath)")
+        return ok("the rendered manifests keep Autopilot's rules (no privileged container, no capability it "
+                  "denies, no host namespace, no hostPath)")
 
     return Step(PLAY, "Autopilot's rules", decide, id="raycluster:autopilot-rules")
 

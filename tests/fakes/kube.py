@@ -88,10 +88,19 @@ KINDS = (
 )
 BINDINGS = ("clusterrolebindings", "rolebindings")
 
-# GKE Autopilot's admission webhook, as it refuses a privileged container.
+# GKE Autopilot's admission webhook, as it refuses a privileged container,
+# or a capability not on its list (the list as its message gives it, quoted
+# in CrowdStrike/falcon-helm issue #310).
 WARDEN = ('admission webhook "warden-validating.common-webhooks.networking.gke.io" denied the request: GKE Warden '
           'rejected the request because it violates one or more constraints. Violations details: '
           '{{"[denied by autogke-disallow-privilege]":["container {name} is privileged; not allowed in Autopilot"]}}')
+WARDEN_CAPABILITIES = ("AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD", "NET_BIND_SERVICE",
+                       "NET_RAW", "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT", "SYS_PTRACE")
+WARDEN_CAPABILITY = ('admission webhook "warden-validating.common-webhooks.networking.gke.io" denied the request: GKE '
+                     'Warden rejected the request because it violates one or more constraints. Violations details: '
+                     '{{"[denied by autogke-default-linux-capabilities]":["linux capability \'{cap}\' on container '
+                     '\'{name}\' not allowed; Autopilot only allows the capabilities: \'' + ",".join(WARDEN_CAPABILITIES)
+                     + '\'."]}}')
 
 
 def status(code: int, reason: str, message: str, **details: Any) -> dict:
@@ -513,7 +522,8 @@ class FakeKube(Fake):
 
     def _admit(self, rc: dict, node_type: str, group: str) -> str | None:
         """Why the pod of this group would be refused or left Pending (None:
-        it runs): Autopilot's Warden denies privileged containers; a pod
+        it runs): Autopilot's Warden denies privileged containers and
+        capabilities off its list; a pod
         that selects a ComputeClass that does not exist gets no node."""
         spec = (rc.get("spec") or {})
         if node_type == "head":
@@ -523,8 +533,12 @@ class FakeKube(Fake):
                         if g.get("groupName") == group), {})
         if self.autopilot:
             for c in tpl.get("containers") or []:
-                if (c.get("securityContext") or {}).get("privileged"):
+                sc = c.get("securityContext") or {}
+                if sc.get("privileged"):
                     return WARDEN.format(name=c.get("name"))
+                for cap in (sc.get("capabilities") or {}).get("add") or []:
+                    if cap not in WARDEN_CAPABILITIES:
+                        return WARDEN_CAPABILITY.format(cap=cap, name=c.get("name"))
         cc = (tpl.get("nodeSelector") or {}).get("cloud.google.com/compute-class")
         if cc and self.get("computeclasses", cc) is None:
             return f'0/3 nodes are available: ComputeClass "{cc}" not found'
