@@ -134,7 +134,8 @@ class Connector(Protocol):
 
     def kill(self, pid: int) -> None:
         """SIGKILL a process and its descendants at once: a host lost
-        without warning."""
+        without warning. Returns once they are gone (procs.KILL_WAIT at
+        most: then OSError), so that what looks next sees them gone."""
         ...
 
     def get_json(self, url: str, timeout: float = 10.0, headers: Mapping[str, str] | None = None,

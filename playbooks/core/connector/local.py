@@ -163,7 +163,10 @@ class LocalConnector(Connector):
 
     def kill(self, pid: int) -> None:
         if pid > 0:
-            procs.kill_now(procs.tree(pid))
+            pids = procs.tree(pid)
+            procs.kill_now(pids)
+            if left := procs.wait_gone(pids):
+                raise OSError(f"pid(s) {', '.join(map(str, left))} still running {procs.KILL_WAIT:g} s after SIGKILL")
 
     def port_open(self, host: str, port: int) -> bool:
         """Something listens on host:port here (local clusters only)."""
