@@ -17,9 +17,10 @@ a rendered document must keep (Autopilot's; the worker group's slices).
   a Role in the namespace for the rest, and their bindings.
 
 On Autopilot the tutorial's RayCluster would be refused: its TPU workers are
-privileged (ours add SYS_PTRACE there instead), and Autopilot's policy denies that ("GKE Warden rejected the
-request ... [denied by autogke-disallow-privilege] container ... is
-privileged; not allowed in Autopilot";
+privileged (ours add SYS_PTRACE there instead), and Autopilot's policy
+denies that ("GKE Warden rejected the request ... [denied by
+autogke-disallow-privilege] container ... is privileged; not allowed in
+Autopilot";
 https://cloud.google.com/kubernetes-engine/docs/concepts/autopilot-security).
 And DRANET on Autopilot needs a custom ComputeClass with DRA networking and
 the accelerator network profile `auto`, with which GKE makes and manages the

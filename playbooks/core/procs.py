@@ -170,11 +170,14 @@ def kill_now(pids: Iterable[int]) -> None:
 KILL_WAIT = 10.0
 
 
-def wait_gone(pids: Iterable[int], timeout: float = KILL_WAIT, poll: float = 0.02) -> list[int]:
-    """Wait until none of ``pids`` is alive (a zombie is gone); those still
+def wait_gone(pids: Iterable[int], alive_now: Callable[[int], bool] = alive, poll: float = 0.02,
+              timeout: float = KILL_WAIT) -> None:
+    """Wait until none of ``pids`` is alive (``alive_now``: this machine's
+    /proc, or a connector's; a zombie is gone); OSError naming those still
     alive after ``timeout`` seconds."""
     pids = list(pids)
     deadline = time.monotonic() + timeout
-    while (left := [p for p in pids if alive(p)]) and time.monotonic() < deadline:
+    while (left := [p for p in pids if alive_now(p)]) and time.monotonic() < deadline:
         time.sleep(poll)
-    return left
+    if left:
+        raise OSError(f"pid(s) {', '.join(map(str, left))} still running {timeout:g} s after SIGKILL")

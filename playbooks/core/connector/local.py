@@ -165,8 +165,7 @@ class LocalConnector(Connector):
         if pid > 0:
             pids = procs.tree(pid)
             procs.kill_now(pids)
-            if left := procs.wait_gone(pids):
-                raise OSError(f"pid(s) {', '.join(map(str, left))} still running {procs.KILL_WAIT:g} s after SIGKILL")
+            procs.wait_gone(pids)
 
     def port_open(self, host: str, port: int) -> bool:
         """Something listens on host:port here (local clusters only)."""

@@ -481,15 +481,9 @@ class SshConnector(Connector):
         pid = int(pid)
         if pid <= 0:
             return
-        # Then wait until none runs (a zombie's state is Z), as locally.
-        polls = int(procs.KILL_WAIT * 5)
-        status, out, _ = self._shell(
-            self._tree(pid) + "kill -KILL $pids 2>/dev/null; "
-            "up() { u=; for p in $pids; do s=$(sed 's/.*) //' /proc/$p/stat 2>/dev/null | cut -c1); "
-            "case \"$s\" in ''|Z|X) ;; *) u=\"$u $p\";; esac; done; [ -n \"$u\" ]; }; "
-            f"i=0; while [ $i -lt {polls} ] && up; do sleep 0.2; i=$((i+1)); done; up && echo $u; true")
-        if status == 0 and out.strip():
-            raise OSError(f"pid(s) {out.decode().strip()} still running {procs.KILL_WAIT:g} s after SIGKILL")
+        _, out, _ = self._shell(self._tree(pid) + "kill -KILL $pids 2>/dev/null; echo $pids")
+        # Then, as locally, until none runs (looked at as alive() looks).
+        procs.wait_gone([int(p) for p in out.split() if p.isdigit()], self.alive, poll=0.2)
 
     def terminate(self, pid: int, grace: float = 10.0) -> None:
         pid = int(pid)
