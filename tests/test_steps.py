@@ -1170,3 +1170,43 @@ def test_a_failure_of_another_kind_does_not_look_again(tmp_path):
                      "'compute.networks.create' permission for 'projects/my-tpu-project'\n")
     recap, out, ran = _race(tmp_path, [[]], denied)
     assert recap.failed and "looking again" not in out and len(ran) == 2, out
+
+
+@pytest.mark.parametrize("name", ["dev", "dev-autopilot"])
+def test_a_raycluster_without_the_settings_our_manifests_add_is_drift_naming_each(name):
+    """A RayCluster applied before the head's profiling setting (or the
+    workers' security context, or their preStop hook) was added: drift, one
+    entry per setting, with the command that makes it again; the rendered
+    one is ok."""
+    import copy
+
+    from playbooks.cloud import manifests
+    from playbooks.cloud.gke import raycluster_fact
+    from playbooks.core.runner import Mode
+    from playbooks.plays import raycluster
+    e = env(name)
+    docs = {d["kind"]: d for d in manifests.raycluster_docs(e)}
+    key = raycluster_fact(e).key
+
+    def decided(rc):
+        items = [d for d in (docs.get("ResourceClaimTemplate"), rc) if d]
+        return run_with_facts([raycluster.apply_step(e)], {key: {"items": items}}, mode=Mode.CHECK)
+
+    recap, out = decided(docs["RayCluster"])
+    assert recap.counters() == "ok=1 changed=0 failed=0 skipped=0", out.text()
+    old = copy.deepcopy(docs["RayCluster"])
+    head = old["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+    head["env"] = [v for v in head["env"] if v["name"] != "RAY_DASHBOARD_ENABLE_PROFILING"]
+    worker = old["spec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]
+    del worker["lifecycle"]
+    worker["securityContext"] = {"privileged": True} if name == "dev-autopilot" else {}
+    recap, out = decided(old)
+    assert recap.failed, out.text()
+    text = out.text()
+    assert "drift: RayCluster maxtext-tpu-cluster: head env RAY_DASHBOARD_ENABLE_PROFILING=None, want '1'" in text
+    had, want = (('{"privileged": true}', '{"capabilities": {"add": ["SYS_PTRACE"]}}') if name == "dev-autopilot"
+                 else ("{}", '{"privileged": true}'))
+    assert f"worker securityContext {had}, want {want}" in text, text
+    assert "worker lifecycle null, want {" in text
+    assert ("to make it as rendered (a running job ends): kubectl delete raycluster maxtext-tpu-cluster --namespace "
+            f"{e.namespace}") in text.replace("\n", " "), text

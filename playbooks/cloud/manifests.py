@@ -151,6 +151,37 @@ def worker_group(rc: Any) -> dict:
     return {}
 
 
+def _head_container(rc: Any) -> dict:
+    spec = ((((rc or {}).get("spec") or {}).get("headGroupSpec") or {}).get("template") or {}).get("spec") or {}
+    return next(iter(spec.get("containers") or []), {})
+
+
+def _worker_container(rc: Any) -> dict:
+    spec = (worker_group(rc).get("template") or {}).get("spec") or {}
+    return next(iter(spec.get("containers") or []), {})
+
+
+def added_settings_diffs(env: Environment, rc: Any) -> list[str]:
+    """What a RayCluster read back lacks of the settings our manifests add
+    to the tutorial's (the rendered one is their home): the head's
+    environment (RAY_DASHBOARD_ENABLE_PROFILING, without which every worker
+    stack answers 403), the workers' security context (py-spy's right to
+    trace) and their preStop hook (a notice's save). A RayCluster applied
+    before one of them was added lacks it, and works otherwise: drift."""
+    want = next(d for d in raycluster_docs(env) if d.get("kind") == "RayCluster")
+    diffs = []
+    have_env = {e.get("name"): e.get("value") for e in _head_container(rc).get("env") or []}
+    for e in _head_container(want).get("env") or []:
+        if have_env.get(e["name"]) != e.get("value"):
+            diffs.append(f"head env {e['name']}={have_env.get(e['name'])!r}, want {e.get('value')!r}")
+    have, wanted = _worker_container(rc), _worker_container(want)
+    for key in ("securityContext", "lifecycle"):
+        if have.get(key) != wanted.get(key):
+            diffs.append(f"worker {key} {json.dumps(have.get(key), sort_keys=True)}, want "
+                         f"{json.dumps(wanted.get(key), sort_keys=True)}")
+    return diffs
+
+
 def megascale_problem(env: Environment) -> str | None:
     """The TPU webhook needs MEGASCALE_NUM_SLICES equal to the replicas."""
     for doc in raycluster_docs(env):

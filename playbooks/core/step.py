@@ -110,8 +110,8 @@ def change(*commands: Act, reason: str = "", would: str = "", found: str = "miss
     return Decision(CHANGE, reason, tuple(commands), found=found, would=would, notes=tuple(notes), instead=instead)
 
 
-def drift(reason: str) -> Decision:
-    return Decision(DRIFT, reason)
+def drift(reason: str, notes: Sequence[str] = ()) -> Decision:
+    return Decision(DRIFT, reason, notes=tuple(notes))
 
 
 def fail(reason: str, notes: Sequence[str] = ()) -> Decision:

@@ -12,7 +12,7 @@ import re
 from typing import Any
 
 from playbooks.cloud import capacity_options, kube_objects, manifests
-from playbooks.cloud.gke import kube_get, raycluster_fact
+from playbooks.cloud.gke import kube, kube_get, raycluster_fact
 from playbooks.cloud.slices import pods_fact
 from playbooks.config import tutorial as T
 from playbooks.config.schema import Environment, capacity_text
@@ -69,7 +69,7 @@ def shape_diffs(env: Environment, rc: Any) -> list[str]:
         envs = {e.get("name"): e.get("value") for e in c.get("env") or []}
         if envs.get("MEGASCALE_NUM_SLICES") != str(env.slices):
             diffs.append(f"MEGASCALE_NUM_SLICES {envs.get('MEGASCALE_NUM_SLICES')}, want {env.slices}")
-    return diffs
+    return diffs + manifests.added_settings_diffs(env, rc)
 
 
 def apply_step(env: Environment) -> Step:
@@ -85,7 +85,9 @@ def apply_step(env: Environment) -> Step:
                           reason=f"applied ({env.slices} x {env.hosts_per_slice} TPU workers)")
         diffs = shape_diffs(env, rc)
         if diffs:
-            return drift(f"RayCluster {T.RAYCLUSTER_NAME}: " + "; ".join(diffs))
+            again = kube(env, "delete", "raycluster", T.RAYCLUSTER_NAME, "--namespace", env.namespace).line()
+            return drift(f"RayCluster {T.RAYCLUSTER_NAME}: " + "; ".join(diffs),
+                         notes=[f"to make it as rendered (a running job ends): {again}, then `invoke raycluster`"])
         return ok(f"RayCluster {T.RAYCLUSTER_NAME} is the one rendered ({env.slices} x {env.hosts_per_slice} TPU "
                   f"workers)")
 
