@@ -151,13 +151,17 @@ def worker_group(rc: Any) -> dict:
     return {}
 
 
-def _head_container(rc: Any) -> dict:
-    spec = ((((rc or {}).get("spec") or {}).get("headGroupSpec") or {}).get("template") or {}).get("spec") or {}
-    return next(iter(spec.get("containers") or []), {})
+def group_pod_spec(group: Any) -> dict:
+    """The pod spec of a RayCluster's head or worker group."""
+    return ((group or {}).get("template") or {}).get("spec") or {}
 
 
-def _worker_container(rc: Any) -> dict:
-    spec = (worker_group(rc).get("template") or {}).get("spec") or {}
+def head_pod_spec(rc: Any) -> dict:
+    """The pod spec of a RayCluster's head (rendered or read back)."""
+    return group_pod_spec(((rc or {}).get("spec") or {}).get("headGroupSpec"))
+
+
+def _first_container(spec: dict) -> dict:
     return next(iter(spec.get("containers") or []), {})
 
 
@@ -170,11 +174,11 @@ def added_settings_diffs(env: Environment, rc: Any) -> list[str]:
     before one of them was added lacks it, and works otherwise: drift."""
     want = next(d for d in raycluster_docs(env) if d.get("kind") == "RayCluster")
     diffs = []
-    have_env = {e.get("name"): e.get("value") for e in _head_container(rc).get("env") or []}
-    for e in _head_container(want).get("env") or []:
+    have_env = {e.get("name"): e.get("value") for e in _first_container(head_pod_spec(rc)).get("env") or []}
+    for e in _first_container(head_pod_spec(want)).get("env") or []:
         if have_env.get(e["name"]) != e.get("value"):
             diffs.append(f"head env {e['name']}={have_env.get(e['name'])!r}, want {e.get('value')!r}")
-    have, wanted = _worker_container(rc), _worker_container(want)
+    have, wanted = (_first_container(group_pod_spec(worker_group(r))) for r in (rc, want))
     for key in ("securityContext", "lifecycle"):
         if have.get(key) != wanted.get(key):
             diffs.append(f"worker {key} {json.dumps(have.get(key), sort_keys=True)}, want "
@@ -329,10 +333,9 @@ def pod_specs(docs: Iterable[dict]) -> list[tuple[str, dict]]:
         name = f"{d.get('kind')} {(d.get('metadata') or {}).get('name')}"
         spec = d.get("spec") or {}
         if d.get("kind") == "RayCluster":
-            out.append((f"{name}: headGroupSpec", (spec.get("headGroupSpec") or {}).get("template", {}).get("spec")
-                        or {}))
+            out.append((f"{name}: headGroupSpec", head_pod_spec(d)))
             for i, g in enumerate(spec.get("workerGroupSpecs") or []):
-                out.append((f"{name}: workerGroupSpecs[{i}]", (g.get("template") or {}).get("spec") or {}))
+                out.append((f"{name}: workerGroupSpecs[{i}]", group_pod_spec(g)))
         elif d.get("kind") == "Pod":
             out.append((name, spec))
     return out

@@ -52,7 +52,7 @@ def shape_diffs(env: Environment, rc: Any) -> list[str]:
         diffs.append(f"{g.get('replicas')} slice replicas, want {env.slices}")
     if g.get("numOfHosts") != env.hosts_per_slice:
         diffs.append(f"numOfHosts {g.get('numOfHosts')}, want {env.hosts_per_slice}")
-    spec = (g.get("template") or {}).get("spec") or {}
+    spec = manifests.group_pod_spec(g)
     sel = spec.get("nodeSelector") or {}
     if sel.get("cloud.google.com/gke-tpu-topology") != env.topology:
         diffs.append(f"topology {sel.get('cloud.google.com/gke-tpu-topology')}, want {env.topology}")

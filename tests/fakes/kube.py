@@ -91,16 +91,15 @@ BINDINGS = ("clusterrolebindings", "rolebindings")
 # GKE Autopilot's admission webhook, as it refuses a privileged container,
 # or a capability not on its list (the list as its message gives it, quoted
 # in CrowdStrike/falcon-helm issue #310).
-WARDEN = ('admission webhook "warden-validating.common-webhooks.networking.gke.io" denied the request: GKE Warden '
-          'rejected the request because it violates one or more constraints. Violations details: '
-          '{{"[denied by autogke-disallow-privilege]":["container {name} is privileged; not allowed in Autopilot"]}}')
+WARDEN_DENIED = ('admission webhook "warden-validating.common-webhooks.networking.gke.io" denied the request: GKE '
+                 'Warden rejected the request because it violates one or more constraints. Violations details: ')
+WARDEN = WARDEN_DENIED + \
+    '{{"[denied by autogke-disallow-privilege]":["container {name} is privileged; not allowed in Autopilot"]}}'
 WARDEN_CAPABILITIES = ("AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD", "NET_BIND_SERVICE",
                        "NET_RAW", "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT", "SYS_PTRACE")
-WARDEN_CAPABILITY = ('admission webhook "warden-validating.common-webhooks.networking.gke.io" denied the request: GKE '
-                     'Warden rejected the request because it violates one or more constraints. Violations details: '
-                     '{{"[denied by autogke-default-linux-capabilities]":["linux capability \'{cap}\' on container '
-                     '\'{name}\' not allowed; Autopilot only allows the capabilities: \'' + ",".join(WARDEN_CAPABILITIES)
-                     + '\'."]}}')
+WARDEN_CAPABILITY = WARDEN_DENIED + (
+    '{{"[denied by autogke-default-linux-capabilities]":["linux capability \'{cap}\' on container \'{name}\' not '
+    'allowed; Autopilot only allows the capabilities: \'' + ",".join(WARDEN_CAPABILITIES) + '\'."]}}')
 
 
 def status(code: int, reason: str, message: str, **details: Any) -> dict:
