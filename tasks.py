@@ -144,7 +144,7 @@ def train(c, model="llama3-8b", env="", elastic=False, steps="", set_=None, fres
     from playbooks.plays.train import fresh_summary
 
     with clean_errors():
-        s = _session(c, "train", env)
+        s = _session(c, "train", env, changing=fresh)  # --fresh: the lock held until the checkpoints are deleted
         job = _job(s, model, elastic, steps, set_, fresh, preset)
         log = (s.logdir / "job.log") if s.logdir else None
         steps_ = task_steps.train_steps(s.env, job, log, preflight_first=not skip_preflight, detach=detach)

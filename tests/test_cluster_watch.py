@@ -5,6 +5,7 @@ writes nothing and shows what the watch recorded."""
 from __future__ import annotations
 
 import json
+import os
 import shlex
 
 import pytest
@@ -358,3 +359,44 @@ def test_the_job_is_submitted_only_once_its_watch_runs_and_never_after_a_watch_t
     got, ctx = starting(Env(30, "restart"), None)  # never listed: bounded
     assert got is not None and f"not RUNNING within {cluster_watch.START_WITHIN:.0f} s (it is not listed)" in got.reason
     assert ctx.slept >= cluster_watch.START_WITHIN and "PyPI" not in got.reason
+
+
+def test_on_gke_the_watch_keeps_its_records_in_the_runs_bucket_where_a_restarted_head_finds_them(tmp_path):
+    """The watch in a head pod is told to keep its state in the bucket as
+    the head mounts it (the tutorial's gcsfuse volume), not in the
+    working_dir Ray unpacks for each upload: a process started in another
+    working_dir (a restarted head, a new upload of the code) with the same
+    state folder reads the record of hosts set aside and the run's
+    timeline that the first wrote."""
+    import subprocess
+    import sys
+
+    from playbooks.cloud import manifests
+    from playbooks.config import paths
+    from tests.conftest import env as inventory_env
+
+    renv = json.loads(cluster_watch.runtime_env(GkeEnv(30, "restart"), {}))
+    assert renv["env_vars"][paths.STATE_ENV] == cluster_watch.HEAD_STATE
+    assert cluster_watch.HEAD_STATE.startswith(cluster_watch.BUCKET_MOUNT + "/")
+    for name in ("dev", "dev-autopilot"):
+        e = inventory_env(name)
+        head = manifests.head_pod_spec(next(d for d in manifests.raycluster_docs(e) if d["kind"] == "RayCluster"))
+        mounts = {m["name"]: m["mountPath"] for m in head["containers"][0].get("volumeMounts") or []}
+        bucket = [v["name"] for v in head.get("volumes") or []
+                  if (v.get("csi") or {}).get("volumeAttributes", {}).get("bucketName") == e.gs_bucket]
+        assert bucket and mounts[bucket[0]] == cluster_watch.BUCKET_MOUNT, (name, mounts)
+    bucket_state = tmp_path / "bucket" / ".tpu-playbooks"
+    write = ("from playbooks.runs import quarantine_record as R, timeline\n"
+             "class E: name = 'g'\n"
+             "R.write(E, {'v6e-16-1': R.entry('v6e-16-1', 'hang', 'the watch', ['n-1'], since=5.0)})\n"
+             "timeline.append(E, 'run', [{'t': 1.0, 'kind': 'quarantined', 'host': 'v6e-16-1'}])\n")
+    read = ("from playbooks.runs import quarantine_record as R, timeline\n"
+            "class E: name = 'g'\n"
+            "print(sorted(R.read(E)), [e['kind'] for e in timeline.read(E, 'run')])\n")
+    env = {**os.environ, paths.STATE_ENV: str(bucket_state), "PYTHONPATH": str(paths.ROOT)}
+    for code, cwd in ((write, tmp_path / "working_dir_1"), (read, tmp_path / "working_dir_2")):
+        cwd.mkdir()
+        p = subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True, text=True, timeout=60)
+        assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.strip() == "['v6e-16-1'] ['quarantined']", p.stdout
+    assert (bucket_state / "g" / "quarantine.json").is_file()

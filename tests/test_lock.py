@@ -172,3 +172,65 @@ def test_only_a_changing_task_in_apply_mode_takes_the_environments_lock_and_a_dr
             if s.logdir is not None:
                 s.logdir.rmdir()
     assert session._HELD == {} and lock.read_text() == ""
+
+
+def test_every_task_that_changes_the_environment_takes_its_lock_or_says_why_not():
+    """Each session a task of tasks.py opens is one that only looks, one
+    that takes the lock (for its chain, or up to a step: train --fresh), or
+    one named in UNLOCKED with its reason. hosts.quarantine, hosts.release
+    and hosts.maintenance take it: `up` beside a quarantine that makes the
+    same pool again waits for it."""
+    from playbooks.cli import session
+    from tests.conftest import ROOT
+
+    text = (ROOT / "tasks.py").read_text()
+    opened = set(re.findall(r'_session\(c, "([a-z]+)"', text)) | set(re.findall(r'_report\(c, "([a-z]+)"', text))
+    opened |= set(re.findall(r"^def (prereqs|network|cluster|nodepools|storage|raycluster|dashboard)\(", text, re.M))
+    looks = set(session.READ_ONLY_TASKS) | set(session.LOCAL_ONLY) | {"capacity", "hosts"}
+    assert {"quarantine", "release", "maintenance"} <= set(session.CHANGING)
+    assert session.LOCKED_UNTIL == {"train": "train:checkpoints"}
+    unplaced = opened - looks - set(session.CHANGING) - set(session.UNLOCKED)
+    assert not unplaced, f"tasks that change the environment with no lock and no reason: {sorted(unplaced)}"
+    assert all(len(why) > 40 for why in session.UNLOCKED.values())
+
+
+def test_train_fresh_holds_the_lock_until_its_checkpoints_are_deleted_and_no_longer(monkeypatch):
+    """`train --fresh` takes the environment's lock (its delete of the
+    run's checkpoints waits for an `up`, and an `up` for it) and lets it go
+    once that step has ended, before the hours of its follow; a train that
+    is not fresh takes none; one in a chain that holds it already keeps it
+    for the chain."""
+    from playbooks.cli import session
+    from playbooks.config import paths
+    from playbooks.core.step import Step, ok
+
+    monkeypatch.delenv("INVOKE_PLAYBOOK_ENV", raising=False)
+    lock = paths.here(paths.env_lock("local"))
+    held_at: dict[str, bool] = {}
+
+    def step(sid: str) -> Step:
+        def decide(look):
+            held_at[sid] = "local" in session._HELD
+            return ok("as asked")
+        return Step("train", sid, decide, id=sid)
+
+    opened = []
+    try:
+        plain = session.open_session({"playbook": {"env": "local"}}, "train")
+        opened.append(plain)
+        assert session._HELD == {} and plain.release_after is None
+        fresh = session.open_session({"playbook": {"env": "local"}}, "train", changing=True)
+        opened.append(fresh)
+        assert list(session._HELD) == ["local"] and holder(lock).doing.startswith("invoke")
+        fresh.run("train", [step("train:slices"), step("train:checkpoints"), step("train:job")], parallel=False)
+        assert held_at == {"train:slices": True, "train:checkpoints": True, "train:job": False}, held_at
+        assert session._HELD == {} and lock.read_text() == ""
+        opened.append(session.open_session({"playbook": {"env": "local"}}, "up"))  # `invoke up train --fresh`
+        chained = session.open_session({"playbook": {"env": "local"}}, "train", changing=True)
+        opened.append(chained)
+        assert chained.release_after is None, "the chain's lock is the chain's: not released by its train"
+    finally:
+        session.release_env_lock("local")
+        for s in opened:
+            if s.logdir is not None and s.logdir.exists() and not any(s.logdir.iterdir()):
+                s.logdir.rmdir()

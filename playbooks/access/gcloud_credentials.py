@@ -23,6 +23,13 @@ gke-gcloud-auth-plugin keeps its token next to the kubeconfig: the next
 run uses it while it is more than five minutes from its expiry and the
 sentinel file is unchanged, and starts no config-helper. A token without an
 expiry (an access-token file) is never kept.
+
+A token an API answered 401 (revoked, its account's key disabled, a clock
+that misread its expiry) is dropped, here and in the kept file, and renewed
+once (``renew``: `gcloud config config-helper --force-auth-refresh`, as
+gcloud's own cached token would be served again without it), not used for
+the rest of its hour. The read is then made once more with the new token; a
+second 401 is the API's answer, left to the command's process to say.
 """
 from __future__ import annotations
 
@@ -43,6 +50,9 @@ from typing import Any
 from playbooks.access.cli_clients import NO_ACCOUNT_WORDS
 
 HELPER = ("config", "config-helper", "--format=json")
+# gcloud 528's config-helper flag that refreshes the token even when its own
+# cache holds one not yet expired (`gcloud config config-helper --help`).
+FORCE_REFRESH = "--force-auth-refresh"
 EXPIRY_MARGIN = 300.0   # ask again this many seconds before the token expires
 NO_EXPIRY_TTL = 600.0   # how long a token without an expiry is used
 HELPER_TIMEOUT = 60.0
@@ -166,6 +176,11 @@ class TokenCache:
             with contextlib.suppress(OSError):
                 part.unlink()
 
+    def forget(self, env: Mapping[str, str]) -> None:
+        """Drop the kept answer of this environment (its token was refused)."""
+        with contextlib.suppress(OSError):
+            (self.folder / f"{cache_key(env)}.json").unlink()
+
 
 def _key(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
     """A child environment as the helper sees it (without NOT_CREDENTIALS):
@@ -182,6 +197,7 @@ class GcloudCredentials:
     _held: dict[tuple, Credentials | None] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     helper_runs: int = 0  # how many config-helper processes this run started
+    renewals: int = 0  # how many tokens an API refused (401) were renewed this run
     # Per child environment: the helper's own words when it found no account
     # (``refusal``).
     _refused: dict[tuple, str] = field(default_factory=dict)
@@ -212,13 +228,37 @@ class GcloudCredentials:
             self._held[key] = got
             return got
 
-    def _ask(self, env: Mapping[str, str], key: tuple) -> Credentials | None:
+    def renew(self, env: Mapping[str, str], refused: str) -> Credentials | None:
+        """After an API answered ``refused`` (a token) with 401: that token
+        dropped (held and kept) and a new one asked for, with gcloud's own
+        cache refreshed. Another thread that renewed it already: its answer.
+        None where no new token could be had (the same one again included):
+        the command then runs as its process, which says why."""
+        key = _key(env)
+        env = dict(key)
+        with self._lock:
+            held = self._held.get(key)
+            if held is not None and held.token != refused and held.fresh():
+                return held
+            if self.cache is not None:
+                self.cache.forget(env)
+            got = self._ask(env, key, force=True)
+            if got is not None and got.token == refused:
+                got = None
+            if got is not None and self.cache is not None:
+                self.cache.store(env, got)
+            self._held[key] = got
+            self.renewals += 1
+            return got
+
+    def _ask(self, env: Mapping[str, str], key: tuple, force: bool = False) -> Credentials | None:
         gcloud = shutil.which("gcloud", path=env.get("PATH", ""))
         if gcloud is None:
             return None
         self.helper_runs += 1
         try:
-            p = subprocess.run([gcloud, *HELPER], env=dict(env), stdin=subprocess.DEVNULL, capture_output=True,
+            p = subprocess.run([gcloud, *HELPER, *((FORCE_REFRESH,) if force else ())], env=dict(env),
+                               stdin=subprocess.DEVNULL, capture_output=True,
                                text=True, timeout=HELPER_TIMEOUT)
         except (OSError, subprocess.TimeoutExpired):
             return None

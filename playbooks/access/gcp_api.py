@@ -335,7 +335,7 @@ class GcloudShortcut:
             return Ran(0, local(cred), "", time.monotonic() - start)
         assert call is not None
         try:
-            out = call.shape(self._read(call, cred, env, min(timeout or READ_TIMEOUT, READ_TIMEOUT)))
+            out = call.shape(self._read_renewing(call, cred, env, min(timeout or READ_TIMEOUT, READ_TIMEOUT)))
         except Fallback as e:
             if e.status == 404 and call.not_found is not None:
                 return Ran(1, "", call.not_found, time.monotonic() - start)
@@ -346,6 +346,20 @@ class GcloudShortcut:
 
     def stream(self, argv: list[str], env: dict[str, str], on_line: Callable[[str], None]) -> Ran | None:
         return None
+
+    def _read_renewing(self, call: Call, cred: Credentials, env: Mapping[str, str], timeout: float) -> Any:
+        """The read; where the API refused the token (401), once more with a
+        renewed one (``GcloudCredentials.renew``); no new token: the 401
+        stands (the command runs as its process)."""
+        try:
+            return self._read(call, cred, env, timeout)
+        except Fallback as e:
+            if e.status != 401:
+                raise
+            fresh = self.credentials.renew(env, cred.token)
+            if fresh is None:
+                raise
+        return self._read(call, fresh, env, timeout)
 
     def _read(self, call: Call, cred: Credentials, env: Mapping[str, str], timeout: float) -> Any:
         """The call's answer; a list's pages joined under ``call.items``."""

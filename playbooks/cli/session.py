@@ -55,12 +55,29 @@ MAX_LOCK_WAIT = 24 * 3600.0
 # mode each takes the environment's lock on this machine for its chain (one
 # command line), so a second such run waits for the first (at most
 # playbook.lock_wait seconds), saying who holds it and since when, or is
-# refused. Every other task takes none: it only looks (capacity, status,
-# logs, metrics, goodput, runs, doctor), changes only this machine
-# (preflight: its compile has its own lock), or is meant to run while a run
-# holds it (train follows its job for hours while `invoke up` may bring a
-# lost slice back; chaos acts during a train).
-CHANGING = ("prereqs", "network", "cluster", "nodepools", "storage", "raycluster", "dashboard", "up", "teardown")
+# refused. `hosts.quarantine` and `hosts.release` (tasks "quarantine" and
+# "release") cordon, taint and untaint a slice's nodes, move its pods, and
+# may delete and make again its node pool (quarantine_replace_pool): `up`
+# beside them would make the same pool; `hosts.maintenance` starts a slice's
+# host maintenance.
+CHANGING = ("prereqs", "network", "cluster", "nodepools", "storage", "raycluster", "dashboard", "up", "teardown",
+            "quarantine", "release", "maintenance")
+# Tasks that change the environment only in part of their run: they hold the
+# lock from their start until the step named here has ended, not for the
+# hours the rest takes. `train --fresh` (the one that asks for it: ``open_session(changing=True)``) deletes the run's
+# checkpoints (and timeline): held until that step ends, then released, as
+# its follow runs for hours while `invoke up` may bring a lost slice back.
+LOCKED_UNTIL = {"train": "train:checkpoints"}
+# The tasks that change the environment and take no lock, and why.
+UNLOCKED = {
+    "train": "without --fresh it deletes nothing: it submits a job and follows it for hours, while `invoke up` may "
+             "bring a lost slice back",
+    "chaos": "a fault on purpose: a real preemption takes no lock, and every task must bear it whenever it comes; "
+             "two chaos acts overlap by design (a second host lost while the first is down)",
+    "watch": "the watch's own quarantine (stall_action: restart, a notice) never makes or deletes a node pool "
+             "(only cordons, taints, moves pods: what `up` does not touch) and must act in seconds, not after an "
+             "`up` of 30 minutes; in a GKE head pod this machine's lock cannot be seen at all",
+}
 
 
 # Tasks whose effects are all on this machine, with or without a controller
@@ -83,21 +100,28 @@ class Session:
     runner: Runner
     book: Playbook
     logdir: Path | None
+    release_after: str | None = None  # the step after which the environment's lock is released (LOCKED_UNTIL)
 
     def run(self, name: str, steps: list[Step], parallel: bool = True, keep_going: bool = False) -> Recap:
         """Run a play. ``parallel=False`` for plays whose output streams live
         (a training job's log) or whose order is the point (chaos);
         ``keep_going`` for independent checks (every problem is listed)."""
+        until = self.release_after
+
+        def ended(step_id: str) -> None:
+            if step_id == until:
+                release_env_lock(self.env.name)
+
         self.book.reporter.line(banner("PLAY", f"{name} | env {self.env.name} ({_what(self.env)}) | {self.mode.value}"))
         if self.logdir:
-            self.book.reporter.line(f"logs: {self.logdir.relative_to(ROOT)}")
+            self.book.reporter.line(f"logs: {paths.shown(self.logdir)}")
         if name not in LOCAL_ONLY:
             from playbooks.plays.controller import on_controller
             steps = on_controller(self.env, steps)
         recap = self.book.run(f"{name} {self.env.name}", steps, workers=None if parallel else 1,
-                              keep_going=keep_going)
+                              keep_going=keep_going, ended=ended if until else None)
         if self.logdir:
-            self.book.reporter.line(f"logs: {self.logdir.relative_to(ROOT)}")
+            self.book.reporter.line(f"logs: {paths.shown(self.logdir)}")
         if recap.failed:
             gone = recap.count("unreachable")
             if gone:  # Ansible's exit code for an unreachable host
@@ -324,10 +348,12 @@ KEEP_LOGS = 20
 
 
 def open_session(config, task: str, reporter: Reporter | None = None, read_only: bool = False,
-                 env_flag: str | None = None) -> Session:
+                 env_flag: str | None = None, changing: bool = False) -> Session:
     """``read_only``: a task that only looks (status) runs in check mode
     whatever playbook.mode says (its --dry still prints the probes).
-    ``env_flag``: the task's --env, which wins over playbook.env."""
+    ``env_flag``: the task's --env, which wins over playbook.env.
+    ``changing``: this run of a task of LOCKED_UNTIL changes the environment
+    (train --fresh): it holds the lock until that step has ended."""
     settings = playbook_config(config)
     dry = bool(config.get("run", {}).get("dry", False)) if hasattr(config, "get") else False
     if dry and settings["mode"] == "check":
@@ -360,9 +386,12 @@ def open_session(config, task: str, reporter: Reporter | None = None, read_only:
         runner = Runner(mode, connectors.connector(env), retry, here=connectors.this_machine(), log=RunLog(logdir),
                         stale=staleness.stale)
     book = Playbook(runner, reporter or Reporter(), workers=parallel, heartbeat=settings["heartbeat"])
-    if mode is Mode.APPLY and task in CHANGING:
+    release_after = None
+    if mode is Mode.APPLY and (task in CHANGING or (changing and task in LOCKED_UNTIL)):
+        # held by an earlier task of the chain: kept for the chain, not released early
+        release_after = LOCKED_UNTIL.get(task) if task not in CHANGING and env.name not in _HELD else None
         hold_env_lock(env.name, task, settings, book.reporter)
-    return Session(env, mode, runner, book, logdir)
+    return Session(env, mode, runner, book, logdir, release_after)
 
 
 _HELD: dict[str, ExitStack] = {}  # environment -> the lock this process holds on it (until its chain ends)

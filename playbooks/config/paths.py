@@ -32,7 +32,15 @@ from pathlib import Path
 
 from playbooks.config.project import ROOT
 
-STATE = ".state"
+# Where a run's state lives: .state in the project's folder, or the absolute
+# folder this variable names. The watch in a GKE head pod is given the
+# bucket as the head mounts it (``runs/cluster_watch.HEAD_STATE``): its
+# timelines, run logs and record of hosts set aside outlive the head pod
+# and the working_dir Ray unpacks for each upload of the project (which
+# changes with the code's hash and which Ray may collect), and a restarted
+# head's watch finds them. A value that is not an absolute path is ignored.
+STATE_ENV = "TPU_PLAYBOOKS_STATE"
+STATE = os.environ.get(STATE_ENV, "") if os.path.isabs(os.environ.get(STATE_ENV, "")) else ".state"
 
 
 def here(rel: str) -> Path:

@@ -540,12 +540,13 @@ class Playbook:
         return out
 
     def run(self, name: str, steps: Sequence[Step], workers: int | None = None,
-            keep_going: bool = False) -> Recap:
+            keep_going: bool = False, ended: Callable[[str], None] | None = None) -> Recap:
         """Run the steps; ``workers`` lowers the playbook's for this run
         (1: one at a time, in order). ``keep_going``: a failure does not
         stop the steps after it (independent checks, a status: every
         problem is listed, not only the first); a step still starts only
-        after the steps it comes after have ended, whatever their outcome."""
+        after the steps it comes after have ended, whatever their outcome.
+        ``ended``: told each step's id as it ends (a lock held up to a step)."""
         self._pending: dict[str, list[str]] = {}  # check mode: step id -> the changes it waits on
         self._unread: dict[str, list[str]] = {}   # check mode: step id -> the steps that could not look it needs
         self._causes = {}
@@ -558,11 +559,13 @@ class Playbook:
             for i, step in enumerate(steps):
                 r = self._one(step, buffered=False)
                 recap.results.append(r)
+                if ended is not None:
+                    ended(step.id)
                 if r.outcome in FAILING and not keep_going:
                     recap.not_run = [s.title for s in steps[i + 1:]]
                     break
         else:
-            self._run_parallel(steps, recap, workers, keep_going)
+            self._run_parallel(steps, recap, workers, keep_going, ended)
         recap.wall = time.monotonic() - start
         self.reporter.block([""] + recap.render())
         return recap
@@ -585,7 +588,8 @@ class Playbook:
             list(pool.map(self.runner.prefetch, facts.values()))
         return time.monotonic() - start
 
-    def _run_parallel(self, steps: Sequence[Step], recap: Recap, workers: int, keep_going: bool = False) -> None:
+    def _run_parallel(self, steps: Sequence[Step], recap: Recap, workers: int, keep_going: bool = False,
+                      ended: Callable[[str], None] | None = None) -> None:
         ids = {s.id for s in steps}
         pending = list(steps)
         done: dict[str, str] = {}
@@ -609,6 +613,8 @@ class Playbook:
                     r = f.result()
                     recap.results.append(r)
                     done[s.id] = r.outcome
+                    if ended is not None:
+                        ended(s.id)
                     if r.outcome in FAILING and not keep_going:
                         stopped = True
         order = {s.id: i for i, s in enumerate(steps)}

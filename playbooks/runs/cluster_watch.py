@@ -20,6 +20,9 @@ Its entrypoint is `invoke watch`:
   kubectl command is answered by the `kubernetes` client with the pod's
   own service account (``access/kube_api.py``, in-cluster mode), whose
   rights the ``raycluster`` play grants (``manifests/ray-watch-rbac.yaml``).
+  Its state (timelines, run logs, its record of hosts set aside) is kept in
+  the run's bucket as the head mounts it (``HEAD_STATE``), not in the
+  working_dir: a restarted head's watch finds it.
   No gcloud runs there: the watch never makes a node pool again.
 
 Ray 2.60 joins an entrypoint's words with ``shlex.join`` and runs it
@@ -57,6 +60,14 @@ PACKAGES = ("invoke", "PyYAML", "kubernetes")
 # what .gitignore names: .venv, .state).
 EXCLUDES = (".git", "tests", "docs", "bench", ".ci", "**/__pycache__")
 WORKING_DIR = "."
+# In the head pod: the run's bucket as the head mounts it (the tutorial's
+# gcsfuse volume, `mountPath: /data` in manifests/ray-cluster.*.yaml), and
+# the watch's state folder in it (paths.STATE_ENV): what the watch records
+# outlives the head pod and each working_dir Ray unpacks, and a restarted
+# head's watch reads it again (tests/test_cluster_watch.py holds the
+# manifests' head mount to BUCKET_MOUNT).
+BUCKET_MOUNT = "/data"
+HEAD_STATE = f"{BUCKET_MOUNT}/.tpu-playbooks"
 # How long `invoke train` waits for the watch it submitted to run before it
 # submits the job: on GKE Ray first installs PACKAGES in the head (a minute
 # or two; pip's own retries when PyPI is slow).
@@ -144,6 +155,7 @@ def runtime_env(env: Any = None, environ: Any = os.environ) -> str:
             "excludes": excludes(shipped),
             "pip": {"packages": [f"{p}=={pinned(p)}" if pinned(p) else p for p in PACKAGES]},
             "env_vars": {IN_CLUSTER_ENV: "1", DASHBOARD_ENV: HEAD_DASHBOARD, "PYTHONUNBUFFERED": "1",
+                         paths.STATE_ENV: HEAD_STATE,
                          **({"INVOKE_PLAYBOOK_INVENTORY": shipped} if shipped else {})}})
     passed = {k: environ[k] for k in PASSED if environ.get(k)}
     return json.dumps({"env_vars": {**passed, "PYTHONUNBUFFERED": "1"}})
