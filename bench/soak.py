@@ -29,7 +29,9 @@ kills aimed with `chaos.delete-worker --target`, see soak_checks.SPECS):
 Each run must first prove its fault happened as described (else it is run
 again, at most ATTEMPTS times, then counted "not exercised": a failure);
 then pass each criterion of bench/soak_checks.py (each shown failing on a
-bad run by tests/test_soak_checks.py). The table gives each run's outcome,
+bad run by tests/test_soak_checks.py; a never-resuming hang's bound is
+stall_after plus the median time to recover of the newest soak table in
+docs/, which its check names). The table gives each run's outcome,
 its goodput (ours, and Google's ml-goodput-measurement on the same steps),
 and each incident: the step it was lost at, the checkpoint restored, the
 steps replayed, the time to recover (the loss to the first step after it);
@@ -758,9 +760,29 @@ def goodput_of(soak: Soak) -> tuple[dict, str]:
         return {}, out.strip()[-200:]
 
 
+def commit_time(commit: str) -> float:
+    """A commit's time (git's committer date), 0 where git does not know it
+    (a stamp's "abc1234 + changes" is its commit)."""
+    name = commit.split()[0] if commit.split() else ""
+    try:
+        out = subprocess.run(["git", "show", "-s", "--format=%ct", name, "--"], cwd=ROOT, capture_output=True,
+                             text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return 0.0
+    first = out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else ""
+    return float(first) if first.isdigit() else 0.0
+
+
+def latest_recovery() -> soak_checks.Recovery | None:
+    """The newest soak table's median time to recover in the pages of docs/
+    (the bound of a hang's time to its first step: soak_checks.latest_recovery)."""
+    pages = {p.name: p.read_text() for p in sorted((ROOT / "docs").glob("*.md"))}
+    return soak_checks.latest_recovery(pages, commit_time)
+
+
 def judge(r: Result, events: list[dict]) -> None:
     """The run's verdict (soak_checks.py) from its facts, report and events."""
-    v = soak_checks.verdict(r.scenario, r.facts, r.goodput, events)
+    v = soak_checks.verdict(r.scenario, r.facts, r.goodput, events, latest_recovery())
     r.not_exercised = v.exercised
     r.why += v.failures()
     r.notes += v.not_applied()

@@ -18,6 +18,8 @@ Two questions, asked in this order:
 from __future__ import annotations
 
 import itertools
+import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from playbooks.runs.restart import failed_hosts
@@ -80,11 +82,52 @@ OLD_BUDGET = 3
 # The source of the events the watch in the cluster writes (`invoke watch`).
 WATCH = "watch"
 # The bound on a never-resuming hang's time to its first step after the
-# restart: stall_after (the soak's, HANG_STALL_AFTER) plus the soak's median
-# time to recover from a lost host (docs/elastic.md, the soak of
-# 2026-12-04: 63.2 s). Issue 36's goal.
+# restart: stall_after (the soak's, HANG_STALL_AFTER) plus the median time
+# to recover from a lost host of the newest soak table in the docs
+# (``latest_recovery``). Issue 36's goal.
 HANG_STALL_AFTER = 15
-RECOVER_MEDIAN_S = 63.2
+# A soak's table in a page of docs/ (docs/elastic.md, docs/quarantine.md,
+# or any page `--table PAGE:NAME` names): between ``<!-- bench:NAME -->``
+# markers, headed by "Written by `bench/soak.py ...` ... on DATE at commit
+# `C`" (a table judged again: "(run on DATE at commit `C`, ...)": the
+# run's date comes first), ending with bench/soak.py's ``recovery`` line.
+TABLE = re.compile(r"<!-- bench:([\w-]+) -->\n(.*?)<!-- /bench:\1 -->", re.S)
+STAMP = re.compile(r"^Written by `bench/soak\.py[^`]*`.*? on (\d{4}-\d{2}-\d{2}) at commit `([^`]+)`", re.M)
+MEDIAN = re.compile(r"^time to recover from a lost host .*?: median ([\d.]+) s", re.M)
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """A soak table's median time to recover from a lost host: the table
+    (its page and marker), the date its runs were run and their commit."""
+
+    median_s: float
+    table: str
+    date: str
+    commit: str
+
+    def text(self) -> str:
+        return f"the median {self.median_s:g} s of {self.table}, {self.date} at commit {self.commit}"
+
+
+def soak_tables(page: str, text: str) -> list[Recovery]:
+    """The soak's tables of a page of docs/ with a median time to recover, in the page's order."""
+    out = []
+    for name, block in TABLE.findall(text):
+        stamp, median = STAMP.search(block), MEDIAN.search(block)
+        if stamp and median:
+            out.append(Recovery(float(median.group(1)), f"docs/{page} bench:{name}", stamp.group(1), stamp.group(2)))
+    return out
+
+
+def latest_recovery(pages: dict[str, str], order: Callable[[str], float] = lambda commit: 0.0) -> Recovery | None:
+    """The newest soak table's (None: no table has a median): the latest
+    date; of one date, the later commit (``order``: a commit's time, 0 where
+    unknown), then the later in the pages (``pages``: page name to text)."""
+    tables = [r for page, text in pages.items() for r in soak_tables(page, text)]
+    if not tables:
+        return None
+    return max(enumerate(tables), key=lambda it: (it[1].date, order(it[1].commit), it[0]))[1]
 
 
 @dataclass
@@ -235,11 +278,21 @@ def _notice_taken(events: list[dict], kill: dict, by: str = "chaos") -> tuple[di
 
 
 def _notice_save(events: list[dict], taken: dict, kill: dict) -> dict | None:
-    """The save the notice asked, finalized before the kill (None: none)."""
+    """The save the notice asked, finalized before the kill (None: none):
+    said finalized, or begun and restored from by a later group after the
+    kill (a restore proves its checkpoint finalized, playbooks/runs/saves.py;
+    ``proof`` says so)."""
     at = taken.get("step") if isinstance(taken.get("step"), int) else -1
+
+    def after_notice(e: dict) -> bool:
+        return isinstance(e.get("step"), int) and e["step"] > at and _t(taken) <= _t(e) <= _t(kill)
     done = [e for e in events if e.get("kind") == "checkpoint_finalized" and e.get("finalized") is True
-            and isinstance(e.get("step"), int) and e["step"] > at and _t(taken) <= _t(e) <= _t(kill)]
-    return done[0] if done else None
+            and after_notice(e)]
+    if done:
+        return done[0]
+    restored = {e.get("step") for e in events if e.get("kind") in ("restore_started", "restored") and _t(e) > _t(kill)}
+    begun = [e for e in events if e.get("kind") == "checkpoint_saved" and after_notice(e) and e["step"] in restored]
+    return dict(begun[0], proof="no finalization said: a later group restored from it") if begun else None
 
 
 def _notice(spec: Spec, kills: list[dict], events: list[dict]) -> list[str]:
@@ -340,8 +393,10 @@ def _ended(i: dict) -> bool:
     return bool(i.get("ended"))
 
 
-def criteria(scenario: str, facts: dict, g: dict, events: list[dict]) -> list[Check]:
-    """Each pass criterion of a run; every one of them can fail."""
+def criteria(scenario: str, facts: dict, g: dict, events: list[dict],
+             recovery: Recovery | None = None) -> list[Check]:
+    """Each pass criterion of a run; every one of them can fail
+    (``recovery``: the newest soak table's median, for a hang's bound)."""
     spec = SPECS[scenario]
     out: list[Check] = []
     outcome = str(facts.get("outcome", ""))
@@ -390,7 +445,7 @@ def criteria(scenario: str, facts: dict, g: dict, events: list[dict]) -> list[Ch
     ran = (g.get("steps") or {}).get("replayed")
     out.append(Check("the incidents' replayed steps were run again", told == ran,
                      f"incidents say {told}, steps run again {ran}"))
-    return out + _acted(spec, facts, g, events) + _saves(spec, facts, g, events) + [_wall(facts, g)]
+    return out + _acted(spec, facts, events, recovery) + _saves(spec, facts, g, events) + [_wall(facts, g)]
 
 
 def _saves(spec: Spec, facts: dict, g: dict, events: list[dict]) -> list[Check]:
@@ -402,8 +457,7 @@ def _saves(spec: Spec, facts: dict, g: dict, events: list[dict]) -> list[Check]:
     # A save lost: missing, or cut and made again by a later group (its step replayed).
     lost = [m for m in [*(s.get("missing") or []), *(s.get("cut") or [])] if isinstance(m, dict)]
     missing = {m.get("step"): m for m in lost}
-    out = [Check("saves accounted", bool(s.get("known")) and int(s.get("due") or 0) > 0,
-                 str(s.get("line") or "no saves in the report"))]
+    out = [accounted(s)]
     kills = _chaos(events, "worker_lost")
     if _notice_by(spec) is not None and kills:
         _given, taken = _notice_taken(events, kills[0], str(_notice_by(spec)))
@@ -412,7 +466,8 @@ def _saves(spec: Spec, facts: dict, g: dict, events: list[dict]) -> list[Check]:
         if spec.notice_holds:
             saved = _notice_save(events, taken, kills[0]) if taken else None
             out.append(Check("the notice's save finalized before the host went", saved is not None,
-                             f"step {saved.get('step')} in {saved.get('seconds')} s" if saved else "no save finalized"))
+                             "no save finalized" if saved is None else f"step {saved.get('step')}: {saved['proof']}"
+                             if saved.get("proof") else f"step {saved.get('step')} in {saved.get('seconds')} s"))
             out.append(Check("no step replayed after the notice", bool(noticed) and replayed == [0],
                              f"replayed {replayed}" if noticed else "no incident says its notice"))
         else:
@@ -441,6 +496,26 @@ def _saves(spec: Spec, facts: dict, g: dict, events: list[dict]) -> list[Check]:
     return out
 
 
+def accounted(s: dict) -> Check:
+    """The saves made equal the saves due, or each one not made is named
+    with its cause (goodput's ``saves``: ``finalized`` of ``due``, each of
+    the ``missing`` with its ``name`` and ``why``); a line alone, a count
+    that does not add up, a save still in progress at the end or one
+    missing with no cause fails."""
+    line = str(s.get("line") or "no saves in the report")
+    due, done = s.get("due"), s.get("finalized")
+    if not s.get("known") or not isinstance(due, int) or due <= 0 or not isinstance(done, int):
+        return Check("saves accounted", False, line)
+    missing = [m for m in s.get("missing") or [] if isinstance(m, dict)]
+    unnamed = [m for m in missing if not (m.get("name") and m.get("why"))]
+    unsaid = due - done - len(missing)
+    if not unnamed and unsaid == 0:
+        return Check("saves accounted", True, line)
+    why = [f"{unsaid} of the {due - done} not finalized not named with a cause"] if unsaid else []
+    why += [f"{m.get('name') or 'a save'} missing with no cause said" for m in unnamed]
+    return Check("saves accounted", False, f"{line}: " + "; ".join(why))
+
+
 def _budget(events: list[dict]) -> list[Check]:
     """More hosts lost in one job than the old lifetime budget, each failure
     window within its own; and the job trained on between the losses."""
@@ -462,7 +537,7 @@ def _budget(events: list[dict]) -> list[Check]:
     return out
 
 
-def _acted(spec: Spec, facts: dict, g: dict, events: list[dict]) -> list[Check]:
+def _acted(spec: Spec, facts: dict, events: list[dict], recovery: Recovery | None) -> list[Check]:
     """What the watch in the cluster did, nobody following: the hang's
     culprit named and set aside; a sick host set aside by the gate, and
     taken back once released; a job that is not elastic refused naming it."""
@@ -492,10 +567,7 @@ def _acted(spec: Spec, facts: dict, g: dict, events: list[dict]) -> list[Check]:
         t_hang = _t(hung[0]) if hung else None
         after = [e for e in events if e.get("kind") == "step" and set_aside and _t(e) > _t(set_aside[0])]
         took = _t(min(after, key=_t)) - t_hang if after and t_hang is not None else None
-        bound = HANG_STALL_AFTER + RECOVER_MEDIAN_S
-        out.append(Check("hang to the first step after the restart within stall_after + the median recovery",
-                         took is not None and took <= bound,
-                         f"{took:.1f} s (bound {bound:g} s)" if took is not None else "no step after the restart"))
+        out.append(_hang_bound(took, recovery))
     if spec.sick is not None:
         host = facts.get("sick_host")
         set_aside = [e for e in _quarantines(events, "health gate") if e.get("source") == WATCH]
@@ -516,6 +588,20 @@ def _acted(spec: Spec, facts: dict, g: dict, events: list[dict]) -> list[Check]:
     return out
 
 
+def _hang_bound(took: float | None, recovery: Recovery | None) -> Check:
+    """The hang's time to the first step after the restart within
+    stall_after plus the newest soak table's median time to recover, which
+    it names."""
+    name = "hang to the first step after the restart within stall_after + the median recovery"
+    if recovery is None:
+        return Check(name, False, "no soak table with a median time to recover in docs/")
+    bound = round(HANG_STALL_AFTER + recovery.median_s, 1)
+    said = f"bound {bound:g} s: stall_after {HANG_STALL_AFTER} s plus {recovery.text()}"
+    if took is None:
+        return Check(name, False, f"no step after the restart ({said})")
+    return Check(name, took <= bound, f"{took:.1f} s ({said})")
+
+
 def _wall(facts: dict, g: dict) -> Check:
     """The timeline's wall inside the soak's own stopwatch, and most of it."""
     t0, t1, jobs = facts.get("t_before"), facts.get("t_after"), int(facts.get("jobs") or 1)
@@ -530,10 +616,10 @@ def _wall(facts: dict, g: dict) -> Check:
                      "" if covers else f": over {WRAP_S * jobs:g} s of it uncounted"))
 
 
-def verdict(scenario: str, facts: dict, g: dict, events: list[dict]) -> Verdict:
+def verdict(scenario: str, facts: dict, g: dict, events: list[dict], recovery: Recovery | None = None) -> Verdict:
     v = Verdict(exercised(scenario, facts, events))
     if g:
-        v.checks = criteria(scenario, facts, g, events)
+        v.checks = criteria(scenario, facts, g, events, recovery)
     else:
         v.checks = [Check("goodput report", False, "no report")]
     return v

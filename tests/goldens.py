@@ -117,8 +117,10 @@ def cases() -> list[tuple[str, str, Path | None]]:
     # stall_action: restart: the watch's quarantine, its steps in the dry run (an elastic job), or the stop.
     out += [("std-replace-pool", "train-elastic", QUARANTINE_INVENTORY)]
     out += [("local-restart", t, QUARANTINE_INVENTORY) for t in ("train-elastic", "train-llama3-8b")]
-    # The watch in a GKE head pod (stall_watch: cluster): its rights applied and deleted, its submit.
-    out += [("std-head-watch", t, QUARANTINE_INVENTORY) for t in ("raycluster", "train-elastic", "teardown")]
+    # The watch in a GKE head pod (stall_watch: cluster): the head's account bound to the bucket, its
+    # rights applied and deleted, its submit.
+    out += [("std-head-watch", t, QUARANTINE_INVENTORY) for t in ("storage", "raycluster", "train-elastic",
+                                                                  "teardown")]
     return out
 
 

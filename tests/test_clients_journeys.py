@@ -14,6 +14,7 @@ import re
 import shutil
 
 import pytest
+import yaml
 
 from tests.clients import (
     BUCKET,
@@ -228,6 +229,39 @@ def test_node_pool_with_another_topology_is_drift(cloud: Cloud):
     run = failed_run(cloud.invoke("nodepools"))
     assert "drift: node pool v6e-16-0: TPU topology is 2x2, want 4x4" in run.out
     assert run.changes == []
+
+
+def test_a_cluster_made_again_elsewhere_gets_its_context_written_again(cloud: Cloud):
+    """The context get-credentials wrote for a cluster since deleted and made
+    again under the same name (the Console, another machine's teardown and
+    up) points at the old endpoint and CA: the credentials step compares it
+    with the cluster GKE shows, runs the real get-credentials again, and
+    kubectl reaches the new cluster; a second run changes nothing."""
+    cloud.seed_full()
+    made = cloud.gcp.st.clusters[("us-east5-b", CLUSTER)]
+    new = {"endpoint": made["endpoint"], "masterAuth": made["masterAuth"]}
+    old_ca = G._b64(cloud.gcp.server.pki.ca_pem)        # another CA than the fake API server's
+    made.update(endpoint="127.0.0.1:9", masterAuth={"clusterCaCertificate": old_ca})
+    cloud.get_credentials()                             # the old cluster's context, as an earlier up left it
+    made.update(new)                                    # the cluster made again: a new endpoint and CA
+    context = f"gke_{PROJECT}_us-east5-b_{CLUSTER}"
+
+    run = ok_run(cloud.invoke("cluster", "raycluster"))
+    assert (recap(run, "cluster")["changed"], recap(run, "raycluster")["failed"]) == (1, 0), run.out
+    assert (f"context {context} points at https://127.0.0.1:9, the cluster is at https://{new['endpoint']}"
+            in run.out), run.out
+    assert [p for p in run.started("gcloud") if "get-credentials" in p]
+    config = yaml.safe_load((cloud.kube_dir / "config").read_text())
+    [entry] = [c["cluster"] for c in config["clusters"] if c["name"] == context]
+    assert entry == {"server": f"https://{new['endpoint']}",
+                     "certificate-authority-data": new["masterAuth"]["clusterCaCertificate"]}
+    kubectl = cloud.client("kubectl", "get", "namespace", "default", "--output=json", f"--context={context}")
+    assert kubectl.returncode == 0, kubectl.stderr
+
+    again = ok_run(cloud.invoke("cluster"))
+    assert recap(again, "cluster")["changed"] == 0, again.out
+    assert f"context {context} exists and points at the cluster" in again.out
+    assert not [p for p in again.started("gcloud") if "get-credentials" in p]
 
 
 # -- 7. teardown ----------------------------------------------------------------------

@@ -214,9 +214,10 @@ def test_a_bad_host_name_is_one_line_naming_the_known_hosts(cloud: Cloud):
 RBAC = "/apis/rbac.authorization.k8s.io/v1"
 RBAC_PATHS = [f"{RBAC}/clusterroles/maxtext-watch-default", f"{RBAC}/clusterrolebindings/maxtext-watch-default",
               f"{RBAC}/namespaces/default/roles/maxtext-watch-default",
-              f"{RBAC}/namespaces/default/rolebindings/maxtext-watch-default"]
+              f"{RBAC}/namespaces/default/rolebindings/maxtext-watch-default",
+              "/api/v1/namespaces/default/serviceaccounts/maxtext-watch-default"]   # the head's own account
 PLURALS = {"ClusterRole": "clusterroles", "ClusterRoleBinding": "clusterrolebindings", "Role": "roles",
-           "RoleBinding": "rolebindings"}
+           "RoleBinding": "rolebindings", "ServiceAccount": "serviceaccounts"}
 
 
 @pytest.fixture
@@ -241,30 +242,31 @@ def test_the_watchs_rights_applied_before_the_raycluster_unchanged_again_deleted
 
     run = ok_run(cloud.invoke("raycluster"))
     assert sorted(r.path for r in run.kube if r.method == "POST") == sorted(p.rsplit("/", 1)[0] for p in RBAC_PATHS)
-    assert [r for r in run.changes if "/rbac." not in r.path] == []     # the RayCluster was there already
+    ours = RBAC_PATHS + [p.rsplit("/", 1)[0] for p in RBAC_PATHS]
+    assert [r for r in run.changes if r.path not in ours] == []     # the RayCluster was there already
     for kind, doc in rendered.items():
         have = cloud.kube.get(PLURALS[kind], doc["metadata"]["name"], doc["metadata"].get("namespace", ""))
         assert have is not None, kind
         assert {f: have.get(f) for f in manifests.RBAC_FIELDS if f in doc} == \
             {f: doc[f] for f in manifests.RBAC_FIELDS if f in doc}, kind
     assert recap(run, "raycluster")["changed"] == 1
-    assert "changed: [raycluster : RBAC of the watch maxtext-watch-default] applied (ClusterRole, " \
-           "ClusterRoleBinding, Role, RoleBinding maxtext-watch-default, for service account default/maxtext-ksa)" \
-           in run.out, run.out
+    assert "changed: [raycluster : RBAC of the watch maxtext-watch-default] applied (ServiceAccount, ClusterRole, " \
+           "ClusterRoleBinding, Role, RoleBinding maxtext-watch-default, for service account " \
+           "default/maxtext-watch-default)" in run.out, run.out
 
     again = ok_run(cloud.invoke("raycluster"))
     assert again.changes == [], again.changes
-    assert "ok: [raycluster : RBAC of the watch maxtext-watch-default] ClusterRole, Role and their bindings " \
-           "maxtext-watch-default are the ones rendered" in again.out, again.out
+    assert "ok: [raycluster : RBAC of the watch maxtext-watch-default] ServiceAccount, ClusterRole, Role and their " \
+           "bindings maxtext-watch-default are the ones rendered" in again.out, again.out
     got = _kubectl_and_the_client_read_them_alike(cloud, e, monkeypatch)
-    assert list(got) == ["ClusterRoleBinding", "ClusterRole", "RoleBinding", "Role"]
+    assert list(got) == ["ClusterRoleBinding", "ClusterRole", "RoleBinding", "Role", "ServiceAccount"]
     # A binding's role never changes (the API server refuses it; so does the fake).
     p = cloud.client("kubectl", "patch", "rolebinding", "maxtext-watch-default", "--namespace", "default",
                      "--type=merge", "-p", '{"roleRef": {"name": "other"}}')
     assert p.returncode == 1 and "cannot change roleRef" in p.stderr, p.stderr
 
     down = ok_run(cloud.invoke("teardown", "--yes"))
-    deleted = [r for r in down.kube if r.method == "DELETE" and "/rbac." in r.path]
+    deleted = [r for r in down.kube if r.method == "DELETE" and r.path in RBAC_PATHS]
     assert sorted(r.path for r in deleted) == sorted(RBAC_PATHS)
     cluster_delete = next(r for r in down.gcp if r.method == "DELETE" and "/clusters/" in r.path)
     assert max(r.at for r in deleted) < cluster_delete.at

@@ -24,6 +24,7 @@ from playbooks.access.cli_clients import NO_ACCOUNT_WORDS
 from playbooks.access.gcloud_credentials import GcloudCredentials, TokenCache, cache_key, parse_helper
 from playbooks.access.gcp_api import GcloudShortcut, parse
 from tests.fakes.cloud import PROJECT, TOKEN, Cloud
+from tests.fakes.gcp import HttpError, unauthenticated
 
 P = f"--project={PROJECT}"
 BUCKET = f"gs://{PROJECT}-ckpt"
@@ -353,3 +354,95 @@ def test_a_converged_up_and_a_status_start_two_thirds_of_the_processes_with_the_
     assert len(slow.processes) > len(status.processes) + 6, slow.processes  # the switch does start them all
     assert rows(slow) == rows(status)
     assert [(r["ok"], r["changed"]) for r in slow_up.recaps()] == [(r["ok"], r["changed"]) for r in up.recaps()]
+
+
+ROTATED = "ya29.fake-access-token-rotated"
+
+
+@pytest.mark.clients
+def test_a_token_the_api_refuses_is_dropped_and_renewed_once_not_used_for_its_hour(cloud: Cloud, tmp_path):
+    """A kept token the APIs now answer 401 (revoked, its key disabled): the
+    read is not left to gcloud for the rest of the run while the run keeps
+    the dead token (and the next run reads it again from the file): the
+    token is dropped here and in the file, renewed once with gcloud's own
+    cache refreshed (`config-helper --force-auth-refresh`), and the read
+    answered with the new one, as every later read is, with no renewal
+    more. A token the API refuses again is not renewed in a loop: the
+    command runs as its process, which says it."""
+    cloud.seed_full()
+    cache = TokenCache(tmp_path / "tokens")
+    creds = GcloudCredentials(cache)
+    sc = GcloudShortcut(creds)
+    assert sc.run(ANSWERED[0], cloud.env(), 60) is not None and creds.renewals == 0
+    cloud.gcp.token = ROTATED  # the fakes now refuse TOKEN with 401, and give ROTATED at their token endpoint
+    got = sc.run(ANSWERED[2], cloud.env(), 60)
+    assert got is not None and got.rc == 0, "the refused token was renewed and the read answered in-process"
+    assert creds.renewals == 1 and creds.helper_runs == 2
+    assert json.loads(next((tmp_path / "tokens").iterdir()).read_text())["token"] == ROTATED
+    assert sc.run(ANSWERED[1], cloud.env(), 60) is not None and creds.renewals == 1
+    later = GcloudCredentials(cache)  # the next run reads the renewed token from the file
+    assert GcloudShortcut(later).run(ANSWERED[0], cloud.env(), 60) is not None and later.helper_runs == 0
+
+
+@pytest.mark.clients
+def test_a_token_refused_after_its_renewal_leaves_the_read_to_its_process(cloud: Cloud, tmp_path):
+    cloud.seed_full()
+    creds = GcloudCredentials(TokenCache(tmp_path / "tokens"))
+    sc = GcloudShortcut(creds)
+    assert sc.run(ANSWERED[0], cloud.env(), 60) is not None
+    server = cloud.gcp.server
+    real_check = server._check_auth
+
+    def refuse_api_reads(req):  # every API read refused, the token endpoint still answering
+        if req.path != "/oauth2/token":
+            raise HttpError(401, unauthenticated())
+
+    server._check_auth = refuse_api_reads
+    try:
+        assert sc.run(ANSWERED[2], cloud.env(), 60) is None, "refused again: left to gcloud, which says it"
+        assert creds.renewals == 1
+    finally:
+        server._check_auth = real_check
+
+
+@pytest.mark.clients
+def test_the_kubernetes_clients_refused_token_is_renewed_once(cloud: Cloud, tmp_path):
+    """The kubernetes client is given gcloud's token in place of the auth
+    plugin: an API server that answers it 401 gets the renewed token on the
+    same request, not "Unauthorized" for the rest of the token's hour."""
+    from playbooks.access.kube_api import KubectlShortcut
+
+    cloud.seed_full()
+    cloud.get_credentials()
+    creds = GcloudCredentials(TokenCache(tmp_path / "tokens"))
+    kc = KubectlShortcut(creds)
+    argv = ["kubectl", "get", "nodes", "--output=json", f"--context=gke_{PROJECT}_us-east5-b_maxtext-multislice"]
+    first = kc.run(argv, cloud.env(), 30)
+    assert first is not None and first.rc == 0, (first.stdout, first.stderr)
+    cloud.gcp.token = cloud.kube.token = ROTATED
+    again = kc.run(argv, cloud.env(), 30)
+    assert again is not None and again.rc == 0, (again.stdout, again.stderr, creds.renewals, creds.helper_runs)
+    assert creds.renewals == 1
+
+
+@pytest.mark.clients
+def test_the_kubernetes_client_sends_the_token_renewed_before_its_expiry(cloud: Cloud, tmp_path, monkeypatch):
+    """gcloud's token renewed ahead of its expiry (``GcloudCredentials.get``
+    gives a new one) is the one the next request sends: the client's own
+    key for it, not an alias it never reads (kubernetes 37 reads
+    "BearerToken" before "authorization")."""
+    from dataclasses import replace
+
+    from playbooks.access.kube_api import KubectlShortcut
+
+    cloud.seed_full()
+    cloud.get_credentials()
+    creds = GcloudCredentials(TokenCache(tmp_path / "tokens"))
+    kc = KubectlShortcut(creds)
+    argv = ["kubectl", "get", "nodes", "--output=json", f"--context=gke_{PROJECT}_us-east5-b_maxtext-multislice"]
+    assert kc.run(argv, cloud.env(), 30).rc == 0
+    held = creds.get(cloud.env())
+    monkeypatch.setattr(creds, "get", lambda env: replace(held, token=ROTATED))
+    cloud.kube.token = ROTATED
+    again = kc.run(argv, cloud.env(), 30)
+    assert again.rc == 0 and creds.renewals == 0, again.stderr

@@ -6,6 +6,7 @@ what it holds, with a one-line note, never a traceback."""
 import json
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 import yaml
@@ -73,6 +74,26 @@ def test_goodput_says_the_runs_saves_and_its_json_carries_them(cli):
     assert doc["saves"]["line"] == CUT and [s["step"] for s in doc["saves"]["missing"]] == [20]
     old = json.loads(cli("recorded", RECORDED.read_bytes(), "--json").stdout)["saves"]
     assert (old["known"], old["begun"]) == (False, 7)
+
+
+def test_goodput_counts_a_save_finalized_on_disk_by_orbaxs_marker(cli):
+    """The same run, its checkpoints folder on this machine (the twin's,
+    under .state/ENV/data/): step 20's directory renamed from its
+    .orbax-checkpoint-tmp folder, Orbax's marker of a finalized step."""
+    from playbooks.config import paths
+    from tests.test_saves import cut
+    data = "".join(json.dumps(e) + "\n" for e in cut()).encode()
+    folder = Path(paths.local_job(ENV)["data"]) / "disk" / "checkpoints"
+    (folder / "20.orbax-checkpoint-tmp-1800000039").mkdir(parents=True)
+    for step in (0, 10):
+        (folder / str(step)).mkdir()
+    doc = json.loads(cli("disk", data, "--json").stdout)["saves"]
+    assert (doc["finalized"], doc["due"], doc["on_disk"]) == (2, 3, [0, 10])  # the save of 20 not finalized there
+    (folder / "20.orbax-checkpoint-tmp-1800000039").rename(folder / "20")
+    text = cli("disk", data)
+    assert text.returncode == 0, text.stderr
+    assert ("  saves: 3 of 3 finalized\n    step 20: finalized, no line said so: its step directory is finalized "
+            "on disk (Orbax's marker)\n") in text.stdout, text.stdout
 
 
 def test_the_librarys_records_are_maxtexts_a_start_per_worker_group_each_step_each_time_it_runs():

@@ -115,6 +115,10 @@ def performing(k: FakeKube) -> None:
     k.get("nodes", NODE)["metadata"]["labels"][PERFORM] = "true"
 
 
+def dead_kubelet(k: FakeKube) -> None:
+    k.stop_kubelet(NODE)   # the pod's node: a graceful delete leaves it Terminating
+
+
 def cmd(*args: str) -> list[str]:
     """A kubectl command line as the plays build it (``gke.kube``)."""
     return list(kubectl(*args, context=CONTEXT).argv)
@@ -159,6 +163,14 @@ CASES = [
     ("delete-pod-missing", cmd("delete", "pod", "gone", "--namespace", "default"), None),
     ("delete-pod-no-namespace", cmd("delete", "pod", POD, "--namespace", "nowhere"), None),
     ("delete-pod-refused", cmd("delete", "pod", POD, "-n", "default"), refuse("DELETE", "Forbidden", 403)),
+    # Bounded (plays' cloud/pod_delete.py): a grace period, a force delete of a pod kept Terminating.
+    ("delete-pod-grace-bounded", cmd("delete", "pod", POD, "--namespace", "default", "--grace-period=5",
+                                     "--timeout=30s"), None),
+    ("delete-pod-force", cmd("delete", "pod", POD, "--namespace", "default", "--grace-period=0", "--force",
+                             "--timeout=30s"), dead_kubelet),
+    ("delete-pod-force-alone", cmd("delete", "pod", POD, "--namespace", "default", "--force"), dead_kubelet),
+    ("delete-pod-force-missing", cmd("delete", "pod", "gone", "--namespace", "default", "--grace-period=0",
+                                     "--force", "--timeout=30s"), None),
 ]
 
 
@@ -219,6 +231,9 @@ def test_the_taint_the_play_sets_and_removes_reads_as_kubectl_prints_it():
     ["kubectl", "taint", "nodes", NODE, "c-", "c=1:NoSchedule"],
     ["kubectl", "taint", "nodes", NODE, "a:Bad-"],
     ["kubectl", "delete", "pod", POD, "--grace-period=0"],
+    ["kubectl", "delete", "pod", POD, "--force", "--grace-period=3"],
+    ["kubectl", "delete", "pod", POD, "--timeout=1m"],
+    ["kubectl", "delete", "pod", POD, "--timeout", "30s"],
     ["kubectl", "delete", "pod", POD, "--wait=false"],
     ["kubectl", "delete", "pods", "--all"],
     ["kubectl", "delete", "pod", POD, "other"],
@@ -254,6 +269,31 @@ def test_delete_waits_until_the_pod_is_gone_as_kubectl_does(kube: Kube):
     slow = shortcut.run(argv, dict(kube.env), 1)
     assert slow is not None and (slow.rc, slow.stdout) == (TIMED_OUT, f'pod "{POD}" deleted\n'), slow.stderr
     assert "timed out after 1s" in slow.stderr
+
+
+@clients
+@pytest.mark.parametrize("flags", [(), ("--grace-period=5",)], ids=["own-grace", "grace"])
+def test_a_delete_of_a_pod_kept_terminating_ends_at_its_timeout_as_kubectl_does(kube: Kube, flags):
+    """The pod's node's kubelet is dead: the API server keeps it
+    Terminating. kubectl delete --timeout=2s gives up after 2 s with its
+    "timed out waiting" error, exit 1, the pod still there; the shortcut
+    the same (kubectl's stderr before that line is client-go's log of its
+    watch's end, not repeated)."""
+    argv = cmd("delete", "pod", POD, "--namespace", "default", *flags, "--timeout=2s")
+    answers = []
+    for run in (lambda: subprocess.run(argv, env=kube.env, capture_output=True, text=True, timeout=60),
+                lambda: KubectlShortcut().run(list(argv), dict(kube.env), 30)):
+        kube.seed(dead_kubelet)
+        mark = kube.fake.server.mark()
+        r = run()
+        assert r is not None
+        pod = kube.fake.get("pods", POD, "default")
+        answers.append((r.returncode if hasattr(r, "returncode") else r.rc, r.stdout, r.stderr.splitlines()[-1],
+                        bool(pod["metadata"].get("deletionTimestamp")),
+                        [(q.method, q.body) for q in kube.fake.server.since(mark) if q.mutating]))
+    cli, fast = answers
+    assert cli[:4] == (1, f'pod "{POD}" deleted\n', f"error: timed out waiting for the condition on pods/{POD}", True)
+    assert fast == cli
 
 
 # -- in the cluster -----------------------------------------------------------------------------

@@ -113,6 +113,24 @@ def test_a_notice_that_cannot_be_sent_says_why(capsys):
     assert events(capsys.readouterr().out)[0]["why"] == "OSError: no such process"
 
 
+def test_a_notice_before_its_groups_first_step_line_names_the_step_the_group_restored_from(capsys):
+    """MaxText writes a step's line only after the next step
+    (metric_logger.py's buffer_and_write_metrics): a group that restored
+    from step 30 has no step line yet; its notice names step 30, not None."""
+    p = mr.Progress()
+    p.line("restoring from this run's directory step 30")
+    assert (p.last_step, p.at_step) == (None, 30)
+    w = trainer_notice.NoticeWatch(mr.event, lambda: p.at_step, lambda: True, look=lambda: MARK)
+    assert w.check()
+    assert events(capsys.readouterr().out)[0]["step"] == 30
+    p.line("completed step: 31, seconds: 1.000, TFLOP/s/device: 1.0, Tokens/s/device: 1.0, loss: 9.0")
+    assert p.at_step == 31
+    assert mr.Progress().at_step is None  # a fresh group before its first line: none to name
+    # The trainer's rank 0 hands the watch this step (train_loop_per_worker).
+    import inspect
+    assert "NoticeWatch(event, lambda: PROGRESS.at_step," in inspect.getsource(mr.train_loop_per_worker)
+
+
 def test_a_look_that_fails_is_tried_again():
     looks = []
 

@@ -243,3 +243,71 @@ def test_a_periodic_step_a_survivor_finished_after_the_loss_went_with_its_worker
     asked = start() + train(0, 12, 20, saved=(0, 10), finalized=(0, 10)) + [
         ev(32.2, E.NOTICE_RECEIVED, 12, host="tpu-group-1-0")]
     assert line(asked) == "saves: 2 of 3 finalized (1 in progress: after step 12 asked)"
+
+
+# -- the audit agrees with the checkpoints (issue 63, item 8) ----------------------------------
+def maintenance_notice(step: int | None = None) -> list[dict]:
+    """The twin's maintenance run: a notice after step 29 (its event with
+    no step: rank 0 had read no step line of its group), MaxText saves step
+    30 and stops; its group goes 1.6 s after the save began, before any
+    finalization line came out; the next group restores from step 30 (0
+    steps replayed) and finishes."""
+    schedule = dict(SCHEDULE, steps=40)
+    return [ev(0, E.SUBMITTED), *group(10, schedule=schedule),
+            *train(0, 29, 20, saved=(0, 10, 20), finalized=(0, 10, 20)),
+            ev(49.5, E.NOTICE_RECEIVED, step, host="tpu-group-1-0", ranks=[1], grace_s=20.0, save_asked=True),
+            ev(49.9, E.CHECKPOINT_SAVED, 30, seconds=0.2), ev(50.0, E.STEP, 30, seconds=None),
+            ev(51.3, E.FAILURE, decision="RETRY"), *group(60, workers=1, restarted=True, schedule=schedule),
+            ev(62, E.RESTORE_STARTED, 30), ev(63, E.RESTORED, 30, seconds=1.0),
+            *train(31, 39, 70, saved=(39,), finalized=(39,)), ev(80, E.JOB_END, status="SUCCEEDED")]
+
+
+def test_a_save_a_later_group_restored_from_was_finalized_though_no_line_said_so():
+    r = saves.account(maintenance_notice())
+    assert r["line"] == ("saves: 5 of 5 finalized; finalized with no line said so: step 30 (a later worker group "
+                         "restored from it)")
+    [s30] = [s for s in r["saves"] if s["step"] == 30]
+    assert (s30["state"], s30["proof"]) == ("finalized", saves.RESTORED_PROOF) and r["cut"] == []
+    assert "asked by a notice to tpu-group-1-0" in s30["due_by"]
+    assert saves.lines(r)[-1] == "  step 30: finalized, no line said so: a later worker group restored from it"
+    # A restore from an earlier step proves nothing of a later save: the cut save is still missing.
+    assert line(cut()) == CUT
+
+
+def test_a_save_whose_step_directory_orbax_finalized_on_disk_was_finalized():
+    """cut()'s save of step 20: no line said it finalized; its directory on disk says."""
+    r = saves.account(cut(), on_disk=(0, 10, 20))
+    assert r["line"] == ("saves: 3 of 3 finalized; finalized with no line said so: step 20 (its step directory is "
+                         "finalized on disk (Orbax's marker))")
+    assert r["on_disk"] == [0, 10, 20] and r["missing"] == []
+    # Only the marker counts: a folder without it (not in on_disk), or none looked at, leaves the save missing.
+    assert saves.account(cut(), on_disk=(0, 10))["line"] == CUT
+    assert saves.account(cut())["on_disk"] is None
+
+
+def test_a_notice_that_said_no_step_names_the_step_it_was_asked_at():
+    [inc] = goodput.account(maintenance_notice(), "run")["incidents"][:1]
+    assert inc["notice"] == ("a notice to go, 20 s ahead (ranks 1); its save asked at step 29 (the timeline's; the "
+                             "notice said none)")
+    [inc] = goodput.account(maintenance_notice(29), "run")["incidents"][:1]
+    assert inc["notice"] == "a notice to go, 20 s ahead (ranks 1); its save asked at step 29"
+
+
+def test_status_counts_the_saves_against_the_checkpoints_it_looks_at(tmp_path, monkeypatch):
+    from playbooks.cli import status
+    from playbooks.config import paths
+    from playbooks.config.schema import load_inventory
+    from playbooks.job.spec import Checkpoints, run_checkpoints
+    monkeypatch.setattr(paths, "here", lambda rel: tmp_path / rel)
+    env = load_inventory().env("local")
+    timeline.append(env, "run", cut())
+    listed = [{"submission_id": "run-1", "status": "FAILED", "start_time": (T0 + 0) * 1000}]
+    looked = []
+
+    def look(fact):
+        looked.append(fact.key)
+        return Checkpoints((0, 10, 20))
+    [row] = status.job_rows(env, listed, look)
+    assert looked == [run_checkpoints(env, "run").key]
+    assert (row["checkpoint"], row["saves"]) == (20, "saves: 3 of 3 finalized; finalized with no line said so: step "
+                                                     "20 (its step directory is finalized on disk (Orbax's marker))")

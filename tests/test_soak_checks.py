@@ -207,6 +207,10 @@ def hang_never_run() -> tuple[dict, dict, list[dict]]:
     return facts, g, events
 
 
+# The soak's median time to recover, as a table of docs/ gives it (``latest_recovery``).
+RECOVERY = S.Recovery(63.2, "docs/elastic.md bench:soak", "2026-12-04", "de18366")
+
+
 def sick_run(kind: str) -> tuple[dict, dict, list[dict]]:
     """Host tpu-group-1-0 sick (after step 14, or before the job), failed by
     the gate, set aside by the watch; for "back", released and taken back."""
@@ -230,7 +234,7 @@ def sick_run(kind: str) -> tuple[dict, dict, list[dict]]:
                                           ("sick-start", lambda: sick_run("start"))])
 def test_a_good_watched_run_passes_every_criterion_and_was_exercised(scenario, run):
     facts, g, events = run()
-    v = S.verdict(scenario, facts, g, events)
+    v = S.verdict(scenario, facts, g, events, RECOVERY)
     assert v.exercised == []
     assert [c.text() for c in v.checks if c.ok is not True and c.name != "no step replayed at a grow"] == []
     assert v.ok
@@ -262,7 +266,7 @@ def test_each_watch_criterion_fails_on_the_run_it_is_there_to_catch(scenario, cr
     facts, g, events = copy.deepcopy(hang_never_run() if scenario == "hang-never" else
                                      sick_run(scenario.split("-")[1]))
     change(facts, g, events)
-    v = S.verdict(scenario, facts, g, events)
+    v = S.verdict(scenario, facts, g, events, RECOVERY)
     assert criterion in failed(v), [c.text() for c in v.checks]
     assert not v.ok
 
@@ -508,3 +512,103 @@ def test_a_maintenance_noticed_by_the_watch_passes_and_one_it_did_not_notice_is_
     facts, g, events = maintenance_run()
     events.remove(next(e for e in events if e["kind"] == "maintenance_scheduled"))
     assert any("no maintenance scheduled" in x for x in S.verdict("maintenance", facts, g, events).exercised)
+
+
+# -- figures that mean what they say (issue 63, item 8) -------------------------------------
+@pytest.mark.parametrize("saves,ok", [
+    # Any saves line passed before: one missing, named nowhere.
+    ({"known": True, "due": 6, "finalized": 5, "missing": [], "line": "saves: 5 of 6 finalized"}, False),
+    # One missing, named without its cause.
+    ({"known": True, "due": 6, "finalized": 5, "line": "saves: 5 of 6 finalized; missing: step 30",
+      "missing": [{"step": 30, "name": "step 30", "why": None}]}, False),
+    # One still in progress when the run ended: not made, not named missing.
+    ({"known": True, "due": 6, "finalized": 5, "missing": [], "in_progress": [{"step": 40, "name": "step 40"}],
+      "line": "saves: 5 of 6 finalized (1 in progress: step 40 being written)"}, False),
+    ({"known": True, "due": 6, "finalized": 6, "missing": [], "line": "saves: 6 of 6 finalized"}, True),
+    ({"known": True, "due": 6, "finalized": 5, "line": "saves: 5 of 6 finalized; missing: step 30 (cut: ...)",
+      "missing": [{"step": 30, "name": "step 30", "why": "cut: the worker group went 1.6 s after the save began"}]},
+     True),
+])
+def test_saves_accounted_only_when_made_equals_due_or_each_missing_save_is_named_with_its_cause(saves, ok):
+    facts, g, events = back_20s_run()
+    g["saves"] = saves
+    [check] = [c for c in S.verdict("back-20s", facts, g, events).checks if c.name == "saves accounted"]
+    assert check.ok is ok, check.text()
+    assert check.detail.startswith(saves["line"])
+    if not ok:
+        assert "not named with a cause" in check.detail or "no cause said" in check.detail
+
+
+def test_a_notices_save_a_later_group_restored_from_was_finalized_though_no_line_said_so():
+    """The twin's maintenance run: the notice's save of step 15 begun, its
+    group gone before any finalization line came out, the next group
+    restored from step 15: the checkpoint decides."""
+    facts, g, events = maintenance_run()
+    events.remove(next(e for e in events if e["kind"] == "checkpoint_finalized"))
+    v = S.verdict("maintenance", facts, g, events)
+    assert "the notice's save finalized before the host went" in failed(v)  # no line, no restore from it
+    events += [ev(25.2, "checkpoint_saved", step=15, seconds=0.3)]
+    for e in events:
+        if e["kind"] in ("restore_started", "restored"):
+            e["step"] = 15
+    events.sort(key=lambda e: e["t"])
+    v = S.verdict("maintenance", facts, g, events)
+    [check] = [c for c in v.checks if c.name == "the notice's save finalized before the host went"]
+    assert check.ok and check.detail == "step 15: no finalization said: a later group restored from it"
+    # A save begun that no group restored from is no proof.
+    for e in events:
+        if e["kind"] in ("restore_started", "restored"):
+            e["step"] = 10
+    assert "the notice's save finalized before the host went" in failed(S.verdict("maintenance", facts, g, events))
+
+
+def soak_page(*tables: tuple[str, str, str, float]) -> str:
+    """A page of docs/ with soak tables (marker, date, commit, median) as
+    bench/soak.py writes them: doc_table.write's stamp, soak.recovery's line."""
+    from bench.soak import Result, recovery
+    out = ["# A page", ""]
+    for name, date, commit, median in tables:
+        r = Result("hang-never", 1, goodput={"incidents": [{"kind": "worker_lost", "recover_s": median}]})
+        out += [f"<!-- bench:{name} -->",
+                f"Written by `bench/soak.py --repeat 3 --load --only hang-never` on {date} at commit `{commit}` "
+                "(2 CPU cores, load average 5.0 at the end).", "", "9 of 9 runs passed in 40 min.", "",
+                "| rep | scenario | outcome | goodput (ours / library) | incidents |", "| --- | --- | --- | --- | --- |",
+                "", recovery([r]), f"<!-- /bench:{name} -->", ""]
+    return "\n".join(out)
+
+
+def test_the_hang_bound_is_stall_after_plus_the_newest_soak_tables_median_and_names_it():
+    pages = {"elastic.md": soak_page(("soak", "2026-12-04", "de18366", 63.2)),
+             "quarantine.md": soak_page(("older", "2026-12-06", "193c3e8", 79.2), ("newer", "2026-12-09", "abc1234",
+                                                                                  20.0))}
+    newest = S.latest_recovery(pages)
+    assert newest == S.Recovery(20.0, "docs/quarantine.md bench:newer", "2026-12-09", "abc1234")
+    facts, g, events = hang_never_run()  # 41.0 s from the hang to the first step after the restart
+    name = "hang to the first step after the restart within stall_after + the median recovery"
+    [check] = [c for c in S.verdict("hang-never", facts, g, events, newest).checks if c.name == name]
+    assert check.ok is False and check.detail == ("41.0 s (bound 35 s: stall_after 15 s plus the median 20 s of "
+                                                  "docs/quarantine.md bench:newer, 2026-12-09 at commit abc1234)")
+    # A newest table with another median: another bound.
+    pages["elastic.md"] = soak_page(("soak", "2026-12-10", "fed4321", 63.2))
+    [check] = [c for c in S.verdict("hang-never", facts, g, events, S.latest_recovery(pages)).checks
+               if c.name == name]
+    assert check.ok and "(bound 78.2 s: stall_after 15 s plus the median 63.2 s of docs/elastic.md bench:soak, " \
+                        "2026-12-10 at commit fed4321)" in check.detail
+    # No table: the bound cannot be said, and the check fails saying so.
+    [check] = [c for c in S.verdict("hang-never", facts, g, events, S.latest_recovery({})).checks if c.name == name]
+    assert check.ok is False and "no soak table" in check.detail
+
+
+def test_of_one_date_the_later_commit_then_the_later_in_the_page_is_the_newest():
+    page = soak_page(("a", "2026-12-07", "3d3e69a", 43.2), ("b", "2026-12-07", "c2e9781", 81.3))
+    assert S.latest_recovery({"quarantine.md": page}).table == "docs/quarantine.md bench:b"
+    times = {"3d3e69a": 2.0, "c2e9781": 1.0}
+    assert S.latest_recovery({"quarantine.md": page}, times.__getitem__).table == "docs/quarantine.md bench:a"
+    # A table judged again (--rescore) is dated by its runs: the first date of its stamp.
+    judged = ("<!-- bench:watch-soak -->\nWritten by `bench/soak.py --repeat 3 --load --only hang-never` (run on "
+              "2026-12-06 at commit `193c3e8`, 2 CPU cores, 66 min), judged again by `bench/soak.py --rescore` on "
+              "2026-12-08 at commit `825f08d` (2 CPU cores).\n\ntime to recover from a lost host (the loss to the "
+              "first step after it), 18 incidents: median 79.2 s, p90 93.1 s, range 44.0-134.3 s\n"
+              "<!-- /bench:watch-soak -->\n")
+    assert S.soak_tables("quarantine.md", judged) == [S.Recovery(79.2, "docs/quarantine.md bench:watch-soak",
+                                                                 "2026-12-06", "193c3e8")]

@@ -52,6 +52,12 @@ def c(stderr: str, rc: int = 1, stdout: str = "") -> Completed:
     ('Error from server (ServiceUnavailable): the server is currently unable to handle the request', 503, True),
     ('Error from server (Forbidden): pods is forbidden: User "x" cannot list resource "pods"', 403, False),
     ("Unable to connect to the server: net/http: TLS handshake timeout", None, True),
+    # kubectl delete --timeout=3s of a pod kept Terminating (its node's kubelet dead; kubectl 1.32 against
+    # tests/fakes/kube.py): its own wait ran out, the server answered; waiting again waits for the same.
+    ('E1207 19:59:42.984381    6390 reflector.go:166] "Unhandled Error" err="k8s.io/client-go/tools/watch/'
+     'informerwatcher.go:146: Failed to watch *unstructured.Unstructured: context deadline exceeded - error from a '
+     'previous attempt: context deadline exceeded"\nerror: timed out waiting for the condition on pods/p1\n', None,
+     False),
     # A 403 for a rate quota is Google's way of saying "slow down".
     ("ERROR: (gcloud.compute.networks.list) Some requests did not succeed:\n - Quota exceeded for quota metric "
      "'Queries' and limit 'Queries per minute' of service 'compute.googleapis.com'", None, True),

@@ -489,6 +489,7 @@ class Progress(logging.Handler):
     def __init__(self) -> None:
         super().__init__(logging.INFO)
         self.last_step: int | None = None
+        self.restored: int | None = None  # the step this process's group restored from
         self.last_saved: int | None = None
         # The last save was only started (MaxText's asynchronous save): Orbax
         # finalizes it in the background, and no line says when. A group
@@ -504,11 +505,23 @@ class Progress(logging.Handler):
     def line(self, msg: str) -> None:
         if (m := MaxTextEvents.STEP.match(msg)):
             self.last_step = int(m.group(1))
+        elif (m := MaxTextEvents.RESTORE.match(msg)):
+            self.restored = int(m.group(1))
         elif (m := MaxTextEvents.SAVED.match(msg)):
             self.last_saved = int(m.group(1))
             self.save_pending = msg.startswith("Started an asynchronous")
         elif (m := self.STOPPED.match(msg)):
             self.stopped = m.group(1)
+
+    @property
+    def at_step(self) -> int | None:
+        """The step this process's group is at: the last step line it read,
+        else the step it restored from. MaxText writes a step's line only
+        after the next step (maxtext/common/metric_logger.py,
+        ``buffer_and_write_metrics``: a queue of one), so a group that has
+        just restored has logged none yet; None: a fresh group before its
+        first line."""
+        return self.last_step if self.last_step is not None else self.restored
 
     @property
     def for_notice(self) -> bool:
@@ -636,7 +649,7 @@ def train_loop_per_worker(config: dict) -> None:
                                        "pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id()},
                                lambda: PROGRESS.last_step, heartbeat.interval()).start()
     # Rank 0 turns a notice (Ray draining a node of the group) into a save.
-    told = notice.NoticeWatch(event, lambda: PROGRESS.last_step, preemption_notice,
+    told = notice.NoticeWatch(event, lambda: PROGRESS.at_step, preemption_notice,
                               notice.poll_interval()).start() if rank == 0 else None
     try:
         run_maxtext(config["argv"], config["layout"], world, rank)

@@ -79,6 +79,12 @@ _NO_ANSWER = re.compile(r"(Connection reset by peer|Connection aborted|RemoteDis
 _GCLOUD_DB_LOCKED = re.compile(r"gcloud crashed \(OperationalError\): database is locked")
 
 
+# kubectl's own wait ran out (`kubectl delete --timeout`, `kubectl wait`):
+# the server answered; what it waited for did not come. Trying again waits
+# for the same thing again (a pod Terminating on a dead node: pod_delete).
+_WAIT_TIMED_OUT = re.compile(r"^error: timed out waiting for the condition", re.M)
+
+
 def http_status(c: Completed) -> int | None:
     """The HTTP status of the call that failed, from the client's output:
     the last error status it shows (4xx/5xx), if it shows one."""
@@ -99,6 +105,8 @@ def is_transient(c: Completed, patient: bool = False) -> bool:
     if c.rc in (0, 2, 127):  # success; gcloud's parse error; no such program
         return False
     text = c.stderr + "\n" + c.stdout
+    if _WAIT_TIMED_OUT.search(text):
+        return False
     if _RATE_LIMITED.search(text) or _GCLOUD_DB_LOCKED.search(text) or _CONCURRENT_POLICY.search(text):
         return True
     if patient and _OPERATION_RUNNING.search(text):

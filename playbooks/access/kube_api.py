@@ -9,7 +9,11 @@ per call (the client runs GKE's exec credential plugin once and refreshes
 its token when it expires), and what kubectl prints, with its exit code.
 ``tests`` compare both answers against the fake API server. (The client
 runs GKE's exec credential plugin with this process's environment, of which
-the connector's is the stated part.) What it answers:
+the connector's is the stated part.) A client is made once per kubeconfig
+and context, and made again when the kubeconfig's bytes change, as kubectl
+reads the file on every call: a get-credentials of the same run that wrote
+the context anew (a cluster made again: a new server and CA) is seen
+(``kubeconfig_stamp``). What it answers:
 
 - ``kubectl get ... --output=json`` (the plays' flags only): the API
   server's JSON, a list as kubectl's ``List``.
@@ -30,10 +34,15 @@ the connector's is the stated part.) What it answers:
   ``modified`` (always ``modified`` with ``--overwrite``, as kubectl). A
   spec kubectl would refuse on its own (a bad key, value or effect, a taint
   added twice, added and removed at once) is not answered: kubectl says it.
-- ``kubectl delete pod NAME [--namespace NS]``: a DELETE (background
-  propagation), ``pod "NAME" deleted``, then, as kubectl's default
-  ``--wait``, until the pod of that uid is gone (within the command's
-  timeout).
+- ``kubectl delete pod NAME [--namespace NS] [--grace-period=N]
+  [--timeout=Ns]``: a DELETE (background propagation, the grace period
+  given), ``pod "NAME" deleted``, then, as kubectl's default ``--wait``,
+  until the pod of that uid is gone, within the command's timeout and at
+  most ``--timeout`` seconds: then kubectl's ``error: timed out waiting for
+  the condition on pods/NAME``, exit 1 (a pod whose node's kubelet is dead
+  stays Terminating). With ``--force`` (and ``--grace-period=0`` or none):
+  a DELETE with gracePeriodSeconds 0, ``pod "NAME" force deleted`` and
+  kubectl's warning on stderr that it does not wait for the kubelet.
 
 A server's refusal is kubectl's ``Error from server (Reason): message``,
 exit code 1; an unreachable server (or credentials that could not be had)
@@ -59,6 +68,7 @@ The client is imported only when a command comes (it is a heavy import).
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -80,6 +90,9 @@ SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 # GKE's exec credential plugin (`gcloud container clusters get-credentials`).
 PLUGIN = "gke-gcloud-auth-plugin"
 ANSWERED = "get --output=json, logs, cordon, uncordon, taint nodes, delete pod"
+# Where the kubernetes client's Configuration keeps a bearer token (its
+# kube_config loader's key, read first by get_api_key_with_prefix).
+TOKEN_KEY = "BearerToken"
 
 # kubectl's names for the kinds the plays read -> (API prefix, resource, namespaced, Kind)
 KINDS: dict[str, tuple[str, str, bool, str]] = {}
@@ -226,6 +239,9 @@ class Write:
     add: list[dict[str, str]] = field(default_factory=list)      # taints to add, as the API has them
     remove: list[dict[str, str]] = field(default_factory=list)   # taints to remove: key, maybe effect
     selector: str = ""                                            # label: the nodes' label selector (-l)
+    grace: int | None = None                                      # delete: --grace-period (0 with --force)
+    force: bool = False                                           # delete: --force
+    wait_s: int | None = None                                     # delete: --timeout, in seconds
 
     @property
     def name(self) -> str:
@@ -234,9 +250,11 @@ class Write:
 
 def parse_write(argv: list[str]) -> Write | None:
     """``kubectl cordon NODE``, ``uncordon NODE``, ``taint nodes NODE
-    SPEC... [--overwrite]``, ``delete pod NAME [--namespace NS]`` (each with
+    SPEC... [--overwrite]``, ``delete pod NAME [--namespace NS]
+    [--grace-period=N] [--force] [--timeout=Ns]`` (each with
     ``--context=``); None for anything else (another flag, several objects,
-    a taint spec kubectl itself refuses)."""
+    a taint spec kubectl itself refuses, a grace period kubectl changes or
+    refuses: 0 without ``--force``, more than 0 with it)."""
     if len(argv) < 2 or argv[0] != "kubectl" or argv[1] not in ("cordon", "uncordon", "taint", "delete", "label"):
         return None
     w = Write(argv[1])
@@ -252,6 +270,12 @@ def parse_write(argv: list[str]) -> Write | None:
             w.namespace = next(it, "")
         elif w.verb == "delete" and a.startswith("--namespace="):
             w.namespace = a.split("=", 1)[1]
+        elif w.verb == "delete" and re.fullmatch(r"--grace-period=\d+", a):
+            w.grace = int(a.split("=", 1)[1])
+        elif w.verb == "delete" and a == "--force":
+            w.force = True
+        elif w.verb == "delete" and re.fullmatch(r"--timeout=\d+s", a):
+            w.wait_s = int(a[len("--timeout="):-1])
         elif w.verb == "taint" and a == "--overwrite":
             w.overwrite = True
         elif a.startswith("-"):
@@ -263,6 +287,10 @@ def parse_write(argv: list[str]) -> Write | None:
     if w.verb in ("cordon", "uncordon"):
         return w if len(w.words) == 1 else None
     if w.verb == "delete":
+        if (w.force and w.grace) or (not w.force and w.grace == 0):
+            return None   # kubectl refuses --force with a grace period; sends 1 for a 0 without it
+        if w.force:
+            w.grace = 0
         return w if len(w.words) == 2 and w.words[0] in ("pod", "pods", "po") else None
     if w.verb == "label":
         return w if _label_write(w) else None
@@ -335,6 +363,21 @@ def new_taints(node: str, old: list[dict], w: Write) -> tuple[str, list[dict]]:
 STRATEGIC = "application/strategic-merge-patch+json"
 
 
+def kubeconfig_stamp(files: str) -> str:
+    """What the kubeconfig files (``os.pathsep``-separated) say now, as a
+    hash of their bytes: a client is made again once it changes (a
+    get-credentials of this run wrote a context anew, with another server
+    and CA), not used on with what the files said when it was made."""
+    h = hashlib.sha256()
+    for path in files.split(os.pathsep):
+        try:
+            with open(path, "rb") as f:
+                h.update(hashlib.sha256(f.read()).digest())
+        except OSError as e:
+            h.update(f"{type(e).__name__}:{e.errno}".encode())
+    return h.hexdigest()
+
+
 class KubectlShortcut:
     """``base.Shortcut`` for `kubectl get -o json`, `kubectl logs` and the
     plays' node and pod writes (and, in the cluster, kubectl itself)."""
@@ -349,9 +392,11 @@ class KubectlShortcut:
             return self._in_cluster_client(env)
         from kubernetes import config
         files = env.get("KUBECONFIG") or os.path.join(env.get("HOME") or os.path.expanduser("~"), ".kube", "config")
-        key = (files, context or "")
+        key = ("kubeconfig", files, context or "", kubeconfig_stamp(files))
         with self._lock:
             if key not in self._clients:
+                for old in [k for k in self._clients if k[:3] == key[:3]]:  # made from what the files said before
+                    del self._clients[old]
                 self._clients[key] = self._gcloud_token_client(env, files, context) or \
                     config.new_client_from_config(config_file=files, context=context)
             return self._clients[key]
@@ -388,12 +433,26 @@ class KubectlShortcut:
         users[0]["user"] = {"token": held.token}
         client = config.new_client_from_config_dict(doc, context=name, persist_config=False)
 
+        # kubernetes 37's loader keeps the token under "BearerToken", which
+        # its Configuration.get_api_key_with_prefix reads before the
+        # "authorization" alias: a token put under the alias is never sent.
         def renew(configuration: Any) -> None:
             again = credentials.get(env)
             if again is not None:
-                configuration.api_key["authorization"] = f"Bearer {again.token}"
+                configuration.api_key[TOKEN_KEY] = f"Bearer {again.token}"
+
+        def refused() -> bool:
+            """The API server answered 401: the token in use dropped and
+            renewed once (``GcloudCredentials.renew``); False: none new."""
+            used = str(client.configuration.api_key.get(TOKEN_KEY, "")).removeprefix("Bearer ")
+            fresh = credentials.renew(env, used)
+            if fresh is None:
+                return False
+            client.configuration.api_key[TOKEN_KEY] = f"Bearer {fresh.token}"
+            return True
 
         client.configuration.refresh_api_key_hook = renew
+        client.renew_refused_token = refused
         return client
 
     def _in_cluster_client(self, env: dict[str, str]) -> Any:
@@ -419,12 +478,16 @@ class KubectlShortcut:
         param_serialize puts the token in, call_api sends it, a dict body as
         JSON of ``content_type``); a status that is not 2xx is kubectl's
         "Error from server (Reason): message"."""
-        headers = {"Content-Type": content_type or "application/json"} if body is not None else None
-        method, url, headers, body, post = api.param_serialize(method, path, query_params=query or [],
-                                                               header_params=headers, body=body,
-                                                               auth_settings=["BearerToken"])
-        r = api.call_api(method, url, header_params=headers, body=body, post_params=post, _request_timeout=timeout)
-        data = r.read()
+        for attempt in range(2):  # a token refused (401) renewed once, where gcloud's token is the client's
+            headers = {"Content-Type": content_type or "application/json"} if body is not None else None
+            verb, url, sent, payload, post = api.param_serialize(method, path, query_params=query or [],
+                                                              header_params=headers, body=body,
+                                                              auth_settings=["BearerToken"])
+            r = api.call_api(verb, url, header_params=sent, body=payload, post_params=post, _request_timeout=timeout)
+            renew = getattr(api, "renew_refused_token", None)
+            data = r.read()
+            if r.status != 401 or attempt or renew is None or not renew():
+                break
         text = data.decode() if isinstance(data, bytes) else str(data or "")
         if 200 <= r.status < 300:
             return text
@@ -542,24 +605,38 @@ class KubectlShortcut:
                    time.monotonic() - start)
 
     def _delete(self, api: Any, w: Write, timeout: float | None, start: float) -> Ran:
-        """The DELETE, then kubectl's default --wait: until no pod of that
-        uid is left (a graceful deletion takes the pod's grace period)."""
+        """The DELETE (with its grace period, 0 for --force), then kubectl's
+        default --wait: until no pod of that uid is left (a graceful
+        deletion takes the pod's grace period; a pod on a node whose kubelet
+        is dead stays Terminating), at most --timeout, within ``timeout``."""
         path = _path("pod", w.namespace, w.name)
-        gone = json.loads(self._call(api, "DELETE", path, [], {"propagationPolicy": "Background"},
-                                     "application/json", timeout) or "{}")
-        said = f'pod "{w.name}" deleted\n'
+        options: dict[str, Any] = {"propagationPolicy": "Background"}
+        if w.grace is not None:
+            options["gracePeriodSeconds"] = w.grace
+        # kubectl's words before a force delete's DELETE (as kubectl 1.32 prints them)
+        warned = ("Warning: Immediate deletion does not wait for confirmation that the running resource has been "
+                  "terminated. The resource may continue to run on the cluster indefinitely.\n") if w.force else ""
+        try:
+            gone = json.loads(self._call(api, "DELETE", path, [], options, "application/json", timeout) or "{}")
+        except ServerError as e:
+            return Ran(1, "", warned + e.text + "\n", time.monotonic() - start)
+        said = f'pod "{w.name}" {"force deleted" if w.force else "deleted"}\n'
         uid = (gone.get("metadata") or {}).get("uid")
+        until = time.monotonic() + w.wait_s if w.wait_s else None   # --timeout=0s: kubectl's week
         while True:
             try:
                 now = json.loads(self._get(api, path, [], timeout))
             except ServerError as e:
                 if e.status == 404:
-                    return Ran(0, said, "", time.monotonic() - start)
-                return Ran(1, said, e.text + "\n", time.monotonic() - start)
+                    return Ran(0, said, warned, time.monotonic() - start)
+                return Ran(1, said, warned + e.text + "\n", time.monotonic() - start)
             if (now.get("metadata") or {}).get("uid") != uid:
-                return Ran(0, said, "", time.monotonic() - start)
+                return Ran(0, said, warned, time.monotonic() - start)
+            if until is not None and time.monotonic() > until:
+                return Ran(1, said, f"{warned}error: timed out waiting for the condition on pods/{w.name}\n",
+                           time.monotonic() - start)
             if timeout is not None and time.monotonic() - start > timeout:
-                return Ran(TIMED_OUT, said, f"timed out after {timeout:.0f}s", time.monotonic() - start)
+                return Ran(TIMED_OUT, said, f"{warned}timed out after {timeout:.0f}s", time.monotonic() - start)
             time.sleep(0.5)
 
     def _logs(self, argv: list[str], env: dict[str, str], timeout: float | None, start: float) -> Ran | None:

@@ -175,9 +175,8 @@ def job_rows(env: Environment, listed: Any, look: Any = None) -> list[dict]:
                 row.update(last_step=last["step"], loss=last.get("loss"),
                            tokens_per_s_per_device=last.get("tokens_per_s_per_device"))
         rows.append(row)
-    said_saves(env, rows[-SHOWN:])
+    checked: dict[str, Any] = {}
     if look is not None:
-        checked: dict[str, Any] = {}
         for row, j in list(zip(rows, jobs))[-SHOWN:]:
             run = str(row["run"])
             if run not in checked:
@@ -187,18 +186,22 @@ def job_rows(env: Environment, listed: Any, look: Any = None) -> list[dict]:
                 row.update(checkpoint=have.last, not_finalized=[n for n, _ in have.partial])
             elif have is ABSENT:
                 row.update(checkpoint=None, not_finalized=[])
+    said_saves(env, rows[-SHOWN:], {run: () if have is ABSENT else have.steps for run, have in checked.items()
+                                    if have is ABSENT or isinstance(have, Checkpoints)})
     return rows
 
 
-def said_saves(env: Environment, rows: list[dict]) -> None:
+def said_saves(env: Environment, rows: list[dict], on_disk: dict[str, tuple[int, ...]] | None = None) -> None:
     """The newest row of each run: its saves, finalized of those due, the
-    missing named (``runs/saves.py``), from its timeline on this machine."""
+    missing named (``runs/saves.py``), from its timeline on this machine,
+    against the steps Orbax counts finalized in its checkpoints folder
+    (``on_disk``, by run: the look above)."""
     for row in reversed(rows):
         if any("saves" in r for r in rows if r["run"] == row["run"]):
             continue
         events = timeline.read(env, str(row["run"]))
         if events:
-            row["saves"] = saves.account(events)["line"]
+            row["saves"] = saves.account(events, (on_disk or {}).get(str(row["run"])))["line"]
 
 
 def stall_fact(env: Environment, sid: str) -> Fact:

@@ -1,6 +1,7 @@
 """What Google Cloud, GKE, Kubernetes and the RayCluster are, and how to
 read and change them: names and list facts (``gke``), the kubeconfig's
-contexts (``kube_context``), what a pod is (``pods``: its slice, ready,
+contexts and whether one points at the cluster GKE has now
+(``kube_context``), what a pod is (``pods``: its slice, ready,
 its conditions and restarts), why the RayCluster's workers are not running,
 from its pods and events (``kube_objects``), whole TPU slices as Kubernetes and Ray see them
 (``slices``), the rendered manifests (``manifests``), a run's maintenance
@@ -10,7 +11,8 @@ option (``prices``: the inventory's, else the Cloud Billing Catalog's),
 what the environment costs while it stands, its node pools and cluster fee
 (``env_cost``), where a Ray dashboard answers (``endpoints``), GKE's way to
 act on a TPU host for the chaos play: a worker pod deleted, its trainer
-stopped and resumed (``chaos_gke``), what is coming for each slice: its
+stopped and resumed (``chaos_gke``), a pod's delete bounded, a pod still
+Terminating after it force-deleted or left (``pod_delete``), what is coming for each slice: its
 nodes' scheduled host maintenance, a flex-start pool's end
 (``slice_ends``).
 

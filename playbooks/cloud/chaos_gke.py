@@ -13,7 +13,7 @@ from typing import Any
 
 from playbooks.access import connectors
 from playbooks.access.cli_clients import fact
-from playbooks.cloud import kube_objects
+from playbooks.cloud import kube_objects, pod_delete
 from playbooks.cloud import pods as P
 from playbooks.cloud.gke import kube
 from playbooks.cloud.slice_ends import MAINTENANCE_LABEL
@@ -101,7 +101,15 @@ class GkeWorkers:
     kill_cause = "the pod deleted (chaos.delete-worker)"
 
     def kill(self, pod: str) -> tuple[Any, ...]:
-        return (kube(self.env, "delete", "pod", pod, "--namespace", self.env.namespace),)
+        """The pod deleted, bounded (``cloud/pod_delete``: a pod still
+        Terminating after it is for ``stuck``)."""
+        return (pod_delete.delete(self.env, pod),)
+
+    def stuck(self, pod: str, grace: int | None, reason: str, then: tuple[Any, ...]) -> Any:
+        """What the kill does when its delete fails: a pod still
+        Terminating (its node's kubelet dead) force-deleted or left, as
+        ``stuck_pod`` says, then ``then``."""
+        return pod_delete.when_stuck(self.env, [pod], grace, reason, then)
 
     def kill_words(self, pod: str, why: str) -> tuple[str, str]:
         """(reason, would) of the kill."""
@@ -128,8 +136,7 @@ class GkeWorkers:
         """The pod deleted with a grace period, as GKE ends a Spot VM's pods:
         its preStop hook drains its Ray node (config/host_notice.py), the kubelet
         ends it when the grace is over; `kubectl delete` waits for that."""
-        return (given, kube(self.env, "delete", "pod", pod, "--namespace", self.env.namespace,
-                            f"--grace-period={grace}"), lost)
+        return (given, pod_delete.delete(self.env, pod, grace), lost)
 
     # -- a host maintenance for a slice (chaos.maintenance)
     def slice_of(self, pod: str) -> list[str]:

@@ -97,7 +97,7 @@ def causes(env: Environment) -> list[str]:
             add(scheduling(failed_scheduling[0]), name)
         for e in pod_events:
             if e.get("reason") == "FailedMount":
-                add(mount(env, e.get("message")), name)
+                add(mount(env, e.get("message"), (pod.get("spec") or {}).get("serviceAccountName")), name)
     return [f"{cause} ({_who(pods_of)})" for cause, pods_of in found.items()]
 
 
@@ -129,11 +129,13 @@ def scheduling(message: str | None) -> str:
     return f"not scheduled: {m!r}"
 
 
-def mount(env: Environment, message: str | None) -> str:
+def mount(env: Environment, message: str | None, account: str | None = None) -> str:
+    """A failed mount, with the binding to look at: that of the pod's
+    service account (the head's may be its own: manifests.head_ksa_name)."""
     m = short(message)
     if re.search(r"(PermissionDenied|permission|403|Forbidden|does not have storage)", m, re.I):
         return (f"the GCS FUSE mount of gs://{env.gs_bucket} is refused: the workload-identity binding of "
-                f"{env.namespace}/{env.ksa_name} (`invoke storage`); the kubelet says {m!r}")
+                f"{env.namespace}/{account or env.ksa_name} (`invoke storage`); the kubelet says {m!r}")
     return f"a volume mount failed: {m!r}"
 
 

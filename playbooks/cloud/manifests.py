@@ -11,10 +11,11 @@ a rendered document must keep (Autopilot's; the worker group's slices).
   tutorial's two DCN NICs (TPU v5e, v5p, TPU7x: ``config/tpu.py``).
 - ``manifests/compute-class.tpu-dranet.yaml`` (Autopilot): the ComputeClass
   that opts the TPU nodes into managed DRANET.
-- ``manifests/ray-watch-rbac.yaml`` (``stall_watch: cluster``): the rights
-  of the head's service account that the watch in the cluster acts with
-  (nodes cordoned and tainted, pods deleted): a ClusterRole for the nodes,
-  a Role in the namespace for the rest, and their bindings.
+- ``manifests/ray-watch-rbac.yaml`` (``stall_watch: cluster``): the head's
+  own service account, which the watch in the cluster acts as, and its
+  rights (nodes cordoned and tainted, pods deleted): a ClusterRole for the
+  nodes, a Role in the namespace for the rest, and their bindings. The TPU
+  workers keep the tutorial's account, ``ksa_name``, with no rights.
 
 On Autopilot the tutorial's RayCluster would be refused: its TPU workers are
 privileged (ours add SYS_PTRACE there instead), and Autopilot's policy
@@ -102,6 +103,7 @@ def raycluster_values(env: Environment) -> dict[str, str]:
 def _common_values(env: Environment) -> dict[str, str]:
     return {
         "NAMESPACE": env.namespace,
+        "HEAD_KSA_NAME": head_ksa_name(env),
         "KSA_NAME": env.ksa_name,
         "GS_BUCKET": env.gs_bucket,
         "RAY_IMAGE": env.ray_image,
@@ -167,13 +169,20 @@ def _first_container(spec: dict) -> dict:
 
 def added_settings_diffs(env: Environment, rc: Any) -> list[str]:
     """What a RayCluster read back lacks of the settings our manifests add
-    to the tutorial's (the rendered one is their home): the head's
-    environment (RAY_DASHBOARD_ENABLE_PROFILING, without which every worker
-    stack answers 403), the workers' security context (py-spy's right to
-    trace) and their preStop hook (a notice's save). A RayCluster applied
-    before one of them was added lacks it, and works otherwise: drift."""
+    to the tutorial's (the rendered one is their home): the head's service
+    account (the watch's own with ``stall_watch: cluster``: a head on the
+    workers' account has no right to set a slice aside, and one on the
+    watch's account after a change back to ``follow`` keeps rights it no
+    longer needs), the head's environment (RAY_DASHBOARD_ENABLE_PROFILING,
+    without which every worker stack answers 403), the workers' security
+    context (py-spy's right to trace) and their preStop hook (a notice's
+    save). A RayCluster applied before one of them was added lacks it, and
+    works otherwise: drift."""
     want = next(d for d in raycluster_docs(env) if d.get("kind") == "RayCluster")
     diffs = []
+    have_sa, want_sa = (head_pod_spec(r).get("serviceAccountName") for r in (rc, want))
+    if have_sa != want_sa:
+        diffs.append(f"head serviceAccountName {have_sa!r}, want {want_sa!r}")
     have_env = {e.get("name"): e.get("value") for e in _first_container(head_pod_spec(rc)).get("env") or []}
     for e in _first_container(head_pod_spec(want)).get("env") or []:
         if have_env.get(e["name"]) != e.get("value"):
@@ -247,7 +256,7 @@ WATCH_RBAC_PREFIX = "maxtext-watch"
 # kubectl's name of each kind of the manifest, in the order they are deleted
 # (the bindings first: no moment where a binding names a role that is gone).
 RBAC_KINDS = {"ClusterRoleBinding": "clusterrolebinding", "ClusterRole": "clusterrole",
-              "RoleBinding": "rolebinding", "Role": "role"}
+              "RoleBinding": "rolebinding", "Role": "role", "ServiceAccount": "serviceaccount"}
 # What of each object is ours to compare: a role's rules, a binding's role and subjects.
 RBAC_FIELDS = ("rules", "roleRef", "subjects")
 
@@ -261,17 +270,28 @@ def watch_rbac_wanted(env: Environment) -> bool:
 
 
 def watch_rbac_name(env: Environment) -> str:
-    """The name of all four objects: the namespace tells two environments of
-    one cluster apart (the manifest says why)."""
+    """The name of all five objects (the head's service account among them):
+    the namespace tells two environments of one cluster apart (the manifest
+    says why)."""
     return f"{WATCH_RBAC_PREFIX}-{env.namespace}"
 
 
+def head_ksa_name(env: Environment) -> str:
+    """The service account the Ray head runs as: the watch's own
+    (``watch_rbac_name``, made by its manifest) where the watch runs there
+    and acts, else the tutorial's one account, ``ksa_name``, as the TPU
+    workers always do. One home for it: the RayCluster's HEAD_KSA_NAME, the
+    bucket's binding (``plays/storage.py``), the drift of a head on another."""
+    return watch_rbac_name(env) if watch_rbac_wanted(env) else env.ksa_name
+
+
 def watch_rbac_values(env: Environment) -> dict[str, str]:
-    return {"NAMESPACE": env.namespace, "KSA_NAME": env.ksa_name}
+    return {"NAMESPACE": env.namespace, "WATCH_KSA_NAME": watch_rbac_name(env)}
 
 
 def watch_rbac_docs(env: Environment) -> list[dict]:
-    """The rendered ClusterRole, ClusterRoleBinding, Role and RoleBinding."""
+    """The rendered ServiceAccount, ClusterRole, ClusterRoleBinding, Role
+    and RoleBinding."""
     text = render((ROOT / WATCH_RBAC_MANIFEST).read_text(), watch_rbac_values(env))
     return [d for d in yaml.safe_load_all(text) if d]
 
@@ -289,7 +309,7 @@ def watch_rbac_delete(env: Environment) -> Command:
 
 
 def watch_rbac_fact(env: Environment) -> Fact:
-    """The four objects as they are, in one `kubectl get`: Kind -> object,
+    """The five objects as they are, in one `kubectl get`: Kind -> object,
     those found (ABSENT: none)."""
     name = watch_rbac_name(env)
 

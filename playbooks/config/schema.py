@@ -232,6 +232,26 @@ def replace_pool(v: bool, env: Mapping) -> str | None:
     return None
 
 
+# A pod delete that does not end: a pod whose node's kubelet is dead (a
+# NotReady node, the sick host a quarantine moves off) stays Terminating,
+# since only its kubelet confirms its end (kubectl delete's help: "If the
+# node hosting a pod is down or cannot reach the API server, termination may
+# take significantly longer than the grace period";
+# https://kubernetes.io/docs/reference/kubectl/generated/kubectl_delete/).
+# After stuck_pod_after it is force-deleted or left (cloud/pod_delete.py).
+STUCK_POD = ("force", "leave")
+# 90 s: the worker pods' 30 s grace (Kubernetes' default
+# terminationGracePeriodSeconds, which their preStop hook may use whole:
+# config/host_notice.py), then a minute for the kubelet to end the
+# containers and the API server to hear of it.
+STUCK_POD_AFTER = 90
+STUCK_POD_AFTER_MAX = 3600
+
+
+def stuck_pod(v: str, env: Mapping) -> str | None:
+    return one_of(v, STUCK_POD)
+
+
 def port(v: int, env: Mapping) -> str | None:
     return None if 1024 <= v <= 65535 else "must be a port between 1024 and 65535"
 
@@ -814,6 +834,16 @@ GKE = (
         doc="true: `hosts.quarantine` of a slice also makes its node pool again (deleted, then created as "
             "`nodepools` does: a multi-host slice is replaced whole); false: its nodes stay cordoned and tainted "
             "until `hosts.release`"),
+    Key("stuck_pod", default="force", rules=(stuck_pod,),
+        doc="what a pod delete of the plays (a quarantine's worker pods, chaos.delete-worker's and "
+            "chaos.preempt-worker's pod) does with a pod still Terminating after stuck_pod_after (its node's kubelet "
+            "dead: a NotReady node): force (deleted again with --grace-period=0 --force, one line saying why) or "
+            "leave (said, left Terminating; the step goes on)"),
+    Key("stuck_pod_after", int, default=STUCK_POD_AFTER,
+        rules=(between(1, STUCK_POD_AFTER_MAX, "an hour: a watch waits that long for one pod"),),
+        doc="seconds a pod delete waits for the pod to go (kubectl delete --timeout) before it counts as stuck "
+            "(default 90: the worker pods' 30 s grace and a minute for the kubelet; a longer grace, as "
+            "chaos.preempt-worker's --grace, adds its excess over 30 s)"),
     Key("reconnect_timeout", int, default=300,
         rules=(between(10, 24 * 3600, "a day: a link down that long is not coming back by itself"),),
         doc="seconds `train` and `logs --follow` keep trying to reach a running job again after the port-forward "
@@ -958,6 +988,8 @@ class Environment(Env):
     control_plane: str
     hold_maintenance: bool
     quarantine_replace_pool: bool
+    stuck_pod: str
+    stuck_pod_after: int
     reconnect_timeout: int
     # local
     rehearse_late_slice: int | None

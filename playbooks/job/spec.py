@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ from playbooks.config.project import ROOT
 from playbooks.config.schema import Environment
 from playbooks.config.tpu import generation
 from playbooks.core.command import Command, quote
-from playbooks.core.errors import InputError, ProbeFailed, shown_value
+from playbooks.core.errors import InputError, PlaybookError, ProbeFailed, shown_value
 from playbooks.core.facts import ABSENT, Action, Completed, Fact, assume
 
 KEY = re.compile(r"^[a-z_][a-z0-9_]{0,63}$")
@@ -525,6 +526,24 @@ def run_checkpoints(env: Environment, run: str, entrypoint: str = "") -> Fact | 
     except InputError:
         return None
     return checkpoints_fact(job) if checkpoints_place(job)[0] != "unseen" else None
+
+
+def finalized_steps(env: Environment, run: str, look: Callable[[Fact], Any],
+                    entrypoint: str = "") -> tuple[int, ...] | None:
+    """The steps Orbax counts finalized in a run's checkpoints folder, by
+    ``look`` at ``run_checkpoints`` (the look `invoke status` makes for the
+    last finalized checkpoint): () where the folder is proven absent; None
+    where this machine cannot see it or the look failed."""
+    probe = run_checkpoints(env, run, entrypoint)
+    if probe is None:
+        return None
+    try:
+        have = look(probe)
+    except PlaybookError:
+        return None
+    if have is ABSENT:
+        return ()
+    return have.steps if isinstance(have, Checkpoints) and not have.stand_in else None
 
 
 def remove_checkpoints(job: Job) -> Command | Action:

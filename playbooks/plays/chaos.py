@@ -111,9 +111,9 @@ def delete_steps(env: Environment, restore_after: float, target: str = placement
         killed["victim"] = h
         if grace is None:
             reason, would = w.kill_words(h, why)
-            return change(*w.kill(h), record(env, E.WORKER_LOST, **w.fields(h), by="chaos", target=target,
-                                             cause=w.kill_cause),
-                          reason=reason, would=would, found=f"{w.label(h)} running")
+            lost = record(env, E.WORKER_LOST, **w.fields(h), by="chaos", target=target, cause=w.kill_cause)
+            return change(*w.kill(h), lost, reason=reason, would=would, found=f"{w.label(h)} running",
+                          instead=w.stuck(h, None, reason, (lost,)))
         listed = look(nodes) if nodes is not None else None
         if problem := w.preempt_problem(h, listed):
             return fail(problem)
@@ -123,7 +123,8 @@ def delete_steps(env: Environment, restore_after: float, target: str = placement
         lost = record(env, E.WORKER_LOST, **w.fields(h), by="chaos", target=target, cause=w.preempt_cause(grace))
         return change(*w.preempt(h, grace, listed, given, lost),
                       reason=reason, would=would, found=f"{w.label(h)} running",
-                      notes=[grace_words(grace, look(measured))] if measured is not None else [])
+                      notes=[grace_words(grace, look(measured))] if measured is not None else [],
+                      instead=w.stuck(h, grace, reason, (lost,)))
 
     title, sid = (w.kill_title, w.kill_id) if grace is None else (w.preempt_title(grace), "chaos:preempt")
     out = [Step("chaos", title, decide_kill, id=sid, after=w.after)]

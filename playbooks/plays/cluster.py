@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from playbooks.cloud.gke import clusters_fact, container_change, kube_context, location
-from playbooks.cloud.kube_context import credentials_command, has_context, kubeconfig_fact
+from playbooks.cloud.kube_context import credentials_command, has_context, kubeconfig_fact, stale_context
 from playbooks.config import tutorial as T
 from playbooks.config.schema import Environment
 from playbooks.core.facts import ABSENT
@@ -78,18 +78,37 @@ def cluster_step(env: Environment) -> Step:
 def credentials_step(env: Environment, play: str = PLAY) -> Step:
     """get-credentials writes (and selects) the cluster's kubeconfig context.
     Every kubectl command names that context, so another current context can
-    never send them to the wrong cluster."""
-    probe = kubeconfig_fact(env)
+    never send them to the wrong cluster. A context there already must point
+    at the cluster GKE has now (``stale_context``: its server and CA): a
+    cluster deleted elsewhere and made again under the same name has a new
+    endpoint and CA, and get-credentials writes the context again. The
+    cluster is the cluster step's fact (one `clusters list`); a dry run
+    assumes no kubeconfig and does not look at it."""
+    probe, clusters = kubeconfig_fact(env), clusters_fact(env)
     name = kube_context(env)
+    want: list[Any] = [None]  # the cluster the context must match, read by the verify
 
     def decide(look):
         cfg = look(probe)
-        if cfg is not ABSENT and has_context(cfg, name):
-            return ok(f"context {name} exists")
-        return change(credentials_command(env), reason=f"wrote context {name}", found=f"no context {name}")
+        if cfg is ABSENT:
+            return change(credentials_command(env), reason=f"wrote context {name}", found=f"no context {name}")
+        c = look(clusters)
+        want[0] = None if c is ABSENT else c
+        if not has_context(cfg, name):
+            return change(credentials_command(env), reason=f"wrote context {name}", found=f"no context {name}")
+        stale = None if c is ABSENT else stale_context(env, cfg, c)
+        if stale:
+            return change(credentials_command(env), found=stale, notes=[stale],
+                          reason=f"wrote context {name} again, at the cluster's endpoint and CA")
+        return ok(f"context {name} exists" + ("" if c is ABSENT else " and points at the cluster"))
+
+    def check(cfg):
+        if not has_context(cfg, name):
+            return f"no context {name}"
+        return None if want[0] is None else stale_context(env, cfg, want[0])
 
     return Step(play, "kubectl credentials", decide, id="kube:credentials", after=("cluster:cluster",),
-                verify=Verify(probe, lambda cfg: None if has_context(cfg, name) else f"no context {name}"))
+                verify=Verify(probe, check))
 
 
 def steps(env: Environment) -> list[Step]:

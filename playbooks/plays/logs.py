@@ -19,6 +19,7 @@ from playbooks.core.facts import ABSENT, Action, Fact
 from playbooks.core.play import Outcome, StepContext
 from playbooks.core.recap import FAILED, OK
 from playbooks.core.step import Step, change, fail, ok
+from playbooks.job.spec import finalized_steps
 from playbooks.runs import cluster_watch, cost, goodput, goodput_reference, metrics, run_list, timeline
 from playbooks.runs import events as E
 from playbooks.runs.follow import follow as follow_job
@@ -213,7 +214,9 @@ def goodput_step(env: Environment, run: str | None) -> Step:
                 return ok(f"the goodput of run {name}, from its timeline")
             return fail(f"run {name} has no events ({paths.events(env.name, name)}): `invoke train` (or `invoke "
                         f"logs --follow`) writes them while it follows a job")
-        report, segs = goodput.account_with_segments(s["events"], name, now=time.time())
+        # Its saves against its checkpoints as Orbax counts them (the look `invoke status` makes).
+        report, segs = goodput.account_with_segments(s["events"], name, now=time.time(),
+                                                     on_disk=finalized_steps(env, name, look))
         report["cost"] = run_cost(env, s["events"], segs, report.get("uncertain"))
         report["library"] = goodput_reference.compute(s["events"], keep=paths.goodput_library(env.name, name))
         report["badput_library_type"] = dict(goodput_reference.LIBRARY_TYPE)

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from playbooks.access.cli_clients import fact, json_object
-from playbooks.cloud import kube_objects
+from playbooks.cloud import kube_objects, pod_delete
 from playbooks.cloud import pods as P
 from playbooks.cloud.gke import kube, nodepool_name, nodepools_fact
 from playbooks.config import tutorial as T
@@ -74,14 +74,17 @@ def nodes_fact(env: Environment, pool: str, cordoned: bool = False) -> Fact:
                 or "none")
 
 
-def _pods(c: Any) -> dict[str, str]:
-    return {(p.get("metadata") or {}).get("name", "?"): (p.get("spec") or {}).get("nodeName") or ""
+def _pods(c: Any) -> dict[str, dict]:
+    return {(p.get("metadata") or {}).get("name", "?"): {"node": (p.get("spec") or {}).get("nodeName") or "",
+                                                        "terminating": pod_delete.terminating(p)}
             for p in json_object("worker pods")(c).get("items") or []}
 
 
 def pods_fact(env: Environment) -> Fact:
-    """The Ray TPU worker pods: name -> its node (a dry run: one per node)."""
-    assumed = {placeholder(f"POD{w}"): placeholder(f"NODE{w}") for w in range(env.hosts_per_slice)}
+    """The Ray TPU worker pods: name -> its node, whether it is Terminating
+    (a dry run: one per node, running)."""
+    assumed = {placeholder(f"POD{w}"): {"node": placeholder(f"NODE{w}"), "terminating": False}
+               for w in range(env.hosts_per_slice)}
     return fact("Ray TPU worker pods", kube(env, "get", "pods", "-l", T.WORKER_SELECTOR, "--namespace",
                                             env.namespace, "--output=json"), _pods, assumed=assumed,
                 describe=lambda ps: f"{len(ps)} pod(s)")
@@ -174,23 +177,32 @@ def _node_step(env: Environment, name: str, what: str, needs: Callable[[dict], b
 
 def pods_step(env: Environment, name: str, held: Fact, nodes: Fact) -> Step:
     """The worker pods on the host's nodes deleted: KubeRay makes them again,
-    and the taint keeps them off these nodes."""
+    and the taint keeps them off these nodes. Each delete is bounded: a pod
+    still Terminating after it (its node's kubelet dead, as on a sick host)
+    is force-deleted or left, as ``stuck_pod`` says (``cloud/pod_delete``);
+    with ``leave``, a pod already Terminating is not deleted again."""
     pods = pods_fact(env)
     chosen: list[str] = []
+    left: set[str] = set()  # stuck, and left Terminating (stuck_pod: leave): the verify lets them be
 
     def decide(look):
         targets = _targets(env, name, look, nodes, held)
-        todo = sorted(p for p, node in look(pods).items() if node and node in targets)
+        there = {p: v for p, v in look(pods).items() if v["node"] and v["node"] in targets}
+        kept = sorted(p for p, v in there.items() if v["terminating"] and pod_delete.leaves(env))
+        todo = sorted(set(there) - set(kept))
         chosen[:] = todo
+        left.clear()
         if not todo:
-            return ok(f"no Ray worker pod runs on the nodes of {name}")
-        return change(*[kube(env, "delete", "pod", p, "--namespace", env.namespace) for p in todo],
-                      reason=f"deleted {', '.join(todo)} (KubeRay makes them again, elsewhere)",
-                      would=f"delete worker pod(s) {', '.join(todo)}", found=f"{len(todo)} pod(s) on its nodes")
+            return ok(f"no Ray worker pod runs on the nodes of {name}" + (
+                f" ({', '.join(kept)} Terminating, left: stuck_pod: {env.stuck_pod})" if kept else ""))
+        reason = f"deleted {', '.join(todo)} (KubeRay makes them again, elsewhere)"
+        return change(*[pod_delete.delete(env, p) for p in todo], reason=reason,
+                      would=f"delete worker pod(s) {', '.join(todo)}", found=f"{len(todo)} pod(s) on its nodes",
+                      instead=pod_delete.when_stuck(env, todo, None, reason, left=left))
 
     def check(now: Any) -> str | None:
-        left = [p for p in chosen if p in now]
-        return f"{', '.join(left)} still there" if left else None
+        there = [p for p in chosen if p in now and p not in left]
+        return f"{', '.join(there)} still there" if there else None
 
     return Step(PLAY, f"move the worker pods off {name}", decide, id=f"{PLAY}:pods",
                 after=(f"{PLAY}:cordon", f"{PLAY}:taint"), verify=Verify(pods, check, timeout=120, interval=3))

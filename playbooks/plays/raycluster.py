@@ -3,8 +3,9 @@
 On Autopilot, first the rendered manifests are checked against Autopilot's
 rules and the ComputeClass that opts the TPU nodes into managed DRANET is
 applied (``playbooks/cloud/manifests.py`` renders both). With ``stall_watch:
-cluster`` the rights the watch acts with on the Ray head (its service
-account's ClusterRole and Role) are applied before the RayCluster."""
+cluster`` the Ray head's own service account and the rights the watch acts
+with there (its ClusterRole and Role) are applied before the RayCluster;
+the TPU workers' account (``ksa_name``) gets none of them."""
 from __future__ import annotations
 
 import json
@@ -93,7 +94,7 @@ def apply_step(env: Environment) -> Step:
 
     after: tuple[str, ...] = ("kube:credentials", "storage:ksa", "storage:binding", "storage:bucket")
     if manifests.watch_rbac_wanted(env):
-        after += ("raycluster:watch-rbac",)
+        after += ("raycluster:watch-rbac", "storage:head-binding")
     if env.cluster_mode.restricted_pods:
         after += ("raycluster:autopilot-rules",)
     if env.cluster_mode.compute_class:
@@ -149,15 +150,16 @@ def image_step(env: Environment) -> Step:
 
 # -- the watch in the cluster ------------------------------------------------------------
 def watch_rbac_step(env: Environment) -> Step:
-    """The rights of the watch on the Ray head (``stall_watch: cluster``),
-    before the head starts: its service account may read, cordon and taint
-    nodes (a ClusterRole) and read and delete the pods of the namespace, read
-    their logs, the events and the RayCluster (a Role);
-    ``manifests/ray-watch-rbac.yaml`` says why each. Objects of that name
-    with other rules are drift, never overwritten."""
+    """The head's own service account and the rights of the watch on it
+    (``stall_watch: cluster``), before the head starts: it may read, cordon
+    and taint nodes (a ClusterRole) and read and delete the pods of the
+    namespace, read their logs, the events and the RayCluster (a Role);
+    ``manifests/ray-watch-rbac.yaml`` says why each. The workers' account
+    is not bound. Objects of that name with other rules are drift, never
+    overwritten."""
     probe = manifests.watch_rbac_fact(env)
     name = manifests.watch_rbac_name(env)
-    who = f"service account {env.namespace}/{env.ksa_name}"
+    who = f"service account {env.namespace}/{manifests.head_ksa_name(env)}"
 
     def decide(look):
         missing, differ = manifests.watch_rbac_diffs(env, look(probe))
@@ -166,14 +168,14 @@ def watch_rbac_step(env: Environment) -> Step:
         if missing:
             return change(manifests.watch_rbac_apply(env),
                           reason=f"applied ({', '.join(missing)} {name}, for {who})")
-        return ok(f"ClusterRole, Role and their bindings {name} are the ones rendered (for {who})")
+        return ok(f"ServiceAccount, ClusterRole, Role and their bindings {name} are the ones rendered (for {who})")
 
     def check(found) -> str | None:
         missing, differ = manifests.watch_rbac_diffs(env, found)
         return "; ".join([f"{k} {name} not found" for k in missing] + differ) or None
 
     return Step(PLAY, f"RBAC of the watch {name}", decide, id="raycluster:watch-rbac",
-                after=("kube:credentials", "storage:namespace", "storage:ksa"),
+                after=("kube:credentials", "storage:namespace"),
                 verify=Verify(probe, check, timeout=60, interval=5))
 
 

@@ -1,11 +1,17 @@
 """§5 Storage and identity: the checkpoint bucket, the Kubernetes service
-account, and the workload-identity binding that lets it use the bucket."""
+account, and the workload-identity binding that lets it use the bucket.
+With ``stall_watch: cluster`` on GKE the Ray head runs as an account of its
+own (``manifests.head_ksa_name``, made with the watch's rights by the
+``raycluster`` play): the same binding for it, a second one the tutorial
+does not have, since the head mounts the bucket too (its Ray Train driver
+writes the run's storage there)."""
 from __future__ import annotations
 
 import dataclasses
 from typing import Any
 
 from playbooks.access.cli_clients import fact, gcloud, json_object, text_value
+from playbooks.cloud import manifests
 from playbooks.cloud.gke import bucket_fact, kube, kube_get
 from playbooks.config import tutorial as T
 from playbooks.config.schema import Environment
@@ -29,9 +35,11 @@ def bucket_policy_fact(env: Environment):
                 describe=lambda p: f"{len(p.get('bindings', []))} binding(s)")
 
 
-def principal(env: Environment, project_number: str) -> str:
+def principal(env: Environment, project_number: str, account: str | None = None) -> str:
+    """The workload-identity principal of Kubernetes service account
+    ``account`` (the tutorial's ``ksa_name`` by default) of the namespace."""
     return (f"principal://iam.googleapis.com/projects/{project_number}/locations/global/workloadIdentityPools/"
-            f"{env.project_id}.svc.id.goog/subject/ns/{env.namespace}/sa/{env.ksa_name}")
+            f"{env.project_id}.svc.id.goog/subject/ns/{env.namespace}/sa/{account or env.ksa_name}")
 
 
 def has_member(policy: Any, role: str, member: str) -> bool:
@@ -88,29 +96,36 @@ def ksa_step(env: Environment) -> Step:
                 verify=Verify(probe, lambda s: "service account not found" if s is ABSENT else None))
 
 
-def binding_step(env: Environment) -> Step:
+def binding_step(env: Environment, account: str | None = None) -> Step:
+    """The tutorial's binding of ``ksa_name``, or (``account``) the same
+    command for the head's own account, after the first (both change the
+    bucket's one IAM policy)."""
     number = project_number_fact(env)
     policy = bucket_policy_fact(env)
+    sa = account or env.ksa_name
+    who, subject = f"{env.namespace}/{sa}", f"/subject/ns/{env.namespace}/sa/{sa}"
 
     def decide(look):
-        member = principal(env, look(number))
+        member = principal(env, look(number), sa)
         if has_member(look(policy), T.BUCKET_ROLE, member):
-            return ok(f"{T.BUCKET_ROLE} already granted to {env.namespace}/{env.ksa_name}")
+            return ok(f"{T.BUCKET_ROLE} already granted to {who}")
         return change(gcloud("storage", "buckets", "add-iam-policy-binding", f"gs://{env.gs_bucket}",
                              "--member", member, "--role", T.BUCKET_ROLE),
-                      reason=f"granted {T.BUCKET_ROLE} to {env.namespace}/{env.ksa_name}")
+                      reason=f"granted {T.BUCKET_ROLE} to {who}")
 
     def granted(p):
         # The member holds the project number, which the decide step looked up
         # (cached); in a dry run nothing is verified.
-        return None if any(b.get("role") == T.BUCKET_ROLE and any(
-            m.endswith(f"/subject/ns/{env.namespace}/sa/{env.ksa_name}") for m in b.get("members") or [])
-            for b in (p or {}).get("bindings") or []) else f"{T.BUCKET_ROLE} not granted yet"
+        return None if any(b.get("role") == T.BUCKET_ROLE and any(m.endswith(subject) for m in b.get("members") or [])
+                           for b in (p or {}).get("bindings") or []) else f"{T.BUCKET_ROLE} not granted yet"
 
-    return Step(PLAY, f"workload identity binding {T.BUCKET_ROLE}", decide, id="storage:binding",
-                # The workload identity pool (<project>.svc.id.goog) comes
-                # with the cluster's workload identity.
-                after=("storage:bucket", "cluster:cluster"), verify=Verify(policy, granted, timeout=60, interval=5),
+    # The workload identity pool (<project>.svc.id.goog) comes with the
+    # cluster's workload identity.
+    after: tuple[str, ...] = ("storage:bucket", "cluster:cluster")
+    name, sid = f"workload identity binding {T.BUCKET_ROLE}", "storage:binding"
+    if account is not None:
+        name, sid, after = f"{name} of the head's {account}", "storage:head-binding", (*after, "storage:binding")
+    return Step(PLAY, name, decide, id=sid, after=after, verify=Verify(policy, granted, timeout=60, interval=5),
                 probes=(number,))
 
 
@@ -119,4 +134,6 @@ def steps(env: Environment) -> list[Step]:
     if env.namespace != "default":
         out.append(namespace_step(env))
     out += [ksa_step(env), binding_step(env)]
+    if manifests.head_ksa_name(env) != env.ksa_name:
+        out.append(binding_step(env, manifests.head_ksa_name(env)))
     return out

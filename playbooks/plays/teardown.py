@@ -72,11 +72,12 @@ def raycluster_step(env: Environment) -> Step:
 def watch_rbac_step(env: Environment) -> Step:
     """The watch's rights (``stall_watch: cluster``), once the RayCluster
     (its head, the watch) is gone: the ClusterRole and ClusterRoleBinding
-    (the cluster's, in no namespace) and the Role and RoleBinding. The
-    cluster's delete that follows would remove them too; deleting them first
-    leaves no rights behind if that delete fails. With ``stall_watch:
-    follow`` none were made: no step (any an earlier ``cluster`` made go
-    with the cluster)."""
+    (the cluster's, in no namespace), the Role and RoleBinding, and the
+    head's service account they bind. The cluster's delete that follows
+    would remove them too; deleting them first leaves no rights behind if
+    that delete fails. The head account's binding on the bucket goes with
+    the bucket (``bucket_step``). With ``stall_watch: follow`` none were
+    made: no step (any an earlier ``cluster`` made go with the cluster)."""
     clusters = _cluster(env)
     kubeconfig = assume(kubeconfig_fact(env), {"contexts": [{"name": kube_context(env)}]})
     probe = assume(manifests.watch_rbac_fact(env), {d["kind"]: d for d in manifests.watch_rbac_docs(env)})
@@ -89,7 +90,7 @@ def watch_rbac_step(env: Environment) -> Step:
             return ok(f"no kubeconfig context {kube_context(env)}: the cluster delete removes the watch's RBAC {name}")
         found = look(probe)
         if found is ABSENT:
-            return ok(f"no ClusterRole, Role or binding {name}")
+            return ok(f"no ServiceAccount, ClusterRole, Role or binding {name}")
         return change(manifests.watch_rbac_delete(env), reason="deleted", found=", ".join(found))
 
     return Step(PLAY, f"RBAC of the watch {name}", decide, id="teardown:watch-rbac", after=("teardown:raycluster",),
@@ -236,7 +237,7 @@ def summary(env: Environment) -> str:
     """What teardown deletes, for the confirmation prompt."""
     if env.platform.simulated:
         return f"the local Ray cluster of environment {env.name!r} (only the processes this project started)"
-    rbac = (f", the watch's ClusterRole, Role and bindings {manifests.watch_rbac_name(env)}"
+    rbac = (f", the watch's service account, ClusterRole, Role and bindings {manifests.watch_rbac_name(env)}"
             if manifests.watch_rbac_wanted(env) else "")
     what = (f"in project {env.project_id}: RayCluster {T.RAYCLUSTER_NAME}{rbac}, GKE cluster {env.cluster_name} "
             f"({location(env)}), bucket gs://{env.gs_bucket} and everything in it")

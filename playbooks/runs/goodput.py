@@ -58,7 +58,7 @@ whether it was finalized ("saves: N of M finalized", the missing named).
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,16 +91,19 @@ def _step(e: dict) -> int | None:
     return s if isinstance(s, int) and not isinstance(s, bool) else None
 
 
-def account(events: Iterable[dict], run: str | None = None, now: float | None = None) -> dict:
-    """The goodput report of a run's events (see the module)."""
-    return _account(events, run, now)[0]
+def account(events: Iterable[dict], run: str | None = None, now: float | None = None,
+            on_disk: Collection[int] | None = None) -> dict:
+    """The goodput report of a run's events (see the module); ``on_disk``:
+    the steps Orbax counts finalized in its checkpoints folder, for its
+    saves (``saves.account``; None: not looked at)."""
+    return _account(events, run, now, on_disk)[0]
 
 
-def account_with_segments(events: Iterable[dict], run: str | None = None, now: float | None = None
-                          ) -> tuple[dict, list[tuple[float, float, str]]]:
+def account_with_segments(events: Iterable[dict], run: str | None = None, now: float | None = None,
+                          on_disk: Collection[int] | None = None) -> tuple[dict, list[tuple[float, float, str]]]:
     """The report and its (start, end, cause) segments, from one sweep (what
     a run's cost is counted on: ``cost.py``)."""
-    return _account(events, run, now)
+    return _account(events, run, now, on_disk)
 
 
 def segments(events: Iterable[dict], now: float | None = None) -> list[tuple[float, float, str]]:
@@ -109,7 +112,8 @@ def segments(events: Iterable[dict], now: float | None = None) -> list[tuple[flo
     return _account(events, None, now)[1]
 
 
-def _account(events: Iterable[dict], run: str | None, now: float | None) -> tuple[dict, list]:
+def _account(events: Iterable[dict], run: str | None, now: float | None,
+             on_disk: Collection[int] | None = None) -> tuple[dict, list]:
     evs = sorted((e for e in events if _num(e.get("t")) is not None), key=lambda e: float(e["t"]))
     if not evs:
         return empty(run), []
@@ -126,7 +130,7 @@ def _account(events: Iterable[dict], run: str | None, now: float | None) -> tupl
     sweep = Sweep([e for e in evs if start <= float(e["t"]) <= end], start, end)
     sweep.run()
     segs = _sweep(sweep.base, sweep.intervals, start, end)
-    return _report(run, jobs, start, end, ended, segs, sweep) | {"saves": saves.account(evs)}, segs
+    return _report(run, jobs, start, end, ended, segs, sweep) | {"saves": saves.account(evs, on_disk)}, segs
 
 
 def _report(run: str | None, jobs: list[str], start: float, end: float, ended: bool,
@@ -364,12 +368,23 @@ class Sweep:
 
     def notice_received(self, e: dict, t: float, i: int) -> None:
         """The trainer took a notice (a host Ray drains): the loss it
-        announces opens the next incident, which says so."""
+        announces opens the next incident, which says so, with the step its
+        save was asked at (the notice's; where it said none, the run's step
+        before it in the timeline)."""
         grace = E.number(e.get("grace_s"))
-        asked = f"its save asked at step {_step(e)}" if e.get("save_asked") else \
-            f"no save asked: {e.get('why') or '?'}"
+        n, known = _step(e), self.step_before(i)
+        at = f"at step {n}" if n is not None else f"at step {known} (the timeline's; the notice said none)" \
+            if known is not None else "before any step"
+        asked = f"its save asked {at}" if e.get("save_asked") else f"no save asked: {e.get('why') or '?'}"
         self.noticed = ("a notice to go" + (f", {grace:.0f} s ahead" if grace is not None else "")
                         + f" (ranks {', '.join(str(r) for r in e.get('ranks') or []) or '?'}); {asked}")
+
+    def step_before(self, i: int) -> int | None:
+        """The step the run was at before event ``i``: the last a host said
+        it finished, or a worker group restored from since."""
+        kinds = (E.STEP, E.PEER_STEP, E.RESTORE_STARTED, E.RESTORED)
+        return next((_step(e) for e in reversed(self.evs[:i]) if e.get("kind") in kinds and _step(e) is not None),
+                    None)
 
     def hang_diagnosed(self, e: dict, t: float, i: int) -> None:
         """The follower's naming of the open stall's hang: its line, kept on the stall."""

@@ -17,7 +17,18 @@ A save is due:
   where one is due (a ``local_checkpoint_period``'s, say).
 
 A save is finalized when a ``checkpoint_finalized`` of its step says so
-(``finalized: true``). One that is not is missing, and says why:
+(``finalized: true``), or, whatever the lines said, when the checkpoint
+itself shows it: a later worker group restored from its step (``restore_started``
+or ``restored``: Orbax's restore sees only a step it counts finalized,
+orbax/checkpoint/_src/path/step.py, ``_build_metadata``), or its step
+directory is finalized on disk by Orbax's own marker (``on_disk``: the
+steps ``job/spec.py``'s ``Checkpoints`` counts by Orbax's rule: a
+``<step>/`` renamed from its ``.orbax-checkpoint-tmp`` folder, or holding
+``commit_success.txt`` on GCS; orbax/checkpoint/_src/path/atomicity.py,
+``validate_atomic_rename_final_path`` and
+``CommitFileTemporaryPath.validate_final``). A save's log line may never
+come out before its process goes: the checkpoint decides, and the save
+says which (``proof``). One that is not finalized is missing, and says why:
 
 - "not finalized: <why>": Orbax's finalization failed (``finalized: false``);
 - "not finalized: none said before the save of step M began": Orbax begins
@@ -48,7 +59,7 @@ run that has one, what came before the first is not counted (said).
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,6 +69,9 @@ from playbooks.runs import events as E
 # new group (``era``: the stretch of the timeline between two of these).
 BOUNDARIES = frozenset((*E.LOSSES, E.JOB_END, E.SUBMITTED, *E.GROUP_LINES, *E.GROUP_START))
 FINALIZED, MISSING, PENDING = "finalized", "missing", "in progress"
+# How a save with no finalization line said was shown finalized (``proof``).
+RESTORED_PROOF = "a later worker group restored from it"
+DISK_PROOF = "its step directory is finalized on disk (Orbax's marker)"
 UNKNOWN_LINE = "saves: schedule unknown (no save_schedule event: the run's trainer is older than it)"
 OFF_LINE = "saves: none due (checkpointing off: enable_checkpointing=false)"
 
@@ -170,8 +184,8 @@ class Ledger:
     group) to the next; ``ends``: what first ended each (a loss, its job's
     end, a new group)."""
 
-    def __init__(self, evs: list[dict]):
-        self.evs = evs
+    def __init__(self, evs: list[dict], on_disk: Collection[int] | None = None):
+        self.evs, self.on_disk = evs, set(on_disk or ())
         self.era = 0
         self.ends: dict[int, dict] = {}
         self.bounds: list[float] = []  # the time of each event that ends a group
@@ -182,6 +196,7 @@ class Ledger:
         self.dues: dict[Any, Due] = {}
         self.asks: list[Ask] = []
         self.finals: list[tuple[int, dict]] = []  # (era, checkpoint_finalized)
+        self.restores: list[tuple[int, float, int]] = []  # (era, t, step) of each restore a group began
         self.begun: list[tuple[int, float, int]] = []  # (era, said, step) of each save begun
         self.trained: dict[int, int] = {}  # era -> the latest step it trained
         self.trained_at: dict[tuple[int, int], float] = {}  # (era, step) -> when first said
@@ -199,6 +214,7 @@ class Ledger:
                 handler(self, e, float(e["t"]))
         for era, f in self.finals:
             self.finalize(era, f)
+        self.proven()
         for ask in self.asks:
             self.answer(ask)
         self.unanswered()
@@ -240,6 +256,11 @@ class Ledger:
         if self.counting and E.step_of(e) is not None:
             self.finals.append((self.era, e))
 
+    def restore(self, e: dict, t: float) -> None:
+        n = E.step_of(e)
+        if n is not None:
+            self.restores.append((self.era, t, n))
+
     def notice(self, e: dict, t: float) -> None:
         if self.counting:
             who = e.get("host") or e.get("node") or "a host"
@@ -275,6 +296,35 @@ class Ledger:
         if a.finalized is None or f.get("finalized") is True:
             a.finalized = f
 
+    def proven(self) -> None:
+        """The saves the checkpoint shows finalized, whatever their lines
+        said: one a later group restored from (the attempt of its step begun
+        last before the restore, in an earlier group), else one whose step
+        directory Orbax counts finalized on disk (the attempt begun last)."""
+        for era, t, n in self.restores:
+            d = self.dues.get(n)
+            if d is None or self.done(d):
+                continue
+            before = [a for a in d.attempts if a.era < era and (a.began is None or a.began <= t)]
+            if before:
+                before[-1].finalized = {"finalized": True, "proof": RESTORED_PROOF}
+        for n in sorted(self.on_disk):
+            d = self.dues.get(n)
+            if d is None or self.done(d) or not d.attempts:
+                continue
+            begun = [a for a in d.attempts if a.began is not None]
+            (begun or d.attempts)[-1].finalized = {"finalized": True, "proof": DISK_PROOF}
+
+    @staticmethod
+    def done(d: Due) -> bool:
+        return any(a.finalized is not None and a.finalized.get("finalized") is True for a in d.attempts)
+
+    @staticmethod
+    def proof(d: Due) -> str | None:
+        """How a finalized save was shown finalized when no line said so (None: a line said so)."""
+        done = [a.finalized for a in d.attempts if a.finalized is not None and a.finalized.get("finalized") is True]
+        return None if any("proof" not in f for f in done) else str(done[-1]["proof"]) if done else None
+
     def answer(self, ask: Ask) -> None:
         """The save that answered an ask: the step said saved; else the
         first save its group began after it, at or after the step it was
@@ -305,7 +355,7 @@ class Ledger:
 
     def judge(self, d: Due) -> tuple[str, str | None]:
         """A save due: finalized, missing and why, or in progress and what it waits for."""
-        if any(a.finalized is not None and a.finalized.get("finalized") is True for a in d.attempts):
+        if self.done(d):
             return FINALIZED, None
         a = d.attempts[-1]
         if a.finalized is not None or a.began is not None:
@@ -362,19 +412,25 @@ HANDLERS = {
     E.CHECKPOINT_SAVED: Ledger.saved,
     E.CHECKPOINT_FINALIZED: Ledger.finalized,
     E.NOTICE_RECEIVED: Ledger.notice,
+    E.RESTORE_STARTED: Ledger.restore,
+    E.RESTORED: Ledger.restore,
     E.SAVE_BEFORE_RESIZE: Ledger.resize_save,
 }
 
 
-def account(events: Iterable[dict]) -> dict:
-    """The saves of a run's events (see the module): ``known`` (a schedule
-    said), ``due``, ``finalized``, each save (``saves``: its ``step`` or the
-    step it was asked ``after``, what made it due, its ``state`` and ``why``,
-    its ``attempts``), the ``missing`` and ``in_progress`` ones, the
-    ``schedule`` last in force, ``off`` (checkpointing off in every
-    schedule said), its ``headline`` and its ``line``."""
+def account(events: Iterable[dict], on_disk: Collection[int] | None = None) -> dict:
+    """The saves of a run's events (see the module), ``on_disk``: the steps
+    whose directory Orbax counts finalized in the run's checkpoints folder
+    (None: not looked at). ``known`` (a schedule said), ``due``,
+    ``finalized``, each save (``saves``: its ``step`` or the step it was
+    asked ``after``, what made it due, its ``state`` and ``why``, its
+    ``attempts``, and the ``proof`` of one finalized with no line said), the
+    ``missing``, ``in_progress`` and ``proven`` ones, the steps looked at
+    ``on_disk`` (None: not looked), the ``schedule`` last in force,
+    ``off`` (checkpointing off in every schedule said), its ``headline``
+    and its ``line``."""
     evs = sorted((e for e in events if E.number(e.get("t")) is not None), key=lambda e: float(e["t"]))
-    led = Ledger(evs)
+    led = Ledger(evs, on_disk)
     led.run()
     if not led.counting:
         begun = sum(1 for e in evs if e.get("kind") == E.CHECKPOINT_SAVED)
@@ -383,21 +439,25 @@ def account(events: Iterable[dict]) -> dict:
     saves = []
     for d in sorted(led.dues.values(), key=lambda d: (d.attempts[0].era, d.step if d.step is not None else -1)):
         state, why = led.judge(d)
+        proof = led.proof(d) if state == FINALIZED else None
         saves.append({"step": d.step, "after_step": d.after, "name": d.name(), "due_by": d.by, "state": state,
-                      "why": why, "attempts": len(d.attempts)})
+                      "why": why, "attempts": len(d.attempts), **({"proof": proof} if proof else {})})
     cut = led.cut_attempts()
     done = sum(1 for s in saves if s["state"] == FINALIZED)
     r: dict[str, Any] = {"known": True, "due": len(saves), "finalized": done, "saves": saves,
                          "missing": [s for s in saves if s["state"] == MISSING],
                          "in_progress": [s for s in saves if s["state"] == PENDING],
                          "schedule": led.schedules[-1].doc() if led.schedules else None,
-                         "not_counted": led.not_counted, "cut": cut}
+                         "not_counted": led.not_counted, "cut": cut, "proven": [s for s in saves if s.get("proof")],
+                         "on_disk": sorted(led.on_disk) if on_disk is not None else None}
     r["off"] = bool(led.schedules) and not any(s.enabled for s in led.schedules)
     r["headline"] = headline(r)
     missing = "; ".join(f"{s['name']} ({s['why']})" for s in r["missing"])
     again = "; ".join(f"{c['name']} ({c['why']})" for c in cut if c["saved_again"])
+    proven = "; ".join(f"{s['name']} ({s['proof']})" for s in r["proven"])
     return r | {"line": r["headline"] + (f"; missing: {missing}" if missing else "")
-                + (f"; cut, then saved again by a later group: {again}" if again else "")}
+                + (f"; cut, then saved again by a later group: {again}" if again else "")
+                + (f"; finalized with no line said so: {proven}" if proven else "")}
 
 
 def headline(r: dict) -> str:
@@ -415,7 +475,9 @@ def headline(r: dict) -> str:
 
 
 def lines(r: dict) -> list[str]:
-    """`invoke goodput`'s: the headline, then each missing save and why
-    (`invoke status` says ``line``: the same, on one line)."""
+    """`invoke goodput`'s: the headline, then each missing save and why,
+    each cut and saved again, each finalized with no line said and what
+    shows it (`invoke status` says ``line``: the same, on one line)."""
     return [str(r.get("headline") or UNKNOWN_LINE)] + [f"  {s['name']}: {s['why']}" for s in r.get("missing") or []] \
-        + [f"  {c['name']}: {c['why']}; saved again by a later group" for c in r.get("cut") or [] if c["saved_again"]]
+        + [f"  {c['name']}: {c['why']}; saved again by a later group" for c in r.get("cut") or [] if c["saved_again"]] \
+        + [f"  {s['name']}: finalized, no line said so: {s['proof']}" for s in r.get("proven") or []]

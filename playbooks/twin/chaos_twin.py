@@ -99,6 +99,11 @@ class TwinHosts:
     def kill_words(self, h: Host, why: str) -> tuple[str, str]:
         return f"killed TPU host {h.name}{why}", shown(f"kill TPU host {h.name}{why}")
 
+    def stuck(self, h: Host, grace: int | None, reason: str, then: tuple[Any, ...]) -> None:
+        """A killed Ray node's process does not linger (a GKE pod may:
+        chaos_gke): a failed kill stands."""
+        return None
+
     # -- a notice, then the kill (chaos.preempt-worker)
     def ray_nodes(self) -> Fact:
         """Ray's nodes: the host's node id, which its notice names (a dry

@@ -7,9 +7,13 @@ pods (one head, ``replicas x numOfHosts`` workers labelled
 ``replicaIndex: <group>-<replica>`` as GKE's TPU webhook labels them),
 recreating a worker pod that is deleted. A bearer token's scheme is taken in
 any case, as the real API server takes it (the kubernetes client's
-in-cluster loader sends "bearer"). RBAC's four kinds are stored as given (no
-authorization is enforced: the client's token is the cluster admin's), a
+in-cluster loader sends "bearer"). RBAC's four kinds are stored as given, a
 binding's ``roleRef`` refused when changed, as the API server refuses it.
+The clients' token is the cluster admin's: nothing is refused to it. A
+service account's token (``sa_token``, what a pod of that account holds) is
+authorized by the RBAC objects stored, as the API server's RBAC authorizer
+does (``_authorize``), and refused in its words (403 Forbidden). A pod
+KubeRay makes runs as its group template's ``serviceAccountName``.
 
 It also decides which worker pods run, as the scheduler would: once the
 cluster has TPU node pools (``set_pool_nodes``, called by the GCP fake), a
@@ -261,9 +265,11 @@ class FakeKube(Fake):
         # applied, and only once ray_gate() says its TPU nodes exist.
         self.ray_latency = 0.0
         self.ray_gate = lambda: True
+        self.sa_tokens: dict[str, tuple[str, str]] = {}   # a service account's token -> (namespace, name)
         self._ray_pending: dict[tuple[str, str], float] = {}
         self.autopilot = False      # set when the cluster it serves is Autopilot (its rules apply)
         self.tpu_pools: dict[str, int] = {}   # TPU node pool -> its ready nodes (set_pool_nodes)
+        self.dead_kubelets: set[str] = set()  # nodes whose kubelet is gone (stop_kubelet)
         self.server = FakeServer("kube", pki, self.handle, self.check_auth)
         self.url = self.server.url
         self.endpoint = self.url.split("://", 1)[1]
@@ -275,6 +281,7 @@ class FakeKube(Fake):
             self.objects.clear()
             self.autopilot = False
             self.tpu_pools = {}
+            self.dead_kubelets = set()
             for ns in ("default", "kube-system", "kube-public"):
                 self._put(KIND["namespaces"], {"metadata": {"name": ns}, "spec": {"finalizers": ["kubernetes"]},
                                                "status": {"phase": "Active"}})
@@ -335,8 +342,60 @@ class FakeKube(Fake):
         """A bearer token, the scheme's name in any case as the API server
         takes it (the kubernetes client's in-cluster loader sends "bearer")."""
         scheme, _, token = (req.headers.get("authorization") or "").partition(" ")
-        if scheme.lower() != "bearer" or token != self.token:
+        if scheme.lower() != "bearer" or (token != self.token and token not in self.sa_tokens):
             raise HttpError(401, status(401, "Unauthorized", "Unauthorized"))
+
+    def sa_token(self, namespace: str, name: str) -> str:
+        """A bearer token of service account ``namespace/name``, as a pod
+        running as it holds one: what it may do is what the stored RBAC
+        objects grant it."""
+        token = f"sa-{uuid.uuid4().hex}"
+        self.sa_tokens[token] = (namespace, name)
+        return token
+
+    def _authorize(self, req: Request, kind: Kind, ns: str, name: str | None, sub: str | None) -> None:
+        """A service account's request, refused in the API server's words
+        (403 Forbidden) unless the stored RBAC objects grant it (``_granted``)."""
+        account = self.sa_tokens.get((req.headers.get("authorization") or "").partition(" ")[2])
+        if account is None:
+            return
+        watch = req.query.get("watch") in ("true", "True", "1")
+        verb = ("watch" if watch else "get" if name else "list") if req.method == "GET" else {
+            "POST": "create", "PUT": "update", "PATCH": "patch"}.get(req.method, "delete" if name else "deletecollection")
+        resource, scope = f"{kind.plural}/{sub}" if sub else kind.plural, ns if kind.namespaced else ""
+        with self.lock:
+            if self._granted(account, verb, kind.group, resource, scope):
+                return
+        what = f"{kind.plural}.{kind.group}" if kind.group else kind.plural
+        said = (f'User "system:serviceaccount:{account[0]}:{account[1]}" cannot {verb} resource "{resource}" in API '
+                f'group "{kind.group}" ' + (f'in the namespace "{scope}"' if scope else "at the cluster scope"))
+        raise HttpError(403, status(403, "Forbidden", (f'{what} "{name}"' if name else what) + f" is forbidden: {said}",
+                                    **({"name": name} if name else {}), group=kind.group, kind=kind.plural))
+
+    def _granted(self, account: tuple[str, str], verb: str, group: str, resource: str, scope: str) -> bool:
+        """Whether a binding of this service account (by name, or a group
+        every service account is in) grants ``verb`` on ``resource`` of API
+        ``group`` in namespace ``scope`` ("": cluster-scoped): a
+        ClusterRoleBinding everywhere, a RoleBinding in its own namespace
+        only; a rule's apiGroups, resources and verbs each holding it or "*"
+        (https://kubernetes.io/docs/reference/access-authn-authz/rbac/)."""
+        ns, sa = account
+        members = {("ServiceAccount", ns, sa), ("User", "", f"system:serviceaccount:{ns}:{sa}"),
+                   ("Group", "", "system:serviceaccounts"), ("Group", "", f"system:serviceaccounts:{ns}"),
+                   ("Group", "", "system:authenticated")}
+        for b in self.list("clusterrolebindings") + self.list("rolebindings"):
+            where, ref = b["metadata"].get("namespace", ""), b.get("roleRef") or {}
+            if (where and where != scope) or not any(
+                    (s.get("kind"), s.get("namespace", "") if s.get("kind") == "ServiceAccount" else "", s.get("name"))
+                    in members for s in b.get("subjects") or []):
+                continue
+            role = self.get("roles", ref.get("name", ""), where) if ref.get("kind") == "Role" else \
+                self.get("clusterroles", ref.get("name", ""))
+            for rule in (role or {}).get("rules") or []:
+                if all("*" in (rule.get(f) or []) or v in (rule.get(f) or [])
+                       for f, v in (("apiGroups", group), ("resources", resource), ("verbs", verb))):
+                    return True
+        return False
 
     def handle(self, req: Request) -> Response:
         with self.lock:
@@ -378,6 +437,7 @@ class FakeKube(Fake):
         kind = KIND.get(plural)
         if kind is None or kind.prefix != prefix or (ns is not None and not kind.namespaced):
             raise HttpError(404, status(404, "NotFound", "the server could not find the requested resource"))
+        self._authorize(req, kind, ns or "", name, sub)
         with self.lock:
             return self._crud(req, kind, ns or "", name, sub)
 
@@ -424,6 +484,10 @@ class FakeKube(Fake):
         if cur is None:
             raise not_found(kind, name)
         if req.method == "DELETE":
+            if kind.plural == "pods" and (cur.get("spec") or {}).get("nodeName") in self.dead_kubelets:
+                kept = self._terminating(req, cur)
+                if kept is not None:
+                    return Response(200, kept)
             return Response(200, self.delete(kind.plural, name, ns))
         if req.method in ("PATCH", "PUT"):
             return self._update(req, kind, ns, name, sub, cur)
@@ -605,7 +669,8 @@ class FakeKube(Fake):
         pod = {"metadata": {"name": name, "namespace": md["namespace"], "labels": labels,
                             "ownerReferences": [{"apiVersion": "ray.io/v1", "kind": "RayCluster",
                                                  "name": md["name"], "uid": md["uid"], "controller": True}]},
-               "spec": {"containers": [{"name": f"ray-{node_type}", "image": "rayproject/ray"}]},
+               "spec": {"containers": [{"name": f"ray-{node_type}", "image": "rayproject/ray"}],
+                        "serviceAccountName": self._template(rc, node_type, group).get("serviceAccountName") or "default"},
                "status": copy.deepcopy(RUNNING) if fits and not refused else self._unschedulable(refused)}
         if node:
             pod["spec"]["nodeName"] = node
@@ -614,6 +679,14 @@ class FakeKube(Fake):
             if not fits or refused:
                 pod["_unscheduled"] = True
         return self._put(KIND["pods"], pod)
+
+    @staticmethod
+    def _template(rc: dict, node_type: str, group: str) -> dict:
+        """The pod spec of the RayCluster's head or of its worker group ``group``."""
+        spec = rc.get("spec") or {}
+        groups = [spec.get("headGroupSpec") or {}] if node_type == "head" else [
+            g for g in spec.get("workerGroupSpecs") or [] if g.get("groupName") == group]
+        return ((next(iter(groups), {}).get("template") or {}).get("spec")) or {}
 
     def _reconcile_ray(self, rc: dict) -> None:
         md, spec = rc["metadata"], rc.get("spec") or {}
@@ -682,7 +755,38 @@ class FakeKube(Fake):
                 if self.ray_ready and (rc["metadata"]["namespace"], rc["metadata"]["name"]) not in self._ray_pending:
                     self._reconcile_ray(rc)
 
+    def _terminating(self, req: Request, pod: dict) -> dict | None:
+        """A graceful DELETE of a pod whose node's kubelet is gone: the API
+        server marks it (deletionTimestamp) and keeps it, Terminating, since
+        only its kubelet would confirm its end; a DELETE with
+        gracePeriodSeconds=0 (``kubectl delete --grace-period=0 --force``)
+        removes it: None."""
+        body = req.body if isinstance(req.body, dict) else {}
+        grace = body.get("gracePeriodSeconds", req.query.get("gracePeriodSeconds"))
+        if grace is not None and int(grace) == 0:
+            return None
+        md = pod["metadata"]
+        if "deletionTimestamp" not in md:
+            seconds = int(grace) if grace is not None else 30   # the pod's terminationGracePeriodSeconds' default
+            md["deletionTimestamp"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + seconds))
+            md["deletionGracePeriodSeconds"] = seconds
+            md["resourceVersion"] = str(next(self._rv))
+        return {k: v for k, v in pod.items() if not k.startswith("_")}
+
     # -- views and faults for tests ---------------------------------------------------
+    def stop_kubelet(self, node: str) -> None:
+        """The node's kubelet dead, as a sick host leaves it: the node
+        NotReady (its Ready condition Unknown, as the node controller sets
+        it), and a pod there deleted gracefully stays Terminating (it is
+        never confirmed gone) until a delete with grace period 0."""
+        with self.lock:
+            self.dead_kubelets.add(node)
+            n = self.get("nodes", node)
+            n.setdefault("status", {})["conditions"] = [{"type": "Ready", "status": "Unknown",
+                                                         "reason": "NodeStatusUnknown",
+                                                         "message": "Kubelet stopped posting node status."}]
+            n["metadata"]["resourceVersion"] = str(next(self._rv))
+
     def worker_pods(self, namespace: str) -> list[str]:
         return [p["metadata"]["name"] for p in self.list("pods", namespace, "ray.io/node-type=worker")]
 
