@@ -1,5 +1,5 @@
 # The two commands of the README's quick start, and a few more.
-.PHONY: venv train test check goldens lock clean-local
+.PHONY: venv train test test-processes check goldens lock clean-local
 
 # The project's modules compiled once: every `invoke` the tests start imports
 # them, and where PYTHONDONTWRITEBYTECODE is set (CI's environment) each would
@@ -28,6 +28,17 @@ test: venv
 	.venv/bin/mypy
 	@$(BYTECODE)
 	.venv/bin/python -m pytest
+
+# The real-client test files whose plays write what the kubernetes client answers in-process (cordon, taint,
+# label, pod delete): `make test-processes` runs them again with every command as its process.
+PROCESSES_ONLY_TESTS = tests/test_clients_quarantine.py tests/test_clients_notice.py tests/test_clients_stuck_pod.py
+
+## CI's second pass, after `make test`: the real-client tests whose plays write, again with every gcloud and
+## kubectl command as its real process (`pytest --processes-only`: TPU_PLAYBOOKS_PROCESSES_ONLY=1).
+test-processes: venv
+	@scripts/test-deps
+	@$(BYTECODE)
+	.venv/bin/python -m pytest --processes-only $(PROCESSES_ONLY_TESTS)
 
 ## What a contributor runs before each commit (under 2 minutes): lint, types, unit tests, golden dry runs
 ## (not the real clients against the fakes, the AOT compiles, the local Ray runs or the health gate across JAX

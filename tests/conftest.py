@@ -72,6 +72,18 @@ def twin_compile_cache(tmp_path_factory) -> str:
     return str(tmp_path_factory.mktemp("twin-jax-cache"))
 
 
+def pytest_addoption(parser):
+    """``--processes-only``: the real-client tests' fake cloud gives every
+    `invoke` run, script and client process it starts
+    TPU_PLAYBOOKS_PROCESSES_ONLY=1 (``Cloud.processes_only``): each gcloud and
+    kubectl command runs as its process, none is answered in-process. CI's
+    second pass (`make test-processes`) runs the files whose plays write
+    that way."""
+    parser.addoption("--processes-only", action="store_true", default=False,
+                     help="real-client tests: every gcloud and kubectl command as its process "
+                          "(TPU_PLAYBOOKS_PROCESSES_ONLY=1 for what they start)")
+
+
 def pytest_collection_modifyitems(items):
     rank = {name: i for i, name in enumerate(FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(FIRST)))

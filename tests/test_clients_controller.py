@@ -10,6 +10,7 @@ its tests run one after the other in one worker (pytest-xdist's --dist
 loadfile keeps a file together), beside the other files of clients."""
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 
@@ -84,8 +85,8 @@ def test_up_through_the_controller_converges_and_a_second_run_sends_no_change(cl
     second = cloud.invoke("up", **NOWHERE)
     assert second.rc == 0, second.out
     # On the controller every command is its own process (the in-process
-    # reads are this machine's): 17 for a converged up (measured 2026-12-05),
-    # at most the 18 a local one started before them; each kubectl starts
+    # reads are this machine's): 12 for a converged up (measured 2026-12-07,
+    # docs/controller.md), at most the 18 a local one started before them; each kubectl starts
     # the auth plugin, which caches no token without an expiry (gcloud's
     # access-token file, the fakes' credentials, has none), so each plugin
     # starts a gcloud.
@@ -126,6 +127,39 @@ def test_with_credentials_that_expire_the_auth_plugin_there_asks_gcloud_once(
     assert names.count("kubectl") >= 1 and names.count("kubectl") == names.count("gke-gcloud-auth-plugin"), there
     assert not [p for p in there if p.startswith("gcloud config config-helper")], there
     assert 0 < len(there) <= 18 - names.count("kubectl"), there
+
+
+def test_status_through_the_controller_starts_no_more_processes_than_before_the_in_process_reads(
+        cloud: Cloud, controller, tmp_path):
+    """`invoke status` through a controller, where every command is its
+    process (the in-process reads are this machine's): at most the 13
+    client processes a status started before those reads
+    (docs/benchmarks.md), here with gcloud's access-token file, whose
+    plugin starts a gcloud per kubectl. The Kubernetes objects are one
+    kubectl (gke.objects_command), the node pools come with `clusters list`,
+    the project's number with the enabled services; every row as asked."""
+    cloud.seed_full()
+    cloud.get_credentials()
+    up = cloud.invoke("up", **NOWHERE)               # converged; the port-forward there
+    assert up.rc == 0 and up.changes == [], up.out
+    log = tmp_path / "controller-started.log"
+    before = log.read_text().splitlines()
+    run = cloud.invoke("status", "--json", **NOWHERE)
+    assert run.rc == 0, run.out
+    there = log.read_text().splitlines()[len(before):]
+    names = [p.split(" ", 1)[0] for p in there]
+    assert run.started() == [] and 0 < len(there) <= 13, there
+    assert names.count("kubectl") == 1 and not [p for p in there if p.startswith(("gcloud container node-pools",
+                                                                               "gcloud projects describe"))], there
+    doc = json.loads(run.out[run.out.index("{\n"):run.out.rindex("\n}") + 2])
+    rows = {i["what"]: i["verdict"] for i in doc["items"]}
+    for row in ("storage : Kubernetes service account maxtext-ksa", "storage : workload identity binding "
+                "roles/storage.objectUser", "nodepools : TPU node pool v6e-16-0", "nodepools : TPU node pool v6e-16-1",
+                "raycluster : RayCluster maxtext-tpu-cluster", "raycluster : TPU slices of maxtext-tpu-cluster",
+                "status : TPU nodes ready", "status : TPU host maintenance, flex-start ends",
+                "status : RayCluster workers"):
+        assert rows.get(row) == "as asked", (row, rows)
+    assert set(rows.values()) == {"as asked"}, rows
 
 
 def test_the_dry_run_through_a_controller_is_the_local_one_naming_the_controller(cloud: Cloud, controller):

@@ -1,9 +1,12 @@
 """Faults: denied probes, transient errors and texts no rule knows (as each
 client prints them), doctor, a node pool left in ERROR.
 
-The real gcloud, gsutil, kubectl (with gke-gcloud-auth-plugin) and ray CLIs
-against loopback fakes of GCP, the GKE cluster's Kubernetes API and the Ray
-dashboard (tests/fakes/; what every such test shares: tests/clients.py).
+Through `invoke` against loopback fakes of GCP, the GKE cluster's Kubernetes
+API and the Ray dashboard (tests/fakes/): gcloud's and kubectl's changes,
+gsutil, get-credentials and the ray CLI as the real processes (kubectl with
+gke-gcloud-auth-plugin); gcloud's reads and the kubectl commands the
+`kubernetes` client takes answered in-process, as for a user (what runs
+how, and where both ways are compared: tests/clients.py).
 """
 from __future__ import annotations
 
@@ -63,11 +66,12 @@ def test_denied_probe_stops_the_run_and_is_never_read_as_absent(cloud: Cloud, ca
         cloud.seed_cluster()
         cloud.seed_bucket()
         denied = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Forbidden", "code": 403,
-                  "message": 'serviceaccounts "maxtext-ksa" is forbidden: User "tester@example.com" cannot get '
+                  "message": 'serviceaccounts is forbidden: User "tester@example.com" cannot list '
                              'resource "serviceaccounts" in API group "" in the namespace "default"'}
-        cloud.kube.server.fail("GET", r"/serviceaccounts/maxtext-ksa$", 403, denied, times=99)
+        # The service account is one of the objects read by one list of each kind (gke.objects_command).
+        cloud.kube.server.fail("GET", r"/namespaces/default/serviceaccounts$", 403, denied, times=99)
         run = failed_run(cloud.invoke("storage"))
-        message, create = 'serviceaccounts "maxtext-ksa" is forbidden', r"/serviceaccounts$"
+        message, create = 'serviceaccounts is forbidden', r"/serviceaccounts$"
     assert "could not look" in run.out and message in run.out, run.out
     assert run.calls("POST", create) == [], "a denied probe was read as absent"
     assert run.changes == [], run.changes

@@ -7,8 +7,9 @@ in one line; with the port-forward failing to come back, it gives up after
 ``reconnect_timeout`` with the job not seen to end and how to follow it
 again. Also `invoke logs --follow`.
 
-The real gcloud and kubectl against the fakes (tests/clients.py), the real
-Ray Jobs SDK streaming the log over the fake dashboard's WebSocket; the
+Through `invoke` against the fakes (what runs as a process and what
+in-process: tests/clients.py), the real Ray Jobs SDK streaming the log over
+the fake dashboard's WebSocket; the
 port-forward itself is a TCP relay (tests/fakes/kubectl_shim/kubectl: the
 fake Kubernetes API has no portforward subresource), started through the
 same `kubectl port-forward ...` command line the playbooks run.

@@ -8,9 +8,10 @@ this machine: what it records comes back through its Ray job's log.
 - `invoke watch` on a job that ended (one run with `train --detach`)
   brings the records back; a second time adds nothing.
 
-The real gcloud and kubectl against the fakes (tests/clients.py), the real
-Ray Jobs SDK over the fake dashboard; the watch's log is written as the
-head's watch writes it (``timeline.MARK`` lines)."""
+Through `invoke` against the fakes (what runs as a process and what
+in-process: tests/clients.py), the real Ray Jobs SDK over the fake
+dashboard; the watch's log is written as the head's watch writes it
+(``timeline.MARK`` lines)."""
 from __future__ import annotations
 
 import json

@@ -1,11 +1,17 @@
-"""Notices on GKE with the real kubectl against the loopback fakes (issue
-37): chaos.preempt-worker deletes a worker pod with the grace asked (its
-preStop hook, in the RayCluster the fake holds, gives the notice);
-chaos.maintenance labels the pod's slice's nodes as GKE labels a scheduled
-host maintenance, which `invoke status` then says and the watch's look
-reads (plays/slice_notice.py ``coming``); hosts.maintenance starts a
-slice's maintenance with GKE's perform-maintenance label, once (a second
-run changes nothing), and in check mode says so and changes nothing."""
+"""Notices on GKE against the loopback fakes (issue 37):
+chaos.preempt-worker deletes a worker pod with the grace asked (its preStop
+hook, in the RayCluster the fake holds, gives the notice); chaos.maintenance
+labels the pod's slice's nodes as GKE labels a scheduled host maintenance,
+which `invoke status` then says and the watch's look reads
+(plays/slice_notice.py ``coming``); hosts.maintenance starts a slice's
+maintenance with GKE's perform-maintenance label, once (a second run changes
+nothing), and in check mode says so and changes nothing.
+
+The pod delete, the labels and the reads of the nodes are kubectl command
+lines the `kubernetes` client answers in-process (the run's log says so of
+each), as for a user; with `pytest --processes-only` (CI's second pass) each
+is the real kubectl process (tests/clients.py). The maintenance exclusion's
+renewal is the real gcloud's update."""
 from __future__ import annotations
 
 import json
@@ -16,7 +22,7 @@ import time
 import pytest
 
 from playbooks.config import host_notice
-from tests.clients import Cloud, failed_run, ok_run, recap
+from tests.clients import Cloud, failed_run, logged, ok_run, recap
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.clients
@@ -70,7 +76,7 @@ def test_a_maintenance_scheduled_by_chaos_is_read_by_status_and_the_watch_then_s
     assert len(at) == 1 and before + 3600 <= at.pop() <= int(time.time()) + 3600
     other = [lb for p in ("v6e-16-0", "v6e-16-1") if p != pool for lb in labels(up, p)]
     assert other and not any(SCHEDULED in lb for lb in other)
-    # The watch's look at what is coming (plays/slice_notice.py), through the real kubectl.
+    # The watch's look at what is coming (plays/slice_notice.py): its kubectl reads, in a process of its own.
     look = subprocess.run([sys.executable, "-c", (
         "import json; from playbooks.plays import slice_notice; from playbooks.config.schema import load_inventory; "
         "import os; e = load_inventory(os.environ['INVOKE_PLAYBOOK_INVENTORY']).env(os.environ['INVOKE_PLAYBOOK_ENV']); "
@@ -84,8 +90,13 @@ def test_a_maintenance_scheduled_by_chaos_is_read_by_status_and_the_watch_then_s
     # Its start: in check mode nothing changes; then the label, once.
     checked = ok_run(up.invoke("hosts.maintenance", pool, INVOKE_PLAYBOOK_MODE="check"))
     assert not any(PERFORM in lb for lb in labels(up, pool)) and checked.changes == []
+    since = time.time()
     first = ok_run(up.invoke("hosts.maintenance", pool))
     assert all(lb.get(PERFORM) == "true" for lb in labels(up, pool))
+    [label] = [t for t in logged(up, "maintenance", since) if t.startswith("$ kubectl label nodes ")]
+    said = "answered in-process by the kubernetes client: no kubectl process ran"
+    ran = [p for p in first.started("kubectl") if p.startswith("kubectl label nodes ")]
+    assert (len(ran), said in label.splitlines()[1]) == ((1, False) if up.processes_only else (0, True)), label
     assert len([r for r in first.requests if r.method == "PATCH"]) == len(labels(up, pool))
     again = ok_run(up.invoke("hosts.maintenance", pool))
     assert [r for r in again.requests if r.method == "PATCH"] == []
@@ -107,7 +118,8 @@ r = s.run("train", q.renew(sys.argv[1]), parallel=False)
 
 def test_the_follows_watch_renews_the_maintenance_hold_that_ends_within_a_day(up: Cloud):
     """The watch's renewal (follow.Watch.renew_hold runs these steps every
-    6 hours), through the engine and the real gcloud: an exclusion of the
+    6 hours), through the engine (the real gcloud's update; its read of the
+    cluster answered in-process unless --processes-only): an exclusion of the
     run ending within a day is removed and added for 7 more days; one in
     force is left; none (released) stays none."""
     from tests.fakes import gcp as G

@@ -1,6 +1,7 @@
 """Prices: `invoke capacity` and `invoke train` with the v6e prices of the
-Cloud Billing Catalog, read with the user's credentials (the real `gcloud
-auth print-access-token`) from a loopback fake that answers as the API's
+Cloud Billing Catalog, read with the user's credentials (`gcloud auth
+print-access-token`'s token, answered in-process from the run's one real
+`gcloud config config-helper`: tests/clients.py) from a loopback fake that answers as the API's
 documentation shows (pages of SKUs, pricingInfo, tieredRates, units and
 nanos); the cache; the inventory's prices winning; a catalog that fails or
 answers what the API does not document, said in one line, never a stop.
@@ -102,6 +103,23 @@ def test_a_sku_not_as_documented_is_named_and_the_other_options_keep_their_price
             and "has no v6e on-demand SKU in us-east5; SKU 2549-F208-72FA (TpuV6e running in Columbus).tieredRates"
                 "[0].unitPrice.units is 'two', not an int64" in run.out), run.out
     assert "v6e-16-0: spot: 16 chips x $1.403/chip-hour" in run.out
+
+
+def test_a_spot_sku_no_pattern_takes_is_named_in_the_spot_line_never_a_silent_gap(cloud: Cloud):
+    """The catalog's v6e Spot SKU reads otherwise than the record's pattern
+    (a rename): the spot slice has no price and its line names that SKU as
+    the reason, read through the real gcloud token; on-demand keeps its
+    price."""
+    renamed = sku("TpuV6e Spot Preemptible running in Columbus", "Preemptible", ["us-east5"], "1", 403300000)
+    catalog(cloud, [ON_DEMAND, renamed])
+    cloud.change_inventory(capacity=["spot", "on-demand"])
+    cloud.gcp.set_quota("PREEMPTIBLE-TPU-V6E-per-project-region", [({"region": "us-east5"}, 16), ({}, 0)])
+    run = ok_run(cloud.invoke("capacity"))
+    assert ("v6e-16-0: spot: no price (the Cloud Billing Catalog (" in run.out
+            and "has no v6e spot SKU in us-east5; SKU 2549-F208-72FA (TpuV6e Spot Preemptible running in Columbus, "
+                "usageType Preemptible) is a v6e spot SKU by its usageType, but no pattern of the v6e record "
+                "(config/tpu.py) takes it: its price is not read)" in run.out), run.out
+    assert "v6e-16-1: on-demand: 16 chips x $2.7/chip-hour" in run.out
 
 
 def test_train_estimates_the_cost_before_it_submits_and_records_the_basis_for_goodput(cloud: Cloud):

@@ -8,21 +8,27 @@ rights the watch will do it with from the Ray head (stall_watch: cluster):
 applied by `invoke raycluster` before the RayCluster, unchanged by a second
 run, deleted by `invoke teardown`, shown by the dry run.
 
-The real gcloud and kubectl against the loopback fakes (tests/fakes/; what
-every such test shares: tests/clients.py)."""
+Through `invoke` against the loopback fakes (tests/fakes/; what every such
+test shares: tests/clients.py). The quarantine's and the release's kubectl
+reads and writes (get, cordon, uncordon, taint, pod delete) are answered
+in-process by the `kubernetes` client, which the run's log says of each, as
+for a user; with `pytest --processes-only` (CI's second pass) each is the
+real kubectl process. gcloud's changes, kubectl's apply and delete of the
+watch's rights and get-credentials are real processes either way."""
 from __future__ import annotations
 
 import json
 import re
 import subprocess
 import sys
+import time
 
 import pytest
 
 from playbooks.cloud import manifests
 from playbooks.core.facts import ABSENT
 from playbooks.plays.quarantine import TAINT_KEY
-from tests.clients import ROOT, Cloud, failed_run, ok_run, recap
+from tests.clients import ROOT, Cloud, failed_run, logged, ok_run, recap
 
 pytestmark = pytest.mark.clients
 
@@ -83,7 +89,9 @@ def up(cloud: Cloud) -> dict[str, dict]:
 def test_quarantine_cordons_taints_moves_the_pods_then_a_second_run_changes_nothing(cloud: Cloud):
     nodes = up(cloud)
     before = on_nodes(cloud, nodes)
+    since = time.time()
     run = ok_run(cloud.invoke("hosts.quarantine", POOL, "--why=chips failed the matmul check"))
+    said_by(cloud, run, since)
     for name, spec in pool_nodes(cloud).items():
         assert spec.get("unschedulable") is True, (name, spec)
         assert tainted(spec), (name, spec)
@@ -111,6 +119,24 @@ def test_quarantine_cordons_taints_moves_the_pods_then_a_second_run_changes_noth
                      rf"check$", listed.out, re.M), listed.out
     assert len(re.findall(r"^  node \S+: cordoned, tainted$", listed.out, re.M)) == 4, listed.out
     assert listed.changes == []
+
+
+WRITES = ("$ kubectl cordon ", "$ kubectl taint nodes ", "$ kubectl delete pod ")
+IN_PROCESS = "answered in-process by the kubernetes client: no kubectl process ran"
+
+
+def said_by(cloud: Cloud, run, since: float) -> None:
+    """What made the quarantine's twelve writes (four nodes cordoned and
+    tainted, four pods deleted), as the run's log says it: the `kubernetes`
+    client in-process, no kubectl started for them; with --processes-only,
+    twelve kubectl processes."""
+    writes = [t for t in logged(cloud, "quarantine", since) if t.startswith(WRITES)]
+    assert len(writes) == 12, writes
+    started = [p for p in run.started("kubectl") if p.startswith(tuple(w[2:] for w in WRITES))]
+    if cloud.processes_only:
+        assert len(started) == 12 and not any(IN_PROCESS in t for t in writes), (started, writes)
+    else:
+        assert started == [] and all(IN_PROCESS in t.splitlines()[1] for t in writes), (started, writes)
 
 
 def test_check_mode_changes_nothing_and_says_what_it_would_do(cloud: Cloud):

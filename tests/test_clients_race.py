@@ -4,9 +4,12 @@ with playbook.lock_wait 0, is refused in one line); a create answered
 "already exists" (another machine's run made it meanwhile) looks again and is
 ok, or waits for what is being made, instead of failing.
 
-The real gcloud, gsutil, kubectl (with gke-gcloud-auth-plugin) and ray CLIs
-against loopback fakes of GCP, the GKE cluster's Kubernetes API and the Ray
-dashboard (tests/fakes/; what every such test shares: tests/clients.py).
+Through `invoke` against loopback fakes of GCP, the GKE cluster's Kubernetes
+API and the Ray dashboard (tests/fakes/): gcloud's and kubectl's changes,
+gsutil, get-credentials and the ray CLI as the real processes (kubectl with
+gke-gcloud-auth-plugin); gcloud's reads and the kubectl commands the
+`kubernetes` client takes answered in-process, as for a user (what runs
+how, and where both ways are compared: tests/clients.py).
 """
 from __future__ import annotations
 

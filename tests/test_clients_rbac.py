@@ -7,9 +7,10 @@ authorizer). The TPU workers' account is refused a cordon, a taint, a
 label, a patch of a node and a pod's delete; the head's (the watch's) may
 cordon and delete the namespace's pods, and no more.
 
-The real gcloud and kubectl against the loopback fakes (tests/fakes/; what
-every such test shares: tests/clients.py). The rendered manifests, subject
-by subject: tests/test_rbac_subjects.py."""
+`invoke raycluster` against the loopback fakes (tests/fakes/; what runs as
+a process and what in-process: tests/clients.py); each account's rights
+tried with the real kubectl process, holding that account's token. The
+rendered manifests, subject by subject: tests/test_rbac_subjects.py."""
 from __future__ import annotations
 
 import json

@@ -6,8 +6,10 @@ not as asked; `--json` has every item; it ends in bounded time, exit 1,
 no traceback. A 503 from each API (GKE, Compute, Storage, Kubernetes) one
 at a time, and all at once.
 
-The real gcloud, gsutil and kubectl against the loopback fakes
-(tests/clients.py).
+Through `invoke status` against the loopback fakes: its gcloud and kubectl
+reads answered in-process, as for a user, each 503 read in the words the
+real process would print (a read the API fails runs as its gcloud process;
+tests/clients.py says what runs how).
 """
 from __future__ import annotations
 
@@ -121,7 +123,9 @@ def pool_nodes(cloud: Cloud, pool: str) -> list[dict]:
 
 
 def test_a_nodes_scheduled_maintenance_is_said_for_its_whole_slice(up: Cloud):
-    """GKE's label on one node of one pool, read by the real kubectl: that
+    """GKE's label on one node of one pool, read by `invoke status` (its
+    kubectl get answered by the `kubernetes` client, compared with kubectl
+    in tests/test_in_process.py): that
     slice's earliest maintenance in UTC and how far; the other slice none;
     the note that one node stops the whole slice. A malformed value is said."""
     at = int(time.time()) + 2 * 86400 + 3 * 3600 + 1800

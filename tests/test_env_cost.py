@@ -143,12 +143,16 @@ def test_reading_says_what_it_could_not_read_and_never_stops():
 
 
 def test_node_times_are_read_from_kubectls_nodes_per_pool():
+    # The nodes among the one read of our objects (gke.objects_command): a pod is no node.
     items = {"items": [
-        {"metadata": {"name": f"n{i}", "creationTimestamp": rfc3339(NOW - i * HOUR),
-                      "labels": {env_cost.POOL_LABEL: "v6e-16-0"}}} for i in (1, 2)]
-        + [{"metadata": {"name": "x", "creationTimestamp": "yesterday", "labels": {env_cost.POOL_LABEL: "p"}}},
-           {"metadata": {"name": "unpooled"}}]}
-    got = env_cost.node_times(Completed("kubectl get nodes", 0, json.dumps(items), ""))
+        {"kind": "Node", "metadata": {"name": f"n{i}", "creationTimestamp": rfc3339(NOW - i * HOUR),
+                                      "labels": {env_cost.POOL_LABEL: "v6e-16-0"}}} for i in (1, 2)]
+        + [{"kind": "Node", "metadata": {"name": "x", "creationTimestamp": "yesterday",
+                                         "labels": {env_cost.POOL_LABEL: "p"}}},
+           {"kind": "Node", "metadata": {"name": "unpooled"}},
+           {"kind": "Pod", "metadata": {"name": "pod", "creationTimestamp": rfc3339(NOW),
+                                        "labels": {env_cost.POOL_LABEL: "v6e-16-0"}}}]}
+    got = env_cost.node_times(Completed("kubectl get pods,nodes", 0, json.dumps(items), ""))
     assert got["v6e-16-0"] == [pytest.approx(NOW - HOUR, abs=1), pytest.approx(NOW - 2 * HOUR, abs=1)]
     assert got["p"] == [None] and "" not in got
 

@@ -352,6 +352,9 @@ def test_a_converged_up_and_a_status_start_two_thirds_of_the_processes_with_the_
     slow = cloud.invoke("status", "--json", TPU_PLAYBOOKS_PROCESSES_ONLY="1")
     assert slow.rc == 0 and slow_up.rc == 0, slow
     assert len(slow.processes) > len(status.processes) + 6, slow.processes  # the switch does start them all
+    # ... and, as on a controller, no more than the 13 of before this module (one kubectl for every
+    # Kubernetes object, the node pools in `clusters list`, the project's number in the enabled services).
+    assert len(slow.processes) <= 13 and len(slow.started("kubectl")) == 1, slow.processes
     assert rows(slow) == rows(status)
     assert [(r["ok"], r["changed"]) for r in slow_up.recaps()] == [(r["ok"], r["changed"]) for r in up.recaps()]
 

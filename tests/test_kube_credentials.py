@@ -5,8 +5,8 @@ cluster deleted elsewhere and made again under the same name) is written
 again by get-credentials, and the verify proves the new one matches; the
 kubeconfig's clusters as read from its files; and the kubernetes client of
 the run made again once get-credentials rewrote the kubeconfig
-(``playbooks/access/kube_api.py``). The real gcloud and kubectl against the
-fakes: ``tests/test_clients_journeys.py``."""
+(``playbooks/access/kube_api.py``). The real get-credentials and kubectl
+against the fakes: ``tests/test_clients_journeys.py``."""
 from __future__ import annotations
 
 import base64

@@ -269,18 +269,19 @@ def generation_env(name):
 
 @pytest.mark.parametrize("name,label,claims,memory", [("std-v5e", "tpu-v5-lite-podslice", False, "144G"),
                                                       ("std-v5p", "tpu-v5p-slice", False, "200G"),
-                                                      ("std-tpu7x", "tpu7x", False, "200G")])
+                                                      ("std-tpu7x", "tpu7x", True, "200G")])
 def test_each_generations_raycluster_validates_and_selects_its_nodes(name, label, claims, memory):
     """The RayCluster of a v5e, v5p and TPU7x environment: KubeRay's CRD
     accepts it, its workers select the generation's accelerator label and
-    topology, ask the machine type's chips, and claim no DRANET NIC (the
-    template without them: no ResourceClaimTemplate)."""
+    topology, ask the machine type's chips, and claim DRANET's NICs only
+    where GKE's DRANET page lists the machine type (TPU7x's; v5e and v5p:
+    the template without them, no ResourceClaimTemplate)."""
     import kubernetes_validate
 
     e = generation_env(name)
     rendered = manifests.raycluster_docs(e)
-    assert [d["kind"] for d in rendered] == ["RayCluster"]
-    rc = rendered[0]
+    assert [d["kind"] for d in rendered] == ["ResourceClaimTemplate"] * claims + ["RayCluster"]
+    rc = rendered[-1]
     if CRD.exists():
         crd_validator().validate(rc)
     [group] = rc["spec"]["workerGroupSpecs"]
@@ -290,7 +291,7 @@ def test_each_generations_raycluster_validates_and_selects_its_nodes(name, label
     assert (sel["cloud.google.com/gke-tpu-accelerator"], sel["cloud.google.com/gke-tpu-topology"]) == (label, e.topology)
     worker = spec["containers"][0]
     assert worker["resources"]["limits"] == {"memory": memory, "google.com/tpu": "4"}
-    assert "eth1" not in str(worker["env"])  # megascale on the primary network
+    assert ("eth1" in str(worker["env"])) == claims  # megascale on the DCN NICs, else on the primary network
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "w"}, "spec": spec}
     kubernetes_validate.validate(pod, "1.35.0", strict=True)
 

@@ -35,7 +35,8 @@ def test_the_tutorials_70b_job_does_not_fit_as_compiled():
 
 def test_the_70b_preset_fits_as_compiled_with_its_optimizer_on_host():
     e = estimate("llama3-70b", preset="fits")[2]
-    assert abs(e.total - MEASURED_70B_FITS) < 0.1 and e.verdict == "fits"
+    # 96 % of the HBM: inside the band the out-of-sample error sets, so the compile decides (it fits).
+    assert abs(e.total - MEASURED_70B_FITS) < 0.1 and e.verdict == "close"
     assert e.optimizer == 0 and abs(e.host - MEASURED_70B_FITS_HOST) < 0.05
 
 
@@ -81,9 +82,10 @@ def test_what_it_does_not_know_is_said():
 def test_the_margin_between_a_fit_and_a_misfit():
     def verdict(total):
         return memory.Estimate(total, 0, 0, 0, 0, 0, 0, capacity=31.24).verdict
-    assert verdict(30.0) == "fits"
-    assert verdict(31.0) == verdict(34.0) == "close"
-    assert verdict(34.5) == "misfit"
+    # The band: the largest out-of-sample error (16.8 %) and 3 points either way (docs/preflight.md).
+    assert verdict(25.0) == "fits"                     # 80.0 % of the HBM
+    assert verdict(25.1) == verdict(37.4) == "close"   # 80.3 % and 119.7 %
+    assert verdict(37.5) == "misfit"                   # 120.0 %
 
 
 def test_mesh_fills_the_open_axes():

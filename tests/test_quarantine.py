@@ -1,7 +1,9 @@
 """Hosts set aside without Ray or a cloud: the record (a file that is not
 one is "could not look", never "none"), the twin's host held out of `up`
 and its slices said at once, the steps' order, the taint no pod of ours
-tolerates. The GKE quarantine with the real kubectl: test_clients_quarantine.py."""
+tolerates. The GKE quarantine against the fakes (its kubectl answered by the
+`kubernetes` client, and by the real kubectl in CI's second pass):
+test_clients_quarantine.py."""
 from __future__ import annotations
 
 import json

@@ -1,6 +1,9 @@
-"""`invoke status` for a GKE environment with the real gcloud and no
-account (a fresh CLOUDSDK_CONFIG: gcloud refuses every command before any
-API call, so nothing leaves this machine): the cause is said once, with its
+"""`invoke status` for a GKE environment with gcloud and no account (a
+fresh CLOUDSDK_CONFIG: gcloud refuses every command before any API call, so
+nothing leaves this machine; the real `gcloud config config-helper` refuses
+once, and each gcloud read is answered in-process with that refusal in the
+words its process prints, compared in tests/test_gcp_api.py, while a command
+the connector does not answer runs as the real gcloud): the cause is said once, with its
 fix (`gcloud auth login`), by the diagnosis; the rows it left unknown say
 so briefly, without gcloud's message twenty times."""
 from __future__ import annotations

@@ -6,14 +6,19 @@ import pytest
 
 from playbooks.core.facts import Completed
 from playbooks.core.fixtures import Answers
+from playbooks.core.runner import Mode
 from playbooks.plays import cluster, network, nodepools, storage, teardown
 from tests.conftest import env, run_with_facts
 
 DEV = env("dev")
 NETS = "CLOUDSDK_CORE_VERBOSITY=debug gcloud compute networks list --format=json --project=my-tpu-project"
-POOLS = ("gcloud container node-pools list --cluster=maxtext-multislice --location=us-east5-b --format=json "
-         "--project=my-tpu-project")
 CLUSTERS = "gcloud container clusters list --format=json --project=my-tpu-project"
+
+
+def with_pools(*pools):
+    """`clusters list` holding the cluster with these node pools: the node
+    pools are read from it (GKE's Cluster carries its ``nodePools``)."""
+    return [{"name": "maxtext-multislice", "status": "RUNNING", "location": "us-east5-b", "nodePools": list(pools)}]
 
 
 def net(name, mtu=8896, auto=False):
@@ -89,14 +94,14 @@ def pool(name, status="RUNNING", topology="4x4", nodes=4, capacity="on-demand"):
 
 
 def test_node_pool_with_another_topology_is_drift():
-    _recap, out = run_with_facts(nodepools.steps(DEV)[:1], {POOLS: [pool("v6e-16-0", topology="2x4")]})
+    _recap, out = run_with_facts(nodepools.steps(DEV)[:1], {CLUSTERS: with_pools(pool("v6e-16-0", topology="2x4"))})
     assert "drift: node pool v6e-16-0: TPU topology is 2x4, want 4x4" in out.text()
 
 
 def test_broken_node_pool_is_replaced_not_counted_done():
     broken = pool("v6e-16-0", status="ERROR")
     broken["statusMessage"] = "GCE_STOCKOUT: no ct6e-standard-4t capacity in us-east5-b"
-    recap, out = run_with_facts(nodepools.steps(DEV)[:1], {POOLS: Answers([broken], [pool("v6e-16-0")])})
+    recap, out = run_with_facts(nodepools.steps(DEV)[:1], {CLUSTERS: Answers(with_pools(broken), with_pools(pool("v6e-16-0")))})
     cmds = applied(out)
     assert cmds[0].startswith("gcloud container node-pools delete v6e-16-0 --location=us-east5-b")
     assert cmds[1].startswith("gcloud container node-pools create v6e-16-0")
@@ -107,7 +112,7 @@ def test_broken_node_pool_is_replaced_not_counted_done():
 def test_pool_that_fails_while_waiting_stops_at_once():
     broken = pool("v6e-16-0", status="ERROR")
     broken["statusMessage"] = "GCE_STOCKOUT"
-    recap, out = run_with_facts(nodepools.steps(DEV)[:1], {POOLS: Answers([], broken)})
+    recap, out = run_with_facts(nodepools.steps(DEV)[:1], {CLUSTERS: Answers(with_pools(), with_pools(broken))})
     assert recap.failed
     assert "not verified after the change: node pool v6e-16-0 is ERROR: GCE_STOCKOUT" in out.text()
 
@@ -134,6 +139,16 @@ def test_autopilot_cluster_found_where_standard_is_asked_is_drift():
     assert "it is in us-east5, want us-east5-b; it is Autopilot, want Standard" in out.text()
 
 
+SERVICES = "gcloud services list --enabled --format=json --project=my-tpu-project"
+
+
+def enabled(number="123456789"):
+    """The enabled services as Service Usage lists them: each names the
+    project by its number (``parent``)."""
+    return [{"name": f"projects/{number}/services/{s}", "parent": f"projects/{number}", "state": "ENABLED",
+             "config": {"name": s}} for s in ("container.googleapis.com", "storage.googleapis.com")]
+
+
 def test_binding_uses_the_looked_up_project_number():
     number = "gcloud projects describe my-tpu-project '--format=value(projectNumber)'"
     policy = "gcloud storage buckets get-iam-policy gs://my-tpu-project-maxtext-ckpt --format=json"
@@ -141,11 +156,22 @@ def test_binding_uses_the_looked_up_project_number():
               "my-tpu-project.svc.id.goog/subject/ns/default/sa/maxtext-ksa")
     granted = {"bindings": [{"role": "roles/storage.objectUser", "members": [member]}]}
     step = [s for s in storage.steps(DEV) if s.id == "storage:binding"]
-    recap, out = run_with_facts(step, {number: "123456789\n", policy: Answers({"bindings": []}, granted)})
+    recap, out = run_with_facts(step, {SERVICES: enabled(), number: "123456789\n",
+                                       policy: Answers({"bindings": []}, granted)})
     assert applied(out) == ["gcloud storage buckets add-iam-policy-binding gs://my-tpu-project-maxtext-ckpt "
                             f"--member {member} --role roles/storage.objectUser"]
-    recap, out = run_with_facts(step, {number: "123456789\n", policy: granted})
-    assert applied(out) == [] and recap.counters() == "ok=1 changed=0 failed=0 skipped=0"
+    # Granted: the number is the one the enabled services name; no `gcloud projects describe` (undeclared here).
+    recap, out = run_with_facts(step, {SERVICES: enabled(), policy: granted})
+    assert applied(out) == [] and recap.counters() == "ok=1 changed=0 failed=0 skipped=0", out.text()
+    # A binding of another project's number is not this one's.
+    recap, out = run_with_facts(step, {SERVICES: enabled("987654321"), number: "987654321\n",
+                                       policy: Answers(granted, granted)}, mode=Mode.CHECK)
+    assert recap.counters() == "ok=0 changed=1 failed=0 skipped=0", out.text()
+    # Services that cannot be listed, or name no one number: the tutorial's `gcloud projects describe` says it.
+    denied = Completed(SERVICES, 1, "", "ERROR: (gcloud.services.list) PERMISSION_DENIED: denied")
+    for services in (denied, []):
+        recap, out = run_with_facts(step, {SERVICES: services, number: "123456789\n", policy: granted})
+        assert recap.counters() == "ok=1 changed=0 failed=0 skipped=0", out.text()
 
 
 def test_teardown_leaves_a_subnet_of_another_network_alone():
@@ -616,7 +642,7 @@ def test_a_slice_whose_pool_exists_keeps_it_and_its_quota_is_not_counted_twice()
     res = dict(pool("v6e-16-0", capacity="reservation"))
     res["config"] = dict(res["config"], reservationAffinity={"consumeReservationType": "SPECIFIC_RESERVATION",
                                                              "values": ["zeta-resv"]})
-    facts = {CLUSTERS: [CLUSTER], POOLS: [res, pool("v6e-16-1", capacity="spot")], SPOT_QUOTA: quota(16),
+    facts = {CLUSTERS: [dict(CLUSTER, nodePools=[res, pool("v6e-16-1", capacity="spot")])], SPOT_QUOTA: quota(16),
              RESERVATION: reservation(4, in_use=4)}
     recap, out = run_with_facts([plan_step(LISTED)] + nodepools.steps(LISTED), facts)
     assert recap.counters() == "ok=3 changed=0 failed=0 skipped=0", out.text()
@@ -631,7 +657,7 @@ def test_a_slice_whose_pool_exists_keeps_it_and_its_quota_is_not_counted_twice()
 
 def test_the_pools_follow_the_plan_made_once_and_a_pool_of_another_option_of_the_list_is_as_asked():
     from playbooks.core.runner import Mode
-    facts = {CLUSTERS: [], SPOT_QUOTA: quota(64), RESERVATION: reservation(4), POOLS: []}
+    facts = {CLUSTERS: [], SPOT_QUOTA: quota(64), RESERVATION: reservation(4)}
     recap, out = run_with_facts([plan_step(LISTED)] + nodepools.steps(LISTED), facts, mode=Mode.CHECK)
     assert recap.counters() == "ok=1 changed=2 failed=0 skipped=0", out.text()
     creates = applied(out)
@@ -642,11 +668,11 @@ def test_the_pools_follow_the_plan_made_once_and_a_pool_of_another_option_of_the
     derived = [ln for ln in out if ln.startswith("  probe  capacity plan")]
     assert len(derived) == 3 and sum("(cached)" not in ln for ln in derived) == 1   # made once, then held
     # Drift: a pool of an option outside the list, or without our label.
-    recap, out = run_with_facts(nodepools.steps(env("dev"))[:1], {POOLS: [pool("v6e-16-0", capacity="spot")]})
+    recap, out = run_with_facts(nodepools.steps(env("dev"))[:1], {CLUSTERS: with_pools(pool("v6e-16-0", capacity="spot"))})
     assert "drift: node pool v6e-16-0: capacity is spot, want on-demand" in out.text()
     unlabelled = pool("v6e-16-0")
     del unlabelled["config"]["labels"]["tpu-playbooks/capacity"]
-    recap, out = run_with_facts(nodepools.steps(env("dev"))[:1], {POOLS: [unlabelled]})
+    recap, out = run_with_facts(nodepools.steps(env("dev"))[:1], {CLUSTERS: with_pools(unlabelled)})
     assert "drift: node pool v6e-16-0: node label tpu-playbooks/capacity is missing" in out.text()
 
 
@@ -720,7 +746,8 @@ def test_a_derived_fact_is_made_once_and_held_across_a_change():
 
 
 # -- min_slices: done when that many slices are whole; the rest named as waiting ----------
-PODS = ("kubectl get pods --namespace default -l ray.io/cluster=maxtext-tpu-cluster --output=json "
+# The one read of the namespace's objects (gke.objects_command): the RayCluster's pods among them.
+PODS = ("kubectl get serviceaccounts,resourceclaimtemplates,rayclusters,pods,nodes --namespace default --output=json "
         "--context=gke_my-tpu-project_us-east5-b_maxtext-multislice")
 UNSCHEDULABLE = "0/9 nodes are available: 5 Insufficient google.com/tpu."
 
@@ -733,12 +760,13 @@ def tpu_pod(replica, host, ready=True, label="replicaIndex"):
               {"phase": "Pending", "conditions": [{"type": "Ready", "status": "False"},
                                                   {"type": "PodScheduled", "status": "False",
                                                    "message": UNSCHEDULABLE}]})
-    return {"metadata": {"name": f"w-{replica}-{host}", "labels": {
+    return {"kind": "Pod", "metadata": {"name": f"w-{replica}-{host}", "labels": {
         "ray.io/cluster": "maxtext-tpu-cluster", "ray.io/node-type": "worker", "ray.io/group": "tpu-group",
         label: value}}, "status": status}
 
 
-HEAD_POD = {"metadata": {"name": "h", "labels": {"ray.io/node-type": "head"}},
+HEAD_POD = {"kind": "Pod", "metadata": {"name": "h", "labels": {"ray.io/cluster": "maxtext-tpu-cluster",
+                                                                 "ray.io/node-type": "head"}},
             "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
 
 

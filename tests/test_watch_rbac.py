@@ -191,6 +191,9 @@ NUMBER = "gcloud projects describe my-tpu-project '--format=value(projectNumber)
 POLICY = "gcloud storage buckets get-iam-policy gs://my-tpu-project-maxtext-ckpt --format=json"
 POOL = "principal://iam.googleapis.com/projects/123456789/locations/global/workloadIdentityPools/my-tpu-project" \
        ".svc.id.goog/subject/ns/default/sa/"
+# The enabled services name the project by its number: the binding's check reads it there.
+SERVICES = {"gcloud services list --enabled --format=json --project=my-tpu-project":
+            [{"name": "projects/123456789/services/storage.googleapis.com", "parent": "projects/123456789"}]}
 
 
 def test_the_heads_account_gets_the_bucket_binding_too_after_the_ksas():
@@ -205,15 +208,15 @@ def test_the_heads_account_gets_the_bucket_binding_too_after_the_ksas():
         next(s for s in raycluster.steps(DEV) if s.id == "raycluster:apply").after)
     ksa = {"role": "roles/storage.objectUser", "members": [POOL + "maxtext-ksa"]}
     head = {"role": "roles/storage.objectUser", "members": [POOL + "maxtext-watch-default"]}
-    recap, out = run_with_facts(step, {NUMBER: "123456789\n", POLICY: Answers({"bindings": [ksa]},
+    recap, out = run_with_facts(step, {**SERVICES, NUMBER: "123456789\n", POLICY: Answers({"bindings": [ksa]},
                                                                              {"bindings": [ksa, head]})})
     assert applied(out) == ["gcloud storage buckets add-iam-policy-binding gs://my-tpu-project-maxtext-ckpt "
                             f"--member {POOL}maxtext-watch-default --role roles/storage.objectUser"], out.text()
     assert "granted roles/storage.objectUser to default/maxtext-watch-default" in out.text()
-    recap, out = run_with_facts(step, {NUMBER: "123456789\n", POLICY: {"bindings": [ksa, head]}})
+    recap, out = run_with_facts(step, {**SERVICES, POLICY: {"bindings": [ksa, head]}})
     assert applied(out) == [] and recap.counters() == "ok=1 changed=0 failed=0 skipped=0"
     # The KSA's binding alone does not verify the head's.
-    recap, out = run_with_facts(step, {NUMBER: "123456789\n", POLICY: {"bindings": [ksa]}})
+    recap, out = run_with_facts(step, {**SERVICES, NUMBER: "123456789\n", POLICY: {"bindings": [ksa]}})
     assert recap.failed and "roles/storage.objectUser not granted yet" in out.text(), out.text()
 
 

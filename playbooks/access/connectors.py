@@ -7,7 +7,7 @@ from __future__ import annotations
 import atexit
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +15,7 @@ from playbooks.config import paths as P
 from playbooks.config import tutorial as T
 from playbooks.config.choices import platform
 from playbooks.config.project import ROOT
+from playbooks.core.command import Command
 from playbooks.core.connector import Connector, LocalConnector, SshConnector
 
 _local: LocalConnector | None = None
@@ -104,6 +105,19 @@ def connector(env: Any) -> Connector:
         _remote[key] = SshConnector(target, env.get("remote_dir") or "tpu-playbooks", gateway=env.get("gateway"),
                                     identity_file=env.get("identity_file"), known_hosts=env.get("known_hosts"))
     return _remote[key]
+
+
+def in_process(env: Any) -> Callable[[Command, bool], str | None]:
+    """For a dry run, whose Runner has no connector (nothing may start):
+    what would answer a command of ``env`` in-process instead of its
+    process, on the connector it would run on (this machine for one marked
+    ``here``), from its command line alone (``Connector.in_process``; the
+    bool: streamed). Nothing connects: an SSH connection opens on its
+    first use, and this asks none."""
+    def answers(command: Command, streamed: bool) -> str | None:
+        where = this_machine() if command.here else connector(env)
+        return where.in_process(command.argv, command.env, streamed)
+    return answers
 
 
 def close_all() -> None:

@@ -26,7 +26,11 @@ impersonated service account, another universe, a quota project), or a
 flag the command line adds, returns None: the command runs as the gcloud
 process it is, and gcloud says in its own words what went wrong (the plays'
 parses and the retry policy read gcloud's words, and only those). The
-project's tests compare both answers against the fakes, command by command.
+project's tests compare both answers against the fakes, command by command
+(tests/test_gcp_api.py; every form the dry runs' goldens hold, with the
+CLOUDSDK_* variables they run with: tests/test_in_process.py). The run's log
+says of each command answered here that no gcloud process ran; a dry run
+marks its line (``GcloudShortcut.answers``).
 
 Where gcloud has no account (its config-helper refused with gcloud's
 words, ``GcloudCredentials.refusal``), each command below is answered with
@@ -308,6 +312,8 @@ def _no_proxy(host: str, env: Mapping[str, str]) -> bool:
 class GcloudShortcut:
     """``base.Shortcut`` for the gcloud reads above."""
 
+    name = "Google Cloud REST API"
+
     def __init__(self, credentials: GcloudCredentials):
         self.credentials = credentials
         # Command lines whose read was not a success once: from then on, in
@@ -346,6 +352,15 @@ class GcloudShortcut:
 
     def stream(self, argv: list[str], env: dict[str, str], on_line: Callable[[str], None]) -> Ran | None:
         return None
+
+    def answers(self, argv: list[str], env: dict[str, str], streamed: bool) -> str | None:
+        """The command lines above (``parse``, ``FROM_HELPER``), none
+        streamed. Said from the line alone: in a run such a line still runs
+        as its gcloud process where the REST call fails (a bucket's NotFound
+        aside), or gcloud has a property not followed here."""
+        if streamed or argv[:1] != ["gcloud"] or (tuple(argv[1:]) not in FROM_HELPER and parse(argv) is None):
+            return None
+        return "Google Cloud REST API, a gcloud process only if it fails"
 
     def _read_renewing(self, call: Call, cred: Credentials, env: Mapping[str, str], timeout: float) -> Any:
         """The read; where the API refused the token (401), once more with a

@@ -7,7 +7,11 @@ Here, the local connector answers the ones it recognises through the client
 instead (``core.connector.base.Shortcut``): no process, no auth-plugin start
 per call (the client runs GKE's exec credential plugin once and refreshes
 its token when it expires), and what kubectl prints, with its exit code.
-``tests`` compare both answers against the fake API server. (The client
+The tests compare both answers against the fake API server: each write's
+cases (tests/test_kube_api_writes.py), and every form of these commands
+the dry runs' goldens hold (tests/test_in_process.py). The run's log says
+of each command answered here that no kubectl process ran; a dry run marks
+its line (``answers``). (The client
 runs GKE's exec credential plugin with this process's environment, of which
 the connector's is the stated part.) A client is made once per kubeconfig
 and context, and made again when the kubeconfig's bytes change, as kubectl
@@ -16,7 +20,8 @@ the context anew (a cluster made again: a new server and CA) is seen
 (``kubeconfig_stamp``). What it answers:
 
 - ``kubectl get ... --output=json`` (the plays' flags only): the API
-  server's JSON, a list as kubectl's ``List``.
+  server's JSON, a list as kubectl's ``List`` (``get a,b,c``: each kind
+  listed, in that order, in one ``List``, as kubectl prints them).
 - ``kubectl logs POD [--namespace NS] [-c C] [--tail=N] [--previous]``.
 - ``kubectl cordon NODE`` / ``uncordon NODE``: a strategic-merge PATCH of
   ``spec.unschedulable`` (``node/NODE cordoned``, or ``node/NODE already
@@ -34,6 +39,10 @@ the context anew (a cluster made again: a new server and CA) is seen
   ``modified`` (always ``modified`` with ``--overwrite``, as kubectl). A
   spec kubectl would refuse on its own (a bad key, value or effect, a taint
   added twice, added and removed at once) is not answered: kubectl says it.
+- ``kubectl label nodes -l SELECTOR KEY=VALUE --overwrite`` (a slice's
+  maintenance: started, or scheduled by chaos.maintenance): the nodes the
+  selector lists, each patched (``node/NODE labeled``, or ``not labeled``
+  where it has the label already), as kubectl label does.
 - ``kubectl delete pod NAME [--namespace NS] [--grace-period=N]
   [--timeout=Ns]``: a DELETE (background propagation, the grace period
   given), ``pod "NAME" deleted``, then, as kubectl's default ``--wait``,
@@ -89,7 +98,7 @@ IN_CLUSTER_ENV = "TPU_PLAYBOOKS_IN_CLUSTER"
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 # GKE's exec credential plugin (`gcloud container clusters get-credentials`).
 PLUGIN = "gke-gcloud-auth-plugin"
-ANSWERED = "get --output=json, logs, cordon, uncordon, taint nodes, delete pod"
+ANSWERED = "get --output=json, logs, cordon, uncordon, taint nodes, label nodes, delete pod"
 # Where the kubernetes client's Configuration keeps a bearer token (its
 # kube_config loader's key, read first by get_api_key_with_prefix).
 TOKEN_KEY = "BearerToken"
@@ -170,6 +179,8 @@ def parse_get(argv: list[str]) -> Get | None:
             g.refs.append((kind, name))
     elif len(words) <= 2 and "/" not in "".join(words) and words[0] in KINDS:
         g.refs.append((words[0], words[1] if len(words) == 2 else None))
+    elif len(words) == 1 and all(k in KINDS for k in words[0].split(",")):
+        g.refs += [(k, None) for k in words[0].split(",")]  # kubectl's `get a,b,c`: every one listed
     else:
         return None
     return g
@@ -301,7 +312,8 @@ def parse_write(argv: list[str]) -> Write | None:
 
 def _label_write(w: Write) -> bool:
     """``label nodes -l SELECTOR KEY=VALUE --overwrite``: the one form the
-    plays write (a slice's maintenance started: plays/slice_notice.py)."""
+    plays write (a slice's maintenance started: plays/slice_notice.py; its
+    time scheduled by chaos.maintenance: cloud/chaos_gke.py)."""
     if not w.selector or not w.overwrite or len(w.words) != 2 or w.words[0] not in ("node", "nodes", "no"):
         return False
     key, eq, value = w.words[1].partition("=")
@@ -382,10 +394,23 @@ class KubectlShortcut:
     """``base.Shortcut`` for `kubectl get -o json`, `kubectl logs` and the
     plays' node and pod writes (and, in the cluster, kubectl itself)."""
 
+    name = "kubernetes client"
+
     def __init__(self, credentials: GcloudCredentials | None = None) -> None:
         self._clients: dict[tuple[str, ...], Any] = {}
         self._lock = threading.Lock()
         self.credentials = credentials
+
+    def answers(self, argv: list[str], env: dict[str, str], streamed: bool) -> str | None:
+        """The command lines ``run`` answers (``parse_get``, ``parse_write``,
+        ``parse_logs``), none streamed; in the cluster, every kubectl."""
+        if argv[:1] != ["kubectl"]:
+            return None
+        if in_cluster(env):
+            return "kubernetes client in the cluster, which has no kubectl"
+        if streamed or (parse_get(argv) is None and parse_write(argv) is None and parse_logs(argv) is None):
+            return None
+        return "kubernetes client, no kubectl process"
 
     def _client(self, env: dict[str, str], context: str | None) -> Any:
         if in_cluster(env):
@@ -530,12 +555,12 @@ class KubectlShortcut:
     def _answer(self, api: Any, g: Get, timeout: float | None) -> str:
         query = [(k, v) for k, v in (("labelSelector", g.selector), ("fieldSelector", g.field_selector)) if v]
         found: list[dict] = []
-        if len(g.refs) == 1 and g.refs[0][1] is None:
-            kind = g.refs[0][0]
-            doc = json.loads(self._get(api, _path(kind, g.namespace, None), query, timeout))
-            items = [dict(i, apiVersion=i.get("apiVersion") or doc.get("apiVersion"),
-                          kind=i.get("kind") or KINDS[kind][3]) for i in doc.get("items") or []]
-            return _dump({"apiVersion": "v1", "items": items, "kind": "List", "metadata": {"resourceVersion": ""}})
+        if all(name is None for _, name in g.refs):  # lists, in the order asked, as one List
+            for kind, _ in g.refs:
+                doc = json.loads(self._get(api, _path(kind, g.namespace, None), query, timeout))
+                found += [dict(i, apiVersion=i.get("apiVersion") or doc.get("apiVersion"),
+                               kind=i.get("kind") or KINDS[kind][3]) for i in doc.get("items") or []]
+            return _dump({"apiVersion": "v1", "items": found, "kind": "List", "metadata": {"resourceVersion": ""}})
         for kind, name in g.refs:
             try:
                 found.append(json.loads(self._get(api, _path(kind, g.namespace, name), [], timeout)))
@@ -640,27 +665,10 @@ class KubectlShortcut:
             time.sleep(0.5)
 
     def _logs(self, argv: list[str], env: dict[str, str], timeout: float | None, start: float) -> Ran | None:
-        pod, namespace, container, tail, previous, context = None, "default", None, None, False, None
-        it = iter(argv[2:])
-        for a in it:
-            if a in ("--namespace", "-n"):
-                namespace = next(it, "")
-            elif a == "-c":
-                container = next(it, "")
-            elif a.startswith("--tail="):
-                tail = a.split("=", 1)[1]
-            elif a == "--previous":
-                previous = True
-            elif a.startswith("--context="):
-                context = a.split("=", 1)[1]
-            elif a.startswith("-") or pod is not None:
-                return None
-            else:
-                pod = a
-        if pod is None:
+        logs = parse_logs(argv)
+        if logs is None:
             return None
-        query = [(k, v) for k, v in (("container", container), ("tailLines", tail),
-                                     ("previous", "true" if previous else None)) if v]
+        pod, namespace, context, query = logs
         try:
             text = self._get(self._client(env, context), _path("pod", namespace, pod) + "/log", query, timeout)
             return Ran(0, text, "", time.monotonic() - start)
@@ -680,6 +688,36 @@ class KubectlShortcut:
         credentials could not be had), exit 1."""
         why = " ".join(str(e).split())[:500] or type(e).__name__
         return Ran(1, "", f"Unable to connect to the server: {type(e).__name__}: {why}\n", time.monotonic() - start)
+
+
+def parse_logs(argv: list[str]) -> tuple[str, str, str | None, list[tuple[str, str]]] | None:
+    """``kubectl logs POD [--namespace NS] [-c C] [--tail=N] [--previous]
+    [--context=X]``: (pod, namespace, context, the log's query); None for
+    anything else."""
+    if argv[:2] != ["kubectl", "logs"]:
+        return None
+    pod, namespace, container, tail, previous, context = None, "default", None, None, False, None
+    it = iter(argv[2:])
+    for a in it:
+        if a in ("--namespace", "-n"):
+            namespace = next(it, "")
+        elif a == "-c":
+            container = next(it, "")
+        elif a.startswith("--tail="):
+            tail = a.split("=", 1)[1]
+        elif a == "--previous":
+            previous = True
+        elif a.startswith("--context="):
+            context = a.split("=", 1)[1]
+        elif a.startswith("-") or pod is not None:
+            return None
+        else:
+            pod = a
+    if pod is None:
+        return None
+    query = [(k, v) for k, v in (("container", container), ("tailLines", tail),
+                                 ("previous", "true" if previous else None)) if v]
+    return pod, namespace, context, query
 
 
 def _not_answered(argv: list[str], start: float) -> Ran:

@@ -115,6 +115,15 @@ class RayJobLogs:
     CPU), the same lines and, after a followed log, the same closing line
     the CLI prints for the job's status."""
 
+    name = "Ray Jobs SDK"
+
+    def answers(self, argv: list[str], env: dict[str, str], streamed: bool) -> str | None:
+        """`ray job logs --address A ID`, and streamed with ``--follow``."""
+        parsed = self._parse(argv)
+        if parsed is None or (parsed[0] and not streamed):
+            return None
+        return "Ray Jobs SDK, no ray process"
+
     def _parse(self, argv: list[str]) -> tuple[bool, str, str] | None:
         if argv[:3] != ["ray", "job", "logs"]:
             return None

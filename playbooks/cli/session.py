@@ -377,7 +377,8 @@ def open_session(config, task: str, reporter: Reporter | None = None, read_only:
     retry = RetryPolicy(attempts=READ_ONLY_ATTEMPTS if read_only else RetryPolicy.attempts, is_transient=is_transient,
                         already_exists=already_exists)
     if mode is Mode.DRY:
-        runner = Runner(mode, retry=retry)  # no connector: nothing can start
+        # no connector: nothing can start; its lines say which commands would be answered in-process
+        runner = Runner(mode, retry=retry, in_process=connectors.in_process(env))
     else:
         logdir = paths.here(paths.run_logs(env.name, time.strftime('%Y%m%d-%H%M%S'), task))
         connectors.this_machine().make_dirs(str(logdir))

@@ -24,7 +24,7 @@ from playbooks.cli import doctor, task_steps
 from playbooks.cloud import capacity_options, env_cost, kube_objects, maintenance
 from playbooks.cloud import pods as P
 from playbooks.cloud.endpoints import dashboard
-from playbooks.cloud.gke import clusters_fact, kube, nodepool_name, nodepools_list_fact, raycluster_fact
+from playbooks.cloud.gke import clusters_fact, nodepool_name, nodepools_list_fact, objects_command, raycluster_fact
 from playbooks.cloud.slices import pods_fact
 from playbooks.config.choices import capacity_option
 from playbooks.config.schema import Environment
@@ -48,9 +48,9 @@ POOL_LABEL = P.NODEPOOL_LABEL
 
 
 def pool_nodes(c: Completed) -> dict[str, tuple[int, int]]:
-    """pool -> (ready nodes, nodes), from `kubectl get nodes -o json`."""
+    """pool -> (ready nodes, nodes), from the nodes of ``nodes_command``."""
     out: dict[str, list[int]] = {}
-    for n in fact_json(c).get("items") or []:
+    for n in P.gke_nodes(fact_json(c)):
         pool = ((n.get("metadata") or {}).get("labels") or {}).get(POOL_LABEL, "")
         ready = P.ready(n)
         counts = out.setdefault(pool, [0, 0])
@@ -65,8 +65,9 @@ def fact_json(c: Completed) -> Any:
 
 
 def nodes_command(env: Environment):
-    """The one node list status reads (the ready counts, the slices' ends)."""
-    return kube(env, "get", "nodes", "-l", POOL_LABEL, "--output=json")
+    """The one node list status reads (the ready counts, the slices' ends,
+    the cost): the read of every object of ours (``gke.objects_command``)."""
+    return objects_command(env)
 
 
 def tpu_nodes_step(env: Environment) -> Step:

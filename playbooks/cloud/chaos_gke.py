@@ -19,7 +19,7 @@ from playbooks.cloud.gke import kube
 from playbooks.cloud.slice_ends import MAINTENANCE_LABEL
 from playbooks.config import tutorial as T
 from playbooks.config.schema import Environment
-from playbooks.core.command import Command, placeholder
+from playbooks.core.command import Command, placeholder, shown
 from playbooks.core.errors import ProbeFailed
 from playbooks.core.facts import ABSENT, Action, Completed, Fact
 
@@ -162,7 +162,12 @@ class GkeWorkers:
             if r.rc != 0:
                 raise RuntimeError(f"{' '.join(argv)}: exit {r.rc}: {r.stderr.strip()[-200:]}")
 
-        return (Action(command.line() + f"  # POOL: pod {pod}'s node pool; AT: now + {in_s:g} s", go), scheduled)
+        # go() runs the label through the connector: say, as a dry run says of a command, what answers it
+        words = connectors.connector(self.env).in_process(kube(
+            self.env, "label", "nodes", "-l", f"{P.NODEPOOL_LABEL}=pool", f"{MAINTENANCE_LABEL}=0", "--overwrite").argv)
+        said = shown(f"  # POOL: pod {pod}'s node pool; AT: now + {in_s:g} s") + (f"  # in-process: {words}"
+                                                                                   if words else "")
+        return (Action(command.line() + said, go), scheduled)
 
     def restorer(self) -> None:
         """KubeRay recreates a deleted pod itself: nothing to bring back."""

@@ -41,7 +41,7 @@ from typing import Any
 from playbooks.access.cli_clients import NO_ACCOUNT_WORDS, fact, json_object
 from playbooks.cloud import capacity_options, prices
 from playbooks.cloud import pods as P
-from playbooks.cloud.gke import clusters_fact, kube, seconds
+from playbooks.cloud.gke import clusters_fact, objects_command, seconds
 from playbooks.config.schema import CLUSTER_FEE, DEFAULT_POOL, Environment
 from playbooks.config.tpu import of_machine_type
 from playbooks.core.errors import ProbeFailed
@@ -115,9 +115,9 @@ class EnvCost:
 # -- reading what exists ----------------------------------------------------------------------------
 def node_times(c: Completed) -> dict[str, list[float | None]]:
     """pool -> its nodes' creation times (seconds since the epoch; None
-    where a node's is not a time), from `kubectl get nodes -o json`."""
+    where a node's is not a time), from the nodes of ``gke.objects_command``."""
     out: dict[str, list[float | None]] = {}
-    for n in json_object("nodes")(c).get("items") or []:
+    for n in P.gke_nodes(json_object("nodes")(c)):
         md = n.get("metadata") or {}
         pool = (md.get("labels") or {}).get(POOL_LABEL)
         if pool:
@@ -127,7 +127,7 @@ def node_times(c: Completed) -> dict[str, list[float | None]]:
 
 def nodes_fact(env: Environment) -> Fact:
     """Every node of a pool (the same command as status's TPU nodes: one call)."""
-    return fact("nodes", kube(env, "get", "nodes", "-l", POOL_LABEL, "--output=json"), node_times, assumed={},
+    return fact("nodes", objects_command(env), node_times, assumed={},
                 describe=lambda d: ", ".join(f"{p} {len(ts)}" for p, ts in sorted(d.items())) or "none")
 
 

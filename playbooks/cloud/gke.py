@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import re
+from collections.abc import Callable
 from typing import Any
 
 from playbooks.access.cli_clients import by_name, fact, gcloud, gcs_describe, json_list, kube_list, kube_object, kubectl
@@ -105,6 +106,14 @@ def _describe_network(n: Any) -> str:
 STRICT_COMPUTE_LISTS = (("CLOUDSDK_COMPUTE_ALLOW_PARTIAL_ERROR", "false"),)
 
 
+def services_command(env: Environment) -> Command:
+    """The project's enabled APIs (prereqs' look, and where storage's
+    binding finds the project's number: Service Usage names a project by
+    its number, ``parent``: ``projects/123``,
+    https://cloud.google.com/service-usage/docs/reference/rest/v1/services#Service)."""
+    return gcloud("services", "list", "--enabled", "--format=json", project=env.project_id)
+
+
 def machine_types_fact(env: Environment) -> Fact:
     """Every zone that offers the machine type (an aggregated list: all of
     them, so the others can be named)."""
@@ -138,9 +147,12 @@ def workload_policy_fact(env: Environment) -> Fact:
                                    f"{(p.get('workloadPolicy') or {}).get('acceleratorTopology', '?')})")
 
 
+def _clusters_list(env: Environment) -> Command:
+    return gcloud("container", "clusters", "list", "--format=json", project=env.project_id)
+
+
 def clusters_fact(env: Environment) -> Fact:
-    return fact(f"cluster {env.cluster_name}",
-                gcloud("container", "clusters", "list", "--format=json", project=env.project_id),
+    return fact(f"cluster {env.cluster_name}", _clusters_list(env),
                 json_list(by_name(env.cluster_name)),
                 describe=lambda c: f"present ({c.get('status')}, {c.get('location')}"
                                    f"{', autopilot' if (c.get('autopilot') or {}).get('enabled') else ''})")
@@ -152,18 +164,27 @@ def running_cluster(env: Environment) -> dict:
     return {"name": env.cluster_name, "status": "RUNNING", "location": location(env)}
 
 
-def _nodepools_list(env: Environment) -> Command:
-    return gcloud("container", "node-pools", "list", f"--cluster={env.cluster_name}", f"--location={location(env)}",
-                  "--format=json", project=env.project_id)
+def _cluster_pools(env: Environment, then: Callable[[list], Any] | None = None) -> Callable[[list], Any]:
+    """The node pools of the environment's cluster, from `clusters list`:
+    GKE's Cluster resource holds its node pools (``nodePools``, each the
+    NodePool `node-pools list` gives: https://cloud.google.com/kubernetes-engine/docs/reference/rest/v1/projects.locations.clusters#Cluster).
+    No cluster of that name and location: no pools."""
+    def select(items: list) -> Any:
+        c = next((c for c in items if c.get("name") == env.cluster_name and c.get("location") == location(env)), None)
+        pools = list((c or {}).get("nodePools") or [])
+        return then(pools) if then else pools
+    return select
 
 
 def nodepools_list_fact(env: Environment) -> Fact:
-    """Every node pool of the cluster (the same list call as each pool's fact)."""
-    return fact("node pools", _nodepools_list(env), json_list(), assumed=[], describe=_names)
+    """Every node pool of the cluster: read from `clusters list` (the
+    cluster's fact's call, one process for both where every command is its
+    process), as each pool's fact."""
+    return fact("node pools", _clusters_list(env), json_list(_cluster_pools(env)), assumed=[], describe=_names)
 
 
 def nodepools_fact(env: Environment, name: str) -> Fact:
-    return fact(f"node pool {name}", _nodepools_list(env), json_list(by_name(name)),
+    return fact(f"node pool {name}", _clusters_list(env), json_list(_cluster_pools(env, by_name(name))),
                 describe=lambda p: f"present ({p.get('status')}, "
                                    f"{(p.get('placementPolicy') or {}).get('tpuTopology', '?')}, "
                                    f"{p.get('initialNodeCount', '?')} nodes)")
@@ -183,11 +204,23 @@ def bucket_fact(env: Environment):
                                                 if b.get("location") else ""))
 
 
-def namespace_objects(env: Environment) -> list[tuple[str, str]]:
-    """The objects of ours in the environment's namespace, read by one
-    `kubectl get` (one process, one auth-plugin call, for all of them)."""
-    claim = [("resourceclaimtemplate", env.cluster_mode.netdev_claim)] if netdev_claim(env) else []
-    return [("serviceaccount", env.ksa_name), *claim, ("raycluster", T.RAYCLUSTER_NAME)]
+def objects_command(env: Environment) -> Command:
+    """The one `kubectl get` of every Kubernetes object the plays and
+    `invoke status` look at: the service accounts, DRANET claim templates
+    (where the workers claim NICs) and RayClusters of the environment's
+    namespace, its pods and the cluster's nodes, as one List. One process
+    and one auth-plugin call for all of them where every command is its
+    process (a controller); each fact picks its objects from it (``listed``).
+    Lists, not names: kubectl takes names (`KIND/NAME`) or kinds, never both
+    in one call, and one label selector for every kind."""
+    claim = ["resourceclaimtemplates"] if netdev_claim(env) else []
+    kinds = ",".join(["serviceaccounts", *claim, "rayclusters", "pods", "nodes"])
+    return kube(env, "get", kinds, "--namespace", env.namespace, "--output=json")
+
+
+def listed(doc: Any, kind: str) -> list[dict]:
+    """The objects of ``kind`` (kubectl's ``kind``: Pod, Node) in a List."""
+    return [i for i in (doc or {}).get("items") or [] if isinstance(i, dict) and i.get("kind") == kind]
 
 
 def netdev_claim(env: Environment) -> bool:
@@ -203,17 +236,15 @@ _KINDS = {"serviceaccount": "ServiceAccount", "resourceclaimtemplate": "Resource
 
 
 def kube_get(env: Environment, kind: str, name: str, namespace: str | None = None) -> Fact:
-    if namespace == env.namespace and (kind, name) in namespace_objects(env):
-        refs = [f"{k}/{n}" for k, n in namespace_objects(env)]
-        c = kube(env, "get", *refs, "--namespace", namespace, "--ignore-not-found", "--output=json")
+    """One object: of a kind `objects_command` lists in the environment's
+    namespace, picked from that read; else its own `kubectl get`."""
+    listed_kinds = {"serviceaccount", "raycluster", *(("resourceclaimtemplate",) if netdev_claim(env) else ())}
+    if namespace == env.namespace and kind in listed_kinds:
+        def select(doc: Any) -> Any:
+            return next((it for it in listed(doc, _KINDS[kind]) if (it.get("metadata") or {}).get("name") == name),
+                        ABSENT)
 
-        def select(items: Any) -> Any:
-            for it in (items or {}).get("items") or []:
-                if it.get("kind") == _KINDS[kind] and (it.get("metadata") or {}).get("name") == name:
-                    return it
-            return ABSENT
-
-        return fact(f"{kind} {name}", c, kube_list(select), describe=lambda o: "present")
+        return fact(f"{kind} {name}", objects_command(env), kube_list(select), describe=lambda o: "present")
     args = ["get", kind, name]
     if namespace:
         args += ["--namespace", namespace]

@@ -6,7 +6,9 @@ the RayCluster's pods and read one node.
 The times Kubernetes writes (RFC 3339) are read by ``gke.seconds``."""
 from __future__ import annotations
 
-from playbooks.cloud.gke import kube
+from typing import Any
+
+from playbooks.cloud.gke import kube, listed
 from playbooks.config import tutorial as T
 from playbooks.config.schema import Environment
 from playbooks.core.command import Command
@@ -76,6 +78,18 @@ def failing(pod: dict) -> bool:
     disrupted = conditions(pod).get("DisruptionTarget")
     return bool((pod.get("metadata") or {}).get("deletionTimestamp") or st.get("phase") == "Failed"
                 or (disrupted and disrupted.get("status") == "True"))
+
+
+def of_raycluster(doc: Any) -> list[dict]:
+    """The RayCluster's pods in a List of ``gke.objects_command`` (what
+    ``list_args``' label selector selects)."""
+    return [p for p in listed(doc, "Pod") if labels(p).get("ray.io/cluster") == T.RAYCLUSTER_NAME]
+
+
+def gke_nodes(doc: Any) -> list[dict]:
+    """The nodes GKE labels with their node pool, in a List of
+    ``gke.objects_command`` (what ``-l cloud.google.com/gke-nodepool`` selects)."""
+    return [n for n in listed(doc, "Node") if NODEPOOL_LABEL in labels(n)]
 
 
 def list_args(env: Environment) -> tuple[str, ...]:

@@ -14,21 +14,23 @@ on the last; each SKU has ``description``, ``category.usageType``,
 token is accepted in place of an API key (the discovery document: ``key``
 is "Required unless you provide an OAuth 2.0 token").
 
-Which SKUs: TPU v5e, v5p and v6e are in the Compute Engine service
-(6F81-5844-456A), priced per chip-hour, one SKU per option and region
-(SkyPilot's sky/catalog/data_fetchers/fetch_gcp.py matches 'TpuV6e' and
-'Preemptible' there; live descriptions read "TpuV6e running in Columbus",
-"TpuV6e attached to Spot Preemptible VMs running in Columbus", "DWS Defined
-Duration V6e running in Columbus"). On-demand, flex-start, Calendar mode
-and a "Capacity Optimized" SKU are all usageType OnDemand, so each option
-is matched by its description from its start, and the region by
-``serviceRegions`` (descriptions name cities). Commitments and Calendar
-mode are not capacity options of this project; a reservation is priced as
-the inventory says (``prices.reservation``: it is often prepaid).
+Which SKUs: TPU v5e, v5p, v6e and TPU7x are in the Compute Engine service
+(6F81-5844-456A), one SKU per option and region (or one for several:
+``serviceRegions``). On-demand, flex-start, Calendar mode and a "Capacity
+Optimized" SKU are all usageType OnDemand, so each option is matched by its
+description from its start (and its usageType), the region by
+``serviceRegions`` (descriptions name cities). Each generation's patterns
+are its record's (``config/tpu.py``), each with the catalog answer it was
+checked against (docs/tpu-generations.md, [S26]-[S28]); an option whose
+known SKU does not say what its hour is of (TPU7x's) is the record's
+``unpriced``, said in the price line. Commitments and Calendar mode are not
+capacity options of this project; a reservation is priced as the inventory
+says (``prices.reservation``: it is often prepaid).
 
-Each generation's SKU patterns are its record's (``config/tpu.py``): v6e's
-were read live; v5e's and v5p's are modelled on them and unverified, so a
-description that differs is "no price", never a wrong one; TPU7x has none.
+A Spot price never goes missing in silence: a SKU of the generation (its
+record's ``sku_family``) that is Spot by its usageType (Preemptible) or its
+words (Spot, Preemptible) but that no pattern takes is a problem named in
+one line, and the spot price line gives it as the reason there is none.
 """
 from __future__ import annotations
 
@@ -199,14 +201,37 @@ def option_of(sku: Any, gen: Generation = V6E) -> str | None:
     return None
 
 
+SPOT_WORDS = re.compile(r"\b(Spot|Preemptible)\b", re.I)
+
+
+def unmatched_spot(sku: Any, gen: Generation) -> str | None:
+    """Why a SKU no pattern took is a Spot price of ``gen`` gone missing: its
+    description names the generation and it is Spot by its usageType or its
+    words (None: it is not, or the record has no spot pattern to miss)."""
+    spot = gen.spot_sku()
+    if (spot is None or not isinstance(sku, dict) or not isinstance(sku.get("description"), str)
+            or option_of(sku, gen) is not None):
+        return None
+    desc = sku["description"]
+    usage = (sku.get("category") or {}).get("usageType") if isinstance(sku.get("category"), dict) else None
+    if not re.search(gen.sku_family, desc, re.I) or not (usage == spot[1] or SPOT_WORDS.search(desc)):
+        return None
+    return (f"SKU {sku.get('skuId', '?')} ({desc[:80]}, usageType {usage}) is a {gen.name} spot SKU by its "
+            f"{'usageType' if usage == spot[1] else 'words'}, but no pattern of the {gen.name} record "
+            f"(config/tpu.py) takes it: its price is not read")
+
+
 def add_rates(catalog: Catalog, page: list) -> None:
     """The generation's SKUs of a page into the catalog's rates; a matching
     SKU that is not what the API documents is a problem of its own (that
-    option and region stay without a price)."""
+    option and region stay without a price), and so is a Spot SKU of the
+    generation no pattern takes (``unmatched_spot``)."""
     gen = GENERATIONS_BY_NAME[catalog.tpu]
     for sku in page:
         option = option_of(sku, gen)
         if option is None:
+            if (missed := unmatched_spot(sku, gen)) is not None:
+                catalog.problems.append(missed)
             continue
         regions = sku.get("serviceRegions")
         where = f"SKU {sku.get('skuId', '?')} ({sku['description'][:80]})"
@@ -382,6 +407,9 @@ def price(env: Environment, option: str, catalog: Catalog | str | None) -> Price
         return Price(option, None, why="a reservation is priced as the inventory says: set prices.reservation "
                                        "(0 when it is prepaid)")
     gen = generation(env)
+    if option in gen.unpriced:
+        return Price(option, None, why=f"{gen.title}'s {option} SKU is not priced here: {gen.unpriced[option]}: "
+                                       f"set prices.{option}")
     if option not in gen.skus:
         return Price(option, None, why=f"no Cloud Billing Catalog SKU of {gen.title} {option} is known: set "
                                        f"prices.{option}")
@@ -391,7 +419,8 @@ def price(env: Environment, option: str, catalog: Catalog | str | None) -> Price
     if (two := catalog.unpriced.get(option, {}).get(env.region)) is not None:
         return Price(option, None, why=f"the Cloud Billing Catalog ({catalog.date}) lists {two}: set prices.{option}")
     if rate is None:
-        more = f"; {catalog.problems[0]}" if catalog.problems else ""
+        ours = [p for p in catalog.problems if f"{catalog.tpu} {option} SKU" in p]
+        more = f"; {(ours or catalog.problems)[0]}" if catalog.problems else ""
         return Price(option, None, why=f"the Cloud Billing Catalog ({catalog.date}) has no {catalog.tpu} {option} "
                                        f"SKU in {env.region}{more}")
     return Price(option, rate, f"Cloud Billing Catalog {catalog.date}")

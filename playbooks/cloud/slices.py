@@ -33,6 +33,7 @@ from typing import Any
 from playbooks.access.cli_clients import fact, json_object
 from playbooks.access.ray_api import alive, labels
 from playbooks.cloud import pods as P
+from playbooks.cloud.gke import objects_command
 from playbooks.config import tutorial as T
 from playbooks.config.schema import Environment
 from playbooks.core.facts import ABSENT, Completed, Fact
@@ -158,11 +159,12 @@ def from_pods(env: Environment, pods: list[dict]) -> Slices:
 
 
 def pods_fact(env: Environment) -> Fact:
-    """The RayCluster's pods (its head and workers), read as Slices."""
-    command = P.list_command(env)
+    """The RayCluster's pods (its head and workers), read as Slices: from
+    the one read of the namespace's objects (``gke.objects_command``)."""
+    command = objects_command(env)
 
     def parse(c: Completed) -> Slices:
-        return from_pods(env, json_object("TPU slices")(c).get("items") or [])
+        return from_pods(env, P.of_raycluster(json_object("TPU slices")(c)))
 
     return fact("TPU slices", command, parse, assumed=every(env), describe=lambda s: s.text(env.min_slices))
 

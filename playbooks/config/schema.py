@@ -37,6 +37,8 @@ from playbooks.config.tpu import (
     machine_topology_problem,
     machine_type_list,
     of_machine_type,
+    ray_hosts_problem,
+    ray_topology_problem,
     topology_problem,
 )
 from playbooks.config.versions import default_ray_image
@@ -276,8 +278,13 @@ def gke_tpu(v: str, env: Mapping) -> str | None:
 
 
 def gke_topology(v: str, env: Mapping) -> str | None:
-    gen = generation(env)
-    return topology_problem(v, gen) or machine_topology_problem(v, gen, env["machine_type"])
+    """A slice shape GKE allows for the machine type (tpu.py's record) and
+    that Ray can take: a shape GKE allows and Ray cannot is refused naming
+    Ray's limit."""
+    gen, mt = generation(env), env["machine_type"]
+    vm = gen.machine_types.get(mt)
+    return (topology_problem(v, gen) or machine_topology_problem(v, gen, mt) or ray_topology_problem(v, gen)
+            or (vm and ray_hosts_problem(v, gen, vm.chips, f"on machine type {mt!r} is")) or None)
 
 
 def offered_capacity(v: str | list, env: Mapping) -> str | None:
@@ -535,7 +542,8 @@ def local_ports(v: int, env: Mapping) -> str | None:
 
 def local_topology(v: str, env: Mapping) -> str | None:
     # Ray's TPU support knows the real slice shapes of each generation only.
-    return topology_problem(v, generation(env))
+    gen = generation(env)
+    return topology_problem(v, gen) or ray_topology_problem(v, gen)
 
 
 def local_tpu(v: str, env: Mapping) -> str | None:
@@ -551,7 +559,7 @@ def chips_per_host(v: int, env: Mapping) -> str | None:
                 f"{', '.join(gen.machine_types)})")
     if chips(top) % v:
         return f"does not divide the {chips(top)} chips of {gen.name} topology {top!r}"
-    return None
+    return ray_hosts_problem(top, gen, v, f"makes {gen.name} topology {top!r}")
 
 
 def overrides(v: Mapping, env: Mapping) -> str | Entry | None:

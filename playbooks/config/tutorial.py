@@ -27,9 +27,12 @@ CLUSTER_VERSION = "1.35.2-gke.1842000"
 # §4 TPU node pools
 TPU_NODE_LABEL = "cloud.google.com/gke-networking-dra-driver=true"
 TPU_SCOPES = "https://www.googleapis.com/auth/cloud-platform"
-# The tutorial's v6e values (--threads-per-core=1, the machine types and
-# topologies, tpu-v6e-slice, TPU-V6E) are its record in tpu.py, beside the
-# other generations'.
+# The tutorial's v6e values are its record in tpu.py, beside the other
+# generations': --threads-per-core=1 is the tutorial's own, in its
+# node-pools create on ct6e-standard-4t (its source,
+# ../shared/seeds/000_be27905aeb5332c0.txt line 111: [S29] of
+# docs/tpu-generations.md); the machine types and topologies, tpu-v6e-slice
+# and TPU-V6E are the record's, each with its source.
 
 # §5 Storage and identity
 BUCKET_STORAGE_CLASS = "STANDARD"

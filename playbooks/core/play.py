@@ -151,7 +151,7 @@ def watch(ctx: StepContext, step: Step, fact: Fact, check: Callable[[Any], str |
     at once. Printed, not run, in a dry run; skipped in check mode."""
     shown = fact.line() + (f"  (until {what})" if what else "")
     if ctx.mode is Mode.DRY:
-        ctx.log.emit(label, shown)
+        ctx.log.emit(label, shown + ctx.runner.in_process_mark(fact.command))
         return None
     if ctx.mode is Mode.CHECK:
         return None

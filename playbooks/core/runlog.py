@@ -30,8 +30,12 @@ class RunLog:
             n = self._n
         return self.folder / f"{n:03d}-{file_name(label)}.log"
 
-    def command(self, label: str, c: Completed, where: str) -> None:
-        self._next(label).write_text(f"$ {c.line}\n# on {where}; exit {c.rc} after {c.seconds:.1f}s\n"
+    def command(self, label: str, c: Completed, where: str, by: str = "", program: str = "") -> None:
+        """A command's file. ``by``: what answered it in-process instead of
+        its process (``Ran.by``), said on the second line, which then
+        says no ``program`` process ran for it."""
+        how = f", answered in-process by the {by}: no {program or 'command'} process ran" if by else ""
+        self._next(label).write_text(f"$ {c.line}\n# on {where}{how}; exit {c.rc} after {c.seconds:.1f}s\n"
                                      f"--- stdout\n{c.stdout}\n--- stderr\n{c.stderr}\n")
 
     def fact(self, label: str, line: str, where: str, seconds: float, answer: str) -> None:

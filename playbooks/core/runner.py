@@ -13,7 +13,10 @@ declared facts, for tests. The facts themselves are in ``facts.py``.
 Commands run through the Runner's connector (this machine, or a controller
 host), one marked ``here`` through this machine's: pipes and stdin files
 are fed by the Runner, never a shell of ours; each command and in-process
-fact is written to the run's log (``runlog.py``).
+fact is written to the run's log (``runlog.py``), a command that the
+connector answered in-process (``Ran.by``) marked so there. A dry run marks
+the lines of the commands the connector would answer in-process
+(``in_process_mark``).
 """
 from __future__ import annotations
 
@@ -27,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import fixtures
-from .command import Command
+from .command import PLACEHOLDER, Command
 from .connector import Connector
 from .errors import CommandFailed, PlaybookError
 from .facts import Action, Completed, Fact
@@ -121,8 +124,13 @@ class Runner:
         here: Connector | None = None,
         log: RunLog | None = None,
         stale: Callable[[Command | Action, Fact], bool] | None = None,
+        in_process: Callable[[Command, bool], str | None] | None = None,
     ):
+        """``in_process``: for a dry run, which has no connector, what the
+        connector of a command would answer it with in-process instead of
+        its process (``Connector.in_process``; the bool: streamed)."""
         self.mode = Mode(mode)
+        self.in_process = in_process
         self.connector = connector
         self.here = here or connector
         self.log = log
@@ -163,7 +171,7 @@ class Runner:
                 raw, note = self._answer(fact, log, step, first=first)
                 self._cache[key], self._facts[key] = raw, fact
         value = self._parse(fact, raw)
-        line = f"{fact.line()}  => {fact.summary(value)}{note}"
+        line = f"{fact.line()}  => {fact.summary(value)}{note}{self.in_process_mark(fact.command)}"
         if not (cached and f"  {label:<7}{line}" in log.lines):  # one list call, two facts: said once
             log.emit(label, line)
         return value
@@ -252,8 +260,25 @@ class Runner:
     def _logged(self, label: str, command: Command, where: Connector, r: Any) -> Completed:
         c = Completed(command.line(), r.rc, r.stdout, r.stderr, r.seconds)
         if self.log is not None:
-            self.log.command(label or command.program, c, where.name)
+            self.log.command(label or command.program, c, where.name, by=getattr(r, "by", ""),
+                             program=command.program)
         return c
+
+    def in_process_mark(self, command: Command | None, streamed: bool = False) -> str:
+        """A dry run's mark on the line of a command its connector would
+        answer in-process, not as its process (``  # in-process: WORDS``,
+        the connector's words): its stdin, pipe and working folder empty,
+        as a connector offers it; a value a probe would look up (a
+        ``${NAME}``) taken as a plain name, as the run would give one. ""
+        otherwise, and in every other mode (the run's log says what
+        answered each command that ran)."""
+        if self.mode is not Mode.DRY or self.declared is not None or self.in_process is None or command is None:
+            return ""
+        if command.pipe_from is not None or command.stdin_file is not None or command.cwd or command.background:
+            return ""
+        named = dataclasses.replace(command, argv=tuple(PLACEHOLDER.sub("x1", a) for a in command.argv))
+        words = self.in_process(named, streamed)
+        return f"  # in-process: {words}" if words else ""
 
     def _run(self, command: Command, label: str = "") -> Completed:
         """Run a command to its end: its pipe's first command, then this one
@@ -370,7 +395,7 @@ class Runner:
                 self.changed(what)
                 self._start(what)
             return None
-        log.emit("apply", what.line())
+        log.emit("apply", what.line() + self.in_process_mark(what))
         if not self.acting:
             return None
         self.changed(what)
@@ -381,7 +406,7 @@ class Runner:
 
     def stream(self, command: Command, log: StepLog, step: str, on_line: Callable[[str], None]) -> Completed | None:
         self._record(command)
-        log.emit("apply", command.line())
+        log.emit("apply", command.line() + self.in_process_mark(command, streamed=True))
         if not self.acting:
             return None
         self.changed(command)

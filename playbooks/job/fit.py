@@ -531,6 +531,7 @@ def _fix(env: Environment, job: Job, full_fits: bool) -> str:
     said = f"{worst.total:.2f} GiB, {worst.words()}"
     proof = "`invoke preflight` with the same flags compiles it (the proof)"
     if a.slices is None:
-        return f"Estimated to fit ({said}): {ready_command(env, job, a.extra)}; {proof}{without}"
+        lead = "Estimated to fit" if worst.verdict == "fits" else "The first change not a misfit by estimate"
+        return f"{lead} ({said}): {ready_command(env, job, a.extra)}; {proof}{without}"
     return (f"No change of settings fits by estimate; {a.slices} slices do ({said}): set `slices: {a.slices}` for "
             f"{env.name} in the inventory, then {ready_command(env, job, a.extra)}; {proof}{without}")

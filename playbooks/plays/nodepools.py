@@ -46,6 +46,9 @@ def create_command(env: Environment, name: str, option: str):
     policy instead (--placement-policy); a machine type without the two DCN
     NICs gets no additional networks (tpu.dcn_networks)."""
     gen = generation(env)
+    # --threads-per-core=1 is the tutorial's own flag (its node-pools create on
+    # ct6e-standard-4t: docs/tpu-generations.md [S29]); the record says where
+    # else it is passed and that there it is unverified.
     threads = [f"--threads-per-core={gen.threads_per_core}"] if gen.threads_per_core else []
     if needs_workload_policy(env):
         topology = [f"--placement-policy={workload_policy_name(env)}"]

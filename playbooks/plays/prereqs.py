@@ -6,6 +6,7 @@ from typing import Any
 
 from playbooks.access.cli_clients import fact, gcloud, json_list, json_object
 from playbooks.cloud import prices
+from playbooks.cloud.gke import services_command
 from playbooks.config import tutorial as T
 from playbooks.config.schema import Environment
 from playbooks.core.step import Step, Verify, change, ok
@@ -30,7 +31,7 @@ def services(env: Environment) -> tuple[str, ...]:
 
 def services_fact(env: Environment):
     return fact("enabled services",
-                gcloud("services", "list", "--enabled", "--format=json", project=env.project_id),
+                services_command(env),
                 json_list(_enabled_services), assumed=set(),
                 describe=lambda s: "enabled: " + (", ".join(x for x in services(env) if x in s)
                                                   or "none of the needed"))

@@ -29,7 +29,7 @@ from playbooks.access.cli_clients import fact, json_object
 from playbooks.cloud import pods as P
 from playbooks.cloud import slice_ends
 from playbooks.cloud.capacity_options import LABEL as CAPACITY_LABEL
-from playbooks.cloud.gke import kube, nodepool_name, nodepools_list_fact
+from playbooks.cloud.gke import kube, nodepool_name, nodepools_list_fact, objects_command
 from playbooks.cloud.kube_objects import kubectl_json
 from playbooks.config import host_notice
 from playbooks.config.schema import Environment
@@ -109,8 +109,9 @@ def ends_step(env: Environment, play: str, sid: str) -> Step:
     before it submits: how long each slice has left); read from the node
     list status's nodes row reads (one kubectl call)."""
     pools = [nodepool_name(env, i) for i in range(env.slices)]
-    probe = fact("TPU nodes' maintenance", kube(env, "get", "nodes", "-l", P.NODEPOOL_LABEL, "--output=json"),
-                 lambda c: slice_ends.nodes_by_pool(json_object("TPU nodes")(c), P.NODEPOOL_LABEL),
+    probe = fact("TPU nodes' maintenance", objects_command(env),
+                 lambda c: slice_ends.nodes_by_pool({"items": P.gke_nodes(json_object("TPU nodes")(c))},
+                                                    P.NODEPOOL_LABEL),
                  assumed={p: [slice_ends.Node(f"{p}-node-{h}") for h in range(env.hosts_per_slice)] for p in pools},
                  describe=lambda d: ", ".join(f"{p} {len(n)} node(s)" for p, n in sorted(d.items())) or "none")
     pools_probe = nodepools_list_fact(env)

@@ -8,15 +8,17 @@ writes the run's storage there)."""
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any
 
-from playbooks.access.cli_clients import fact, gcloud, json_object, text_value
+from playbooks.access.cli_clients import fact, gcloud, json_list, json_object, text_value
 from playbooks.cloud import manifests
-from playbooks.cloud.gke import bucket_fact, kube, kube_get
+from playbooks.cloud.gke import bucket_fact, kube, kube_get, services_command
 from playbooks.config import tutorial as T
 from playbooks.config.schema import Environment
 from playbooks.core.command import Command, placeholder
-from playbooks.core.facts import ABSENT
+from playbooks.core.errors import ProbeFailed
+from playbooks.core.facts import ABSENT, Completed
 from playbooks.core.step import Step, Verify, change, drift, ok
 
 PLAY = "storage"
@@ -26,6 +28,21 @@ def project_number_fact(env: Environment):
     c = gcloud("projects", "describe", env.project_id, "--format=value(projectNumber)")
     c = dataclasses.replace(c, binds="PROJECT_NUMBER")
     return fact("project number", c, text_value(), assumed=placeholder("PROJECT_NUMBER"))
+
+
+def listed_number_fact(env: Environment):
+    """The project's number as its enabled services name it (``parent``:
+    ``projects/123``): from prereqs' look at them, the same command, so no
+    call of its own. Said only by a list that names one number."""
+    def parse(c: Completed) -> str:
+        numbers = {str(s.get("parent", "")) for s in json_list(what="project number")(c) if isinstance(s, dict)}
+        found = [n.split("/", 1)[1] for n in numbers if re.fullmatch(r"projects/\d+", n)]
+        if len(found) != 1 or len(numbers) != 1:
+            raise ProbeFailed("project number", c.line, c.rc, c.stdout, c.stderr,
+                              why=f"the enabled services name no one project number ({sorted(numbers) or 'none'})")
+        return found[0]
+
+    return fact("project number", services_command(env), parse, assumed=placeholder("PROJECT_NUMBER"))
 
 
 def bucket_policy_fact(env: Environment):
@@ -100,17 +117,23 @@ def binding_step(env: Environment, account: str | None = None) -> Step:
     """The tutorial's binding of ``ksa_name``, or (``account``) the same
     command for the head's own account, after the first (both change the
     bucket's one IAM policy)."""
-    number = project_number_fact(env)
+    number, listed = project_number_fact(env), listed_number_fact(env)
     policy = bucket_policy_fact(env)
     sa = account or env.ksa_name
     who, subject = f"{env.namespace}/{sa}", f"/subject/ns/{env.namespace}/sa/{sa}"
 
     def decide(look):
-        member = principal(env, look(number), sa)
-        if has_member(look(policy), T.BUCKET_ROLE, member):
+        # The member's number from the enabled services prereqs read; the
+        # tutorial's `gcloud projects describe` only when they cannot say it,
+        # and for the grant's command line (PROJECT_NUMBER, as the tutorial).
+        try:
+            known = look(listed)
+        except ProbeFailed:
+            known = look(number)
+        if has_member(look(policy), T.BUCKET_ROLE, principal(env, known, sa)):
             return ok(f"{T.BUCKET_ROLE} already granted to {who}")
         return change(gcloud("storage", "buckets", "add-iam-policy-binding", f"gs://{env.gs_bucket}",
-                             "--member", member, "--role", T.BUCKET_ROLE),
+                             "--member", principal(env, look(number), sa), "--role", T.BUCKET_ROLE),
                       reason=f"granted {T.BUCKET_ROLE} to {who}")
 
     def granted(p):
@@ -126,7 +149,7 @@ def binding_step(env: Environment, account: str | None = None) -> Step:
     if account is not None:
         name, sid, after = f"{name} of the head's {account}", "storage:head-binding", (*after, "storage:binding")
     return Step(PLAY, name, decide, id=sid, after=after, verify=Verify(policy, granted, timeout=60, interval=5),
-                probes=(number,))
+                probes=(listed,))
 
 
 def steps(env: Environment) -> list[Step]:

@@ -21,7 +21,11 @@ endpoint exchanges for the same access token. HTTP(S)_PROXY points at a sink on
 to a real Google host fails fast and is seen (``Cloud.stray``).
 
 ``cloud_session`` is a module-scoped pytest fixture; ``cloud`` gives each
-test empty fakes and a new kubeconfig.
+test empty fakes and a new kubeconfig. With pytest's ``--processes-only``
+(tests/conftest.py) every process it starts has
+TPU_PLAYBOOKS_PROCESSES_ONLY=1 (``Cloud.processes_only``): the plays' gcloud
+and kubectl commands all run as the real processes, none is answered by the
+connector in-process (``playbooks/access/gcp_api.py``, ``kube_api.py``).
 """
 from __future__ import annotations
 
@@ -185,6 +189,9 @@ class Cloud:
     inventory_path: Path
     clients: Path = field(init=False)
     runs: list[Run] = field(default_factory=list)
+    # pytest --processes-only (tests/conftest.py): every client process, script and `invoke` run of the test
+    # is given TPU_PLAYBOOKS_PROCESSES_ONLY=1, so no gcloud or kubectl command is answered in-process.
+    processes_only: bool = False
 
     def __post_init__(self) -> None:
         self.clients = self.base / "clients-0"
@@ -325,6 +332,8 @@ class Cloud:
         }
         for api, url in self.gcp.endpoints().items():
             env[f"CLOUDSDK_API_ENDPOINT_OVERRIDES_{api}"] = url
+        if self.processes_only:
+            env["TPU_PLAYBOOKS_PROCESSES_ONLY"] = "1"
         (self.base / "tmp").mkdir(exist_ok=True)
         env.update(extra)
         return env
@@ -542,6 +551,7 @@ def cloud_session(tmp_path_factory, request) -> Iterator[Cloud]:
     for name in (STANDARD, AUTOPILOT):
         shutil.rmtree(ROOT / ".state" / name, ignore_errors=True)
     with fake_cloud(tmp_path_factory.mktemp("fakecloud")) as cloud:
+        cloud.processes_only = bool(request.config.getoption("--processes-only", default=False))
         yield cloud
     if not request.session.testsfailed:
         for name in (STANDARD, AUTOPILOT):

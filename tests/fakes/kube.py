@@ -774,6 +774,21 @@ class FakeKube(Fake):
         return {k: v for k, v in pod.items() if not k.startswith("_")}
 
     # -- views and faults for tests ---------------------------------------------------
+    def snapshot(self) -> tuple:
+        """The cluster's state (its objects, its pools' nodes, the dead
+        kubelets, the RayClusters not yet ready), for ``restore``: a test
+        runs one write two ways from the same state."""
+        with self.lock:
+            return copy.deepcopy((self.objects, self.tpu_pools, self.dead_kubelets, self._ray_pending,
+                                  self.autopilot))
+
+    def restore(self, saved: tuple) -> None:
+        """The state ``snapshot`` took, back (resource versions go on rising)."""
+        with self.lock:
+            objects, self.tpu_pools, self.dead_kubelets, self._ray_pending, self.autopilot = copy.deepcopy(saved)
+            self.objects.clear()
+            self.objects.update(objects)
+
     def stop_kubelet(self, node: str) -> None:
         """The node's kubelet dead, as a sick host leaves it: the node
         NotReady (its Ready condition Unknown, as the node controller sets

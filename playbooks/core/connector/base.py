@@ -19,12 +19,15 @@ TIMED_OUT = 124   # the command ran past its timeout (coreutils ``timeout``'s co
 
 
 class Ran:
-    """What a process did: exit code, output, time taken."""
+    """What a process did: exit code, output, time taken. ``by``: what
+    answered the command in-process instead of its process (a shortcut's
+    ``name``: "kubernetes client"), set by the connector; empty when the
+    process ran."""
 
-    __slots__ = ("rc", "seconds", "stderr", "stdout")
+    __slots__ = ("by", "rc", "seconds", "stderr", "stdout")
 
-    def __init__(self, rc: int, stdout: str, stderr: str, seconds: float):
-        self.rc, self.stdout, self.stderr, self.seconds = rc, stdout, stderr, seconds
+    def __init__(self, rc: int, stdout: str, stderr: str, seconds: float, by: str = ""):
+        self.rc, self.stdout, self.stderr, self.seconds, self.by = rc, stdout, stderr, seconds, by
 
 
 class Shortcut(Protocol):
@@ -34,7 +37,19 @@ class Shortcut(Protocol):
     giving what the command would print, with no process. ``None``: not a
     command it answers; the command runs. A shortcut is a speed-up only: the
     fact, its command line and its parse are the same either way, and the
-    project's tests compare both answers."""
+    project's tests compare both answers.
+
+    ``name`` says what answers (the run's log: "answered in-process by the
+    kubernetes client"); ``answers`` says, from the command line's form
+    alone (nothing asked, nothing started: a dry run asks it), whether
+    ``run`` (``streamed``: ``stream``) would take it, and in what words a
+    dry run says so ("kubernetes client, no kubectl process"); None: its
+    process runs."""
+
+    name: str
+
+    def answers(self, argv: list[str], env: dict[str, str], streamed: bool) -> str | None:
+        ...
 
     def run(self, argv: list[str], env: dict[str, str], timeout: float | None) -> Ran | None:
         ...
@@ -83,6 +98,15 @@ class Connector(Protocol):
         """Run a program, handing each line of its output (stdout and stderr
         merged, without the newline) to ``on_line`` as it comes; the result's
         stdout is all those lines. Ctrl-C stops the program."""
+        ...
+
+    def in_process(self, argv: Iterable[str], env: Iterable[tuple[str, str]] = (),
+                   streamed: bool = False) -> str | None:
+        """What would answer ``argv`` in-process here instead of its process,
+        as ``run`` (``streamed``: ``stream``) offers it given no stdin and no
+        working folder: a shortcut's words for it (``Shortcut.answers``), by
+        the command line's form alone (nothing starts, nothing is asked: a
+        dry run marks its lines with it); None: its process would run."""
         ...
 
     def spawn(self, argv: Iterable[str], env: Iterable[tuple[str, str]] = (), cwd: str | None = None,

@@ -53,6 +53,7 @@ class LocalConnector(Connector):
             for shortcut in self.shortcuts:
                 answer = shortcut.run(argv, self._env(env), timeout)
                 if answer is not None:
+                    answer.by = shortcut.name
                     return answer
         try:
             # On any exception (KeyboardInterrupt too) subprocess.run kills the child.
@@ -75,6 +76,7 @@ class LocalConnector(Connector):
             for shortcut in self.shortcuts:
                 answer = shortcut.stream(argv, self._env(env), on_line)
                 if answer is not None:
+                    answer.by = shortcut.name
                     return answer
         lines: list[str] = []
         try:
@@ -95,6 +97,15 @@ class LocalConnector(Connector):
             proc.wait()
             raise
         return Ran(rc, "\n".join(lines), "", time.monotonic() - start)
+
+    def in_process(self, argv: Iterable[str], env: Iterable[tuple[str, str]] = (),
+                   streamed: bool = False) -> str | None:
+        argv, stated = list(argv), self._env(env)
+        for shortcut in self.shortcuts:
+            words = shortcut.answers(argv, stated, streamed)
+            if words is not None:
+                return words
+        return None
 
     def spawn(self, argv: Iterable[str], env: Iterable[tuple[str, str]] = (), cwd: str | None = None,
               log: str | None = None) -> int:

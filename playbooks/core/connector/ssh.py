@@ -271,6 +271,11 @@ class SshConnector(Connector):
             with contextlib.suppress(Exception):
                 self._shell(f"kill -{int(sig)} {int(pid)}")
 
+    def in_process(self, argv: Iterable[str], env: Iterable[tuple[str, str]] = (),
+                   streamed: bool = False) -> str | None:
+        """None: on a controller every command runs as its process (no shortcut there)."""
+        return None
+
     def run(self, argv: Iterable[str], env: Iterable[tuple[str, str]] = (), input: str | None = None,
             cwd: str | None = None, timeout: float | None = None) -> Ran:
         return self._exec(argv, env, input, cwd, timeout)
