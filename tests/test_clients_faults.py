@@ -75,7 +75,10 @@ def test_denied_probe_stops_the_run_and_is_never_read_as_absent(cloud: Cloud, ca
     assert "could not look" in run.out and message in run.out, run.out
     assert run.calls("POST", create) == [], "a denied probe was read as absent"
     assert run.changes == [], run.changes
-    assert "=> absent" not in run.out
+    # Nothing denied is read as absent. The cluster of a case that seeds only the project is absent, truly:
+    # `kube:credentials` compares the context with the cluster (its `clusters list`) and says so.
+    absent = [ln for ln in run.out.splitlines() if "=> absent" in ln]
+    assert not [ln for ln in absent if "clusters list" not in ln or case != "storage-401"], absent
 
 
 # -- 5. transient errors --------------------------------------------------------------

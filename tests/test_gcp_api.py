@@ -13,6 +13,7 @@ before (18 and 13), with the same rows as a run that starts every command as
 its process."""
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import time
@@ -362,6 +363,23 @@ def test_a_converged_up_and_a_status_start_two_thirds_of_the_processes_with_the_
 ROTATED = "ya29.fake-access-token-rotated"
 
 
+@contextlib.contextmanager
+def rotated(cloud: Cloud, kube: bool = False, gcp: bool = True):
+    """The fakes' token changed to ROTATED (the old one answered 401) for
+    the block; then the fakes' own token back and new client folders, as
+    gcloud's cache now holds the rotated token (the fakes outlive a test)."""
+    was = cloud.gcp.token, cloud.kube.token
+    try:
+        if gcp:
+            cloud.gcp.token = ROTATED
+        if kube:
+            cloud.kube.token = ROTATED
+        yield
+    finally:
+        cloud.gcp.token, cloud.kube.token = was
+        cloud.fresh_clients()
+
+
 @pytest.mark.clients
 def test_a_token_the_api_refuses_is_dropped_and_renewed_once_not_used_for_its_hour(cloud: Cloud, tmp_path):
     """A kept token the APIs now answer 401 (revoked, its key disabled): the
@@ -377,14 +395,14 @@ def test_a_token_the_api_refuses_is_dropped_and_renewed_once_not_used_for_its_ho
     creds = GcloudCredentials(cache)
     sc = GcloudShortcut(creds)
     assert sc.run(ANSWERED[0], cloud.env(), 60) is not None and creds.renewals == 0
-    cloud.gcp.token = ROTATED  # the fakes now refuse TOKEN with 401, and give ROTATED at their token endpoint
-    got = sc.run(ANSWERED[2], cloud.env(), 60)
-    assert got is not None and got.rc == 0, "the refused token was renewed and the read answered in-process"
-    assert creds.renewals == 1 and creds.helper_runs == 2
-    assert json.loads(next((tmp_path / "tokens").iterdir()).read_text())["token"] == ROTATED
-    assert sc.run(ANSWERED[1], cloud.env(), 60) is not None and creds.renewals == 1
-    later = GcloudCredentials(cache)  # the next run reads the renewed token from the file
-    assert GcloudShortcut(later).run(ANSWERED[0], cloud.env(), 60) is not None and later.helper_runs == 0
+    with rotated(cloud):  # the fakes now refuse TOKEN with 401, and give ROTATED at their token endpoint
+        got = sc.run(ANSWERED[2], cloud.env(), 60)
+        assert got is not None and got.rc == 0, "the refused token was renewed and the read answered in-process"
+        assert creds.renewals == 1 and creds.helper_runs == 2
+        assert json.loads(next((tmp_path / "tokens").iterdir()).read_text())["token"] == ROTATED
+        assert sc.run(ANSWERED[1], cloud.env(), 60) is not None and creds.renewals == 1
+        later = GcloudCredentials(cache)  # the next run reads the renewed token from the file
+        assert GcloudShortcut(later).run(ANSWERED[0], cloud.env(), 60) is not None and later.helper_runs == 0
 
 
 @pytest.mark.clients
@@ -422,10 +440,10 @@ def test_the_kubernetes_clients_refused_token_is_renewed_once(cloud: Cloud, tmp_
     argv = ["kubectl", "get", "nodes", "--output=json", f"--context=gke_{PROJECT}_us-east5-b_maxtext-multislice"]
     first = kc.run(argv, cloud.env(), 30)
     assert first is not None and first.rc == 0, (first.stdout, first.stderr)
-    cloud.gcp.token = cloud.kube.token = ROTATED
-    again = kc.run(argv, cloud.env(), 30)
-    assert again is not None and again.rc == 0, (again.stdout, again.stderr, creds.renewals, creds.helper_runs)
-    assert creds.renewals == 1
+    with rotated(cloud, kube=True):
+        again = kc.run(argv, cloud.env(), 30)
+        assert again is not None and again.rc == 0, (again.stdout, again.stderr, creds.renewals, creds.helper_runs)
+        assert creds.renewals == 1
 
 
 @pytest.mark.clients
@@ -446,6 +464,6 @@ def test_the_kubernetes_client_sends_the_token_renewed_before_its_expiry(cloud: 
     assert kc.run(argv, cloud.env(), 30).rc == 0
     held = creds.get(cloud.env())
     monkeypatch.setattr(creds, "get", lambda env: replace(held, token=ROTATED))
-    cloud.kube.token = ROTATED
-    again = kc.run(argv, cloud.env(), 30)
-    assert again.rc == 0 and creds.renewals == 0, again.stderr
+    with rotated(cloud, kube=True, gcp=False):
+        again = kc.run(argv, cloud.env(), 30)
+        assert again.rc == 0 and creds.renewals == 0, again.stderr
