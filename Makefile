@@ -21,19 +21,21 @@ venv:
 train: venv
 	$(LOCAL_INVOKE) train --fresh
 
-## Run every test (lint, type check, unit, golden transcripts, real clients on loopback fakes, sshd on loopback, local Ray + MaxText runs).
+## Run every test (lint, type check, unit, golden transcripts, real clients on loopback fakes, sshd on loopback, local Ray + MaxText runs),
+## then the real-client tests whose plays write once more with every gcloud and kubectl command as its process.
 test: venv
 	@scripts/test-deps
 	.venv/bin/ruff check playbooks trainer tasks.py tests bench
 	.venv/bin/mypy
 	@$(BYTECODE)
 	.venv/bin/python -m pytest
+	.venv/bin/python -m pytest --processes-only $(PROCESSES_ONLY_TESTS)
 
 # The real-client test files whose plays write what the kubernetes client answers in-process (cordon, taint,
 # label, pod delete): `make test-processes` runs them again with every command as its process.
 PROCESSES_ONLY_TESTS = tests/test_clients_quarantine.py tests/test_clients_notice.py tests/test_clients_stuck_pod.py
 
-## CI's second pass, after `make test`: the real-client tests whose plays write, again with every gcloud and
+## `make test`'s second pass alone: the real-client tests whose plays write, again with every gcloud and
 ## kubectl command as its real process (`pytest --processes-only`: TPU_PLAYBOOKS_PROCESSES_ONLY=1).
 test-processes: venv
 	@scripts/test-deps
