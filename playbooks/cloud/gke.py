@@ -213,9 +213,14 @@ def objects_command(env: Environment) -> Command:
     process (a controller); each fact picks its objects from it (``listed``).
     Lists, not names: kubectl takes names (`KIND/NAME`) or kinds, never both
     in one call, and one label selector for every kind."""
-    claim = ["resourceclaimtemplates"] if netdev_claim(env) else []
-    kinds = ",".join(["serviceaccounts", *claim, "rayclusters", "pods", "nodes"])
+    kinds = ",".join([*(f"{k}s" for k in _namespace_kinds(env)), "pods", "nodes"])
     return kube(env, "get", kinds, "--namespace", env.namespace, "--output=json")
+
+
+def _namespace_kinds(env: Environment) -> tuple[str, ...]:
+    """The kinds of our objects in the namespace that ``objects_command``
+    lists (``kube_get`` picks one of these from it)."""
+    return ("serviceaccount", *(("resourceclaimtemplate",) if netdev_claim(env) else ()), "raycluster")
 
 
 def listed(doc: Any, kind: str) -> list[dict]:
@@ -238,8 +243,7 @@ _KINDS = {"serviceaccount": "ServiceAccount", "resourceclaimtemplate": "Resource
 def kube_get(env: Environment, kind: str, name: str, namespace: str | None = None) -> Fact:
     """One object: of a kind `objects_command` lists in the environment's
     namespace, picked from that read; else its own `kubectl get`."""
-    listed_kinds = {"serviceaccount", "raycluster", *(("resourceclaimtemplate",) if netdev_claim(env) else ())}
-    if namespace == env.namespace and kind in listed_kinds:
+    if namespace == env.namespace and kind in _namespace_kinds(env):
         def select(doc: Any) -> Any:
             return next((it for it in listed(doc, _KINDS[kind]) if (it.get("metadata") or {}).get("name") == name),
                         ABSENT)
