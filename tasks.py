@@ -107,7 +107,9 @@ JOB_HELP = {
     "elastic": "the elastic trainer's job (goes on with fewer slices, grows back)",
     "steps": "training steps, a whole number >= 1 (default: the job's own, 100 in the tutorial)",
     "set": "key=value: a MaxText setting added to or replacing the job's (repeatable)",
-    "preset": "a named set of changes, e.g. --model=llama3-70b --preset=fits (fits 2 x v6e-16)",
+    "preset": "a named set of changes made for one shape: --model=llama3-70b --preset=fits is made for 2 x v6e-16 "
+              "(32 chips of 31.24 GiB); on another shape the preflight says whether it fits, and the smallest shape "
+              "that does",
 }
 
 
@@ -237,12 +239,14 @@ def delete_worker(c, restore_after="60", target="first", env=""):
               parallel=False)
 
 
-@task(help={"grace": "seconds from the notice to the host's end (default 30: a Spot VM's notice; 1-3600)",
+@task(help={"grace": "seconds from the notice to the host's end (default: what a preemption gives the job's pods on "
+                     "the environment's capacity: a Spot pool's 15 s, or 105 s where this project lengthens it; "
+                     "else a pod's grace, 30 s; 1-3600)",
             "restore_after": "seconds before the killed host is started again (default 60; 0: never; local only: "
                              "KubeRay recreates a deleted pod)",
             "target": "which worker: first (default), rank0 or peer (of the running job), or a host's or pod's name",
             **ENV})
-def preempt_worker(c, grace="30", restore_after="60", target="first", env=""):
+def preempt_worker(c, grace="", restore_after="60", target="first", env=""):
     """A notice, then the loss: one TPU host told it goes in --grace seconds (GKE: its pod deleted with that grace
     period; local: its Ray node drained as the pod's preStop hook does, then killed)."""
     from playbooks.cli import task_steps
@@ -251,11 +255,12 @@ def preempt_worker(c, grace="30", restore_after="60", target="first", env=""):
 
     with clean_errors():
         s = _session(c, "chaos", env)
-        notice_s = seconds("--grace", grace)
-        if problem := host_notice.grace_problem(notice_s) or task_steps.chaos_target_problem(s.env, target):
+        notice_s = seconds("--grace", grace) if grace != "" else None  # "": the preemption's own (task_steps)
+        problem = host_notice.grace_problem(notice_s) if notice_s is not None else None
+        if problem := problem or task_steps.chaos_target_problem(s.env, target):
             raise InputError(problem)
-        s.run("chaos", task_steps.preempt_steps(s.env, int(notice_s), seconds("--restore-after", restore_after),
-                                                target), parallel=False)
+        s.run("chaos", task_steps.preempt_steps(s.env, None if notice_s is None else int(notice_s),
+                                                seconds("--restore-after", restore_after), target), parallel=False)
 
 
 @task(help={"in": "seconds from now to the slice's host maintenance (default 120; 1-86400)",
@@ -353,7 +358,7 @@ def goodput(c, run="", json_=False, env=""):
     from playbooks.runs import goodput as gp
 
     _report(c, "goodput", env, lambda env: lg.goodput_step(env, _run_flag(run)), "goodput:report", json_,
-            lambda env, report: gp.lines(report))
+            lambda env, report: gp.lines(report) if report.get("run") else [report["none"]])
 
 
 @task(help={"json": "print one JSON object: runs (run, state, jobs, steps, wall_s, goodput_pct, chip_hours, cost, ...) "
@@ -368,17 +373,37 @@ def runs(c, json_=False, env=""):
             lambda env, doc: run_list.table(doc["runs"], env.name) + doc["environment_cost"]["lines"])
 
 
-@task(help={"yes": "do not ask for confirmation", **ENV})
-def teardown(c, yes=False, env=""):
-    """§10 Delete the RayCluster, the cluster, the bucket, the subnets and networks (a second run is a no-op)."""
+@task(help={"yes": "do not ask for confirmation",
+            "delete-bucket": "delete the bucket too, with every run's checkpoints (kept without it)", **ENV})
+def teardown(c, yes=False, delete_bucket=False, env=""):
+    """§10 Delete the RayCluster, the cluster, the subnets and networks; keep the bucket unless --delete-bucket."""
     from playbooks.cli import task_steps
     from playbooks.cli.confirm import confirm
+    from playbooks.core.errors import InputError
     from playbooks.plays import teardown as td
 
     with clean_errors():
         s = _session(c, "teardown", env)
-        confirm("teardown", s.env.name, s.mode, td.summary(s.env), yes)
-        s.run("teardown", task_steps.teardown_steps(s.env))
+        if delete_bucket and s.env.platform.simulated:
+            raise InputError(f"teardown --delete-bucket: environment {s.env.name!r} is local: it has no bucket "
+                             "(its runs' checkpoints are on this machine; `invoke train --fresh` deletes a run's)")
+        confirm("teardown", s.env.name, s.mode, td.summary(s.env, delete_bucket), yes)
+        s.run("teardown", task_steps.teardown_steps(s.env, delete_bucket))
+
+
+@task(name="stop-tpus", help=ENV)
+def stop_tpus(c, env=""):
+    """Stop the TPUs' bill, keep the rest: the TPU node pools deleted (`up` makes them again); cluster, bucket kept.
+
+    Named for what it stops (not `pause`: a job on the TPUs ends with them; `invoke up`, then `invoke train`,
+    resumes its run from the last finalized checkpoint). Autopilot: the RayCluster is deleted, and with its TPU
+    workers the TPU nodes. Local: the simulated TPU hosts stop; the Ray head stays.
+    """
+    from playbooks.cli import task_steps
+
+    with clean_errors():
+        s = _session(c, "stop-tpus", env)
+        s.run("stop-tpus", task_steps.stop_tpus_steps(s.env))
 
 
 @task(help={"json": "print it as one JSON document (the exit code: 0 when everything is as the inventory asks)",
@@ -421,14 +446,15 @@ def doctor(c, env=""):
         s.run("doctor", dr.steps(s.env), parallel=False, keep_going=True)
 
 
-@task(name="list", default=True, help={"json": "print them as one JSON list (host, slice, why, since, by, nodes)",
-                                        **ENV})
+@task(name="list", default=True, help={"json": "print them as one JSON list (host, slice, why, since, by, nodes, "
+                                                "source, held, note)", **ENV})
 def hosts_list(c, json_=False, env=""):
-    """The quarantined hosts: which, why, since when, by what; on GKE each node cordoned and tainted now (read-only)."""
+    """The quarantined hosts: which, why, since when, by what; on GKE every node cordoned or tainted now, read from
+    the cluster, joined with this checkout's record, each said with where it is known from (read-only)."""
     from playbooks.plays import quarantine as q
 
     _report(c, "hosts", env, q.list_step, "hosts:quarantined", json_,
-            lambda env, rows: [line for r in rows for line in q.row_lines(r)] or ["no host is quarantined"])
+            lambda env, rows: [line for r in rows for line in q.row_lines(r)] or [q.none_line(env)])
 
 
 @task(help={"host": "the host: a simulated TPU host's name (local), a TPU slice's node pool (GKE)",
@@ -496,7 +522,7 @@ chaos.add_task(sicken_worker)
 chaos.add_task(heal_worker)
 
 ns = Collection(capacity, prereqs, network, cluster, nodepools, storage, raycluster, dashboard, up, status, train,
-                watch, preflight, logs, metrics, goodput, runs, teardown, doctor)
+                watch, preflight, logs, metrics, goodput, runs, stop_tpus, teardown, doctor)
 ns.add_collection(chaos)
 ns.add_collection(hosts)
 # Defaults of None (not 4, not "apply"): Invoke converts an INVOKE_PLAYBOOK_*

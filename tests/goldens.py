@@ -41,6 +41,8 @@ TASKS = {
     "chaos-heal": ["chaos.heal-worker"],
     "goodput": ["goodput"],
     "teardown": ["teardown"],
+    "teardown-delete-bucket": ["teardown", "--delete-bucket"],
+    "stop-tpus": ["stop-tpus"],
     # A chain that will make node pools: the capacity checks run first, in its first task.
     "chain-network-cluster-nodepools": ["network", "cluster", "nodepools"],
     "status": ["status"],
@@ -68,12 +70,14 @@ def expected_rc(env: str, task: str, inventory: Path | None = None) -> int:
 # The TPU generations besides v6e on Standard (v5e, v5p, TPU7x), from an
 # inventory of their own: the whole path, from capacity to teardown.
 GENERATIONS_INVENTORY = GOLDENS / "generations-inventory.yaml"
-GENERATION_TASKS = ("capacity", "network", "nodepools", "up", "raycluster", "train-llama3-70b",
+GENERATION_TASKS = ("capacity", "network", "nodepools", "up", "raycluster", "stop-tpus", "train-llama3-70b",
                     "preflight-llama3-70b", "train-elastic", "status", "teardown")
 
 
 # The twin's chaos alone: on GKE these tasks refuse in one line (tests/test_chaos.py).
 LOCAL_ONLY = ("chaos-sicken", "chaos-heal")
+# GKE's alone: a local environment has no bucket to delete (refused in one line: tests/test_bill_stop.py).
+CLOUD_ONLY = ("teardown-delete-bucket",)
 # The hosts set aside: hosts.quarantine and hosts.release name a host, each
 # environment's first (a simulated host; a slice's node pool on GKE).
 HOST_TASKS = {
@@ -105,7 +109,8 @@ def cases() -> list[tuple[str, str, Path | None]]:
     environments, and the capacity options' tasks."""
     envs = yaml.safe_load((ROOT / "inventory.yaml").read_text())["environments"]
     out = [(e, t, None) for e in environments() for t in TASKS
-           if t != "status" and (t not in LOCAL_ONLY or envs[e].get("kind") == "local")]
+           if t != "status" and (t not in LOCAL_ONLY or envs[e].get("kind") == "local")
+           and (t not in CLOUD_ONLY or envs[e].get("kind") != "local")]
     for e in yaml.safe_load(CAPACITY_INVENTORY.read_text())["environments"]:
         out += [(e, t, CAPACITY_INVENTORY) for t in CAPACITY_TASKS]
     for e in yaml.safe_load(GENERATIONS_INVENTORY.read_text())["environments"]:

@@ -270,9 +270,10 @@ def test_a_cluster_made_again_elsewhere_gets_its_context_written_again(cloud: Cl
 
 # -- 7. teardown ----------------------------------------------------------------------
 def test_teardown_deletes_everything_networks_last_and_a_second_run_deletes_nothing(cloud: Cloud):
+    """With --delete-bucket (without it the bucket is kept: test_clients_bill_stop.py)."""
     cloud.seed_full()
     cloud.get_credentials()
-    run = ok_run(cloud.invoke("teardown", "--yes"))
+    run = ok_run(cloud.invoke("teardown", "--yes", "--delete-bucket"))
     deletes = [(r.path.split("/")[-2], r.path.rsplit("/", 1)[-1]) for r in run.requests if r.method == "DELETE"]
     order = {d: i for i, d in enumerate(deletes)}
     # Dependency order (independent branches run at once): the RayCluster
@@ -296,7 +297,7 @@ def test_teardown_deletes_everything_networks_last_and_a_second_run_deletes_noth
     r = recap(run, "teardown")
     assert (r["changed"], r["failed"]) == (7, 0)
 
-    again = ok_run(cloud.invoke("teardown", "--yes"))
+    again = ok_run(cloud.invoke("teardown", "--yes", "--delete-bucket"))
     assert [r for r in again.requests if r.method == "DELETE"] == []
     assert again.changes == []
     r = recap(again, "teardown")

@@ -21,6 +21,7 @@ from tests.clients import BUCKET, ROOT, TOKEN, Cloud, ok_run
 from tests.fakes import gcp as G
 from tests.fakes.cloud import STANDARD
 from tests.test_cost import DECOYS, FLEX, ON_DEMAND, SPOT, sku
+from tests.test_cost_plan import N1_CORE, N1_DECOYS, N1_RAM
 
 pytestmark = pytest.mark.clients
 
@@ -39,8 +40,8 @@ def catalog(cloud: Cloud, skus: list[dict]) -> None:
 
 
 def test_capacity_prices_each_slice_from_the_catalog_read_page_by_page_with_the_users_token(cloud: Cloud):
-    # 5,003 SKUs: the on-demand and Spot v6e ones on the second page of 5,000.
-    catalog(cloud, [*DECOYS, *filler(4998), FLEX, ON_DEMAND, SPOT])
+    # 5,008 SKUs: the on-demand and Spot v6e ones and the CPU pool's N1 ones on the second page of 5,000.
+    catalog(cloud, [*DECOYS, *N1_DECOYS, *filler(4990), FLEX, ON_DEMAND, SPOT, N1_CORE, N1_RAM])
     cloud.change_inventory(capacity=["spot", "on-demand"])
     cloud.gcp.set_quota("PREEMPTIBLE-TPU-V6E-per-project-region", [({"region": "us-east5"}, 16), ({}, 0)])
     run = ok_run(cloud.invoke("capacity"))
@@ -51,13 +52,17 @@ def test_capacity_prices_each_slice_from_the_catalog_read_page_by_page_with_the_
     day = time.strftime("%Y-%m-%d", time.gmtime())
     assert (f"v6e-16-0: spot: 16 chips x $1.403/chip-hour = $22.45/h (Cloud Billing Catalog {day})") in run.out, run.out
     assert (f"v6e-16-1: on-demand: 16 chips x $2.7/chip-hour = $43.20/h (Cloud Billing Catalog {day})") in run.out
-    assert "ok: [capacity : price of the plan] the plan costs $65.65/h for 32 chips (2 slice(s))" in run.out, run.out
+    assert (f"default-pool: n1-standard-16: 3 nodes x $0.76/node-hour = $2.28/h (16 vCPU x $0.03161 + 60 GiB x "
+            f"$0.004237: Cloud Billing Catalog {day}; a list price") in run.out, run.out
+    assert ("ok: [capacity : price of the plan] the plan costs $68.03/h: 2 TPU slice(s) (32 chips) $65.65/h, "
+            "default-pool $2.28/h, cluster fee $0.10/h") in run.out, run.out
     assert TOKEN not in run.out and TOKEN not in CACHE.read_text()  # the token is never shown nor kept
     # Cached with its date: a second look reads no page.
     doc = json.loads(CACHE.read_text())
     assert doc["date"] == day and doc["rates"]["spot"] == {"us-east5": 1.4033}
+    assert doc["rates"]["N1 RAM"] == {"us-central1": 0.004237, "us-east5": 0.004237}
     again = ok_run(cloud.invoke("capacity"))
-    assert again.calls("GET", SKUS) == [] and "$65.65/h" in again.out
+    assert again.calls("GET", SKUS) == [] and "$68.03/h" in again.out
     # Damaged (and so, as test_cost.py shows case by case, stale or foreign): read again, never trusted.
     CACHE.write_bytes(b"\xff{not json")
     assert len(ok_run(cloud.invoke("capacity")).calls("GET", SKUS)) == 2
@@ -65,30 +70,34 @@ def test_capacity_prices_each_slice_from_the_catalog_read_page_by_page_with_the_
 
 
 def test_the_inventorys_prices_win_and_read_no_catalog_and_a_reservation_is_priced_only_there(cloud: Cloud):
-    catalog(cloud, [ON_DEMAND, SPOT])
-    cloud.change_inventory(prices={"on-demand": 2.5})
+    catalog(cloud, [ON_DEMAND, SPOT, N1_CORE, N1_RAM])
+    cloud.change_inventory(prices={"on-demand": 2.5, "default-pool": 0.5, "cluster-fee": 0})
     run = ok_run(cloud.invoke("capacity"))
     assert run.calls("GET", SKUS) == []
     assert "v6e-16-0: on-demand: 16 chips x $2.5/chip-hour = $40.00/h (inventory prices:)" in run.out
-    assert "the plan costs $80.00/h for 32 chips" in run.out
+    assert "the plan costs $81.50/h: 2 TPU slice(s) (32 chips) $80.00/h, default-pool $1.50/h, cluster fee $0.00/h" \
+        in run.out, run.out
 
 
 @pytest.mark.parametrize("fault, words", [
     ((403, G.gerror(403, "Cloud Billing API has not been used in project 123456789012 before or it is disabled.",
                     "PERMISSION_DENIED", "accessNotConfigured")),
-     "no price (could not read the Cloud Billing Catalog: HTTP 403: PERMISSION_DENIED: Cloud Billing API has not "
+     "could not read the Cloud Billing Catalog: HTTP 403: PERMISSION_DENIED: Cloud Billing API has not "
      "been used in project 123456789012"),
-    ((503, G.unavailable()), "no price (could not read the Cloud Billing Catalog: HTTP 503: UNAVAILABLE: The service "
+    ((503, G.unavailable()), "could not read the Cloud Billing Catalog: HTTP 503: UNAVAILABLE: The service "
                              "is currently unavailable."),
-    ((200, ["not", "an", "object"]), "no price (the Cloud Billing Catalog's answer is not what the API documents: a "
+    ((200, ["not", "an", "object"]), "the Cloud Billing Catalog's answer is not what the API documents: a "
                                      "page is list, not an object with skus)"),
 ])
 def test_a_catalog_that_fails_or_answers_otherwise_is_no_price_in_one_line_never_a_stop(cloud: Cloud, fault, words):
     catalog(cloud, [ON_DEMAND])
     cloud.gcp.server.fail("GET", SKUS, fault[0], fault[1], times=99)
     run = ok_run(cloud.invoke("capacity"))
-    assert f"v6e-16-0: on-demand: {words}" in run.out, run.out
-    assert "ok: [capacity : price of the plan] no price for 2 of 2 slice(s) (32 chips): chip-hours only" in run.out
+    # Said once, for every part it leaves without a price, with the keys that price them.
+    assert ("ok: [capacity : price of the plan] the plan costs at least $0.10/h (cluster fee $0.10/h); no price for "
+            f"v6e-16-0, v6e-16-1, default-pool ({words}") in run.out, run.out
+    said = [ln for ln in run.out.splitlines() if words in ln and not ln.startswith("  probe ")]  # the read's own line
+    assert len(said) == 1 and "set prices.on-demand (USD per chip-hour) and prices.default-pool" in said[0], said
     assert "Traceback" not in run.out and not CACHE.exists()  # a failure is not cached
 
 
@@ -99,7 +108,7 @@ def test_a_sku_not_as_documented_is_named_and_the_other_options_keep_their_price
     cloud.change_inventory(capacity=["spot", "on-demand"])
     cloud.gcp.set_quota("PREEMPTIBLE-TPU-V6E-per-project-region", [({"region": "us-east5"}, 16), ({}, 0)])
     run = ok_run(cloud.invoke("capacity"))
-    assert ("v6e-16-1: on-demand: no price (the Cloud Billing Catalog (" in run.out
+    assert ("no price for v6e-16-1 (the Cloud Billing Catalog (" in run.out
             and "has no v6e on-demand SKU in us-east5; SKU 2549-F208-72FA (TpuV6e running in Columbus).tieredRates"
                 "[0].unitPrice.units is 'two', not an int64" in run.out), run.out
     assert "v6e-16-0: spot: 16 chips x $1.403/chip-hour" in run.out
@@ -115,7 +124,7 @@ def test_a_spot_sku_no_pattern_takes_is_named_in_the_spot_line_never_a_silent_ga
     cloud.change_inventory(capacity=["spot", "on-demand"])
     cloud.gcp.set_quota("PREEMPTIBLE-TPU-V6E-per-project-region", [({"region": "us-east5"}, 16), ({}, 0)])
     run = ok_run(cloud.invoke("capacity"))
-    assert ("v6e-16-0: spot: no price (the Cloud Billing Catalog (" in run.out
+    assert ("no price for v6e-16-0 (the Cloud Billing Catalog (" in run.out
             and "has no v6e spot SKU in us-east5; SKU 2549-F208-72FA (TpuV6e Spot Preemptible running in Columbus, "
                 "usageType Preemptible) is a v6e spot SKU by its usageType, but no pattern of the v6e record "
                 "(config/tpu.py) takes it: its price is not read)" in run.out), run.out

@@ -116,7 +116,8 @@ def test_quarantine_cordons_taints_moves_the_pods_then_a_second_run_changes_noth
 
     listed = ok_run(cloud.invoke("hosts"))
     assert re.search(rf"^{POOL}: slice {POOL}, since \S+ \S+, by invoke hosts.quarantine: chips failed the matmul "
-                     rf"check$", listed.out, re.M), listed.out
+                     rf"check\n  source: this checkout's record and node taint/cordon on the cluster$", listed.out,
+                     re.M), listed.out
     assert len(re.findall(r"^  node \S+: cordoned, tainted$", listed.out, re.M)) == 4, listed.out
     assert listed.changes == []
 
@@ -227,6 +228,82 @@ def test_a_record_given_back_where_it_never_heard_of_it_is_written_anew_by_the_w
     assert rec["since"] > first["since"]
     again = ok_run(cloud.invoke("hosts.quarantine", POOL, "--why=again"))
     assert again.changes == [] and record(cloud)[POOL] == rec
+
+
+# -- `invoke hosts`: the nodes are the truth, the record this checkout's ---------------------------
+def elsewhere(cloud: Cloud, pool: str) -> list[str]:
+    """A quarantine made from another machine (a teammate's, the head pod's
+    watch): the pool's nodes cordoned and tainted with kubectl, in no record here."""
+    nodes = sorted(pool_nodes(cloud, pool))
+    for n in nodes:
+        for argv in (("cordon", n), ("taint", "nodes", n, f"{TAINT_KEY}=true:NoSchedule")):
+            p = cloud.client("kubectl", *argv)
+            assert p.returncode == 0, p.stderr
+    return nodes
+
+
+def test_hosts_reads_the_nodes_a_quarantine_made_elsewhere_is_listed_with_where_it_is_known_from(cloud: Cloud):
+    """A slice set aside by a teammate (or the watch in the head pod) is in
+    no record of this checkout: `invoke hosts` reads the nodes and lists it,
+    said as known from the cluster; a node only cordoned is listed, not
+    counted as set aside; the JSON says the same."""
+    up(cloud)
+    theirs = elsewhere(cloud, POOL)
+    cordoned = sorted(pool_nodes(cloud, "v6e-16-1"))[:1]                # a person's cordon (or GKE's upgrade)
+    assert cloud.client("kubectl", "cordon", *cordoned).returncode == 0
+    assert record(cloud) == {}
+    listed = ok_run(cloud.invoke("hosts"))
+    assert "no host is quarantined" not in listed.out.splitlines()[0], listed.out
+    assert re.search(rf"^{POOL}: set aside on the cluster, in no record of this checkout: by a teammate, another "
+                     rf"machine or the watch in the head pod .*\n  source: node taint/cordon on the cluster$",
+                     listed.out, re.M), listed.out
+    assert sorted(re.findall(r"^  node (\S+): cordoned, tainted$", listed.out, re.M)) == theirs, listed.out
+    assert re.search(r"^v6e-16-1: cordoned, without the quarantine taint: not set aside", listed.out, re.M)
+    assert re.findall(r"^  node (\S+): cordoned, NOT tainted$", listed.out, re.M) == cordoned, listed.out
+    assert listed.changes == []
+    rows = {r["host"]: r for r in json.loads(ok_run(cloud.invoke("hosts", "--json")).out)}
+    assert (rows[POOL]["source"], rows[POOL]["held"], rows[POOL]["why"]) == (
+        ["node taint/cordon on the cluster"], True, None), rows
+    assert sorted(rows[POOL]["nodes"]) == theirs
+    assert (rows["v6e-16-1"]["held"], list(rows["v6e-16-1"]["nodes"])) == (False, cordoned), rows
+
+
+def test_a_record_here_whose_nodes_were_given_back_elsewhere_is_said_as_such(cloud: Cloud):
+    nodes = up(cloud)
+    ok_run(cloud.invoke("hosts.quarantine", POOL, "--why=vfio busy"))
+    for n in nodes:                                               # the release, from another machine
+        for argv in (("uncordon", n), ("taint", "nodes", n, f"{TAINT_KEY}-")):
+            assert cloud.client("kubectl", *argv).returncode == 0
+    listed = ok_run(cloud.invoke("hosts"))
+    assert re.search(rf"^{POOL}: slice {POOL}, since \S+ \S+, by invoke hosts.quarantine: vfio busy\n  source: this "
+                     rf"checkout's record only: no node of it carries the taint now: given back from elsewhere .*; "
+                     rf"not set aside: `invoke hosts.release {POOL}` clears this record$", listed.out, re.M), listed.out
+    assert len(re.findall(r"^  node \S+: NOT cordoned, NOT tainted$", listed.out, re.M)) == 4, listed.out
+    [row] = json.loads(ok_run(cloud.invoke("hosts", "--json")).out)
+    assert (row["source"], row["held"]) == (["this checkout's record"], False), row
+
+
+def test_hosts_that_cannot_read_the_nodes_says_could_not_look_never_none(cloud: Cloud):
+    up(cloud)
+    cloud.kube.server.fail("GET", r"^/api/v1/nodes$", 403, {"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                                                     "message": 'nodes is forbidden: User "x" cannot list resource '
+                                                                '"nodes"', "reason": "Forbidden", "code": 403},
+                    times=20)
+    try:
+        run = failed_run(cloud.invoke("hosts"))
+    finally:
+        cloud.kube.server.clear_faults()
+    assert "no host is quarantined" not in run.out, run.out
+    assert "could not look" in run.out and "forbidden" in run.out.lower(), run.out
+    assert [r.path for r in run.kube if r.path == "/api/v1/nodes"], run
+
+
+def test_with_nothing_set_aside_hosts_says_where_it_looked(cloud: Cloud):
+    up(cloud)
+    listed = ok_run(cloud.invoke("hosts"))
+    assert listed.out.strip() == ("no host is quarantined: no node cordoned or tainted on the cluster, none in this "
+                                  "checkout's record"), listed.out
+    assert [r.path for r in listed.kube if r.path == "/api/v1/nodes"], listed
 
 
 def test_a_bad_host_name_is_one_line_naming_the_known_hosts(cloud: Cloud):

@@ -603,7 +603,8 @@ def test_goodput_shows_the_runs_cost_and_each_causes_and_runs_lists_every_run(gk
     assert table[1].endswith(time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(rows[0]["last_event"]))), table
     # A run without a price: "no price" in its row, and why once, naming it (never "no price: no price").
     assert "no price" in table[2]
-    assert table[3:-1] == ["older: no price (the catalog was not read)"], table
+    assert table[3:-1] == ["older: no price (the catalog was not read: set prices.on-demand (USD per chip-hour) in "
+                           "the inventory)"], table
     assert table[-1].startswith("environment cost: unknown: the cluster could not be read"), table
 
 

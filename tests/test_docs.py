@@ -130,6 +130,16 @@ def test_the_readme_is_a_front_door():
         assert part in text
 
 
+def test_the_readmes_path_to_gke_makes_the_venv_before_any_task():
+    """Every task of the path is `invoke` from the `.venv`: its step 1 says
+    `scripts/bootstrap` before `gcloud auth login` and before any `invoke`."""
+    text = (ROOT / "README.md").read_text().split("## The path to GKE", 1)[1]
+    first = text.split("\n1. ", 1)[1].split("\n2. ", 1)[0]
+    assert "scripts/bootstrap" in first and ".venv" in first, first
+    assert first.index("scripts/bootstrap") < first.index("gcloud auth login"), first
+    assert text.index("scripts/bootstrap") < text.index("`invoke "), text[:600]
+
+
 def test_each_benchmark_has_its_table_in_its_page():
     """Every `doc_table.write(page, name, ...)` in bench/ has its markers."""
     calls = []

@@ -104,17 +104,18 @@ def test_a_part_without_a_price_is_named_with_its_reason_and_left_out_of_the_sum
     e = env("dev", **ENV)  # no prices: the CPU pool and the fee have none anywhere; no catalog read
     have = nodes(default_pool=[NOW - HOUR] * 3, v6e_16_0=[NOW - HOUR] * 4, v6e_16_1=[NOW - HOUR] * 4)
     c = env_cost.priced(e, cluster, have, None, NOW)
-    assert [p.name for p in c.unpriced] == ["default-pool", "v6e-16-0", "v6e-16-1", "cluster fee"]
-    assert c.hourly == 0 and c.since_up == 0
+    # The fee has GKE's list price ($0.10/h) when the inventory gives none.
+    assert [p.name for p in c.unpriced] == ["default-pool", "v6e-16-0", "v6e-16-1"]
+    assert c.hourly == pytest.approx(0.10)
     text = "\n".join(env_cost.lines(c))
-    assert "; without default-pool, v6e-16-0, v6e-16-1, cluster fee: no price" in text
-    assert "set prices.default-pool, USD per node-hour" in text
-    assert "set prices.cluster-fee, USD per hour" in text and "free tier" in text
-    assert "no Cloud Billing Catalog read in the last day" in text
-    # With the catalog: the TPU pools priced, the others still named.
+    assert "; without default-pool, v6e-16-0, v6e-16-1: no price" in text, text
+    assert "prices.default-pool" in text, text
+    assert "free tier" in text, text
+    assert "no Cloud Billing Catalog read in the last day" in text, text
+    # With the catalog: the TPU pools priced, the CPU pool's N1 SKUs absent from this catalog still named.
     c = env_cost.priced(e, cluster, have, catalog(), NOW)
-    assert [p.name for p in c.unpriced] == ["default-pool", "cluster fee"]
-    assert c.hourly == pytest.approx(16 * 2.7 + 16 * 1.4)
+    assert [p.name for p in c.unpriced] == ["default-pool"]
+    assert c.hourly == pytest.approx(16 * 2.7 + 16 * 1.4 + 0.10)
 
 
 def test_nodes_that_cannot_be_read_give_the_pools_as_configured_and_no_hours_since_up(cluster):
@@ -169,8 +170,11 @@ def test_the_inventory_prices_the_cpu_pool_and_the_fee_and_refuses_another_key_i
 def test_prereqs_enables_the_billing_api_only_where_a_price_is_read_from_the_catalog():
     from playbooks.plays import prereqs
     assert P.API in prereqs.services(env("dev"))
-    priced_here = env("dev", prices={"on-demand": 2.7, "spot": 1.4, "flex-start": 1.3, "reservation": 0})
-    assert P.API not in prereqs.services(priced_here)
+    tpus = {"on-demand": 2.7, "spot": 1.4, "flex-start": 1.3, "reservation": 0}
+    # `invoke capacity` prices Standard's CPU pool from the catalog's N1 SKUs where `prices:` does not.
+    assert P.API in prereqs.services(env("dev", prices=tpus))
+    assert P.API not in prereqs.services(env("dev", prices={**tpus, "default-pool": 0.76}))
+    assert P.API not in prereqs.services(env("dev-autopilot", prices=tpus))  # no CPU pool of ours
 
 
 # -- runs: stops and jobs ---------------------------------------------------------------------------

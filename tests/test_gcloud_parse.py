@@ -70,6 +70,7 @@ def test_every_gcloud_command_of_every_plan_parses(hermetic):
     lines = all_lines()
     assert len(lines) > 40
     results = parse([GOOD, BAD] + lines, hermetic)
+    assert len(results) == len(lines) + 2, "a line's parse read the lines after it (a flag's '-': stdin)"
     assert results[0]["ok"] and not results[1]["ok"], "canaries: gcloud's parser is not usable as assumed"
     assert "Invalid choice: 'nonsense'" in results[1]["error"]
     rejected = [f"gcloud {' '.join(r['argv'])}: {r['error']}" for r in results[2:] if not r["ok"]]
@@ -83,7 +84,8 @@ def test_every_gcloud_command_of_every_plan_parses(hermetic):
         assert any(k.startswith(must) for k in kinds), must
     flags = {a.split("=")[0] for ln in lines if ln[:3] == ["container", "node-pools", "create"] for a in ln}
     assert {"--spot", "--flex-start", "--reservation-affinity", "--reservation", "--enable-autoscaling",
-            "--location-policy", "--no-enable-autorepair", "--max-nodes", "--min-nodes", "--placement-policy"} <= flags
+            "--location-policy", "--no-enable-autorepair", "--max-nodes", "--min-nodes", "--placement-policy",
+            "--system-config-from-file"} <= flags  # its "-" reads stdin as it is parsed: the lines after still parse
     policy = {a.split("=")[0] for ln in lines if ln[:4] == ["compute", "resource-policies", "create", "workload-policy"]
               for a in ln}
     assert {"--type", "--accelerator-topology", "--region"} <= policy
@@ -118,9 +120,12 @@ def test_parser_agrees_with_the_cli(hermetic):
 
 @pytest.mark.clients
 def test_invoke_doctor_checks_the_plan_and_lists_every_problem(hermetic):
-    """No gcloud account here: doctor says so, and that the project cannot be
-    read for that reason (once, for the two checks it stops), and still runs
-    every other check (the parse of the whole plan among them)."""
+    """No gcloud account here: doctor says so with its fix, `gcloud auth
+    login`, in the account's step alone (its line, and the recap's); the two
+    checks it stops say so in one line each with the one line of gcloud's
+    stderr that matters, never its whole message (which names the fix
+    again); every other check still runs (the parse of the whole plan
+    among them)."""
     r = subprocess.run([INVOKE, "doctor"], cwd=ROOT, capture_output=True, text=True, timeout=300,
                        env={**hermetic, "INVOKE_PLAYBOOK_ENV": "dev"})
     out = r.stdout
@@ -128,8 +133,13 @@ def test_invoke_doctor_checks_the_plan_and_lists_every_problem(hermetic):
     assert "gcloud command lines of the plan parse with this gcloud" in out
     assert "maxtext 0.2.5" in out
     assert re.search(r"doctor : gcloud account +failed .* gcloud has no active account: run `gcloud auth login`", out)
-    assert re.search(r"doctor : project my-tpu-project +failed .*You do not currently have an active account", out)
-    assert re.search(r"doctor : kubectl context \S+ +failed .*the same failure as \[doctor : project", out)
-    assert out.count("to obtain new credentials") == 1, out      # gcloud's long message, printed once
-    assert "one failure stopped 2 steps" in out
+    assert [line for line in out.splitlines() if "gcloud auth login" in line] == [
+        "  gcloud has no active account: run `gcloud auth login` (every gcloud command would fail)",
+        "  doctor : gcloud account" + re.search(r"doctor : gcloud account( +failed .*)", out)[1]], out
+    for step, command in (("project my-tpu-project", "projects.describe"), (r"kubectl context \S+", "container.clusters"
+                                                                                                  ".list")):
+        assert re.search(rf"doctor : {step} +failed +\S+ +not checked: gcloud has no account \(`doctor : gcloud "
+                         rf"account` says the fix\); gcloud: ERROR: \(gcloud\.{command}\) You do not currently have "
+                         rf"an active account selected\.$", out, re.M), out
+    assert "to obtain new credentials" not in out and "stderr:" not in out, out     # gcloud's long message: never
     assert "doctor dev: ok=8 changed=0 failed=3 skipped=0" in out

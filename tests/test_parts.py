@@ -93,7 +93,7 @@ def test_the_planner_keeps_a_running_pool_and_counts_its_chips_against_its_quota
 def pool_look(pool_answer, plan_option="spot", e=LISTED):
     from playbooks.cloud.capacity_plan import Plan, Slot
     plan = Plan((Slot(0, "v6e-16-0", plan_option, plan_option or "none", "test"),), (), ("reservation", "spot"), 16)
-    return looking({"node pool v6e-16-0": pool_answer, "capacity plan": plan})
+    return looking({"node pool v6e-16-0": pool_answer, "capacity plan": plan, "gcloud's version": "555.0.0"})
 
 
 def test_an_absent_pool_is_created_with_the_plans_option():
@@ -127,10 +127,11 @@ def test_a_pool_of_another_shape_is_drift_and_a_broken_one_is_replaced():
     from playbooks.plays.nodepools import Pool
     from tests.test_steps import pool
     e = env("dev", capacity=["spot"])
-    d = Pool(e, 0).decide(looking({"node pool v6e-16-0": pool("v6e-16-0", topology="2x4", capacity="spot")}))
+    version = {"gcloud's version": "555.0.0"}  # a gcloud that sends the Spot pools' kubeletConfig
+    d = Pool(e, 0).decide(looking({"node pool v6e-16-0": pool("v6e-16-0", topology="2x4", capacity="spot"), **version}))
     assert d.kind == DRIFT and "topology" in d.reason
     broken = dict(pool("v6e-16-0", capacity="spot"), status="ERROR", statusMessage="GCE_STOCKOUT")
-    d = Pool(e, 0).decide(looking({"node pool v6e-16-0": broken}))
+    d = Pool(e, 0).decide(looking({"node pool v6e-16-0": broken, **version}))
     assert d.kind == CHANGE and [c.argv[3] for c in d.commands] == ["delete", "create"]
     assert d.reason.startswith("replaced a broken pool (was ERROR")
 

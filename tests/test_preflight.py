@@ -49,12 +49,13 @@ def test_the_tutorials_jobs_pass_the_static_checks():
 def test_ici_product_must_be_the_chips_of_a_slice():
     p = problems(env("dev"), job(env("dev"), sets=["ici_tensor_parallelism=8"]))
     assert p == ["ICI parallelism (per slice, 16 chips in a 4x4 slice): ici_fsdp_parallelism=4 x "
-                 "ici_tensor_parallelism=8 = 32, but there are 16"]
+                 "ici_tensor_parallelism=8 = 32, but there are 16: --set ici_fsdp_parallelism=2 matches"]
 
 
 def test_dcn_product_must_be_the_slices():
     p = problems(env("dev"), job(env("dev"), "llama3-70b", sets=["dcn_fsdp_parallelism=4"]))
-    assert p == ["DCN parallelism (across slices, 2 slices): dcn_fsdp_parallelism=4 = 4, but there are 2"]
+    assert p == ["DCN parallelism (across slices, 2 slices): dcn_fsdp_parallelism=4 = 4, but there are 2: "
+                 "--set dcn_fsdp_parallelism=2 matches"]
 
 
 def test_only_one_axis_may_be_filled():

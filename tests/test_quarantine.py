@@ -279,3 +279,31 @@ def test_a_release_in_a_dry_run_says_the_event_and_writes_nothing(here, monkeypa
                                 mode=Mode.DRY)
     assert "# released: an event in the timeline of each run that has tpu-group-1-0 set aside" in out.text()
     assert all(timeline.read(local, run) == evs for run, evs in runs.items())
+
+
+def _node(name: str, pool: str, cordoned: bool, tainted: bool) -> dict:
+    taints = [{"key": quarantine.TAINT_KEY, "value": "true", "effect": "NoSchedule"}] if tainted else []
+    return {"kind": "Node", "metadata": {"name": name, "labels": {"cloud.google.com/gke-nodepool": pool}},
+            "spec": {"unschedulable": cordoned, "taints": taints}}
+
+
+def test_statuss_row_on_gke_counts_a_slice_tainted_elsewhere_and_not_a_node_only_cordoned(here):
+    """`invoke status`'s row reads the nodes (the same read as its other
+    rows): a slice whose nodes carry the taint is held out though no record
+    here names it; a node only cordoned is said, not counted; a record whose
+    nodes are untainted is said as no longer in force."""
+    dev = env("dev")
+    nodes, record = quarantine.cluster_nodes_fact(dev).key, R.fact(dev).key
+    listed = [_node("n-a", "v6e-16-0", True, True), _node("n-b", "v6e-16-1", True, False),
+              _node("n-c", "v6e-16-2", False, False)]
+    recap, _ = run_with_facts([quarantine.list_step(dev, "status", held_fails=True)],
+                              {record: {}, nodes: {"kind": "List", "items": listed}})
+    [r] = recap.results
+    assert r.outcome == "failed" and r.reason.startswith("1 quarantined: v6e-16-0; not set aside, but said: "
+                                                         "v6e-16-1 (`invoke hosts`"), r.reason
+    given_back = {"v6e-16-2": R.entry("v6e-16-2", "hung", "stall_action: restart", ["n-c"])}
+    recap, out = run_with_facts([quarantine.list_step(dev, "status", held_fails=True)],
+                                {record: given_back, nodes: {"kind": "List", "items": listed[1:]}})
+    [r] = recap.results
+    assert (r.outcome, r.reason) == ("ok", "no host is quarantined; not set aside, but said: v6e-16-1, v6e-16-2")
+    assert "  source: this checkout's record only: no node of it carries the taint now" in "\n".join(out), out

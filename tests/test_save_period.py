@@ -1,7 +1,8 @@
 """The checkpoint period: Young's and Daly's first-order optimum in steps,
 what a loss replays at it, what a notice gives a save, the times a run
 measured, and where a job's period comes from (auto, the inventory,
-train_overrides, --set)."""
+train_overrides, --set); a job that can be taken back saving before its
+end, and `train` promising a resume only from a checkpoint it saves."""
 from __future__ import annotations
 
 import math
@@ -67,7 +68,8 @@ def test_a_spot_notice_holds_a_save_within_its_15_s_else_names_multi_tier_checkp
     # measured without a finalization: the blocking part, a lower bound, said so
     assert "its blocking part: at least" in notice_text(SPOT, times(3.0), "L")
     assert "30 s of graceful termination, the first 15 s" in SPOT.notice
-    assert "120 s on Standard node pools from GKE 1.35.0-gke.1171000" in SPOT.notice
+    # A Standard cluster from GKE 1.35.0-gke.1171000 lengthens it (tests/test_spot_grace.py).
+    assert "120 s of graceful termination, the first 105 s" in env("dev", capacity="spot").options[0].notice
 
 
 def test_the_other_options_say_the_notice_that_applies_and_the_twin_none():
@@ -150,9 +152,25 @@ def test_the_period_comes_from_set_then_train_overrides_then_the_inventory_then_
 
 def test_the_mtbi_is_the_inventorys_else_the_shortest_of_the_capacity_options():
     assert save_plan.mtbi(env("dev")).hours == 720.0
-    assert save_plan.mtbi(env("dev", capacity=["on-demand", "spot"])).hours == 24.0
+    assert save_plan.mtbi(env("dev", capacity=["on-demand", "spot"])).hours == 24.0 / 8   # 2 x v6e-16: 8 Spot VMs
     m = save_plan.mtbi(env("dev", capacity="spot", interruption_mtbi_hours=6))
     assert (m.hours, m.basis) == (6.0, "interruption_mtbi_hours")
+
+
+def test_spots_interval_is_each_vms_so_a_run_on_more_spot_vms_expects_more_interruptions():
+    """A slice is lost when any of its VMs is preempted, each on its own: the
+    run's MTBI is the assumed day per Spot VM / its VMs (slices x hosts per
+    slice), said so; a figure that is not per VM (on-demand's assumed 30
+    days, flex-start's 7-day end) and the inventory's own stay as they are."""
+    one = save_plan.mtbi(env("dev", capacity="spot", slices=1, topology="2x2"))        # 1 x v6e-4: one VM
+    two = save_plan.mtbi(env("dev", capacity="spot"))                                  # 2 x v6e-16: 8 VMs
+    four = save_plan.mtbi(env("dev", capacity="spot", slices=4))                        # 4 x v6e-16: 16 VMs
+    assert (one.hours, two.hours, four.hours) == (24.0, 3.0, 1.5)
+    assert two.basis.startswith("spot's (24 h per VM / 8 VMs: a slice is lost when any of its VMs is), an "
+                                "assumption (a day per Spot VM): Google publishes no Spot preemption rate"), two.basis
+    assert save_plan.mtbi(env("dev", capacity="flex-start", slices=4)).hours == 168.0
+    assert save_plan.mtbi(env("dev", capacity=["on-demand"], slices=4)).hours == 720.0
+    assert save_plan.mtbi(env("dev", capacity="spot", slices=4, interruption_mtbi_hours=6)).hours == 6.0
 
 
 def test_the_compile_does_not_depend_on_the_period():
@@ -176,3 +194,86 @@ def test_a_bad_period_or_mtbi_is_refused_in_one_line(changes, words):
         env("dev", **changes)
     said = str(got.value)
     assert "\n" not in said and all(w in said for w in words), said
+
+
+# -- a job that can be taken back saves before its end (issue 64, item 2) ------------------------
+def preemption_line(e, job) -> str:
+    """What `train` says before a job on preemptible capacity (its one step's reason)."""
+    from playbooks.plays import train
+    [step] = train.preemption_note(e, job)
+    return step.decide(lambda fact: None).reason
+
+
+def mid_saves(period: int, steps: int) -> list[int]:
+    """The steps MaxText saves strictly between step 0 and the last step (``runs/saves.py``'s schedule)."""
+    from playbooks.runs.saves import Schedule, periodic
+    s = Schedule(period, True, steps)
+    return [i for i in range(1, steps - 1) if periodic(i, s)]
+
+
+@pytest.mark.parametrize("capacity", ["spot", "flex-start", ["reservation", "spot"], ["spot", "on-demand"]])
+def test_auto_on_capacity_that_can_be_taken_back_saves_before_the_jobs_last_step(capacity):
+    # The default 100-step job: the optimum (949 steps on Spot, 2511 on flex-start) held at half the job.
+    e = env("dev", capacity=capacity, **({"reservation": "r1"} if "reservation" in capacity else {}))
+    job = job_of(e)
+    assert job.argv()[-1] == "checkpoint_period=50" and job.save_plan.first_save == 50
+    assert mid_saves(job.save_plan.period, 100) == [50]
+    assert "at most 50: half the job's 100 steps, as " in line(job.save_plan, e.options, 32, None)
+    assert "capacity can be taken back" in line(job.save_plan, e.options, 32, None)
+    # Whatever the job's length, a save lands between step 0's and the last step's.
+    for steps in (3, 4, 5, 7, 10, 99, 100, 101, 1000):
+        p = save_plan.plan(e, build_job(e, "llama3-8b", steps=steps), None)
+        assert p.period < steps - 1 and mid_saves(p.period, steps), (steps, p.period)
+    # An optimum shorter than half the job is kept: 0.5 s saves, 1.5 s steps, 100,000 steps (Spot's 24 h: 196).
+    long = save_plan.plan(e, build_job(e, "llama3-8b", steps=100_000), Times(0.5, 2.0, 1.5, "run r's", True))
+    assert long.period == round(math.sqrt(2 * 0.5 * save_plan.mtbi(e).hours * 3600) / 1.5) < 50_000
+
+
+def test_auto_where_nothing_takes_the_tpus_back_is_still_held_at_the_jobs_steps():
+    job = job_of(env("dev", capacity="on-demand"))
+    assert job.argv()[-1] == "checkpoint_period=100" and job.save_plan.first_save is None
+    assert "at most the job's 100;" in line(job.save_plan, (ON_DEMAND,), 32, None)
+
+
+def test_the_twins_auto_period_saves_before_the_end_as_chaos_takes_its_hosts():
+    short = job_of(env("local", train_overrides={"steps": 6}))  # nothing to estimate from: the fallback's 10
+    assert short.argv()[-1] == "checkpoint_period=3" and short.save_plan.first_save == 3
+    assert "10 steps until a run measures them, at most 3: half the job's 6 steps, as the chaos tasks take the " \
+           "local twin's hosts" in line(short.save_plan, (None,), 8, None)
+    assert job_of(env("local", train_overrides={"steps": 40})).save_plan.period == FALLBACK_PERIOD
+
+
+def test_train_promises_a_resume_from_a_checkpoint_only_where_one_is_saved_before_the_end():
+    # Spot's default 15 s (a cluster older than 1.35.0-gke.1171000): the 8B save's estimate does not end within it.
+    e = env("dev", capacity="spot", cluster_version="1.34.1-gke.1829001")
+    said = preemption_line(e, job_of(e))
+    assert "a preemption ends this job (run again, it resumes from its last checkpoint, saved every 50 steps: at " \
+           "most 50 steps replayed)" in said
+    # A period the user chose at or past the job's last step: no checkpoint before it, said so.
+    for period in (99, 100):
+        said = preemption_line(e, job_of(e, f"checkpoint_period={period}"))
+        assert "resumes from its last checkpoint" not in said
+        assert (f"a preemption before the save of step 99, the job's last, ends this job, and run again it starts "
+                f"over where it started (step 0 for a new run): checkpoint_period={period} (from --set) saves no "
+                f"checkpoint before it; checkpoint_period=50 would save at step 50") in said
+    assert "saved every 98 steps" in preemption_line(e, job_of(e, "checkpoint_period=98"))  # step 98: before 99
+    said = preemption_line(e, job_of(env("dev", capacity="spot", checkpoint_period=500)))
+    assert "before the save of step 99" in said and "(from the inventory's checkpoint_period)" in said
+    # A job of one step: nothing but its own save, no period to suggest.
+    one = job_of(e, "steps=1")
+    assert one.steps == 1
+    said = preemption_line(e, one)
+    assert "a preemption before the save of step 0, the job's last, ends this job, and run again it starts over" \
+           in said and "would save" not in said and "resumes from its last" not in said
+
+
+def test_a_save_that_ends_within_the_spot_notice_is_the_one_resumed_from():
+    e = env("dev", capacity=["spot", "flex-start"])
+    job = build_job(e, "llama3-8b", sets=["checkpoint_period=100"])
+    save_plan.apply(e, job, Times(4.0, 5.0, 2.0, "run r's", True))
+    said = preemption_line(e, job)
+    assert ("a preemption (of a spot or flex-start slice) before the save of step 99, the job's last, ends this "
+            "job, and run again it starts over where it started (step 0 for a new run; but a spot notice's save, ~5 "
+            "s (measured), ends within the notice: run again, it resumes from that save)") in said
+    save_plan.apply(e, job, Times(110.0, 110.0, 2.0, "run r's", True))  # longer than the Spot pools' 105 s
+    assert "resumes from that save" not in preemption_line(e, job)

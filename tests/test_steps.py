@@ -4,6 +4,7 @@ default. Nothing starts: these run the real plays with a fixture runner."""
 
 import pytest
 
+from playbooks.config import spot_grace
 from playbooks.core.facts import Completed
 from playbooks.core.fixtures import Answers
 from playbooks.core.runner import Mode
@@ -82,7 +83,8 @@ def test_subnet_on_another_network_is_drift():
 
 
 def pool(name, status="RUNNING", topology="4x4", nodes=4, capacity="on-demand"):
-    extra = {"spot": True} if capacity == "spot" else {}
+    # A Spot pool as this project makes it: with its lengthened graceful termination (cloud/node_shutdown.py).
+    extra = {"spot": True, "kubeletConfig": dict(spot_grace.KUBELET_CONFIG)} if capacity == "spot" else {}
     return {"name": name, "status": status, "initialNodeCount": nodes,
             "config": {"machineType": "ct6e-standard-4t", **extra,
                        "labels": {"cloud.google.com/gke-networking-dra-driver": "true",
@@ -577,6 +579,7 @@ ON_DEMAND_QUOTA = QUOTA.format("TPUS-PER-TPU-FAMILY-per-project-region")
 RESERVATION = ("CLOUDSDK_CORE_VERBOSITY=debug gcloud compute reservations describe zeta-resv --zone=us-east5-b "
                "--format=json --project=my-tpu-project")
 CLUSTER = {"name": "maxtext-multislice", "status": "RUNNING", "location": "us-east5-b"}
+GCLOUD = "gcloud version --format=json"  # asked where a Spot pool gets its node system configuration
 
 
 def quota(value, **dims):
@@ -643,7 +646,7 @@ def test_a_slice_whose_pool_exists_keeps_it_and_its_quota_is_not_counted_twice()
     res["config"] = dict(res["config"], reservationAffinity={"consumeReservationType": "SPECIFIC_RESERVATION",
                                                              "values": ["zeta-resv"]})
     facts = {CLUSTERS: [dict(CLUSTER, nodePools=[res, pool("v6e-16-1", capacity="spot")])], SPOT_QUOTA: quota(16),
-             RESERVATION: reservation(4, in_use=4)}
+             RESERVATION: reservation(4, in_use=4), GCLOUD: {"Google Cloud SDK": "555.0.0"}}
     recap, out = run_with_facts([plan_step(LISTED)] + nodepools.steps(LISTED), facts)
     assert recap.counters() == "ok=3 changed=0 failed=0 skipped=0", out.text()
     assert notes(out) == ["v6e-16-0: reservation zeta-resv (its pool, RUNNING)", "v6e-16-1: spot (its pool, RUNNING)"]
@@ -657,12 +660,12 @@ def test_a_slice_whose_pool_exists_keeps_it_and_its_quota_is_not_counted_twice()
 
 def test_the_pools_follow_the_plan_made_once_and_a_pool_of_another_option_of_the_list_is_as_asked():
     from playbooks.core.runner import Mode
-    facts = {CLUSTERS: [], SPOT_QUOTA: quota(64), RESERVATION: reservation(4)}
+    facts = {CLUSTERS: [], SPOT_QUOTA: quota(64), RESERVATION: reservation(4), GCLOUD: {"Google Cloud SDK": "555.0.0"}}
     recap, out = run_with_facts([plan_step(LISTED)] + nodepools.steps(LISTED), facts, mode=Mode.CHECK)
     assert recap.counters() == "ok=1 changed=2 failed=0 skipped=0", out.text()
     creates = applied(out)
     assert "--reservation-affinity=specific --reservation=zeta-resv" in creates[0] and "--spot" not in creates[0]
-    assert creates[1].endswith("--spot --project=my-tpu-project")
+    assert creates[1].endswith("--spot --project=my-tpu-project --system-config-from-file=-")
     assert "--node-labels=cloud.google.com/gke-networking-dra-driver=true,tpu-playbooks/capacity=reservation" \
         in creates[0]
     derived = [ln for ln in out if ln.startswith("  probe  capacity plan")]

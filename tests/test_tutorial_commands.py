@@ -28,7 +28,7 @@ def transcripts(tmp_path_factory):
     out = {}
     for name, args in {"up": ["up"], "train": ["train"], "train70": ["train", "--model=llama3-70b", "--skip-preflight"],
                        "elastic": ["train", "--elastic", "--steps=50"], "chaos": ["chaos.delete-worker"],
-                       "teardown": ["teardown"]}.items():
+                       "teardown": ["teardown"], "teardown-all": ["teardown", "--delete-bucket"]}.items():
         rc, text, err = dry_run("acme", args, inventory=inv)
         assert rc == 0 and "PROCESSES STARTED" not in err, err
         out[name] = text
@@ -180,7 +180,8 @@ def test_chaos_is_the_tutorials_find_then_delete(transcripts):
 
 
 def test_teardown_deletes_in_dependency_order(transcripts):
-    got = lines(transcripts["teardown"])
+    """The bucket only with --delete-bucket (kept without it: tests/test_bill_stop.py)."""
+    got = lines(transcripts["teardown-all"])
     expected = [
         f"kubectl delete raycluster maxtext-tpu-cluster --namespace {NS} {CTX}",
         "kill -TERM $(cat .state/acme/port-forward.pid)",
@@ -195,5 +196,6 @@ def test_teardown_deletes_in_dependency_order(transcripts):
         f"{D}gcloud compute networks delete {C}-net-2 --project={P} --quiet",
     ]
     assert got == expected
+    assert lines(transcripts["teardown"]) == [ln for ln in expected if not ln.startswith("gsutil rm")]
     assert f"gcloud container clusters delete llm-auto --location={R} --project={P} --quiet" in\
            lines(transcripts["auto-teardown"])

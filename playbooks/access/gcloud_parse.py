@@ -8,7 +8,13 @@ JSON {"argv": [...], "ok": bool, "error": "..."}. This relies on gcloud
 internals (calliope's parser), so callers keep a known-good and a known-bad
 canary among the lines and fall back to the CLI when they misbehave.
 Standard library only: it runs outside the project's virtualenv.
+
+The lines are read whole before any is parsed, and each is parsed with an
+empty stdin: a flag whose value is read as it is parsed reads ``-`` as
+stdin (gcloud's FileContents: a node pool's ``--system-config-from-file=-``,
+playbooks/cloud/node_shutdown.py), which would else swallow the lines left.
 """
+import io
 import json
 import os
 import sys
@@ -24,7 +30,9 @@ def main():
     parser = gcloud_main.CreateCLI([])._CLI__parser
     out = sys.stdout
     saved = os.dup(2)
-    for line in sys.stdin:
+    lines = sys.stdin.read().splitlines()
+    sys.stdin = io.StringIO("")
+    for line in lines:
         if not line.strip():
             continue
         argv = json.loads(line)

@@ -16,7 +16,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from playbooks.access.cli_clients import fact, gcloud, json_object, text_value
+from playbooks.access.cli_clients import NO_ACCOUNT_WORDS, fact, gcloud, json_object, text_value
 from playbooks.cli import task_steps
 from playbooks.cloud.gke import clusters_fact, kube, kube_context
 from playbooks.cloud.kube_context import has_context, kubeconfig_fact
@@ -215,6 +215,29 @@ def account_step(env: Environment) -> Step:
     return Step(PLAY, "gcloud account", decide, id="doctor:account")
 
 
+class NoAccount(Exception):
+    """gcloud refused a read for want of an account: the one line of its
+    stderr that says so (the fix is the account step's to say, once)."""
+
+
+def gcloud_look(look: Callable[[Fact], Any], probe: Fact) -> Any:
+    """``look(probe)``; a refusal for want of an account (gcloud's
+    NO_ACCOUNT_WORDS) raises ``NoAccount`` with that one line of its
+    stderr, where "could not look" would repeat the whole of it (`gcloud
+    auth login` among it) after the account step named the fix."""
+    try:
+        return look(probe)
+    except ProbeFailed as e:
+        if NO_ACCOUNT_WORDS not in f"{e.why} {e.stderr}":
+            raise
+        said = next((ln.strip() for ln in f"{e.stderr}\n{e.why}".splitlines() if NO_ACCOUNT_WORDS in ln), "")
+        raise NoAccount(said) from None
+
+
+def no_account(e: NoAccount) -> str:
+    return f"not checked: gcloud has no account (`doctor : gcloud account` says the fix); gcloud: {e}"
+
+
 def project_step(env: Environment) -> Step:
     if env.platform.simulated:
         return skipped(PLAY, "project access", "a local environment uses no project", id="doctor:project")
@@ -223,7 +246,10 @@ def project_step(env: Environment) -> Step:
                  assumed=env.project_id)
 
     def decide(look):
-        return ok(f"project {look(probe)} is readable with these credentials")
+        try:
+            return ok(f"project {gcloud_look(look, probe)} is readable with these credentials")
+        except NoAccount as e:
+            return fail(no_account(e))
 
     return Step(PLAY, f"project {env.project_id}", decide, id="doctor:project", after=("doctor:account",))
 
@@ -237,7 +263,11 @@ def context_step(env: Environment) -> Step:
                   describe=lambda v: f"server {(v.get('serverVersion') or {}).get('gitVersion', '?')}")
 
     def decide(look):
-        if look(clusters) is ABSENT:
+        try:
+            made = gcloud_look(look, clusters)
+        except NoAccount as e:
+            return fail(no_account(e))
+        if made is ABSENT:
             return ok(f"cluster {env.cluster_name} does not exist yet: no context to check (`invoke cluster` "
                       f"makes both)")
         if not has_context(look(kubeconfig), name):

@@ -61,7 +61,7 @@ MAX_LOCK_WAIT = 24 * 3600.0
 # beside them would make the same pool; `hosts.maintenance` starts a slice's
 # host maintenance.
 CHANGING = ("prereqs", "network", "cluster", "nodepools", "storage", "raycluster", "dashboard", "up", "teardown",
-            "quarantine", "release", "maintenance")
+            "stop-tpus", "quarantine", "release", "maintenance")
 # Tasks that change the environment only in part of their run: they hold the
 # lock from their start until the step named here has ended, not for the
 # hours the rest takes. `train --fresh` (the one that asks for it: ``open_session(changing=True)``) deletes the run's

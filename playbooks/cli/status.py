@@ -21,10 +21,17 @@ from playbooks.access.cli_clients import NO_ACCOUNT_WORDS, fact
 from playbooks.access.connectors import connector
 from playbooks.access.ray_api import job_logs_command, jobs_fact, ours, run_of
 from playbooks.cli import doctor, task_steps
-from playbooks.cloud import capacity_options, env_cost, kube_objects, maintenance
+from playbooks.cloud import capacity_options, env_cost, kube_objects, maintenance, still_billed
 from playbooks.cloud import pods as P
 from playbooks.cloud.endpoints import dashboard
-from playbooks.cloud.gke import clusters_fact, nodepool_name, nodepools_list_fact, objects_command, raycluster_fact
+from playbooks.cloud.gke import (
+    bucket_fact,
+    clusters_fact,
+    nodepool_name,
+    nodepools_list_fact,
+    objects_command,
+    raycluster_fact,
+)
 from playbooks.cloud.slices import pods_fact
 from playbooks.config.choices import capacity_option
 from playbooks.config.schema import Environment
@@ -43,6 +50,8 @@ ACCOUNT = "status:account"
 FIX = {ACCOUNT: "run `gcloud auth login` (`invoke doctor` checks it)"}
 UP = "run `invoke up`"
 COST = "status:cost"
+BILLS = "status:bills"
+UNDER = (COST, BILLS)  # said under the table, never a finding
 SHOWN = 3  # the newest jobs said in the jobs line (and whose runs' checkpoints are looked at)
 POOL_LABEL = P.NODEPOOL_LABEL
 
@@ -264,6 +273,41 @@ def cost_step(env: Environment) -> Step:
     return Step(PLAY, "environment cost", decide, id=COST, probes=env_cost.facts(env))
 
 
+def bills_step(env: Environment) -> Step:
+    """Whether the TPUs bill now, and what bills besides them: the
+    cluster's other parts and the bucket with its bytes
+    (``cloud/still_billed.py``): after `invoke stop-tpus`, what still
+    costs money; after a teardown, the bucket it kept. Said under the
+    table, never a finding."""
+    bucket, held = bucket_fact(env), still_billed.bytes_fact(env)
+
+    def decide(look):
+        try:
+            cluster = look(clusters_fact(env))
+        except ProbeFailed:
+            cluster = None
+        b = still_billed.bills(cluster, env_cost.read(env, look), bucket_text(env, look, bucket, held))
+        return ok(still_billed.lines(b)[0], data=b.doc() | {"lines": still_billed.lines(b)})
+
+    return Step(PLAY, "what bills", decide, id=BILLS, probes=(*env_cost.facts(env), bucket, held))
+
+
+def bucket_text(env: Environment, look: Any, bucket: Fact, held: Fact) -> str:
+    """The bucket's line ("" where it is proven absent; said unknown where
+    it could not be read)."""
+    try:
+        b = look(bucket)
+    except ProbeFailed as e:
+        return f"bucket gs://{env.gs_bucket}: unknown ({env_cost.why_not(e)})"
+    if b is ABSENT:
+        return ""
+    try:
+        n, why = look(held), ""
+    except ProbeFailed as e:
+        n, why = None, env_cost.why_not(e)
+    return "" if n is ABSENT else still_billed.bucket_line(env, b, n, why)
+
+
 def account_step() -> Step:
     """gcloud's credentials, read once (`gcloud config list`: no API)."""
     probe = doctor.credentials_fact()
@@ -291,7 +335,7 @@ def steps(env: Environment) -> list[Step]:
     # The hosts set aside: its notes, one line per host (and per node on GKE).
     out.append(quarantine.list_step(env, PLAY, held_fails=True))
     if env.platform.cloud:
-        out.append(cost_step(env))
+        out += [cost_step(env), bills_step(env)]
     return out
 
 
@@ -341,8 +385,8 @@ def report(env: Environment, recap: Recap) -> dict:
     full = recap.full_reasons()
     items = []
     for r in recap.results:
-        if r.step_id == COST:
-            continue  # said under the table (``cost``), never a finding
+        if r.step_id in UNDER:
+            continue  # said under the table (``cost``, ``bills``), never a finding
         v, what = verdict(r, found, full)
         items.append({"what": r.title, "verdict": v, "outcome": r.outcome, "state": _state(r.lines),
                       "reason": what, "notes": list(r.notes)})
@@ -352,6 +396,7 @@ def report(env: Environment, recap: Recap) -> dict:
     as_asked = not recap.not_run and all(i["outcome"] in (OK, SKIPPED) for i in items)
     return {"environment": env.name, "kind": env.kind, "mode": env.get("mode"), "as_asked": as_asked,
             "items": items, "jobs": recap.data("status:jobs") or [], "cost": recap.data(COST),
+            "bills": recap.data(BILLS),
             "diagnosis": diagnosis(recap, items),
             "seconds": round(recap.wall, 1)}
 
@@ -384,7 +429,7 @@ def diagnosis(recap: Recap, items: list[dict]) -> str | None:
         what = first["verdict"] + ("" if first["verdict"] == NOT_READY else f": {UP}")
     else:
         what = first["reason"]
-    fix = FIX.get([r for r in recap.results if r.step_id != COST][items.index(first)].step_id)
+    fix = FIX.get([r for r in recap.results if r.step_id not in UNDER][items.index(first)].step_id)
     return f"{first['what']}: {what}" + (f": {fix}" if fix else "")
 
 
@@ -413,6 +458,8 @@ def table(doc: dict) -> list[str]:
                 out.append(f"      {j['saves']}")
     if doc.get("cost"):
         out += [f"  {line}" for line in doc["cost"]["lines"]]
+    if doc.get("bills"):
+        out += [f"  {line}" for line in doc["bills"]["lines"]]
     out.append(f"diagnosis: {doc['diagnosis']}" if doc["diagnosis"] else
                "diagnosis: everything is as the inventory asks")
     return out

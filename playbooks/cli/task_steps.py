@@ -9,7 +9,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from playbooks.access import connectors
+from playbooks.cloud import node_shutdown
 from playbooks.cloud.gke import nodepool_name
+from playbooks.config.choices import preemption_grace_s
 from playbooks.config.schema import Environment, capacities
 from playbooks.core.command import Command
 from playbooks.core.runner import Mode
@@ -29,6 +31,7 @@ from playbooks.plays import (
     quarantine,
     raycluster,
     slice_notice,
+    stop_tpus,
     storage,
     teardown,
     train,
@@ -237,10 +240,14 @@ def chaos_steps(env: Environment, restore_after: float, target: str = placement.
     return _kubectl_first(env, chaos.delete_steps(env, restore_after, target))
 
 
-def preempt_steps(env: Environment, grace: int, restore_after: float, target: str = placement.FIRST) -> list[Step]:
-    """chaos.preempt-worker: one worker given a notice of ``grace`` seconds,
-    then lost (``target``: checked by ``chaos_target_problem`` first)."""
-    return _kubectl_first(env, chaos.delete_steps(env, restore_after, target, grace=grace))
+def preempt_steps(env: Environment, grace: int | None, restore_after: float,
+                  target: str = placement.FIRST) -> list[Step]:
+    """chaos.preempt-worker: one worker given a notice of ``grace`` seconds
+    (None: what a preemption gives the job's pods on the environment's
+    capacity, ``choices.preemption_grace_s``), then lost (``target``:
+    checked by ``chaos_target_problem`` first)."""
+    given = grace if grace is not None else preemption_grace_s(env)
+    return _kubectl_first(env, chaos.delete_steps(env, restore_after, target, grace=given))
 
 
 def start_maintenance_steps(env: Environment, pool: str) -> list[Step]:
@@ -325,10 +332,22 @@ def release_steps(env: Environment, name: str) -> list[Step]:
     return [cluster.credentials_step(env, quarantine.RELEASE)] + quarantine.release_gke_steps(env, name)
 
 
-def teardown_steps(env: Environment) -> list[Step]:
+def teardown_steps(env: Environment, delete_bucket: bool = False) -> list[Step]:
     if env.platform.simulated:
         return local_cluster.stop_steps(env, "teardown")
-    return teardown.steps(env)
+    return teardown.steps(env, delete_bucket)
+
+
+def stop_tpus_steps(env: Environment) -> list[Step]:
+    """`invoke stop-tpus` (``plays/stop_tpus.py``): on the twin its simulated
+    TPU hosts stopped, its head kept; on GKE Standard each TPU node pool
+    deleted by the nodepools play's own command (which `up` makes again);
+    on Autopilot the RayCluster, after kubectl's credentials."""
+    if env.platform.simulated:
+        stops = [local_cluster.stop_step(env, h.name, stop_tpus.PLAY) for h in reversed(hosts_of(env))]
+        return stops + [stop_tpus.next_step(env, tuple(s.id for s in stops))]
+    steps = stop_tpus.steps(env, lambda name: nodepools.delete_command(env, name))
+    return steps if env.cluster_mode.our_node_pools else [cluster.credentials_step(env, stop_tpus.PLAY)] + steps
 
 
 def all_commands(env: Environment) -> list[Command]:
@@ -352,7 +371,9 @@ def all_commands(env: Environment) -> list[Command]:
     if chaos.sicken_problem(env) is None:
         book.run("chaos", chaos.sicken_steps(env))
         book.run("chaos", chaos.heal_steps(env))
+    book.run("teardown", teardown_steps(env, delete_bucket=True))
     book.run("teardown", teardown_steps(env))
+    book.run("stop-tpus", stop_tpus_steps(env))
     first = host_names(env)[0]
     book.run("quarantine", quarantine_steps(env, first, "all_commands", "all_commands"))
     book.run("release", release_steps(env, first))
@@ -360,6 +381,9 @@ def all_commands(env: Environment) -> list[Command]:
     if env.platform.cloud:
         for i in range(env.slices if env.cluster_mode.our_node_pools else 0):
             out += [nodepools.create_command(env, nodepool_name(env, i), o) for o in capacities(env)]
+            # The update a Spot pool made without its node system configuration is told to run (drift).
+            out += [node_shutdown.update_command(env, nodepool_name(env, i), o) for o in env.options
+                    if o.kubelet_config]
             out.append(nodepools.delete_command(env, nodepool_name(env, i)))
         remove = remove_checkpoints(build_job(env, "llama3-8b", fresh=True))
         assert isinstance(remove, Command)  # gs://: a command, not an in-process delete

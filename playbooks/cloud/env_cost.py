@@ -12,15 +12,13 @@ The parts, from what exists (read, never assumed):
   ``capacity_options.pool_option``), priced by ``prices.py`` as a run is;
 - every other node pool (the cluster's ``default-pool``: the tutorial's
   ``clusters create --machine-type=n1-standard-16`` without ``--num-nodes``,
-  3 nodes): priced only by the inventory's ``prices.default-pool`` (USD per
-  node-hour). The Billing Catalog prices N1 per vCPU-hour and per GiB-hour
-  of RAM (``N1 Predefined Instance Core/Ram running in Americas``, one SKU
-  for many regions, RAM per ``GiBy.h``, which the TPU reader does not
-  take) and N1 earns sustained-use discounts over a month that no list
-  price holds: a figure from it would not be the bill;
-- the cluster management fee: priced only by ``prices.cluster-fee`` (USD
-  per hour). GKE's free tier waives it for one zonal or Autopilot cluster
-  per billing account, which the catalog cannot tell: 0 under the free tier.
+  3 nodes): its nodes x a node-hour of its machine type, priced as
+  `capacity` prices the plan's (``cluster_prices.node_rate``: the
+  inventory's ``prices.default-pool``, else the cached catalog's N1 vCPU
+  and RAM prices, a list price before sustained-use discounts);
+- the cluster management fee: ``prices.cluster-fee``, else GKE's list
+  price, $0.10 an hour (``cluster_prices.fee_rate``; the line names the
+  free tier, which the billing account's credits decide).
 
 Since `up`: the cluster's ``createTime`` (GKE's Cluster resource, RFC 3339;
 a NodePool has no creation time) for the fee, and each node's
@@ -39,10 +37,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from playbooks.access.cli_clients import NO_ACCOUNT_WORDS, fact, json_object
-from playbooks.cloud import capacity_options, prices
+from playbooks.cloud import capacity_options, cluster_prices, prices
 from playbooks.cloud import pods as P
 from playbooks.cloud.gke import clusters_fact, objects_command, seconds
-from playbooks.config.schema import CLUSTER_FEE, DEFAULT_POOL, Environment
+from playbooks.config.schema import DEFAULT_POOL, Environment
 from playbooks.config.tpu import of_machine_type
 from playbooks.core.errors import ProbeFailed
 from playbooks.core.facts import ABSENT, Completed, Fact
@@ -162,7 +160,7 @@ def read(env: Environment, look: Callable[[Fact], Any], now: float | None = None
         nodes = look(nodes_probe)
     except ProbeFailed as e:
         nodes, why_nodes = None, why_not(e)
-    catalog = prices.cached(env) if prices.needs_catalog(env) else None
+    catalog = prices.cached(env) if prices.needs_catalog(env, cpu=True) else None
     return priced(env, cluster, nodes, catalog, now, why_nodes)
 
 
@@ -193,14 +191,6 @@ def tpu_rate(env: Environment, pool: dict, chips: int,
     return (None if p.per_chip_hour is None else p.per_chip_hour * chips), f"{option} {p.text()}"
 
 
-def given(env: Environment, key: str, unit: str, why: str) -> tuple[float | None, str]:
-    """A part priced only by the inventory's ``prices:``."""
-    v = (env.get("prices") or {}).get(key)
-    if v is None:
-        return None, f"no price ({why}: set prices.{key}, USD per {unit})"
-    return float(v), f"${float(v):.4g}/{unit} (inventory prices:)"
-
-
 def priced(env: Environment, cluster: dict, nodes: dict[str, list[float | None]] | None,
            catalog: prices.Catalog | str | None, now: float, why_nodes: str = "") -> EnvCost:
     """Each part of the cluster, priced: its node pools (from ``nodes``, the
@@ -229,9 +219,8 @@ def priced(env: Environment, cluster: dict, nodes: dict[str, list[float | None]]
             rate, price = tpu_rate(env, pool, chips, catalog)
             what = f"{count} nodes x {chips} chips ({mt}), {capacity_options.pool_capacity(pool)}"
         elif name == DEFAULT_POOL:
-            rate, price = given(env, DEFAULT_POOL, "node-hour",
-                                f"the Billing Catalog prices {mt} per vCPU-hour and GiB-hour of RAM, before "
-                                f"sustained-use discounts: not read here")
+            node = cluster_prices.node_rate(env, mt, catalog if catalog is not None else _catalog_why(catalog))
+            rate, price = node.usd, node.text()
             what = f"{count} nodes x {mt}"
         else:
             rate, price = None, "no price (a node pool this project does not make)"
@@ -239,11 +228,8 @@ def priced(env: Environment, cluster: dict, nodes: dict[str, list[float | None]]
         if nodes is None:
             what += " (as configured)"
         parts.append(Part(name, what, rate, count, price, hours, unknown))
-    fee_rate, fee_price = given(env, CLUSTER_FEE, "hour",
-                                "GKE's cluster management fee is not read from the Billing Catalog: its free tier "
-                                "waives it for one zonal or Autopilot cluster per billing account, which the catalog "
-                                "cannot tell (0 under the free tier)")
-    parts.append(Part("cluster fee", f"cluster {env.cluster_name}", fee_rate, 1, fee_price,
+    fee = cluster_prices.fee_rate(env)
+    parts.append(Part("cluster fee", f"cluster {env.cluster_name}", fee.usd, 1, fee.text(),
                       None if up is None else max(0.0, now - up) / 3600,
                       "" if up is not None else "the cluster's createTime is not a time"))
     return EnvCost(parts, up, now)

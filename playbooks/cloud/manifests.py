@@ -43,6 +43,7 @@ from playbooks.cloud import capacity_options
 from playbooks.cloud.gke import kube, netdev_claim
 from playbooks.config import host_notice
 from playbooks.config import tutorial as T
+from playbooks.config.choices import worker_grace_s
 from playbooks.config.project import ROOT
 from playbooks.config.schema import Environment, reservation_parts
 from playbooks.config.tpu import generation
@@ -115,8 +116,12 @@ def _common_values(env: Environment) -> dict[str, str]:
         "WORKER_SECURITY_CONTEXT": json.dumps(worker_security_context(env)),
         # Not the tutorial's: a notice to go (a Spot preemption, a pod
         # deleted with a grace) reaches the trainer as a drain of the pod's
-        # Ray node, so it saves before the node goes (config/host_notice.py).
-        "WORKER_LIFECYCLE": json.dumps(host_notice.prestop_hook()),
+        # Ray node, so it saves before the node goes (config/host_notice.py),
+        # within the pods' grace: the longest notice a pool of the
+        # environment gives them (a lengthened Spot pool's 105 s, else
+        # Kubernetes' default 30 s: choices.worker_grace_s).
+        "WORKER_LIFECYCLE": json.dumps(host_notice.prestop_hook(worker_grace_s(env))),
+        "WORKER_GRACE_S": str(worker_grace_s(env)),
     }
 
 
@@ -175,9 +180,10 @@ def added_settings_diffs(env: Environment, rc: Any) -> list[str]:
     watch's account after a change back to ``follow`` keeps rights it no
     longer needs), the head's environment (RAY_DASHBOARD_ENABLE_PROFILING,
     without which every worker stack answers 403), the workers' security
-    context (py-spy's right to trace) and their preStop hook (a notice's
-    save). A RayCluster applied before one of them was added lacks it, and
-    works otherwise: drift."""
+    context (py-spy's right to trace), their preStop hook (a notice's
+    save) and their grace (a pod without one has Kubernetes' default, 30 s).
+    A RayCluster applied before one of them was added lacks it, and works
+    otherwise: drift."""
     want = next(d for d in raycluster_docs(env) if d.get("kind") == "RayCluster")
     diffs = []
     have_sa, want_sa = (head_pod_spec(r).get("serviceAccountName") for r in (rc, want))
@@ -192,6 +198,10 @@ def added_settings_diffs(env: Environment, rc: Any) -> list[str]:
         if have.get(key) != wanted.get(key):
             diffs.append(f"worker {key} {json.dumps(have.get(key), sort_keys=True)}, want "
                          f"{json.dumps(wanted.get(key), sort_keys=True)}")
+    grace, want_grace = (group_pod_spec(worker_group(r)).get("terminationGracePeriodSeconds", host_notice.POD_GRACE_S)
+                         for r in (rc, want))
+    if grace != want_grace:
+        diffs.append(f"worker terminationGracePeriodSeconds {grace}, want {want_grace}")
     return diffs
 
 

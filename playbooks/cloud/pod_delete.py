@@ -10,7 +10,8 @@ hosting a pod is down or cannot reach the API server, termination may take
 significantly longer than the grace period":
 https://kubernetes.io/docs/reference/kubectl/generated/kubectl_delete/).
 So each delete here says its bound, ``--timeout`` (the inventory's
-``stuck_pod_after``, and a longer grace's excess over the default 30 s),
+``stuck_pod_after``, and a longer grace's excess over the default 30 s:
+the grace given, else the worker pods' own, ``choices.worker_grace_s``),
 and the connector's command timeout ends the process ``BACKSTOP_S`` later.
 
 A delete that fails is looked at again, fresh (``when_stuck``: the step's
@@ -29,6 +30,7 @@ from typing import Any
 from playbooks.access.cli_clients import fact, kube_object
 from playbooks.cloud import pods as P
 from playbooks.cloud.gke import kube
+from playbooks.config.choices import worker_grace_s
 from playbooks.config.host_notice import POD_GRACE_S
 from playbooks.config.schema import Environment
 from playbooks.core.command import Command
@@ -46,8 +48,8 @@ FORCE_TIMEOUT_S = 30
 
 def bound(env: Environment, grace: int | None = None) -> int:
     """Seconds a delete of a pod given ``grace`` (None: its own, the
-    default 30 s) waits for it to go."""
-    return env.stuck_pod_after + max(0, (grace if grace is not None else POD_GRACE_S) - POD_GRACE_S)
+    worker pods' grace) waits for it to go."""
+    return env.stuck_pod_after + max(0, (grace if grace is not None else worker_grace_s(env)) - POD_GRACE_S)
 
 
 def _bounded(env: Environment, pod: str, seconds: int, *flags: str) -> Command:

@@ -31,6 +31,23 @@ A Spot price never goes missing in silence: a SKU of the generation (its
 record's ``sku_family``) that is Spot by its usageType (Preemptible) or its
 words (Spot, Preemptible) but that no pattern takes is a problem named in
 one line, and the spot price line gives it as the reason there is none.
+
+The cluster's CPU pool is N1 (the tutorial's n1-standard-16), in the same
+service: one SKU per vCPU-hour (``N1 Predefined Instance Core running in
+...``, usageUnit ``h``) and one per GiB-hour of RAM (``N1 Predefined
+Instance Ram running in ...``, usageUnit ``GiBy.h``), usageType OnDemand,
+each for a region or several (``serviceRegions``: "Americas" is one SKU for
+many), as SkyPilot's fetcher prices N1 VMs (sky/catalog/data_fetchers/
+fetch_gcp.py, ``SERIES_TO_DESCRIPTION['n1']``: "N1 Predefined Instance",
+its Core or Ram). Matched from the description's start: the Spot
+("Spot Preemptible N1 ..."), commitment ("Commitment v1: N1 ...") and
+sole-tenancy SKUs begin otherwise. Read with the TPU SKUs, in the same
+pages (``cluster_prices.py`` prices the pool from them).
+
+Where no catalog is read (a dry run starts no process; a read that
+failed), a price says so once, with how to get one (``how``): the
+inventory's ``prices:`` key, and in a dry run a run without --dry, which
+reads the catalog.
 """
 from __future__ import annotations
 
@@ -46,7 +63,7 @@ from typing import Any
 from playbooks.access import connectors
 from playbooks.config import paths
 from playbooks.config.choices import capacity_option
-from playbooks.config.schema import MAX_PRICE, Environment, capacities
+from playbooks.config.schema import DEFAULT_POOL, MAX_PRICE, PRICE_UNITS, Environment, capacities
 from playbooks.config.tpu import GENERATIONS as GENERATIONS_BY_NAME
 from playbooks.config.tpu import V6E, Generation, generation
 from playbooks.core.connector import Connector
@@ -75,6 +92,24 @@ def skus(gen: Generation) -> dict[str, tuple[re.Pattern, str]]:
 SKUS = skus(V6E)
 PER_HOUR = {"h": 1.0, "min": 60.0, "s": 3600.0}  # usageUnit -> its price x this = per hour
 
+# The CPU pool's N1 SKUs (the module says where from): part -> (description
+# from its start, usageType, usageUnit -> its price x this = per hour, the unit).
+N1_CORE, N1_RAM = "N1 core", "N1 RAM"
+N1_SKUS: dict[str, tuple[re.Pattern, str, dict[str, float], str]] = {
+    N1_CORE: (re.compile(r"N1 Predefined Instance Core running in ", re.I), "OnDemand", PER_HOUR, "vCPU-hour"),
+    N1_RAM: (re.compile(r"N1 Predefined Instance Ram running in ", re.I), "OnDemand", {"GiBy.h": 1.0},
+             "GiB-hour")}
+DRY_RUN = "not read in a dry run"  # the catalog's value in a dry run: no process starts
+
+
+def how(keys: list[str] | tuple[str, ...], why: str) -> str:
+    """How to get the prices of ``keys`` (the inventory's ``prices:``
+    keys) that the catalog did not give for ``why``."""
+    given = " and ".join(f"prices.{k} (USD per {PRICE_UNITS.get(k, 'hour')})" for k in keys)
+    run = (", or run without --dry so the Cloud Billing Catalog is read (`invoke capacity` and playbook.mode=check "
+           "change nothing)") if why == DRY_RUN else ""
+    return f"set {given} in the inventory{run}"
+
 
 class CatalogError(Exception):
     """The catalog's answer is not what the API documents."""
@@ -88,10 +123,16 @@ class Price:
     per_chip_hour: float | None
     source: str = ""   # "inventory prices:", "Cloud Billing Catalog 2026-12-04"
     why: str = ""
+    key: str = ""      # no price: the inventory's prices: key that gives one, when ``why`` does not say it
+
+    @property
+    def said(self) -> str:
+        """Why there is no price, and how to get one."""
+        return f"{self.why}: {how([self.key], self.why)}" if self.key else self.why
 
     def text(self) -> str:
         if self.per_chip_hour is None:
-            return f"no price ({self.why})"
+            return f"no price ({self.said})"
         return f"${self.per_chip_hour:.4g}/chip-hour ({self.source})"
 
 
@@ -117,7 +158,8 @@ class Catalog:
 
     def doc(self) -> dict:
         return ({"fetched_at": self.fetched_at, "date": self.date, "endpoint": self.endpoint, "currency": CURRENCY,
-                 "service": SERVICE_ID, "rates": self.rates, "problems": self.problems, "unpriced": self.unpriced}
+                 "service": SERVICE_ID, "rates": self.rates, "problems": self.problems, "unpriced": self.unpriced,
+                 "n1": True}
                 | ({} if self.tpu == V6E.name else {"tpu": self.tpu}))
 
     def take(self, option: str, region: str, price: float, where: str) -> None:
@@ -131,8 +173,9 @@ class Catalog:
             self.read_from[(option, region)] = (where, price)
             self.rates.setdefault(option, {})[region] = price
             return
-        why = (f"two SKUs for {self.tpu} {option} in {region}: {before[0]} at ${before[1]:.4g}/chip-hour and "
-               f"{where} at ${price:.4g}/chip-hour; which one is meant cannot be told")
+        what, unit = (option, N1_SKUS[option][3]) if option in N1_SKUS else (f"{self.tpu} {option}", "chip-hour")
+        why = (f"two SKUs for {what} in {region}: {before[0]} at ${before[1]:.4g}/{unit} and "
+               f"{where} at ${price:.4g}/{unit}; which one is meant cannot be told")
         self.problems.append(why)
         self.unpriced.setdefault(option, {})[region] = why
         del self.rates[option][region]
@@ -155,9 +198,11 @@ def money(m: Any, where: str) -> float:
     return round(int(units) + nanos / 1e9, 9)
 
 
-def unit_price(sku: dict, where: str) -> float:
-    """A SKU's price per hour of its unit: its current pricing (the last of
-    ``pricingInfo``), the rate from usage 0 (the first tier)."""
+def unit_price(sku: dict, where: str, units: Mapping[str, float] = PER_HOUR, per: str = "chip-hour") -> float:
+    """A SKU's price per hour of its unit (``units``: the usageUnits taken,
+    each with what its price is multiplied by; ``per``: the unit said): its
+    current pricing (the last of ``pricingInfo``), the rate from usage 0
+    (the first tier)."""
     infos = sku.get("pricingInfo")
     if not isinstance(infos, list) or not infos or not isinstance(infos[-1], dict):
         raise CatalogError(f"{where}.pricingInfo is not a non-empty list")
@@ -165,16 +210,16 @@ def unit_price(sku: dict, where: str) -> float:
     if not isinstance(expr, dict):
         raise CatalogError(f"{where}.pricingInfo[-1].pricingExpression is not an object")
     unit = expr.get("usageUnit")
-    if unit not in PER_HOUR:
-        raise CatalogError(f"{where} is priced per {unit!r}, not per hour")
+    if not isinstance(unit, str) or unit not in units:
+        raise CatalogError(f"{where} is priced per {unit!r}, not per {'hour' if units is PER_HOUR else per}")
     tiers = expr.get("tieredRates")
     if not isinstance(tiers, list) or not tiers or not all(isinstance(t, dict) for t in tiers):
         raise CatalogError(f"{where}.pricingExpression.tieredRates is not a non-empty list")
     first = min(tiers, key=lambda t: t.get("startUsageAmount", 0) if isinstance(t.get("startUsageAmount", 0),
                                                                                (int, float)) else math.inf)
-    price = money(first.get("unitPrice"), f"{where}.tieredRates[0]") * PER_HOUR[unit]
+    price = money(first.get("unitPrice"), f"{where}.tieredRates[0]") * units[unit]
     if not 0 < price <= MAX_PRICE:
-        raise CatalogError(f"{where} costs ${price:g}/chip-hour: not between 0 and {MAX_PRICE:g}")
+        raise CatalogError(f"{where} costs ${price:g}/{per}: not between 0 and {MAX_PRICE:g}")
     return price
 
 
@@ -199,6 +244,15 @@ def option_of(sku: Any, gen: Generation = V6E) -> str | None:
         if pattern.match(sku["description"]) and usage == want:
             return option
     return None
+
+
+def n1_part(sku: Any) -> str | None:
+    """The N1 part (``N1_CORE``, ``N1_RAM``) a SKU prices, or None."""
+    if not isinstance(sku, dict) or not isinstance(sku.get("description"), str):
+        return None
+    usage = (sku.get("category") or {}).get("usageType") if isinstance(sku.get("category"), dict) else None
+    return next((part for part, (pattern, want, _, _) in N1_SKUS.items()
+                 if pattern.match(sku["description"]) and usage == want), None)
 
 
 SPOT_WORDS = re.compile(r"\b(Spot|Preemptible)\b", re.I)
@@ -228,7 +282,8 @@ def add_rates(catalog: Catalog, page: list) -> None:
     generation no pattern takes (``unmatched_spot``)."""
     gen = GENERATIONS_BY_NAME[catalog.tpu]
     for sku in page:
-        option = option_of(sku, gen)
+        part = n1_part(sku)
+        option = part or option_of(sku, gen)
         if option is None:
             if (missed := unmatched_spot(sku, gen)) is not None:
                 catalog.problems.append(missed)
@@ -239,7 +294,7 @@ def add_rates(catalog: Catalog, page: list) -> None:
             catalog.problems.append(f"{where}: serviceRegions is not a list of regions")
             continue
         try:
-            price = unit_price(sku, where)
+            price = unit_price(sku, where, *N1_SKUS[part][2:]) if part else unit_price(sku, where)
         except CatalogError as e:
             catalog.problems.append(str(e))
             continue
@@ -302,14 +357,14 @@ def from_cache(doc: Any, base: str, now: float, gen: Generation = V6E) -> Catalo
     try:
         if not isinstance(doc, dict) or doc.get("endpoint") != base or doc.get("currency") != CURRENCY:
             return None
-        if doc.get("tpu", V6E.name) != gen.name:
-            return None
+        if doc.get("tpu", V6E.name) != gen.name or doc.get("n1") is not True:
+            return None  # another generation's, or read before the N1 SKUs were: read again
         at = doc["fetched_at"]
         if isinstance(at, bool) or not isinstance(at, (int, float)) or not 0 <= now - at <= STALE_AFTER:
             return None
         rates = doc["rates"]
         ok = isinstance(rates, dict) and all(
-            o in gen.skus and isinstance(rs, dict) and all(
+            (o in gen.skus or o in N1_SKUS) and isinstance(rs, dict) and all(
                 isinstance(r, str) and isinstance(p, (int, float)) and not isinstance(p, bool)
                 and 0 < p <= MAX_PRICE for r, p in rs.items()) for o, rs in rates.items())
         problems = doc.get("problems", [])
@@ -319,8 +374,9 @@ def from_cache(doc: Any, base: str, now: float, gen: Generation = V6E) -> Catalo
         # (no "unpriced") may hold the last one read: read again.
         unpriced = doc["unpriced"]
         if not isinstance(unpriced, dict) or not all(
-                o in gen.skus and isinstance(rs, dict) and all(isinstance(r, str) and isinstance(w, str)
-                                                               for r, w in rs.items()) for o, rs in unpriced.items()):
+                (o in gen.skus or o in N1_SKUS) and isinstance(rs, dict)
+                and all(isinstance(r, str) and isinstance(w, str) for r, w in rs.items())
+                for o, rs in unpriced.items()):
             return None
         return Catalog(float(at), base, {o: dict(rs) for o, rs in rates.items()}, list(problems), gen.name,
                        {o: dict(rs) for o, rs in unpriced.items()})
@@ -383,19 +439,20 @@ def catalog_fact(env: Environment) -> Fact:
             return f"could not read the Cloud Billing Catalog: {e.why.removeprefix('could not look: ')}"
 
     url = skus_url(f"${{{ENDPOINT_VAR}:-{ENDPOINT}}}")
-    return Fact(name=f"{gen.name} prices", python=look, assumed="not read in a dry run",
+    return Fact(name=f"{gen.name} prices", python=look, assumed=DRY_RUN,
                 display=f"curl -fsS -H \"Authorization: Bearer $(gcloud auth print-access-token)\" \"{url}\"  "
                         f"# every page; cached in {cache_path(env)} for a day",
-                describe=lambda c: (f"{sum(len(r) for r in c.rates.values())} {gen.name} price(s), {c.date}"
-                                    if isinstance(c, Catalog) else c))
+                describe=lambda c: (f"{sum(len(r) for o, r in c.rates.items() if o not in N1_SKUS)} {gen.name} "
+                                    f"price(s), {c.date}" if isinstance(c, Catalog) else c))
 
 
 # -- prices of an environment ------------------------------------------------------------------
-def needs_catalog(env: Environment, options: list[str] | tuple[str, ...] | None = None) -> bool:
+def needs_catalog(env: Environment, options: list[str] | tuple[str, ...] | None = None, cpu: bool = False) -> bool:
     """Whether some option has no price in the inventory (and could have one
-    in the catalog)."""
+    in the catalog); ``cpu``: or the cluster's CPU pool (Standard's)."""
     given = env.get("prices") or {}
-    return any(o not in given and o in generation(env).skus for o in (options or capacities(env)))
+    pool = cpu and env.platform.cloud and env.cluster_mode.cpu_pool_nodes > 0 and DEFAULT_POOL not in given
+    return pool or any(o not in given and o in generation(env).skus for o in (options or capacities(env)))
 
 
 def price(env: Environment, option: str, catalog: Catalog | str | None) -> Price:
@@ -414,7 +471,7 @@ def price(env: Environment, option: str, catalog: Catalog | str | None) -> Price
         return Price(option, None, why=f"no Cloud Billing Catalog SKU of {gen.title} {option} is known: set "
                                        f"prices.{option}")
     if not isinstance(catalog, Catalog):
-        return Price(option, None, why=catalog or "the catalog was not read")
+        return Price(option, None, why=catalog or "the catalog was not read", key=option)
     rate = catalog.rates.get(option, {}).get(env.region)
     if (two := catalog.unpriced.get(option, {}).get(env.region)) is not None:
         return Price(option, None, why=f"the Cloud Billing Catalog ({catalog.date}) lists {two}: set prices.{option}")
@@ -422,10 +479,6 @@ def price(env: Environment, option: str, catalog: Catalog | str | None) -> Price
         ours = [p for p in catalog.problems if f"{catalog.tpu} {option} SKU" in p]
         more = f"; {(ours or catalog.problems)[0]}" if catalog.problems else ""
         return Price(option, None, why=f"the Cloud Billing Catalog ({catalog.date}) has no {catalog.tpu} {option} "
-                                       f"SKU in {env.region}{more}")
+                                       f"SKU in {env.region}{more}", key=option)
     return Price(option, rate, f"Cloud Billing Catalog {catalog.date}")
 
-
-def prices_of(env: Environment, options: Mapping[str, Any] | list[str], catalog: Catalog | str | None
-              ) -> dict[str, Price]:
-    return {o: price(env, o, catalog) for o in options}

@@ -8,10 +8,11 @@ The TPU generation is the same kind of record, in ``tpu.py``."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
+from playbooks.config import host_notice, spot_grace
 from playbooks.config import tutorial as T
 
 # -- where the cluster is ---------------------------------------------------------
@@ -78,6 +79,13 @@ class ClusterMode:
     # ai-ml/gke-ray/rayserve/llm/tpu/networking/all-netdev-template.yaml).
     netdev_claim: str
     netdev_request: Mapping[str, Any]
+    # The CPU nodes `clusters create` makes beside the TPU ones (its
+    # default-pool, billed as Compute Engine VMs): gcloud's --num-nodes
+    # default, 3 in each of the cluster's zones ("default=3",
+    # https://cloud.google.com/sdk/gcloud/reference/container/clusters/create),
+    # a zonal cluster: 3. Autopilot makes none of ours: it bills the pods'
+    # requests (https://cloud.google.com/kubernetes-engine/pricing).
+    cpu_pool_nodes: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "netdev_request", MappingProxyType(dict(self.netdev_request)))
@@ -87,11 +95,12 @@ STANDARD = ClusterMode("standard", "Standard", our_node_pools=True, regional=Fal
                        our_networks=True, compute_class=False, restricted_pods=False,
                        netdev_claim=T.NETDEV_CLAIMS["standard"],
                        netdev_request={"deviceClassName": "netdev.google.com", "allocationMode": "ExactCount",
-                                       "count": 2})
+                                       "count": 2}, cpu_pool_nodes=3)
 AUTOPILOT = ClusterMode("autopilot", "Autopilot", our_node_pools=False, regional=True, our_workload_pool=False,
                         our_networks=False, compute_class=True, restricted_pods=True,
                         netdev_claim=T.NETDEV_CLAIMS["autopilot"],
-                        netdev_request={"deviceClassName": "netdev.google.com", "allocationMode": "All"})
+                        netdev_request={"deviceClassName": "netdev.google.com", "allocationMode": "All"},
+                        cpu_pool_nodes=0)
 MODES: Mapping[str, ClusterMode] = MappingProxyType({m.name: m for m in (STANDARD, AUTOPILOT)})
 
 
@@ -134,9 +143,21 @@ class CapacityOption:
     # words: the checkpoint period is chosen from it (``job/save_period.py``).
     mtbi_hours: float = 168.0
     mtbi_basis: str = ""
+    # mtbi_hours is each VM's (a Spot VM is preempted on its own, and a
+    # slice is lost when any of its VMs is: a run's is it / its VMs,
+    # ``job/save_plan.mtbi``); else the run's as it stands (an assumed
+    # run-level figure, or a pool's one fixed end).
+    mtbi_per_vm: bool = False
+    # Its pools' graceful termination can be lengthened past notice_s (a
+    # Spot VM's: config/spot_grace.py), and what an environment's pools of
+    # it get: the node system configuration's kubeletConfig (empty: none;
+    # given by ``options``, where the environment's cluster takes it).
+    longer_grace: bool = False
+    kubelet_config: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "compute_class", MappingProxyType(dict(self.compute_class)))
+        object.__setattr__(self, "kubelet_config", MappingProxyType(dict(self.kubelet_config)))
 
 
 # What a slice of each option is told before it goes, and how often a run
@@ -151,12 +172,10 @@ ON_DEMAND = CapacityOption("on-demand", (), starts_empty=False, waits_for_capaci
                            mtbi_hours=720.0, mtbi_basis=ASSUMED_MTBI)
 SPOT = CapacityOption("spot", ("--spot",), starts_empty=False, waits_for_capacity=False, preemptible=True,
                       reserved=False, quotas=("preemptible_quota",), compute_class={"spot": True},
-                      notice=("a Spot preemption notice: GKE gives pods 30 s of graceful termination, the first 15 s "
-                              "to the job's pods (up to 120 s on Standard node pools from GKE 1.35.0-gke.1171000, "
-                              "in the node system configuration)"),
-                      notice_s=15, mtbi_hours=24.0,
-                      mtbi_basis=("an assumption (a day): Google publishes no Spot preemption rate; set "
-                                  "interruption_mtbi_hours from what your runs see"))
+                      notice=spot_grace.DEFAULT_NOTICE, notice_s=spot_grace.DEFAULT_PODS_S, mtbi_hours=24.0,
+                      mtbi_basis=("an assumption (a day per Spot VM): Google publishes no Spot preemption rate; "
+                                  "set interruption_mtbi_hours from what your runs see"), mtbi_per_vm=True,
+                      longer_grace=True)
 RESERVATION = CapacityOption("reservation", ("--reservation-affinity=specific", "--reservation={reservation}"),
                              starts_empty=False, waits_for_capacity=False, preemptible=False, reserved=True,
                              quotas=(), catalog_priced=False, notice=MAINTENANCE_NOTICE, mtbi_hours=720.0,
@@ -180,8 +199,48 @@ def capacity_option(name: str) -> CapacityOption:
 
 def options(env: Mapping[str, Any]) -> tuple[CapacityOption, ...]:
     """The environment's capacity options, best first, as records (none
-    where it has no capacity: a local one)."""
+    where it has no capacity: a local one), each as this environment's
+    cluster gives it (``given``)."""
     v = env.get("capacity")
     if v is None:
         return ()
-    return tuple(OPTIONS[o] for o in (v if isinstance(v, list) else [v]))
+    return tuple(given(env, OPTIONS[o]) for o in (v if isinstance(v, list) else [v]))
+
+
+def longer_grace_blocker(env: Mapping[str, Any]) -> str | None:
+    """Why the environment's Spot pools cannot give the job's pods
+    ``spot_grace.PODS_S`` of a preemption's notice (None: they can, and
+    this project sets it)."""
+    m = cluster_mode(env)
+    return spot_grace.blocker(m is not None and m.our_node_pools, str(env.get("cluster_version") or ""))
+
+
+def given(env: Mapping[str, Any], option: CapacityOption) -> CapacityOption:
+    """``option`` as the environment's cluster gives it: a Spot pool's
+    graceful termination lengthened where the cluster takes it (its
+    kubelet_config, notice and notice_s); else its notice says why not."""
+    if not option.longer_grace:
+        return option
+    why = longer_grace_blocker(env)
+    if why is not None:
+        return replace(option, notice=f"{option.notice} (not lengthened: {why})")
+    return replace(option, notice=spot_grace.LONG_NOTICE, notice_s=spot_grace.PODS_S,
+                   kubelet_config=spot_grace.KUBELET_CONFIG)
+
+
+def worker_grace_s(env: Mapping[str, Any]) -> int:
+    """The TPU worker pods' terminationGracePeriodSeconds: the longest
+    notice a pool of the environment gives them (a lengthened Spot pool's),
+    else Kubernetes' default (host_notice.POD_GRACE_S). A pod's grace caps
+    what a node's shutdown gives it: it must not be the shorter."""
+    return max([host_notice.POD_GRACE_S] + [o.notice_s for o in options(env) if o.kubelet_config and o.notice_s])
+
+
+def preemption_grace_s(env: Mapping[str, Any]) -> int:
+    """The seconds a preemption's notice gives the job's pods on the
+    environment's capacity: the shortest of its options that give one (a
+    Spot pool's); where none does (on-demand, a reservation, flex-start,
+    the twin), a pod's own grace (``worker_grace_s``), which a pod deleted
+    or drained for maintenance gets."""
+    given_s = [o.notice_s for o in options(env) if o.preemptible and o.notice_s is not None]
+    return min(given_s) if given_s else worker_grace_s(env)

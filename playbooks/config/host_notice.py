@@ -12,7 +12,8 @@ the caller does (the kubelet at the end of the pod's grace; the chaos task).
 
 Why a preStop hook on GKE: a Spot VM's preemption notice becomes the pods'
 graceful termination (GKE gives non-system Pods the first 15 s of the
-30 s: https://cloud.google.com/kubernetes-engine/docs/concepts/spot-vms),
+30 s, or 105 s of 120 s where this project lengthens it: config/spot_grace.py,
+https://docs.cloud.google.com/kubernetes-engine/docs/concepts/spot-vms),
 and the kubelet then sends SIGTERM to the container's first process, ``ray
 start --block``, which stops the node's processes, the training worker
 among them, at once: the save never begins. The hook runs before that
@@ -22,14 +23,14 @@ on it (the group ends once the save is finalized), within the pod's grace.
 from __future__ import annotations
 
 REASON = "DRAIN_NODE_REASON_PREEMPTION"
-# The deadline the hook gives Ray: Kubernetes' default
-# terminationGracePeriodSeconds, the most a worker pod gets (a Spot
-# preemption gives it 15 s). It bounds the waits of the trainer's retry
-# (elastic_control.FreshClusterView); the node goes when its pod does.
+# Kubernetes' default terminationGracePeriodSeconds: the worker pods' grace
+# where no lengthened Spot pool gives them more (choices.worker_grace_s).
+# The hook gives Ray the pods' grace as the drain's deadline: it bounds the
+# waits of the trainer's retry (elastic_control.FreshClusterView); the node
+# goes when its pod does.
 POD_GRACE_S = 30
-# chaos.preempt-worker's --grace: its default (the issue's and Spot's
-# whole notice), and the range it takes.
-GRACE_S = 30
+# The range chaos.preempt-worker's --grace takes (its default: what a
+# preemption gives the job's pods, choices.preemption_grace_s).
 GRACE_MIN_S, GRACE_MAX_S = 1, 3600
 # The training worker's process title (Ray Train's worker actor).
 TRAIN_WORKER = "ray::RayTrainWorker"
@@ -68,8 +69,9 @@ while busy():
 """
 
 
-def prestop_hook() -> dict:
+def prestop_hook(grace_s: int = POD_GRACE_S) -> dict:
     """The worker container's ``lifecycle``: its preStop hook drains its
-    own Ray node, then waits while a training worker runs."""
-    argv = list(drain_argv(POD_GRACE_S, "the pod is terminating: a preemption, a maintenance or a deletion"))
+    own Ray node (the deadline: the pod's grace, ``grace_s``), then waits
+    while a training worker runs."""
+    argv = list(drain_argv(grace_s, "the pod is terminating: a preemption, a maintenance or a deletion"))
     return {"preStop": {"exec": {"command": ["python", "-c", _HOOK.format(argv=argv, title=TRAIN_WORKER.encode())]}}}

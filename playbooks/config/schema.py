@@ -755,7 +755,8 @@ def mtbi_hours(v: float | None, env: Mapping) -> str | None:
 SAVES = (
     Key("checkpoint_period", (str, int), default=AUTO, rules=(checkpoint_period,),
         doc="auto (the default: sqrt(2 x save time x mean time between interruptions) / step time, in steps; "
-            "Young 1974, Daly 2006) or a whole number of steps; train_overrides' checkpoint_period wins over auto, "
+            "Young 1974, Daly 2006, at most half the job's steps on Spot, flex-start and the twin) or a whole number "
+            "of steps; train_overrides' checkpoint_period wins over auto, "
             "--set over both"),
     Key("interruption_mtbi_hours", (int, float), rules=(mtbi_hours,),
         doc="the mean time between interruptions a run expects, in hours (default: the capacity option's, an "

@@ -11,7 +11,9 @@ run them are ``plays/preflight.py``.
    tensor axis. Then each chip's HBM estimated (``memory.py``) on every
    shape the job may run on (``shapes``: an elastic job's every slice count
    down to one); a confident misfit names the first change of the search's
-   list the estimate says fits.
+   list the estimate says fits, and when none fits the environment's slices,
+   the smallest shape of its generation that does (``smallest_shape``). A
+   mesh product that does not match names the value that does (``ici.py``).
 2. Fit, by ahead-of-time compiling the exact job for the TPU topology with
    MaxText's train_compile (same MaxText, flags and libtpu as the workers):
    per-chip arguments, outputs, temporaries and total against the chip's HBM.
@@ -28,8 +30,7 @@ import re
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-
-import yaml
+from typing import Any
 
 from playbooks.access import connectors
 from playbooks.cloud import manifests
@@ -38,38 +39,16 @@ from playbooks.config import tutorial as T
 from playbooks.config.maxtext_settings import as_text, model_config, overrides_model, parse
 from playbooks.config.project import ROOT
 from playbooks.config.schema import Environment
-from playbooks.config.tpu import DEFAULT, GENERATIONS, chips, generation
+from playbooks.config.tpu import DEFAULT, GENERATIONS, chips, generation, inventory_shapes, ray_hosts_problem
 from playbooks.config.versions import installed
 from playbooks.core.command import Command
 from playbooks.core.facts import ABSENT, Completed, Fact
-from playbooks.job import memory
-from playbooks.job.spec import PRESETS, Job
+from playbooks.job import ici, memory
+from playbooks.job.ici import slice_devices
+from playbooks.job.spec import PRESET_SHAPES, PRESETS, Job, preset_shape
 
 GIB = 1024 ** 3
 Extra = tuple[tuple[str, str], ...]
-
-
-@cache
-def _base() -> dict:
-    """trainer/base.yml, read once (callers only read it)."""
-    return yaml.safe_load((ROOT / "trainer" / T.BASE_CONFIG).read_text())
-
-
-def slice_devices(env: Environment) -> int:
-    """Devices in one slice: the JAX devices of its TPU chips on GKE (one a
-    chip, two on a TPU7x chip: MaxText's devices_per_slice), JAX CPU devices
-    locally."""
-    if env.platform.simulated:
-        return env.hosts_per_slice * env.devices_per_host
-    return chips(env.topology) * generation(env).devices_per_chip
-
-
-def _axes(args: dict[str, str], base: dict, prefix: str) -> dict[str, int]:
-    out = {}
-    for k, v in base.items():
-        if k.startswith(prefix) and k.endswith("_parallelism") and isinstance(v, int):
-            out[k] = int(args.get(k, v))
-    return out
 
 
 def _mesh_rule(axes: dict[str, int], target: int, what: str) -> str | None:
@@ -87,7 +66,8 @@ def _mesh_rule(axes: dict[str, int], target: int, what: str) -> str | None:
                     f"({auto[0]}=-1 gets the rest)")
         return None
     if product != target:
-        return f"{what}: {shown} = {product}, but there are {target}"
+        prefix = next(iter(axes))[:4]
+        return f"{what}: {shown} = {product}, but there are {target}: {ici.matching(fixed, target, prefix)}"
     return None
 
 
@@ -101,23 +81,23 @@ def static_checks(env: Environment, job: Job) -> list[str]:
         out.append(f"model config models/{model}.yml is not in the pinned MaxText "
                    f"(maxtext {installed('maxtext')}: see trainer/models/)")
         cfg = {}
-    base = _base()
+    base = ici.base()
     devices = slice_devices(env)
     per_chip = generation(env).devices_per_chip if env.platform.cloud else 1
     unit = ("CPU devices in a simulated slice" if env.platform.simulated else
             f"chips in a {env.topology} slice" if per_chip == 1 else
             f"devices in a {env.topology} slice: {per_chip} per {generation(env).name} chip")
-    why = _mesh_rule(_axes(args, base, "ici_"), devices, f"ICI parallelism (per slice, {devices} {unit})")
+    why = _mesh_rule(ici.axes(args, "ici_"), devices, f"ICI parallelism (per slice, {devices} {unit})")
     if why:
         out.append(why)
     if job.elastic:
-        dcn = _axes(args, base, "dcn_")
+        dcn = ici.axes(args, "dcn_")
         fixed = {k: v for k, v in dcn.items() if v not in (1, -1)}
         if fixed:
             out.append(f"DCN parallelism: {fixed} fixes the slice count, but the elastic job runs on 1 to "
                        f"{env.slices} slices; use -1")
     else:
-        why = _mesh_rule(_axes(args, base, "dcn_"), env.slices, f"DCN parallelism (across slices, {env.slices} slices)")
+        why = _mesh_rule(ici.axes(args, "dcn_"), env.slices, f"DCN parallelism (across slices, {env.slices} slices)")
         if why:
             out.append(why)
     if env.platform.cloud:
@@ -377,14 +357,14 @@ def ready_command(env: Environment, job: Job, extra: Extra) -> str:
 
 def job_uses(job: Job, extra: Extra) -> bool:
     """Whether the job already has these settings (its own or base.yml's)."""
-    args, base = dict(job.args), _base()
+    args, base = dict(job.args), ici.base()
     return all(args.get(k, as_text(base.get(k))) == v for k, v in extra)
 
 
 def dcn_following_slices(job: Job) -> Extra:
     """Settings that make the job's DCN split follow the slice count: its
     largest fixed DCN axis becomes -1 (MaxText fills it from the slices)."""
-    axes = _axes(dict(job.args), _base(), "dcn_")
+    axes = ici.axes(dict(job.args), "dcn_")
     fixed = {k: v for k, v in axes.items() if v not in (1, -1)}
     filled = [k for k, v in axes.items() if v == -1]
     if not fixed:
@@ -424,10 +404,11 @@ def found(env: Environment, job: Job, short: str, a: Attempt, r: Fit) -> str:
             f"of {generation(env).compile_topology(env.topology)}), then {ready_command(env, job, a.extra)}")
 
 
-def none_found(env: Environment, short: str, plan: list[Attempt]) -> str:
+def none_found(env: Environment, job: Job, short: str, plan: list[Attempt]) -> str:
     settings = sum(1 for a in plan if a.slices is None)
+    advice = shape_advice(env, job)
     return (f"{short}; none of the {settings} changes tried fits, nor {env.slices * MORE_SLICES[-1]} slices: a larger "
-            f"topology is needed")
+            f"topology is needed" + (f"; {advice}" if advice else ""))
 
 
 
@@ -437,9 +418,17 @@ def settings(job: Job, extra: Extra = ()) -> dict:
     base.yml, the model's config, the job's arguments."""
     args = dict(job.args)
     args.update(extra)
-    out = {**_base(), **model_config(args.get("model_name", job.model))}
-    out.update({k: parse(v) for k, v in args.items()})
+    out = {**ici.base(), **model_config(args.get("model_name", job.model))}
+    out.update({k: parsed(v) for k, v in args.items()})
     return out
+
+
+@cache
+def parsed(text: str) -> Any:
+    """A value as MaxText reads it (``parse``: OmegaConf, milliseconds
+    each), once a value: the shape search asks for the same ones again.
+    Callers only read it."""
+    return parse(text)
 
 
 def shapes(env: Environment, job: Job, slices: int | None = None) -> list[int]:
@@ -511,8 +500,10 @@ def memory_problem(env: Environment, job: Job) -> str | None:
     model = dict(job.args).get("model_name", job.model)
     tutorial = not (job.sets or job.preset or env.train_overrides)
     needs = e.line() if len(bad) == 1 else f"{shape_name(env, n)} needs {e.line()}"
-    head = f"{model}{', the tutorial' + chr(39) + 's flags,' if tutorial else ''} does not fit {where}{after_loss} " \
-           f"by estimate: {needs}"
+    made = (f" --preset={job.preset} (made for {preset_shape(job.model, job.preset)})" if job.preset and
+            PRESET_SHAPES[(job.model, job.preset)] != (generation(env).name, env.topology, env.slices) else "")
+    head = f"{model}{made}{', the tutorial' + chr(39) + 's flags,' if tutorial else ''} does not fit {where}" \
+           f"{after_loss} by estimate: {needs}"
     good = [shape_name(env, m) for m, x in got if x.verdict != "misfit"]
     if good:
         head += f"; it fits {', '.join(good)}"
@@ -524,8 +515,9 @@ def _fix(env: Environment, job: Job, full_fits: bool) -> str:
     hit = fitting_change(env, job)
     without = "; or train without --elastic (every slice, no shrinking)" if job.elastic and full_fits else ""
     if hit is None:
+        advice = shape_advice(env, job)
         return (f"None of the {sum(1 for a in plan if a.slices is None)} changes the preflight tries fits by "
-                f"estimate, nor {env.slices * MORE_SLICES[-1]} slices{without}")
+                f"estimate, nor {env.slices * MORE_SLICES[-1]} slices" + (f"; {advice}" if advice else "") + without)
     a, got = hit
     worst = max(got, key=lambda p: p[1].total)[1]
     said = f"{worst.total:.2f} GiB, {worst.words()}"
@@ -533,5 +525,131 @@ def _fix(env: Environment, job: Job, full_fits: bool) -> str:
     if a.slices is None:
         lead = "Estimated to fit" if worst.verdict == "fits" else "The first change not a misfit by estimate"
         return f"{lead} ({said}): {ready_command(env, job, a.extra)}; {proof}{without}"
+    advice = shape_advice(env, job, unless=(env.topology, a.slices))
     return (f"No change of settings fits by estimate; {a.slices} slices do ({said}): set `slices: {a.slices}` for "
-            f"{env.name} in the inventory, then {ready_command(env, job, a.extra)}; {proof}{without}")
+            f"{env.name} in the inventory, then {ready_command(env, job, a.extra)}; {proof}"
+            + (f"; {advice}" if advice else "") + without)
+
+
+
+# -- the smallest shape of the generation that fits, by estimate ------------------------------
+# When no change of settings fits the environment's shape, every other shape
+# of its generation is estimated, fewest chips first: each slice shape GKE
+# allows and Ray takes (tpu.inventory_shapes; several hosts a slice when
+# there are several slices: GKE's multislice takes multi-host slices only,
+# schema.multislice_hosts), on 1 to SHAPE_MAX_SLICES slices (from 2 for an
+# elastic job, which must have a slice to lose), with the job's own settings
+# or each change of CANDIDATES (in that order for the same chips), the ICI
+# axes taken from the slice (ici.derived) and the DCN split following the
+# slices. The first whose estimate is within the chip's HBM on every shape
+# the job may run on is named. SHAPE_MAX_SLICES: twice the most slices the
+# compile's search tries for the tutorial's 2 (MORE_SLICES); at most ~3,000
+# estimates (v5p's 32 chip counts x 16 x 6), each a few arithmetic steps,
+# and the search stops at the first chip count that fits (tests/test_shapes.py
+# holds the time of one that finds none).
+SHAPE_MAX_SLICES = 16
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A shape the search names: its slices and the settings it needs."""
+
+    topology: str
+    slices: int
+    machine_type: str
+    change: Extra    # of CANDIDATES: () for the job's own settings
+    follow: Extra    # the ICI and DCN settings the command line needs on this shape
+    worst: memory.Estimate
+
+
+def layouts(env: Environment, elastic: bool) -> list[tuple[int, int, str, str]]:
+    """(chips, slices, topology, machine type) of each shape the search may
+    name, fewest chips then fewest slices first; one topology per chip count."""
+    gen, mine = generation(env), env.get("machine_type")
+    out: dict[tuple[int, int], tuple[int, int, str, str]] = {}
+    for top in inventory_shapes(gen):
+        for n in range(2 if elastic else 1, SHAPE_MAX_SLICES + 1):
+            types = [name for name, m in gen.machine_types.items() if m.forms(top) and (n == 1 or m.chips < chips(top))
+                     and ray_hosts_problem(top, gen, m.chips, "") is None]
+            if types and (chips(top), n) not in out:
+                out[(chips(top), n)] = (chips(top) * n, n, top, mine if mine in types else types[0])
+    return sorted(out.values())
+
+
+def _on_shape(env: Environment, job: Job, known: dict, change: Extra, devices: int, n: int) -> tuple[Extra, Estimates]:
+    """The job with ``change`` on ``n`` slices of ``devices``: the settings
+    its command line needs besides ``change``, and its estimates. ``known``:
+    the settings and estimates made before (an elastic job's shapes recur)."""
+    args = {**dict(job.args), **dict(change)}
+    dcn = () if ici.holds(ici.axes(args, "dcn_"), n) or job.elastic else dcn_following_slices(job)
+    mesh = ici.derived(args, devices)
+    if change + dcn not in known:
+        known[change + dcn] = settings(job, change + dcn)
+    s = {**known[change + dcn], **{k: int(v) for k, v in mesh}}
+    gen = generation(env)
+    got = []
+    for m in shapes(env, job, n):
+        key = (change + dcn + mesh, devices, m)
+        if key not in known:
+            known[key] = memory.estimate(s, devices, m, gen.hbm_gib / gen.devices_per_chip)
+        got.append((m, known[key]))
+    return dcn + (mesh if ici.user_set(env, job.sets) else ()), got
+
+
+def smallest_shape(env: Environment, job: Job) -> Shape | None:
+    """The shape of the fewest chips of this generation whose estimate is
+    within the HBM on every shape the job may run on (None: none to
+    SHAPE_MAX_SLICES slices)."""
+    options = [c for c in [(), *CANDIDATES] if c == () or not job_uses(job, c)]
+    known: dict = {c: settings(job, c) for c in options}
+    options = [c for c in options if not memory.unsupported(known[c])]
+    per_chip = generation(env).devices_per_chip
+    every = layouts(env, job.elastic)
+    if not every:
+        return None
+
+    def fits(change: Extra, n: int, top: str) -> tuple[Extra, memory.Estimate] | None:
+        said, got = _on_shape(env, job, known, change, chips(top) * per_chip, n)
+        worst = max((e for _, e in got), key=lambda e: e.total / e.capacity)
+        return (said, worst) if worst.total <= worst.capacity else None
+
+    # The largest shape holds the least per chip (the estimate's sharded
+    # parts shrink with the chips, the rest stays): a change that does not
+    # fit it fits none.
+    _, n, top, _ = every[-1]
+    options = [c for c in options if fits(c, n, top)]
+    by_chips: dict[int, list[tuple[int, str, str]]] = {}
+    for total, n, top, mt in every:
+        by_chips.setdefault(total, []).append((n, top, mt))
+    for group in by_chips.values():
+        for change in options:
+            for n, top, mt in group:
+                if (hit := fits(change, n, top)):
+                    return Shape(top, n, mt, change, hit[0], hit[1])
+    return None
+
+
+def shape_advice(env: Environment, job: Job, unless: tuple[str, int] | None = None) -> str:
+    """The smallest shape of this generation that fits, in one line, with
+    the inventory's change and the command line ("" when the estimate does
+    not know the job, or the shape is ``unless``: (topology, slices))."""
+    if memory.unsupported(settings(job)):
+        return ""
+    gen, model = generation(env), dict(job.args).get("model_name", job.model)
+    got = smallest_shape(env, job)
+    if got is not None and (got.topology, got.slices) == unless:
+        return ""
+    if got is None:
+        return (f"no {gen.name} shape of up to {SHAPE_MAX_SLICES} slices fits {model} by estimate, with its own "
+                f"settings or any change the preflight tries")
+    keys = [f"`topology: {got.topology}`", f"`slices: {got.slices}`"]
+    if got.machine_type != env.get("machine_type"):
+        keys.append(f"`machine_type: {got.machine_type}`")
+    n = chips(got.topology)
+    how = f"with {set_line(got.change)}" if got.change else "with its own settings"
+    return (f"the smallest {gen.name} shape that fits {model} by estimate: {got.slices} x "
+            f"{gen.compile_topology(got.topology)} ({got.slices * n} chips: {got.slices} x {got.topology}) {how}, "
+            f"{got.worst.total:.2f} of {got.worst.capacity:.2f} GiB per chip ({got.worst.words()}): set "
+            f"{', '.join(keys)} for {env.name} in the inventory and run `invoke up`, then "
+            f"{ready_command(env, job, got.change + got.follow)}; `invoke preflight` with the same flags compiles it "
+            f"(the proof)")

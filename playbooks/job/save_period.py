@@ -7,7 +7,17 @@ arithmetic and its words, no I/O (``save_plan.py`` gathers the numbers).
   CACM 17(9), 1974; Daly, "A higher order estimate of the optimum
   checkpoint interval for restart dumps", FGCS 22(3), 2006, whose
   higher-order terms are left out). In steps: that / the step time,
-  rounded, at least 1, at most the job's steps. The save's time here is
+  rounded, at least 1, at most the job's steps; where a loss is expected
+  within the job (``Plan.losses``: capacity that can be taken back, Spot
+  or flex-start, or the twin, whose hosts the chaos tasks take), at most
+  half the job's steps (``most_period``). The optimum assumes
+  interruptions at random with the MTBI as their mean: one longer than the
+  job says "no save until the last step" (MaxText saves step 0, each
+  multiple of the period and the last step: ``runs/saves.py``), the least
+  expected cost and the worst loss, the whole job. Half the job is the
+  longest period that still saves between step 0 and the last step
+  (a job of 3 steps or more) and bounds a loss to half the job, for one
+  save more at most. The save's time here is
   its blocking part (the trainer's ``checkpoint_saved`` seconds: what the
   steps wait for; Orbax finishes the rest asynchronously); an estimate
   takes the whole save as blocking, which lengthens the period.
@@ -97,6 +107,20 @@ class Plan:
     mtbi: Mtbi
     steps: int
     why: str = ""  # why there are no times
+    losses: str = ""  # why a loss is expected within the job ("": none): auto's period at most half of it
+
+    @property
+    def most(self) -> int:
+        """The longest period auto chooses for this job."""
+        return most_period(self.steps, bool(self.losses))
+
+    @property
+    def first_save(self) -> int | None:
+        """The first step after step 0 that MaxText saves before the job's
+        last step (step % period == 0), counted from a new run; None: none
+        does (a period at least the job's last step, or a job of 1 or 2
+        steps): a loss before the last step's save loses every step."""
+        return self.period if self.period < self.steps - 1 else None
 
 
 def optimum_seconds(save_s: float, mtbi_s: float) -> float:
@@ -104,21 +128,36 @@ def optimum_seconds(save_s: float, mtbi_s: float) -> float:
     return math.sqrt(2.0 * save_s * mtbi_s)
 
 
-def period_steps(save_s: float, mtbi_s: float, step_s: float, steps: int) -> int:
-    """The optimum interval in steps: rounded, at least 1, at most ``steps``."""
-    return max(1, min(steps, round(optimum_seconds(save_s, mtbi_s) / step_s)))
+def most_period(steps: int, losses: bool) -> int:
+    """The longest period auto chooses for a job of ``steps``: the job's
+    steps, or half of them (at least 1) where a loss is expected within it
+    (the module's docstring says why)."""
+    return max(1, steps // 2) if losses else max(1, steps)
+
+
+def period_steps(save_s: float, mtbi_s: float, step_s: float, most: int) -> int:
+    """The optimum interval in steps: rounded, at least 1, at most ``most``."""
+    return max(1, min(most, round(optimum_seconds(save_s, mtbi_s) / step_s)))
+
+
+def cap_text(p: Plan, raw: int) -> str:
+    """Why auto's period is shorter than ``raw``: the job's steps, or half of them."""
+    if raw <= p.most:
+        return ""
+    if p.losses:
+        return f", at most {p.most}: half the job's {p.steps} steps, as {p.losses}"
+    return f", at most the job's {p.steps}"
 
 
 def auto_text(p: Plan) -> str:
     """How auto chose: the formula with its numbers."""
     t = p.times
     if t is None:
-        return f"auto: {p.why}: {FALLBACK_PERIOD} steps until a run measures them"
+        return f"auto: {p.why}: {FALLBACK_PERIOD} steps until a run measures them{cap_text(p, FALLBACK_PERIOD)}"
     opt = optimum_seconds(t.save_s, p.mtbi.hours * 3600)
     raw = max(1, round(opt / t.step_s))
-    cap = f", at most the job's {p.steps}" if raw > p.steps else ""
     return (f"auto: sqrt(2 x {t.save_s:.3g} s a save x {p.mtbi.hours:g} h between interruptions) = {opt:.4g} s / "
-            f"{t.step_s:.3g} s a step = {raw} steps{cap}")
+            f"{t.step_s:.3g} s a step = {raw} steps{cap_text(p, raw)}")
 
 
 def why_text(p: Plan) -> str:
@@ -153,10 +192,39 @@ def notice_text(option: CapacityOption | None, t: Times | None, loss: str) -> st
     lower = t.measured and t.whole_s <= t.save_s  # no finalization recorded: the blocking part, at least
     what = f"a save of ~{t.whole_s:.3g} s ({t.kind}{', its blocking part: at least' if lower else ''})"
     within = f"end within its {option.notice_s} s"
-    if t.whole_s <= option.notice_s:
+    if notice_holds(option, t):
         return f"{option.name}: {option.notice}: {what} does {within}: a preemption replays no step"
     return (f"{option.name}: {option.notice}: {what} does not {within}: a preemption replays {loss}; what would: "
             f"{MULTI_TIER}")
+
+
+def notice_holds(option: CapacityOption, t: Times | None) -> bool:
+    """Whether a save of ``t``'s seconds ends within the notice a slice of
+    ``option`` gives the job's pods (a save it asks is then a checkpoint)."""
+    return option.notice_s is not None and t is not None and t.whole_s <= option.notice_s
+
+
+def preemption_text(p: Plan, taken: tuple[CapacityOption, ...]) -> str:
+    """What a preemption (of a slice of ``taken``) does to a job that is not
+    elastic: the words after "a preemption". It ends the job; run again,
+    the job resumes from its last checkpoint where one is saved before its
+    last step (``Plan.first_save``), else it starts over where it started
+    (step 0's checkpoint, for a new run: MaxText saves step 0 and the last
+    step, ``runs/saves.py``), but from the save a notice asks where that
+    save ends within the notice (``notice_holds``)."""
+    if p.first_save is not None:
+        return (f" ends this job (run again, it resumes from its last checkpoint, saved every {p.period} steps: at "
+                f"most {p.period} steps replayed)")
+    last, t = p.steps - 1, p.times
+    held = [o.name for o in taken if notice_holds(o, t)]
+    spared = (f"; but a {' or '.join(held)} notice's save, ~{t.whole_s:.3g} s ({t.kind}), ends within the notice: "
+              f"run again, it resumes from that save") if held and t is not None else ""
+    better = most_period(p.steps, True)
+    hint = f"; checkpoint_period={better} would save at step {better}" if better < last else ""
+    source = "auto" if p.source == "auto" else f"from {p.source}"
+    return (f" before the save of step {last}, the job's last, ends this job, and run again it starts over where it "
+            f"started (step 0 for a new run{spared}): checkpoint_period={p.period} ({source}) saves no checkpoint "
+            f"before it{hint}")
 
 
 def line(p: Plan, options: tuple[CapacityOption | None, ...], chips: int,

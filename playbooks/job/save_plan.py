@@ -19,14 +19,19 @@ else estimated here, each with its basis:
 - the MTBI: the inventory's ``interruption_mtbi_hours``, else the shortest
   of its capacity options' (``config/choices.py``: an assumption where
   Google publishes no rate), on the twin on-demand's (its hosts stand for
-  on-demand ones)."""
+  on-demand ones).
+- whether a loss is expected within the job (``losses``): on capacity that
+  can be taken back (each option's ``preemptible``: Spot, flex-start), and
+  on the twin, whose hosts the chaos tasks take to rehearse a loss; auto's
+  period is then at most half the job's steps, so that a save lands
+  between step 0's and the last step's (``save_period.most_period``)."""
 from __future__ import annotations
 
 from playbooks.config.choices import ON_DEMAND
 from playbooks.config.schema import AUTO, Environment
 from playbooks.config.tpu import generation
 from playbooks.job import fit, memory
-from playbooks.job.save_period import FALLBACK_PERIOD, Mtbi, Plan, Times, period_steps
+from playbooks.job.save_period import FALLBACK_PERIOD, Mtbi, Plan, Times, most_period, period_steps
 from playbooks.job.spec import Job, set_arg
 
 HOST_WRITE_GBPS = 1.0  # GB/s one TPU host writes to Cloud Storage: assumed
@@ -36,12 +41,34 @@ SET, OVERRIDES, INVENTORY = "--set", "train_overrides", "the inventory's checkpo
 
 
 def mtbi(env: Environment) -> Mtbi:
+    """The run's MTBI: the inventory's, else the shortest of its capacity
+    options'; an option's figure per VM (Spot's: ``mtbi_per_vm``) is
+    divided by the run's VMs, its slices x hosts per slice: each is
+    preempted on its own and a slice is lost when any of its VMs is, so
+    the interruptions a run expects are each VM's rate x the VMs."""
     if env.interruption_mtbi_hours is not None:
         return Mtbi(float(env.interruption_mtbi_hours), "interruption_mtbi_hours")
     opts = env.options or (ON_DEMAND,)
-    o = min(opts, key=lambda x: x.mtbi_hours)
+    vms = max(1, env.slices * env.hosts_per_slice)
+
+    def hours(o) -> float:
+        return o.mtbi_hours / vms if o.mtbi_per_vm else o.mtbi_hours
+
+    o = min(opts, key=hours)
     twin = "" if env.options else " (the local twin's hosts stand for on-demand ones)"
-    return Mtbi(o.mtbi_hours, f"{o.name}'s{twin}, {o.mtbi_basis}")
+    per_vm = (f" ({o.mtbi_hours:g} h per VM / {vms} VMs: a slice is lost when any of its VMs is)"
+              if o.mtbi_per_vm else "")
+    return Mtbi(hours(o), f"{o.name}'s{twin}{per_vm}, {o.mtbi_basis}")
+
+
+def losses(env: Environment) -> str:
+    """Why a loss is expected within a job of ``env``, in words ("": none)."""
+    taken = [o.name for o in env.options if o.preemptible]
+    if taken:
+        return f"{' or '.join(taken)} capacity can be taken back"
+    if env.platform.simulated:
+        return "the chaos tasks take the local twin's hosts"
+    return ""
 
 
 def writing_hosts(env: Environment, s: dict) -> int:
@@ -87,15 +114,16 @@ def plan(env: Environment, job: Job, measured: Times | None) -> Plan:
     """The job's period, where it came from, and the times behind it."""
     got = measured if measured is not None else estimate(env, job)
     times, why = (got, "") if isinstance(got, Times) else (None, got)
-    m, steps, src = mtbi(env), max(1, job.steps), source(env, job)
+    m, steps, src, lost = mtbi(env), max(1, job.steps), source(env, job), losses(env)
     if src == AUTO:
-        period = period_steps(times.save_s, m.hours * 3600, times.step_s, steps) if times else \
-            min(steps, FALLBACK_PERIOD)
+        most = most_period(steps, bool(lost))
+        period = period_steps(times.save_s, m.hours * 3600, times.step_s, most) if times else \
+            min(most, FALLBACK_PERIOD)
     elif src == INVENTORY:
         period = int(env.checkpoint_period)
     else:
         period = int(job.arg(KEY) or 0)
-    return Plan(period, src, times, m, steps, why)
+    return Plan(period, src, times, m, steps, why, lost)
 
 
 def apply(env: Environment, job: Job, measured: Times | None) -> Plan:

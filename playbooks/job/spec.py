@@ -20,10 +20,11 @@ from playbooks.config import tutorial as T
 from playbooks.config.maxtext_settings import run_name_problem
 from playbooks.config.project import ROOT
 from playbooks.config.schema import Environment
-from playbooks.config.tpu import generation
+from playbooks.config.tpu import DEFAULT, GENERATIONS, generation
 from playbooks.core.command import Command, quote
 from playbooks.core.errors import InputError, PlaybookError, ProbeFailed, shown_value
 from playbooks.core.facts import ABSENT, Action, Completed, Fact, assume
+from playbooks.job import ici
 
 KEY = re.compile(r"^[a-z_][a-z0-9_]{0,63}$")
 MODELS = tuple(T.TRAIN_ARGS)
@@ -37,6 +38,17 @@ MAX_VALUE = 1024  # characters of one --set value
 PRESETS: dict[str, dict[str, tuple[tuple[str, str], ...]]] = {
     "llama3-70b": {"fits": (("per_device_batch_size", "1"), ("optimizer_memory_host_offload", "true"))},
 }
+# The shape each preset was made for, (generation, topology, slices): the
+# tutorial's 2 x v6e-16 (DEFAULT, its generation). On another the estimate
+# decides, and a misfit names the smallest shape that fits (fit.py).
+# tasks.py's --preset help names it (tests/test_shapes.py).
+PRESET_SHAPES: dict[tuple[str, str], tuple[str, str, int]] = {("llama3-70b", "fits"): (DEFAULT, "4x4", 2)}
+
+
+def preset_shape(model: str, preset: str) -> str:
+    """The shape a preset was made for, as the lines say it: 2 x v6e-16."""
+    gen, topology, slices = PRESET_SHAPES[(model, preset)]
+    return f"{slices} x {GENERATIONS[gen].shape(topology)}"
 
 
 @dataclass
@@ -57,6 +69,7 @@ class Job:
     bucket: str | None = None
     preset: str = ""
     sets: tuple[tuple[str, str], ...] = ()  # the user's --set pairs, as given
+    derived: tuple[tuple[str, str], ...] = ()  # the ICI axes taken from the slice's devices (ici.py)
     save_plan: Any = None  # its checkpoint period and why (save_plan.py: save_period.Plan)
 
     def arg(self, key: str) -> str | None:
@@ -153,7 +166,9 @@ def build_job(env: Environment, model: str, elastic: bool = False, steps: int | 
               sets: list[str] | tuple[str, ...] = (), fresh: bool = False, preset: str = "") -> Job:
     """The job the flags ask for, in this environment: the tutorial's for the
     model, placed here (local or GKE), with the inventory's, the preset's,
-    --steps' and --set's changes, in that order; checked whole."""
+    --steps' and --set's changes, in that order; the ICI axes taken from
+    the slice's devices where the user set none and the tutorial's do not
+    make them (``ici.derived``); checked whole."""
     extra = checked_request(model, steps, sets, preset)
     args = [*T.TRAIN_ARGS[model], AUTOCHECKPOINT]
     if elastic:
@@ -172,6 +187,10 @@ def build_job(env: Environment, model: str, elastic: bool = False, steps: int | 
         set_arg(args, "steps", str(steps))
     for k, v in extra:
         set_arg(args, k, v)
+    if not ici.user_set(env, job.sets):
+        job.derived = ici.derived(dict(args), ici.slice_devices(env))
+        for k, v in job.derived:
+            set_arg(args, k, v)
     if env.platform.simulated and job.arg("metrics_file") is None:
         # MaxText's own per-step metrics (each rank its own file; kept as the
         # run's metrics.jsonl after the job).

@@ -9,7 +9,8 @@ slice), ``prereqs`` (§1: APIs, roles), ``network`` (§2), ``cluster`` (§3),
 before a job), ``train`` (§8-9: the job, followed), ``chaos`` (§9: a host killed,
 given a notice, frozen, made sick, its maintenance scheduled, on GKE or the
 twin: one play over each target's way),
-``teardown`` (§10). Also: ``logs`` (logs, metrics and
+``teardown`` (§10), ``stop_tpus`` (the TPUs' bill stopped, the rest
+kept). Also: ``logs`` (logs, metrics and
 goodput of a run), ``local_cluster`` (the local twin started, stopped and
 checked), ``controller`` (the files synced to a controller host),
 ``quarantine`` (a host set aside and given back), ``slice_notice`` (a

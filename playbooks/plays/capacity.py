@@ -8,20 +8,22 @@ The `capacity` task also prices the plan and says what each option's
 notice gives a save (``job/save_period.py``)."""
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from playbooks.access.cli_clients import fact, gcloud, json_object
 from playbooks.cloud import capacity_options as cap
-from playbooks.cloud import capacity_plan, prices
+from playbooks.cloud import capacity_plan, cluster_prices, prices
 from playbooks.cloud.gke import clusters_fact, location, machine_types_fact
 from playbooks.config import paths
 from playbooks.config.schema import Environment, capacities, reservation_parts
 from playbooks.config.tpu import chips
-from playbooks.core.errors import ProbeFailed
+from playbooks.core.errors import PlaybookError, ProbeFailed
 from playbooks.core.facts import ABSENT, Fact
 from playbooks.core.step import Step, fail, ok, skipped, unchecked
-from playbooks.job import save_period
+from playbooks.job import save_period, save_plan
 from playbooks.job.save_period import Times
+from playbooks.job.spec import MODELS, build_job
 from playbooks.runs import save_times
 
 PLAY = "capacity"
@@ -167,33 +169,26 @@ def plan_step(env: Environment) -> Step:
 
 
 def prices_step(env: Environment) -> Step:
-    """What the plan costs by the hour: each slice's option at its price per
-    chip-hour (``playbooks/cloud/prices.py``: the inventory's, else the
-    Cloud Billing Catalog's), and the total. A price that cannot be read is
-    "no price", never a stop."""
+    """What the plan costs by the hour, every part that bills: each slice's
+    option at its price per chip-hour (``playbooks/cloud/prices.py``: the
+    inventory's, else the Cloud Billing Catalog's), the CPU pool and the
+    cluster fee (``playbooks/cloud/cluster_prices.py``), and the total. A
+    price that cannot be read is "no price", its reason said once with how
+    to get one, never a stop."""
     plan = capacity_plan.plan_fact(env)
-    catalog = prices.catalog_fact(env) if prices.needs_catalog(env) else None
+    catalog = prices.catalog_fact(env) if prices.needs_catalog(env, cpu=True) else None
     per = env.hosts_per_slice * env.chips_per_host
 
     def decide(look):
         p = look(plan)
-        got = prices.prices_of(env, [s.option for s in p.slots if s.option], look(catalog) if catalog else None)
-        notes, total, missing = [], 0.0, []
-        for s in p.slots:
-            pr = got.get(s.option) if s.option else None
-            if pr is None or pr.per_chip_hour is None:
-                missing.append(s.pool)
-                notes.append(f"{s.pool}: {s.words}: {pr.text() if pr else 'no option can take it'}")
-                continue
-            total += per * pr.per_chip_hour
-            notes.append(f"{s.pool}: {s.words}: {per} chips x ${pr.per_chip_hour:.4g}/chip-hour = "
-                         f"${per * pr.per_chip_hour:,.2f}/h ({pr.source})")
-        chips = per * len(p.slots)
-        if missing:
-            known = f"; the priced slices ${total:,.2f}/h" if total else ""
-            return ok(f"no price for {len(missing)} of {len(p.slots)} slice(s) ({chips} chips){known}: chip-hours "
-                      f"only", notes=notes)
-        return ok(f"the plan costs ${total:,.2f}/h for {chips} chips ({len(p.slots)} slice(s))", notes=notes)
+        got = look(catalog) if catalog else None
+        charges = [cluster_prices.Charge(
+            s.pool, s.words, per, "chips",
+            cluster_prices.tpu_rate(prices.price(env, s.option, got)) if s.option else
+            cluster_prices.Rate(None, "chip-hour", why="no option can take it")) for s in p.slots]
+        head, notes = cluster_prices.summary(charges + cluster_prices.cluster_charges(env, got),
+                                             pods_by_request=env.cluster_mode.cpu_pool_nodes == 0)
+        return ok(head, notes=notes)
 
     return Step(PLAY, "price of the plan", decide, id="capacity:prices",
                 probes=(plan, *([catalog] if catalog else [])), after=("capacity:plan",))
@@ -202,20 +197,38 @@ def prices_step(env: Environment) -> Step:
 NOT_READ = "the timelines are not read in a dry run (`invoke capacity` with playbook.mode=check reads them)"
 
 
+def default_estimate(env: Environment) -> Times | str:
+    """The save and step seconds the preflight estimates for `invoke
+    train`'s default job (``job/save_plan.py``), or why there are none."""
+    model = MODELS[0]
+    try:
+        t = save_plan.estimate(env, build_job(env, model))
+    except PlaybookError as e:
+        return f"no estimate for {model}: {e}"
+    return dataclasses.replace(t, basis=f"{model}'s (the default job), estimated: {t.basis}") if isinstance(t, Times) \
+        else t
+
+
 def notice_step(env: Environment) -> Step:
-    """What each option's notice gives a save: the save the environment's
-    newest run measured (``runs/save_times.py``); none measured, the
-    notice alone (`invoke preflight --model=M` estimates a model's save)."""
+    """What each option's notice gives a save (the option as this
+    environment's cluster gives it: a Spot pool's graceful termination
+    lengthened where it can be, ``config/choices.py``): the save the
+    environment's newest run measured (``runs/save_times.py``); none
+    measured, the preflight's estimate for the default job
+    (`invoke preflight --model=M` estimates another model's)."""
     probe = Fact(name="save time", python=lambda: save_times.read(env) or "none measured here yet",
                  display=f"# the save times of {paths.training(env.name)}/*/events.jsonl", assumed=NOT_READ,
                  describe=lambda t: t.basis if isinstance(t, Times) else str(t))
 
     def decide(look):
         t = look(probe)
-        times = t if isinstance(t, Times) else None
-        why = "" if times else f" (no save to hold: {t}; `invoke preflight --model=M` estimates a model's)"
+        times = t if isinstance(t, Times) else default_estimate(env)
+        why = (f" (no save measured: {t}; the save held is {times.basis}; `invoke preflight --model=M` "
+               f"estimates another model's)" if isinstance(times, Times) and not isinstance(t, Times) else
+               f" (no save to hold: {t}; {times})" if not isinstance(times, Times) else "")
         loss = "the steps since its last checkpoint (up to the checkpoint period: `invoke train` says it)"
-        return ok("notice: " + "; ".join(save_period.notice_text(o, times, loss) for o in env.options) + why)
+        held = times if isinstance(times, Times) else None
+        return ok("notice: " + "; ".join(save_period.notice_text(o, held, loss) for o in env.options) + why)
 
     return Step(PLAY, "notice before a slice goes", decide, id="capacity:notice", probes=(probe,))
 

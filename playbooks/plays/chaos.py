@@ -25,14 +25,20 @@ import time
 from typing import Any
 
 from playbooks.cloud.chaos_gke import GkeWorkers
-from playbooks.config import paths
+from playbooks.config import paths, spot_grace
+from playbooks.config.choices import preemption_grace_s
 from playbooks.config.schema import Environment
 from playbooks.core.command import placeholder, shown
+from playbooks.core.errors import PlaybookError
 from playbooks.core.facts import Action, Fact
 from playbooks.core.step import CHANGE, Step, change, fail, ok
+from playbooks.job import save_plan
+from playbooks.job.save_period import Times
+from playbooks.job.spec import MODELS, build_job
 from playbooks.runs import chaos_target, placement, save_times, timeline
 from playbooks.runs import events as E
 from playbooks.runs import quarantine_record as quarantined
+from playbooks.runs.cost import model_of
 from playbooks.twin.chaos_twin import TwinHosts
 from playbooks.twin.nodes import Host
 
@@ -101,7 +107,7 @@ def delete_steps(env: Environment, restore_after: float, target: str = placement
     killed: dict[str, Any] = {}  # the host this run kills: the one it brings back
     choose = _chooser(env, w, target, w.picker())
     nodes = w.ray_nodes() if grace is not None else None
-    measured = saves_measured(env) if grace is not None else None
+    measured = save_seconds(env) if grace is not None else None
     task = "chaos.delete-worker" if grace is None else "chaos.preempt-worker"
 
     def decide_kill(look):
@@ -123,7 +129,8 @@ def delete_steps(env: Environment, restore_after: float, target: str = placement
         lost = record(env, E.WORKER_LOST, **w.fields(h), by="chaos", target=target, cause=w.preempt_cause(grace))
         return change(*w.preempt(h, grace, listed, given, lost),
                       reason=reason, would=would, found=f"{w.label(h)} running",
-                      notes=[grace_words(grace, look(measured))] if measured is not None else [],
+                      notes=[grace_words(grace, look(measured)), real_words(env, grace)]
+                      if measured is not None else [],
                       instead=w.stuck(h, grace, reason, (lost,)))
 
     title, sid = (w.kill_title, w.kill_id) if grace is None else (w.preempt_title(grace), "chaos:preempt")
@@ -212,24 +219,64 @@ def _held(h: Any, look: Any, held: Any):
     return lambda: quarantined.held_out(h.name, look(held))
 
 
-def saves_measured(env: Environment) -> Fact:
-    """A save's seconds as the environment's newest run measured them
-    (runs/save_times.py; a dry run assumes none)."""
-    return Fact(name="a save's measured seconds", python=lambda: save_times.read(env), assumed=None,
-                display=f"# a save's seconds, the newest run's ({paths.training(env.name)}/*/events.jsonl)",
-                describe=lambda t: t.basis if t is not None else "none measured")
+def estimated(env: Environment, model: str) -> Times | None:
+    """The save and step seconds the preflight estimates for the tutorial's
+    job of ``model`` here (job/save_plan.py); None where it makes none (the
+    twin: a CPU has no TPU peak)."""
+    try:
+        t = save_plan.estimate(env, build_job(env, model))
+    except PlaybookError:
+        return None
+    return t if isinstance(t, Times) else None
+
+
+def running_model(env: Environment) -> str:
+    """The model of the running job (its timeline's model check), else
+    the tutorial's first, `invoke train`'s default."""
+    for run, _ in reversed(timeline.running_runs(env)):
+        if (model := model_of(timeline.read(env, run))) in MODELS:
+            return model
+    return MODELS[0]
+
+
+def save_seconds(env: Environment) -> Fact:
+    """A save's seconds: as the environment's newest run measured them
+    (runs/save_times.py), else as the preflight estimates them for the
+    running job's model (``estimated``); a dry run assumes the estimate for
+    `invoke train`'s default model."""
+    return Fact(name="a save's seconds", python=lambda: save_times.read(env) or estimated(env, running_model(env)),
+                assumed=estimated(env, MODELS[0]),
+                display=f"# a save's seconds, the newest run's ({paths.training(env.name)}/*/events.jsonl), else the "
+                        f"preflight's estimate for the running job's model",
+                describe=lambda t: t.basis if t is not None else "none measured, none estimated")
 
 
 def grace_words(grace: int, t: Any) -> str:
     """Whether a notice of ``grace`` s holds a save, said before it is given."""
     if t is None:
-        return f"a notice of {grace} s: no save measured here yet, whether it holds one is not known"
+        return f"a notice of {grace} s: no save measured or estimated here, whether it holds one is not known"
     if grace >= t.whole_s:
-        return f"a notice of {grace} s holds a save ({t.whole_s:.3g} s to finalized, measured): no step should be " \
+        return f"a notice of {grace} s holds a save ({t.whole_s:.3g} s to finalized, {t.kind}): no step should be " \
                "replayed"
-    return (f"a notice of {grace} s is shorter than a save ({t.whole_s:.3g} s to finalized, measured): the save it "
+    return (f"a notice of {grace} s is shorter than a save ({t.whole_s:.3g} s to finalized, {t.kind}): the save it "
             f"asks for will be cut; the run goes back to its last finalized checkpoint (at most one checkpoint "
             f"period replayed)")
+
+
+def real_words(env: Environment, grace: int) -> str:
+    """How a notice of ``grace`` s stands to what a preemption gives the
+    job's pods on the environment's capacity (choices.preemption_grace_s)."""
+    if env.platform.simulated:
+        return (f"the twin has no capacity option: on GKE a Spot preemption gives the job's pods "
+                f"{spot_grace.DEFAULT_PODS_S} s ({spot_grace.PODS_S} s on this project's Standard Spot pools, GKE "
+                f"{spot_grace.MIN_GKE} or later)")
+    real = preemption_grace_s(env)
+    spot = [o for o in env.options if o.preemptible and o.notice_s is not None]
+    what = (f"a {spot[0].name} preemption here gives the job's pods {real} s" if spot else
+            f"no preemption here gives a notice; a pod deleted or drained gets its grace, {real} s")
+    if grace > real:
+        return f"{what}: this notice is gentler than the real one (--grace={real} rehearses it)"
+    return f"{what}: this notice is {'as long as' if grace == real else 'shorter than'} the real one"
 
 
 def hang_steps(env: Environment, restore_after: float) -> list[Step]:

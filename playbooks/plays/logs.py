@@ -204,8 +204,11 @@ def goodput_step(env: Environment, run: str | None) -> Step:
         s: dict[str, Any] = look(probe)
         name = s.get("run")
         if name is None:
-            return fail(f"no run of environment {env.name} has a timeline yet "
-                        f"({paths.events(env.name, '<run>')}): `invoke train` keeps one")
+            # No run named and none yet: nothing to report is not an error
+            # (`invoke runs` says the same, exit 0); a run named that has no
+            # timeline is (below: exit 1).
+            none = run_list.no_timeline(env.name)
+            return ok(none, data={"run": None, "none": none})
         if not s["events"]:
             if s.get("skipped"):
                 return fail(f"run {name}: no event of its timeline could be read: "

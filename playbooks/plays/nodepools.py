@@ -7,6 +7,7 @@ from typing import Any
 
 from playbooks.access.cli_clients import gcloud
 from playbooks.cloud import capacity_options as cap
+from playbooks.cloud import node_shutdown
 from playbooks.cloud.capacity_plan import BROKEN, plan_fact
 from playbooks.cloud.gke import (
     container_change,
@@ -21,8 +22,9 @@ from playbooks.cloud.gke import (
     workload_policy_fact,
     workload_policy_name,
 )
+from playbooks.config import spot_grace
 from playbooks.config import tutorial as T
-from playbooks.config.choices import capacity_option
+from playbooks.config.choices import capacity_option, given
 from playbooks.config.schema import Environment, capacities, capacity_text
 from playbooks.config.tpu import chips, dcn_networks, generation
 from playbooks.core.errors import PlaybookError
@@ -35,10 +37,13 @@ AUTOPILOT_SKIP = ("Autopilot has no node pools to create: it provisions the TPU 
                   "RayCluster's TPU requests and node selectors")
 
 
-def create_command(env: Environment, name: str, option: str):
+def create_command(env: Environment, name: str, option: str, shutdown: bool = True):
     """The tutorial's command, every flag kept, with our capacity label next
     to its DRANET label and the option's flags (capacity_options.pool_flags;
-    flex-start starts with 0 nodes and autoscales to one slice). A
+    flex-start starts with 0 nodes and autoscales to one slice), and, with
+    ``shutdown``, the option's node system configuration where the
+    environment gives it one (a Spot pool's lengthened graceful
+    termination: cloud/node_shutdown.py, fed on stdin). A
     single-host slice (one VM has all its chips) is created without
     --tpu-topology: GKE refuses a topology for a single-host TPU slice pool
     ("TPU topology can't be specified with single-host TPU slice pool", as
@@ -54,12 +59,13 @@ def create_command(env: Environment, name: str, option: str):
         topology = [f"--placement-policy={workload_policy_name(env)}"]
     else:
         topology = [f"--tpu-topology={env.topology}"] if env.hosts_per_slice > 1 else []
-    return container_change(
+    command = container_change(
         env, "node-pools", "create", name,
         f"--location={env.zone}", f"--cluster={env.cluster_name}", f"--machine-type={env.machine_type}",
         *threads, *topology, f"--num-nodes={cap.initial_nodes(env, option)}", *_networks(env),
         f"--node-labels={cap.node_labels(env, option)}", "--enable-gvnic", f"--scopes={T.TPU_SCOPES}",
         *cap.pool_flags(env, option))
+    return node_shutdown.fed(command, given(env, capacity_option(option))) if shutdown else command
 
 
 def _networks(env: Environment) -> list[str]:
@@ -136,6 +142,10 @@ class Pool:
         self.probe = nodepools_fact(env, self.name)
         self.planned = plan_fact(env)
         self.several = len(capacities(env)) > 1
+        # gcloud's version, where a pool of the list gets a node system
+        # configuration (an older gcloud refuses its keys: spot_grace).
+        self.gcloud = node_shutdown.gcloud_version_fact() if any(o.kubelet_config for o in env.options) else None
+        self.sent: str | None = None  # the option whose configuration the last create sent
 
     def decide(self, look):
         env, name = self.env, self.name
@@ -148,28 +158,60 @@ class Pool:
                 return fail(f"no option of capacity {capacity_text(env)} can take slice {name} (the capacity plan)")
             # A pool left in ERROR (e.g. GCE_STOCKOUT: no TPU capacity in the
             # zone) holds no usable slice: replace it rather than count it done.
-            return self.create(option, p)
+            return self.create(look, option, p)
         diffs = shape_diffs(env, p)
         if diffs:
             return drift(f"node pool {name}: " + "; ".join(diffs))
-        return self.as_it_is(p)
+        return self.shutdown_as_given(look, p) or self.as_it_is(p)
 
-    def as_it_is(self, p: dict):
+    def cannot_send(self, look, option: str) -> str | None:
+        """Why the create or update of a pool of ``option`` cannot send its
+        node system configuration (None: it can, or it has none)."""
+        if not given(self.env, capacity_option(option)).kubelet_config or self.gcloud is None:
+            return None
+        return spot_grace.gcloud_blocker(look(self.gcloud))
+
+    def shutdown_as_given(self, look, p: dict):
+        """A pool of the right shape that lacks its option's node system
+        configuration (a Spot pool made before it was set, or by a gcloud
+        that could not send it): drift, with the update that gives it it;
+        with that gcloud still, the pool as it is, said in a note."""
+        option = cap.pool_option(p)
+        o = given(self.env, capacity_option(option))
+        why = node_shutdown.lacks(o, p) if o.kubelet_config else None
+        if why is None:
+            return None
+        blocked = self.cannot_send(look, option)
+        if blocked is not None:
+            return self.as_it_is(p, notes=(f"{self.name}: {why}; {blocked}",))
+        update = node_shutdown.update_command(self.env, self.name, o)
+        return drift(f"node pool {self.name}: {why}",
+                     notes=[f"to give it the {o.notice_s} s (GKE re-creates the pool's nodes: a running job loses "
+                            f"the slice): {update.line()}"])
+
+    def as_it_is(self, p: dict, notes: tuple[str, ...] = ()):
         """A pool of the right shape: done, being made, going, or broken."""
         name, status = self.name, p.get("status")
         if status == "RUNNING":
-            return ok(f"node pool {name} is RUNNING ({self.env.topology}, {cap.pool_capacity(p)})")
+            return ok(f"node pool {name} is RUNNING ({self.env.topology}, {cap.pool_capacity(p)})", notes=notes)
         if status in ("PROVISIONING", "RECONCILING"):
             return wait(f"node pool {name} is {status} (another operation is making it)")
         if status == "STOPPING":
             return fail(f"node pool {name} is being deleted; wait for it to go, then re-run")
         return fail(f"node pool {name} is {status}: {p.get('statusMessage') or 'no message'}")
 
-    def create(self, option: str, replacing: Any = ABSENT, notes: tuple[str, ...] = (), was: str = ""):
+    def create(self, look, option: str, replacing: Any = ABSENT, notes: tuple[str, ...] = (), was: str = ""):
         env = self.env
+        blocked = self.cannot_send(look, option)
+        if blocked is not None:
+            notes = (*notes, f"{self.name}: made without its node system configuration: {blocked}; its Spot VMs "
+                             f"give the job's pods the default {spot_grace.DEFAULT_PODS_S} s of a preemption's notice")
+        o = given(env, capacity_option(option))
+        self.sent = option if o.kubelet_config and blocked is None else None
         nodes = (f"0 to {env.hosts_per_slice} nodes as capacity comes" if capacity_option(option).starts_empty
                  else f"{env.hosts_per_slice} nodes")
-        what = f"{env.topology}, {nodes}, {cap.words(env, option)}"
+        grace = f", {o.notice_s} s of a preemption's notice for the job's pods" if self.sent else ""
+        what = f"{env.topology}, {nodes}, {cap.words(env, option)}{grace}"
         if was:  # the next option, after the one before failed
             reason = f"created ({what}), in place of {was}"
         elif replacing is not ABSENT:
@@ -177,7 +219,7 @@ class Pool:
         else:
             reason = f"created ({what})"
         cmds = ([delete_command(env, self.name)] if replacing is not ABSENT else []) + \
-            [create_command(env, self.name, option)]
+            [create_command(env, self.name, option, shutdown=blocked is None)]
         return change(*cmds, reason=reason, notes=notes, instead=lambda look, why: self.instead(look, why, option))
 
     def instead(self, look, why: str, option: str):
@@ -204,14 +246,19 @@ class Pool:
         message = message if len(message) <= 200 else message[:197] + "..."
         skipped = f" ({', '.join(passed)}: the plan found room for none)" if passed else ""
         note = f"{cap.words(env, option)}: {head}: {message}; next: {cap.words(env, nxt)}{skipped}"
-        return self.create(nxt, p, (note,), was=f"{cap.words(env, option)} ({head})")
+        return self.create(look, nxt, p, (note,), was=f"{cap.words(env, option)} ({head})")
 
     def running(self, p):
         if p is ABSENT:
             return "node pool not found"
         if p.get("status") in BROKEN:
             raise Broken(f"node pool {self.name} is {p.get('status')}: {cap.pool_problem(p)}")
-        return None if p.get("status") == "RUNNING" else f"status {p.get('status')}"
+        if p.get("status") != "RUNNING":
+            return f"status {p.get('status')}"
+        sent = given(self.env, capacity_option(self.sent)) if self.sent == cap.pool_option(p) else None
+        if sent is not None and (why := node_shutdown.lacks(sent, p)):
+            raise Broken(f"node pool {self.name} is RUNNING without the node system configuration sent: {why}")
+        return None
 
     def explain(self, look, reason: str) -> str | None:
         """A create that failed, or a pool left broken: what GKE says, in one

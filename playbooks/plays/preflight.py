@@ -67,6 +67,10 @@ def static_step(env: Environment, job: Job) -> Step:
         said = "" if got is None else f"; {got}" if isinstance(got, str) else f"; {F.estimated(env, got)}"
         notes = [] if got is None or isinstance(got, str) else [f"estimate on {where}: {e.line()}"
                                                                  for where, e in F.grouped(env, got)]
+        if job.derived:
+            notes.insert(0, f"ICI parallelism from the slice's {F.slice_devices(env)} devices (no ici_* set; the "
+                            f"tutorial's are for the 16 chips of its slice): "
+                            f"{' '.join(f'{k}={v}' for k, v in job.derived)}")
         return ok(f"{dict(job.args).get('model_name')}: mesh, hosts and manifest agree "
                   f"({F.slice_devices(env)} devices per slice x {env.slices} slices){said}", notes=notes)
 
@@ -148,7 +152,7 @@ def _search(ctx: StepContext, env: Environment, job: Job, short: str) -> Outcome
             ctx.echo(f"    {line}")
         if r is not None and r.fits:
             return Outcome(FAILED, F.found(env, job, short, a, r))
-    return Outcome(FAILED, F.none_found(env, short, plan))
+    return Outcome(FAILED, F.none_found(env, job, short, plan))
 
 
 def save_step(env: Environment, job: Job) -> Step:

@@ -25,8 +25,9 @@ def _enabled_services(items: list) -> set[str]:
 
 def services(env: Environment) -> tuple[str, ...]:
     """The tutorial's APIs, and the Cloud Billing API where a price is read
-    from its catalog (an option the inventory's ``prices:`` does not price)."""
-    return T.SERVICES + ((prices.API,) if prices.needs_catalog(env) else ())
+    from its catalog (an option, or the CPU pool, the inventory's ``prices:``
+    does not price)."""
+    return T.SERVICES + ((prices.API,) if prices.needs_catalog(env, cpu=True) else ())
 
 
 def services_fact(env: Environment):

@@ -20,11 +20,11 @@ from typing import Any
 from playbooks.access.cli_clients import fact, json_object
 from playbooks.cloud import kube_objects, pod_delete
 from playbooks.cloud import pods as P
-from playbooks.cloud.gke import kube, nodepool_name, nodepools_fact
+from playbooks.cloud.gke import kube, listed, nodepool_name, nodepools_fact, objects_command
 from playbooks.config import tutorial as T
 from playbooks.config.schema import Environment
 from playbooks.core.command import Command, placeholder, shown
-from playbooks.core.facts import ABSENT, Action, Fact, assume
+from playbooks.core.facts import ABSENT, Action, Completed, Fact, assume
 from playbooks.core.step import Step, Verify, change, fail, ok
 from playbooks.runs import quarantine_record as R
 from playbooks.runs import timeline
@@ -52,14 +52,14 @@ def _nodes(c: Any) -> dict[str, dict]:
     return _node_states(json_object("nodes")(c))
 
 
-def _node_states(listed: dict) -> dict[str, dict]:
-    out = {}
-    for n in listed.get("items") or []:
-        spec = n.get("spec") or {}
-        out[(n.get("metadata") or {}).get("name", "?")] = {
-            "cordoned": bool(spec.get("unschedulable")),
+def _node_states(doc: dict) -> dict[str, dict]:
+    return {(n.get("metadata") or {}).get("name", "?"): _marks(n.get("spec") or {}) for n in doc.get("items") or []}
+
+
+def _marks(spec: dict) -> dict[str, bool]:
+    """A node's spec: cordoned (``unschedulable``), tainted (our key)."""
+    return {"cordoned": bool(spec.get("unschedulable")),
             "tainted": any(t.get("key") == TAINT_KEY for t in spec.get("taints") or [])}
-    return out
 
 
 def nodes_fact(env: Environment, pool: str, cordoned: bool = False) -> Fact:
@@ -284,42 +284,122 @@ def release_gke_steps(env: Environment, name: str) -> list[Step]:
 
 
 # -- what is set aside (`invoke hosts`, a row of `status`) ----------------------------
-def listing(env: Environment, look: Callable[[Fact], Any]) -> list[dict]:
-    """Each host of the record; on GKE with its recorded nodes as they are
-    now (cordoned, tainted, gone)."""
-    out = []
-    for name, rec in sorted(look(R.fact(env)).items()):
-        row = {"host": name, "slice": rec.get("slice"), "why": rec.get("why"), "since": R.since_text(rec),
-               "by": rec.get("by"), "nodes": None}
-        if env.platform.cloud and slice_of(env, name) is not None:
-            now = look(nodes_fact(env, name, cordoned=True))
-            row["nodes"] = {n: now.get(n) for n in rec.get("nodes") or []}
-        out.append(row)
+# Where a host's quarantine is known from: this checkout's record (a file on
+# this machine), and on GKE the nodes themselves (the truth: a quarantine by a
+# teammate, another machine or the watch in the head pod is there and in no
+# record of this machine).
+RECORD = "this checkout's record"
+CLUSTER = "node taint/cordon on the cluster"
+
+
+def _cluster_nodes(c: Completed) -> dict[str, dict]:
+    """node -> its pool, cordoned, tainted: every node of the cluster, from
+    the List of ``gke.objects_command``."""
+    out = {}
+    for n in listed(json_object("nodes")(c), "Node"):
+        md = n.get("metadata") or {}
+        out[md.get("name", "?")] = {"pool": (md.get("labels") or {}).get(P.NODEPOOL_LABEL) or "?",
+                                    **_marks(n.get("spec") or {})}
     return out
 
 
+def cluster_nodes_fact(env: Environment) -> Fact:
+    """Every node of the cluster, cordoned or not, with our taint or not:
+    the read `invoke status` makes of every object of ours (one call)."""
+    return fact("the cluster's nodes", objects_command(env), _cluster_nodes, assumed={},
+                describe=lambda ns: f"{sum(v['cordoned'] or v['tainted'] for v in ns.values())} of {len(ns)} "
+                                    f"node(s) cordoned or tainted")
+
+
+def listing(env: Environment, look: Callable[[Fact], Any]) -> list[dict]:
+    """Each host set aside, or that was: the twin's record; on GKE every
+    node pool of which a node is cordoned or carries the taint now, joined
+    with the record's hosts (each with its nodes as they are now: cordoned,
+    tainted, gone), and where each is known from (``source``)."""
+    record = look(R.fact(env))
+    if not env.platform.cloud:
+        return [_row(name, rec, [RECORD], True, None) for name, rec in sorted(record.items())]
+    nodes = look(cluster_nodes_fact(env))
+    marked: dict[str, dict[str, dict]] = {}
+    for n, v in nodes.items():
+        if v["cordoned"] or v["tainted"]:
+            marked.setdefault(v["pool"], {})[n] = v
+    return [_gke_row(host, record.get(host), nodes, marked.get(host, {}))
+            for host in sorted(set(record) | set(marked))]
+
+
+def _row(host: str, rec: dict | None, source: list[str], held: bool, note: str | None) -> dict:
+    """A host's row; ``rec`` None: in no record here (why, since, by unknown)."""
+    if rec is None:
+        return {"host": host, "slice": host, "why": None, "since": None, "by": None, "nodes": None,
+                "source": source, "held": held, "note": note}
+    return {"host": host, "slice": rec.get("slice"), "why": rec.get("why"), "since": R.since_text(rec),
+            "by": rec.get("by"), "nodes": None, "source": source, "held": held, "note": note}
+
+
+def _gke_row(host: str, rec: dict | None, nodes: dict[str, dict], marked: dict[str, dict]) -> dict:
+    """One GKE host: the record's nodes (None: gone) and the pool's nodes
+    cordoned or tainted now. Set aside (``held``) while a node of the pool
+    carries the taint, or the record names no node (as ``held_now``)."""
+    recorded = list((rec or {}).get("nodes") or [])
+    tainted = any(v["tainted"] for v in marked.values())
+    held = tainted or (rec is not None and not recorded)
+    if rec is not None:
+        note = None if held else (f"no node of it carries the taint now: given back from elsewhere (a release this "
+                                  f"record never heard of) or its pool made again; not set aside: "
+                                  f"`invoke hosts.release {host}` clears this record")
+    elif tainted:
+        note = ("set aside on the cluster, in no record of this checkout: by a teammate, another machine or the "
+                "watch in the head pod (why, since when and by what are in their record)")
+    else:
+        note = ("cordoned, without the quarantine taint: not set aside by these tasks (a person's cordon, or GKE's "
+                "while it upgrades or repairs a node)")
+    row = _row(host, rec, ([RECORD] if rec is not None else []) + ([CLUSTER] if marked else []), held, note)
+    row["nodes"] = {**{n: nodes.get(n) for n in recorded}, **marked}
+    return row
+
+
 def row_lines(row: dict) -> list[str]:
-    """A host of ``listing`` in lines: the host, then each node now."""
-    out = [f"{row['host']}: slice {row['slice']}, since {row['since']}, by {row['by']}: {row['why']}"]
-    for n, v in (row["nodes"] or {}).items():
+    """A host of ``listing`` in lines: the host (the twin: its record), then
+    on GKE where it is known from and each node now."""
+    recorded = RECORD in row["source"]
+    out = [f"{row['host']}: slice {row['slice']}, since {row['since']}, by {row['by']}: {row['why']}" if recorded
+           else f"{row['host']}: {row['note']}"]
+    if row["nodes"] is None:
+        return out
+    out.append(f"  source: {' and '.join(row['source']) or '?'}"
+               + (f" only: {row['note']}" if recorded and row["note"] else ""))
+    for n, v in row["nodes"].items():
         out.append(f"  node {n}: gone (its pool made again, or the node replaced)" if v is None else
                    f"  node {n}: {'cordoned' if v['cordoned'] else 'NOT cordoned'}, "
                    f"{'tainted' if v['tainted'] else 'NOT tainted'}")
     return out
 
 
+def none_line(env: Environment) -> str:
+    """What `invoke hosts` says when nothing is set aside, and where it looked."""
+    return ("no host is quarantined: no node cordoned or tainted on the cluster, none in this checkout's record"
+            if env.platform.cloud else "no host is quarantined")
+
+
 def list_step(env: Environment, play: str = "hosts", held_fails: bool = False) -> Step:
-    """Read-only: the hosts set aside. ``held_fails`` (a row of `status`):
-    a host set aside is not as the inventory asks (its slice is held out)."""
+    """Read-only: the hosts set aside (on GKE the nodes are read: a look
+    that fails is "could not look", never "none"). ``held_fails`` (a row
+    of `status`): a host set aside is not as the inventory asks (its slice
+    is held out); a node only cordoned, or a record no longer in force, is
+    said in its notes."""
     def decide(look):
         rows = listing(env, look)
         if not rows:
-            return ok("no host is quarantined", data=[])
+            return ok(none_line(env), data=[])
         lines = [line for r in rows for line in row_lines(r)]
-        names = ", ".join(r["host"] for r in rows)
-        if held_fails:
-            return fail(f"{len(rows)} quarantined: {names} (`invoke hosts`; `invoke hosts.release NAME` gives one "
-                        f"back)", notes=lines)
-        return ok(f"{len(rows)} quarantined: {names}", data=rows, notes=lines)
+        held = [r["host"] for r in rows if r["held"]]
+        others = [r["host"] for r in rows if not r["held"]]
+        said = (f"{len(held)} quarantined: {', '.join(held)}" if held else "no host is quarantined") + (
+            f"; not set aside, but said: {', '.join(others)}" if others else "")
+        if held_fails and held:
+            return fail(f"{said} (`invoke hosts`; `invoke hosts.release NAME` gives one back)", notes=lines)
+        return ok(said, data=rows, notes=lines)
 
-    return Step(play, "quarantined hosts", decide, id=f"{play}:quarantined", probes=(R.fact(env),))
+    probes = (R.fact(env), cluster_nodes_fact(env)) if env.platform.cloud else (R.fact(env),)
+    return Step(play, "quarantined hosts", decide, id=f"{play}:quarantined", probes=probes)

@@ -1,13 +1,17 @@
-"""§10 Cleanup, complete: the RayCluster, the port-forward, the cluster, the
-bucket, then the subnets and networks the tutorial leaves behind, in
-dependency order. Each step deletes only what it finds; a second run is a
-no-op. The user's IAM roles and the enabled APIs are left as they are."""
+"""§10 Cleanup: the RayCluster, the port-forward, the cluster, then the
+subnets and networks the tutorial leaves behind, in dependency order. The
+bucket, with the checkpoints of every run (what the user made), is kept
+unless the user names it (`teardown --delete-bucket`): a kept bucket is
+said in one line, with its size and what bills it. Each step deletes only
+what it finds; a second run is a no-op. The user's IAM roles and the
+enabled APIs are left as they are. (To stop the TPUs' bill and keep the
+cluster too: `invoke stop-tpus`, ``plays/stop_tpus.py``.)"""
 from __future__ import annotations
 
 from typing import Any
 
 from playbooks.access.cli_clients import gcloud
-from playbooks.cloud import maintenance, manifests
+from playbooks.cloud import maintenance, manifests, still_billed
 from playbooks.cloud.endpoints import forward_pidfile
 from playbooks.cloud.gke import (
     bucket_fact,
@@ -31,6 +35,7 @@ from playbooks.config import tutorial as T
 from playbooks.config.schema import Environment
 from playbooks.config.tpu import dcn_networks
 from playbooks.core.command import Command, quote
+from playbooks.core.errors import ProbeFailed
 from playbooks.core.facts import ABSENT, Action, Fact, assume
 from playbooks.core.pidfile import running_fact
 from playbooks.core.step import Step, Verify, change, ok
@@ -76,7 +81,8 @@ def watch_rbac_step(env: Environment) -> Step:
     head's service account they bind. The cluster's delete that follows
     would remove them too; deleting them first leaves no rights behind if
     that delete fails. The head account's binding on the bucket goes with
-    the bucket (``bucket_step``). With ``stall_watch: follow`` none were
+    the bucket where ``--delete-bucket`` deletes it (``bucket_step``), else
+    stays with it, for the next `up`'s account of the same name. With ``stall_watch: follow`` none were
     made: no step (any an earlier ``cluster`` made go with the cluster)."""
     clusters = _cluster(env)
     kubeconfig = assume(kubeconfig_fact(env), {"contexts": [{"name": kube_context(env)}]})
@@ -167,6 +173,27 @@ def bucket_step(env: Environment) -> Step:
                 verify=Verify(probe, gone("bucket"), timeout=120, interval=5))
 
 
+def kept_bucket_step(env: Environment) -> Step:
+    """Without ``--delete-bucket``: the bucket and every run's checkpoints
+    in it kept, said in one line with its size and what bills it."""
+    probe = assume(bucket_fact(env), {"name": env.gs_bucket})
+    held = still_billed.bytes_fact(env)
+
+    def decide(look):
+        b = look(probe)
+        if b is ABSENT:
+            return ok(f"bucket gs://{env.gs_bucket} is not there")
+        try:
+            n, why = look(held), ""
+        except ProbeFailed as e:
+            n, why = None, e.why
+        if n is ABSENT:  # gone between the two looks
+            return ok(f"bucket gs://{env.gs_bucket} is not there")
+        return ok(f"kept {still_billed.bucket_line(env, b, n, why)}; {still_billed.DELETE_BUCKET}")
+
+    return Step(PLAY, f"bucket gs://{env.gs_bucket}", decide, id="teardown:bucket", probes=(probe, held))
+
+
 def _last(v: Any) -> str:
     return str(v or "").rsplit("/", 1)[-1]
 
@@ -218,12 +245,14 @@ def policy_step(env: Environment) -> Step:
                 verify=Verify(probe, gone("workload policy"), timeout=300, interval=5))
 
 
-def steps(env: Environment) -> list[Step]:
-    """(The local twin's teardown is ``plays/twin.py``'s stop steps.)"""
+def steps(env: Environment, delete_bucket: bool = False) -> list[Step]:
+    """(The local twin's teardown is ``plays/local_cluster.py``'s stop steps.)
+    The bucket is deleted only with ``delete_bucket`` (`--delete-bucket`)."""
     out = [raycluster_step(env)]
     if manifests.watch_rbac_wanted(env):
         out.append(watch_rbac_step(env))
-    out += [forward_step(env), maintenance_step(env), cluster_step(env), bucket_step(env)]
+    bucket = bucket_step(env) if delete_bucket else kept_bucket_step(env)
+    out += [forward_step(env), maintenance_step(env), cluster_step(env), bucket]
     if needs_workload_policy(env):
         out.append(policy_step(env))
     if not dcn_networks(env):
@@ -233,17 +262,19 @@ def steps(env: Environment) -> list[Step]:
     return out + [subnet_step(env, 0), subnet_step(env, 1), network_step(env, 0), network_step(env, 1)]
 
 
-def summary(env: Environment) -> str:
-    """What teardown deletes, for the confirmation prompt."""
+def summary(env: Environment, delete_bucket: bool = False) -> str:
+    """What teardown deletes, for the confirmation prompt (and what it keeps)."""
     if env.platform.simulated:
         return f"the local Ray cluster of environment {env.name!r} (only the processes this project started)"
     rbac = (f", the watch's service account, ClusterRole, Role and bindings {manifests.watch_rbac_name(env)}"
             if manifests.watch_rbac_wanted(env) else "")
     what = (f"in project {env.project_id}: RayCluster {T.RAYCLUSTER_NAME}{rbac}, GKE cluster {env.cluster_name} "
-            f"({location(env)}), bucket gs://{env.gs_bucket} and everything in it")
+            f"({location(env)})")
+    if delete_bucket:
+        what += f", bucket gs://{env.gs_bucket} and everything in it (every run's checkpoints)"
     if needs_workload_policy(env):
         what += f", workload policy {workload_policy_name(env)}"
-    if not dcn_networks(env):
-        return what
-    return (f"{what}, subnets {subnet_name(env, 0)}/{subnet_name(env, 1)} and networks "
-            f"{network_name(env, 0)}/{network_name(env, 1)}")
+    if dcn_networks(env):
+        what += (f", subnets {subnet_name(env, 0)}/{subnet_name(env, 1)} and networks "
+                 f"{network_name(env, 0)}/{network_name(env, 1)}")
+    return what if delete_bucket else f"{what} (bucket gs://{env.gs_bucket} and its checkpoints kept)"

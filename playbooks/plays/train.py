@@ -31,7 +31,7 @@ from playbooks.core.facts import ABSENT, Action, Completed, Fact, assume
 from playbooks.core.play import Outcome, StepContext
 from playbooks.core.recap import CHANGED, FAILED, OK, SKIPPED
 from playbooks.core.step import Step, Verify, change, fail, ok, skipped
-from playbooks.job import save_period
+from playbooks.job import save_period, save_plan
 from playbooks.job.spec import (
     Checkpoints,
     Job,
@@ -120,13 +120,17 @@ def fresh_summary(job: Job) -> str:
 
 def preemption_note(env: Environment, job: Job) -> list[Step]:
     """On Spot or flex-start capacity, a job that is not elastic ends with
-    its first lost slice: say so, once, before it starts."""
+    its first lost slice: say so, once, before it starts, and from where it
+    resumes when run again at its checkpoint period (``job.save_plan``;
+    ``save_period.preemption_text``): never a checkpoint it will not save."""
     taken = preemptible(env)
     if not taken or job.elastic:
         return []
     whose = "" if len(capacities(env)) == 1 else f" (of a {' or '.join(taken)} slice)"
-    line = (f"capacity: {capacity_text(env)}: a preemption{whose} ends this job (it resumes from its last checkpoint "
-            f"when run again); `invoke train --elastic` goes on with the slices left and grows back")
+    plan = job.save_plan if job.save_plan is not None else save_plan.plan(env, job, None)
+    then = save_period.preemption_text(plan, tuple(o for o in env.options if o.preemptible))
+    line = (f"capacity: {capacity_text(env)}: a preemption{whose}{then}; `invoke train --elastic` goes on with the "
+            f"slices left and grows back")
     return [Step(PLAY, "preemption", lambda look: ok(line), id="train:preemption")]
 
 
@@ -268,7 +272,15 @@ def basis_fact(job: Job) -> Fact:
                               pools=slice_pools(env))
 
     return Fact(name="price basis", display=f"the chips of {env.slices} slice(s) and their price per chip-hour",
-                derive=derive, describe=lambda b: f"{b.chips} chips, {b.price_text()}")
+                derive=derive, describe=basis_text)
+
+
+def basis_text(b: cost.Basis) -> str:
+    """The basis in a probe's line: its price, or that it has none (why and
+    how to get one is the cost estimate's line, said once)."""
+    if b.simulated or b.hourly() is not None:
+        return f"{b.chips} chips, {b.price_text()}"
+    return f"{b.chips} chips, no price (the cost estimate says why)"
 
 
 NOT_MEASURED = "no step time measured yet for this model here (the preflight compiles, it does not time a step)"
@@ -291,7 +303,8 @@ def measured_step(job: Job) -> tuple[cost.StepTime, cost.Overhead | None] | None
 
 def estimate_step(job: Job) -> Step:
     """One line before the submit: the steps left x the step time measured
-    x the chips x the price, and its basis. Never a stop."""
+    (else the checkpoint period's estimate of it: ``save_plan.estimate``,
+    said so) x the chips x the price, and its basis. Never a stop."""
     basis = basis_fact(job)
     kind, _ = checkpoints_place(job)
     have = checkpoints_fact(job) if kind != "unseen" and not job.fresh else None
@@ -304,6 +317,9 @@ def estimate_step(job: Job) -> Step:
         left = job.steps - (last + 1 if last is not None else 0)
         got = look(when)
         step, overhead = got if isinstance(got, tuple) else (None, None)
+        guess = save_plan.estimate(job.env, job) if step is None else None
+        if guess is not None and not isinstance(guess, str):
+            step = cost.estimated_step(guess.step_s, str(got))
         return ok(cost.estimate(left, step, look(basis), why=None if step else str(got), overhead=overhead))
 
     return Step(PLAY, "cost estimate", decide, id="train:estimate", probes=(basis, when),

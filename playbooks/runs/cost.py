@@ -47,6 +47,8 @@ Pure functions of a run's events and its price basis: no I/O.
   (the run's own last job, else the newest run of the same model here) x
   the chips x the price, plus the start-up, compile and checkpoint seconds
   that run measured; a lower bound (waiting for capacity, incidents).
+  Where no run measured one, the step time estimated from the model and
+  the chips (``job/save_plan.py``, the checkpoint period's), said so.
 """
 from __future__ import annotations
 
@@ -221,13 +223,13 @@ def env_basis(env: Environment, options: list[str] | None, catalog: prices.Catal
         if len(listed) == 1:
             return Basis(env.slices, env.hosts_per_slice, env.chips_per_host, [listed[0]] * env.slices,
                          [rates[0]] * env.slices, [p.source for p in got if p.source],
-                         next((p.why for p in got if p.why), ""))
+                         next((p.said for p in got if p.why), ""))
         return Basis(env.slices, env.hosts_per_slice, env.chips_per_host, [" or ".join(listed)] * env.slices,
                      [None] * env.slices, [p.source for p in got if p.source],
-                     next((p.why for p in got if p.why), why) if span is None else why, ranges=[span] * env.slices)
+                     next((p.said for p in got if p.why), why) if span is None else why, ranges=[span] * env.slices)
     got = [prices.price(env, o, catalog) for o in options]
     return Basis(env.slices, env.hosts_per_slice, env.chips_per_host, list(options), [p.per_chip_hour for p in got],
-                 [p.source for p in got if p.source], next((p.why for p in got if p.why), ""),
+                 [p.source for p in got if p.source], next((p.said for p in got if p.why), ""),
                  names=list(names or []), pools=list(pools or []))
 
 
@@ -645,6 +647,14 @@ class StepTime:
     seconds: float
     basis: str  # "median of 57 steps of run X"
     run: str = ""  # the run it was measured in
+    estimated: bool = False  # from the model and the chips, not a run's
+
+
+def estimated_step(seconds: float, why: str) -> StepTime:
+    """The step time estimated (the checkpoint period's estimate, whose
+    line gives its arithmetic), where no run measured one (``why``)."""
+    return StepTime(seconds, f"estimated, as the checkpoint period's line shows; none measured: {why}",
+                    estimated=True)
 
 
 @dataclass(frozen=True)
@@ -695,13 +705,16 @@ def measured(runs: list[tuple[str, list[dict]]], run: str, model: str, hosts: in
 
 LOWER_BOUND = "at least: waiting for capacity and incidents not included"
 NOT_MEASURED = "a lower bound: start-up, compile and checkpoint saves not included (none measured)"
+ESTIMATED = ("an estimate: its step time estimated; start-up, compile, checkpoint saves, waiting for capacity and "
+             "incidents not included")
 
 
 def estimate(steps_left: int, step: StepTime | None, basis: Basis, why: str | None = None,
              overhead: Overhead | None = None) -> str:
     """The one line `train` prints before it submits: the steps left x the
-    step time, plus the start-up, compile and checkpoint seconds measured
-    (else it says they are left out), x the chips x each slice's price."""
+    step time (measured, else estimated: ``estimated_step``), plus the
+    start-up, compile and checkpoint seconds measured (else it says they
+    are left out), x the chips x each slice's price."""
     per_hour = basis.hourly() if not basis.simulated else None
     hourly = None if per_hour is None else _dollars(per_hour) + "/h"
     price = basis.price_text()
@@ -715,7 +728,7 @@ def estimate(steps_left: int, step: StepTime | None, basis: Basis, why: str | No
     hours = seconds / 3600
     ch = hours * basis.chips
     extra = f" + {overhead.text(steps_left)}" if overhead else ""
-    bound = LOWER_BOUND if overhead else NOT_MEASURED
+    bound = ESTIMATED if step.estimated else LOWER_BOUND if overhead else NOT_MEASURED
     head = (f"cost estimate: ({steps_left} steps x {step.seconds:.3g} s ({step.basis}){extra}) x {basis.chips} chips"
             f" = {ch:.4g} chip-hours")
     if per_hour is None:

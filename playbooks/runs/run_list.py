@@ -115,9 +115,16 @@ def cells(r: dict) -> list[str]:
             when]
 
 
+def no_timeline(env: str) -> str:
+    """What `invoke runs`, and `invoke goodput` without ``--run``, say where no
+    run has a timeline yet: a look that finds nothing, exit 0 (a run named
+    that has none is an error: exit 1)."""
+    return f"no run of environment {env} has a timeline yet: `invoke train` keeps one"
+
+
 def table(rows: list[dict], env: str) -> list[str]:
     if not rows:
-        return [f"no run of environment {env} has a timeline yet: `invoke train` keeps one"]
+        return [no_timeline(env)]
     body = [list(COLUMNS)] + [cells(r) for r in rows]
     widths = [max(len(line[i]) for line in body) for i in range(len(COLUMNS))]
     out = ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in body]

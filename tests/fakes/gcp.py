@@ -783,6 +783,8 @@ class FakeGcp(Fake):
             n, s = str(net.get("network")).rsplit("/", 1)[-1], str(net.get("subnetwork")).rsplit("/", 1)[-1]
             if n not in self.st.networks or not any(k[1] == s for k in self.st.subnets):
                 raise fail(400, f"Additional node network {n}/{s} does not exist.")
+        if why := kubelet_refusal(spec):
+            raise fail(400, why)
         capacity = pool_capacity(spec)
         so = next((s for s in self.stockouts if s.pool == name and s.capacity in (None, capacity)), None)
         if so is not None:
@@ -1099,6 +1101,28 @@ def tpu_labels(np: dict) -> dict:
 def _region(location: str) -> str:
     """us-east5-b -> us-east5; a region is itself."""
     return location.rsplit("-", 1)[0] if location.count("-") > 1 else location
+
+
+def kubelet_refusal(spec: dict) -> str | None:
+    """What GKE's API reference says of a pool's graceful node shutdown
+    fields (NodeKubeletConfig: shutdownGracePeriodSeconds "only valid for
+    Spot VMs. Allowed values: 0, 30, 120"; the critical pods' part "<="
+    it, "only valid if" it "is set", "Range: [0, 120]"), refused as the
+    fake words it (GKE's own error text is not known here). The pool's
+    config keeps what was sent (config.kubeletConfig), as GKE returns it."""
+    cfg = spec.get("config") or {}
+    k = cfg.get("kubeletConfig") or {}
+    total, critical = k.get("shutdownGracePeriodSeconds"), k.get("shutdownGracePeriodCriticalPodsSeconds")
+    if total is None:
+        return None if critical is None else "shutdownGracePeriodCriticalPodsSeconds is only valid if " \
+                                               "shutdownGracePeriodSeconds is set"
+    if total not in (0, 30, 120):
+        return f"shutdownGracePeriodSeconds {total}: allowed values: 0, 30, 120"
+    if not (cfg.get("spot") or cfg.get("preemptible")):
+        return "shutdownGracePeriodSeconds is only valid for Spot VMs"
+    if critical is not None and not 0 <= critical <= total:
+        return f"shutdownGracePeriodCriticalPodsSeconds {critical}: must be 0 to shutdownGracePeriodSeconds ({total})"
+    return None
 
 
 def pool_capacity(spec: dict) -> str:

@@ -1,0 +1,89 @@
+"""A TPU node pool's graceful termination as GKE sets it: the node system
+configuration's ``kubeletConfig`` a pool of a capacity option gets in this
+environment (``CapacityOption.kubelet_config``, from ``config/choices.py``;
+the values and their sources: ``config/spot_grace.py``), how gcloud is
+given it, and what a pool read back lacks of it.
+
+gcloud reads the configuration from ``--system-config-from-file``, whose
+value may be ``-`` for stdin (gcloud's ``arg_parsers.FileContents``:
+"a filename, or "-" representing that stdin should be used as input"), so
+the command is fed it by a pipe (``printf '%s' JSON | gcloud ...``): no
+file to write where the command runs (this machine or a controller) and
+none left behind. The file's format is YAML or JSON (the flag's help).
+
+A pool made without it (before this project set it, or by a gcloud too
+old to send it) is lengthened in place by `gcloud container node-pools
+update --system-config-from-file` (the same flag on update: gcloud's
+surface/container/node_pools/update.py). GKE's "Customizing node system
+configuration" page says a change to it usually triggers a rolling update
+of the pool's nodes, which re-creates them (read in its Japanese edition,
+https://docs.cloud.google.com/kubernetes-engine/docs/how-to/node-system-config?hl=ja):
+a running job loses the slice. So the step says it (drift), with the
+command, and does not run it."""
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from playbooks.access.cli_clients import fact, gcloud, json_object
+from playbooks.cloud.gke import container_change
+from playbooks.config import spot_grace
+from playbooks.config.choices import CapacityOption
+from playbooks.config.schema import Environment
+from playbooks.core.command import Command
+from playbooks.core.errors import ProbeFailed
+from playbooks.core.facts import Completed, Fact
+
+FLAG = "--system-config-from-file=-"
+
+
+def system_config(option: CapacityOption) -> str | None:
+    """The node system configuration a pool of ``option`` is given, as
+    one line of JSON (None: none)."""
+    if not option.kubelet_config:
+        return None
+    return json.dumps({"kubeletConfig": dict(option.kubelet_config)}, separators=(",", ":"))
+
+
+def fed(command: Command, option: CapacityOption) -> Command:
+    """``command`` (a node-pools create or update) given the option's node
+    system configuration on its stdin; unchanged where it has none."""
+    text = system_config(option)
+    if text is None:
+        return command
+    return dataclasses.replace(command, argv=(*command.argv, FLAG), pipe_from=Command(("printf", "%s", text)))
+
+
+def update_command(env: Environment, pool: str, option: CapacityOption) -> Command:
+    """`gcloud container node-pools update` that gives an existing pool the
+    option's node system configuration (GKE re-creates its nodes)."""
+    return fed(container_change(env, "node-pools", "update", pool, f"--location={env.zone}",
+                                f"--cluster={env.cluster_name}"), option)
+
+
+def lacks(option: CapacityOption, p: Any) -> str | None:
+    """What a pool read back (``config.kubeletConfig``) lacks of the
+    option's configuration, in words (None: nothing)."""
+    want = option.kubelet_config
+    have: Mapping[str, Any] = ((p or {}).get("config") or {}).get("kubeletConfig") or {}
+    off = [f"{k} {have.get(k, 'unset')}, want {v}" for k, v in want.items() if have.get(k) != v]
+    if not off:
+        return None
+    return (f"its Spot VMs do not give the job's pods {option.notice_s} s of a preemption's notice (kubeletConfig: "
+            f"{'; '.join(off)}; unset: GKE's default, {spot_grace.DEFAULT_PODS_S} s)")
+
+
+def _version(c: Completed) -> str:
+    v = json_object("gcloud version")(c).get("Google Cloud SDK")
+    if not isinstance(v, str) or not v:
+        raise ProbeFailed("gcloud version", c.line, c.rc, c.stdout, c.stderr, why="no \"Google Cloud SDK\" in it")
+    return v
+
+
+def gcloud_version_fact() -> Fact:
+    """The version of the gcloud that runs the commands (where they run);
+    a dry run assumes one that sends the configuration."""
+    return fact("gcloud's version", gcloud("version", "--format=json"), _version, assumed=spot_grace.MIN_GCLOUD,
+                describe=lambda v: f"gcloud {v}")

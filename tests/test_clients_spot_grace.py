@@ -1,0 +1,49 @@
+"""A Spot preemption's notice lengthened (issue 64, item 3), through `invoke`
+against the loopback fakes with the real gcloud and kubectl
+(tests/clients.py): the Spot pools get the node system configuration this
+machine's gcloud can send (gcloud 555.0.0 or later; an older one makes the
+pool without it and says so), the TPU workers' grace matches the notice, and
+a second run changes nothing."""
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from playbooks.config import spot_grace
+from tests.clients import CLUSTER, Cloud, bodies, ok_run
+
+pytestmark = pytest.mark.clients
+
+
+def gcloud_version() -> str:
+    out = subprocess.run(["gcloud", "version", "--format=json"], capture_output=True, text=True, timeout=120)
+    return json.loads(out.stdout)["Google Cloud SDK"]
+
+
+def test_spot_pools_get_the_longer_notice_this_gcloud_can_send_and_the_workers_grace_matches(cloud: Cloud):
+    cloud.change_inventory(capacity="spot")
+    cloud.seed_to_cluster()
+    cloud.get_credentials()
+    run = ok_run(cloud.invoke("nodepools", "raycluster"))
+    posts = [p["nodePool"]["config"] for p in bodies(run, "POST", r"/nodePools$")]
+    assert len(posts) == 2 and all(c["spot"] is True for c in posts)
+    version = gcloud_version()
+    if spot_grace.gcloud_blocker(version) is None:
+        assert all(c["kubeletConfig"] == spot_grace.KUBELET_CONFIG for c in posts), posts
+    else:  # this machine's gcloud (528.0.0 when written) refuses the keys: made without, said so
+        assert all("kubeletConfig" not in c for c in posts), posts
+        assert f"made without its node system configuration: gcloud {version} does not send" in run.out
+    [rc] = bodies(run, "POST", r"/rayclusters$")
+    spec = rc["spec"]["workerGroupSpecs"][0]["template"]["spec"]
+    assert spec["terminationGracePeriodSeconds"] == 105
+    assert "'--deadline-remaining-seconds=105'" in spec["containers"][0]["lifecycle"]["preStop"]["exec"]["command"][2]
+    assert ok_run(cloud.invoke("nodepools", "raycluster")).changes == []
+    # The pools as GKE keeps them after a create that sent it: as asked, nothing said of it.
+    for np in cloud.gcp.st.clusters[("us-east5-b", CLUSTER)]["nodePools"]:
+        if (np.get("config") or {}).get("spot"):
+            np["config"]["kubeletConfig"] = dict(spot_grace.KUBELET_CONFIG)
+    again = ok_run(cloud.invoke("nodepools"))
+    assert again.changes == [] and "node system configuration" not in again.out
+    assert "node pool v6e-16-0 is RUNNING (4x4, spot)" in again.out
