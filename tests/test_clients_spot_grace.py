@@ -47,3 +47,38 @@ def test_spot_pools_get_the_longer_notice_this_gcloud_can_send_and_the_workers_g
     again = ok_run(cloud.invoke("nodepools"))
     assert again.changes == [] and "node system configuration" not in again.out
     assert "node pool v6e-16-0 is RUNNING (4x4, spot)" in again.out
+
+
+def _spot_pools(cloud: Cloud, kubelet: dict | None) -> None:
+    """The fake cluster's TPU pools made Spot, with ``kubelet`` as their
+    kubeletConfig (None: made without it, as gcloud 528 makes them)."""
+    for np in cloud.gcp.st.clusters[("us-east5-b", CLUSTER)]["nodePools"]:
+        if np["name"].startswith("v6e-"):
+            np.setdefault("config", {})["spot"] = True
+            np["config"].pop("kubeletConfig", None)
+            if kubelet is not None:
+                np["config"]["kubeletConfig"] = dict(kubelet)
+
+
+def _grace_deleted(run) -> int:
+    [deleted] = [r for r in run.requests if r.method == "DELETE"]
+    return int(deleted.query.get("gracePeriodSeconds") or (deleted.body or {}).get("gracePeriodSeconds"))
+
+
+def test_the_rehearsals_default_notice_is_what_the_spot_pools_as_made_give_never_the_plans(cloud: Cloud):
+    """chaos.preempt-worker without --grace reads the Spot pools: made without
+    the kubeletConfig (a gcloud older than 555.0.0: every gcloud 528 here), a
+    preemption gives the job's pods GKE's 15 s, so the rehearsal gives 15 s
+    and says why, not the 105 s the plan would have given them."""
+    cloud.change_inventory(capacity="spot")
+    cloud.seed_full()
+    cloud.get_credentials()
+    _spot_pools(cloud, None)
+    run = ok_run(cloud.invoke("chaos.preempt-worker", "--restore-after=0"))
+    assert _grace_deleted(run) == spot_grace.DEFAULT_PODS_S, run.out
+    assert "was made without the lengthened graceful termination" in run.out, run.out
+    assert f"the notice is {spot_grace.DEFAULT_PODS_S} s, not the {spot_grace.PODS_S} s planned" in run.out
+    _spot_pools(cloud, spot_grace.KUBELET_CONFIG)
+    run = ok_run(cloud.invoke("chaos.preempt-worker", "--restore-after=0"))
+    assert _grace_deleted(run) == spot_grace.PODS_S, run.out
+    assert "not the" not in run.out

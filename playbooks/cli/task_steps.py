@@ -247,7 +247,8 @@ def preempt_steps(env: Environment, grace: int | None, restore_after: float,
     capacity, ``choices.preemption_grace_s``), then lost (``target``:
     checked by ``chaos_target_problem`` first)."""
     given = grace if grace is not None else preemption_grace_s(env)
-    return _kubectl_first(env, chaos.delete_steps(env, restore_after, target, grace=given))
+    return _kubectl_first(env, chaos.delete_steps(env, restore_after, target, grace=given,
+                                                  pools_decide=grace is None))
 
 
 def start_maintenance_steps(env: Environment, pool: str) -> list[Step]:

@@ -28,9 +28,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from playbooks.access.cli_clients import fact, gcloud, json_object
-from playbooks.cloud.gke import container_change
+from playbooks.cloud.capacity_options import pool_option
+from playbooks.cloud.gke import container_change, nodepool_name
 from playbooks.config import spot_grace
-from playbooks.config.choices import CapacityOption
+from playbooks.config.choices import CapacityOption, capacity_option
 from playbooks.config.schema import Environment
 from playbooks.core.command import Command
 from playbooks.core.errors import ProbeFailed
@@ -87,3 +88,25 @@ def gcloud_version_fact() -> Fact:
     a dry run assumes one that sends the configuration."""
     return fact("gcloud's version", gcloud("version", "--format=json"), _version, assumed=spot_grace.MIN_GCLOUD,
                 describe=lambda v: f"gcloud {v}")
+
+
+def pods_given_s(env: Environment, cluster: Any) -> tuple[int, str] | None:
+    """What a preemption gives the job's pods on the environment's Spot TPU
+    node pools as the cluster (``clusters list``'s entry) shows them: the
+    lengthened ``spot_grace.PODS_S`` where every one carries the
+    kubeletConfig, else GKE's default ``spot_grace.DEFAULT_PODS_S``, with
+    the pool that lacks it (a gcloud older than ``spot_grace.MIN_GCLOUD``
+    makes them without it); None where the cluster shows no Spot pool of
+    the environment (none made yet, or not read: a dry run)."""
+    ours = {p.get("name"): p for p in ((cluster or {}).get("nodePools") or []) if isinstance(p, dict)}
+    names = [nodepool_name(env, i) for i in range(env.slices)]
+    spot = [ours[n] for n in names if n in ours and capacity_option(pool_option(ours[n])).longer_grace]
+    if not spot:
+        return None
+    option = next((o for o in env.options if o.kubelet_config), None)
+    short = [p.get("name") for p in spot if option is None or lacks(option, p)]
+    if short:
+        return spot_grace.DEFAULT_PODS_S, (f"node pool {short[0]} was made without the lengthened graceful "
+                                           f"termination (its kubeletConfig), so its Spot VMs give the job's pods "
+                                           f"GKE's default {spot_grace.DEFAULT_PODS_S} s")
+    return spot_grace.PODS_S, f"the Spot node pools give the job's pods {spot_grace.PODS_S} s (their kubeletConfig)"

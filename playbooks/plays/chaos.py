@@ -22,14 +22,17 @@ Every act is recorded in the running job's timeline (``record``)."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
+from playbooks.cloud import node_shutdown
 from playbooks.cloud.chaos_gke import GkeWorkers
+from playbooks.cloud.gke import clusters_fact
 from playbooks.config import paths, spot_grace
 from playbooks.config.choices import preemption_grace_s
 from playbooks.config.schema import Environment
 from playbooks.core.command import placeholder, shown
-from playbooks.core.errors import PlaybookError
+from playbooks.core.errors import PlaybookError, ProbeFailed
 from playbooks.core.facts import Action, Fact
 from playbooks.core.step import CHANGE, Step, change, fail, ok
 from playbooks.job import save_plan
@@ -97,62 +100,97 @@ def _decided(verdict: str, why: str):
 
 
 def delete_steps(env: Environment, restore_after: float, target: str = placement.FIRST,
-                 grace: int | None = None) -> list[Step]:
+                 grace: int | None = None, pools_decide: bool = False) -> list[Step]:
     """Kill one host (``target``: checked by ``target_problem`` first), as
     a preempted VM dies; with a ``grace``, give it its notice first and
     kill it when the grace ends (chaos.preempt-worker); bring it back after
     ``restore_after`` seconds (0: leave it down) where the target does not
-    itself."""
+    itself. ``pools_decide``: the grace is the default, what a preemption
+    gives the job's pods here, which the Spot node pools as made decide
+    where they can lengthen it (``pools_grace``)."""
     w = way(env)
     killed: dict[str, Any] = {}  # the host this run kills: the one it brings back
     choose = _chooser(env, w, target, w.picker())
     nodes = w.ray_nodes() if grace is not None else None
     measured = save_seconds(env) if grace is not None else None
     task = "chaos.delete-worker" if grace is None else "chaos.preempt-worker"
+    as_made = pools_grace(env, grace) if pools_decide and grace is not None else None
 
     def decide_kill(look):
         verdict, h, why = choose(look)
         if h is None:
             return _decided(verdict, why)
         killed["victim"] = h
+        if grace is not None and as_made is not None:
+            return preempt(look, h, why, *as_made(look))
         if grace is None:
             reason, would = w.kill_words(h, why)
             lost = record(env, E.WORKER_LOST, **w.fields(h), by="chaos", target=target, cause=w.kill_cause)
             return change(*w.kill(h), lost, reason=reason, would=would, found=f"{w.label(h)} running",
                           instead=w.stuck(h, None, reason, (lost,)))
+        return preempt(look, h, why, grace, "")
+
+    def preempt(look, h, why: str, g: int, pools_said: str):
         listed = look(nodes) if nodes is not None else None
         if problem := w.preempt_problem(h, listed):
             return fail(problem)
-        reason, would = w.preempt_words(h, grace, why)
-        given = record(env, E.NOTICE_GIVEN, **w.fields(h), grace_s=grace, by="chaos", target=target,
-                       cause=f"a notice of {grace} s (chaos.preempt-worker)")
-        lost = record(env, E.WORKER_LOST, **w.fields(h), by="chaos", target=target, cause=w.preempt_cause(grace))
-        return change(*w.preempt(h, grace, listed, given, lost),
+        reason, would = w.preempt_words(h, g, why)
+        given = record(env, E.NOTICE_GIVEN, **w.fields(h), grace_s=g, by="chaos", target=target,
+                       cause=f"a notice of {g} s (chaos.preempt-worker)")
+        lost = record(env, E.WORKER_LOST, **w.fields(h), by="chaos", target=target, cause=w.preempt_cause(g))
+        notes = [grace_words(g, look(measured)), real_words(env, g)] if measured is not None else []
+        return change(*w.preempt(h, g, listed, given, lost),
                       reason=reason, would=would, found=f"{w.label(h)} running",
-                      notes=[grace_words(grace, look(measured)), real_words(env, grace)]
-                      if measured is not None else [],
-                      instead=w.stuck(h, grace, reason, (lost,)))
+                      notes=[pools_said] * bool(pools_said) + notes,
+                      instead=w.stuck(h, g, reason, (lost,)))
 
     title, sid = (w.kill_title, w.kill_id) if grace is None else (w.preempt_title(grace), "chaos:preempt")
     out = [Step("chaos", title, decide_kill, id=sid, after=w.after)]
     back = w.restorer() if restore_after > 0 else None
     if back is not None:
-        held = quarantined.fact(env)  # a host set aside is not brought back
-
-        def decide_restore(look):
-            # The host this run killed (another chaos run may have killed
-            # another host meanwhile: that run brings back its own).
-            h = killed.get("victim")
-            if h is None:
-                return ok(f"every {w.noun} runs: nothing to bring back")
-            return back.decide(look, h, restore_after,
-                               record(env, E.HOST_BACK, **w.fields(h), by="chaos",
-                                      cause=f"started again after {restore_after:g}s ({task})"),
-                               held_out=lambda: quarantined.held_out(h.name, look(held)))
-
-        out.append(Step("chaos", f"bring the {w.noun} back", decide_restore, id="chaos:restore",
-                        after=(sid,), verify=back.verify(killed)))
+        out.append(_restore_step(env, w, back, killed, restore_after, sid, task))
     return out
+
+
+def _restore_step(env: Environment, w: Any, back: Any, killed: dict[str, Any], restore_after: float, sid: str,
+                  task: str) -> Step:
+    """Bring back the host the kill step of ``sid`` killed, after ``restore_after`` s."""
+    held = quarantined.fact(env)  # a host set aside is not brought back
+
+    def decide_restore(look):
+        # The host this run killed (another chaos run may have killed
+        # another host meanwhile: that run brings back its own).
+        h = killed.get("victim")
+        if h is None:
+            return ok(f"every {w.noun} runs: nothing to bring back")
+        return back.decide(look, h, restore_after,
+                           record(env, E.HOST_BACK, **w.fields(h), by="chaos",
+                                  cause=f"started again after {restore_after:g}s ({task})"),
+                           held_out=lambda: quarantined.held_out(h.name, look(held)))
+
+    return Step("chaos", f"bring the {w.noun} back", decide_restore, id="chaos:restore",
+                after=(sid,), verify=back.verify(killed))
+
+
+def pools_grace(env: Environment, planned: int) -> Callable[[Any], tuple[int, str]] | None:
+    """Where the environment's Spot pools are planned with a lengthened
+    graceful termination (GKE Standard, ``choices.given``), a look that
+    gives the grace they really give the job's pods, read from the cluster
+    (a pool made by a gcloud too old to send it gives GKE's default): the
+    rehearsal is never gentler than a real preemption. None elsewhere."""
+    if env.platform.simulated or not any(o.kubelet_config for o in env.options):
+        return None
+    cluster = clusters_fact(env)
+
+    def as_made(look: Any) -> tuple[int, str]:
+        try:
+            read = node_shutdown.pods_given_s(env, look(cluster))
+        except ProbeFailed as e:
+            return planned, f"the Spot node pools could not be read ({e.why or e.line}): the planned {planned} s"
+        if read is None or read[0] == planned:
+            return planned, "" if read is None else read[1]
+        return read[0], f"{read[1]}: the notice is {read[0]} s, not the {planned} s planned"
+    return as_made
 
 
 def maintenance_steps(env: Environment, in_s: float, restore_after: float,
