@@ -21,26 +21,22 @@ venv:
 train: venv
 	$(LOCAL_INVOKE) train --fresh
 
-## Run every test (lint, type check, unit, golden transcripts, real clients on loopback fakes, sshd on loopback, local Ray + MaxText runs),
-## then the real-client tests whose plays write once more with every gcloud and kubectl command as its process.
+## Run every test (lint, type check, unit, golden transcripts, real clients on loopback fakes, sshd on loopback, local Ray + MaxText runs);
+## the real-client tests whose plays write (marked both_ways) run twice: the second time every gcloud and kubectl command is its process.
 test: venv
 	@scripts/test-deps
 	.venv/bin/ruff check playbooks trainer tasks.py tests bench
 	.venv/bin/mypy
 	@$(BYTECODE)
 	.venv/bin/python -m pytest
-	.venv/bin/python -m pytest --processes-only $(PROCESSES_ONLY_TESTS)
 
-# The real-client test files whose plays write what the kubernetes client answers in-process (cordon, taint,
-# label, pod delete): `make test-processes` runs them again with every command as its process.
-PROCESSES_ONLY_TESTS = tests/test_clients_quarantine.py tests/test_clients_notice.py tests/test_clients_stuck_pod.py
-
-## `make test`'s second pass alone: the real-client tests whose plays write, again with every gcloud and
-## kubectl command as its real process (`pytest --processes-only`: TPU_PLAYBOOKS_PROCESSES_ONLY=1).
+## The real-client tests whose plays write (marked both_ways: cordon, taint, label, pod delete, which the kubernetes
+## client answers in-process), alone, with every gcloud and kubectl command as its real process
+## (`pytest --processes-only`: TPU_PLAYBOOKS_PROCESSES_ONLY=1). `make test` runs them both ways.
 test-processes: venv
 	@scripts/test-deps
 	@$(BYTECODE)
-	.venv/bin/python -m pytest --processes-only $(PROCESSES_ONLY_TESTS)
+	.venv/bin/python -m pytest --processes-only -m both_ways
 
 ## What a contributor runs before each commit (under 2 minutes): lint, types, unit tests, golden dry runs
 ## (not the real clients against the fakes, the AOT compiles, the local Ray runs or the health gate across JAX

@@ -32,7 +32,8 @@ INVOKE = str(Path(sys.executable).parent / "invoke")
 # gate's JAX processes (niced: they starve beside a training cluster), are
 # one line of work: one pytest worker runs them one after the other, so that
 # never two clusters train at once on this machine's two cores.
-LINE = ("test_local_e2e.py", "test_controller_train.py", "test_local_e2e_generations.py", "test_health_check.py")
+LINE = ("test_local_e2e.py", "test_controller_train.py", "test_local_e2e_generations.py", "test_bill_stop_e2e.py",
+        "test_health_check.py")
 
 # The order pytest-xdist hands out whole files in (collection order, with
 # --no-loadscope-reorder): the line of files that train on a local Ray
@@ -82,6 +83,27 @@ def pytest_addoption(parser):
     parser.addoption("--processes-only", action="store_true", default=False,
                      help="real-client tests: every gcloud and kubectl command as its process "
                           "(TPU_PLAYBOOKS_PROCESSES_ONLY=1 for what they start)")
+
+
+def pytest_generate_tests(metafunc):
+    """Each test of a ``both_ways`` file (the real-client files whose plays
+    write what the `kubernetes` client answers in-process: cordon, taint,
+    label, pod delete) runs twice, once as a user's run goes (in-process
+    answers allowed) and once with every gcloud and kubectl command its
+    process (``processes_mode``, as ``--processes-only`` gives every test);
+    under ``--processes-only`` only the second. One pytest run holds both,
+    so the second way runs beside the local Ray line, not after it."""
+    if "cloud" not in metafunc.fixturenames or metafunc.definition.get_closest_marker("both_ways") is None:
+        return
+    modes = [True] if metafunc.config.getoption("--processes-only") else [False, True]
+    metafunc.parametrize("processes_mode", modes, ids=["processes" if m else "in-process" for m in modes],
+                         indirect=True)
+
+
+@pytest.fixture
+def processes_mode(request) -> bool:
+    """Whether this run of a ``both_ways`` test runs every command as its process."""
+    return bool(getattr(request, "param", False))
 
 
 def pytest_collection_modifyitems(items):

@@ -25,7 +25,7 @@ from playbooks.config import host_notice
 from tests.clients import Cloud, failed_run, logged, ok_run, recap
 from tests.conftest import ROOT
 
-pytestmark = pytest.mark.clients
+pytestmark = [pytest.mark.clients, pytest.mark.both_ways]
 
 SCHEDULED = "cloud.google.com/scheduled-maintenance-time"
 PERFORM = "cloud.google.com/perform-maintenance"

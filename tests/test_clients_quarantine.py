@@ -30,7 +30,7 @@ from playbooks.core.facts import ABSENT
 from playbooks.plays.quarantine import TAINT_KEY
 from tests.clients import ROOT, Cloud, failed_run, logged, ok_run, recap
 
-pytestmark = pytest.mark.clients
+pytestmark = [pytest.mark.clients, pytest.mark.both_ways]
 
 POOL = "v6e-16-0"
 

@@ -21,7 +21,7 @@ import pytest
 from tests.clients import ROOT, Cloud, ok_run, recap
 from tests.test_clients_quarantine import POOL, WATCH, on_nodes, pool_nodes, up
 
-pytestmark = pytest.mark.clients
+pytestmark = [pytest.mark.clients, pytest.mark.both_ways]
 
 AFTER = 3           # stuck_pod_after in these tests
 DEADLINE = 150      # seconds a whole run may take here: far past the bound, far short of "never"

@@ -157,3 +157,31 @@ def test_the_rehearsal_says_its_notice_against_the_preflights_estimate_and_the_r
     assert real_words(AUTOPILOT, 30) == ("a spot preemption here gives the job's pods 15 s: this notice is gentler "
                                          "than the real one (--grace=15 rehearses it)")
     assert real_words(SPOT, 105).endswith("as long as the real one")
+
+
+def test_trains_preemption_line_reads_the_spot_pools_as_made_not_the_plan():
+    """`train`'s preemption line on Spot: a save of 30 s ends within the 105 s
+    the lengthened pools give, not within GKE's 15 s; the pools as the
+    cluster shows them decide (one made by a gcloud older than 555.0.0 lacks
+    the kubeletConfig), not the plan."""
+    from playbooks.cloud.gke import nodepool_name
+    from playbooks.job import save_plan
+    from playbooks.job.save_period import Times
+    from playbooks.job.spec import build_job
+    from playbooks.plays import train
+    e = env("dev", capacity="spot")
+    job = build_job(e, "llama3-8b", sets=["checkpoint_period=100"])
+    save_plan.apply(e, job, Times(30.0, 30.0, 2.0, "run r's", True))
+
+    def said(kubelet):
+        cfg = {"spot": True, **({"kubeletConfig": dict(kubelet)} if kubelet else {})}
+        cluster = {"name": e.cluster_name, "nodePools": [{"name": nodepool_name(e, i), "config": dict(cfg)}
+                                                         for i in range(e.slices)]}
+        [step] = train.preemption_note(e, job)
+        return step.decide(lambda fact: cluster if fact.name.startswith("cluster ") else None).reason
+
+    lengthened = said(spot_grace.KUBELET_CONFIG)
+    assert "resumes from that save" in lengthened and "not the" not in lengthened, lengthened
+    default = said(None)
+    assert "resumes from that save" not in default, default
+    assert f"the notice is {spot_grace.DEFAULT_PODS_S} s, not the {spot_grace.PODS_S} s planned" in default, default

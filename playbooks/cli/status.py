@@ -286,21 +286,28 @@ def bills_step(env: Environment) -> Step:
             cluster = look(clusters_fact(env))
         except ProbeFailed:
             cluster = None
-        b = still_billed.bills(cluster, env_cost.read(env, look), bucket_text(env, look, bucket, held))
+        cost = env_cost.read(env, look)
+        b = still_billed.bills(cluster, cost, bucket_text(env, look, bucket, None))
+        if b.off or b.absent:
+            # The bucket's bytes (one `gcloud storage du`) are read where
+            # the bucket is most of what bills: the TPUs off, or no cluster.
+            b = still_billed.bills(cluster, cost, bucket_text(env, look, bucket, held))
         return ok(still_billed.lines(b)[0], data=b.doc() | {"lines": still_billed.lines(b)})
 
-    return Step(PLAY, "what bills", decide, id=BILLS, probes=(*env_cost.facts(env), bucket, held))
+    return Step(PLAY, "what bills", decide, id=BILLS, probes=(*env_cost.facts(env), bucket))
 
 
-def bucket_text(env: Environment, look: Any, bucket: Fact, held: Fact) -> str:
+def bucket_text(env: Environment, look: Any, bucket: Fact, held: Fact | None) -> str:
     """The bucket's line ("" where it is proven absent; said unknown where
-    it could not be read)."""
+    it could not be read); its bytes read by ``held`` (None: not read)."""
     try:
         b = look(bucket)
     except ProbeFailed as e:
         return f"bucket gs://{env.gs_bucket}: unknown ({env_cost.why_not(e)})"
     if b is ABSENT:
         return ""
+    if held is None:
+        return still_billed.bucket_line(env, b, None, unread="its size is read when the TPUs are off")
     try:
         n, why = look(held), ""
     except ProbeFailed as e:

@@ -24,12 +24,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from playbooks.access.cli_clients import fact, gcloud, json_object
 from playbooks.cloud.capacity_options import pool_option
-from playbooks.cloud.gke import container_change, nodepool_name
+from playbooks.cloud.gke import clusters_fact, container_change, nodepool_name
 from playbooks.config import spot_grace
 from playbooks.config.choices import CapacityOption, capacity_option
 from playbooks.config.schema import Environment
@@ -98,7 +98,8 @@ def pods_given_s(env: Environment, cluster: Any) -> tuple[int, str] | None:
     the pool that lacks it (a gcloud older than ``spot_grace.MIN_GCLOUD``
     makes them without it); None where the cluster shows no Spot pool of
     the environment (none made yet, or not read: a dry run)."""
-    ours = {p.get("name"): p for p in ((cluster or {}).get("nodePools") or []) if isinstance(p, dict)}
+    pools = cluster.get("nodePools") if isinstance(cluster, dict) else None
+    ours = {p.get("name"): p for p in (pools or []) if isinstance(p, dict)}
     names = [nodepool_name(env, i) for i in range(env.slices)]
     spot = [ours[n] for n in names if n in ours and capacity_option(pool_option(ours[n])).longer_grace]
     if not spot:
@@ -110,3 +111,24 @@ def pods_given_s(env: Environment, cluster: Any) -> tuple[int, str] | None:
                                            f"termination (its kubeletConfig), so its Spot VMs give the job's pods "
                                            f"GKE's default {spot_grace.DEFAULT_PODS_S} s")
     return spot_grace.PODS_S, f"the Spot node pools give the job's pods {spot_grace.PODS_S} s (their kubeletConfig)"
+
+
+def pools_grace(env: Environment, planned: int) -> Callable[[Any], tuple[int, str]] | None:
+    """Where the environment's Spot pools are planned with a lengthened
+    graceful termination (GKE Standard, ``choices.given``), a look that
+    gives the grace they really give the job's pods, read from the cluster
+    (a pool made by a gcloud too old to send it gives GKE's default): the
+    rehearsal is never gentler than a real preemption. None elsewhere."""
+    if env.platform.simulated or not any(o.kubelet_config for o in env.options):
+        return None
+    cluster = clusters_fact(env)
+
+    def as_made(look: Any) -> tuple[int, str]:
+        try:
+            read = pods_given_s(env, look(cluster))
+        except ProbeFailed as e:
+            return planned, f"the Spot node pools could not be read ({e.why or e.line}): the planned {planned} s"
+        if read is None or read[0] == planned:
+            return planned, "" if read is None else read[1]
+        return read[0], f"{read[1]}: the notice is {read[0]} s, not the {planned} s planned"
+    return as_made

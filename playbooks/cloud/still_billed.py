@@ -55,15 +55,16 @@ def size(n: int) -> str:
     return f"{n} bytes"
 
 
-def bucket_line(env: Environment, bucket: Any, n: int | None, why: str = "") -> str:
+def bucket_line(env: Environment, bucket: Any, n: int | None, why: str = "",
+                unread: str = "its size is read when it runs") -> str:
     """The bucket, what it holds and what bills it, in one line (``n``: its
-    bytes; None: not read, ``why`` says why where it could not be)."""
+    bytes; None: not read, ``why`` says why where it could not be, else
+    ``unread`` says when it is)."""
     where = f"gs://{env.gs_bucket}"
     b = bucket if isinstance(bucket, dict) else {}
     cls = b.get("storageClass") or b.get("default_storage_class")
     kind = f" ({', '.join(str(x) for x in (b.get('location'), cls) if x)})" if b.get("location") or cls else ""
-    held = (f"its size could not be read: {why}" if why else "its size is read when it runs") if n is None \
-        else size(n)
+    held = (f"its size could not be read: {why}" if why else unread) if n is None else size(n)
     return f"bucket {where}{kind}: {held}; {STORAGE_PRICE}"
 
 

@@ -22,17 +22,15 @@ Every act is recorded in the running job's timeline (``record``)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from typing import Any
 
 from playbooks.cloud import node_shutdown
 from playbooks.cloud.chaos_gke import GkeWorkers
-from playbooks.cloud.gke import clusters_fact
 from playbooks.config import paths, spot_grace
 from playbooks.config.choices import preemption_grace_s
 from playbooks.config.schema import Environment
 from playbooks.core.command import placeholder, shown
-from playbooks.core.errors import PlaybookError, ProbeFailed
+from playbooks.core.errors import PlaybookError
 from playbooks.core.facts import Action, Fact
 from playbooks.core.step import CHANGE, Step, change, fail, ok
 from playbooks.job import save_plan
@@ -107,14 +105,14 @@ def delete_steps(env: Environment, restore_after: float, target: str = placement
     ``restore_after`` seconds (0: leave it down) where the target does not
     itself. ``pools_decide``: the grace is the default, what a preemption
     gives the job's pods here, which the Spot node pools as made decide
-    where they can lengthen it (``pools_grace``)."""
+    where they can lengthen it (``node_shutdown.pools_grace``)."""
     w = way(env)
     killed: dict[str, Any] = {}  # the host this run kills: the one it brings back
     choose = _chooser(env, w, target, w.picker())
     nodes = w.ray_nodes() if grace is not None else None
     measured = save_seconds(env) if grace is not None else None
     task = "chaos.delete-worker" if grace is None else "chaos.preempt-worker"
-    as_made = pools_grace(env, grace) if pools_decide and grace is not None else None
+    as_made = node_shutdown.pools_grace(env, grace) if pools_decide and grace is not None else None
 
     def decide_kill(look):
         verdict, h, why = choose(look)
@@ -170,27 +168,6 @@ def _restore_step(env: Environment, w: Any, back: Any, killed: dict[str, Any], r
 
     return Step("chaos", f"bring the {w.noun} back", decide_restore, id="chaos:restore",
                 after=(sid,), verify=back.verify(killed))
-
-
-def pools_grace(env: Environment, planned: int) -> Callable[[Any], tuple[int, str]] | None:
-    """Where the environment's Spot pools are planned with a lengthened
-    graceful termination (GKE Standard, ``choices.given``), a look that
-    gives the grace they really give the job's pods, read from the cluster
-    (a pool made by a gcloud too old to send it gives GKE's default): the
-    rehearsal is never gentler than a real preemption. None elsewhere."""
-    if env.platform.simulated or not any(o.kubelet_config for o in env.options):
-        return None
-    cluster = clusters_fact(env)
-
-    def as_made(look: Any) -> tuple[int, str]:
-        try:
-            read = node_shutdown.pods_given_s(env, look(cluster))
-        except ProbeFailed as e:
-            return planned, f"the Spot node pools could not be read ({e.why or e.line}): the planned {planned} s"
-        if read is None or read[0] == planned:
-            return planned, "" if read is None else read[1]
-        return read[0], f"{read[1]}: the notice is {read[0]} s, not the {planned} s planned"
-    return as_made
 
 
 def maintenance_steps(env: Environment, in_s: float, restore_after: float,

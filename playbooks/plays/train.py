@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import shlex
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +20,12 @@ from playbooks.access.ray_api import (
     ours,
     submission_number,
 )
-from playbooks.cloud import maintenance, prices
+from playbooks.cloud import maintenance, node_shutdown, prices
 from playbooks.cloud.capacity_options import pool_option, preemptible
 from playbooks.cloud.gke import clusters_fact, nodepool_name, nodepools_list_fact, running_cluster
 from playbooks.cloud.slices import from_ray, ray_nodes_as_asked
 from playbooks.config import paths
+from playbooks.config.choices import preemption_grace_s
 from playbooks.config.schema import Environment, capacities, capacity_text
 from playbooks.core.command import Command
 from playbooks.core.errors import InputError
@@ -128,10 +130,19 @@ def preemption_note(env: Environment, job: Job) -> list[Step]:
         return []
     whose = "" if len(capacities(env)) == 1 else f" (of a {' or '.join(taken)} slice)"
     plan = job.save_plan if job.save_plan is not None else save_plan.plan(env, job, None)
-    then = save_period.preemption_text(plan, tuple(o for o in env.options if o.preemptible))
-    line = (f"capacity: {capacity_text(env)}: a preemption{whose}{then}; `invoke train --elastic` goes on with the "
-            f"slices left and grows back")
-    return [Step(PLAY, "preemption", lambda look: ok(line), id="train:preemption")]
+    options = tuple(o for o in env.options if o.preemptible)
+    # The Spot pools as made decide the notice (a gcloud too old to send
+    # their kubeletConfig made them with GKE's default 15 s).
+    as_made = node_shutdown.pools_grace(env, preemption_grace_s(env))
+
+    def decide(look):
+        given, said = as_made(look) if as_made is not None else (None, "")
+        real = tuple(replace(o, notice_s=given) if o.kubelet_config and given is not None else o for o in options)
+        then = save_period.preemption_text(plan, real)
+        differs = f" ({said})" if given is not None and given != preemption_grace_s(env) else ""
+        return ok(f"capacity: {capacity_text(env)}: a preemption{whose}{then}; `invoke train --elastic` goes on "
+                  f"with the slices left and grows back{differs}")
+    return [Step(PLAY, "preemption", decide, id="train:preemption")]
 
 
 # -- maintenance held off while the run trains (GKE) ----------------------------

@@ -559,8 +559,12 @@ def cloud_session(tmp_path_factory, request) -> Iterator[Cloud]:
 
 
 @pytest.fixture
-def cloud(cloud_session: Cloud) -> Iterator[Cloud]:
-    """Empty fakes and a new kubeconfig for each test; no stray traffic."""
+def cloud(cloud_session: Cloud, processes_mode: bool, request) -> Iterator[Cloud]:
+    """Empty fakes and a new kubeconfig for each test; no stray traffic.
+    Every command its process under ``--processes-only``, or in a test of a
+    ``both_ways`` file run that way (``processes_mode``: tests/conftest.py)."""
     cloud_session.reset()
+    cloud_session.processes_only = bool(request.config.getoption("--processes-only", default=False)
+                                        or processes_mode)
     yield cloud_session
     assert not cloud_session.sink.lines, f"requests left 127.0.0.1: {cloud_session.sink.lines}"
