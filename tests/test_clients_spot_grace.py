@@ -82,3 +82,21 @@ def test_the_rehearsals_default_notice_is_what_the_spot_pools_as_made_give_never
     run = ok_run(cloud.invoke("chaos.preempt-worker", "--restore-after=0"))
     assert _grace_deleted(run) == spot_grace.PODS_S, run.out
     assert "not the" not in run.out
+
+
+def test_capacity_says_the_notice_this_gcloud_can_give_the_spot_pools(cloud: Cloud):
+    """`invoke capacity` on Spot, run by the real gcloud: where it is older
+    than 555.0.0 (528.0.0 when written) it cannot send the pools'
+    kubeletConfig, so the notice said is GKE's 15 s, with why, never the
+    105 s the plan would give; a gcloud that sends it gets the 105 s."""
+    cloud.change_inventory(capacity="spot")
+    cloud.seed_to_cluster()
+    run = ok_run(cloud.invoke("capacity"))
+    [notice] = [ln for ln in run.out.splitlines() if "capacity : notice before a slice goes]" in ln and "ok:" in ln]
+    version = gcloud_version()
+    if spot_grace.gcloud_blocker(version) is None:
+        assert f"the first {spot_grace.PODS_S} s to the job's pods" in notice, notice
+    else:
+        assert f"not lengthened: gcloud {version} does not send" in notice, notice
+        assert f"end within its {spot_grace.DEFAULT_PODS_S} s" in notice, notice
+        assert f"{spot_grace.PODS_S} s" not in notice, notice

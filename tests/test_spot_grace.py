@@ -82,8 +82,15 @@ def test_preflights_line_says_the_lengthened_notice():
     from playbooks.plays.preflight import save_step
     job = build_job(SPOT, "llama3-8b")
     save_plan.apply(SPOT, job, None)
-    line = save_step(SPOT, job).decide(lambda fact: None).reason
+    step = save_step(SPOT, job)
+
+    def said(gcloud: str) -> str:
+        return step.decide(lambda fact: gcloud if fact.name == "gcloud's version" else None).reason
+    line = said(spot_grace.MIN_GCLOUD)
     assert "the first 105 s to the job's pods" in line and "does end within its 105 s" in line
+    # A gcloud too old to send the pools' kubeletConfig: the pools it makes give GKE's 15 s, and the line says so.
+    old = said("528.0.0")
+    assert "not lengthened: gcloud 528.0.0 does not send" in old and "does not end within its 15 s" in old, old
 
 
 class _Looks:

@@ -132,3 +132,28 @@ def pools_grace(env: Environment, planned: int) -> Callable[[Any], tuple[int, st
             return planned, "" if read is None else read[1]
         return read[0], f"{read[1]}: the notice is {read[0]} s, not the {planned} s planned"
     return as_made
+
+
+def sender(env: Environment) -> Callable[[Any], tuple[CapacityOption, ...]]:
+    """A look that gives the environment's capacity options as this
+    machine's gcloud can make their pools: where a Spot option's
+    lengthened graceful termination takes a gcloud newer than the one that
+    runs the commands (``spot_grace.gcloud_blocker``), that option as GKE's
+    default gives it (15 s to the job's pods), its notice saying why. Its
+    one read, `gcloud version`, only where an option has a kubeletConfig;
+    a dry run assumes a gcloud that sends it."""
+    version = gcloud_version_fact() if any(o.kubelet_config for o in env.options) else None
+
+    def options(look: Any) -> tuple[CapacityOption, ...]:
+        if version is None:
+            return tuple(env.options)
+        try:
+            why = spot_grace.gcloud_blocker(look(version))
+        except ProbeFailed as e:
+            why = f"gcloud's version could not be read ({e.why or e.line})"
+        if why is None:
+            return tuple(env.options)
+        return tuple(dataclasses.replace(o, notice=f"{spot_grace.DEFAULT_NOTICE} (not lengthened: {why})",
+                                         notice_s=spot_grace.DEFAULT_PODS_S, kubelet_config={})
+                     if o.kubelet_config else o for o in env.options)
+    return options

@@ -81,7 +81,7 @@ def blocker(our_node_pools: bool, cluster_version: str) -> str | None:
 def gcloud_blocker(version: str) -> str | None:
     """Why this gcloud cannot send the pool's kubeletConfig (None: it can)."""
     try:
-        have = tuple(int(x) for x in version.split("."))
+        have = tuple(int(x) for x in str(version).split("."))
     except ValueError:
         return f"gcloud's version {version!r} is not read"
     if have < tuple(int(x) for x in MIN_GCLOUD.split(".")):

@@ -13,7 +13,7 @@ from typing import Any
 
 from playbooks.access.cli_clients import fact, gcloud, json_object
 from playbooks.cloud import capacity_options as cap
-from playbooks.cloud import capacity_plan, cluster_prices, prices
+from playbooks.cloud import capacity_plan, cluster_prices, node_shutdown, prices
 from playbooks.cloud.gke import clusters_fact, location, machine_types_fact
 from playbooks.config import paths
 from playbooks.config.schema import Environment, capacities, reservation_parts
@@ -220,6 +220,8 @@ def notice_step(env: Environment) -> Step:
                  display=f"# the save times of {paths.training(env.name)}/*/events.jsonl", assumed=NOT_READ,
                  describe=lambda t: t.basis if isinstance(t, Times) else str(t))
 
+    sent = node_shutdown.sender(env)
+
     def decide(look):
         t = look(probe)
         times = t if isinstance(t, Times) else default_estimate(env)
@@ -228,7 +230,7 @@ def notice_step(env: Environment) -> Step:
                f" (no save to hold: {t}; {times})" if not isinstance(times, Times) else "")
         loss = "the steps since its last checkpoint (up to the checkpoint period: `invoke train` says it)"
         held = times if isinstance(times, Times) else None
-        return ok("notice: " + "; ".join(save_period.notice_text(o, held, loss) for o in env.options) + why)
+        return ok("notice: " + "; ".join(save_period.notice_text(o, held, loss) for o in sent(look)) + why)
 
     return Step(PLAY, "notice before a slice goes", decide, id="capacity:notice", probes=(probe,))
 

@@ -5,6 +5,7 @@ is read is ``playbooks/job/fit.py``."""
 from __future__ import annotations
 
 from playbooks.access import connectors
+from playbooks.cloud import node_shutdown
 from playbooks.config import paths
 from playbooks.config.schema import Environment
 from playbooks.config.tpu import generation
@@ -160,9 +161,12 @@ def save_step(env: Environment, job: Job) -> Step:
     a loss replays at its checkpoint period (``job/save_period.py``; the
     dollars are `train`'s, which reads the prices)."""
     plan = job.save_plan
-    line = save_period.line(plan, env.options or (None,), env.slices * env.hosts_per_slice * env.chips_per_host,
-                            None)
-    return Step(PLAY, "checkpoint period and notices", lambda look: ok(line), id="preflight:save-period")
+    sent = node_shutdown.sender(env)   # the options as this gcloud makes their pools
+
+    def decide(look):
+        return ok(save_period.line(plan, sent(look) or (None,), env.slices * env.hosts_per_slice
+                                   * env.chips_per_host, None))
+    return Step(PLAY, "checkpoint period and notices", decide, id="preflight:save-period")
 
 
 def steps(env: Environment, job: Job, search: bool = True) -> list[Step]:

@@ -343,11 +343,12 @@ def save_step(job: Job) -> Step:
     capacity option's notice gives a save (``job/save_period.py``)."""
     basis = basis_fact(job)
     plan = job.save_plan
+    sent = node_shutdown.sender(job.env)   # the options as this gcloud makes their pools
 
     def decide(look):
         b = look(basis)
         hourly = None if b.simulated else b.hourly()
-        return ok(save_period.line(plan, job.env.options or (None,), b.chips, hourly))
+        return ok(save_period.line(plan, sent(look) or (None,), b.chips, hourly))
 
     return Step(PLAY, "checkpoint period", decide, id="train:save-period", probes=(basis,),
                 after=("train:checkpoints",))
