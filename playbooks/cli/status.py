@@ -292,7 +292,8 @@ def bills_step(env: Environment) -> Step:
             # The bucket's bytes (one `gcloud storage du`) are read where
             # the bucket is most of what bills: the TPUs off, or no cluster.
             b = still_billed.bills(cluster, cost, bucket_text(env, look, bucket, held))
-        return ok(still_billed.lines(b)[0], data=b.doc() | {"lines": still_billed.lines(b)})
+        said = still_billed.lines(b)
+        return ok(said[0], data=b.doc() | {"lines": said})
 
     return Step(PLAY, "what bills", decide, id=BILLS, probes=(*env_cost.facts(env), bucket))
 

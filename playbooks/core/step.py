@@ -66,7 +66,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .command import Command
-from .facts import Action, Fact
+from .facts import ABSENT, Action, Fact
 
 OK, CHANGE, DRIFT, FAIL, WAIT, SKIP, UNCHECKED = "ok", "change", "drift", "fail", "wait", "skip", "unchecked"
 
@@ -144,6 +144,11 @@ class Verify:
     check: Callable[[Any], str | None]
     timeout: float = 0.0
     interval: float = 5.0
+
+
+def gone(what: str) -> Callable[[Any], str | None]:
+    """A delete's ``Verify.check``: satisfied once the probe reads ABSENT."""
+    return lambda v: None if v is ABSENT else f"{what} still exists"
 
 
 @dataclass

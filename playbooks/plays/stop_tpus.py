@@ -49,15 +49,11 @@ from playbooks.config import tutorial as T
 from playbooks.config.schema import Environment
 from playbooks.core.command import Command
 from playbooks.core.facts import ABSENT, assume
-from playbooks.core.step import Step, Verify, change, ok, wait
+from playbooks.core.step import Step, Verify, change, gone, ok, wait
 
 PLAY = "stop-tpus"
 DELETE_TIMEOUT = 30 * 60
 NEXT = ("`invoke up` makes the TPUs again, and `invoke train` resumes a run from its last finalized checkpoint")
-
-
-def gone(what: str):
-    return lambda v: None if v is ABSENT else f"{what} still exists"
 
 
 def pool_step(env: Environment, i: int, delete: Command) -> Step:

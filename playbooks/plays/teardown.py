@@ -38,14 +38,10 @@ from playbooks.core.command import Command, quote
 from playbooks.core.errors import ProbeFailed
 from playbooks.core.facts import ABSENT, Action, Fact, assume
 from playbooks.core.pidfile import running_fact
-from playbooks.core.step import Step, Verify, change, ok
+from playbooks.core.step import Step, Verify, change, gone, ok
 
 PLAY = "teardown"
 DELETE_TIMEOUT = 30 * 60
-
-
-def gone(what: str):
-    return lambda v: None if v is ABSENT else f"{what} still exists"
 
 
 # A dry run of teardown assumes everything exists, to show every delete.

@@ -133,13 +133,14 @@ def preemption_note(env: Environment, job: Job) -> list[Step]:
     options = tuple(o for o in env.options if o.preemptible)
     # The Spot pools as made decide the notice (a gcloud too old to send
     # their kubeletConfig made them with GKE's default 15 s).
-    as_made = node_shutdown.pools_grace(env, preemption_grace_s(env))
+    planned = preemption_grace_s(env)
+    as_made = node_shutdown.pools_grace(env, planned)
 
     def decide(look):
         given, said = as_made(look) if as_made is not None else (None, "")
         real = tuple(replace(o, notice_s=given) if o.kubelet_config and given is not None else o for o in options)
         then = save_period.preemption_text(plan, real)
-        differs = f" ({said})" if given is not None and given != preemption_grace_s(env) else ""
+        differs = f" ({said})" if given is not None and given != planned else ""
         return ok(f"capacity: {capacity_text(env)}: a preemption{whose}{then}; `invoke train --elastic` goes on "
                   f"with the slices left and grows back{differs}")
     return [Step(PLAY, "preemption", decide, id="train:preemption")]
