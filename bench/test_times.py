@@ -26,32 +26,27 @@ from bench import doc_table  # noqa: E402
 PY = str(Path(sys.executable))
 
 
-def make_commands(target: str) -> tuple[dict[str, list[str]], list[str], list[list[str]]]:
+def make_commands(target: str) -> tuple[dict[str, list[str]], list[str]]:
     """What `make <target>` runs, read from `make -n` (the Makefile is the
     one home of each command and of the test selection): the commands
-    before pytest, by name (ruff, mypy, compileall), the first pytest's
-    arguments (the whole run), and each later pytest's (`make test`'s second
-    pass, every command its process). The setup scripts (bootstrap,
-    test-deps) are left out."""
+    before pytest, by name (ruff, mypy, compileall), and pytest's arguments;
+    a target that runs pytest more than once is refused (this times one
+    run). The setup scripts (bootstrap, test-deps) are left out."""
     import subprocess
     out = subprocess.run(["make", "-n", target], cwd=ROOT, capture_output=True, text=True, check=True).stdout
     first: dict[str, list[str]] = {}
-    pytest: list[str] | None = None
-    later: list[list[str]] = []
+    pytests: list[list[str]] = []
     for line in out.splitlines():
         argv = shlex.split(line.split(">", 1)[0])
         if not argv or argv[0].startswith("scripts/"):
             continue
         if argv[1:3] == ["-m", "pytest"]:
-            if pytest is None:
-                pytest = argv[3:]
-            else:
-                later.append(argv[3:])
+            pytests.append(argv[3:])
         else:
             first[argv[2] if argv[1:2] == ["-m"] else Path(argv[0]).name] = argv
-    if pytest is None:
-        raise SystemExit(f"`make -n {target}` runs no pytest: {out!r}")
-    return first, pytest, later
+    if len(pytests) != 1:
+        raise SystemExit(f"`make -n {target}` runs pytest {len(pytests)} times (this times one run): {out!r}")
+    return first, pytests[0]
 
 
 # A fixed piece of work on one core (a loop of Python arithmetic), timed in
@@ -177,22 +172,15 @@ def main() -> None:
                     help="write each test's start, worker, wall and CPU seconds and the machine's busy CPU-seconds "
                          "each second (JSON), to see where the cores wait")
     a = ap.parse_args()
-    commands, check_args, _ = make_commands("check")
-    _, test_args, second = make_commands("test")
+    commands, check_args = make_commands("check")
+    _, test_args = make_commands("test")
     first = {k: timed(v)[0] for k, v in commands.items()}
     with tempfile.TemporaryDirectory() as t:
         check = run(check_args, Path(t), "check") if a.only in (None, "check") else None
         full = run(test_args, Path(t), "test") if a.only in (None, "test") else None
-        again = [run(args, Path(t), f"test-{i}") for i, args in enumerate(second)] if full is not None else []
     lines = table(check, full, first)
-    for args, r in zip(second, again, strict=True):
-        n = sum(len(x) for x in r["files"].values())
-        lines.insert(1 if check is None else 2,
-                     f"- then `make test`'s second pass (`pytest {' '.join(a for a in args if a.startswith('--'))}`"
-                     f", {n} tests of {len([a for a in args if not a.startswith('-')])} files): {r['wall']:.0f} s "
-                     f"({'all passed' if r['rc'] == 0 else 'exit ' + str(r['rc'])}).")
     print("\n".join(lines))
-    for r in (check, full, *again):
+    for r in (check, full):
         for test, why in (r or {}).get("failed", {}).items():   # why it failed, not in the table
             print(f"\n{test} failed:\n{why[-6000:]}", file=sys.stderr)
     if a.timeline:
@@ -202,7 +190,7 @@ def main() -> None:
     if a.write:
         doc_table.write("tests.md", "test-times", "bench/test_times.py" + (f" --only {a.only}" if a.only else ""),
                         lines)
-    sys.exit(0 if all(r is None or r["rc"] == 0 for r in (check, full, *again)) else 1)
+    sys.exit(0 if all(r is None or r["rc"] == 0 for r in (check, full)) else 1)
 
 
 if __name__ == "__main__":

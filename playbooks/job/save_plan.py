@@ -27,6 +27,7 @@ else estimated here, each with its basis:
   between step 0's and the last step's (``save_period.most_period``)."""
 from __future__ import annotations
 
+from playbooks.cloud.capacity_options import preemptible
 from playbooks.config.choices import ON_DEMAND
 from playbooks.config.schema import AUTO, Environment
 from playbooks.config.tpu import generation
@@ -63,7 +64,7 @@ def mtbi(env: Environment) -> Mtbi:
 
 def losses(env: Environment) -> str:
     """Why a loss is expected within a job of ``env``, in words ("": none)."""
-    taken = [o.name for o in env.options if o.preemptible]
+    taken = preemptible(env)
     if taken:
         return f"{' or '.join(taken)} capacity can be taken back"
     if env.platform.simulated:
