@@ -19,8 +19,8 @@ port-forward and every kubectl the client does not take (with
 gke-gcloud-auth-plugin), the rest of the ray CLI.
 tests/test_in_process.py runs every form of those commands the goldens hold
 both ways and compares them; `pytest --processes-only` (tests/conftest.py)
-makes every command of a test its real process, which CI does for the files
-whose plays write (`make test-processes`). A run's log says of each command
+makes every command of a test its real process, as each test of the files
+whose plays write (marked ``both_ways``) runs a second time in `make test`. A run's log says of each command
 answered in-process that no process ran for it (``logged``).
 
 The dashboard play is included in `invoke up`: the fake dashboard answers on

@@ -77,9 +77,9 @@ def pytest_addoption(parser):
     """``--processes-only``: the real-client tests' fake cloud gives every
     `invoke` run, script and client process it starts
     TPU_PLAYBOOKS_PROCESSES_ONLY=1 (``Cloud.processes_only``): each gcloud and
-    kubectl command runs as its process, none is answered in-process. CI's
-    second pass (`make test-processes`) runs the files whose plays write
-    that way."""
+    kubectl command runs as its process, none is answered in-process. The
+    ``both_ways`` files run each test that way too (``[processes]``);
+    `make test-processes` runs only that way."""
     parser.addoption("--processes-only", action="store_true", default=False,
                      help="real-client tests: every gcloud and kubectl command as its process "
                           "(TPU_PLAYBOOKS_PROCESSES_ONLY=1 for what they start)")

@@ -3,12 +3,9 @@ halfway and its re-run, check mode, drift, teardown, chaos, the checkpoints
 Orbax finalized and the maintenance hold of a run, the kubernetes client
 answering as kubectl does.
 
-Through `invoke` against loopback fakes of GCP, the GKE cluster's Kubernetes
-API and the Ray dashboard (tests/fakes/): gcloud's and kubectl's changes,
-gsutil, get-credentials and the ray CLI as the real processes (kubectl with
-gke-gcloud-auth-plugin); gcloud's reads and the kubectl commands the
-`kubernetes` client takes answered in-process, as for a user (what runs
-how, and where both ways are compared: tests/clients.py).
+Through `invoke` against the loopback fakes (tests/fakes/); which commands
+run as their real processes and which are answered in-process, as for a
+user, and where both ways are compared: tests/clients.py.
 """
 from __future__ import annotations
 

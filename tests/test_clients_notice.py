@@ -9,8 +9,8 @@ nothing), and in check mode says so and changes nothing.
 
 The pod delete, the labels and the reads of the nodes are kubectl command
 lines the `kubernetes` client answers in-process (the run's log says so of
-each), as for a user; with `pytest --processes-only` (CI's second pass) each
-is the real kubectl process (tests/clients.py). The maintenance exclusion's
+each), as for a user; in each test's `[processes]` run (marker both_ways)
+each is the real kubectl process (tests/clients.py). The maintenance exclusion's
 renewal is the real gcloud's update."""
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ Through `invoke` against the loopback fakes (tests/fakes/; what every such
 test shares: tests/clients.py). The quarantine's and the release's kubectl
 reads and writes (get, cordon, uncordon, taint, pod delete) are answered
 in-process by the `kubernetes` client, which the run's log says of each, as
-for a user; with `pytest --processes-only` (CI's second pass) each is the
+for a user; in each test's `[processes]` run (marker both_ways) each is the
 real kubectl process. gcloud's changes, kubectl's apply and delete of the
 watch's rights and get-credentials are real processes either way."""
 from __future__ import annotations

@@ -4,12 +4,9 @@ with playbook.lock_wait 0, is refused in one line); a create answered
 "already exists" (another machine's run made it meanwhile) looks again and is
 ok, or waits for what is being made, instead of failing.
 
-Through `invoke` against loopback fakes of GCP, the GKE cluster's Kubernetes
-API and the Ray dashboard (tests/fakes/): gcloud's and kubectl's changes,
-gsutil, get-credentials and the ray CLI as the real processes (kubectl with
-gke-gcloud-auth-plugin); gcloud's reads and the kubectl commands the
-`kubernetes` client takes answered in-process, as for a user (what runs
-how, and where both ways are compared: tests/clients.py).
+Through `invoke` against the loopback fakes (tests/fakes/); which commands
+run as their real processes and which are answered in-process, as for a
+user, and where both ways are compared: tests/clients.py.
 """
 from __future__ import annotations
 

@@ -1,12 +1,9 @@
 """A chain that checks capacity first, another operation of the cluster waited
 out, min_slices; Autopilot; `status` and why a worker is stuck.
 
-Through `invoke` against loopback fakes of GCP, the GKE cluster's Kubernetes
-API and the Ray dashboard (tests/fakes/): gcloud's and kubectl's changes,
-gsutil, get-credentials and the ray CLI as the real processes (kubectl with
-gke-gcloud-auth-plugin); gcloud's reads and the kubectl commands the
-`kubernetes` client takes answered in-process, as for a user (what runs
-how, and where both ways are compared: tests/clients.py).
+Through `invoke` against the loopback fakes (tests/fakes/); which commands
+run as their real processes and which are answered in-process, as for a
+user, and where both ways are compared: tests/clients.py.
 """
 from __future__ import annotations
 

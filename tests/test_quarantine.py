@@ -2,7 +2,7 @@
 one is "could not look", never "none"), the twin's host held out of `up`
 and its slices said at once, the steps' order, the taint no pod of ours
 tolerates. The GKE quarantine against the fakes (its kubectl answered by the
-`kubernetes` client, and by the real kubectl in CI's second pass):
+`kubernetes` client, and by the real kubectl in each test's `[processes]` run):
 test_clients_quarantine.py."""
 from __future__ import annotations
 
